@@ -1,0 +1,23 @@
+/* The one allocator of burnstore. Every heap allocation in the core and the
+ * FUSE layer goes through these, so a test can make the Nth one fail. */
+#ifndef BURNSTORE_ALLOC_H
+#define BURNSTORE_ALLOC_H
+
+#include <stddef.h>
+
+void *bs_malloc(size_t n);
+void *bs_calloc(size_t n, size_t size);
+void *bs_realloc(void *p, size_t n);
+void bs_free(void *p); /* bs_free(NULL) is a no-op */
+char *bs_strdup(const char *s);
+char *bs_strndup(const char *s, size_t n);
+
+/* Grow an array of `elem`-byte items so that it holds at least `need`
+ * (checked arithmetic; doubles). Returns 0, or -1 with *arr untouched. */
+int bs_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
+/* Test hook: the allocation `n` calls from now fails (n = 0: the very next
+ * one). A negative n disables the hook. Not thread-safe; tests only. */
+void bs_alloc_fail_after(long n);
+
+#endif

@@ -1,0 +1,94 @@
+/* The format-agnostic tensor catalog: readers fill it, the Burnpack writer
+ * drains it, the FUSE layer queries it. Bytes stay in their source; a tensor
+ * is a key, a dtype, a shape and where its bytes are. */
+#ifndef BURNSTORE_CATALOG_H
+#define BURNSTORE_CATALOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/dtype.h"
+#include "burnstore/err.h"
+#include "burnstore/src.h"
+
+enum bs_format { BS_FMT_NONE, BS_FMT_BURNPACK, BS_FMT_SAFETENSORS, BS_FMT_PYTORCH, BS_FMT_COUNT };
+const char *bs_format_name(enum bs_format f); /* "burnpack", "safetensors", "pytorch" */
+
+struct bs_kv {
+  char *key;   /* owned */
+  char *value; /* owned */
+};
+
+struct bs_tensor {
+  char *key;            /* owned: the key in the source file */
+  char *name;           /* owned: the presented key after options (a copy of key at first) */
+  enum bs_dtype dtype;
+  uint32_t rank;
+  uint64_t *shape;      /* owned; rank entries, NULL when rank == 0 */
+  uint64_t nbytes;      /* byte length of the contiguous row-major data */
+  uint32_t src;         /* index into bs_catalog.srcs */
+  uint64_t off;         /* absolute offset in the source: of the data when
+                           strides == NULL, else of the storage's first byte */
+  int64_t *strides;     /* owned; NULL: contiguous. Else rank entries, in elements */
+  uint64_t storage_off; /* strided only: element offset into the storage */
+  uint64_t storage_bytes; /* strided only: bytes of the storage from off */
+  bool has_param_id;
+  uint64_t param_id;
+  uint8_t *dtype_raw;   /* owned, may be NULL: the dtype exactly as the file
+                           encoded it (QFloat's CBOR scheme map), for round trips */
+  size_t dtype_raw_len;
+  char *unsupported;    /* owned, may be NULL: the tensor cannot be read, and why */
+  bool hidden;          /* filtered out by key options; not presented */
+};
+
+struct bs_catalog {
+  enum bs_format format;
+  struct bs_tensor *tensors; /* owned array */
+  size_t count, cap;
+  struct bs_src *srcs;       /* owned array; srcs[0] is the checkpoint file */
+  size_t nsrcs, srccap;
+  struct bs_kv *meta;        /* file metadata (Burnpack metadata, __metadata__) */
+  size_t nmeta, metacap;
+  char *values_json;         /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
+  char *notes;               /* owned, may be NULL: what a reader skipped, one line each */
+};
+
+void bs_catalog_init(struct bs_catalog *cat);
+void bs_catalog_destroy(struct bs_catalog *cat); /* safe on a half-built catalog */
+
+/* Take ownership of *src (it is zeroed); *idx gets its index. */
+BS_NODISCARD int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx,
+                                    bs_err *err);
+
+/* Append a tensor; computes nbytes from dtype and shape (except QFLOAT,
+ * where nbytes is 0 and the reader sets it). The returned pointer is
+ * borrowed and valid only until the next bs_catalog_add. `off` is used in
+ * error messages only. */
+struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
+                                 uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err);
+
+BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value,
+                                     bs_err *err);
+/* Append one line to cat->notes. */
+BS_NODISCARD int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err);
+
+/* Index of the tensor whose key is `key`, or -1. O(n). */
+long bs_catalog_find(const struct bs_catalog *cat, const char *key);
+
+/* Read up to n bytes of the tensor's contiguous data starting at off (clamped
+ * to nbytes). Strided tensors are gathered element run by element run, never
+ * whole. Returns bytes read, or -errno. Thread-safe. */
+long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
+                    void *buf, size_t n);
+
+/* If the tensor's bytes are one range of an fd-backed source, give the fd and
+ * the absolute offset of byte 0 (for splicing reads) and return true. */
+bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t, int *fd,
+                        uint64_t *abs_off);
+
+/* Validate a strided view against its storage (strides >= 0, max element
+ * within storage_bytes). Called by readers that set strides. */
+BS_NODISCARD int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err);
+
+#endif

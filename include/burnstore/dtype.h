@@ -1,0 +1,60 @@
+/* Element types: their names (SafeTensors spelling, plus documented names
+ * for types only Burn or PyTorch have) and their sizes in bits. */
+#ifndef BURNSTORE_DTYPE_H
+#define BURNSTORE_DTYPE_H
+
+#include <stdint.h>
+
+#include "burnstore/err.h"
+
+enum bs_dtype {
+  BS_DT_F64,
+  BS_DT_F32,
+  BS_DT_F16,
+  BS_DT_BF16,
+  BS_DT_I64,
+  BS_DT_I32,
+  BS_DT_I16,
+  BS_DT_I8,
+  BS_DT_U64,
+  BS_DT_U32,
+  BS_DT_U16,
+  BS_DT_U8,
+  BS_DT_BOOL,        /* 1 byte per element, 0/1 (Burn Bool(Native), torch.bool) */
+  BS_DT_F8_E4M3,
+  BS_DT_F8_E5M2,
+  BS_DT_F8_E8M0,
+  BS_DT_F8_E4M3FNUZ,
+  BS_DT_F8_E5M2FNUZ,
+  BS_DT_F6_E2M3,     /* 6 bits */
+  BS_DT_F6_E3M2,     /* 6 bits */
+  BS_DT_F4,          /* 4 bits */
+  BS_DT_C64,
+  BS_DT_C128,        /* torch complex128; no SafeTensors name: "C128" */
+  BS_DT_FLEX32,      /* Burn Flex32: stored as f32 */
+  BS_DT_BOOL_U8,     /* Burn Bool(U8): u8 0/1 */
+  BS_DT_BOOL_U32,    /* Burn Bool(U32): u32 LE 0/1 */
+  BS_DT_QFLOAT,      /* Burn quantized: opaque bytes, size from the file */
+  BS_DT_QI8,         /* torch qint8 (raw int8, quantizer params not kept) */
+  BS_DT_QU8,         /* torch quint8 */
+  BS_DT_QI32,        /* torch qint32 */
+  BS_DT_COUNT
+};
+
+/* Bits per element; 0 for BS_DT_QFLOAT (opaque, no per-element size). */
+unsigned bs_dtype_bits(enum bs_dtype dt);
+/* The name shown in user.burnstore.dtype, e.g. "F32". */
+const char *bs_dtype_name(enum bs_dtype dt);
+/* Parse a name as bs_dtype_name spells it. Returns 0, or -1 if unknown. */
+int bs_dtype_from_name(const char *name, enum bs_dtype *out);
+
+/* Byte size of a dense tensor: product(shape) * bits / 8, every step checked.
+ * Sub-byte types need a whole number of bytes (else EINVAL "misaligned").
+ * Fails for QFLOAT (its size comes from the file). `key` names the tensor
+ * in the error. */
+BS_NODISCARD int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape,
+                                 uint64_t *out, const char *key, uint64_t off, bs_err *err);
+/* numel = product(shape), checked (1 for rank 0). */
+BS_NODISCARD int bs_shape_numel(uint32_t rank, const uint64_t *shape, uint64_t *out);
+
+#endif

@@ -1,0 +1,36 @@
+/* A byte source: "read N bytes at offset" over a file descriptor or a memory
+ * buffer. Readers parse through it, so unit tests need no files. */
+#ifndef BURNSTORE_SRC_H
+#define BURNSTORE_SRC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/err.h"
+
+struct bs_src {
+  int fd;              /* -1 for a memory source */
+  bool owns_fd;        /* close(fd) in bs_src_destroy */
+  const uint8_t *mem;  /* borrowed; NULL for an fd source */
+  uint64_t size;       /* total bytes */
+  char *name;          /* owned; used in error messages */
+};
+
+/* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set. */
+BS_NODISCARD int bs_src_open(struct bs_src *s, const char *path, bs_err *err);
+/* Wrap an fd (takes ownership if owns). Size from fstat. */
+BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err *err);
+/* Wrap memory; `mem` is borrowed and must outlive the source. */
+BS_NODISCARD int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name,
+                                 bs_err *err);
+/* Read exactly n bytes at off. Reading past the end is an EINVAL error that
+ * names the offset ("truncated"); an I/O failure is EIO. */
+BS_NODISCARD int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n,
+                             bs_err *err);
+/* Read up to n bytes at off into buf; returns bytes read (short at EOF) or
+ * -errno. Thread-safe (pread). */
+long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n);
+void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
+
+#endif

@@ -1,0 +1,4 @@
+#ifndef BURNSTORE_VERSION_H
+#define BURNSTORE_VERSION_H
+#define BURNSTORE_VERSION "0.1.0"
+#endif

@@ -1,0 +1,259 @@
+#include "burnstore/catalog.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+
+static const char *const format_names[] = {
+    [BS_FMT_NONE] = "none",
+    [BS_FMT_BURNPACK] = "burnpack",
+    [BS_FMT_SAFETENSORS] = "safetensors",
+    [BS_FMT_PYTORCH] = "pytorch",
+};
+_Static_assert(sizeof format_names / sizeof format_names[0] == BS_FMT_COUNT, "format names");
+
+const char *bs_format_name(enum bs_format f) { return f < BS_FMT_COUNT ? format_names[f] : "?"; }
+
+void bs_catalog_init(struct bs_catalog *cat) { memset(cat, 0, sizeof *cat); }
+
+static void tensor_destroy(struct bs_tensor *t)
+{
+  bs_free(t->key);
+  bs_free(t->name);
+  bs_free(t->shape);
+  bs_free(t->strides);
+  bs_free(t->dtype_raw);
+  bs_free(t->unsupported);
+}
+
+void bs_catalog_destroy(struct bs_catalog *cat)
+{
+  if (!cat)
+    return;
+  for (size_t i = 0; i < cat->count; i++)
+    tensor_destroy(&cat->tensors[i]);
+  bs_free(cat->tensors);
+  for (size_t i = 0; i < cat->nsrcs; i++)
+    bs_src_destroy(&cat->srcs[i]);
+  bs_free(cat->srcs);
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    bs_free(cat->meta[i].key);
+    bs_free(cat->meta[i].value);
+  }
+  bs_free(cat->meta);
+  bs_free(cat->values_json);
+  bs_free(cat->notes);
+  memset(cat, 0, sizeof *cat);
+}
+
+int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx, bs_err *err)
+{
+  if (cat->nsrcs >= UINT32_MAX ||
+      bs_grow((void **)&cat->srcs, &cat->srccap, cat->nsrcs + 1, sizeof *cat->srcs) != 0) {
+    bs_src_destroy(src);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  cat->srcs[cat->nsrcs] = *src;
+  memset(src, 0, sizeof *src);
+  src->fd = -1;
+  *idx = (uint32_t)cat->nsrcs++;
+  return 0;
+}
+
+struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
+                                 uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err)
+{
+  if (cat->count >= BS_MAX_TENSORS) {
+    bs_fail(err, EFBIG, off, key, "more than %u tensors", BS_MAX_TENSORS);
+    return NULL;
+  }
+  if (strlen(key) > BS_MAX_KEY_LEN) {
+    bs_fail(err, EINVAL, off, NULL, "tensor key of %zu bytes exceeds the limit of %u",
+            strlen(key), BS_MAX_KEY_LEN);
+    return NULL;
+  }
+  if (rank > BS_MAX_RANK) {
+    bs_fail(err, EINVAL, off, key, "rank %u exceeds the limit of %u", rank, BS_MAX_RANK);
+    return NULL;
+  }
+  uint64_t nbytes = 0;
+  if (dtype != BS_DT_QFLOAT && bs_dtype_nbytes(dtype, rank, shape, &nbytes, key, off, err) != 0)
+    return NULL;
+  if (bs_grow((void **)&cat->tensors, &cat->cap, cat->count + 1, sizeof *cat->tensors) != 0) {
+    bs_fail(err, ENOMEM, off, key, "out of memory");
+    return NULL;
+  }
+  struct bs_tensor *t = &cat->tensors[cat->count];
+  memset(t, 0, sizeof *t);
+  t->key = bs_strdup(key);
+  t->name = bs_strdup(key);
+  if (rank) {
+    t->shape = bs_malloc(rank * sizeof *shape);
+    if (t->shape)
+      memcpy(t->shape, shape, rank * sizeof *shape);
+  }
+  if (!t->key || !t->name || (rank && !t->shape)) {
+    tensor_destroy(t);
+    bs_fail(err, ENOMEM, off, key, "out of memory");
+    return NULL;
+  }
+  t->dtype = dtype;
+  t->rank = rank;
+  t->nbytes = nbytes;
+  cat->count++;
+  return t;
+}
+
+int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value, bs_err *err)
+{
+  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  struct bs_kv *kv = &cat->meta[cat->nmeta];
+  kv->key = bs_strdup(key);
+  kv->value = bs_strdup(value);
+  if (!kv->key || !kv->value) {
+    bs_free(kv->key);
+    bs_free(kv->value);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  cat->nmeta++;
+  return 0;
+}
+
+int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err)
+{
+  size_t old = cat->notes ? strlen(cat->notes) : 0, add = strlen(line);
+  char *p = bs_realloc(cat->notes, old + add + 2);
+  if (!p)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  memcpy(p + old, line, add);
+  p[old + add] = '\n';
+  p[old + add + 1] = '\0';
+  cat->notes = p;
+  return 0;
+}
+
+long bs_catalog_find(const struct bs_catalog *cat, const char *key)
+{
+  for (size_t i = 0; i < cat->count; i++)
+    if (strcmp(cat->tensors[i].key, key) == 0)
+      return (long)i;
+  return -1;
+}
+
+bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t, int *fd,
+                        uint64_t *abs_off)
+{
+  if (t->strides || t->unsupported || t->src >= cat->nsrcs)
+    return false;
+  const struct bs_src *s = &cat->srcs[t->src];
+  if (s->fd < 0)
+    return false;
+  *fd = s->fd;
+  *abs_off = t->off;
+  return true;
+}
+
+int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)
+{
+  uint64_t numel;
+  if (bs_shape_numel(t->rank, t->shape, &numel) != 0)
+    return bs_fail(err, EINVAL, off, t->key, "shape overflows");
+  if (numel == 0)
+    return 0;
+  unsigned bits = bs_dtype_bits(t->dtype);
+  if (bits == 0 || bits % 8 != 0)
+    return bs_fail(err, ENOTSUP, off, t->key, "strided view of %s is not supported",
+                   bs_dtype_name(t->dtype));
+  uint64_t last = t->storage_off;
+  for (uint32_t i = 0; i < t->rank; i++) {
+    uint64_t step;
+    if (t->strides[i] < 0)
+      return bs_fail(err, EINVAL, off, t->key, "negative stride %lld in dimension %u",
+                     (long long)t->strides[i], i);
+    if (!bs_mul_u64(t->shape[i] - 1, (uint64_t)t->strides[i], &step) ||
+        !bs_add_u64(last, step, &last))
+      return bs_fail(err, EINVAL, off, t->key, "stride arithmetic overflows");
+  }
+  uint64_t end;
+  if (!bs_add_u64(last, 1, &end) || !bs_mul_u64(end, bits / 8, &end))
+    return bs_fail(err, EINVAL, off, t->key, "stride arithmetic overflows");
+  if (end > t->storage_bytes)
+    return bs_fail(err, EINVAL, off, t->key,
+                   "storage too short: the view needs %llu bytes but the storage has %llu",
+                   (unsigned long long)end, (unsigned long long)t->storage_bytes);
+  return 0;
+}
+
+/* Strided gather. The innermost run of elements that is contiguous in the
+ * storage is read with one pread; only the caller's buffer is filled. */
+static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t off, uint8_t *buf,
+                   size_t n)
+{
+  const uint64_t esize = bs_dtype_bits(t->dtype) / 8;
+  size_t done = 0;
+  /* Dimensions from the innermost outwards that are laid out contiguously
+   * form one run. */
+  uint64_t run = 1;
+  int inner = (int)t->rank;
+  while (inner > 0) {
+    uint32_t d = (uint32_t)inner - 1;
+    if (t->shape[d] == 1 || (uint64_t)t->strides[d] == run) {
+      run *= t->shape[d];
+      inner--;
+    } else {
+      break;
+    }
+  }
+  uint64_t run_bytes = run * esize;
+  while (done < n) {
+    uint64_t pos = off + done;              /* byte position in contiguous output */
+    uint64_t elem = pos / esize, in_el = pos % esize;
+    uint64_t run_idx = elem / run, in_run = elem % run;
+    /* storage element of the first element of this run */
+    uint64_t se = t->storage_off, rem = run_idx;
+    for (int d = inner - 1; d >= 0; d--) {
+      uint64_t i = rem % t->shape[d];
+      rem /= t->shape[d];
+      se += i * (uint64_t)t->strides[d];
+    }
+    uint64_t src_off = t->off + (se + in_run) * esize + in_el;
+    uint64_t avail = run_bytes - (in_run * esize + in_el);
+    size_t chunk = (size_t)(avail < n - done ? avail : n - done);
+    long r = bs_src_pread(s, src_off, buf + done, chunk);
+    if (r < 0)
+      return done ? (long)done : r;
+    if ((size_t)r != chunk)
+      return -EIO;
+    done += chunk;
+  }
+  return (long)done;
+}
+
+long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
+                    void *buf, size_t n)
+{
+  if (t->unsupported)
+    return -ENOTSUP;
+  if (t->src >= cat->nsrcs)
+    return -EIO;
+  if (off >= t->nbytes)
+    return 0;
+  if (n > t->nbytes - off)
+    n = (size_t)(t->nbytes - off);
+  const struct bs_src *s = &cat->srcs[t->src];
+  if (t->strides)
+    return gather(s, t, off, buf, n);
+  size_t done = 0;
+  while (done < n) {
+    long r = bs_src_pread(s, t->off + off + done, (char *)buf + done, n - done);
+    if (r < 0)
+      return done ? (long)done : r;
+    if (r == 0)
+      return -EIO; /* the source shrank under us */
+    done += (size_t)r;
+  }
+  return (long)done;
+}

@@ -1,0 +1,87 @@
+#include "burnstore/dtype.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "burnstore/checked.h"
+
+static const struct {
+  const char *name;
+  unsigned bits;
+} table[] = {
+    [BS_DT_F64] = {"F64", 64},
+    [BS_DT_F32] = {"F32", 32},
+    [BS_DT_F16] = {"F16", 16},
+    [BS_DT_BF16] = {"BF16", 16},
+    [BS_DT_I64] = {"I64", 64},
+    [BS_DT_I32] = {"I32", 32},
+    [BS_DT_I16] = {"I16", 16},
+    [BS_DT_I8] = {"I8", 8},
+    [BS_DT_U64] = {"U64", 64},
+    [BS_DT_U32] = {"U32", 32},
+    [BS_DT_U16] = {"U16", 16},
+    [BS_DT_U8] = {"U8", 8},
+    [BS_DT_BOOL] = {"BOOL", 8},
+    [BS_DT_F8_E4M3] = {"F8_E4M3", 8},
+    [BS_DT_F8_E5M2] = {"F8_E5M2", 8},
+    [BS_DT_F8_E8M0] = {"F8_E8M0", 8},
+    [BS_DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8},
+    [BS_DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8},
+    [BS_DT_F6_E2M3] = {"F6_E2M3", 6},
+    [BS_DT_F6_E3M2] = {"F6_E3M2", 6},
+    [BS_DT_F4] = {"F4", 4},
+    [BS_DT_C64] = {"C64", 64},
+    [BS_DT_C128] = {"C128", 128},
+    [BS_DT_FLEX32] = {"FLEX32", 32},
+    [BS_DT_BOOL_U8] = {"BOOL_U8", 8},
+    [BS_DT_BOOL_U32] = {"BOOL_U32", 32},
+    [BS_DT_QFLOAT] = {"QFLOAT", 0},
+    [BS_DT_QI8] = {"QI8", 8},
+    [BS_DT_QU8] = {"QU8", 8},
+    [BS_DT_QI32] = {"QI32", 32},
+};
+_Static_assert(sizeof table / sizeof table[0] == BS_DT_COUNT, "dtype table incomplete");
+
+unsigned bs_dtype_bits(enum bs_dtype dt) { return dt < BS_DT_COUNT ? table[dt].bits : 0; }
+
+const char *bs_dtype_name(enum bs_dtype dt) { return dt < BS_DT_COUNT ? table[dt].name : "?"; }
+
+int bs_dtype_from_name(const char *name, enum bs_dtype *out)
+{
+  for (int i = 0; i < BS_DT_COUNT; i++) {
+    if (strcmp(table[i].name, name) == 0) {
+      *out = (enum bs_dtype)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+int bs_shape_numel(uint32_t rank, const uint64_t *shape, uint64_t *out)
+{
+  uint64_t n = 1;
+  for (uint32_t i = 0; i < rank; i++)
+    if (!bs_mul_u64(n, shape[i], &n))
+      return -1;
+  *out = n;
+  return 0;
+}
+
+int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape, uint64_t *out,
+                    const char *key, uint64_t off, bs_err *err)
+{
+  *out = 0;
+  if (dt >= BS_DT_COUNT || table[dt].bits == 0)
+    return bs_fail(err, EINVAL, off, key, "dtype %s has no fixed element size", bs_dtype_name(dt));
+  if (rank > BS_MAX_RANK)
+    return bs_fail(err, EINVAL, off, key, "rank %u exceeds the limit of %u", rank, BS_MAX_RANK);
+  uint64_t numel, bits;
+  if (bs_shape_numel(rank, shape, &numel) != 0 || !bs_mul_u64(numel, table[dt].bits, &bits))
+    return bs_fail(err, EINVAL, off, key, "shape overflows: element count times size exceeds 2^64");
+  if (bits % 8 != 0)
+    return bs_fail(err, EINVAL, off, key,
+                   "misaligned: %llu elements of %u-bit %s are not a whole number of bytes",
+                   (unsigned long long)numel, table[dt].bits, table[dt].name);
+  *out = bits / 8;
+  return 0;
+}

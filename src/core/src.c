@@ -1,0 +1,123 @@
+#include "burnstore/src.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+
+static void zero(struct bs_src *s)
+{
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+}
+
+int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err *err)
+{
+  zero(s);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    if (owns)
+      close(fd);
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot stat: %s", name, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    if (owns)
+      close(fd);
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s: not a regular file", name);
+  }
+  s->name = bs_strdup(name);
+  if (!s->name) {
+    if (owns)
+      close(fd);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  s->fd = fd;
+  s->owns_fd = owns;
+  s->size = (uint64_t)st.st_size;
+  return 0;
+}
+
+int bs_src_open(struct bs_src *s, const char *path, bs_err *err)
+{
+  zero(s);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot open: %s", path, strerror(e));
+  }
+  return bs_src_init_fd(s, fd, true, path, err);
+}
+
+int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name, bs_err *err)
+{
+  zero(s);
+  s->name = bs_strdup(name ? name : "<memory>");
+  if (!s->name)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  s->mem = mem;
+  s->size = n;
+  return 0;
+}
+
+long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  if (off >= s->size || n == 0)
+    return 0;
+  if (n > s->size - off)
+    n = (size_t)(s->size - off);
+  if (n > (size_t)INT32_MAX)
+    n = (size_t)INT32_MAX;
+  if (s->mem) {
+    memcpy(buf, s->mem + off, n);
+    return (long)n;
+  }
+  if (off > INT64_MAX)
+    return -EINVAL;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(s->fd, (char *)buf + got, n - got, (off_t)(off + got));
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return got ? (long)got : -errno;
+    }
+    if (r == 0)
+      break;
+    got += (size_t)r;
+  }
+  return (long)got;
+}
+
+int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n, bs_err *err)
+{
+  if (!bs_range_ok(off, n, s->size))
+    return bs_fail(err, EINVAL, off, NULL,
+                   "truncated: need %zu bytes at offset %llu but the file has %llu bytes", n,
+                   (unsigned long long)off, (unsigned long long)s->size);
+  size_t got = 0;
+  while (got < n) {
+    long r = bs_src_pread(s, off + got, (char *)buf + got, n - got);
+    if (r < 0)
+      return bs_fail(err, EIO, off + got, NULL, "read error: %s", strerror((int)-r));
+    if (r == 0)
+      return bs_fail(err, EINVAL, off + got, NULL, "unexpected end of file (file shrank?)");
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+void bs_src_destroy(struct bs_src *s)
+{
+  if (!s)
+    return;
+  if (s->owns_fd && s->fd >= 0)
+    close(s->fd);
+  bs_free(s->name);
+  zero(s);
+}

@@ -1,0 +1,435 @@
+#include "burnstore/tree.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+
+#define SLOT_DELETED UINT64_MAX
+
+static uint64_t hash_name(uint64_t parent, const char *name)
+{
+  uint64_t h = 1469598103934665603ull ^ (parent * 0x9e3779b97f4a7c15ull);
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    h ^= *p;
+    h *= 1099511628211ull;
+  }
+  return h ^ (h >> 29);
+}
+
+static int rehash(struct bs_tree *t, size_t nslots)
+{
+  uint64_t *slots = bs_calloc(nslots, sizeof *slots);
+  if (!slots)
+    return -1;
+  for (size_t i = 0; i < t->nslots; i++) {
+    uint64_t ino = t->slots[i];
+    if (ino == 0 || ino == SLOT_DELETED)
+      continue;
+    const struct bs_node *nd = &t->nodes[ino];
+    size_t j = hash_name(nd->parent, nd->name) & (nslots - 1);
+    while (slots[j])
+      j = (j + 1) & (nslots - 1);
+    slots[j] = ino;
+  }
+  bs_free(t->slots);
+  t->slots = slots;
+  t->nslots = nslots;
+  t->nused = 0;
+  for (size_t i = 0; i < nslots; i++)
+    if (slots[i])
+      t->nused++;
+  return 0;
+}
+
+/* Slot holding (parent, name), or the first free slot for it if absent. */
+static size_t find_slot(const struct bs_tree *t, uint64_t parent, const char *name, bool *found)
+{
+  size_t mask = t->nslots - 1, j = hash_name(parent, name) & mask;
+  size_t first_free = SIZE_MAX;
+  for (;;) {
+    uint64_t ino = t->slots[j];
+    if (ino == 0) {
+      *found = false;
+      return first_free != SIZE_MAX ? first_free : j;
+    }
+    if (ino == SLOT_DELETED) {
+      if (first_free == SIZE_MAX)
+        first_free = j;
+    } else if (t->nodes[ino].parent == parent && strcmp(t->nodes[ino].name, name) == 0) {
+      *found = true;
+      return j;
+    }
+    j = (j + 1) & mask;
+  }
+}
+
+int bs_tree_init(struct bs_tree *t, bs_err *err)
+{
+  memset(t, 0, sizeof *t);
+  if (bs_grow((void **)&t->nodes, &t->cap, 2, sizeof *t->nodes) != 0 || rehash(t, 64) != 0) {
+    bs_tree_destroy(t);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  memset(t->nodes, 0, 2 * sizeof *t->nodes);
+  struct bs_node *root = &t->nodes[BS_TREE_ROOT];
+  root->name = bs_strdup("");
+  if (!root->name) {
+    bs_tree_destroy(t);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  root->parent = BS_TREE_ROOT;
+  root->is_dir = true;
+  root->live = true;
+  root->tensor = -1;
+  t->n = 2;
+  return 0;
+}
+
+void bs_tree_destroy(struct bs_tree *t)
+{
+  if (!t)
+    return;
+  for (size_t i = 0; i < t->n; i++) {
+    bs_free(t->nodes[i].name);
+    bs_free(t->nodes[i].kids);
+  }
+  bs_free(t->nodes);
+  bs_free(t->slots);
+  memset(t, 0, sizeof *t);
+}
+
+struct bs_node *bs_tree_node(const struct bs_tree *t, uint64_t ino)
+{
+  if (ino == 0 || ino >= t->n || !t->nodes[ino].live)
+    return NULL;
+  return &t->nodes[ino];
+}
+
+uint64_t bs_tree_lookup(const struct bs_tree *t, uint64_t parent, const char *name)
+{
+  bool found;
+  size_t j = find_slot(t, parent, name, &found);
+  return found ? t->slots[j] : 0;
+}
+
+static int link_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
+{
+  struct bs_node *p = &t->nodes[parent];
+  if (bs_grow((void **)&p->kids, &p->kidcap, p->nkids + 1, sizeof *p->kids) != 0)
+    return -1;
+  p->kids[p->nkids++] = ino;
+  p->nlive++;
+  return 0;
+}
+
+static void unlink_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
+{
+  struct bs_node *p = &t->nodes[parent];
+  for (size_t i = 0; i < p->nkids; i++) {
+    if (p->kids[i] == ino) {
+      p->kids[i] = 0;
+      p->nlive--;
+      break;
+    }
+  }
+  /* Trailing removed slots can go; inner ones stay so readdir offsets hold. */
+  while (p->nkids && p->kids[p->nkids - 1] == 0)
+    p->nkids--;
+}
+
+static int hash_insert(struct bs_tree *t, uint64_t ino)
+{
+  if ((t->nused + 1) * 4 >= t->nslots * 3 && rehash(t, t->nslots * 2) != 0)
+    return -1;
+  bool found;
+  size_t j = find_slot(t, t->nodes[ino].parent, t->nodes[ino].name, &found);
+  if (t->slots[j] == 0)
+    t->nused++;
+  t->slots[j] = ino;
+  return 0;
+}
+
+static void hash_delete(struct bs_tree *t, uint64_t ino)
+{
+  bool found;
+  size_t j = find_slot(t, t->nodes[ino].parent, t->nodes[ino].name, &found);
+  if (found)
+    t->slots[j] = SLOT_DELETED;
+}
+
+int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
+                uint64_t *ino, bs_err *err)
+{
+  struct bs_node *p = bs_tree_node(t, parent);
+  if (!p || !p->is_dir)
+    return bs_fail(err, ENOTDIR, BS_OFF_NONE, NULL, "parent of '%s' is not a directory", name);
+  if (bs_tree_lookup(t, parent, name))
+    return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "'%s' exists", name);
+  if (bs_grow((void **)&t->nodes, &t->cap, t->n + 1, sizeof *t->nodes) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  uint64_t id = t->n;
+  struct bs_node *nd = &t->nodes[id];
+  memset(nd, 0, sizeof *nd);
+  nd->name = bs_strdup(name);
+  if (!nd->name)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  nd->parent = parent;
+  nd->is_dir = is_dir;
+  nd->live = true;
+  nd->tensor = tensor;
+  t->n++;
+  if (hash_insert(t, id) != 0 || link_kid(t, parent, id) != 0) {
+    hash_delete(t, id);
+    bs_free(nd->name);
+    nd->name = NULL;
+    nd->live = false;
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  *ino = id;
+  return 0;
+}
+
+int bs_tree_remove(struct bs_tree *t, uint64_t ino, bs_err *err)
+{
+  struct bs_node *nd = bs_tree_node(t, ino);
+  if (!nd || ino == BS_TREE_ROOT)
+    return bs_fail(err, ino == BS_TREE_ROOT ? EBUSY : ENOENT, BS_OFF_NONE, NULL, "no such node");
+  if (nd->is_dir && nd->nlive)
+    return bs_fail(err, ENOTEMPTY, BS_OFF_NONE, NULL, "directory '%s' is not empty", nd->name);
+  hash_delete(t, ino);
+  unlink_kid(t, nd->parent, ino);
+  nd->live = false;
+  return 0;
+}
+
+int bs_tree_move(struct bs_tree *t, uint64_t ino, uint64_t newparent, const char *newname,
+                 bs_err *err)
+{
+  struct bs_node *nd = bs_tree_node(t, ino);
+  struct bs_node *np = bs_tree_node(t, newparent);
+  if (!nd || !np || ino == BS_TREE_ROOT)
+    return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "no such node");
+  if (!np->is_dir)
+    return bs_fail(err, ENOTDIR, BS_OFF_NONE, NULL, "target is not a directory");
+  if (bs_tree_lookup(t, newparent, newname))
+    return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "'%s' exists", newname);
+  /* A directory may not move into itself. */
+  for (uint64_t a = newparent;; a = t->nodes[a].parent) {
+    if (a == ino)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "cannot move a directory into itself");
+    if (a == BS_TREE_ROOT)
+      break;
+  }
+  char *name = bs_strdup(newname);
+  if (!name || bs_grow((void **)&np->kids, &np->kidcap, np->nkids + 1, sizeof *np->kids) != 0) {
+    bs_free(name);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  hash_delete(t, ino);
+  unlink_kid(t, nd->parent, ino);
+  bs_free(nd->name);
+  nd->name = name;
+  nd->parent = newparent;
+  if (hash_insert(t, ino) != 0 || link_kid(t, newparent, ino) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  return 0;
+}
+
+char *bs_escape_component(const char *seg, size_t len)
+{
+  if (len == 0)
+    return bs_strdup("%");
+  if (len == 1 && seg[0] == '.')
+    return bs_strdup("%2E");
+  if (len == 2 && seg[0] == '.' && seg[1] == '.')
+    return bs_strdup("%2E%2E");
+  size_t extra = 0;
+  for (size_t i = 0; i < len; i++)
+    if (seg[i] == '%' || seg[i] == '/')
+      extra += 2;
+  char *out = bs_malloc(len + extra + 1), *o = out;
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i < len; i++) {
+    if (seg[i] == '%' || seg[i] == '/') {
+      *o++ = '%';
+      *o++ = '2';
+      *o++ = seg[i] == '%' ? '5' : 'F';
+    } else {
+      *o++ = seg[i];
+    }
+  }
+  *o = '\0';
+  return out;
+}
+
+static int hexval(char c)
+{
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+char *bs_unescape_component(const char *name)
+{
+  if (strcmp(name, "%") == 0)
+    return bs_strdup("");
+  size_t len = strlen(name);
+  char *out = bs_malloc(len + 1), *o = out;
+  if (!out) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  for (size_t i = 0; i < len; i++) {
+    if (name[i] != '%') {
+      *o++ = name[i];
+      continue;
+    }
+    int hi = i + 2 < len + 1 ? hexval(name[i + 1]) : -1;
+    int lo = hi >= 0 ? hexval(name[i + 2]) : -1;
+    if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+      bs_free(out);
+      errno = EINVAL;
+      return NULL;
+    }
+    *o++ = (char)(hi * 16 + lo);
+    i += 2;
+  }
+  *o = '\0';
+  return out;
+}
+
+char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat)
+{
+  const struct bs_node *nd = bs_tree_node(t, ino);
+  if (!nd || ino == BS_TREE_ROOT) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (flat)
+    return bs_unescape_component(nd->name);
+  /* Collect components from the leaf up, then join in order. */
+  size_t depth = 0;
+  for (uint64_t a = ino; a != BS_TREE_ROOT; a = t->nodes[a].parent)
+    depth++;
+  char **segs = bs_calloc(depth, sizeof *segs);
+  if (!segs) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  size_t i = depth, total = 0, nseg = 0;
+  char *key = NULL;
+  for (uint64_t a = ino; a != BS_TREE_ROOT; a = t->nodes[a].parent) {
+    i--;
+    if (a == ino && strcmp(t->nodes[a].name, BS_SELF_NAME) == 0)
+      continue; /* the directory's own tensor */
+    segs[i] = bs_unescape_component(t->nodes[a].name);
+    if (!segs[i])
+      goto out;
+    total += strlen(segs[i]) + 1;
+    nseg++;
+  }
+  if (nseg == 0) {
+    errno = EINVAL;
+    goto out;
+  }
+  key = bs_malloc(total);
+  if (!key) {
+    errno = ENOMEM;
+    goto out;
+  }
+  char *o = key;
+  for (size_t k = 0; k < depth; k++) {
+    if (!segs[k])
+      continue;
+    if (o != key)
+      *o++ = '.';
+    size_t l = strlen(segs[k]);
+    memcpy(o, segs[k], l);
+    o += l;
+  }
+  *o = '\0';
+out:
+  for (size_t k = 0; k < depth; k++)
+    bs_free(segs[k]);
+  bs_free(segs);
+  return key;
+}
+
+/* The directory for `name` under parent, created if needed. A file already
+ * there moves into the new directory as %%. */
+static int ensure_dir(struct bs_tree *t, const struct bs_catalog *cat, uint64_t parent,
+                      const char *name, uint64_t *out, bs_err *err)
+{
+  uint64_t ino = bs_tree_lookup(t, parent, name);
+  if (ino && t->nodes[ino].is_dir) {
+    *out = ino;
+    return 0;
+  }
+  if (ino) {
+    long tensor = t->nodes[ino].tensor;
+    uint64_t dir;
+    if (bs_tree_remove(t, ino, err) != 0 || bs_tree_add(t, parent, name, true, -1, &dir, err) != 0)
+      return -1;
+    uint64_t f;
+    if (bs_tree_add(t, dir, BS_SELF_NAME, false, tensor, &f, err) != 0)
+      return -1;
+    (void)cat;
+    *out = dir;
+    return 0;
+  }
+  return bs_tree_add(t, parent, name, true, -1, out, err);
+}
+
+int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs_err *err)
+{
+  for (size_t i = 0; i < cat->count; i++) {
+    const struct bs_tensor *ten = &cat->tensors[i];
+    if (ten->hidden)
+      continue;
+    const char *key = ten->name;
+    uint64_t dir = BS_TREE_ROOT;
+    const char *seg = key, *dot;
+    char *comp = NULL;
+    if (!flat) {
+      while ((dot = strchr(seg, '.')) != NULL) {
+        comp = bs_escape_component(seg, (size_t)(dot - seg));
+        if (!comp)
+          return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+        int rc = ensure_dir(t, cat, dir, comp, &dir, err);
+        bs_free(comp);
+        if (rc != 0)
+          return -1;
+        seg = dot + 1;
+      }
+    }
+    comp = bs_escape_component(seg, strlen(seg));
+    if (!comp)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+    uint64_t ino = bs_tree_lookup(t, dir, comp);
+    uint64_t parent = dir;
+    const char *fname = comp;
+    if (ino && t->nodes[ino].is_dir) {
+      parent = ino;
+      fname = BS_SELF_NAME;
+      ino = bs_tree_lookup(t, parent, fname);
+    }
+    if (ino) {
+      long other = t->nodes[ino].tensor;
+      bs_free(comp);
+      return bs_fail(err, EEXIST, BS_OFF_NONE, key, "two tensors have the same name: '%s' and '%s'",
+                     other >= 0 ? cat->tensors[other].key : "?", ten->key);
+    }
+    uint64_t f;
+    int rc = bs_tree_add(t, parent, fname, false, (long)i, &f, err);
+    bs_free(comp);
+    if (rc != 0)
+      return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,3 @@
+/* PLACEHOLDER: the FUSE daemon lands in the next commit. */
+#include <stdio.h>
+int main(void) { fputs("burnstore: not built yet\n", stderr); return 1; }

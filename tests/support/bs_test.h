@@ -1,0 +1,19 @@
+/* Helpers shared by the unit and end-to-end tests. */
+#ifndef BS_TEST_H
+#define BS_TEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/catalog.h"
+
+/* Read a whole file into a bs_malloc'd buffer; aborts the test on failure. */
+uint8_t *bs_test_slurp(const char *path, size_t *len);
+/* A fresh directory under $TMPDIR (or /tmp); returns a malloc'd path. */
+char *bs_test_tmpdir(const char *tag);
+/* rm -rf of a test directory. */
+void bs_test_rmrf(const char *path);
+/* Open a memory buffer as a catalog (cr_assert on nothing; returns rc). */
+int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err);
+
+#endif
