@@ -235,12 +235,12 @@ static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t o
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n)
 {
+  if (off >= t->nbytes)
+    return 0;
   if (t->unsupported)
     return -ENOTSUP;
   if (t->src >= cat->nsrcs)
     return -EIO;
-  if (off >= t->nbytes)
-    return 0;
   if (n > t->nbytes - off)
     n = (size_t)(t->nbytes - off);
   const struct bs_src *s = &cat->srcs[t->src];
