@@ -344,11 +344,13 @@ char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat)
     goto out;
   }
   char *o = key;
+  bool first = true;
   for (size_t k = 0; k < depth; k++) {
     if (!segs[k])
       continue;
-    if (o != key)
+    if (!first)
       *o++ = '.';
+    first = false;
     size_t l = strlen(segs[k]);
     memcpy(o, segs[k], l);
     o += l;

@@ -1,0 +1,265 @@
+"""Shared pieces of the end-to-end tests: mounting under a deadline with an
+unmount that always runs, and independent readers of the formats (written
+here from the specs, sharing no code with burnstore) to compare against."""
+import contextlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.environ.get("BURNSTORE_BIN", "burnstore")
+SHARED = os.environ.get("BS_SHARED_DIR", os.path.join(os.path.dirname(__file__), "../../../shared"))
+SOURCE_DIR = os.environ.get("BS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
+FIX = os.path.join(SHARED, "fixtures", "burn")
+DEADLINE = 60  # seconds for any one mount, unmount or command
+
+FAILURES = []
+
+
+def check(cond, what):
+    """Record a failed expectation (the test goes on, and fails at the end)."""
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL:", what, flush=True)
+    return cond
+
+
+def finish(name):
+    if FAILURES:
+        print("%s: %d expectation(s) failed" % (name, len(FAILURES)))
+        sys.exit(1)
+    print("%s: all expectations met" % name)
+
+
+def run(cmd, timeout=DEADLINE, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def is_mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def force_unmount(mnt):
+    for args in (["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt]):
+        if not is_mounted(mnt):
+            return
+        try:
+            subprocess.run(args, capture_output=True, timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@contextlib.contextmanager
+def tmpdir(tag="e2e"):
+    d = tempfile.mkdtemp(prefix="bs-%s-" % tag)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+class Mount:
+    """burnstore SOURCE MNT [-o OPTS]; unmount with `burnstore -u` (checked)."""
+
+    def __init__(self, source, mnt, opts=None, extra=()):
+        self.source, self.mnt, self.opts, self.extra = source, mnt, opts, list(extra)
+        self.unmount_result = None
+
+    def __enter__(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        cmd = [BIN, self.source, self.mnt] + (["-o", self.opts] if self.opts else []) + self.extra
+        r = run(cmd)
+        if r.returncode != 0:
+            force_unmount(self.mnt)
+            raise RuntimeError("mount failed (%d): %s" % (r.returncode, r.stderr.strip()))
+        if not is_mounted(self.mnt):
+            raise RuntimeError("burnstore returned 0 but %s is not mounted" % self.mnt)
+        return self.mnt
+
+    def unmount(self):
+        if self.unmount_result is None and is_mounted(self.mnt):
+            self.unmount_result = run([BIN, "-u", self.mnt], timeout=600)
+        return self.unmount_result
+
+    def __exit__(self, *exc):
+        try:
+            self.unmount()
+        except subprocess.TimeoutExpired:
+            FAILURES.append("burnstore -u %s timed out" % self.mnt)
+        finally:
+            force_unmount(self.mnt)
+        return False
+
+
+def xattrs(path):
+    return {n: os.getxattr(path, n).decode() for n in os.listxattr(path)}
+
+
+def tensor_files(root):
+    """Every regular file under root: relative path -> absolute path."""
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, root)] = p
+    return out
+
+
+def key_to_relpath(key):
+    """The path burnstore shows for a key (interface.md §2, our escaping)."""
+    def esc(seg):
+        if seg == "":
+            return "%"
+        if seg == ".":
+            return "%2E"
+        if seg == "..":
+            return "%2E%2E"
+        return seg.replace("%", "%25").replace("/", "%2F")
+    return "/".join(esc(s) for s in key.split("."))
+
+
+# ---- independent readers ---------------------------------------------------
+
+def cbor_decode(b, i=0, depth=0):
+    """A minimal CBOR decoder (definite and indefinite lengths, tags skipped)."""
+    if depth > 200:
+        raise ValueError("too deep")
+    ib = b[i]
+    major, info = ib >> 5, ib & 31
+    i += 1
+
+    def arg(info, i):
+        if info < 24:
+            return info, i
+        n = {24: 1, 25: 2, 26: 4, 27: 8}[info]
+        return int.from_bytes(b[i:i + n], "big"), i + n
+
+    if major == 7:
+        if info == 20:
+            return False, i
+        if info == 21:
+            return True, i
+        if info == 22:
+            return None, i
+        if info == 25:
+            import numpy
+            return float(numpy.frombuffer(b[i:i + 2], ">f2")[0]), i + 2
+        if info == 26:
+            return struct.unpack(">f", b[i:i + 4])[0], i + 4
+        if info == 27:
+            return struct.unpack(">d", b[i:i + 8])[0], i + 8
+        raise ValueError("simple %d" % info)
+    if info == 31 and major in (2, 3, 4, 5):
+        items = []
+        while b[i] != 0xFF:
+            v, i = cbor_decode(b, i, depth + 1)
+            items.append(v)
+        i += 1
+        if major == 2:
+            return b"".join(items), i
+        if major == 3:
+            return "".join(items), i
+        if major == 4:
+            return items, i
+        return dict(zip(items[::2], items[1::2])), i
+    n, i = arg(info, i)
+    if major == 0:
+        return n, i
+    if major == 1:
+        return -1 - n, i
+    if major == 2:
+        return bytes(b[i:i + n]), i + n
+    if major == 3:
+        return b[i:i + n].decode(), i + n
+    if major == 4:
+        out = []
+        for _ in range(n):
+            v, i = cbor_decode(b, i, depth + 1)
+            out.append(v)
+        return out, i
+    if major == 5:
+        out = {}
+        for _ in range(n):
+            k, i = cbor_decode(b, i, depth + 1)
+            v, i = cbor_decode(b, i, depth + 1)
+            out[k] = v
+        return out, i
+    if major == 6:
+        return cbor_decode(b, i, depth + 1)
+    raise ValueError("major %d" % major)
+
+
+BPK_DTYPES = {"F64": "F64", "F32": "F32", "Flex32": "FLEX32", "F16": "F16", "BF16": "BF16",
+              "I64": "I64", "I32": "I32", "I16": "I16", "I8": "I8", "U64": "U64", "U32": "U32",
+              "U16": "U16", "U8": "U8", "Bool": "BOOL"}
+
+
+def read_bpk(path):
+    """{key: (dtype, shape, bytes, param_id)}, metadata dict."""
+    data = open(path, "rb").read()
+    assert data[:4] == b"NRUB"
+    m = struct.unpack("<I", data[6:10])[0]
+    meta, _ = cbor_decode(data, 10)
+    d = (10 + m + 255) // 256 * 256
+    out = {}
+    for k, desc in meta["tensors"].items():
+        dt = desc["dtype"]
+        if isinstance(dt, dict):
+            (v, payload), = dt.items()
+            dt = {"Native": "BOOL", "U8": "BOOL_U8", "U32": "BOOL_U32"}[payload] if v == "Bool" else "QFLOAT"
+        else:
+            dt = BPK_DTYPES[dt]
+        s, e = desc["data_offsets"]
+        out[k] = (dt, list(desc["shape"]), data[d + s:d + e], desc.get("param_id"))
+    return out, meta.get("metadata", {})
+
+
+def read_safetensors(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", None) or {}
+    out = {}
+    for k, desc in header.items():
+        s, e = desc["data_offsets"]
+        out[k] = (desc["dtype"], desc["shape"], data[8 + n + s:8 + n + e], None)
+    return out, meta
+
+
+def compare_tree(mnt, expected, meta, fmt, name):
+    """Every expected tensor is a file with the right bytes and xattrs, and
+    there are no other files; the root carries format and metadata."""
+    files = tensor_files(mnt)
+    want = {key_to_relpath(k): k for k in expected}
+    check(set(files) == set(want), "%s: file set differs: extra %s missing %s" % (
+        name, sorted(set(files) - set(want))[:5], sorted(set(want) - set(files))[:5]))
+    for rel, key in want.items():
+        if rel not in files:
+            continue
+        dt, shape, raw, pid = expected[key]
+        p = files[rel]
+        st = os.stat(p)
+        check(st.st_size == len(raw), "%s: %s size %d != %d" % (name, rel, st.st_size, len(raw)))
+        with open(p, "rb") as f:
+            got = f.read()
+        check(got == raw, "%s: %s bytes differ" % (name, rel))
+        x = xattrs(p)
+        check(x.get("user.burnstore.dtype") == dt, "%s: %s dtype %r != %r" % (name, rel, x.get("user.burnstore.dtype"), dt))
+        check(json.loads(x.get("user.burnstore.shape", "null")) == list(shape),
+              "%s: %s shape %r != %r" % (name, rel, x.get("user.burnstore.shape"), shape))
+        check(x.get("user.burnstore.key") == key, "%s: %s key xattr %r" % (name, rel, x.get("user.burnstore.key")))
+        if pid is not None:
+            check(x.get("user.burnstore.param_id") == str(pid), "%s: %s param_id %r != %d" % (name, rel, x.get("user.burnstore.param_id"), pid))
+        else:
+            check("user.burnstore.param_id" not in x, "%s: %s has a param_id" % (name, rel))
+        check(st.st_mode & 0o777 == 0o444, "%s: %s mode %o" % (name, rel, st.st_mode & 0o777))
+    rx = xattrs(mnt)
+    check(rx.get("user.burnstore.format") == fmt, "%s: root format %r" % (name, rx.get("user.burnstore.format")))
+    for k, v in meta.items():
+        check(rx.get("user.burnstore.meta." + k) == v, "%s: meta %s %r != %r" % (name, k, rx.get("user.burnstore.meta." + k), v))

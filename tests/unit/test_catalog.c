@@ -1,0 +1,168 @@
+/* The catalog, dtypes and byte sources: sizes, strided gathers, errors. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/catalog.h"
+#include "burnstore/checked.h"
+
+static bs_err err;
+static void reset(void) { bs_err_clear(&err); }
+TestSuite(catalog, .init = reset);
+TestSuite(dtype, .init = reset);
+TestSuite(src, .init = reset);
+
+Test(dtype, names_round_trip_and_sizes)
+{
+  for (int i = 0; i < BS_DT_COUNT; i++) {
+    enum bs_dtype d;
+    cr_assert_eq(bs_dtype_from_name(bs_dtype_name((enum bs_dtype)i), &d), 0);
+    cr_assert_eq(d, (enum bs_dtype)i);
+  }
+  enum bs_dtype d;
+  cr_assert_eq(bs_dtype_from_name("f32", &d), -1, "names are case-sensitive");
+  cr_assert_eq(bs_dtype_bits(BS_DT_F4), 4);
+  cr_assert_eq(bs_dtype_bits(BS_DT_BF16), 16);
+}
+
+Test(dtype, sub_byte_sizes_need_whole_bytes)
+{
+  uint64_t n, shape[2] = {3, 5};
+  cr_assert_eq(bs_dtype_nbytes(BS_DT_F4, 2, shape, &n, "k", 7, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_eq(err.off, 7);
+  cr_assert_str_eq(err.key, "k");
+  cr_assert_not_null(strstr(err.msg, "misaligned"));
+  uint64_t s2[1] = {4};
+  reset();
+  cr_assert_eq(bs_dtype_nbytes(BS_DT_F6_E2M3, 1, s2, &n, "k", 0, &err), 0);
+  cr_assert_eq(n, 3);
+}
+
+Test(dtype, shape_overflow_is_refused)
+{
+  uint64_t n, shape[2] = {2, UINT64_MAX - 1};
+  cr_assert_eq(bs_dtype_nbytes(BS_DT_F32, 2, shape, &n, "big", 9, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_not_null(strstr(err.msg, "overflow"));
+  uint64_t zero[3] = {0, 5, 7};
+  reset();
+  cr_assert_eq(bs_dtype_nbytes(BS_DT_F64, 3, zero, &n, "e", 0, &err), 0);
+  cr_assert_eq(n, 0);
+  cr_assert_eq(bs_dtype_nbytes(BS_DT_F64, 0, NULL, &n, "s", 0, &err), 0);
+  cr_assert_eq(n, 8, "a 0-d scalar holds one element");
+}
+
+Test(catalog, first_error_wins)
+{
+  cr_assert_eq(bs_fail(&err, EINVAL, 16, "a", "first %d", 1), -1);
+  cr_assert_eq(bs_fail(&err, EIO, 32, "b", "second"), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_str_eq(err.msg, "first 1");
+  char line[512];
+  cr_assert_str_eq(bs_err_format(&err, "f.bpk", line, sizeof line),
+                   "f.bpk: offset 0x10: tensor 'a': first 1");
+}
+
+/* A 2x3 F32 storage 0..5, viewed in several ways. */
+static float storage[6] = {0, 1, 2, 3, 4, 5};
+
+static struct bs_tensor *view(struct bs_catalog *cat, uint32_t rank, const uint64_t *shape,
+                              const int64_t *strides, uint64_t soff)
+{
+  struct bs_src s;
+  uint32_t idx;
+  if (cat->nsrcs == 0) {
+    cr_assert_eq(bs_src_init_mem(&s, storage, sizeof storage, "mem", &err), 0);
+    cr_assert_eq(bs_catalog_add_src(cat, &s, &idx, &err), 0);
+  }
+  struct bs_tensor *t = bs_catalog_add(cat, "v", BS_DT_F32, rank, shape, 0, &err);
+  cr_assert_not_null(t);
+  t->src = 0;
+  t->off = 0;
+  t->storage_off = soff;
+  t->storage_bytes = sizeof storage;
+  t->strides = bs_malloc(rank * sizeof *strides + 1);
+  memcpy(t->strides, strides, rank * sizeof *strides);
+  return t;
+}
+
+static void expect(struct bs_catalog *cat, const struct bs_tensor *t, const float *want, size_t n)
+{
+  cr_assert_eq(bs_tensor_check_view(t, 0, &err), 0, "%s", err.msg);
+  float got[16];
+  cr_assert_eq(bs_tensor_read(cat, t, 0, got, sizeof got), (long)(n * 4));
+  cr_assert_eq(memcmp(got, want, n * 4), 0);
+  /* Byte-granular reads at every offset give the same bytes. */
+  for (size_t off = 0; off < n * 4; off++) {
+    uint8_t b[3];
+    long r = bs_tensor_read(cat, t, off, b, 3);
+    cr_assert_gt(r, 0);
+    cr_assert_eq(memcmp(b, (const uint8_t *)want + off, (size_t)r), 0, "offset %zu", off);
+  }
+}
+
+Test(catalog, strided_views_read_as_contiguous)
+{
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  uint64_t tshape[2] = {3, 2};
+  int64_t tstr[2] = {1, 3};
+  expect(&cat, view(&cat, 2, tshape, tstr, 0), (float[]){0, 3, 1, 4, 2, 5}, 6);
+  uint64_t sshape[2] = {2, 2};
+  int64_t sstr[2] = {3, 2};
+  expect(&cat, view(&cat, 2, sshape, sstr, 0), (float[]){0, 2, 3, 5}, 4);
+  uint64_t eshape[2] = {3, 4};
+  int64_t estr[2] = {1, 0};
+  expect(&cat, view(&cat, 2, eshape, estr, 0), (float[]){0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2}, 12);
+  uint64_t oshape[1] = {2};
+  int64_t ostr[1] = {1};
+  expect(&cat, view(&cat, 1, oshape, ostr, 4), (float[]){4, 5}, 2);
+  bs_catalog_destroy(&cat);
+}
+
+Test(catalog, view_past_the_storage_is_refused)
+{
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  uint64_t shape[2] = {2, 3};
+  int64_t strides[2] = {3, 1};
+  struct bs_tensor *t = view(&cat, 2, shape, strides, 1);
+  cr_assert_eq(bs_tensor_check_view(t, 40, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_eq(err.off, 40);
+  cr_assert_not_null(strstr(err.msg, "storage too short"));
+  bs_catalog_destroy(&cat);
+}
+
+Test(catalog, oom_on_add_leaves_a_valid_catalog)
+{
+  for (long n = 0; n < 10; n++) {
+    struct bs_catalog cat;
+    bs_catalog_init(&cat);
+    reset();
+    bs_alloc_fail_after(n);
+    uint64_t shape[1] = {4};
+    struct bs_tensor *t = bs_catalog_add(&cat, "x", BS_DT_F32, 1, shape, 0, &err);
+    bs_alloc_fail_after(-1);
+    if (!t)
+      cr_assert_eq(err.code, ENOMEM);
+    bs_catalog_destroy(&cat);
+  }
+}
+
+Test(src, reads_past_the_end_name_the_offset)
+{
+  struct bs_src s;
+  uint8_t buf[8] = {0};
+  cr_assert_eq(bs_src_init_mem(&s, buf, 8, "m", &err), 0);
+  uint8_t out[4];
+  cr_assert_eq(bs_src_read(&s, 6, out, 4, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_eq(err.off, 6);
+  cr_assert_not_null(strstr(err.msg, "truncated"));
+  reset();
+  cr_assert_eq(bs_src_read(&s, UINT64_MAX - 1, out, 4, &err), -1, "no overflow");
+  bs_src_destroy(&s);
+}
