@@ -413,8 +413,9 @@ static int remap_one(const struct bs_key_remap *m, char **name, struct nbuf *b,
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t ms = ov[0], me = ov[1];
     if (ms > me || me > len) /* \K tricks; Rust has no such thing */
-      return bs_fail(err, EINVAL, BS_OFF_NONE, key, "remap '%s' gave a match that ends before "
-                     "it starts (\\K is not supported)", m->re.pattern);
+      return bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                     "remap '%s' gave a match that ends before it starts (\\K is not supported)",
+                     m->re.pattern);
     if (ms == me && me == last_end) {
       if (start >= len)
         break;
@@ -534,8 +535,8 @@ static int top_level_not_found(const struct bs_catalog *cat, const char *k, bs_e
   }
   if (more && used < sizeof list)
     snprintf(list + used, sizeof list - used, ", ...");
-  return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "top_level_key '%s' not found; top-level keys are: %s",
-                 k, list);
+  return bs_fail(err, ENOENT, BS_OFF_NONE, NULL,
+                 "top_level_key '%s' not found; top-level keys are: %s", k, list);
 }
 
 /* One index segment of one name (step 3). */
