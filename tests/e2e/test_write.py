@@ -223,14 +223,18 @@ def test_failures(tmp):
             for _ in range(256):
                 f.write(chunk)
         pids = [int(p) for p in run(["pgrep", "-f", "burnstore %s" % work]).stdout.split()]
-        subprocess.Popen(["fusermount3", "-u", mnt]).wait(timeout=60)
-        time.sleep(0.05)
+        check(len(pids) == 1, "one daemon for %s" % work)
+        um = subprocess.Popen(["fusermount3", "-u", mnt])
+        caught = False
+        deadline = time.time() + 30
+        while time.time() < deadline and not caught:
+            caught = any(f.startswith("kill.bpk.") and f.endswith(".tmp") for f in os.listdir(tmp))
         for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.kill(p, signal.SIGKILL)
+        um.wait(timeout=60)
+        check(caught, "caught the write-back in progress (temp file seen)")
         u = m.unmount()
+        check(u is None or u.returncode != 0, "-u after kill -9 does not claim success")
     check(open(work, "rb").read() == old, "kill -9 during write-back leaves the old file intact")
     # 4. SIGTERM to the daemon writes back.
     out = os.path.join(tmp, "term.bpk")
