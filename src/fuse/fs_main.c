@@ -294,6 +294,22 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+static bool is_mounted(const char *mnt)
+{
+  FILE *f = fopen("/proc/self/mounts", "r");
+  if (!f)
+    return true;
+  char line[PATH_MAX * 2 + 256];
+  bool found = false;
+  size_t n = strlen(mnt);
+  while (!found && fgets(line, sizeof line, f)) {
+    char *a = strchr(line, ' ');
+    found = a && strncmp(a + 1, mnt, n) == 0 && a[1 + n] == ' ';
+  }
+  fclose(f);
+  return found;
+}
+
 static int do_unmount(const char *mountpoint)
 {
   char *mnt = abs_path(mountpoint);
@@ -304,7 +320,9 @@ static int do_unmount(const char *mountpoint)
   char spath[PATH_MAX];
   status_path(mnt, spath, sizeof spath);
   int fd = open(spath, O_RDWR | O_CLOEXEC);
-  int rc = run_fusermount_u(mnt);
+  /* Already unmounted (umount, fusermount3 -u) while its daemon still
+   * writes back: just wait for it. */
+  int rc = is_mounted(mnt) || fd < 0 ? run_fusermount_u(mnt) : 0;
   if (rc != 0) {
     if (fd >= 0)
       close(fd);
@@ -507,6 +525,12 @@ int main(int argc, char **argv)
   char spath[PATH_MAX];
   status_path(mnt, spath, sizeof spath);
   int sfd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  /* A daemon that was just unmounted may still be on its way out. */
+  for (int i = 0; sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0 && i < 1500; i++) {
+    if (is_mounted(mnt))
+      break;
+    usleep(20000);
+  }
   if (sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0) {
     fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
     close(sfd);

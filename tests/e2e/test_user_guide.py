@@ -1,0 +1,54 @@
+"""Runs every ```sh example of docs/user-guide.md, in order, in a directory
+with the files the guide names, and checks what the examples produce."""
+import os
+import re
+import shutil
+import subprocess
+
+from bsmount import (BIN, FIX, SOURCE_DIR, check, finish, force_unmount, read_bpk, tmpdir)
+
+GUIDE = os.path.join(SOURCE_DIR, "docs/user-guide.md")
+
+
+def main():
+    text = open(GUIDE).read()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    check(len(blocks) >= 10, "the guide has its examples (%d found)" % len(blocks))
+    with tmpdir("guide") as d:
+        shutil.copy(os.path.join(FIX, "burn-store/pytorch-tests/tests/complex_nested/complex_nested.pt"),
+                    os.path.join(d, "model.pth"))
+        shutil.copy(os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data/checkpoint.pt"),
+                    os.path.join(d, "checkpoint.pth"))
+        shutil.copy(os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors"),
+                    os.path.join(d, "model.safetensors"))
+        bindir = os.path.dirname(os.path.abspath(BIN))
+        env = dict(os.environ, PATH=bindir + ":" + os.environ["PATH"])
+        try:
+            for i, block in enumerate(blocks):
+                r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=d, env=env,
+                                   capture_output=True, text=True, timeout=300)
+                first = block.strip().splitlines()[0]
+                check(r.returncode == 0, "example %d (%s) failed (%d):\n%s%s" % (
+                    i + 1, first, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
+                if r.returncode != 0:
+                    break
+        finally:
+            for m in ("m", "old", "new"):
+                force_unmount(os.path.join(d, m))
+        for f in ("surgery.bpk", "scratch.bpk", "edited.bpk", "model.bpk", "fc-only.bpk"):
+            check(os.path.exists(os.path.join(d, f)), "the guide's examples wrote %s" % f)
+        if os.path.exists(os.path.join(d, "edited.bpk")):
+            keys = set(read_bpk(os.path.join(d, "edited.bpk"))[0])
+            check(any(k.startswith("backbone.") for k in keys) and not any(k.startswith("head.") for k in keys),
+                  "edited.bpk has the rename and the removal: %s" % sorted(keys)[:5])
+        if os.path.exists(os.path.join(d, "fc-only.bpk")):
+            keys = set(read_bpk(os.path.join(d, "fc-only.bpk"))[0])
+            check(keys == {"fc1.weight", "fc1.bias"}, "fc-only.bpk holds fc1 only: %s" % sorted(keys))
+        if os.path.exists(os.path.join(d, "scratch.bpk")):
+            t, meta = read_bpk(os.path.join(d, "scratch.bpk"))
+            check(t.get("w", (0, 0))[:2] == ("F32", [2, 3]) and meta.get("author") == "me", "scratch.bpk: %r" % (t, meta))
+    finish("test_user_guide")
+
+
+if __name__ == "__main__":
+    main()
