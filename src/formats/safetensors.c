@@ -43,10 +43,23 @@ _Static_assert(sizeof st_dtypes / sizeof st_dtypes[0] == 22, "SafeTensors has 22
 
 /* jansson allocates through bs_malloc/bs_free, so OOM tests reach it. The
  * hook is process-global; bs_malloc is plain malloc underneath, so memory
- * jansson handed out before this ran is still freed correctly. */
+ * jansson handed out before this ran is still freed correctly.
+ * jansson does not report every failed allocation as such (some paths give
+ * an empty error or a bogus syntax error), so the hook also notes failures
+ * of this thread, and a parse failure after one is ENOMEM. */
+static _Thread_local bool json_oom;
+
+static void *json_alloc(size_t n)
+{
+  void *p = bs_malloc(n);
+  if (!p)
+    json_oom = true;
+  return p;
+}
+
 __attribute__((constructor)) static void st_use_bs_alloc(void)
 {
-  json_set_alloc_funcs(bs_malloc, bs_free);
+  json_set_alloc_funcs(json_alloc, bs_free);
 }
 
 /* One tensor entry, validated field by field, not yet in the catalog. */
@@ -204,7 +217,7 @@ static int parse_failure(const char *h, size_t n, const json_error_t *je, bs_err
   if (pos > n)
     pos = n;
   uint64_t off = PREFIX + pos;
-  if (code == json_error_out_of_memory)
+  if (code == json_error_out_of_memory || json_oom)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the header");
   if (code == json_error_invalid_utf8)
     return bs_fail(err, EINVAL, off, NULL, "header is not valid UTF-8: %s (header byte %zu)",
@@ -537,6 +550,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
     goto out;
 
   json_error_t je;
+  json_oom = false;
   root = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
   if (!root) {
     parse_failure(h, n, &je, err);
