@@ -611,6 +611,30 @@ Test(safetensors, syntax_error_inside_entry_names_tensor)
   expect_fail_h(h, 2, EINVAL, at(h, ",],") + 2, "b", "header is not valid JSON");
 }
 
+Test(safetensors, deep_nesting_rejected_without_crash)
+{
+  /* 100k '[' in an unknown field: jansson stops at its depth limit. */
+  size_t depth = 100000, hlen = 0;
+  char *h = bs_malloc(depth + 64);
+  cr_assert_not_null(h);
+  hlen += (size_t)sprintf(h, "{\"a\":{\"x\":");
+  memset(h + hlen, '[', depth);
+  hlen += depth;
+  h[hlen++] = '}';
+  size_t len;
+  uint8_t *buf = st_build_raw(hlen, h, hlen, 0, &len);
+  struct bs_catalog cat;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_expect_eq(st_read_mem(&cat, buf, len, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  cr_expect_str_eq(err.key, "a");
+  cr_expect_not_null(strstr(err.msg, "maximum parsing depth"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+  bs_free(buf);
+  bs_free(h);
+}
+
 /* ---- Duplicates ------------------------------------------------------------ */
 
 Test(safetensors, duplicate_tensor_name_rejected)
