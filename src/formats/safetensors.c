@@ -35,9 +35,9 @@
 /* The dtype names of the reference crate, all of them. bs_dtype_from_name
  * knows more (C128, FLEX32, QI8...), which are not SafeTensors dtypes. */
 static const char *const st_dtypes[] = {
-    "BOOL", "F4",  "F6_E2M3", "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
-    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32",
-    "U32", "F32", "C64", "F64", "I64", "U64",
+    "BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
+    "U32",     "F32",         "C64",         "F64",     "I64", "U64",
 };
 _Static_assert(sizeof st_dtypes / sizeof st_dtypes[0] == 22, "SafeTensors has 22 dtypes");
 
@@ -272,8 +272,8 @@ static int parse_failure(const char *h, size_t n, const json_error_t *je, bs_err
 static int check_nul_padding(const char *h, size_t n, bs_err *err)
 {
   size_t i = n;
-  while (i > 0 && (h[i - 1] == ' ' || h[i - 1] == '\t' || h[i - 1] == '\r' ||
-                   h[i - 1] == '\n' || h[i - 1] == '\0'))
+  while (i > 0 && (h[i - 1] == ' ' || h[i - 1] == '\t' || h[i - 1] == '\r' || h[i - 1] == '\n' ||
+                   h[i - 1] == '\0'))
     i--;
   const char *nul = memchr(h + i, '\0', n - i);
   if (!nul)
@@ -292,15 +292,17 @@ static int get_u64(const json_t *v, const char *field, size_t idx, const char *n
   if (json_is_integer(v)) {
     json_int_t x = json_integer_value(v);
     if (x < 0)
-      return bs_fail(err, EINVAL, off, name, "%s[%zu] is %" JSON_INTEGER_FORMAT
-                     ", not a non-negative integer", field, idx, x);
+      return bs_fail(err, EINVAL, off, name,
+                     "%s[%zu] is %" JSON_INTEGER_FORMAT ", not a non-negative integer", field, idx,
+                     x);
     *out = (uint64_t)x;
     return 0;
   }
   if (json_is_real(v))
     return bs_fail(err, EINVAL, off, name,
                    "%s[%zu] is the real number %g; only integers (no fraction, no exponent) "
-                   "are allowed", field, idx, json_real_value(v));
+                   "are allowed",
+                   field, idx, json_real_value(v));
   return bs_fail(err, EINVAL, off, name, "%s[%zu] is %s, not a non-negative integer", field, idx,
                  type_name(v));
 }
@@ -310,8 +312,8 @@ static const json_t *get_field(const json_t *obj, const char *field, json_type w
 {
   const json_t *v = json_object_get(obj, field);
   if (!v) {
-    bs_fail(err, EINVAL, off, name, "missing field \"%s\" (each tensor needs dtype, shape and "
-            "data_offsets)", field);
+    bs_fail(err, EINVAL, off, name,
+            "missing field \"%s\" (each tensor needs dtype, shape and data_offsets)", field);
     return NULL;
   }
   if (json_typeof(v) != want) {
@@ -347,15 +349,15 @@ static int parse_entry(const json_t *val, const char *name, uint64_t off, struct
     return bs_fail(err, ENOTSUP, off, name,
                    "unknown dtype \"%.40s\" (SafeTensors has BOOL, U8-U64, I8-I64, F16, BF16, "
                    "F32, F64, C64, F4, F6_E2M3, F6_E3M2 and F8_E5M2, F8_E4M3, F8_E8M0, "
-                   "F8_E4M3FNUZ, F8_E5M2FNUZ)", dts);
+                   "F8_E4M3FNUZ, F8_E5M2FNUZ)",
+                   dts);
 
   const json_t *shape = get_field(val, "shape", JSON_ARRAY, name, off, err);
   if (!shape)
     return -1;
   size_t rank = json_array_size(shape);
   if (rank > BS_MAX_RANK)
-    return bs_fail(err, ENOTSUP, off, name, "rank %zu exceeds the limit of %u", rank,
-                   BS_MAX_RANK);
+    return bs_fail(err, ENOTSUP, off, name, "rank %zu exceeds the limit of %u", rank, BS_MAX_RANK);
   if (bs_grow((void **)&dims->v, &dims->cap, dims->n + rank, sizeof *dims->v) != 0)
     return bs_fail(err, ENOMEM, off, name, "out of memory");
   e->rank = (uint32_t)rank;
@@ -387,7 +389,8 @@ static int check_meta(const json_t *meta, uint64_t off, bs_err *err)
                    type_name(meta));
   const char *k;
   const json_t *v;
-  json_object_foreach((json_t *)meta, k, v) {
+  json_object_foreach((json_t *)meta, k, v)
+  {
     if (!json_is_string(v))
       return bs_fail(err, EINVAL, off, NULL,
                      "__metadata__ value of \"%.60s\" is %s; metadata values must be strings", k,
@@ -395,7 +398,8 @@ static int check_meta(const json_t *meta, uint64_t off, bs_err *err)
     if (strlen(json_string_value(v)) != json_string_length(v))
       return bs_fail(err, ENOTSUP, off, NULL,
                      "__metadata__ value of \"%.60s\" contains \\u0000, which burnstore cannot "
-                     "represent", k);
+                     "represent",
+                     k);
   }
   return 0;
 }
@@ -436,7 +440,8 @@ static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, u
       if (!prev)
         return bs_fail(err, EINVAL, e->pos, e->name,
                        "gap: the first tensor in data order starts at %" PRIu64
-                       ", expected 0 (data_offsets are relative to the data buffer)", e->begin);
+                       ", expected 0 (data_offsets are relative to the data buffer)",
+                       e->begin);
       if (e->begin > cursor)
         return bs_fail(err, EINVAL, e->pos, e->name,
                        "gap: data_offsets start at %" PRIu64 ", expected %" PRIu64
@@ -458,8 +463,9 @@ static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, u
       char sh[96];
       fmt_shape(sh, sizeof sh, dims + e->dims, e->rank);
       return bs_fail(err, EINVAL, e->pos, e->name,
-                     "size mismatch: shape %s x %s = %" PRIu64 " bytes but data_offsets span %"
-                     PRIu64, sh, bs_dtype_name(e->dtype), nbytes, e->end - e->begin);
+                     "size mismatch: shape %s x %s = %" PRIu64
+                     " bytes but data_offsets span %" PRIu64,
+                     sh, bs_dtype_name(e->dtype), nbytes, e->end - e->begin);
     }
     cursor = e->end;
     prev = e;
@@ -491,7 +497,8 @@ static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const
   if (meta && json_is_object(meta)) {
     const char *k;
     const json_t *v;
-    json_object_foreach((json_t *)meta, k, v) {
+    json_object_foreach((json_t *)meta, k, v)
+    {
       if (bs_catalog_add_meta(cat, k, json_string_value(v), err) != 0)
         return -1;
     }
@@ -517,18 +524,21 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   if (s->size < PREFIX)
     return bs_fail(err, EINVAL, 0, NULL,
                    "file is %" PRIu64 " bytes, too short for the 8-byte SafeTensors header "
-                   "length", s->size);
+                   "length",
+                   s->size);
   if (bs_src_read(s, 0, prefix, PREFIX, err) != 0)
     return -1;
   uint64_t hlen = bs_le64(prefix);
   if (hlen > BS_ST_MAX_HEADER)
     return bs_fail(err, EINVAL, 0, NULL,
                    "header length %" PRIu64 " exceeds the limit of %u bytes (corrupt length "
-                   "prefix, or not a SafeTensors file)", hlen, BS_ST_MAX_HEADER);
+                   "prefix, or not a SafeTensors file)",
+                   hlen, BS_ST_MAX_HEADER);
   if (hlen > s->size - PREFIX)
     return bs_fail(err, EINVAL, 0, NULL,
                    "header length %" PRIu64 " runs past the end of the file: 8 + %" PRIu64
-                   " > file size %" PRIu64 " (truncated?)", hlen, hlen, s->size);
+                   " > file size %" PRIu64 " (truncated?)",
+                   hlen, hlen, s->size);
 
   int rc = -1;
   size_t count0 = cat->count, nmeta0 = cat->nmeta;
@@ -575,7 +585,8 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   size_t i = 0;
   const char *key;
   json_t *val;
-  json_object_foreach(root, key, val) {
+  json_object_foreach(root, key, val)
+  {
     uint64_t off = have_pos ? PREFIX + sc.keys[i] : PREFIX;
     i++;
     if (strcmp(key, "__metadata__") == 0) {
@@ -610,14 +621,16 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
       if (sorted[k]->end > avail)
         cut = sorted[k];
     bs_fail(err, EINVAL, s->size, cut ? cut->name : NULL,
-            "file truncated: file has %" PRIu64 " bytes, header says %" PRIu64
-            " (8 + %" PRIu64 " header + %" PRIu64 " data)", s->size, data_start + d, hlen, d);
+            "file truncated: file has %" PRIu64 " bytes, header says %" PRIu64 " (8 + %" PRIu64
+            " header + %" PRIu64 " data)",
+            s->size, data_start + d, hlen, d);
     goto out;
   }
   if (d < avail) {
     bs_fail(err, EINVAL, data_start + d, NULL,
-            "%" PRIu64 " bytes after the last tensor (data ends at %" PRIu64
-            ", file has %" PRIu64 " bytes)", avail - d, data_start + d, s->size);
+            "%" PRIu64 " bytes after the last tensor (data ends at %" PRIu64 ", file has %" PRIu64
+            " bytes)",
+            avail - d, data_start + d, s->size);
     goto out;
   }
 

@@ -7,8 +7,7 @@
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
 
-uint8_t *st_build_raw(uint64_t n_prefix, const void *header, size_t hlen, size_t dlen,
-                      size_t *len)
+uint8_t *st_build_raw(uint64_t n_prefix, const void *header, size_t hlen, size_t dlen, size_t *len)
 {
   size_t n = 8 + hlen + dlen;
   uint8_t *buf = bs_malloc(n);

@@ -11,8 +11,7 @@
 /* prefix (u64 LE `n_prefix`) + `hlen` header bytes + `dlen` data bytes, the
  * data byte i being st_data_byte(i). Returns a bs_malloc'd buffer (never
  * NULL: aborts the test) and its length in *len. */
-uint8_t *st_build_raw(uint64_t n_prefix, const void *header, size_t hlen, size_t dlen,
-                      size_t *len);
+uint8_t *st_build_raw(uint64_t n_prefix, const void *header, size_t hlen, size_t dlen, size_t *len);
 /* The common case: the prefix is strlen(header). */
 uint8_t *st_build(const char *header, size_t dlen, size_t *len);
 /* The data pattern, so tests can check bytes read back. */

@@ -161,8 +161,9 @@ Test(safetensors, vector_prefix_only_rejected)
 {
   size_t len;
   uint8_t *buf = st_build_raw(0x3c, NULL, 0, 0, &len);
-  expect_fail(buf, len, EINVAL, 0, NULL, "header length 60 runs past the end of the file: "
-                                         "8 + 60 > file size 8");
+  expect_fail(buf, len, EINVAL, 0, NULL,
+              "header length 60 runs past the end of the file: "
+              "8 + 60 > file size 8");
 }
 
 Test(safetensors, vector_not_utf8_rejected)
@@ -356,17 +357,28 @@ Test(safetensors, every_dtype_parses_with_its_size)
     enum bs_dtype dt;
     unsigned bits;
   } all[] = {
-      {"BOOL", BS_DT_BOOL, 8},       {"F4", BS_DT_F4, 4},
-      {"F6_E2M3", BS_DT_F6_E2M3, 6}, {"F6_E3M2", BS_DT_F6_E3M2, 6},
-      {"U8", BS_DT_U8, 8},           {"I8", BS_DT_I8, 8},
-      {"F8_E5M2", BS_DT_F8_E5M2, 8}, {"F8_E4M3", BS_DT_F8_E4M3, 8},
-      {"F8_E8M0", BS_DT_F8_E8M0, 8}, {"F8_E4M3FNUZ", BS_DT_F8_E4M3FNUZ, 8},
-      {"F8_E5M2FNUZ", BS_DT_F8_E5M2FNUZ, 8}, {"I16", BS_DT_I16, 16},
-      {"U16", BS_DT_U16, 16},        {"F16", BS_DT_F16, 16},
-      {"BF16", BS_DT_BF16, 16},      {"I32", BS_DT_I32, 32},
-      {"U32", BS_DT_U32, 32},        {"F32", BS_DT_F32, 32},
-      {"C64", BS_DT_C64, 64},        {"F64", BS_DT_F64, 64},
-      {"I64", BS_DT_I64, 64},        {"U64", BS_DT_U64, 64},
+      {"BOOL", BS_DT_BOOL, 8},
+      {"F4", BS_DT_F4, 4},
+      {"F6_E2M3", BS_DT_F6_E2M3, 6},
+      {"F6_E3M2", BS_DT_F6_E3M2, 6},
+      {"U8", BS_DT_U8, 8},
+      {"I8", BS_DT_I8, 8},
+      {"F8_E5M2", BS_DT_F8_E5M2, 8},
+      {"F8_E4M3", BS_DT_F8_E4M3, 8},
+      {"F8_E8M0", BS_DT_F8_E8M0, 8},
+      {"F8_E4M3FNUZ", BS_DT_F8_E4M3FNUZ, 8},
+      {"F8_E5M2FNUZ", BS_DT_F8_E5M2FNUZ, 8},
+      {"I16", BS_DT_I16, 16},
+      {"U16", BS_DT_U16, 16},
+      {"F16", BS_DT_F16, 16},
+      {"BF16", BS_DT_BF16, 16},
+      {"I32", BS_DT_I32, 32},
+      {"U32", BS_DT_U32, 32},
+      {"F32", BS_DT_F32, 32},
+      {"C64", BS_DT_C64, 64},
+      {"F64", BS_DT_F64, 64},
+      {"I64", BS_DT_I64, 64},
+      {"U64", BS_DT_U64, 64},
   };
   cr_assert_eq(sizeof all / sizeof all[0], 22);
   /* All 22 in one file, 8 elements each, back to back. */
@@ -476,10 +488,10 @@ Test(safetensors, exponent_number_rejected)
 
 Test(safetensors, string_and_null_numbers_rejected)
 {
-  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":[\"2\"],\"data_offsets\":[0,2]}}", 2, EINVAL,
-                9, "a", "shape[0] is a string, not a non-negative integer");
-  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[null,2]}}", 2, EINVAL,
-                9, "a", "data_offsets[0] is null, not a non-negative integer");
+  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":[\"2\"],\"data_offsets\":[0,2]}}", 2, EINVAL, 9,
+                "a", "shape[0] is a string, not a non-negative integer");
+  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[null,2]}}", 2, EINVAL, 9,
+                "a", "data_offsets[0] is null, not a non-negative integer");
 }
 
 Test(safetensors, offset_2_pow_64_rejected)
@@ -553,10 +565,10 @@ Test(safetensors, wrong_field_types_rejected)
 {
   expect_fail_h("{\"a\":{\"dtype\":8,\"shape\":[1],\"data_offsets\":[0,1]}}", 1, EINVAL, 9, "a",
                 "field \"dtype\" is an integer, not a string");
-  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":1,\"data_offsets\":[0,1]}}", 1, EINVAL, 9,
-                "a", "field \"shape\" is an integer, not an array");
-  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1,2]}}", 1, EINVAL,
-                9, "a", "data_offsets has 3 entries, expected [BEGIN, END]");
+  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":1,\"data_offsets\":[0,1]}}", 1, EINVAL, 9, "a",
+                "field \"shape\" is an integer, not an array");
+  expect_fail_h("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1,2]}}", 1, EINVAL, 9,
+                "a", "data_offsets has 3 entries, expected [BEGIN, END]");
 }
 
 Test(safetensors, trailing_garbage_rejected)
@@ -769,8 +781,11 @@ Test(safetensors, bytes_read_at_absolute_offsets)
 Test(safetensors, open_any_sniffs_and_reads)
 {
   size_t len;
-  uint8_t *buf = st_build_raw(64, "\n\t{}" "                                                  "
-                                  "          ", 64, 0, &len);
+  uint8_t *buf = st_build_raw(64,
+                              "\n\t{}"
+                              "                                                  "
+                              "          ",
+                              64, 0, &len);
   struct bs_catalog cat;
   bs_err err;
   bs_err_clear(&err);
