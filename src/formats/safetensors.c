@@ -1,8 +1,650 @@
-/* PLACEHOLDER until the SafeTensors reader lands. */
+/* SafeTensors reader (spec: shared/docs/safetensors-format.md).
+ *
+ * Byte layout:
+ *  1. 8 bytes, u64 little-endian: N, the byte length of the header (at most
+ *     BS_ST_MAX_HEADER, and 8 + N <= file size).
+ *  2. N bytes: one UTF-8 JSON object. Space, tab, CR and LF may come before
+ *     the '{' and after the '}'; nothing else (no NUL padding).
+ *       {"__metadata__": {"k": "v", ...} | null,          (optional)
+ *        "<name>": {"dtype": "F32", "shape": [d0, ...], "data_offsets": [BEGIN, END]},
+ *        ...}
+ *     Unknown fields inside an entry are ignored; duplicate keys are an error.
+ *  3. D bytes of data. A tensor's bytes are [8 + N + BEGIN, 8 + N + END) in
+ *     the file. Sorted by (BEGIN, END), the tensors tile [0, D) with no gap
+ *     and no overlap, END - BEGIN = the size of dtype x shape, and
+ *     8 + N + D is exactly the file size.
+ *
+ * The JSON is parsed by jansson (docs/json-library.md). jansson validates
+ * UTF-8, rejects duplicate keys and trailing garbage, and reads integers as
+ * signed 64-bit: values of 2^63 and above are rejected, which no real file
+ * can need (no file holds 2^63 bytes).
+ */
 #include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
 #include "burnstore/formats.h"
+
+#define PREFIX 8u
+
+/* The dtype names of the reference crate, all of them. bs_dtype_from_name
+ * knows more (C128, FLEX32, QI8...), which are not SafeTensors dtypes. */
+static const char *const st_dtypes[] = {
+    "BOOL",    "F4",          "F6_E2M3",     "F6_E3M2", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+    "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
+    "U32",     "F32",         "C64",         "F64",     "I64", "U64",
+};
+_Static_assert(sizeof st_dtypes / sizeof st_dtypes[0] == 22, "SafeTensors has 22 dtypes");
+
+/* jansson allocates through bs_malloc/bs_free, so OOM tests reach it. The
+ * hook is process-global; bs_malloc is plain malloc underneath, so memory
+ * jansson handed out before this ran is still freed correctly.
+ * jansson does not report every failed allocation as such (some paths give
+ * an empty error or a bogus syntax error), so the hook also notes failures
+ * of this thread, and a parse failure after one is ENOMEM. */
+static _Thread_local bool json_oom;
+
+static void *json_alloc(size_t n)
+{
+  void *p = bs_malloc(n);
+  if (!p)
+    json_oom = true;
+  return p;
+}
+
+__attribute__((constructor)) static void st_use_bs_alloc(void)
+{
+  json_set_alloc_funcs(json_alloc, bs_free);
+}
+
+/* One tensor entry, validated field by field, not yet in the catalog. */
+struct entry {
+  const char *name; /* borrowed from the jansson tree */
+  uint64_t pos;     /* file offset of the key, for messages */
+  enum bs_dtype dtype;
+  uint32_t rank;
+  size_t dims; /* index of shape[0] in the flat dims array */
+  uint64_t begin, end;
+};
+
+struct dims {
+  uint64_t *v;
+  size_t n, cap;
+};
+
+static const char *type_name(const json_t *v)
+{
+  switch (json_typeof(v)) {
+  case JSON_OBJECT:
+    return "an object";
+  case JSON_ARRAY:
+    return "an array";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+    return "an integer";
+  case JSON_REAL:
+    return "a real number";
+  case JSON_TRUE:
+  case JSON_FALSE:
+    return "a boolean";
+  case JSON_NULL:
+    return "null";
+  }
+  return "?";
+}
+
+/* ---- Positions in the header text -------------------------------------
+ * jansson keeps no positions of values, so for messages we walk the raw text
+ * ourselves: a byte scanner that knows strings, escapes and nesting and
+ * nothing else. It runs on text jansson accepted, or (for parse errors) on
+ * its prefix up to where jansson stopped, and is bounded by the length. */
+
+struct scan {
+  size_t *keys; /* start of each top-level key string ('"'), may be NULL */
+  size_t nkeys, cap;
+  size_t last_key; /* start of the last top-level key seen, or SIZE_MAX */
+  int depth;       /* nesting at the end of the scanned range */
+};
+
+static void scan_text(const char *h, size_t n, struct scan *sc)
+{
+  bool in_str = false, esc = false, expect_key = false;
+  int depth = 0;
+  sc->nkeys = 0;
+  sc->last_key = SIZE_MAX;
+  for (size_t i = 0; i < n; i++) {
+    char c = h[i];
+    if (in_str) {
+      if (esc)
+        esc = false;
+      else if (c == '\\')
+        esc = true;
+      else if (c == '"')
+        in_str = false;
+      continue;
+    }
+    switch (c) {
+    case '"':
+      in_str = true;
+      if (depth == 1 && expect_key) {
+        if (sc->keys && sc->nkeys < sc->cap)
+          sc->keys[sc->nkeys] = i;
+        sc->nkeys++;
+        sc->last_key = i;
+        expect_key = false;
+      }
+      break;
+    case '{':
+      if (++depth == 1)
+        expect_key = true;
+      break;
+    case '[':
+      depth++;
+      break;
+    case '}':
+    case ']':
+      depth--;
+      break;
+    case ',':
+      if (depth == 1)
+        expect_key = true;
+      break;
+    default:
+      break;
+    }
+  }
+  sc->depth = depth;
+}
+
+/* Decode the JSON string token starting at h[at] ('"') into a bs_malloc'd C
+ * string, or NULL (bad token, NUL inside, or out of memory). */
+static char *decode_key_at(const char *h, size_t n, size_t at)
+{
+  if (at >= n || h[at] != '"')
+    return NULL;
+  size_t i = at + 1;
+  bool esc = false;
+  for (; i < n; i++) {
+    if (esc)
+      esc = false;
+    else if (h[i] == '\\')
+      esc = true;
+    else if (h[i] == '"')
+      break;
+  }
+  if (i >= n)
+    return NULL;
+  json_t *s = json_loadb(h + at, i + 1 - at, JSON_DECODE_ANY, NULL);
+  char *out = NULL;
+  if (json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s))
+    out = bs_strdup(json_string_value(s));
+  json_decref(s);
+  return out;
+}
+
+/* Start of the string token that ends just before h[end] (jansson reports
+ * a duplicate key at the byte after it). Inside a JSON string every '"' is
+ * escaped, so going backwards the first quote preceded by an even number of
+ * backslashes opens the token. */
+static size_t token_start(const char *h, size_t end)
+{
+  if (end < 2 || h[end - 1] != '"')
+    return SIZE_MAX;
+  for (size_t i = end - 1; i-- > 0;) {
+    if (h[i] != '"')
+      continue;
+    size_t bs = 0;
+    while (bs < i && h[i - 1 - bs] == '\\')
+      bs++;
+    if (bs % 2 == 0)
+      return i;
+  }
+  return SIZE_MAX;
+}
+
+/* Turn a jansson parse error into ours: file offset, the enclosing tensor
+ * when there is one, and a message in the user's terms. */
+static int parse_failure(const char *h, size_t n, const json_error_t *je, bs_err *err)
+{
+  enum json_error_code code = json_error_code(je);
+  size_t pos = je->position > 0 ? (size_t)je->position : 0;
+  if (pos > n)
+    pos = n;
+  uint64_t off = PREFIX + pos;
+  if (code == json_error_out_of_memory || json_oom)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the header");
+  if (code == json_error_invalid_utf8)
+    return bs_fail(err, EINVAL, off, NULL, "header is not valid UTF-8: %s (header byte %zu)",
+                   je->text, pos);
+
+  struct scan sc = {0};
+  if (code == json_error_duplicate_key) {
+    size_t at = token_start(h, pos);
+    char *key = at == SIZE_MAX ? NULL : decode_key_at(h, n, at);
+    if (at != SIZE_MAX) {
+      off = PREFIX + at;
+      scan_text(h, at, &sc);
+    }
+    int rc;
+    if (key && sc.depth == 1 && strcmp(key, "__metadata__") == 0)
+      rc = bs_fail(err, EINVAL, off, NULL, "duplicate __metadata__ in the header");
+    else if (key && sc.depth == 1)
+      rc = bs_fail(err, EINVAL, off, key, "duplicate tensor name '%.80s' in the header", key);
+    else
+      rc = bs_fail(err, EINVAL, off, NULL, "duplicate key in the header: %s", je->text);
+    bs_free(key);
+    return rc;
+  }
+
+  /* Name the tensor the error sits in, if any. */
+  scan_text(h, pos, &sc);
+  char *key = sc.depth >= 2 ? decode_key_at(h, n, sc.last_key) : NULL;
+  int rc;
+  if (code == json_error_numeric_overflow)
+    rc = bs_fail(err, EINVAL, off, key,
+                 "integer too large: %s (header integers must be below 2^63; burnstore reads "
+                 "them as signed 64-bit)",
+                 je->text);
+  else if (code == json_error_null_byte_in_key)
+    rc = bs_fail(err, ENOTSUP, off, key,
+                 "a key in the header contains \\u0000, which burnstore cannot represent (%s)",
+                 je->text);
+  else if (code == json_error_end_of_input_expected)
+    rc = bs_fail(err, EINVAL, off, key,
+                 "trailing characters after the header's JSON object: %s (only space, tab, CR "
+                 "and LF may pad the header)",
+                 je->text);
+  else
+    rc = bs_fail(err, EINVAL, off, key, "header is not valid JSON: %s (line %d, column %d)",
+                 je->text, je->line, je->column);
+  bs_free(key);
+  return rc;
+}
+
+/* NUL padding is the one invalid padding seen in the wild; say so plainly
+ * rather than let the parser call it trailing characters. */
+static int check_nul_padding(const char *h, size_t n, bs_err *err)
+{
+  size_t i = n;
+  while (i > 0 && (h[i - 1] == ' ' || h[i - 1] == '\t' || h[i - 1] == '\r' || h[i - 1] == '\n' ||
+                   h[i - 1] == '\0'))
+    i--;
+  const char *nul = memchr(h + i, '\0', n - i);
+  if (!nul)
+    return 0;
+  return bs_fail(err, EINVAL, PREFIX + (uint64_t)(nul - h), NULL,
+                 "header is padded with NUL bytes (from header byte %zu); SafeTensors allows "
+                 "only space, tab, CR and LF after the JSON object",
+                 (size_t)(nul - h));
+}
+
+/* ---- Entries ----------------------------------------------------------- */
+
+static int get_u64(const json_t *v, const char *field, size_t idx, const char *name, uint64_t off,
+                   uint64_t *out, bs_err *err)
+{
+  if (json_is_integer(v)) {
+    json_int_t x = json_integer_value(v);
+    if (x < 0)
+      return bs_fail(err, EINVAL, off, name,
+                     "%s[%zu] is %" JSON_INTEGER_FORMAT ", not a non-negative integer", field, idx,
+                     x);
+    *out = (uint64_t)x;
+    return 0;
+  }
+  if (json_is_real(v))
+    return bs_fail(err, EINVAL, off, name,
+                   "%s[%zu] is the real number %g; only integers (no fraction, no exponent) "
+                   "are allowed",
+                   field, idx, json_real_value(v));
+  return bs_fail(err, EINVAL, off, name, "%s[%zu] is %s, not a non-negative integer", field, idx,
+                 type_name(v));
+}
+
+static const json_t *get_field(const json_t *obj, const char *field, json_type want,
+                               const char *name, uint64_t off, bs_err *err)
+{
+  const json_t *v = json_object_get(obj, field);
+  if (!v) {
+    bs_fail(err, EINVAL, off, name,
+            "missing field \"%s\" (each tensor needs dtype, shape and data_offsets)", field);
+    return NULL;
+  }
+  if (json_typeof(v) != want) {
+    bs_fail(err, EINVAL, off, name, "field \"%s\" is %s, not %s", field, type_name(v),
+            want == JSON_STRING ? "a string" : "an array");
+    return NULL;
+  }
+  return v;
+}
+
+static int parse_entry(const json_t *val, const char *name, uint64_t off, struct entry *e,
+                       struct dims *dims, bs_err *err)
+{
+  memset(e, 0, sizeof *e);
+  e->name = name;
+  e->pos = off;
+  if (!json_is_object(val))
+    return bs_fail(err, EINVAL, off, name,
+                   "entry is %s, not an object with dtype, shape and data_offsets", type_name(val));
+  if (strlen(name) > BS_MAX_KEY_LEN)
+    return bs_fail(err, ENOTSUP, off, NULL, "tensor name of %zu bytes exceeds the limit of %u",
+                   strlen(name), BS_MAX_KEY_LEN);
+
+  const json_t *dt = get_field(val, "dtype", JSON_STRING, name, off, err);
+  if (!dt)
+    return -1;
+  const char *dts = json_string_value(dt);
+  bool known = false;
+  if (strlen(dts) == json_string_length(dt))
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0] && !known; i++)
+      known = strcmp(dts, st_dtypes[i]) == 0;
+  if (!known || bs_dtype_from_name(dts, &e->dtype) != 0)
+    return bs_fail(err, ENOTSUP, off, name,
+                   "unknown dtype \"%.40s\" (SafeTensors has BOOL, U8-U64, I8-I64, F16, BF16, "
+                   "F32, F64, C64, F4, F6_E2M3, F6_E3M2 and F8_E5M2, F8_E4M3, F8_E8M0, "
+                   "F8_E4M3FNUZ, F8_E5M2FNUZ)",
+                   dts);
+
+  const json_t *shape = get_field(val, "shape", JSON_ARRAY, name, off, err);
+  if (!shape)
+    return -1;
+  size_t rank = json_array_size(shape);
+  if (rank > BS_MAX_RANK)
+    return bs_fail(err, ENOTSUP, off, name, "rank %zu exceeds the limit of %u", rank, BS_MAX_RANK);
+  if (bs_grow((void **)&dims->v, &dims->cap, dims->n + rank, sizeof *dims->v) != 0)
+    return bs_fail(err, ENOMEM, off, name, "out of memory");
+  e->rank = (uint32_t)rank;
+  e->dims = dims->n;
+  for (size_t i = 0; i < rank; i++)
+    if (get_u64(json_array_get(shape, i), "shape", i, name, off, &dims->v[dims->n + i], err))
+      return -1;
+  dims->n += rank;
+
+  const json_t *offs = get_field(val, "data_offsets", JSON_ARRAY, name, off, err);
+  if (!offs)
+    return -1;
+  if (json_array_size(offs) != 2)
+    return bs_fail(err, EINVAL, off, name, "data_offsets has %zu entries, expected [BEGIN, END]",
+                   json_array_size(offs));
+  if (get_u64(json_array_get(offs, 0), "data_offsets", 0, name, off, &e->begin, err) ||
+      get_u64(json_array_get(offs, 1), "data_offsets", 1, name, off, &e->end, err))
+    return -1;
+  return 0;
+}
+
+/* __metadata__: a string -> string map, or null for none. */
+static int check_meta(const json_t *meta, uint64_t off, bs_err *err)
+{
+  if (json_is_null(meta))
+    return 0;
+  if (!json_is_object(meta))
+    return bs_fail(err, EINVAL, off, NULL, "__metadata__ is %s, not an object of strings",
+                   type_name(meta));
+  const char *k;
+  const json_t *v;
+  json_object_foreach((json_t *)meta, k, v)
+  {
+    if (!json_is_string(v))
+      return bs_fail(err, EINVAL, off, NULL,
+                     "__metadata__ value of \"%.60s\" is %s; metadata values must be strings", k,
+                     type_name(v));
+    if (strlen(json_string_value(v)) != json_string_length(v))
+      return bs_fail(err, ENOTSUP, off, NULL,
+                     "__metadata__ value of \"%.60s\" contains \\u0000, which burnstore cannot "
+                     "represent",
+                     k);
+  }
+  return 0;
+}
+
+static void fmt_shape(char *buf, size_t n, const uint64_t *shape, uint32_t rank)
+{
+  size_t used = 0;
+  int w = snprintf(buf, n, "[");
+  used = w > 0 ? (size_t)w : 0;
+  for (uint32_t i = 0; i < rank && used < n; i++) {
+    w = snprintf(buf + used, n - used, "%s%" PRIu64, i ? ", " : "", shape[i]);
+    used += w > 0 ? (size_t)w : 0;
+  }
+  if (used < n)
+    snprintf(buf + used, n - used, "]");
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+  const struct entry *x = *(const struct entry *const *)a, *y = *(const struct entry *const *)b;
+  if (x->begin != y->begin)
+    return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end)
+    return x->end < y->end ? -1 : 1;
+  return x < y ? -1 : x > y; /* header order: a deterministic sort */
+}
+
+/* Rule 6 of the spec: sorted by (BEGIN, END) the tensors tile the data
+ * buffer from 0. *d gets its length. */
+static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, uint64_t *d,
+                        bs_err *err)
+{
+  uint64_t cursor = 0;
+  const struct entry *prev = NULL;
+  for (size_t i = 0; i < n; i++) {
+    const struct entry *e = sorted[i];
+    if (e->begin != cursor) {
+      if (!prev)
+        return bs_fail(err, EINVAL, e->pos, e->name,
+                       "gap: the first tensor in data order starts at %" PRIu64
+                       ", expected 0 (data_offsets are relative to the data buffer)",
+                       e->begin);
+      if (e->begin > cursor)
+        return bs_fail(err, EINVAL, e->pos, e->name,
+                       "gap: data_offsets start at %" PRIu64 ", expected %" PRIu64
+                       " where tensor '%.60s' ends (%" PRIu64 " bytes belong to no tensor)",
+                       e->begin, cursor, prev->name, e->begin - cursor);
+      return bs_fail(err, EINVAL, e->pos, e->name,
+                     "overlap: data_offsets start at %" PRIu64 ", expected %" PRIu64
+                     " where tensor '%.60s' ends (two tensors share bytes)",
+                     e->begin, cursor, prev->name);
+    }
+    if (e->end < e->begin)
+      return bs_fail(err, EINVAL, e->pos, e->name,
+                     "data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", e->begin,
+                     e->end);
+    uint64_t nbytes;
+    if (bs_dtype_nbytes(e->dtype, e->rank, dims + e->dims, &nbytes, e->name, e->pos, err) != 0)
+      return -1;
+    if (e->end - e->begin != nbytes) {
+      char sh[96];
+      fmt_shape(sh, sizeof sh, dims + e->dims, e->rank);
+      return bs_fail(err, EINVAL, e->pos, e->name,
+                     "size mismatch: shape %s x %s = %" PRIu64
+                     " bytes but data_offsets span %" PRIu64,
+                     sh, bs_dtype_name(e->dtype), nbytes, e->end - e->begin);
+    }
+    cursor = e->end;
+    prev = e;
+  }
+  *d = cursor;
+  return 0;
+}
+
+/* On failure take back what this call added (only ENOMEM can strike after
+ * the first bs_catalog_add, but the catalog stays as it was either way). */
+static void rollback(struct bs_catalog *cat, size_t count, size_t nmeta)
+{
+  while (cat->count > count) {
+    struct bs_tensor *t = &cat->tensors[--cat->count];
+    bs_free(t->key);
+    bs_free(t->name);
+    bs_free(t->shape);
+  }
+  while (cat->nmeta > nmeta) {
+    struct bs_kv *kv = &cat->meta[--cat->nmeta];
+    bs_free(kv->key);
+    bs_free(kv->value);
+  }
+}
+
+static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const json_t *meta,
+                const struct entry *ents, size_t n, const uint64_t *dims, bs_err *err)
+{
+  if (meta && json_is_object(meta)) {
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)meta, k, v)
+    {
+      if (bs_catalog_add_meta(cat, k, json_string_value(v), err) != 0)
+        return -1;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    const struct entry *e = &ents[i];
+    struct bs_tensor *t =
+        bs_catalog_add(cat, e->name, e->dtype, e->rank, dims + e->dims, e->pos, err);
+    if (!t)
+      return -1;
+    t->src = src;
+    t->off = data_start + e->begin; /* <= file size: checked by the caller */
+  }
+  return 0;
+}
+
 int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
 {
-  (void)cat; (void)src;
-  return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "SafeTensors reader not built yet");
+  if (src >= cat->nsrcs)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
+  const struct bs_src *s = &cat->srcs[src];
+  uint8_t prefix[PREFIX];
+  if (s->size < PREFIX)
+    return bs_fail(err, EINVAL, 0, NULL,
+                   "file is %" PRIu64 " bytes, too short for the 8-byte SafeTensors header "
+                   "length",
+                   s->size);
+  if (bs_src_read(s, 0, prefix, PREFIX, err) != 0)
+    return -1;
+  uint64_t hlen = bs_le64(prefix);
+  if (hlen > BS_ST_MAX_HEADER)
+    return bs_fail(err, EINVAL, 0, NULL,
+                   "header length %" PRIu64 " exceeds the limit of %u bytes (corrupt length "
+                   "prefix, or not a SafeTensors file)",
+                   hlen, BS_ST_MAX_HEADER);
+  if (hlen > s->size - PREFIX)
+    return bs_fail(err, EINVAL, 0, NULL,
+                   "header length %" PRIu64 " runs past the end of the file: 8 + %" PRIu64
+                   " > file size %" PRIu64 " (truncated?)",
+                   hlen, hlen, s->size);
+
+  int rc = -1;
+  size_t count0 = cat->count, nmeta0 = cat->nmeta;
+  const size_t n = (size_t)hlen;
+  char *h = bs_malloc(n);
+  json_t *root = NULL;
+  struct scan sc = {0};
+  struct entry *ents = NULL, **sorted = NULL;
+  struct dims dims = {0};
+  const json_t *meta = NULL;
+  size_t nents = 0;
+  if (!h) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory for a %zu-byte header", n);
+    goto out;
+  }
+  if (n && bs_src_read(s, PREFIX, h, n, err) != 0)
+    goto out;
+  if (check_nul_padding(h, n, err) != 0)
+    goto out;
+
+  json_error_t je;
+  json_oom = false;
+  root = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+  if (!root) {
+    parse_failure(h, n, &je, err);
+    goto out;
+  }
+  if (!json_is_object(root)) {
+    bs_fail(err, EINVAL, PREFIX, NULL, "header is %s, not a JSON object", type_name(root));
+    goto out;
+  }
+
+  size_t nkeys = json_object_size(root);
+  sc.cap = nkeys;
+  sc.keys = bs_calloc(nkeys, sizeof *sc.keys);
+  ents = bs_calloc(nkeys, sizeof *ents);
+  if (!sc.keys || !ents) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  scan_text(h, n, &sc);
+  bool have_pos = sc.nkeys == nkeys; /* always, for text jansson accepted */
+
+  size_t i = 0;
+  const char *key;
+  json_t *val;
+  json_object_foreach(root, key, val)
+  {
+    uint64_t off = have_pos ? PREFIX + sc.keys[i] : PREFIX;
+    i++;
+    if (strcmp(key, "__metadata__") == 0) {
+      if (check_meta(val, off, err) != 0)
+        goto out;
+      meta = val;
+      continue;
+    }
+    if (parse_entry(val, key, off, &ents[nents], &dims, err) != 0)
+      goto out;
+    nents++;
+  }
+
+  sorted = bs_calloc(nents, sizeof *sorted);
+  if (!sorted) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  for (size_t k = 0; k < nents; k++)
+    sorted[k] = &ents[k];
+  qsort(sorted, nents, sizeof *sorted, cmp_entry);
+  uint64_t d;
+  if (check_layout(sorted, nents, dims.v, &d, err) != 0)
+    goto out;
+
+  /* 8 + N + D must be the file size exactly. No overflow: N <= 1e8 and every
+   * offset is below 2^63. */
+  uint64_t data_start = PREFIX + hlen, avail = s->size - data_start;
+  if (d > avail) {
+    const struct entry *cut = NULL;
+    for (size_t k = 0; k < nents && !cut; k++)
+      if (sorted[k]->end > avail)
+        cut = sorted[k];
+    bs_fail(err, EINVAL, s->size, cut ? cut->name : NULL,
+            "file truncated: file has %" PRIu64 " bytes, header says %" PRIu64 " (8 + %" PRIu64
+            " header + %" PRIu64 " data)",
+            s->size, data_start + d, hlen, d);
+    goto out;
+  }
+  if (d < avail) {
+    bs_fail(err, EINVAL, data_start + d, NULL,
+            "%" PRIu64 " bytes after the last tensor (data ends at %" PRIu64 ", file has %" PRIu64
+            " bytes)",
+            avail - d, data_start + d, s->size);
+    goto out;
+  }
+
+  if (fill(cat, src, data_start, meta, ents, nents, dims.v, err) != 0)
+    goto out;
+  rc = 0;
+out:
+  if (rc != 0)
+    rollback(cat, count0, nmeta0);
+  bs_free(sorted);
+  bs_free(dims.v);
+  bs_free(ents);
+  bs_free(sc.keys);
+  json_decref(root);
+  bs_free(h);
+  return rc;
 }
