@@ -102,10 +102,12 @@ static bool pc_begin(struct precheck *p)
     p->key_is_tensors = false;
   if (p->depth == 2 && p->st[1].tensors && p->st[1].seen % 2 == 1 && !p->desc_oom &&
       p->ndesc <= BS_BPK_MAX_TENSORS) {
-    if (bs_grow((void **)&p->desc_pos, &p->desccap, p->ndesc + 1, sizeof *p->desc_pos) != 0)
+    if (bs_grow((void **)&p->desc_pos, &p->desccap, p->ndesc + 1, sizeof *p->desc_pos) != 0) {
       p->desc_oom = true;
-    else
-      p->desc_pos[p->ndesc++] = p->pos;
+      pc_fail(p, ENOMEM, "out of memory");
+      return false;
+    }
+    p->desc_pos[p->ndesc++] = p->pos;
   }
   return true;
 }
@@ -600,7 +602,9 @@ out:
 static int cmp_name(const void *a, const void *b, void *cat)
 {
   const struct bs_catalog *c = cat;
-  return strcmp(c->tensors[*(const size_t *)a].key, c->tensors[*(const size_t *)b].key);
+  size_t x = *(const size_t *)a, y = *(const size_t *)b;
+  int r = strcmp(c->tensors[x].key, c->tensors[y].key);
+  return r ? r : (x > y) - (x < y); /* ties in map order: the later duplicate is reported */
 }
 
 static int cmp_span(const void *a, const void *b)
