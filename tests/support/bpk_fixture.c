@@ -132,12 +132,15 @@ void bpk_fixture_custom(const struct bpk_fix_spec *s, struct bpk_fixture *f)
   for (int i = 0; i < 4; i++)
     f->data[6 + i] = (uint8_t)(c.len >> (8 * i));
   memcpy(f->data + 10, c.p, c.len);
-  for (uint64_t i = 0; i < dlen; i++)
-    f->data[f->data_start + i] = (uint8_t)(i * 7 + 1);
   for (size_t i = 0; i < s->n; i++) {
     const struct bpk_fix_tensor *t = &s->t[i];
-    if (t->bytes && t->end >= t->start && t->end <= dlen)
+    if (t->end < t->start || t->end > dlen)
+      continue;
+    if (t->bytes)
       memcpy(f->data + f->data_start + t->start, t->bytes, (size_t)(t->end - t->start));
+    else
+      for (uint64_t j = t->start; j < t->end; j++)
+        f->data[f->data_start + j] = (uint8_t)(j * 7 + 1);
   }
   free(c.p);
   free(idx);

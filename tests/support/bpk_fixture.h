@@ -54,7 +54,8 @@ struct bpk_fix_tensor {
   size_t offsets_len;
   bool has_pid;
   uint64_t pid;
-  const uint8_t *bytes; /* end - start bytes; default: byte i of the data section is i*7+1 */
+  const uint8_t *bytes; /* end - start bytes; default: byte i of the data section is i*7+1;
+                           gaps between tensors are zero */
 };
 
 struct bpk_fix_spec {
