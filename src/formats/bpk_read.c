@@ -312,6 +312,15 @@ static const cbor_item_t *untag(const cbor_item_t *it)
   return it;
 }
 
+/* libcbor 0.8's cbor_is_null/cbor_is_bool assert (abort) when given a float: check the
+ * width first. */
+static bool is_ctrl(const cbor_item_t *it)
+{
+  return cbor_isa_float_ctrl(it) && cbor_float_get_width(it) == CBOR_FLOAT_0;
+}
+static bool is_null(const cbor_item_t *it) { return is_ctrl(it) && cbor_is_null(it); }
+static bool is_bool(const cbor_item_t *it) { return is_ctrl(it) && cbor_is_bool(it); }
+
 static const char *type_name(const cbor_item_t *it)
 {
   switch (cbor_typeof(it)) {
@@ -323,9 +332,9 @@ static const char *type_name(const cbor_item_t *it)
   case CBOR_TYPE_MAP: return "a map";
   case CBOR_TYPE_TAG: return "a tag";
   case CBOR_TYPE_FLOAT_CTRL:
-    if (cbor_is_null(it))
+    if (is_null(it))
       return "null";
-    if (cbor_is_bool(it))
+    if (is_bool(it))
       return "a boolean";
     return cbor_float_get_width(it) == CBOR_FLOAT_0 ? "a simple value" : "a float";
   }
@@ -545,7 +554,7 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
 
   bool has_pid = false;
   uint64_t param_id = 0;
-  if (pid && !cbor_is_null(untag(pid))) {
+  if (pid && !is_null(untag(pid))) {
     if (!get_uint(pid, &param_id))
       return bs_fail(err, EINVAL, off, name, "param_id is %s; expected an unsigned integer",
                      type_name(untag(pid)));
@@ -814,7 +823,7 @@ static json_t *scalar_json(const cbor_item_t *v, const char **why)
   const char *ks = (const char *)cbor_string_handle(k);
   bool is_int = (kl == 3 && memcmp(ks, "Int", 3) == 0) || (kl == 4 && memcmp(ks, "UInt", 4) == 0);
   bool is_float = kl == 5 && memcmp(ks, "Float", 5) == 0;
-  bool is_bool = kl == 4 && memcmp(ks, "Bool", 4) == 0;
+  bool is_bool_kind = kl == 4 && memcmp(ks, "Bool", 4) == 0;
   char num[32];
   *why = "value of the wrong type";
   if ((is_int || is_float) && cbor_isa_uint(x)) {
@@ -842,7 +851,7 @@ static json_t *scalar_json(const cbor_item_t *v, const char **why)
       return json_string(d > 0 ? "inf" : "-inf");
     return json_real(d);
   }
-  if (is_bool && cbor_is_bool(x))
+  if (is_bool_kind && is_bool(x))
     return json_boolean(cbor_get_bool(x));
   return NULL;
 }

@@ -585,3 +585,69 @@ Test(bpk_read, each_failed_allocation_gives_enomem)
   oom_loop(&f);
   bpk_fixture_free(&f);
 }
+
+/* Single-byte mutations of the spec example's header and metadata: each read either succeeds
+ * or fails with a code and a message; ASan/UBSan catch the rest. */
+Test(bpk_read, single_byte_mutations_never_crash)
+{
+  static const uint8_t vals[] = {0x00, 0x17, 0x18, 0x1b, 0x1c, 0x5f, 0x7f, 0x80,
+                                 0x9f, 0xa0, 0xbf, 0xc0, 0xf6, 0xf8, 0xff};
+  struct bpk_fixture f;
+  bpk_fixture_example11(&f);
+  for (size_t pos = 0; pos < 10 + f.meta_len; pos++) {
+    uint8_t keep = f.data[pos];
+    for (size_t v = 0; v <= sizeof vals; v++) {
+      f.data[pos] = v < sizeof vals ? vals[v] : (uint8_t)(keep ^ 0x80);
+      struct bs_catalog cat;
+      bs_err err;
+      if (read_buf(&cat, f.data, f.len, &err) != 0) {
+        cr_assert_neq(err.code, 0);
+        cr_assert_neq(err.msg[0], '\0');
+        cr_assert_eq(cat.count, 0);
+      }
+      bs_catalog_destroy(&cat);
+    }
+    f.data[pos] = keep;
+  }
+  bpk_fixture_free(&f);
+}
+
+/* libcbor 0.8 asserts in cbor_is_null() on a float; found by fuzzing. */
+Test(bpk_read, float_param_id_is_an_error_not_an_abort)
+{
+  static const uint8_t sc[] = {0x67, 's', 'c', 'a', 'l', 'a', 'r', 's', 0xa1, 0x61, 'f', 0xa1,
+                               0x64, 'B', 'o', 'o', 'l', 0xf9, 0x3e, 0x00};
+  static const uint8_t offs[] = {0x82, 0x00, 0x04};
+  struct bpk_fix_tensor t[] = {{.name = "p", .rank = 1, .shape = {1}, .offsets_raw = offs,
+                                .offsets_len = sizeof offs, .end = 4}};
+  struct bpk_fix_spec s = {.t = t, .n = 1, .extra = sc, .extra_len = sizeof sc, .extra_pairs = 1};
+  struct bpk_fixture f;
+  struct bs_catalog cat;
+  bs_err err;
+  bpk_fixture_custom(&s, &f);
+  /* A scalar {"Bool": 1.5} is skipped with a note. */
+  expect_ok(&f, &cat);
+  cr_assert(strstr(cat.notes, "scalar 'f' skipped"), "%s", cat.notes);
+  bs_catalog_destroy(&cat);
+  /* Turn the descriptor into a 4-entry map whose param_id is the float 1.5. */
+  uint8_t file[512];
+  size_t d = f.desc_off[0];
+  cr_assert_eq(f.data[d], 0xa3);
+  static const uint8_t pid[] = {0x68, 'p', 'a', 'r', 'a', 'm', '_', 'i', 'd', 0xf9, 0x3e, 0x00};
+  size_t desc_end = f.extra_off; /* the descriptor is the last item before the extra pair */
+  memcpy(file, f.data, desc_end);
+  file[d] = 0xa4;
+  memcpy(file + desc_end, pid, sizeof pid);
+  memcpy(file + desc_end + sizeof pid, f.data + desc_end, 10 + f.meta_len - desc_end);
+  uint32_t m = f.meta_len + sizeof pid;
+  file[6] = (uint8_t)m, file[7] = (uint8_t)(m >> 8), file[8] = 0, file[9] = 0;
+  memset(file + 10 + m, 0, 256 - (10 + m));
+  memcpy(file + 256, f.data + f.data_start, 4);
+  cr_assert_eq(read_buf(&cat, file, 260, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_eq(err.off, d);
+  cr_assert_str_eq(err.key, "p");
+  cr_assert(strstr(err.msg, "param_id is a float; expected an unsigned integer"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+  bpk_fixture_free(&f);
+}
