@@ -65,7 +65,7 @@ struct precheck {
 };
 
 __attribute__((format(printf, 3, 4))) static void pc_fail(struct precheck *p, int code,
-                                                         const char *fmt, ...)
+                                                          const char *fmt, ...)
 {
   if (p->code)
     return;
@@ -77,7 +77,10 @@ __attribute__((format(printf, 3, 4))) static void pc_fail(struct precheck *p, in
   va_end(ap);
 }
 
-static struct pc_frame *pc_top(struct precheck *p) { return p->depth ? &p->st[p->depth - 1] : NULL; }
+static struct pc_frame *pc_top(struct precheck *p)
+{
+  return p->depth ? &p->st[p->depth - 1] : NULL;
+}
 
 static bool pc_in_indef_string(struct precheck *p)
 {
@@ -130,7 +133,8 @@ static void pc_push(struct precheck *p, uint8_t kind, bool indef, uint64_t n, bo
     pc_fail(p, EINVAL, "CBOR nesting deeper than %u levels", BS_CBOR_MAX_DEPTH);
     return;
   }
-  p->st[p->depth++] = (struct pc_frame){.kind = kind, .indef = indef, .left = n, .tensors = tensors};
+  p->st[p->depth++] =
+      (struct pc_frame){.kind = kind, .indef = indef, .left = n, .tensors = tensors};
 }
 
 static void pc_leaf(struct precheck *p)
@@ -139,13 +143,41 @@ static void pc_leaf(struct precheck *p)
     pc_item_done(p);
 }
 
-static void cb_u8(void *c, uint8_t v) { (void)v; pc_leaf(c); }
-static void cb_u16(void *c, uint16_t v) { (void)v; pc_leaf(c); }
-static void cb_u32(void *c, uint32_t v) { (void)v; pc_leaf(c); }
-static void cb_u64(void *c, uint64_t v) { (void)v; pc_leaf(c); }
-static void cb_f4(void *c, float v) { (void)v; pc_leaf(c); }
-static void cb_f8(void *c, double v) { (void)v; pc_leaf(c); }
-static void cb_bool(void *c, bool v) { (void)v; pc_leaf(c); }
+static void cb_u8(void *c, uint8_t v)
+{
+  (void)v;
+  pc_leaf(c);
+}
+static void cb_u16(void *c, uint16_t v)
+{
+  (void)v;
+  pc_leaf(c);
+}
+static void cb_u32(void *c, uint32_t v)
+{
+  (void)v;
+  pc_leaf(c);
+}
+static void cb_u64(void *c, uint64_t v)
+{
+  (void)v;
+  pc_leaf(c);
+}
+static void cb_f4(void *c, float v)
+{
+  (void)v;
+  pc_leaf(c);
+}
+static void cb_f8(void *c, double v)
+{
+  (void)v;
+  pc_leaf(c);
+}
+static void cb_bool(void *c, bool v)
+{
+  (void)v;
+  pc_leaf(c);
+}
 static void cb_simple(void *c) { pc_leaf(c); }
 
 /* A definite string: a chunk of an open indefinite string of the same kind, or an item. */
@@ -286,7 +318,7 @@ struct span {
 struct rd {
   struct bs_catalog *cat;
   uint32_t src;
-  uint64_t size; /* file size */
+  uint64_t size;                 /* file size */
   uint64_t meta_end, data_start; /* 10 + M, D */
   size_t count0, nmeta0;         /* catalog state before this read, for rollback */
   struct span *spans;
@@ -413,10 +445,10 @@ static const struct {
   const char *name;
   enum bs_dtype dt;
 } plain_dtypes[] = {
-    {"F64", BS_DT_F64}, {"F32", BS_DT_F32}, {"Flex32", BS_DT_FLEX32}, {"F16", BS_DT_F16},
-    {"BF16", BS_DT_BF16}, {"I64", BS_DT_I64}, {"I32", BS_DT_I32}, {"I16", BS_DT_I16},
-    {"I8", BS_DT_I8}, {"U64", BS_DT_U64}, {"U32", BS_DT_U32}, {"U16", BS_DT_U16},
-    {"U8", BS_DT_U8}, {"Bool", BS_DT_BOOL}, /* bare "Bool": burn <= 0.20 */
+    {"F64", BS_DT_F64},   {"F32", BS_DT_F32},   {"Flex32", BS_DT_FLEX32}, {"F16", BS_DT_F16},
+    {"BF16", BS_DT_BF16}, {"I64", BS_DT_I64},   {"I32", BS_DT_I32},       {"I16", BS_DT_I16},
+    {"I8", BS_DT_I8},     {"U64", BS_DT_U64},   {"U32", BS_DT_U32},       {"U16", BS_DT_U16},
+    {"U8", BS_DT_U8},     {"Bool", BS_DT_BOOL}, /* bare "Bool": burn <= 0.20 */
 };
 
 /* The dtype value: a variant name, or a 1-entry map {variant: payload}. For QFloat, *raw gets
@@ -446,9 +478,10 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
     return -1;
   }
   if (!cbor_isa_map(v) || cbor_map_size(v) != 1)
-    return bs_fail(err, EINVAL, off, name,
-                   "dtype is %s%s; expected a text name or a 1-entry map like {\"Bool\": \"Native\"}",
-                   type_name(v), cbor_isa_map(v) ? " with other than 1 entry" : "");
+    return bs_fail(
+        err, EINVAL, off, name,
+        "dtype is %s%s; expected a text name or a 1-entry map like {\"Bool\": \"Native\"}",
+        type_name(v), cbor_isa_map(v) ? " with other than 1 entry" : "");
   struct cbor_pair *pr = cbor_map_handle(v);
   char *variant = key_dup(pr[0].key, "dtype", off, err);
   if (!variant)
@@ -457,8 +490,8 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
   if (strcmp(variant, "Bool") == 0) {
     const cbor_item_t *st = untag(pr[0].value);
     if (!cbor_isa_string(st)) {
-      rc = bs_fail(err, EINVAL, off, name, "Bool dtype storage is %s; expected text",
-                   type_name(st));
+      rc =
+          bs_fail(err, EINVAL, off, name, "Bool dtype storage is %s; expected text", type_name(st));
     } else if (!(s = text_dup(st, &len))) {
       rc = bs_fail(err, ENOMEM, off, name, "out of memory");
     } else if (strcmp(s, "Native") == 0 && strlen(s) == len) {
@@ -468,8 +501,8 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
     } else if (strcmp(s, "U32") == 0 && strlen(s) == len) {
       *dt = BS_DT_BOOL_U32;
     } else {
-      rc = bs_fail(err, ENOTSUP, off, name,
-                   "unknown Bool storage '%.40s' (known: Native, U8, U32)", s);
+      rc = bs_fail(err, ENOTSUP, off, name, "unknown Bool storage '%.40s' (known: Native, U8, U32)",
+                   s);
     }
     bs_free(s);
   } else if (strcmp(variant, "QFloat") == 0) {
@@ -497,8 +530,7 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
 {
   v = untag(v);
   if (!cbor_isa_map(v))
-    return bs_fail(err, EINVAL, off, name, "tensor descriptor is %s; expected a map",
-                   type_name(v));
+    return bs_fail(err, EINVAL, off, name, "tensor descriptor is %s; expected a map", type_name(v));
   const cbor_item_t *dtype = NULL, *shape = NULL, *offsets = NULL, *pid = NULL;
   struct cbor_pair *pr = cbor_map_handle(v);
   for (size_t i = 0; i < cbor_map_size(v); i++) {
@@ -521,7 +553,9 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
   }
   if (!dtype || !shape || !offsets)
     return bs_fail(err, EINVAL, off, name, "descriptor has no '%s'",
-                   !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
+                   !dtype   ? "dtype"
+                   : !shape ? "shape"
+                            : "data_offsets");
 
   shape = untag(shape);
   if (!cbor_isa_array(shape))
@@ -593,7 +627,8 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
     raw = NULL;
   } else if (t->nbytes != len) {
     bs_fail(err, EINVAL, off, name,
-            "data_offsets [%" PRIu64 ", %" PRIu64 ") span %" PRIu64 " bytes but %u-d %s needs %" PRIu64,
+            "data_offsets [%" PRIu64 ", %" PRIu64 ") span %" PRIu64
+            " bytes but %u-d %s needs %" PRIu64,
             start, end, len, rank, bs_dtype_name(dt), t->nbytes);
     goto out;
   }
@@ -631,8 +666,7 @@ static int parse_tensors(struct rd *r, const cbor_item_t *map, const struct prec
 {
   map = untag(map);
   if (!cbor_isa_map(map))
-    return bs_fail(err, EINVAL, HDR_LEN, NULL, "'tensors' is %s; expected a map",
-                   type_name(map));
+    return bs_fail(err, EINVAL, HDR_LEN, NULL, "'tensors' is %s; expected a map", type_name(map));
   size_t n = cbor_map_size(map);
   if (n > BS_BPK_MAX_TENSORS)
     return bs_fail(err, EFBIG, HDR_LEN, NULL, "%zu tensors exceed Burn's limit of %u", n,
@@ -733,10 +767,9 @@ static int check_layout(struct rd *r, bs_err *err)
     if (far != SIZE_MAX && s[i].start < s[far].end) {
       const struct bs_tensor *t = &r->cat->tensors[s[i].idx];
       rc = bs_fail(err, EINVAL, base + s[i].start, t->key,
-                   "data [%" PRIu64 ", %" PRIu64 ") overlaps tensor '%.60s' [%" PRIu64
-                   ", %" PRIu64 ")",
-                   s[i].start, s[i].end, r->cat->tensors[s[far].idx].key, s[far].start,
-                   s[far].end);
+                   "data [%" PRIu64 ", %" PRIu64 ") overlaps tensor '%.60s' [%" PRIu64 ", %" PRIu64
+                   ")",
+                   s[i].start, s[i].end, r->cat->tensors[s[far].idx].key, s[far].start, s[far].end);
     }
     if (far == SIZE_MAX || s[i].end > s[far].end)
       far = i;
@@ -862,8 +895,7 @@ static int parse_scalars(struct rd *r, const cbor_item_t *map, bs_err *err)
 {
   map = untag(map);
   if (!cbor_isa_map(map))
-    return bs_fail(err, EINVAL, HDR_LEN, NULL, "'scalars' is %s; expected a map",
-                   type_name(map));
+    return bs_fail(err, EINVAL, HDR_LEN, NULL, "'scalars' is %s; expected a map", type_name(map));
   if (cbor_map_size(map) == 0)
     return 0;
   if (!(r->scalars = json_object()))
@@ -887,8 +919,7 @@ static int parse_scalars(struct rd *r, const cbor_item_t *map, bs_err *err)
   return 0;
 }
 
-static int parse_root(struct rd *r, const cbor_item_t *root, const struct precheck *pc,
-                      bs_err *err)
+static int parse_root(struct rd *r, const cbor_item_t *root, const struct precheck *pc, bs_err *err)
 {
   root = untag(root);
   if (!cbor_isa_map(root))
@@ -931,12 +962,10 @@ static int cbor_load_fail(const struct cbor_load_result *res, bs_err *err)
   case CBOR_ERR_MEMERROR:
     return bs_fail(err, ENOMEM, off, NULL, "out of memory decoding the metadata CBOR");
   case CBOR_ERR_NOTENOUGHDATA:
-  case CBOR_ERR_NODATA:
-    return bs_fail(err, EINVAL, off, NULL, "metadata CBOR ends early");
+  case CBOR_ERR_NODATA: return bs_fail(err, EINVAL, off, NULL, "metadata CBOR ends early");
   case CBOR_ERR_SYNTAXERROR:
     return bs_fail(err, EINVAL, off, NULL, "malformed CBOR: syntax error in the metadata");
-  default:
-    return bs_fail(err, EINVAL, off, NULL, "malformed CBOR in the metadata");
+  default: return bs_fail(err, EINVAL, off, NULL, "malformed CBOR in the metadata");
   }
 }
 
@@ -965,8 +994,8 @@ int bs_bpk_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
   const struct bs_src *s = &cat->srcs[src];
-  struct rd r = {.cat = cat, .src = src, .size = s->size, .count0 = cat->count,
-                 .nmeta0 = cat->nmeta};
+  struct rd r = {
+      .cat = cat, .src = src, .size = s->size, .count0 = cat->count, .nmeta0 = cat->nmeta};
   uint8_t h[HDR_LEN];
   if (s->size < HDR_LEN)
     return bs_fail(err, EINVAL, 0, NULL,

@@ -121,7 +121,10 @@ static const char *plain_name(enum bs_dtype dt)
 
 static const char *bool_store(enum bs_dtype dt)
 {
-  return dt == BS_DT_BOOL ? "Native" : dt == BS_DT_BOOL_U8 ? "U8" : dt == BS_DT_BOOL_U32 ? "U32" : NULL;
+  return dt == BS_DT_BOOL       ? "Native"
+         : dt == BS_DT_BOOL_U8  ? "U8"
+         : dt == BS_DT_BOOL_U32 ? "U32"
+                                : NULL;
 }
 
 static void dtype(struct enc *e, const struct bs_tensor *t)
@@ -201,8 +204,8 @@ static int check_tensor(const struct bs_tensor *t, bs_err *err)
   return 0;
 }
 
-static int make_plan(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
-                     struct wplan *w, bs_err *err)
+static int make_plan(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct wplan *w,
+                     bs_err *err)
 {
   memset(w, 0, sizeof *w);
   size_t n = 0;
@@ -346,12 +349,12 @@ static int sink_put(struct sink *k, const void *d, size_t n, bs_err *err)
                      k->pos);
     if (r < 0) {
       int e = errno;
-      return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: write failed at byte %" PRIu64 ": %s",
-                     k->name, k->pos, strerror(e));
+      return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: write failed at byte %" PRIu64 ": %s", k->name,
+                     k->pos, strerror(e));
     }
     if (r == 0)
-      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: write returned 0 at byte %" PRIu64,
-                     k->name, k->pos);
+      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: write returned 0 at byte %" PRIu64, k->name,
+                     k->pos);
     p += r;
     n -= (size_t)r;
     k->pos += (uint64_t)r;
@@ -394,8 +397,8 @@ static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, 
 }
 
 /* The one serializer behind both sinks. */
-static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
-                     struct sink *k, bs_err *err)
+static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct sink *k,
+                     bs_err *err)
 {
   struct wplan w;
   struct bs_buf meta = {0};
@@ -431,7 +434,8 @@ static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *pla
   uint64_t cursor = 0;
   for (size_t i = 0; i < w.n; i++) {
     const struct bs_tensor *t = &cat->tensors[w.order[i]];
-    if (sink_zeros(k, w.start[i] - cursor, err) != 0 || copy_tensor(cat, t, chunk, cap, k, err) != 0)
+    if (sink_zeros(k, w.start[i] - cursor, err) != 0 ||
+        copy_tensor(cat, t, chunk, cap, k, err) != 0)
       goto out;
     cursor = w.start[i] + t->nbytes;
   }
@@ -549,8 +553,7 @@ int bs_bpk_write_file(const struct bs_catalog *cat, const struct bs_bpk_plan *pl
   }
   if (rename(tmp, path) != 0) {
     int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot rename %s over it: %s", path, tmp,
-            strerror(e));
+    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot rename %s over it: %s", path, tmp, strerror(e));
     goto fail;
   }
   bs_free(tmp);

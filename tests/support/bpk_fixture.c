@@ -169,11 +169,24 @@ void bpk_fixture_build(enum bpk_fix fault, struct bpk_fixture *f)
   static const char *const meta[][2] = {{"producer", "fixture"}};
 
   struct bpk_fix_tensor t[4] = {
-      {.name = "enc.weight", .rank = 2, .shape = {2, 3}, .start = 0, .end = 24, .has_pid = true,
-       .pid = 300, .bytes = w},
+      {.name = "enc.weight",
+       .rank = 2,
+       .shape = {2, 3},
+       .start = 0,
+       .end = 24,
+       .has_pid = true,
+       .pid = 300,
+       .bytes = w},
       {.name = "enc.bias", .rank = 1, .shape = {3}, .start = 256, .end = 268, .bytes = b},
-      {.name = "step", .dtype_raw = i64, .dtype_len = sizeof i64, .rank = 0, .start = 512,
-       .end = 520, .has_pid = true, .pid = 1ull << 40, .bytes = st},
+      {.name = "step",
+       .dtype_raw = i64,
+       .dtype_len = sizeof i64,
+       .rank = 0,
+       .start = 512,
+       .end = 520,
+       .has_pid = true,
+       .pid = 1ull << 40,
+       .bytes = st},
       {0},
   };
   struct bpk_fix_spec s = {.t = t, .n = 3, .meta = meta, .nmeta = 1};
@@ -195,15 +208,9 @@ void bpk_fixture_build(enum bpk_fix fault, struct bpk_fixture *f)
 
   f->bad_key = NULL;
   switch (fault) {
-  case BPK_FIX_DTYPE_UNKNOWN:
-    bias->dtype_raw = f128, bias->dtype_len = sizeof f128;
-    break;
-  case BPK_FIX_SHAPE_NOT_ARRAY:
-    bias->shape_raw = three, bias->shape_len = sizeof three;
-    break;
-  case BPK_FIX_SHAPE_NEGATIVE:
-    bias->shape_raw = neg, bias->shape_len = sizeof neg;
-    break;
+  case BPK_FIX_DTYPE_UNKNOWN: bias->dtype_raw = f128, bias->dtype_len = sizeof f128; break;
+  case BPK_FIX_SHAPE_NOT_ARRAY: bias->shape_raw = three, bias->shape_len = sizeof three; break;
+  case BPK_FIX_SHAPE_NEGATIVE: bias->shape_raw = neg, bias->shape_len = sizeof neg; break;
   case BPK_FIX_RANK_TOO_BIG:
     rank65[0] = 0x98, rank65[1] = 65;
     memset(rank65 + 2, 0x01, 65);
@@ -218,9 +225,7 @@ void bpk_fixture_build(enum bpk_fix fault, struct bpk_fixture *f)
   case BPK_FIX_SIZE_MISMATCH:
     bias->offsets_raw = short10, bias->offsets_len = sizeof short10;
     break;
-  case BPK_FIX_OVERLAP:
-    bias->start = 16, bias->end = 28;
-    break;
+  case BPK_FIX_OVERLAP: bias->start = 16, bias->end = 28; break;
   case BPK_FIX_DUP_NAME:
     t[3] = *bias;
     t[3].start = 768, t[3].end = 780;
@@ -250,8 +255,7 @@ void bpk_fixture_build(enum bpk_fix fault, struct bpk_fixture *f)
     }
     s.t = many, s.n = 100001, s.set_data_len = true, s.data_len = 0;
     break;
-  default:
-    break;
+  default: break;
   }
   bpk_fixture_custom(&s, f);
   free(many);
@@ -308,9 +312,7 @@ void bpk_fixture_build(enum bpk_fix fault, struct bpk_fixture *f)
     f->bad_off = 10;
     break;
   case BPK_FIX_KEY_NOT_TEXT:
-  case BPK_FIX_TOO_MANY_TENSORS:
-    f->bad_off = 10;
-    break;
+  case BPK_FIX_TOO_MANY_TENSORS: f->bad_off = 10; break;
   case BPK_FIX_DTYPE_UNKNOWN:
   case BPK_FIX_SHAPE_NOT_ARRAY:
   case BPK_FIX_SHAPE_NEGATIVE:
@@ -338,8 +340,7 @@ void bpk_fixture_build(enum bpk_fix fault, struct bpk_fixture *f)
     f->bad_off = f->desc_off[2];
     f->bad_key = "step";
     break;
-  default:
-    break;
+  default: break;
   }
 }
 

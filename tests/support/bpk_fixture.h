@@ -61,25 +61,25 @@ struct bpk_fix_tensor {
 struct bpk_fix_spec {
   const struct bpk_fix_tensor *t; /* any order; emitted sorted by name (stable) */
   size_t n;
-  const char *const (*meta)[2];   /* metadata pairs, emitted in the order given */
+  const char *const (*meta)[2]; /* metadata pairs, emitted in the order given */
   size_t nmeta;
   const uint8_t *extra; /* raw CBOR key/value pairs appended to the top-level map */
   size_t extra_len, extra_pairs;
-  bool unaligned;       /* 0.19 layout: the data starts at 10 + M */
-  bool set_data_len;    /* use data_len as the data section length instead of max(end) */
+  bool unaligned;    /* 0.19 layout: the data starts at 10 + M */
+  bool set_data_len; /* use data_len as the data section length instead of max(end) */
   uint64_t data_len;
-  uint64_t trailing;    /* extra zero bytes at the end */
+  uint64_t trailing; /* extra zero bytes at the end */
 };
 
 struct bpk_fixture {
   uint8_t *data; /* malloc'd file bytes */
   size_t len;
   uint32_t meta_len;
-  uint64_t data_start;   /* absolute start of the data section */
-  uint64_t desc_off[8];  /* absolute offset of the first 8 descriptors, in emitted order */
-  uint64_t extra_off;    /* absolute offset of spec->extra */
-  uint64_t bad_off;      /* where the reader must point for the injected fault */
-  const char *bad_key;   /* the tensor the error must name, or NULL */
+  uint64_t data_start;  /* absolute start of the data section */
+  uint64_t desc_off[8]; /* absolute offset of the first 8 descriptors, in emitted order */
+  uint64_t extra_off;   /* absolute offset of spec->extra */
+  uint64_t bad_off;     /* where the reader must point for the injected fault */
+  const char *bad_key;  /* the tensor the error must name, or NULL */
 };
 
 /* The valid fixture (fault NONE) holds, in data order:

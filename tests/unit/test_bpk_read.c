@@ -236,18 +236,39 @@ Test(bpk_read, aligned_file_with_trailing_bytes_is_accepted)
 Test(bpk_read, bool_forms_map_to_bool_dtypes)
 {
   static const uint8_t bare[] = {0x64, 'B', 'o', 'o', 'l'};
-  static const uint8_t native[] = {0xa1, 0x64, 'B', 'o', 'o', 'l', 0x66, 'N', 'a', 't', 'i', 'v', 'e'};
+  static const uint8_t native[] = {0xa1, 0x64, 'B', 'o', 'o', 'l', 0x66,
+                                   'N',  'a',  't', 'i', 'v', 'e'};
   static const uint8_t u8[] = {0xa1, 0x64, 'B', 'o', 'o', 'l', 0x62, 'U', '8'};
   static const uint8_t u32[] = {0xa1, 0x64, 'B', 'o', 'o', 'l', 0x63, 'U', '3', '2'};
   struct bpk_fix_tensor t[] = {
-      {.name = "bare", .dtype_raw = bare, .dtype_len = sizeof bare, .rank = 1, .shape = {3},
-       .start = 0, .end = 3},
-      {.name = "native", .dtype_raw = native, .dtype_len = sizeof native, .rank = 1,
-       .shape = {3}, .start = 256, .end = 259},
-      {.name = "u8", .dtype_raw = u8, .dtype_len = sizeof u8, .rank = 1, .shape = {3},
-       .start = 512, .end = 515},
-      {.name = "u32", .dtype_raw = u32, .dtype_len = sizeof u32, .rank = 1, .shape = {3},
-       .start = 768, .end = 780},
+      {.name = "bare",
+       .dtype_raw = bare,
+       .dtype_len = sizeof bare,
+       .rank = 1,
+       .shape = {3},
+       .start = 0,
+       .end = 3},
+      {.name = "native",
+       .dtype_raw = native,
+       .dtype_len = sizeof native,
+       .rank = 1,
+       .shape = {3},
+       .start = 256,
+       .end = 259},
+      {.name = "u8",
+       .dtype_raw = u8,
+       .dtype_len = sizeof u8,
+       .rank = 1,
+       .shape = {3},
+       .start = 512,
+       .end = 515},
+      {.name = "u32",
+       .dtype_raw = u32,
+       .dtype_len = sizeof u32,
+       .rank = 1,
+       .shape = {3},
+       .start = 768,
+       .end = 780},
   };
   struct bpk_fix_spec s = {.t = t, .n = 4};
   struct bpk_fixture f;
@@ -266,15 +287,20 @@ Test(bpk_read, bool_forms_map_to_bool_dtypes)
 /* {"QFloat": {"value": "Q8S", "store": "Native", "mode": "Symmetric", "tensor": "F32",
  *             "block": null}} */
 static const uint8_t qfloat[] = {
-    0xa1, 0x66, 'Q', 'F', 'l', 'o', 'a', 't', 0xa5, 0x65, 'v', 'a', 'l', 'u', 'e', 0x63, 'Q',
-    '8', 'S', 0x65, 's', 't', 'o', 'r', 'e', 0x66, 'N', 'a', 't', 'i', 'v', 'e', 0x64, 'm', 'o',
-    'd', 'e', 0x69, 'S', 'y', 'm', 'm', 'e', 't', 'r', 'i', 'c', 0x66, 't', 'e', 'n', 's', 'o',
-    'r', 0x63, 'F', '3', '2', 0x65, 'b', 'l', 'o', 'c', 'k', 0xf6};
+    0xa1, 0x66, 'Q',  'F',  'l', 'o', 'a', 't',  0xa5, 0x65, 'v', 'a', 'l', 'u',  'e', 0x63, 'Q',
+    '8',  'S',  0x65, 's',  't', 'o', 'r', 'e',  0x66, 'N',  'a', 't', 'i', 'v',  'e', 0x64, 'm',
+    'o',  'd',  'e',  0x69, 'S', 'y', 'm', 'm',  'e',  't',  'r', 'i', 'c', 0x66, 't', 'e',  'n',
+    's',  'o',  'r',  0x63, 'F', '3', '2', 0x65, 'b',  'l',  'o', 'c', 'k', 0xf6};
 
 Test(bpk_read, qfloat_is_opaque_and_keeps_its_raw_dtype)
 {
-  struct bpk_fix_tensor t[] = {{.name = "q", .dtype_raw = qfloat, .dtype_len = sizeof qfloat,
-                                .rank = 2, .shape = {4, 4}, .start = 0, .end = 20}};
+  struct bpk_fix_tensor t[] = {{.name = "q",
+                                .dtype_raw = qfloat,
+                                .dtype_len = sizeof qfloat,
+                                .rank = 2,
+                                .shape = {4, 4},
+                                .start = 0,
+                                .end = 20}};
   struct bpk_fix_spec s = {.t = t, .n = 1};
   struct bpk_fixture f;
   struct bs_catalog cat;
@@ -321,17 +347,17 @@ Test(bpk_read, version_zero_is_accepted)
 Test(bpk_read, lenient_cbor_forms_are_accepted)
 {
   static const uint8_t meta[] = {
-      0xbf,                                                      /* map (indefinite) */
-      0x7f, 0x63, 't', 'e', 'n', 0x64, 's', 'o', 'r', 's', 0xff, /* "tensors" in 2 chunks */
-      0xd9, 0xd9, 0xf7,                                          /* tag 55799 */
-      0xbf, 0x61, 'a',                                           /* { "a": */
-      0xbf, 0x65, 'd', 't', 'y', 'p', 'e', 0x63, 'F', '3', '2',  /* {"dtype": "F32", */
-      0x65, 's', 'h', 'a', 'p', 'e', 0x9f, 0x1a, 0, 0, 0, 2, 0xff, /* "shape": [2] */
-      0x6c, 'd', 'a', 't', 'a', '_', 'o', 'f', 'f', 's', 'e', 't', 's', 0x82, 0x18, 0x00, 0x1b,
-      0, 0, 0, 0, 0, 0, 0, 8,                                     /* [0, 8] */
-      0x68, 'p', 'a', 'r', 'a', 'm', '_', 'i', 'd', 0xf6,         /* null */
-      0x67, 'u', 'n', 'k', 'n', 'o', 'w', 'n', 0xa1, 0x01, 0x82, 0x80, 0xf5, 0xff, 0xff,
-      0x65, 'f', 'u', 't', 'u', 'r', 0x9f, 0xff, /* an unknown top-level key */
+      0xbf,                                                           /* map (indefinite) */
+      0x7f, 0x63, 't',  'e', 'n', 0x64, 's',  'o',  'r',  's',  0xff, /* "tensors" in 2 chunks */
+      0xd9, 0xd9, 0xf7,                                               /* tag 55799 */
+      0xbf, 0x61, 'a',                                                /* { "a": */
+      0xbf, 0x65, 'd',  't', 'y', 'p',  'e',  0x63, 'F',  '3',  '2',  /* {"dtype": "F32", */
+      0x65, 's',  'h',  'a', 'p', 'e',  0x9f, 0x1a, 0,    0,    0,    2,    0xff, /* "shape": [2] */
+      0x6c, 'd',  'a',  't', 'a', '_',  'o',  'f',  'f',  's',  'e',  't',  's',  0x82,
+      0x18, 0x00, 0x1b, 0,   0,   0,    0,    0,    0,    0,    8, /* [0, 8] */
+      0x68, 'p',  'a',  'r', 'a', 'm',  '_',  'i',  'd',  0xf6,    /* null */
+      0x67, 'u',  'n',  'k', 'n', 'o',  'w',  'n',  0xa1, 0x01, 0x82, 0x80, 0xf5, 0xff,
+      0xff, 0x65, 'f',  'u', 't', 'u',  'r',  0x9f, 0xff, /* an unknown top-level key */
       0xff};
   uint8_t file[256 + 8] = {'N', 'R', 'U', 'B', 1, 0, sizeof meta, 0, 0, 0};
   memcpy(file + 10, meta, sizeof meta);
@@ -351,12 +377,12 @@ Test(bpk_read, lenient_cbor_forms_are_accepted)
 Test(bpk_read, scalars_become_values_json)
 {
   static const uint8_t sc[] = {
-      0x67, 's', 'c', 'a', 'l', 'a', 'r', 's', 0xa5,
-      0x62, 'l', 'r', 0xa1, 0x65, 'F', 'l', 'o', 'a', 't', 0xf9, 0x38, 0x00, /* 0.5 */
-      0x64, 's', 't', 'e', 'p', 0xa1, 0x63, 'I', 'n', 't', 0x22,            /* -3 */
-      0x61, 'n', 0xa1, 0x64, 'U', 'I', 'n', 't', 0x07,                      /* 7 */
-      0x64, 'f', 'l', 'a', 'g', 0xa1, 0x64, 'B', 'o', 'o', 'l', 0xf5,       /* true */
-      0x63, 'o', 'd', 'd', 0xa1, 0x63, 'S', 't', 'r', 0x60};               /* skipped */
+      0x67, 's',  'c',  'a',  'l',  'a',  'r',  's',  0xa5, 0x62, 'l',  'r',
+      0xa1, 0x65, 'F',  'l',  'o',  'a',  't',  0xf9, 0x38, 0x00,             /* 0.5 */
+      0x64, 's',  't',  'e',  'p',  0xa1, 0x63, 'I',  'n',  't',  0x22,       /* -3 */
+      0x61, 'n',  0xa1, 0x64, 'U',  'I',  'n',  't',  0x07,                   /* 7 */
+      0x64, 'f',  'l',  'a',  'g',  0xa1, 0x64, 'B',  'o',  'o',  'l',  0xf5, /* true */
+      0x63, 'o',  'd',  'd',  0xa1, 0x63, 'S',  't',  'r',  0x60};            /* skipped */
   struct bpk_fix_spec s = {.extra = sc, .extra_len = sizeof sc, .extra_pairs = 1};
   struct bpk_fixture f;
   struct bs_catalog cat;
@@ -428,8 +454,9 @@ Test(bpk_read, rejects_file_shorter_than_header)
 }
 Test(bpk_read, rejects_bad_magic_naming_the_bytes)
 {
-  expect_reject(BPK_FIX_BAD_MAGIC, EINVAL, "bad magic 42 55 52 4e (\"BURN\"): a Burnpack file "
-                                           "starts with \"NRUB\"");
+  expect_reject(BPK_FIX_BAD_MAGIC, EINVAL,
+                "bad magic 42 55 52 4e (\"BURN\"): a Burnpack file "
+                "starts with \"NRUB\"");
 }
 Test(bpk_read, rejects_version_above_1)
 {
@@ -573,14 +600,24 @@ Test(bpk_read, each_failed_allocation_gives_enomem)
   bpk_fixture_build(BPK_FIX_NONE, &f);
   oom_loop(&f);
   bpk_fixture_free(&f);
-  static const uint8_t sc[] = {0x67, 's', 'c', 'a', 'l', 'a', 'r', 's', 0xa2, 0x61, 'a', 0xa1,
-                               0x63, 'I', 'n', 't', 0x01, 0x61, 'b', 0xa1, 0x63, 'S', 't', 'r',
-                               0x60};
-  struct bpk_fix_tensor t[] = {{.name = "q", .dtype_raw = qfloat, .dtype_len = sizeof qfloat,
-                                .rank = 1, .shape = {4}, .start = 0, .end = 8}};
+  static const uint8_t sc[] = {0x67, 's',  'c',  'a',  'l', 'a', 'r', 's',  0xa2,
+                               0x61, 'a',  0xa1, 0x63, 'I', 'n', 't', 0x01, 0x61,
+                               'b',  0xa1, 0x63, 'S',  't', 'r', 0x60};
+  struct bpk_fix_tensor t[] = {{.name = "q",
+                                .dtype_raw = qfloat,
+                                .dtype_len = sizeof qfloat,
+                                .rank = 1,
+                                .shape = {4},
+                                .start = 0,
+                                .end = 8}};
   static const char *const meta[][2] = {{"k", "v"}, {"k", "w"}};
-  struct bpk_fix_spec s = {.t = t, .n = 1, .meta = meta, .nmeta = 2, .extra = sc,
-                           .extra_len = sizeof sc, .extra_pairs = 1};
+  struct bpk_fix_spec s = {.t = t,
+                           .n = 1,
+                           .meta = meta,
+                           .nmeta = 2,
+                           .extra = sc,
+                           .extra_len = sizeof sc,
+                           .extra_pairs = 1};
   bpk_fixture_custom(&s, &f);
   oom_loop(&f);
   bpk_fixture_free(&f);
@@ -615,11 +652,15 @@ Test(bpk_read, single_byte_mutations_never_crash)
 /* libcbor 0.8 asserts in cbor_is_null() on a float; found by fuzzing. */
 Test(bpk_read, float_param_id_is_an_error_not_an_abort)
 {
-  static const uint8_t sc[] = {0x67, 's', 'c', 'a', 'l', 'a', 'r', 's', 0xa1, 0x61, 'f', 0xa1,
-                               0x64, 'B', 'o', 'o', 'l', 0xf9, 0x3e, 0x00};
+  static const uint8_t sc[] = {0x67, 's',  'c',  'a', 'l', 'a', 'r', 's',  0xa1, 0x61,
+                               'f',  0xa1, 0x64, 'B', 'o', 'o', 'l', 0xf9, 0x3e, 0x00};
   static const uint8_t offs[] = {0x82, 0x00, 0x04};
-  struct bpk_fix_tensor t[] = {{.name = "p", .rank = 1, .shape = {1}, .offsets_raw = offs,
-                                .offsets_len = sizeof offs, .end = 4}};
+  struct bpk_fix_tensor t[] = {{.name = "p",
+                                .rank = 1,
+                                .shape = {1},
+                                .offsets_raw = offs,
+                                .offsets_len = sizeof offs,
+                                .end = 4}};
   struct bpk_fix_spec s = {.t = t, .n = 1, .extra = sc, .extra_len = sizeof sc, .extra_pairs = 1};
   struct bpk_fixture f;
   struct bs_catalog cat;

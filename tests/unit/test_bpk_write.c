@@ -171,13 +171,17 @@ Test(bpk_write, fixture_round_trips_byte_for_byte)
 
 Test(bpk_write, qfloat_raw_dtype_round_trips)
 {
-  static const uint8_t q[] = {0xa1, 0x66, 'Q', 'F', 'l', 'o', 'a', 't', 0xa2, 0x65, 'v', 'a',
-                              'l', 'u', 'e', 0x63, 'Q', '8', 'S', 0x64, 'm', 'o', 'd', 'e',
-                              0x64, 'L', 'o', 'o', 'k'};
-  struct bpk_fix_tensor t[] = {
-      {.name = "a", .rank = 1, .shape = {3}, .start = 0, .end = 12},
-      {.name = "q", .dtype_raw = q, .dtype_len = sizeof q, .rank = 2, .shape = {4, 4},
-       .start = 256, .end = 276}};
+  static const uint8_t q[] = {0xa1, 0x66, 'Q', 'F', 'l',  'o',  'a', 't', 0xa2, 0x65,
+                              'v',  'a',  'l', 'u', 'e',  0x63, 'Q', '8', 'S',  0x64,
+                              'm',  'o',  'd', 'e', 0x64, 'L',  'o', 'o', 'k'};
+  struct bpk_fix_tensor t[] = {{.name = "a", .rank = 1, .shape = {3}, .start = 0, .end = 12},
+                               {.name = "q",
+                                .dtype_raw = q,
+                                .dtype_len = sizeof q,
+                                .rank = 2,
+                                .shape = {4, 4},
+                                .start = 256,
+                                .end = 276}};
   struct bpk_fix_spec s = {.t = t, .n = 2};
   struct bpk_fixture f;
   struct bs_catalog cat, again;
@@ -207,7 +211,7 @@ Test(bpk_write, zero_tensors_give_the_256_byte_file)
   struct bs_buf out;
   bs_catalog_init(&cat);
   write_ok(&cat, NULL, &out);
-  uint8_t want[256] = {'N', 'R', 'U', 'B', 1, 0, 10, 0, 0, 0,
+  uint8_t want[256] = {'N',  'R',  'U', 'B', 1,   0,   10,  0,   0,   0,
                        0xa1, 0x67, 't', 'e', 'n', 's', 'o', 'r', 's', 0xa0};
   expect_same(&out, want, sizeof want);
   bs_buf_destroy(&out);
@@ -237,10 +241,25 @@ Test(bpk_write, bools_use_the_map_form_and_read_back)
   add(&cat, "u32", BS_DT_BOOL_U32, 1, (uint64_t[]){3}, 0);
   add(&cat, "flex", BS_DT_FLEX32, 1, (uint64_t[]){3}, 0);
   write_ok(&cat, NULL, &out);
-  cr_assert(has(&out, "\xa1\x64" "Bool\x66" "Native", 13));
-  cr_assert(has(&out, "\xa1\x64" "Bool\x62" "U8", 9));
-  cr_assert(has(&out, "\xa1\x64" "Bool\x63" "U32", 10));
-  cr_assert(has(&out, "\x66" "Flex32", 7));
+  cr_assert(has(&out,
+                "\xa1\x64"
+                "Bool\x66"
+                "Native",
+                13));
+  cr_assert(has(&out,
+                "\xa1\x64"
+                "Bool\x62"
+                "U8",
+                9));
+  cr_assert(has(&out,
+                "\xa1\x64"
+                "Bool\x63"
+                "U32",
+                10));
+  cr_assert(has(&out,
+                "\x66"
+                "Flex32",
+                7));
   read_ok(&back, out.data, out.len);
   cr_assert_eq(back.tensors[bs_catalog_find(&back, "n")].dtype, BS_DT_BOOL);
   cr_assert_eq(back.tensors[bs_catalog_find(&back, "u8")].dtype, BS_DT_BOOL_U8);
@@ -254,8 +273,13 @@ Test(bpk_write, bools_use_the_map_form_and_read_back)
 Test(bpk_write, bare_bool_read_is_written_as_native_map)
 {
   static const uint8_t bare[] = {0x64, 'B', 'o', 'o', 'l'};
-  struct bpk_fix_tensor t[] = {{.name = "m", .dtype_raw = bare, .dtype_len = sizeof bare,
-                                .rank = 1, .shape = {2}, .start = 0, .end = 2}};
+  struct bpk_fix_tensor t[] = {{.name = "m",
+                                .dtype_raw = bare,
+                                .dtype_len = sizeof bare,
+                                .rank = 1,
+                                .shape = {2},
+                                .start = 0,
+                                .end = 2}};
   struct bpk_fix_spec s = {.t = t, .n = 1};
   struct bpk_fixture f;
   struct bs_catalog cat;
@@ -263,7 +287,12 @@ Test(bpk_write, bare_bool_read_is_written_as_native_map)
   bpk_fixture_custom(&s, &f);
   read_ok(&cat, f.data, f.len);
   write_ok(&cat, NULL, &out);
-  cr_assert(has(&out, "\x65" "dtype\xa1\x64" "Bool\x66" "Native", 19));
+  cr_assert(has(&out,
+                "\x65"
+                "dtype\xa1\x64"
+                "Bool\x66"
+                "Native",
+                19));
   bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
   bpk_fixture_free(&f);
@@ -284,11 +313,39 @@ Test(bpk_write, names_and_metadata_sorted_bytewise_not_length_first)
   add_meta(&cat, "a", "v4");
   write_ok(&cat, NULL, &out);
   /* byte-wise: zy < zyx < zz; length-first would put zz before zyx */
-  long zy = at(&out, "\x62" "zy\xa3", 4), zyx = at(&out, "\x63" "zyx\xa3", 5),
-       zz = at(&out, "\x62" "zz\xa3", 4);
+  long zy = at(&out,
+               "\x62"
+               "zy\xa3",
+               4),
+       zyx = at(&out,
+                "\x63"
+                "zyx\xa3",
+                5),
+       zz = at(&out,
+               "\x62"
+               "zz\xa3",
+               4);
   cr_assert(zy < zyx && zyx < zz, "tensor order zy %ld zyx %ld zz %ld", zy, zyx, zz);
-  long mB = at(&out, "\x61" "B\x62" "v3", 5), ma = at(&out, "\x61" "a\x62" "v4", 5),
-       maa = at(&out, "\x62" "aa\x62" "v2", 6), mb = at(&out, "\x61" "b\x62" "v1", 5);
+  long mB = at(&out,
+               "\x61"
+               "B\x62"
+               "v3",
+               5),
+       ma = at(&out,
+               "\x61"
+               "a\x62"
+               "v4",
+               5),
+       maa = at(&out,
+                "\x62"
+                "aa\x62"
+                "v2",
+                6),
+       mb = at(&out,
+               "\x61"
+               "b\x62"
+               "v1",
+               5);
   cr_assert(mB < ma && ma < maa && maa < mb, "metadata order");
   bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
@@ -300,8 +357,12 @@ Test(bpk_write, integers_use_the_shortest_head)
   struct bs_catalog cat;
   struct bs_buf out;
   static const uint64_t ids[] = {23, 24, 255, 256, 65535, 65536, 4294967295ull, 4294967296ull};
-  static const char *const want[] = {"\x17", "\x18\x18", "\x18\xff", "\x19\x01\x00",
-                                     "\x19\xff\xff", "\x1a\x00\x01\x00\x00",
+  static const char *const want[] = {"\x17",
+                                     "\x18\x18",
+                                     "\x18\xff",
+                                     "\x19\x01\x00",
+                                     "\x19\xff\xff",
+                                     "\x1a\x00\x01\x00\x00",
                                      "\x1a\xff\xff\xff\xff",
                                      "\x1b\x00\x00\x00\x01\x00\x00\x00\x00"};
   static const size_t wlen[] = {1, 2, 2, 3, 3, 5, 5, 9};
@@ -315,7 +376,10 @@ Test(bpk_write, integers_use_the_shortest_head)
   write_ok(&cat, NULL, &out);
   for (size_t i = 0; i < 8; i++) {
     char needle[20];
-    memcpy(needle, "\x68" "param_id", 9);
+    memcpy(needle,
+           "\x68"
+           "param_id",
+           9);
     memcpy(needle + 9, want[i], wlen[i]);
     cr_assert(has(&out, needle, 9 + wlen[i]), "param_id %llu", (unsigned long long)ids[i]);
   }
@@ -332,7 +396,10 @@ Test(bpk_write, empty_last_tensor_is_padded_to_its_start_and_reads_back)
   add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){6}, 0);
   add(&cat, "e", BS_DT_F32, 2, (uint64_t[]){0, 5}, 0);
   write_ok(&cat, NULL, &out);
-  cr_assert(has(&out, "\x6c" "data_offsets\x82\x19\x01\x00\x19\x01\x00", 18));
+  cr_assert(has(&out,
+                "\x6c"
+                "data_offsets\x82\x19\x01\x00\x19\x01\x00",
+                18));
   read_ok(&back, out.data, out.len);
   const struct bs_tensor *e = &back.tensors[bs_catalog_find(&back, "e")];
   cr_assert_eq(e->nbytes, 0);
