@@ -15,6 +15,7 @@
 #define BS_BPK_MAX_TENSORS 100000u          /* burn's tensor count limit */
 #define BS_BPK_ALIGN 256u
 #define BS_CBOR_MAX_DEPTH 128u
+#define BS_CBOR_MAX_ITEMS (1u << 24)        /* CBOR heads in one metadata block */
 #define BS_ST_MAX_HEADER 100000000u         /* safetensors' header limit */
 #define BS_PICKLE_MAX_DEPTH 1000u           /* nesting of pickled containers */
 #define BS_PICKLE_MAX_MEMO 10000000u

@@ -1,13 +1,583 @@
-/* PLACEHOLDER until the Burnpack writer lands. */
+/* The Burnpack (.bpk) writer: the layout current Burn (0.20+) writes and reads.
+ *
+ * Byte layout written:
+ *  1. offset 0, 10 bytes: "NRUB", version u16 LE = 1, metadata_size M u32 LE
+ *  2. offset 10, M bytes: CBOR exactly as Burn's serde + ciborium emit it: definite lengths,
+ *     shortest integer heads, no tags; top-level keys "tensors" then "metadata" (left out when
+ *     empty); descriptor keys dtype, shape, data_offsets, param_id (left out when absent);
+ *     names and metadata keys sorted byte-wise (memcmp order, not length-first)
+ *  3. zero bytes up to D = round_up(10 + M, 256)
+ *  4. the tensors in plan order: start = round_up(cursor, 256) relative to D, gaps zero-filled,
+ *     the file ends at the end of the last tensor (no trailing padding); with no tensors the
+ *     file is padded to D
+ * Offsets are relative to D and D depends on M, which depends on the offsets' encoded widths,
+ * so the offsets are placed first, the CBOR serialized to memory, then D computed.
+ */
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "burnstore/alloc.h"
 #include "burnstore/bpk_write.h"
-void bs_buf_destroy(struct bs_buf *b) { bs_free(b->data); b->data = NULL; b->len = b->cap = 0; }
-int bs_bpk_write_mem(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct bs_buf *out, bs_err *err)
-{ (void)cat; (void)plan; (void)out; return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "writer not built yet"); }
-int bs_bpk_write_fd(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, int fd, bs_err *err)
-{ (void)cat; (void)plan; (void)fd; return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "writer not built yet"); }
-int bs_bpk_write_file(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, const char *path, bs_err *err)
-{ (void)cat; (void)plan; (void)path; return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "writer not built yet"); }
+#include "burnstore/checked.h"
+#include "burnstore/version.h"
+
+#define HDR_LEN 10u
+#define CHUNK (1u << 20)
+
+void bs_buf_destroy(struct bs_buf *b)
+{
+  if (!b)
+    return;
+  bs_free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+}
+
+static int buf_put(struct bs_buf *b, const void *d, size_t n)
+{
+  if (n == 0)
+    return 0;
+  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
+    return -1;
+  memcpy(b->data + b->len, d, n);
+  b->len += n;
+  return 0;
+}
+
+/* ---- CBOR encoder (the subset Burn emits) ------------------------------------------------ */
+
+struct enc {
+  struct bs_buf b;
+  bool oom; /* sticky: checked once at the end */
+};
+
+static void put(struct enc *e, const void *d, size_t n)
+{
+  if (!e->oom && buf_put(&e->b, d, n) != 0)
+    e->oom = true;
+}
+
+/* A head in its shortest form (RFC 8949 preferred serialization). */
+static void head(struct enc *e, unsigned major, uint64_t v)
+{
+  uint8_t h[9];
+  size_t n;
+  uint8_t m = (uint8_t)(major << 5);
+  if (v < 24) {
+    h[0] = m | (uint8_t)v;
+    n = 1;
+  } else if (v <= UINT8_MAX) {
+    h[0] = m | 24;
+    h[1] = (uint8_t)v;
+    n = 2;
+  } else if (v <= UINT16_MAX) {
+    h[0] = m | 25;
+    n = 3;
+  } else if (v <= UINT32_MAX) {
+    h[0] = m | 26;
+    n = 5;
+  } else {
+    h[0] = m | 27;
+    n = 9;
+  }
+  for (size_t i = 1; n > 2 && i < n; i++)
+    h[i] = (uint8_t)(v >> (8 * (n - 1 - i)));
+  put(e, h, n);
+}
+
+static void uint_(struct enc *e, uint64_t v) { head(e, 0, v); }
+
+static void text(struct enc *e, const char *s)
+{
+  size_t n = strlen(s);
+  head(e, 3, n);
+  put(e, s, n);
+}
+
+static const char *plain_name(enum bs_dtype dt)
+{
+  switch (dt) {
+  case BS_DT_F64: return "F64";
+  case BS_DT_F32: return "F32";
+  case BS_DT_FLEX32: return "Flex32";
+  case BS_DT_F16: return "F16";
+  case BS_DT_BF16: return "BF16";
+  case BS_DT_I64: return "I64";
+  case BS_DT_I32: return "I32";
+  case BS_DT_I16: return "I16";
+  case BS_DT_I8: return "I8";
+  case BS_DT_U64: return "U64";
+  case BS_DT_U32: return "U32";
+  case BS_DT_U16: return "U16";
+  case BS_DT_U8: return "U8";
+  default: return NULL;
+  }
+}
+
+static const char *bool_store(enum bs_dtype dt)
+{
+  return dt == BS_DT_BOOL       ? "Native"
+         : dt == BS_DT_BOOL_U8  ? "U8"
+         : dt == BS_DT_BOOL_U32 ? "U32"
+                                : NULL;
+}
+
+static void dtype(struct enc *e, const struct bs_tensor *t)
+{
+  const char *s;
+  if (t->dtype == BS_DT_QFLOAT) {
+    put(e, t->dtype_raw, t->dtype_raw_len);
+  } else if ((s = bool_store(t->dtype))) {
+    head(e, 5, 1);
+    text(e, "Bool");
+    text(e, s);
+  } else {
+    text(e, plain_name(t->dtype));
+  }
+}
+
+/* ---- Plan: which tensors, where, and in which name order --------------------------------- */
+
+struct wplan {
+  size_t n;
+  size_t *order;   /* catalog indices, data order */
+  uint64_t *start; /* per plan position, relative to D */
+  size_t *byname;  /* plan positions sorted by name */
+  size_t *meta;    /* cat->meta indices sorted by key */
+  uint64_t end;    /* end of the data relative to D */
+  uint64_t biggest;
+};
+
+static void wplan_destroy(struct wplan *w)
+{
+  bs_free(w->order);
+  bs_free(w->start);
+  bs_free(w->byname);
+  bs_free(w->meta);
+}
+
+struct sort_ctx {
+  const struct bs_catalog *cat;
+  const size_t *order;
+};
+
+static int cmp_byname(const void *a, const void *b, void *c)
+{
+  const struct sort_ctx *x = c;
+  return strcmp(x->cat->tensors[x->order[*(const size_t *)a]].name,
+                x->cat->tensors[x->order[*(const size_t *)b]].name);
+}
+
+static int cmp_meta(const void *a, const void *b, void *c)
+{
+  const struct bs_catalog *cat = c;
+  return strcmp(cat->meta[*(const size_t *)a].key, cat->meta[*(const size_t *)b].key);
+}
+
+static int check_tensor(const struct bs_tensor *t, bs_err *err)
+{
+  if (t->unsupported)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s", t->unsupported);
+  if (t->dtype == BS_DT_QFLOAT) {
+    if (!t->dtype_raw || t->dtype_raw_len == 0)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
+                     "QFloat tensor has no encoded quantization scheme to write");
+    return 0;
+  }
+  if (!plain_name(t->dtype) && !bool_store(t->dtype))
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
+                   "Burnpack has no dtype for %s (Burn stores F64 F32 Flex32 F16 BF16, "
+                   "I64..I8, U64..U8, Bool and QFloat)",
+                   bs_dtype_name(t->dtype));
+  uint64_t want;
+  if (bs_dtype_nbytes(t->dtype, t->rank, t->shape, &want, t->name, BS_OFF_NONE, err) != 0)
+    return -1;
+  if (want != t->nbytes)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
+                   "holds %" PRIu64 " bytes but its shape and %s need %" PRIu64, t->nbytes,
+                   bs_dtype_name(t->dtype), want);
+  return 0;
+}
+
+static int make_plan(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct wplan *w,
+                     bs_err *err)
+{
+  memset(w, 0, sizeof *w);
+  size_t n = 0;
+  if (plan) {
+    n = plan->n;
+  } else {
+    for (size_t i = 0; i < cat->count; i++)
+      n += !cat->tensors[i].hidden;
+  }
+  if (n > BS_BPK_MAX_TENSORS)
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                   "%zu tensors exceed the %u a Burnpack reader accepts", n, BS_BPK_MAX_TENSORS);
+  w->n = n;
+  w->order = bs_malloc((n ? n : 1) * sizeof *w->order);
+  w->start = bs_malloc((n ? n : 1) * sizeof *w->start);
+  w->byname = bs_malloc((n ? n : 1) * sizeof *w->byname);
+  w->meta = bs_malloc((cat->nmeta ? cat->nmeta : 1) * sizeof *w->meta);
+  if (!w->order || !w->start || !w->byname || !w->meta)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (plan) {
+    for (size_t i = 0; i < n; i++) {
+      if (plan->order[i] >= cat->count)
+        return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                       "write plan entry %zu is tensor %zu, but the catalog has %zu", i,
+                       plan->order[i], cat->count);
+      w->order[i] = plan->order[i];
+    }
+  } else {
+    for (size_t i = 0, j = 0; i < cat->count; i++)
+      if (!cat->tensors[i].hidden)
+        w->order[j++] = i;
+  }
+
+  uint64_t cursor = 0;
+  for (size_t i = 0; i < n; i++) {
+    const struct bs_tensor *t = &cat->tensors[w->order[i]];
+    if (check_tensor(t, err) != 0)
+      return -1;
+    if (!bs_align_up(cursor, BS_BPK_ALIGN, &w->start[i]) ||
+        !bs_add_u64(w->start[i], t->nbytes, &cursor))
+      return bs_fail(err, EFBIG, BS_OFF_NONE, t->name, "data offsets overflow 64 bits");
+    if (t->nbytes > w->biggest)
+      w->biggest = t->nbytes;
+    w->byname[i] = i;
+  }
+  w->end = cursor;
+
+  struct sort_ctx sc = {cat, w->order};
+  qsort_r(w->byname, n, sizeof *w->byname, cmp_byname, &sc);
+  for (size_t i = 1; i < n; i++) {
+    const char *a = cat->tensors[w->order[w->byname[i - 1]]].name;
+    if (strcmp(a, cat->tensors[w->order[w->byname[i]]].name) == 0)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, a,
+                     "two tensors to write have this name; Burnpack names must be unique");
+  }
+  for (size_t i = 0; i < cat->nmeta; i++)
+    w->meta[i] = i;
+  qsort_r(w->meta, cat->nmeta, sizeof *w->meta, cmp_meta, (void *)cat);
+  for (size_t i = 1; i < cat->nmeta; i++)
+    if (strcmp(cat->meta[w->meta[i - 1]].key, cat->meta[w->meta[i]].key) == 0)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice",
+                     cat->meta[w->meta[i]].key);
+  return 0;
+}
+
+static int encode_meta(const struct bs_catalog *cat, const struct wplan *w, struct bs_buf *out,
+                       bs_err *err)
+{
+  struct enc e = {0};
+  head(&e, 5, cat->nmeta ? 2 : 1);
+  text(&e, "tensors");
+  head(&e, 5, w->n);
+  for (size_t i = 0; i < w->n; i++) {
+    size_t pos = w->byname[i];
+    const struct bs_tensor *t = &cat->tensors[w->order[pos]];
+    text(&e, t->name);
+    head(&e, 5, t->has_param_id ? 4 : 3);
+    text(&e, "dtype");
+    dtype(&e, t);
+    text(&e, "shape");
+    head(&e, 4, t->rank);
+    for (uint32_t d = 0; d < t->rank; d++)
+      uint_(&e, t->shape[d]);
+    text(&e, "data_offsets");
+    head(&e, 4, 2);
+    uint_(&e, w->start[pos]);
+    uint_(&e, w->start[pos] + t->nbytes);
+    if (t->has_param_id) {
+      text(&e, "param_id");
+      uint_(&e, t->param_id);
+    }
+  }
+  if (cat->nmeta) {
+    text(&e, "metadata");
+    head(&e, 5, cat->nmeta);
+    for (size_t i = 0; i < cat->nmeta; i++) {
+      text(&e, cat->meta[w->meta[i]].key);
+      text(&e, cat->meta[w->meta[i]].value);
+    }
+  }
+  if (e.oom) {
+    bs_buf_destroy(&e.b);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory encoding the metadata");
+  }
+  if (e.b.len > BS_BPK_MAX_META) {
+    size_t len = e.b.len;
+    bs_buf_destroy(&e.b);
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                   "metadata of %zu bytes exceeds the %u bytes a Burnpack reader accepts", len,
+                   BS_BPK_MAX_META);
+  }
+  *out = e.b;
+  return 0;
+}
+
+/* ---- Sinks ----------------------------------------------------------------------------------- */
+
+struct sink {
+  struct bs_buf *mem; /* memory sink, or NULL */
+  int fd;             /* fd sink */
+  const char *name;   /* for messages */
+  uint64_t pos;
+};
+
+static int sink_put(struct sink *k, const void *d, size_t n, bs_err *err)
+{
+  if (k->mem) {
+    if (buf_put(k->mem, d, n) != 0)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory building the file");
+    k->pos += n;
+    return 0;
+  }
+  const uint8_t *p = d;
+  while (n > 0) {
+    ssize_t r = write(k->fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && errno == ENOSPC)
+      return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
+                     "%s: no space left on the device after writing %" PRIu64 " bytes", k->name,
+                     k->pos);
+    if (r < 0) {
+      int e = errno;
+      return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: write failed at byte %" PRIu64 ": %s", k->name,
+                     k->pos, strerror(e));
+    }
+    if (r == 0)
+      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: write returned 0 at byte %" PRIu64, k->name,
+                     k->pos);
+    p += r;
+    n -= (size_t)r;
+    k->pos += (uint64_t)r;
+  }
+  return 0;
+}
+
+static int sink_zeros(struct sink *k, uint64_t n, bs_err *err)
+{
+  static const uint8_t zeros[4096];
+  while (n > 0) {
+    size_t c = n < sizeof zeros ? (size_t)n : sizeof zeros;
+    if (sink_put(k, zeros, c, err) != 0)
+      return -1;
+    n -= c;
+  }
+  return 0;
+}
+
+static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
+                       size_t cap, struct sink *k, bs_err *err)
+{
+  uint64_t done = 0;
+  while (done < t->nbytes) {
+    size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
+    long got = bs_tensor_read(cat, t, done, buf, want);
+    if (got < 0)
+      return bs_fail(err, (int)-got, t->off + done, t->name,
+                     "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
+                     t->nbytes, strerror((int)-got));
+    if (got == 0)
+      return bs_fail(err, EIO, t->off + done, t->name,
+                     "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
+                     t->nbytes);
+    if (sink_put(k, buf, (size_t)got, err) != 0)
+      return -1;
+    done += (uint64_t)got;
+  }
+  return 0;
+}
+
+/* The one serializer behind both sinks. */
+static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct sink *k,
+                     bs_err *err)
+{
+  struct wplan w;
+  struct bs_buf meta = {0};
+  uint8_t *chunk = NULL;
+  int rc = -1;
+  if (make_plan(cat, plan, &w, err) != 0 || encode_meta(cat, &w, &meta, err) != 0)
+    goto out;
+  uint64_t data_start, total;
+  if (!bs_align_up(HDR_LEN + (uint64_t)meta.len, BS_BPK_ALIGN, &data_start) ||
+      !bs_add_u64(data_start, w.end, &total)) {
+    bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "file size overflows 64 bits");
+    goto out;
+  }
+  if (k->mem) {
+    if (total > SIZE_MAX - k->mem->len ||
+        bs_grow((void **)&k->mem->data, &k->mem->cap, k->mem->len + (size_t)total, 1) != 0) {
+      bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory for a %" PRIu64 "-byte file", total);
+      goto out;
+    }
+  }
+  size_t cap = w.biggest < CHUNK ? (size_t)w.biggest : CHUNK;
+  if (!(chunk = bs_malloc(cap ? cap : 1))) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  uint8_t h[HDR_LEN];
+  memcpy(h, "NRUB", 4);
+  bs_put_le16(h + 4, 1);
+  bs_put_le32(h + 6, (uint32_t)meta.len);
+  if (sink_put(k, h, HDR_LEN, err) != 0 || sink_put(k, meta.data, meta.len, err) != 0 ||
+      sink_zeros(k, data_start - HDR_LEN - meta.len, err) != 0)
+    goto out;
+  uint64_t cursor = 0;
+  for (size_t i = 0; i < w.n; i++) {
+    const struct bs_tensor *t = &cat->tensors[w.order[i]];
+    if (sink_zeros(k, w.start[i] - cursor, err) != 0 ||
+        copy_tensor(cat, t, chunk, cap, k, err) != 0)
+      goto out;
+    cursor = w.start[i] + t->nbytes;
+  }
+  rc = 0;
+out:
+  bs_free(chunk);
+  bs_buf_destroy(&meta);
+  wplan_destroy(&w);
+  return rc;
+}
+
+/* `out` is an out-parameter: it is overwritten, not freed, and stays empty on failure. */
+int bs_bpk_write_mem(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
+                     struct bs_buf *out, bs_err *err)
+{
+  struct bs_buf b = {0};
+  struct sink k = {.mem = &b, .fd = -1, .name = "<memory>"};
+  memset(out, 0, sizeof *out);
+  if (write_out(cat, plan, &k, err) != 0) {
+    bs_buf_destroy(&b);
+    return -1;
+  }
+  *out = b;
+  return 0;
+}
+
+static int write_fd_named(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, int fd,
+                          const char *name, bs_err *err)
+{
+  struct sink k = {.fd = fd, .name = name};
+  return write_out(cat, plan, &k, err);
+}
+
+int bs_bpk_write_fd(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, int fd,
+                    bs_err *err)
+{
+  char name[32];
+  snprintf(name, sizeof name, "fd %d", fd);
+  return write_fd_named(cat, plan, fd, name, err);
+}
+
+/* Make sure a failure message names the file being written. */
+static int name_path(bs_err *err, const char *path)
+{
+  if (err && err->code && !strstr(err->msg, path)) {
+    char buf[sizeof err->msg];
+    size_t used = 0, cap = sizeof buf - 1;
+    for (const char *parts[] = {path, ": ", err->msg}, **q = parts; q < parts + 3; q++) {
+      size_t l = strlen(*q);
+      l = l < cap - used ? l : cap - used;
+      memcpy(buf + used, *q, l);
+      used += l;
+    }
+    buf[used] = '\0';
+    memcpy(err->msg, buf, used + 1);
+  }
+  return -1;
+}
+
+static int sync_dir(const char *path, bs_err *err)
+{
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? bs_strndup(path, slash == path ? 1 : (size_t)(slash - path)) : bs_strdup(".");
+  if (!dir)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  int rc = 0;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL)) {
+    int e = errno;
+    rc = bs_fail(err, e, BS_OFF_NONE, NULL, "%s: written, but syncing directory %s failed: %s",
+                 path, dir, strerror(e));
+  }
+  if (fd >= 0)
+    close(fd);
+  bs_free(dir);
+  return rc;
+}
+
+int bs_bpk_write_file(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
+                      const char *path, bs_err *err)
+{
+  static unsigned counter;
+  size_t plen = strlen(path);
+  char *tmp = bs_malloc(plen + 48);
+  if (!tmp)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "%s: out of memory", path);
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 100; tries++) {
+    unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+    snprintf(tmp, plen + 48, "%s.%ld-%u.tmp", path, (long)getpid(), n);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST)
+      break;
+  }
+  if (fd < 0) {
+    int e = errno;
+    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot create the temporary file %s: %s", path, tmp,
+            strerror(e));
+    bs_free(tmp);
+    return -1;
+  }
+  if (write_fd_named(cat, plan, fd, path, err) != 0)
+    goto fail;
+  if (fsync(fd) != 0) {
+    int e = errno;
+    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: fsync of %s failed: %s", path, tmp, strerror(e));
+    goto fail;
+  }
+  int cfd = fd;
+  fd = -1;
+  if (close(cfd) != 0) {
+    int e = errno;
+    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: closing %s failed: %s", path, tmp, strerror(e));
+    goto fail;
+  }
+  if (rename(tmp, path) != 0) {
+    int e = errno;
+    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot rename %s over it: %s", path, tmp, strerror(e));
+    goto fail;
+  }
+  bs_free(tmp);
+  if (sync_dir(path, err) != 0)
+    return name_path(err, path);
+  return 0;
+fail:
+  if (fd >= 0)
+    close(fd);
+  unlink(tmp);
+  bs_free(tmp);
+  return name_path(err, path);
+}
+
 int bs_bpk_default_meta(struct bs_catalog *cat, bs_err *err)
-{ (void)cat; return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "writer not built yet"); }
+{
+  static const char *const defaults[][2] = {
+      {"format", "burnpack"}, {"producer", "burnstore"}, {"version", BURNSTORE_VERSION}};
+  for (size_t d = 0; d < sizeof defaults / sizeof defaults[0]; d++) {
+    bool have = false;
+    for (size_t i = 0; i < cat->nmeta && !have; i++)
+      have = strcmp(cat->meta[i].key, defaults[d][0]) == 0;
+    if (!have && bs_catalog_add_meta(cat, defaults[d][0], defaults[d][1], err) != 0)
+      return -1;
+  }
+  return 0;
+}
