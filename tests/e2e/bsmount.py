@@ -64,6 +64,13 @@ def tmpdir(tag="e2e"):
         shutil.rmtree(d, ignore_errors=True)
 
 
+class MountPath(str):
+    """The mountpoint (a str) that can also unmount its mount."""
+
+    def unmount(self):
+        return self.mount.unmount()
+
+
 class Mount:
     """burnstore SOURCE MNT [-o OPTS]; unmount with `burnstore -u` (checked)."""
 
@@ -80,7 +87,9 @@ class Mount:
             raise RuntimeError("mount failed (%d): %s" % (r.returncode, r.stderr.strip()))
         if not is_mounted(self.mnt):
             raise RuntimeError("burnstore returned 0 but %s is not mounted" % self.mnt)
-        return self.mnt
+        p = MountPath(self.mnt)
+        p.mount = self
+        return p
 
     def unmount(self):
         if self.unmount_result is None and is_mounted(self.mnt):

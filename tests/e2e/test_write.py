@@ -40,7 +40,7 @@ def roundtrip(tmp, src, name, sub=""):
                 os.makedirs(os.path.join(b, sub), exist_ok=True)
             r = run(["rsync", "-aX", os.path.join(a, sub) + "/", os.path.join(b, sub) + "/"], timeout=300)
             check(r.returncode == 0, "%s: rsync -aX: %s" % (name, r.stderr))
-            u = Mount.unmount(mb)
+            u = mb.unmount()
             check(u.returncode == 0, "%s: burnstore -u: %s" % (name, u.stderr))
         check(os.path.exists(y), "%s: %s written" % (name, y))
         if not os.path.exists(y):
