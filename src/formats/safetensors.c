@@ -608,7 +608,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   for (size_t k = 0; k < nents; k++)
     sorted[k] = &ents[k];
   qsort(sorted, nents, sizeof *sorted, cmp_entry);
-  uint64_t d;
+  uint64_t d = 0;
   if (check_layout(sorted, nents, dims.v, &d, err) != 0)
     goto out;
 

@@ -258,7 +258,8 @@ static void status_path(const char *mnt, char *out, size_t n)
   uint64_t h = 1469598103934665603ull;
   for (const unsigned char *p = (const unsigned char *)mnt; *p; p++)
     h = (h ^ *p) * 1099511628211ull;
-  snprintf(out, n, "%s/%016llx.status", base, (unsigned long long)h);
+  if (snprintf(out, n, "%s/%016llx.status", base, (unsigned long long)h) >= (int)n)
+    out[0] = '\0';
 }
 
 static void write_status(int fd, const char *text)
