@@ -251,9 +251,26 @@ def test_failures(tmp):
     check(os.path.exists(out) and read_bpk(out)[0].get("x", (0, 0, 0))[2] == b"1234", "SIGTERM writes back")
 
 
+def test_memory(tmp):
+    """Written data is staged on disk: writing 512 MiB leaves the daemon small,
+    and the write-back streams it."""
+    out = os.path.join(tmp, "mem.bpk")
+    mnt = os.path.join(tmp, "mem")
+    with Mount(out, mnt) as m:
+        pids = [int(p) for p in run(["pgrep", "-f", "burnstore %s" % out]).stdout.split()]
+        r = run(["dd", "if=/dev/zero", "of=" + os.path.join(mnt, "big"), "bs=1M", "count=512"], timeout=300)
+        check(r.returncode == 0, "dd 512 MiB into the mount: %s" % r.stderr)
+        hwm = [int(l.split()[1]) for l in open("/proc/%d/status" % pids[0]) if l.startswith("VmHWM")][0]
+        check(hwm < 64 * 1024, "daemon peak memory %d KiB after writing 512 MiB (< 64 MiB)" % hwm)
+        u = m.unmount()
+        check(u.returncode == 0, "write-back of 512 MiB: %s" % u.stderr)
+    check(os.path.getsize(out) == 256 + (512 << 20), "the 512 MiB tensor is in the file")
+    os.unlink(out)
+
+
 if __name__ == "__main__":
     with tmpdir("write") as tmp:
-        for t in (test_posix_ops, test_rw_existing, test_roundtrips, test_failures):
+        for t in (test_posix_ops, test_rw_existing, test_roundtrips, test_failures, test_memory):
             print("--", t.__name__, flush=True)
             try:
                 t(tmp)
