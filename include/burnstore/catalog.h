@@ -21,37 +21,37 @@ struct bs_kv {
 };
 
 struct bs_tensor {
-  char *key;            /* owned: the key in the source file */
-  char *name;           /* owned: the presented key after options (a copy of key at first) */
+  char *key;  /* owned: the key in the source file */
+  char *name; /* owned: the presented key after options (a copy of key at first) */
   enum bs_dtype dtype;
   uint32_t rank;
-  uint64_t *shape;      /* owned; rank entries, NULL when rank == 0 */
-  uint64_t nbytes;      /* byte length of the contiguous row-major data */
-  uint32_t src;         /* index into bs_catalog.srcs */
-  uint64_t off;         /* absolute offset in the source: of the data when
-                           strides == NULL, else of the storage's first byte */
-  int64_t *strides;     /* owned; NULL: contiguous. Else rank entries, in elements */
-  uint64_t storage_off; /* strided only: element offset into the storage */
+  uint64_t *shape;        /* owned; rank entries, NULL when rank == 0 */
+  uint64_t nbytes;        /* byte length of the contiguous row-major data */
+  uint32_t src;           /* index into bs_catalog.srcs */
+  uint64_t off;           /* absolute offset in the source: of the data when
+                             strides == NULL, else of the storage's first byte */
+  int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
+  uint64_t storage_off;   /* strided only: element offset into the storage */
   uint64_t storage_bytes; /* strided only: bytes of the storage from off */
   bool has_param_id;
   uint64_t param_id;
-  uint8_t *dtype_raw;   /* owned, may be NULL: the dtype exactly as the file
-                           encoded it (QFloat's CBOR scheme map), for round trips */
+  uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
+                         encoded it (QFloat's CBOR scheme map), for round trips */
   size_t dtype_raw_len;
-  char *unsupported;    /* owned, may be NULL: the tensor cannot be read, and why */
-  bool hidden;          /* filtered out by key options; not presented */
+  char *unsupported; /* owned, may be NULL: the tensor cannot be read, and why */
+  bool hidden;       /* filtered out by key options; not presented */
 };
 
 struct bs_catalog {
   enum bs_format format;
   struct bs_tensor *tensors; /* owned array */
   size_t count, cap;
-  struct bs_src *srcs;       /* owned array; srcs[0] is the checkpoint file */
+  struct bs_src *srcs; /* owned array; srcs[0] is the checkpoint file */
   size_t nsrcs, srccap;
-  struct bs_kv *meta;        /* file metadata (Burnpack metadata, __metadata__) */
+  struct bs_kv *meta; /* file metadata (Burnpack metadata, __metadata__) */
   size_t nmeta, metacap;
-  char *values_json;         /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
-  char *notes;               /* owned, may be NULL: what a reader skipped, one line each */
+  char *values_json; /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
+  char *notes;       /* owned, may be NULL: what a reader skipped, one line each */
 };
 
 void bs_catalog_init(struct bs_catalog *cat);

@@ -20,24 +20,24 @@ enum bs_dtype {
   BS_DT_U32,
   BS_DT_U16,
   BS_DT_U8,
-  BS_DT_BOOL,        /* 1 byte per element, 0/1 (Burn Bool(Native), torch.bool) */
+  BS_DT_BOOL, /* 1 byte per element, 0/1 (Burn Bool(Native), torch.bool) */
   BS_DT_F8_E4M3,
   BS_DT_F8_E5M2,
   BS_DT_F8_E8M0,
   BS_DT_F8_E4M3FNUZ,
   BS_DT_F8_E5M2FNUZ,
-  BS_DT_F6_E2M3,     /* 6 bits */
-  BS_DT_F6_E3M2,     /* 6 bits */
-  BS_DT_F4,          /* 4 bits */
+  BS_DT_F6_E2M3, /* 6 bits */
+  BS_DT_F6_E3M2, /* 6 bits */
+  BS_DT_F4,      /* 4 bits */
   BS_DT_C64,
-  BS_DT_C128,        /* torch complex128; no SafeTensors name: "C128" */
-  BS_DT_FLEX32,      /* Burn Flex32: stored as f32 */
-  BS_DT_BOOL_U8,     /* Burn Bool(U8): u8 0/1 */
-  BS_DT_BOOL_U32,    /* Burn Bool(U32): u32 LE 0/1 */
-  BS_DT_QFLOAT,      /* Burn quantized: opaque bytes, size from the file */
-  BS_DT_QI8,         /* torch qint8 (raw int8, quantizer params not kept) */
-  BS_DT_QU8,         /* torch quint8 */
-  BS_DT_QI32,        /* torch qint32 */
+  BS_DT_C128,     /* torch complex128; no SafeTensors name: "C128" */
+  BS_DT_FLEX32,   /* Burn Flex32: stored as f32 */
+  BS_DT_BOOL_U8,  /* Burn Bool(U8): u8 0/1 */
+  BS_DT_BOOL_U32, /* Burn Bool(U32): u32 LE 0/1 */
+  BS_DT_QFLOAT,   /* Burn quantized: opaque bytes, size from the file */
+  BS_DT_QI8,      /* torch qint8 (raw int8, quantizer params not kept) */
+  BS_DT_QU8,      /* torch quint8 */
+  BS_DT_QI32,     /* torch qint32 */
   BS_DT_COUNT
 };
 

@@ -30,9 +30,9 @@ struct bs_repl_piece {
 };
 
 struct bs_key_remap {
-  struct bs_key_regex re; /* FROM */
-  char *to;               /* owned: TO as the user wrote it */
-  char *lit;              /* owned: literal text of TO, `$$` already reduced */
+  struct bs_key_regex re;       /* FROM */
+  char *to;                     /* owned: TO as the user wrote it */
+  char *lit;                    /* owned: literal text of TO, `$$` already reduced */
   struct bs_repl_piece *pieces; /* owned */
   size_t npieces;
 };
@@ -44,9 +44,9 @@ struct bs_keyopts {
   size_t ninclude, includecap;
   struct bs_key_regex *exclude; /* any matches -> dropped */
   size_t nexclude, excludecap;
-  struct bs_key_remap *remap;   /* applied in this order */
+  struct bs_key_remap *remap; /* applied in this order */
   size_t nremap, remapcap;
-  char *top_level_key;          /* owned, NULL: none */
+  char *top_level_key; /* owned, NULL: none */
   bool contiguous_indices;
   /* PCRE2 allocates through bs_malloc via these (created on first use). */
   struct pcre2_real_general_context_8 *gctx;

@@ -10,11 +10,11 @@
 #include "burnstore/err.h"
 
 struct bs_src {
-  int fd;              /* -1 for a memory source */
-  bool owns_fd;        /* close(fd) in bs_src_destroy */
-  const uint8_t *mem;  /* borrowed; NULL for an fd source */
-  uint64_t size;       /* total bytes */
-  char *name;          /* owned; used in error messages */
+  int fd;             /* -1 for a memory source */
+  bool owns_fd;       /* close(fd) in bs_src_destroy */
+  const uint8_t *mem; /* borrowed; NULL for an fd source */
+  uint64_t size;      /* total bytes */
+  char *name;         /* owned; used in error messages */
 };
 
 /* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set. */

@@ -17,21 +17,21 @@
 #define BS_SELF_NAME "%%" /* a tensor whose key is also a directory's key */
 
 struct bs_node {
-  char *name;       /* owned: the component as shown (escaped); "" for the root */
-  uint64_t parent;  /* parent's ino; the root is its own parent */
+  char *name;      /* owned: the component as shown (escaped); "" for the root */
+  uint64_t parent; /* parent's ino; the root is its own parent */
   bool is_dir;
-  bool live;        /* false once removed */
-  long tensor;      /* index into the catalog, or -1 */
-  uint64_t *kids;   /* owned, dirs only: child inos in creation order; 0 = removed slot */
+  bool live;      /* false once removed */
+  long tensor;    /* index into the catalog, or -1 */
+  uint64_t *kids; /* owned, dirs only: child inos in creation order; 0 = removed slot */
   size_t nkids, kidcap;
-  size_t nlive;     /* live children */
-  void *user;       /* the FUSE layer's per-node data, not owned by the tree */
+  size_t nlive; /* live children */
+  void *user;   /* the FUSE layer's per-node data, not owned by the tree */
 };
 
 struct bs_tree {
   struct bs_node *nodes; /* owned; index = ino; nodes[0] unused */
   size_t n, cap;
-  uint64_t *slots;       /* owned: hash of (parent, name) -> ino; 0 empty, UINT64_MAX deleted */
+  uint64_t *slots; /* owned: hash of (parent, name) -> ino; 0 empty, UINT64_MAX deleted */
   size_t nslots, nused;
 };
 

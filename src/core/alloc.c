@@ -6,7 +6,10 @@
 
 static long fail_countdown = -1;
 
-void bs_alloc_fail_after(long n) { fail_countdown = n; }
+void bs_alloc_fail_after(long n)
+{
+  fail_countdown = n;
+}
 
 static int should_fail(void)
 {
@@ -41,7 +44,10 @@ void *bs_realloc(void *p, size_t n)
   return realloc(p, n ? n : 1);
 }
 
-void bs_free(void *p) { free(p); }
+void bs_free(void *p)
+{
+  free(p);
+}
 
 char *bs_strndup(const char *s, size_t n)
 {
@@ -53,7 +59,10 @@ char *bs_strndup(const char *s, size_t n)
   return d;
 }
 
-char *bs_strdup(const char *s) { return bs_strndup(s, strlen(s)); }
+char *bs_strdup(const char *s)
+{
+  return bs_strndup(s, strlen(s));
+}
 
 int bs_grow(void **arr, size_t *cap, size_t need, size_t elem)
 {

@@ -14,9 +14,15 @@ static const char *const format_names[] = {
 };
 _Static_assert(sizeof format_names / sizeof format_names[0] == BS_FMT_COUNT, "format names");
 
-const char *bs_format_name(enum bs_format f) { return f < BS_FMT_COUNT ? format_names[f] : "?"; }
+const char *bs_format_name(enum bs_format f)
+{
+  return f < BS_FMT_COUNT ? format_names[f] : "?";
+}
 
-void bs_catalog_init(struct bs_catalog *cat) { memset(cat, 0, sizeof *cat); }
+void bs_catalog_init(struct bs_catalog *cat)
+{
+  memset(cat, 0, sizeof *cat);
+}
 
 static void tensor_destroy(struct bs_tensor *t)
 {
@@ -70,8 +76,8 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
     return NULL;
   }
   if (strlen(key) > BS_MAX_KEY_LEN) {
-    bs_fail(err, EINVAL, off, NULL, "tensor key of %zu bytes exceeds the limit of %u",
-            strlen(key), BS_MAX_KEY_LEN);
+    bs_fail(err, EINVAL, off, NULL, "tensor key of %zu bytes exceeds the limit of %u", strlen(key),
+            BS_MAX_KEY_LEN);
     return NULL;
   }
   if (rank > BS_MAX_RANK) {
@@ -209,7 +215,7 @@ static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t o
   }
   uint64_t run_bytes = run * esize;
   while (done < n) {
-    uint64_t pos = off + done;              /* byte position in contiguous output */
+    uint64_t pos = off + done; /* byte position in contiguous output */
     uint64_t elem = pos / esize, in_el = pos % esize;
     uint64_t run_idx = elem / run, in_run = elem % run;
     /* storage element of the first element of this run */

@@ -42,9 +42,15 @@ static const struct {
 };
 _Static_assert(sizeof table / sizeof table[0] == BS_DT_COUNT, "dtype table incomplete");
 
-unsigned bs_dtype_bits(enum bs_dtype dt) { return dt < BS_DT_COUNT ? table[dt].bits : 0; }
+unsigned bs_dtype_bits(enum bs_dtype dt)
+{
+  return dt < BS_DT_COUNT ? table[dt].bits : 0;
+}
 
-const char *bs_dtype_name(enum bs_dtype dt) { return dt < BS_DT_COUNT ? table[dt].name : "?"; }
+const char *bs_dtype_name(enum bs_dtype dt)
+{
+  return dt < BS_DT_COUNT ? table[dt].name : "?";
+}
 
 int bs_dtype_from_name(const char *name, enum bs_dtype *out)
 {

@@ -26,8 +26,7 @@
 #include "burnstore/checked.h"
 
 #define COMPILE_FLAGS                                                                              \
-  (PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY |                        \
-   PCRE2_NEVER_BACKSLASH_C)
+  (PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY | PCRE2_NEVER_BACKSLASH_C)
 #define PCRE2_COMPILE_ENOMEM 121 /* ERR21 "failed to allocate heap memory" */
 #define TOP_KEYS_LISTED 20
 
@@ -43,7 +42,10 @@ static void pc_free(void *p, void *data)
   bs_free(p);
 }
 
-void bs_keyopts_init(struct bs_keyopts *o) { memset(o, 0, sizeof *o); }
+void bs_keyopts_init(struct bs_keyopts *o)
+{
+  memset(o, 0, sizeof *o);
+}
 
 static void regex_destroy(struct bs_key_regex *r)
 {
@@ -83,7 +85,10 @@ bool bs_keyopts_any(const struct bs_keyopts *o)
   return o->ninclude || o->nexclude || o->nremap || o->top_level_key || o->contiguous_indices;
 }
 
-static int oom(bs_err *err) { return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory"); }
+static int oom(bs_err *err)
+{
+  return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+}
 
 static pcre2_code *compile(struct bs_keyopts *o, const char *what, const char *pat, bs_err *err)
 {
@@ -270,12 +275,12 @@ static int add_remap(struct bs_keyopts *o, const char *value, bs_err *err)
 {
   const char *arrow = strstr(value, "=>");
   if (!arrow)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "remap '%s' has no '=>'; write remap=FROM=>TO", value);
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "remap '%s' has no '=>'; write remap=FROM=>TO",
+                   value);
   if (strlen(arrow + 2) > BS_MAX_KEY_LEN)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "remap replacement is %zu bytes; a key may have at most %u",
-                   strlen(arrow + 2), BS_MAX_KEY_LEN);
+                   "remap replacement is %zu bytes; a key may have at most %u", strlen(arrow + 2),
+                   BS_MAX_KEY_LEN);
   if (bs_grow((void **)&o->remap, &o->remapcap, o->nremap + 1, sizeof *o->remap) != 0)
     return oom(err);
   struct bs_key_remap m = {0};
@@ -305,15 +310,17 @@ static int add_n(struct bs_keyopts *o, const char *name, size_t nlen, const char
     return 1;
   if (contig) {
     if (value)
-      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                     "contiguous_indices takes no value (got '%s')", value);
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "contiguous_indices takes no value (got '%s')",
+                     value);
     o->contiguous_indices = true;
     return 0;
   }
   if (!value)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "option '%.*s' needs a value: %.*s=%s",
                    (int)nlen, name, (int)nlen, name,
-                   inc || exc ? "REGEX" : rem ? "FROM=>TO" : "KEY");
+                   inc || exc ? "REGEX"
+                   : rem      ? "FROM=>TO"
+                              : "KEY");
   if (inc)
     return add_regex(o, &o->include, &o->ninclude, &o->includecap, "include", value, err);
   if (exc)
@@ -360,10 +367,10 @@ static int search(const struct bs_key_regex *re, const char *s, size_t len, size
   PCRE2_UCHAR msg[128];
   if (pcre2_get_error_message(rc, msg, sizeof msg) < 0)
     snprintf((char *)msg, sizeof msg, "PCRE2 error %d", rc);
-  const char *hint = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
-                             rc == PCRE2_ERROR_HEAPLIMIT
-                         ? " (the pattern backtracks too much; make it more specific)"
-                         : "";
+  const char *hint =
+      rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT
+          ? " (the pattern backtracks too much; make it more specific)"
+          : "";
   return bs_fail(err, EINVAL, BS_OFF_NONE, key, "regex '%s' failed on '%s': %s%s", re->pattern, s,
                  (const char *)msg, hint);
 }
@@ -461,8 +468,8 @@ static int remap_one(const struct bs_key_remap *m, char **name, struct nbuf *b,
 }
 
 /* 1 keep, 0 drop, -1 error. */
-static int keep(const struct bs_keyopts *o, const char *name, pcre2_match_data *md,
-                const char *key, bs_err *err)
+static int keep(const struct bs_keyopts *o, const char *name, pcre2_match_data *md, const char *key,
+                bs_err *err)
 {
   size_t len = strlen(name);
   int inc = o->ninclude == 0;
@@ -559,8 +566,7 @@ static int idx_cmp_scope(const void *a, const void *b)
 }
 
 /* burn's map_indices_contiguous over the names of tensors in scope. */
-static int contiguous(const struct bs_catalog *cat, char **names, const uint8_t *state,
-                      bs_err *err)
+static int contiguous(const struct bs_catalog *cat, char **names, const uint8_t *state, bs_err *err)
 {
   struct idx *ix = NULL, **ord = NULL;
   size_t n = 0, cap = 0;

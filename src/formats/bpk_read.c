@@ -178,7 +178,10 @@ static void cb_bool(void *c, bool v)
   (void)v;
   pc_leaf(c);
 }
-static void cb_simple(void *c) { pc_leaf(c); }
+static void cb_simple(void *c)
+{
+  pc_leaf(c);
+}
 
 /* A definite string: a chunk of an open indefinite string of the same kind, or an item. */
 static void pc_string(struct precheck *p, uint8_t kind, cbor_data data, size_t len)
@@ -199,8 +202,14 @@ static void pc_string(struct precheck *p, uint8_t kind, cbor_data data, size_t l
   pc_item_done(p);
 }
 
-static void cb_bytes(void *c, cbor_data d, size_t n) { pc_string(c, PC_BSTR, d, n); }
-static void cb_text(void *c, cbor_data d, size_t n) { pc_string(c, PC_TSTR, d, n); }
+static void cb_bytes(void *c, cbor_data d, size_t n)
+{
+  pc_string(c, PC_BSTR, d, n);
+}
+static void cb_text(void *c, cbor_data d, size_t n)
+{
+  pc_string(c, PC_TSTR, d, n);
+}
 
 static void cb_bytes_start(void *c)
 {
@@ -236,10 +245,22 @@ static void pc_container(struct precheck *p, uint8_t kind, bool indef, uint64_t 
     pc_push(p, kind, indef, n, tensors);
 }
 
-static void cb_array(void *c, size_t n) { pc_container(c, PC_ARRAY, false, n); }
-static void cb_array_indef(void *c) { pc_container(c, PC_ARRAY, true, 0); }
-static void cb_map(void *c, size_t n) { pc_container(c, PC_MAP, false, n); }
-static void cb_map_indef(void *c) { pc_container(c, PC_MAP, true, 0); }
+static void cb_array(void *c, size_t n)
+{
+  pc_container(c, PC_ARRAY, false, n);
+}
+static void cb_array_indef(void *c)
+{
+  pc_container(c, PC_ARRAY, true, 0);
+}
+static void cb_map(void *c, size_t n)
+{
+  pc_container(c, PC_MAP, false, n);
+}
+static void cb_map_indef(void *c)
+{
+  pc_container(c, PC_MAP, true, 0);
+}
 
 static void cb_tag(void *c, uint64_t v)
 {
@@ -350,8 +371,14 @@ static bool is_ctrl(const cbor_item_t *it)
 {
   return cbor_isa_float_ctrl(it) && cbor_float_get_width(it) == CBOR_FLOAT_0;
 }
-static bool is_null(const cbor_item_t *it) { return is_ctrl(it) && cbor_is_null(it); }
-static bool is_bool(const cbor_item_t *it) { return is_ctrl(it) && cbor_is_bool(it); }
+static bool is_null(const cbor_item_t *it)
+{
+  return is_ctrl(it) && cbor_is_null(it);
+}
+static bool is_bool(const cbor_item_t *it)
+{
+  return is_ctrl(it) && cbor_is_bool(it);
+}
 
 static const char *type_name(const cbor_item_t *it)
 {

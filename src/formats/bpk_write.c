@@ -90,7 +90,10 @@ static void head(struct enc *e, unsigned major, uint64_t v)
   put(e, h, n);
 }
 
-static void uint_(struct enc *e, uint64_t v) { head(e, 0, v); }
+static void uint_(struct enc *e, uint64_t v)
+{
+  head(e, 0, v);
+}
 
 static void text(struct enc *e, const char *s)
 {

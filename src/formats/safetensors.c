@@ -80,21 +80,14 @@ struct dims {
 static const char *type_name(const json_t *v)
 {
   switch (json_typeof(v)) {
-  case JSON_OBJECT:
-    return "an object";
-  case JSON_ARRAY:
-    return "an array";
-  case JSON_STRING:
-    return "a string";
-  case JSON_INTEGER:
-    return "an integer";
-  case JSON_REAL:
-    return "a real number";
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: return "a string";
+  case JSON_INTEGER: return "an integer";
+  case JSON_REAL: return "a real number";
   case JSON_TRUE:
-  case JSON_FALSE:
-    return "a boolean";
-  case JSON_NULL:
-    return "null";
+  case JSON_FALSE: return "a boolean";
+  case JSON_NULL: return "null";
   }
   return "?";
 }
@@ -144,19 +137,14 @@ static void scan_text(const char *h, size_t n, struct scan *sc)
       if (++depth == 1)
         expect_key = true;
       break;
-    case '[':
-      depth++;
-      break;
+    case '[': depth++; break;
     case '}':
-    case ']':
-      depth--;
-      break;
+    case ']': depth--; break;
     case ',':
       if (depth == 1)
         expect_key = true;
       break;
-    default:
-      break;
+    default: break;
     }
   }
   sc->depth = depth;

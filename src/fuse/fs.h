@@ -24,8 +24,8 @@ struct fs_xattr {
  * their bytes from the source catalog; the first write copies them to a
  * staging file on disk (never to RAM). Directories use mode/mtime only. */
 struct fs_file {
-  long tensor;   /* source tensor still backing the bytes, or -1 */
-  int fd;        /* staging file, -1 while clean */
+  long tensor; /* source tensor still backing the bytes, or -1 */
+  int fd;      /* staging file, -1 while clean */
   uint64_t size;
   bool has_dtype, has_shape, has_param_id;
   enum bs_dtype dtype;
@@ -40,28 +40,31 @@ struct fs_file {
 };
 
 struct fs {
-  struct bs_catalog cat;   /* the source checkpoint (empty for a new file) */
-  struct bs_tree tree;     /* lock: `lock` (writable mounts change it) */
+  struct bs_catalog cat; /* the source checkpoint (empty for a new file) */
+  struct bs_tree tree;   /* lock: `lock` (writable mounts change it) */
   struct bs_keyopts keys;
   bool flat;
   bool writable;
-  bool dirty;              /* lock: `lock`; something changed since mount */
-  bool force_write;        /* output= differs from source: always write */
-  char *source;            /* absolute path of SOURCE */
-  char *output;            /* absolute path written back, NULL when read-only */
-  char *staging;           /* staging directory, created on first need */
-  int staging_fd;          /* lock: `lock`; -1 until created */
-  unsigned long next_stage;/* lock: `lock` */
-  struct bs_kv *meta;      /* lock: `lock`; root metadata shown and written */
+  bool dirty;               /* lock: `lock`; something changed since mount */
+  bool force_write;         /* output= differs from source: always write */
+  char *source;             /* absolute path of SOURCE */
+  char *output;             /* absolute path written back, NULL when read-only */
+  char *staging;            /* staging directory, created on first need */
+  int staging_fd;           /* lock: `lock`; -1 until created */
+  unsigned long next_stage; /* lock: `lock` */
+  struct bs_kv *meta;       /* lock: `lock`; root metadata shown and written */
   size_t nmeta, metacap;
-  struct timespec mtime;   /* timestamps of the read-only view */
+  struct timespec mtime; /* timestamps of the read-only view */
   uid_t uid;
   gid_t gid;
-  double timeout;          /* entry/attr cache timeout */
-  pthread_rwlock_t lock;   /* the only lock: guards tree, files, meta */
+  double timeout;        /* entry/attr cache timeout */
+  pthread_rwlock_t lock; /* the only lock: guards tree, files, meta */
 };
 
-static inline struct fs *fs_data(fuse_req_t req) { return fuse_req_userdata(req); }
+static inline struct fs *fs_data(fuse_req_t req)
+{
+  return fuse_req_userdata(req);
+}
 
 extern const struct fuse_lowlevel_ops fs_ops;
 

@@ -60,15 +60,18 @@ static const char usage_text[] =
     "See burnstore(1) and docs/user-guide.md.\n";
 
 /* mount(8) and fstab options that mean nothing to us. */
-static const char *const ignored_opts[] = {"defaults", "auto", "noauto", "user", "users", "nouser",
-                                           "nofail", "_netdev", "owner", "group", "comment",
-                                           "loop", NULL};
+static const char *const ignored_opts[] = {"defaults", "auto",   "noauto",  "user",  "users",
+                                           "nouser",   "nofail", "_netdev", "owner", "group",
+                                           "comment",  "loop",   NULL};
 /* Options handed to the kernel / libfuse unchanged. */
-static const char *const fuse_opts[] = {"allow_other", "allow_root", "default_permissions",
-                                        "nosuid", "suid", "nodev", "dev", "noexec", "exec",
-                                        "noatime", "atime", "relatime", "norelatime", "strictatime",
-                                        "nodiratime", "sync", "async", "dirsync", "lazytime",
-                                        "max_read", "blkdev", "blksize", "fsname", "subtype",
+static const char *const fuse_opts[] = {"allow_other", "allow_root",  "default_permissions",
+                                        "nosuid",      "suid",        "nodev",
+                                        "dev",         "noexec",      "exec",
+                                        "noatime",     "atime",       "relatime",
+                                        "norelatime",  "strictatime", "nodiratime",
+                                        "sync",        "async",       "dirsync",
+                                        "lazytime",    "max_read",    "blkdev",
+                                        "blksize",     "fsname",      "subtype",
                                         NULL};
 
 struct args {
@@ -353,8 +356,8 @@ static int do_unmount(const char *mountpoint)
     ret = 1;
   } else {
     fprintf(stderr,
-            PROG ": the daemon of %s exited without finishing its write-back (killed?)%s%s\n",
-            mnt, buf[0] ? "; its last status:\n" : "", buf);
+            PROG ": the daemon of %s exited without finishing its write-back (killed?)%s%s\n", mnt,
+            buf[0] ? "; its last status:\n" : "", buf);
     ret = 1;
   }
   unlink(spath);
@@ -445,7 +448,7 @@ static int prepare(struct fs *fs, struct args *a)
       if (!a->output && fs->cat.format != BS_FMT_BURNPACK) {
         fprintf(stderr,
                 PROG ": %s: a writable mount of a %s file needs -o output=PATH.bpk (burnstore "
-                "writes Burnpack only, and never overwrites a %s file)\n",
+                     "writes Burnpack only, and never overwrites a %s file)\n",
                 a->source, bs_format_name(fs->cat.format), bs_format_name(fs->cat.format));
         return 1;
       }

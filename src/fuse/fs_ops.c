@@ -30,9 +30,18 @@
 #define XA_NOTES XA_PREFIX "notes"
 #define XA_META XA_PREFIX "meta."
 
-static void rdlock(struct fs *fs) { pthread_rwlock_rdlock(&fs->lock); }
-static void wrlock(struct fs *fs) { pthread_rwlock_wrlock(&fs->lock); }
-static void unlock(struct fs *fs) { pthread_rwlock_unlock(&fs->lock); }
+static void rdlock(struct fs *fs)
+{
+  pthread_rwlock_rdlock(&fs->lock);
+}
+static void wrlock(struct fs *fs)
+{
+  pthread_rwlock_wrlock(&fs->lock);
+}
+static void unlock(struct fs *fs)
+{
+  pthread_rwlock_unlock(&fs->lock);
+}
 
 /* A node by ino, also one that was unlinked but is still open. */
 static struct bs_node *node_any(struct fs *fs, fuse_ino_t ino)
@@ -523,8 +532,7 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
     fuse_reply_entry(req, &e);
 }
 
-static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
-                     dev_t rdev)
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
   (void)rdev;
   struct fs *fs = fs_data(req);
@@ -739,7 +747,10 @@ static int get_xattr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, co
 {
   if (ino == BS_TREE_ROOT) {
     if (strcmp(name, XA_FORMAT) == 0)
-      return xaddf(b, "%s", fs->cat.format == BS_FMT_NONE ? "burnpack" : bs_format_name(fs->cat.format)) ? ENOMEM : 0;
+      return xaddf(b, "%s",
+                   fs->cat.format == BS_FMT_NONE ? "burnpack" : bs_format_name(fs->cat.format))
+                 ? ENOMEM
+                 : 0;
     if (strcmp(name, XA_VALUES) == 0 && fs->cat.values_json)
       return xadd(b, fs->cat.values_json, strlen(fs->cat.values_json)) ? ENOMEM : 0;
     if (strcmp(name, XA_NOTES) == 0 && fs->cat.notes)
@@ -862,7 +873,9 @@ static int parse_shape(const char *v, size_t len, uint32_t *rank, uint64_t *dims
 {
   size_t i = 0;
   uint32_t n = 0;
-#define WS() while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r')) i++
+#define WS()                                                                                       \
+  while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r'))                 \
+  i++
   WS();
   if (i >= len || v[i++] != '[')
     return -1;

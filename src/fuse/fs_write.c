@@ -251,8 +251,7 @@ static int add_file(struct fs *fs, struct bs_catalog *out, uint64_t ino, bs_err 
     if (dt == BS_DT_QFLOAT)
       t->nbytes = src->nbytes;
     if (src->unsupported)
-      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s",
-                     src->unsupported);
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s", src->unsupported);
   } else {
     t->src = UINT32_MAX; /* an empty new file: no bytes to read */
   }
@@ -271,8 +270,7 @@ static int add_file(struct fs *fs, struct bs_catalog *out, uint64_t ino, bs_err 
   return 0;
 }
 
-static int add_dir(struct fs *fs, struct bs_catalog *out, uint64_t dir, unsigned depth,
-                   bs_err *err)
+static int add_dir(struct fs *fs, struct bs_catalog *out, uint64_t dir, unsigned depth, bs_err *err)
 {
   if (depth > 4096)
     return bs_fail(err, ELOOP, BS_OFF_NONE, NULL, "directory tree too deep");

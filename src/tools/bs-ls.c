@@ -76,8 +76,8 @@ int main(int argc, char **argv)
       printf("%s\t%s\t[", t->key, bs_dtype_name(t->dtype));
       for (uint32_t d = 0; d < t->rank; d++)
         printf(d ? ",%llu" : "%llu", (unsigned long long)t->shape[d]);
-      printf("]\t%llu%s%s\n", (unsigned long long)t->nbytes, t->unsupported ? "\tunsupported: " : "",
-             t->unsupported ? t->unsupported : "");
+      printf("]\t%llu%s%s\n", (unsigned long long)t->nbytes,
+             t->unsupported ? "\tunsupported: " : "", t->unsupported ? t->unsupported : "");
     }
     if (meta) {
       printf("# format %s\n", bs_format_name(cat.format));

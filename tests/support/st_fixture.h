@@ -15,7 +15,10 @@ uint8_t *st_build_raw(uint64_t n_prefix, const void *header, size_t hlen, size_t
 /* The common case: the prefix is strlen(header). */
 uint8_t *st_build(const char *header, size_t dlen, size_t *len);
 /* The data pattern, so tests can check bytes read back. */
-static inline uint8_t st_data_byte(size_t i) { return (uint8_t)(i * 7u + 1u); }
+static inline uint8_t st_data_byte(size_t i)
+{
+  return (uint8_t)(i * 7u + 1u);
+}
 
 /* bs_catalog_init(cat), wrap buf as memory source 0, bs_st_read it.
  * Returns the reader's rc; the caller destroys cat either way. */

@@ -77,7 +77,10 @@ static void write_ok(const struct bs_catalog *cat, const struct bs_bpk_plan *pla
   cr_assert_eq(rc, 0, "write: code %d key '%s': %s", err.code, err.key, err.msg);
 }
 
-static void put_f32(uint8_t *p, float v) { memcpy(p, &v, 4); /* tests run on little-endian */ }
+static void put_f32(uint8_t *p, float v)
+{
+  memcpy(p, &v, 4); /* tests run on little-endian */
+}
 
 /* The plan that writes every tensor in the order of its data in the source. */
 static size_t *order_by_offset(const struct bs_catalog *cat)
@@ -550,7 +553,10 @@ Test(bpk_write, each_failed_allocation_gives_enomem)
 
 /* ---- fd and file sinks -------------------------------------------------------------------- */
 
-static uint8_t *slurp_path(const char *path, size_t *len) { return bs_test_slurp(path, len); }
+static uint8_t *slurp_path(const char *path, size_t *len)
+{
+  return bs_test_slurp(path, len);
+}
 
 static int count_tmp(const char *dir)
 {

@@ -8,7 +8,10 @@
 #include "burnstore/checked.h"
 
 static bs_err err;
-static void reset(void) { bs_err_clear(&err); }
+static void reset(void)
+{
+  bs_err_clear(&err);
+}
 TestSuite(catalog, .init = reset);
 TestSuite(dtype, .init = reset);
 TestSuite(src, .init = reset);

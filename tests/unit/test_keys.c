@@ -27,8 +27,7 @@ static void mkcat(struct bs_catalog *cat, const char *const *keys, size_t n)
   bs_err_clear(&err);
   uint64_t shape[1] = {1};
   for (size_t i = 0; i < n; i++)
-    cr_assert_not_null(bs_catalog_add(cat, keys[i], BS_DT_F32, 1, shape, 0, &err), "%s",
-                       err.msg);
+    cr_assert_not_null(bs_catalog_add(cat, keys[i], BS_DT_F32, 1, shape, 0, &err), "%s", err.msg);
 }
 
 /* Parse an option string into o; asserts success. */
@@ -68,7 +67,7 @@ static const struct bs_tensor *by_key(const struct bs_catalog *cat, const char *
 #define EXPECT(cat, key, want)                                                                     \
   do {                                                                                             \
     const struct bs_tensor *t_ = by_key((cat), (key));                                             \
-    cr_expect_str_eq(t_->name, (want), "%s -> %s, want %s", (key), t_->name, (want));             \
+    cr_expect_str_eq(t_->name, (want), "%s -> %s, want %s", (key), t_->name, (want));              \
     cr_expect(!t_->hidden, "%s is hidden", (key));                                                 \
   } while (0)
 #define EXPECT_HIDDEN(cat, key) cr_expect(by_key((cat), (key))->hidden, "%s is visible", (key))
@@ -89,9 +88,12 @@ static void remap1(const char *opt, const char *key, const char *want)
 Test(keys, remap_chained_burn_example_renames_blocks)
 {
   static const char *const keys[] = {
-      "conv.weight",           "bn.weight",
-      "layer.0.block.0.weight", "layer.0.block.1.weight",
-      "layer.1.block.0.weight", "layer.1.block.1.running_mean",
+      "conv.weight",
+      "bn.weight",
+      "layer.0.block.0.weight",
+      "layer.0.block.1.weight",
+      "layer.1.block.0.weight",
+      "layer.1.block.1.running_mean",
   };
   struct bs_catalog cat;
   bs_err err;
@@ -149,8 +151,8 @@ Test(keys, remap_numbered_group_forms_follow_rust_usize)
   remap1("remap=^(a)(b)=>${2}${1}", "ab.w", "ba.w");
   remap1("remap=^(a)(b)=>$02", "ab.w", "b.w");
   remap1("remap=^(a)(b)=>${+1}", "ab.w", "a.w");
-  remap1("remap=^(a)(b)=>$9", "ab.w", ".w");                     /* no group 9 */
-  remap1("remap=^(a)|(z)=>[$2]", "ab.w", "[]b.w");               /* unset group */
+  remap1("remap=^(a)(b)=>$9", "ab.w", ".w");                   /* no group 9 */
+  remap1("remap=^(a)|(z)=>[$2]", "ab.w", "[]b.w");             /* unset group */
   remap1("remap=^(a)=>$99999999999999999999999", "a.w", ".w"); /* too big: a name */
 }
 
@@ -226,10 +228,13 @@ Test(keys, contiguous_renumbers_sequential_gaps)
 
 Test(keys, contiguous_scopes_use_original_prefixes)
 {
-  static const char *const keys[] = {
-      "feature.layers.0.conv_block.0.weight", "feature.layers.0.conv_block.2.weight",
-      "feature.layers.2.conv_block.2.weight", "a.0.b.2.c.0.w", "a.2.b.0.c.0.w",
-      "a.0.b.0.c.0.w", "a.0.b.0.c.2.w"};
+  static const char *const keys[] = {"feature.layers.0.conv_block.0.weight",
+                                     "feature.layers.0.conv_block.2.weight",
+                                     "feature.layers.2.conv_block.2.weight",
+                                     "a.0.b.2.c.0.w",
+                                     "a.2.b.0.c.0.w",
+                                     "a.0.b.0.c.0.w",
+                                     "a.0.b.0.c.2.w"};
   struct bs_catalog cat;
   bs_err err;
   cr_assert_eq(run(&cat, keys, N(keys), "contiguous_indices", &err), 0, "%s", err.msg);
@@ -260,8 +265,15 @@ Test(keys, contiguous_renumbers_lone_and_last_and_first_segments)
 
 Test(keys, contiguous_index_is_rust_usize_parse)
 {
-  static const char *const keys[] = {"a.+3.w", "a.007.w", "a.5.w", "b.-1.w", "b.1a.w",
-                                     "b.4.w",  "b.+.w",   "b..w",  "c.99999999999999999999.w",
+  static const char *const keys[] = {"a.+3.w",
+                                     "a.007.w",
+                                     "a.5.w",
+                                     "b.-1.w",
+                                     "b.1a.w",
+                                     "b.4.w",
+                                     "b.+.w",
+                                     "b..w",
+                                     "c.99999999999999999999.w",
                                      "c.18446744073709551615.w"};
   struct bs_catalog cat;
   bs_err err;
@@ -298,8 +310,7 @@ Test(keys, contiguous_runs_after_remap)
   static const char *const keys[] = {"fc_2.w", "fc_6.w"};
   struct bs_catalog cat;
   bs_err err;
-  cr_assert_eq(run(&cat, keys, N(keys), "contiguous_indices,remap=_=>.", &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(run(&cat, keys, N(keys), "contiguous_indices,remap=_=>.", &err), 0, "%s", err.msg);
   EXPECT(&cat, "fc_2.w", "fc.0.w");
   EXPECT(&cat, "fc_6.w", "fc.1.w");
   bs_catalog_destroy(&cat);
@@ -380,8 +391,7 @@ Test(keys, include_is_or_of_patterns)
 {
   struct bs_catalog cat;
   bs_err err;
-  cr_assert_eq(run(&cat, net, N(net), "include=^encoder\\.,include=^head", &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(run(&cat, net, N(net), "include=^encoder\\.,include=^head", &err), 0, "%s", err.msg);
   EXPECT(&cat, "encoder.0.weight", "encoder.0.weight");
   EXPECT(&cat, "encoder.0.bias", "encoder.0.bias");
   EXPECT(&cat, "head.weight", "head.weight");
@@ -474,8 +484,7 @@ Test(keys, collision_with_a_filtered_key_is_fine)
   static const char *const keys[] = {"a.w", "b.w"};
   struct bs_catalog cat;
   bs_err err;
-  cr_assert_eq(run(&cat, keys, N(keys), "remap=^(a|b)\\.=>x.,exclude=^x", &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(run(&cat, keys, N(keys), "remap=^(a|b)\\.=>x.,exclude=^x", &err), 0, "%s", err.msg);
   EXPECT_HIDDEN(&cat, "a.w");
   EXPECT_HIDDEN(&cat, "b.w");
   bs_catalog_destroy(&cat);
@@ -544,9 +553,9 @@ Test(keys, split_honours_escaped_comma_and_backslash)
   size_t n;
   bs_err err;
   bs_err_clear(&err);
-  cr_assert_eq(bs_opts_split("ro,remap=x\\,y=>z,,include=a\\\\b,remap=(.+)\\.b=>$1,flat,", &items,
-                             &n, &err),
-               0);
+  cr_assert_eq(
+      bs_opts_split("ro,remap=x\\,y=>z,,include=a\\\\b,remap=(.+)\\.b=>$1,flat,", &items, &n, &err),
+      0);
   cr_assert_eq(n, 5);
   cr_expect_str_eq(items[0], "ro");
   cr_expect_str_eq(items[1], "remap=x,y=>z");

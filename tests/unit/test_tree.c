@@ -68,11 +68,11 @@ Test(tree, dotted_keys_become_directories)
 
 Test(tree, awkward_segments_are_escaped_reversibly)
 {
-  add("a..b");    /* empty segment */
-  add(".x");      /* leading empty */
-  add("p/q.r");   /* slash */
-  add("50%.v");   /* percent */
-  add("u.%2E");   /* looks like an escape */
+  add("a..b");  /* empty segment */
+  add(".x");    /* leading empty */
+  add("p/q.r"); /* slash */
+  add("50%.v"); /* percent */
+  add("u.%2E"); /* looks like an escape */
   cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
   expect_key("a/%/b", "a..b");
   expect_key("%/x", ".x");
