@@ -90,13 +90,11 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, s
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-  struct fs *fs = userdata;
+  (void)userdata;
   if (conn->capable & FUSE_CAP_SPLICE_WRITE)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
     conn->want |= FUSE_CAP_SPLICE_MOVE;
-  if (!fs->writable && (conn->capable & FUSE_CAP_EXPORT_SUPPORT))
-    conn->want |= FUSE_CAP_EXPORT_SUPPORT;
   conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
   if (conn->max_write < (1u << 20))
     conn->max_write = 1u << 20;
@@ -793,7 +791,7 @@ static int get_xattr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, co
   if (strcmp(name, XA_PARAM_ID) == 0) {
     if (f && f->has_param_id)
       return xaddf(b, "%llu", (unsigned long long)f->param_id) ? ENOMEM : 0;
-    if (t && t->has_param_id && !(f && f->tensor < 0))
+    if (t && t->has_param_id)
       return xaddf(b, "%llu", (unsigned long long)t->param_id) ? ENOMEM : 0;
   }
   return ENODATA;
