@@ -41,7 +41,8 @@
 #include "burnstore/formats.h"
 #include "burnstore/pickle.h"
 
-#define WALK_BUDGET 20000000u /* nodes visited while flattening (shared-reference bombs) */
+#define WALK_BUDGET 4000000u /* nodes visited while flattening (shared-reference bombs) */
+#define MAX_VALUES 1000000u  /* non-tensor entries in values_json */
 #define TAR_BLOCK 512u
 
 /* ---- a small string -> index map ------------------------------------------------------------ */
@@ -163,6 +164,7 @@ struct ctx {
   char **owned_keys; /* JSON keys kept alive for the map */
   size_t nowned, ownedcap;
   json_t *values;
+  size_t nvalues;
   char *path;
   size_t pathcap;
   uint64_t budget;
@@ -753,13 +755,18 @@ static int emit_value(struct ctx *c, size_t plen, json_t *j)
 {
   if (!j)
     return nomem(c);
+  if (++c->nvalues > MAX_VALUES) {
+    json_decref(j);
+    return bs_fail(c->err, EFBIG, BS_OFF_NONE, NULL,
+                   "more than %u non-tensor values in the pickle", MAX_VALUES);
+  }
   const char *key = plen ? c->path : "value";
-  if (claim_key(c, key, NULL) != 0 || json_object_set_new(c->values, key, j) != 0) {
-    if (c->err->code == 0)
-      return nomem(c);
+  if (claim_key(c, key, NULL) != 0) {
+    json_decref(j);
     return -1;
   }
-  return 0;
+  /* json_object_set_new takes the reference even when it fails */
+  return json_object_set_new(c->values, key, j) != 0 ? nomem(c) : 0;
 }
 
 static int walk(struct ctx *c, struct bs_pv *x, size_t plen, unsigned depth, bool values);
@@ -862,7 +869,7 @@ static int walk(struct ctx *c, struct bs_pv *x, size_t plen, unsigned depth, boo
     } else if (st && walk_child(c, st, plen, "_state", depth, vals) != 0) {
       return -1;
     }
-    if (x->u.obj.args && walk_child(c, x->u.obj.args, plen, "_args", depth, vals) != 0)
+    if (!known && x->u.obj.args && walk_child(c, x->u.obj.args, plen, "_args", depth, false) != 0)
       return -1;
     if (walk_seq(c, &x->u.obj.items, plen, depth, vals, "") != 0)
       return -1;
