@@ -1046,8 +1046,8 @@ static struct bs_pv *make_long(struct vm *v, const uint8_t *b, uint64_t n)
 
 static int text_int(struct vm *v, bool is_long)
 {
-  const char *s;
-  size_t n;
+  const char *s = NULL;
+  size_t n = 0;
   if (rd_line(v, &s, &n) != 0)
     return -1;
   if (!is_long && n == 2 && (memcmp(s, "00", 2) == 0 || memcmp(s, "01", 2) == 0)) {
@@ -1122,10 +1122,10 @@ static int step(struct vm *v, bool *stop)
   if (rd_u8(v, &op) != 0)
     return -1;
   v->op = op;
-  const uint8_t *b;
-  uint64_t n;
+  const uint8_t *b = NULL;
+  uint64_t n = 0;
   struct bs_pv *x, *y, *z;
-  size_t first, cnt;
+  size_t first = 0, cnt = 0;
   switch (op) {
   case 0x80: /* PROTO */
     if (rd_bytes(v, 1, &b) != 0)
@@ -1184,8 +1184,8 @@ static int step(struct vm *v, bool *stop)
     }
     return push(v, x);
   case 'F': { /* FLOAT, text */
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     if (rd_line(v, &s, &len) != 0)
       return -1;
     char tmp[MAX_LINE + 1], *endp;
@@ -1308,8 +1308,8 @@ static int step(struct vm *v, bool *stop)
     return memo_put(v, v->memolen, x);
   case 'p': /* PUT, text */
   case 'g': { /* GET, text */
-    const char *s;
-    size_t len;
+    const char *s = NULL;
+    size_t len = 0;
     if (rd_line(v, &s, &len) != 0)
       return -1;
     n = 0;
@@ -1332,8 +1332,8 @@ static int step(struct vm *v, bool *stop)
       return -1;
     return push(v, memo_get(v, n));
   case 'c': { /* GLOBAL */
-    const char *m, *nm;
-    size_t ml, nl;
+    const char *m = NULL, *nm = NULL;
+    size_t ml = 0, nl = 0;
     if (rd_line(v, &m, &ml) != 0)
       return -1;
     size_t moff = (size_t)(m - (const char *)v->buf); /* the buffer may move */

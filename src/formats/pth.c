@@ -774,7 +774,7 @@ static int walk(struct ctx *c, struct bs_pv *x, size_t plen, unsigned depth, boo
 static int walk_child(struct ctx *c, struct bs_pv *x, size_t plen, const char *seg,
                       unsigned depth, bool values)
 {
-  size_t nl;
+  size_t nl = 0;
   if (path_set(c, plen, seg, &nl) != 0)
     return -1;
   return walk(c, x, nl, depth + 1, values);
@@ -1116,7 +1116,7 @@ static int learn_esizes(struct ctx *c)
 {
   for (size_t i = 0; i < c->nfound; i++) {
     const struct bs_pv *t = c->found[i].t;
-    if (t->u.tensor.unsupported || !t->u.tensor.storage)
+    if (!t->u.tensor.storage) /* unsupported tensors still size their storage if they can */
       continue;
     const struct bs_pv *st = t->u.tensor.storage;
     struct rec *r = rec_get(c, st->u.storage.key);

@@ -424,7 +424,8 @@ static char *slurp_str(const char *path)
   return s;
 }
 
-static void check_case(const char *dir, const char *name)
+/* Open a generated case from its file (mem = false) or from memory. */
+static void check_case(const char *dir, const char *name, bool mem)
 {
   char path[2048], mpath[2048], epath[2048];
   snprintf(path, sizeof path, "%s/%s.pth", dir, name);
@@ -436,13 +437,16 @@ static void check_case(const char *dir, const char *name)
   json_t *expect = access(epath, F_OK) == 0 ? json_load_file(epath, 0, &je) : NULL;
   struct bs_catalog cat;
   bs_err e;
-  int rc = open_file(&cat, path, false, &e);
+  size_t flen = 0;
+  uint8_t *fbuf = mem ? bs_test_slurp(path, &flen) : NULL;
+  int rc = mem ? open_mem(&cat, fbuf, flen, false, &e) : open_file(&cat, path, false, &e);
   const char *want_err = expect ? json_string_value(json_object_get(expect, "error")) : NULL;
   if (want_err) {
     cr_expect_eq(rc, -1, "%s: should be refused", name);
     cr_expect(strstr(e.msg, want_err), "%s: error '%s' lacks '%s'", name, e.msg, want_err);
     json_decref(man);
     json_decref(expect);
+    bs_free(fbuf);
     return;
   }
   cr_assert_eq(rc, 0, "%s: %s (offset %llu)", name, e.msg, (unsigned long long)e.off);
@@ -502,6 +506,7 @@ static void check_case(const char *dir, const char *name)
   if (absent)
     cr_expect_neq(access(absent, F_OK), 0, "%s: %s exists: something was executed!", name, absent);
   bs_catalog_destroy(&cat);
+  bs_free(fbuf);
   json_decref(man);
   json_decref(expect);
 }
@@ -534,7 +539,8 @@ Test(pth, files_written_by_real_torch_match_torchs_bytes, .timeout = 280)
       continue;
     char name[512];
     snprintf(name, sizeof name, "%.*s", (int)(n - 4), de->d_name);
-    check_case(dir, name);
+    check_case(dir, name, false);
+    check_case(dir, name, true);
     cases++;
   }
   closedir(d);
