@@ -182,8 +182,8 @@ static int need(struct vm *v, uint64_t n)
   uint64_t avail = v->end - v->start;
   if (n > avail - v->pos)
     return VFAIL(v, EINVAL,
-                 "truncated pickle: opcode 0x%02x needs %" PRIu64 " bytes but the stream has %" PRIu64
-                 " left",
+                 "truncated pickle: opcode 0x%02x needs %" PRIu64
+                 " bytes but the stream has %" PRIu64 " left",
                  v->op, n, avail - v->pos);
   uint64_t want = v->pos + n;
   if (want > BS_PICKLE_MAX_BYTES)
@@ -1401,8 +1401,8 @@ int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, 
   v.err = err;
   *out = NULL;
   if (off > end || end > src->size)
-    return bs_fail(err, EINVAL, off, NULL, "pickle range [%" PRIu64 ", %" PRIu64 ") outside the file",
-                   off, end);
+    return bs_fail(err, EINVAL, off, NULL,
+                   "pickle range [%" PRIu64 ", %" PRIu64 ") outside the file", off, end);
   /* Real pickles number memo entries 0, 1, 2, ...: an index beyond the
    * stream length (plus slack) can only come from a hostile file. */
   v.memo_limit = end - off + 256;

@@ -198,7 +198,10 @@ static void ctx_destroy(struct ctx *c)
   bs_pickle_free(c->p);
 }
 
-static int nomem(struct ctx *c) { return bs_fail(c->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory"); }
+static int nomem(struct ctx *c)
+{
+  return bs_fail(c->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+}
 
 /* The record for storage `key`, created unlocated if new. */
 static struct rec *rec_get(struct ctx *c, const char *key)
@@ -391,7 +394,8 @@ static int zdata_off(struct ctx *c, const struct zent *z, uint64_t *out)
   if (bs_src_read(S(c), z->lho, h, 30, c->err) != 0)
     return -1;
   if (bs_le32(h) != 0x04034b50)
-    return bs_fail(c->err, EINVAL, z->lho, NULL, "corrupt zip: bad local header signature for '%.100s'",
+    return bs_fail(c->err, EINVAL, z->lho, NULL,
+                   "corrupt zip: bad local header signature for '%.100s'",
                    z->name);
   uint64_t d = z->lho + 30 + bs_le16(h + 26) + bs_le16(h + 28);
   if (!bs_range_ok(d, z->csize, S(c)->size))
@@ -485,7 +489,8 @@ static int zinflate(struct ctx *c, const struct zent *z, uint8_t *buf, int fd)
         if (k < 0 && errno == EINTR)
           continue;
         if (k <= 0) {
-          rc = bs_fail(c->err, EIO, BS_OFF_NONE, NULL, "writing the decompressed copy of '%.100s': %s",
+          rc = bs_fail(c->err, EIO, BS_OFF_NONE, NULL,
+                       "writing the decompressed copy of '%.100s': %s",
                        z->name, strerror(errno));
           break;
         }
@@ -945,7 +950,8 @@ static int add_tensor(struct ctx *c, const struct found *f, locate_fn locate)
   if (st->u.storage.has_view) { /* legacy: a slice of the root storage, in elements */
     uint64_t vo, vl, vend;
     if (!bs_add_u64(st->u.storage.view_off, st->u.storage.view_numel, &vend) ||
-        vend > st->u.storage.numel || !bs_mul_u64(st->u.storage.view_off, st->u.storage.esize, &vo) ||
+        vend > st->u.storage.numel ||
+        !bs_mul_u64(st->u.storage.view_off, st->u.storage.esize, &vo) ||
         !bs_mul_u64(st->u.storage.view_numel, st->u.storage.esize, &vl))
       return bs_fail(c->err, EINVAL, r->off, key,
                      "storage view [%" PRIu64 ", +%" PRIu64 ") is outside storage '%.64s' of %"
@@ -1056,7 +1062,8 @@ static int read_zip(struct ctx *c)
       return bs_fail(c->err, ENOTSUP, bo->lho, NULL,
                      "big-endian checkpoint (byteorder record says 'big'): not supported");
     if (!little)
-      return bs_fail(c->err, EINVAL, bo->lho, NULL, "byteorder record is neither 'little' nor 'big'");
+      return bs_fail(c->err, EINVAL, bo->lho, NULL,
+                     "byteorder record is neither 'little' nor 'big'");
   }
   const struct zent *pk = zfind(c, "data.pkl");
   if (!pk)
@@ -1088,7 +1095,8 @@ static int read_zip(struct ctx *c)
   return finish(c, root, zip_locate);
 }
 
-static const uint8_t legacy_magic[10] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+static const uint8_t legacy_magic[10] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9,
+                                        0x20, 0x6a, 0xa8, 0x50, 0x19};
 
 static const struct bs_pv *dict_get(const struct bs_pv *d, const char *key)
 {

@@ -117,7 +117,8 @@ Test(pickle, binint_family_signedness)
 
 Test(pickle, binfloat_is_big_endian)
 {
-  static const char s[] = "\x80\x02(G\x3f\xf0\x00\x00\x00\x00\x00\x00G\xc0\x09\x21\xfb\x54\x44\x2d\x18t.";
+  static const char s[] = "\x80\x02(G\x3f\xf0\x00\x00\x00\x00\x00\x00"
+                          "G\xc0\x09\x21\xfb\x54\x44\x2d\x18t.";
   struct bs_pv *v;
   LOAD_OK(s, &v);
   cr_assert_eq(v->u.seq.items[0]->kind, BS_PV_FLOAT);

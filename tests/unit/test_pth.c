@@ -66,7 +66,8 @@ static uint8_t *read_all(const struct bs_catalog *cat, const struct bs_tensor *t
   for (uint64_t off = 0; off < t->nbytes;) {
     size_t want = t->nbytes - off < 7 ? (size_t)(t->nbytes - off) : 7;
     long r = bs_tensor_read(cat, t, off, b + off, want);
-    cr_assert_eq(r, (long)want, "read of '%s' at %llu gave %ld", t->key, (unsigned long long)off, r);
+    cr_assert_eq(r, (long)want, "read of '%s' at %llu gave %ld", t->key,
+                 (unsigned long long)off, r);
     off += (uint64_t)r;
   }
   return b;
