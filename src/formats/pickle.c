@@ -1,0 +1,1447 @@
+/* Restricted unpickler. The stream is a sequence of opcodes, each one byte
+ * followed by its argument:
+ *   1. PROTO 0x80 u8 version (0..5), optional; FRAME 0x95 u64 length (skipped).
+ *   2. Values: ints (BININT1 u8, BININT2 u16 LE, BININT i32 LE, LONG1 u8 n +
+ *      n bytes two's complement LE, LONG4 i32 n + n bytes, INT/LONG decimal
+ *      lines), BINFLOAT (f64 BIG-endian), strings (SHORT_BINUNICODE u8 len,
+ *      BINUNICODE u32, BINUNICODE8 u64, SHORT_BINSTRING u8, BINSTRING i32),
+ *      bytes (SHORT_BINBYTES u8, BINBYTES u32, BINBYTES8 u64).
+ *   3. Containers built on a stack, with MARK delimiting variable-length
+ *      groups (TUPLE, LIST, DICT, APPENDS, SETITEMS, FROZENSET, ADDITEMS).
+ *   4. Memo: BINPUT u8 / LONG_BINPUT u32 / MEMOIZE store a REFERENCE to the
+ *      top of the stack; BINGET u8 / LONG_BINGET u32 push it again.
+ *   5. GLOBAL "module\nname\n" / STACK_GLOBAL name a class or function;
+ *      REDUCE, NEWOBJ, NEWOBJ_EX "call" it; BUILD sets state; BINPERSID turns
+ *      the tuple on top into a storage reference.
+ *   6. STOP: the result is the top of the stack; more bytes may follow.
+ * Nothing named by a GLOBAL is ever imported or called: known names are
+ * interpreted (tensor rebuilds, OrderedDict, ...), others become opaque. */
+#include "burnstore/pickle.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+
+#define MAX_NOTES 1000u
+#define MAX_LINE 1024u         /* GLOBAL module/name, INT/LONG/FLOAT text lines */
+#define MAX_REBUILD_NESTING 8u /* _rebuild_from_type_v2 wrapping another rebuild */
+#define CHUNK_MIN 65536u
+
+struct chunk {
+  struct chunk *next;
+  size_t used, cap;
+  max_align_t data[];
+};
+
+struct bs_pickle {
+  struct chunk *chunks;
+  uint64_t total;   /* bytes handed out by the arena */
+  char **notes;     /* arena strings */
+  size_t nnotes, notecap;
+  uint64_t notes_dropped;
+};
+
+/* Per-stream state. */
+struct vm {
+  struct bs_pickle *p;
+  const struct bs_src *src;
+  uint64_t start, end; /* source range of the stream */
+  uint8_t *buf;        /* bytes [start, start + len) read so far */
+  size_t len, cap;
+  size_t pos;
+  uint64_t op_pos; /* position of the current opcode */
+  uint8_t op;
+  const struct bs_pickle_opts *opts;
+  struct bs_pv **stack;
+  size_t sp, stackcap;
+  size_t *marks;
+  size_t nmarks, markcap;
+  struct bs_pv **memo;
+  size_t memocap, memolen; /* memolen: entries set (Python's len(memo)) */
+  uint64_t memo_limit;
+  bs_err *err;
+};
+
+/* ---- arena ---------------------------------------------------------------------------------- */
+
+static void *arena_alloc(struct bs_pickle *p, size_t n)
+{
+  n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
+  if (n == 0)
+    n = sizeof(max_align_t);
+  if (n > BS_PICKLE_MAX_ALLOC || p->total > BS_PICKLE_MAX_ALLOC - n)
+    return NULL;
+  struct chunk *c = p->chunks;
+  if (!c || c->cap - c->used < n) {
+    size_t cap = n > CHUNK_MIN ? n : CHUNK_MIN;
+    c = bs_malloc(sizeof *c + cap);
+    if (!c)
+      return NULL;
+    c->next = p->chunks;
+    c->used = 0;
+    c->cap = cap;
+    p->chunks = c;
+  }
+  void *r = (char *)c->data + c->used;
+  c->used += n;
+  p->total += n;
+  memset(r, 0, n);
+  return r;
+}
+
+struct bs_pickle *bs_pickle_new(void) { return bs_calloc(1, sizeof(struct bs_pickle)); }
+
+void bs_pickle_free(struct bs_pickle *p)
+{
+  if (!p)
+    return;
+  for (struct chunk *c = p->chunks, *n; c; c = n) {
+    n = c->next;
+    bs_free(c);
+  }
+  bs_free(p->notes);
+  bs_free(p);
+}
+
+size_t bs_pickle_nnotes(const struct bs_pickle *p) { return p->nnotes; }
+const char *bs_pickle_note(const struct bs_pickle *p, size_t i)
+{
+  return i < p->nnotes ? p->notes[i] : NULL;
+}
+
+static const char *const kind_names[] = {
+    [BS_PV_NONE] = "None",     [BS_PV_BOOL] = "bool",       [BS_PV_INT] = "int",
+    [BS_PV_BIGINT] = "big int", [BS_PV_FLOAT] = "float",    [BS_PV_STR] = "str",
+    [BS_PV_BYTES] = "bytes",   [BS_PV_TUPLE] = "tuple",     [BS_PV_LIST] = "list",
+    [BS_PV_SET] = "set",       [BS_PV_DICT] = "dict",       [BS_PV_GLOBAL] = "global",
+    [BS_PV_OBJECT] = "object", [BS_PV_TENSOR] = "tensor",   [BS_PV_STORAGE] = "storage",
+};
+_Static_assert(sizeof kind_names / sizeof kind_names[0] == BS_PV_COUNT, "kind names");
+
+const char *bs_pv_kind_name(enum bs_pv_kind k) { return k < BS_PV_COUNT ? kind_names[k] : "?"; }
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static uint64_t abs_off(const struct vm *v, uint64_t pos)
+{
+  if (v->opts->base_off == BS_OFF_NONE || pos > UINT64_MAX - v->opts->base_off)
+    return BS_OFF_NONE;
+  return v->opts->base_off + pos;
+}
+
+/* Every VM error names the opcode and its pickle offset. */
+#define VFAIL(v, code, fmt, ...)                                                                   \
+  bs_fail((v)->err, code, abs_off(v, (v)->op_pos), NULL,                                          \
+          "pickle offset %" PRIu64 ": " fmt, (v)->op_pos, __VA_ARGS__)
+
+static int oom(struct vm *v)
+{
+  if (v->p->total >= BS_PICKLE_MAX_ALLOC / 2)
+    return VFAIL(v, EFBIG, "the pickle builds more than %llu bytes of values",
+                 (unsigned long long)BS_PICKLE_MAX_ALLOC);
+  return VFAIL(v, ENOMEM, "%s", "out of memory");
+}
+
+static int add_note(struct vm *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int add_note(struct vm *v, const char *fmt, ...)
+{
+  struct bs_pickle *p = v->p;
+  if (p->nnotes >= MAX_NOTES) {
+    p->notes_dropped++;
+    return 0;
+  }
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  size_t n = strlen(line);
+  char *s = arena_alloc(p, n + 1);
+  if (!s || bs_grow((void **)&p->notes, &p->notecap, p->nnotes + 1, sizeof *p->notes) != 0)
+    return oom(v);
+  memcpy(s, line, n + 1);
+  p->notes[p->nnotes++] = s;
+  return 0;
+}
+
+/* ---- input ---------------------------------------------------------------------------------- */
+
+/* Make bytes [pos, pos + n) available, reading more of the source if needed. */
+static int need(struct vm *v, uint64_t n)
+{
+  uint64_t have = v->len - v->pos;
+  if (n <= have)
+    return 0;
+  uint64_t avail = v->end - v->start;
+  if (n > avail - v->pos)
+    return VFAIL(v, EINVAL,
+                 "truncated pickle: opcode 0x%02x needs %" PRIu64
+                 " bytes but the stream has %" PRIu64 " left",
+                 v->op, n, avail - v->pos);
+  uint64_t want = v->pos + n;
+  if (want > BS_PICKLE_MAX_BYTES)
+    return VFAIL(v, EFBIG, "pickle stream longer than the limit of %u bytes",
+                 (unsigned)BS_PICKLE_MAX_BYTES);
+  uint64_t grow = v->len * 2 > CHUNK_MIN ? v->len * 2 : CHUNK_MIN;
+  if (grow < want)
+    grow = want;
+  if (grow > avail)
+    grow = avail;
+  if (grow > BS_PICKLE_MAX_BYTES)
+    grow = BS_PICKLE_MAX_BYTES;
+  if (grow > v->cap) {
+    uint8_t *nb = bs_realloc(v->buf, (size_t)grow);
+    if (!nb)
+      return VFAIL(v, ENOMEM, "%s", "out of memory");
+    v->buf = nb;
+    v->cap = (size_t)grow;
+  }
+  if (bs_src_read(v->src, v->start + v->len, v->buf + v->len, (size_t)(grow - v->len), v->err) !=
+      0)
+    return -1;
+  v->len = (size_t)grow;
+  return 0;
+}
+
+static int rd_u8(struct vm *v, uint8_t *out)
+{
+  if (need(v, 1) != 0)
+    return -1;
+  *out = v->buf[v->pos++];
+  return 0;
+}
+
+static int rd_bytes(struct vm *v, uint64_t n, const uint8_t **out)
+{
+  if (need(v, n) != 0)
+    return -1;
+  *out = v->buf + v->pos;
+  v->pos += (size_t)n;
+  return 0;
+}
+
+/* A '\n'-terminated line (without the '\n'), at most MAX_LINE bytes. */
+static int rd_line(struct vm *v, const char **out, size_t *len)
+{
+  for (size_t i = 0;; i++) {
+    if (i > MAX_LINE)
+      return VFAIL(v, EINVAL, "text argument of opcode 0x%02x longer than %u bytes", v->op,
+                   MAX_LINE);
+    if (need(v, i + 1) != 0)
+      return -1;
+    if (v->buf[v->pos + i] == '\n') {
+      *out = (const char *)v->buf + v->pos;
+      *len = i;
+      v->pos += i + 1;
+      return 0;
+    }
+  }
+}
+
+/* ---- values --------------------------------------------------------------------------------- */
+
+static struct bs_pv *newv(struct vm *v, enum bs_pv_kind k)
+{
+  struct bs_pv *x = arena_alloc(v->p, sizeof *x);
+  if (!x) {
+    oom(v);
+    return NULL;
+  }
+  x->kind = k;
+  x->pos = v->op_pos;
+  return x;
+}
+
+static char *astrndup(struct vm *v, const char *s, size_t n)
+{
+  char *r = arena_alloc(v->p, n + 1);
+  if (!r) {
+    oom(v);
+    return NULL;
+  }
+  memcpy(r, s, n);
+  r[n] = '\0';
+  return r;
+}
+
+static struct bs_pv *new_str(struct vm *v, enum bs_pv_kind k, const void *s, size_t n)
+{
+  struct bs_pv *x = newv(v, k);
+  if (!x || !(x->u.str.s = astrndup(v, s, n)))
+    return NULL;
+  x->u.str.len = n;
+  return x;
+}
+
+static int seq_push(struct vm *v, struct bs_pv_seq *q, struct bs_pv *item)
+{
+  if (q->n == q->cap) {
+    size_t cap = q->cap ? q->cap * 2 : 4;
+    if (cap > SIZE_MAX / sizeof *q->items)
+      return oom(v);
+    struct bs_pv **ni = arena_alloc(v->p, cap * sizeof *ni);
+    if (!ni)
+      return oom(v);
+    if (q->n)
+      memcpy(ni, q->items, q->n * sizeof *ni);
+    q->items = ni;
+    q->cap = cap;
+  }
+  q->items[q->n++] = item;
+  return 0;
+}
+
+/* ---- stack, marks, memo --------------------------------------------------------------------- */
+
+static int push(struct vm *v, struct bs_pv *x)
+{
+  if (!x)
+    return -1;
+  if (v->sp >= BS_PICKLE_MAX_MEMO)
+    return VFAIL(v, EFBIG, "pickle stack deeper than %u entries", (unsigned)BS_PICKLE_MAX_MEMO);
+  if (bs_grow((void **)&v->stack, &v->stackcap, v->sp + 1, sizeof *v->stack) != 0)
+    return VFAIL(v, ENOMEM, "%s", "out of memory");
+  v->stack[v->sp++] = x;
+  return 0;
+}
+
+static size_t floor_sp(const struct vm *v) { return v->nmarks ? v->marks[v->nmarks - 1] : 0; }
+
+static struct bs_pv *pop(struct vm *v)
+{
+  if (v->sp <= floor_sp(v)) {
+    VFAIL(v, EINVAL, "stack underflow at opcode 0x%02x ('%c')", v->op,
+          v->op >= 0x20 && v->op < 0x7f ? v->op : '?');
+    return NULL;
+  }
+  return v->stack[--v->sp];
+}
+
+static struct bs_pv *top(struct vm *v)
+{
+  if (v->sp <= floor_sp(v)) {
+    VFAIL(v, EINVAL, "stack underflow at opcode 0x%02x ('%c')", v->op,
+          v->op >= 0x20 && v->op < 0x7f ? v->op : '?');
+    return NULL;
+  }
+  return v->stack[v->sp - 1];
+}
+
+/* Pop everything above the most recent MARK and the mark itself; the items
+ * are v->stack[*first .. *first + *n) (still valid until the next push). */
+static int pop_mark(struct vm *v, size_t *first, size_t *n)
+{
+  if (v->nmarks == 0)
+    return VFAIL(v, EINVAL, "opcode 0x%02x needs a MARK but there is none", v->op);
+  size_t m = v->marks[--v->nmarks];
+  *first = m;
+  *n = v->sp - m;
+  v->sp = m;
+  return 0;
+}
+
+static int memo_put(struct vm *v, uint64_t idx, struct bs_pv *x)
+{
+  if (!x)
+    return -1;
+  if (idx >= v->memo_limit)
+    return VFAIL(v, EINVAL, "memo index %" PRIu64 " out of range (limit %" PRIu64 ")", idx,
+                 v->memo_limit);
+  if (idx >= v->memocap) {
+    size_t old = v->memocap;
+    if (bs_grow((void **)&v->memo, &v->memocap, (size_t)idx + 1, sizeof *v->memo) != 0)
+      return VFAIL(v, ENOMEM, "%s", "out of memory");
+    memset(v->memo + old, 0, (v->memocap - old) * sizeof *v->memo);
+  }
+  if (!v->memo[idx])
+    v->memolen++;
+  v->memo[idx] = x;
+  return 0;
+}
+
+static struct bs_pv *memo_get(struct vm *v, uint64_t idx)
+{
+  if (idx >= v->memocap || !v->memo[idx]) {
+    VFAIL(v, EINVAL, "memo index %" PRIu64 " was never stored (bad memo reference)", idx);
+    return NULL;
+  }
+  return v->memo[idx];
+}
+
+/* ---- GLOBAL resolution ---------------------------------------------------------------------- */
+
+static const struct {
+  const char *name;
+  unsigned esize;
+  bool ok;
+  enum bs_dtype dt;
+} storage_table[] = {
+    {"DoubleStorage", 8, true, BS_DT_F64},      {"FloatStorage", 4, true, BS_DT_F32},
+    {"HalfStorage", 2, true, BS_DT_F16},        {"BFloat16Storage", 2, true, BS_DT_BF16},
+    {"LongStorage", 8, true, BS_DT_I64},        {"IntStorage", 4, true, BS_DT_I32},
+    {"ShortStorage", 2, true, BS_DT_I16},       {"CharStorage", 1, true, BS_DT_I8},
+    {"ByteStorage", 1, true, BS_DT_U8},         {"BoolStorage", 1, true, BS_DT_BOOL},
+    {"ComplexFloatStorage", 8, true, BS_DT_C64}, {"ComplexDoubleStorage", 16, true, BS_DT_C128},
+    {"QInt8Storage", 1, true, BS_DT_QI8},       {"QUInt8Storage", 1, true, BS_DT_QU8},
+    {"QInt32Storage", 4, true, BS_DT_QI32},     {"QUInt4x2Storage", 1, false, BS_DT_U8},
+    {"QUInt2x4Storage", 1, false, BS_DT_U8},    {"ComplexHalfStorage", 4, false, BS_DT_U8},
+    {"UntypedStorage", 1, true, BS_DT_U8},      {"_UntypedStorage", 1, true, BS_DT_U8},
+};
+
+bool bs_pickle_storage_dtype(const char *name, unsigned *esize, enum bs_dtype *dt)
+{
+  for (size_t i = 0; i < sizeof storage_table / sizeof storage_table[0]; i++) {
+    if (strcmp(storage_table[i].name, name) == 0) {
+      *esize = storage_table[i].esize;
+      *dt = storage_table[i].dt;
+      return storage_table[i].ok;
+    }
+  }
+  *esize = 0;
+  *dt = BS_DT_U8;
+  return false;
+}
+
+static const struct {
+  const char *name;
+  bool ok;
+  enum bs_dtype dt;
+} dtype_table[] = {
+    {"float64", true, BS_DT_F64},         {"double", true, BS_DT_F64},
+    {"float32", true, BS_DT_F32},         {"float", true, BS_DT_F32},
+    {"float16", true, BS_DT_F16},         {"half", true, BS_DT_F16},
+    {"bfloat16", true, BS_DT_BF16},       {"int64", true, BS_DT_I64},
+    {"long", true, BS_DT_I64},            {"int32", true, BS_DT_I32},
+    {"int", true, BS_DT_I32},             {"int16", true, BS_DT_I16},
+    {"short", true, BS_DT_I16},           {"int8", true, BS_DT_I8},
+    {"uint8", true, BS_DT_U8},            {"uint16", true, BS_DT_U16},
+    {"uint32", true, BS_DT_U32},          {"uint64", true, BS_DT_U64},
+    {"bool", true, BS_DT_BOOL},           {"complex64", true, BS_DT_C64},
+    {"cfloat", true, BS_DT_C64},          {"complex128", true, BS_DT_C128},
+    {"cdouble", true, BS_DT_C128},        {"float8_e5m2", true, BS_DT_F8_E5M2},
+    {"float8_e4m3fn", true, BS_DT_F8_E4M3}, {"float8_e5m2fnuz", true, BS_DT_F8_E5M2FNUZ},
+    {"float8_e4m3fnuz", true, BS_DT_F8_E4M3FNUZ}, {"float8_e8m0fnu", true, BS_DT_F8_E8M0},
+    {"qint8", true, BS_DT_QI8},           {"quint8", true, BS_DT_QU8},
+    {"qint32", true, BS_DT_QI32},         {"complex32", false, BS_DT_U8},
+    {"chalf", false, BS_DT_U8},           {"quint4x2", false, BS_DT_U8},
+    {"quint2x4", false, BS_DT_U8},        {"bits8", false, BS_DT_U8},
+    {"bits16", false, BS_DT_U8},          {"bits1x8", false, BS_DT_U8},
+    {"bits2x4", false, BS_DT_U8},         {"bits4x2", false, BS_DT_U8},
+    {"float4_e2m1fn_x2", false, BS_DT_U8},
+};
+
+static bool starts_with(const char *s, const char *prefix)
+{
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+  size_t a = strlen(s), b = strlen(suffix);
+  return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static void resolve(struct bs_pv *g)
+{
+  const char *m = g->u.glob.module, *n = g->u.glob.name;
+  enum bs_pg k = BS_PG_OPAQUE;
+#define IS(mod, nm) (strcmp(m, mod) == 0 && strcmp(n, nm) == 0)
+  if (IS("collections", "OrderedDict")) {
+    k = BS_PG_ORDERED_DICT;
+  } else if (strcmp(m, "torch._utils") == 0 && starts_with(n, "_rebuild_")) {
+    if (strcmp(n, "_rebuild_tensor_v2") == 0)
+      k = BS_PG_REBUILD_V2;
+    else if (strcmp(n, "_rebuild_tensor_v3") == 0)
+      k = BS_PG_REBUILD_V3;
+    else if (strcmp(n, "_rebuild_tensor") == 0)
+      k = BS_PG_REBUILD_LEGACY;
+    else if (strcmp(n, "_rebuild_qtensor") == 0)
+      k = BS_PG_REBUILD_QTENSOR;
+    else if (strcmp(n, "_rebuild_parameter") == 0 ||
+             strcmp(n, "_rebuild_parameter_with_state") == 0)
+      k = BS_PG_PARAMETER;
+    else
+      k = BS_PG_REBUILD_OTHER;
+  } else if (IS("torch._tensor", "_rebuild_from_type_v2")) {
+    k = BS_PG_FROM_TYPE_V2;
+  } else if (ends_with(n, "Storage")) {
+    k = BS_PG_STORAGE; /* by name alone, as torch does */
+    g->u.glob.dtype_ok = bs_pickle_storage_dtype(n, &g->u.glob.esize, &g->u.glob.dtype);
+  } else if (IS("torch", "Size")) {
+    k = BS_PG_SIZE;
+  } else if (IS("torch", "device")) {
+    k = BS_PG_DEVICE;
+  } else if (IS("torch", "Tensor") || IS("torch._tensor", "Tensor") ||
+             IS("torch.nn.parameter", "Parameter")) {
+    k = BS_PG_TENSOR_CLASS;
+  } else if (IS("_codecs", "encode")) {
+    k = BS_PG_CODECS_ENCODE;
+  } else if (IS("builtins", "set")) {
+    k = BS_PG_SET;
+  } else if (IS("builtins", "frozenset")) {
+    k = BS_PG_FROZENSET;
+  } else if (IS("builtins", "complex")) {
+    k = BS_PG_COMPLEX;
+  } else if (IS("builtins", "bytearray")) {
+    k = BS_PG_BYTEARRAY;
+  } else if (IS("copyreg", "_reconstructor")) {
+    k = BS_PG_RECONSTRUCTOR;
+  } else if (IS("argparse", "Namespace")) {
+    k = BS_PG_NAMESPACE;
+  } else if (starts_with(m, "torch.nn.modules.")) {
+    k = BS_PG_NN_MODULE;
+  } else if (strcmp(m, "torch") == 0) {
+    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++) {
+      if (strcmp(dtype_table[i].name, n) == 0) {
+        k = BS_PG_DTYPE;
+        g->u.glob.dtype_ok = dtype_table[i].ok;
+        g->u.glob.dtype = dtype_table[i].dt;
+        if (dtype_table[i].ok)
+          g->u.glob.esize = bs_dtype_bits(dtype_table[i].dt) / 8;
+        break;
+      }
+    }
+    if (k == BS_PG_OPAQUE &&
+        (starts_with(n, "per_tensor_") || starts_with(n, "per_channel_") ||
+         strcmp(n, "contiguous_format") == 0 || strcmp(n, "channels_last") == 0 ||
+         strcmp(n, "channels_last_3d") == 0 || strcmp(n, "preserve_format") == 0 ||
+         strcmp(n, "strided") == 0 || strcmp(n, "sparse_coo") == 0))
+      k = BS_PG_INERT;
+  }
+#undef IS
+  g->u.glob.kind = k;
+}
+
+static int do_global(struct vm *v, const char *mod, size_t mlen, const char *name, size_t nlen)
+{
+  if (memchr(mod, '\0', mlen) || memchr(name, '\0', nlen))
+    return VFAIL(v, EINVAL, "%s", "GLOBAL name contains a NUL byte");
+  /* Python 2 spellings, as Python 3's pickle writes them with fix_imports. */
+  if (mlen == 11 && memcmp(mod, "__builtin__", 11) == 0) {
+    mod = "builtins";
+    mlen = 8;
+  } else if (mlen == 8 && memcmp(mod, "copy_reg", 8) == 0) {
+    mod = "copyreg";
+    mlen = 7;
+  } else if (mlen == 12 && memcmp(mod, "torch.tensor", 12) == 0) {
+    mod = "torch._tensor";
+    mlen = 13;
+  }
+  struct bs_pv *g = newv(v, BS_PV_GLOBAL);
+  if (!g || !(g->u.glob.module = astrndup(v, mod, mlen)) ||
+      !(g->u.glob.name = astrndup(v, name, nlen)))
+    return -1;
+  resolve(g);
+  if (g->u.glob.kind == BS_PG_OPAQUE && v->opts->strict)
+    return VFAIL(v, ENOTSUP,
+                 "strict mode: the pickle names %s.%s, which is not a known tensor or "
+                 "container type",
+                 g->u.glob.module, g->u.glob.name);
+  return push(v, g);
+}
+
+/* ---- storages and tensors ------------------------------------------------------------------- */
+
+static const char *int_key(struct vm *v, const struct bs_pv *x)
+{
+  if (x->kind == BS_PV_STR) {
+    if (strlen(x->u.str.s) != x->u.str.len) {
+      VFAIL(v, EINVAL, "%s", "storage key contains a NUL byte");
+      return NULL;
+    }
+    return x->u.str.s;
+  }
+  if (x->kind == BS_PV_INT) {
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%" PRId64, x->u.i);
+    return astrndup(v, tmp, (size_t)n);
+  }
+  VFAIL(v, EINVAL, "storage key is a %s, expected a str", bs_pv_kind_name(x->kind));
+  return NULL;
+}
+
+static bool as_u64(const struct bs_pv *x, uint64_t *out)
+{
+  if (x->kind == BS_PV_INT && x->u.i >= 0) {
+    *out = (uint64_t)x->u.i;
+    return true;
+  }
+  if (x->kind == BS_PV_BOOL) {
+    *out = x->u.b;
+    return true;
+  }
+  return false;
+}
+
+static void storage_class(struct bs_pv *s, const struct bs_pv *cls, struct vm *v)
+{
+  if (cls->kind == BS_PV_GLOBAL) {
+    s->u.storage.cls = cls->u.glob.name;
+    if (cls->u.glob.kind == BS_PG_STORAGE) {
+      s->u.storage.dtype_ok = cls->u.glob.dtype_ok;
+      s->u.storage.dtype = cls->u.glob.dtype;
+      s->u.storage.esize = cls->u.glob.esize;
+    }
+  } else if (cls->kind == BS_PV_STR) { /* some writers give the class as a name */
+    s->u.storage.cls = cls->u.str.s;
+    s->u.storage.dtype_ok =
+        bs_pickle_storage_dtype(cls->u.str.s, &s->u.storage.esize, &s->u.storage.dtype);
+  } else {
+    s->u.storage.cls = bs_pv_kind_name(cls->kind);
+  }
+  (void)v;
+}
+
+/* ('storage', cls, key, location, numel[, view_metadata]) -> STORAGE. */
+static struct bs_pv *make_storage(struct vm *v, const struct bs_pv *pid)
+{
+  if (pid->kind != BS_PV_TUPLE || pid->u.seq.n == 0 || pid->u.seq.items[0]->kind != BS_PV_STR) {
+    VFAIL(v, EINVAL, "unsupported persistent id: a %s, expected ('storage', ...)",
+          bs_pv_kind_name(pid->kind));
+    return NULL;
+  }
+  struct bs_pv **it = pid->u.seq.items;
+  size_t n = pid->u.seq.n;
+  const char *tag = it[0]->u.str.s;
+  if (strcmp(tag, "module") == 0) {
+    const char *cls = n > 1 && it[1]->kind == BS_PV_GLOBAL ? it[1]->u.glob.name : "?";
+    VFAIL(v, ENOTSUP,
+          "this file pickles a whole nn.Module (legacy format, class %s); save "
+          "model.state_dict() instead",
+          cls);
+    return NULL;
+  }
+  if (strcmp(tag, "storage") != 0) {
+    VFAIL(v, EINVAL, "unsupported persistent id tag '%.64s' (expected 'storage')", tag);
+    return NULL;
+  }
+  if (n != 5 && n != 6) {
+    VFAIL(v, EINVAL, "storage persistent id has %zu fields, expected 5 or 6", n);
+    return NULL;
+  }
+  struct bs_pv *s = newv(v, BS_PV_STORAGE);
+  if (!s)
+    return NULL;
+  storage_class(s, it[1], v);
+  if (!(s->u.storage.key = int_key(v, it[2])))
+    return NULL;
+  if (!as_u64(it[4], &s->u.storage.numel)) {
+    VFAIL(v, EINVAL, "storage '%.64s': element count is a %s, expected an int >= 0",
+          s->u.storage.key, bs_pv_kind_name(it[4]->kind));
+    return NULL;
+  }
+  if (n == 6 && it[5]->kind != BS_PV_NONE) {
+    const struct bs_pv *vm = it[5];
+    if (vm->kind != BS_PV_TUPLE || vm->u.seq.n != 3 ||
+        !as_u64(vm->u.seq.items[1], &s->u.storage.view_off) ||
+        !as_u64(vm->u.seq.items[2], &s->u.storage.view_numel)) {
+      VFAIL(v, EINVAL, "storage '%.64s': view metadata is not (key, offset, size)",
+            s->u.storage.key);
+      return NULL;
+    }
+    if (!(s->u.storage.view_key = int_key(v, vm->u.seq.items[0])))
+      return NULL;
+    s->u.storage.has_view = true;
+  }
+  return s;
+}
+
+static int int_tuple(struct vm *v, const struct bs_pv *x, const char *what, bool nonneg,
+                     uint32_t *rank, int64_t **out)
+{
+  if (x->kind != BS_PV_TUPLE && x->kind != BS_PV_LIST)
+    return VFAIL(v, EINVAL, "tensor %s is a %s, expected a tuple of ints", what,
+                 bs_pv_kind_name(x->kind));
+  if (x->u.seq.n > BS_MAX_RANK)
+    return VFAIL(v, EINVAL, "tensor %s has %zu dimensions, more than the limit of %u", what,
+                 x->u.seq.n, BS_MAX_RANK);
+  int64_t *a = NULL;
+  if (x->u.seq.n) {
+    a = arena_alloc(v->p, x->u.seq.n * sizeof *a);
+    if (!a)
+      return oom(v);
+  }
+  for (size_t i = 0; i < x->u.seq.n; i++) {
+    const struct bs_pv *e = x->u.seq.items[i];
+    if (e->kind != BS_PV_INT || (nonneg && e->u.i < 0))
+      return VFAIL(v, EINVAL, "tensor %s[%zu] is not an int%s", what, i, nonneg ? " >= 0" : "");
+    a[i] = e->u.i;
+  }
+  *rank = (uint32_t)x->u.seq.n;
+  *out = a;
+  return 0;
+}
+
+static struct bs_pv *unsupported_tensor(struct vm *v, const char *why)
+{
+  struct bs_pv *t = newv(v, BS_PV_TENSOR);
+  if (t)
+    t->u.tensor.unsupported = why;
+  return t;
+}
+
+static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const struct bs_pv *args)
+{
+  enum bs_pg k = g->u.glob.kind;
+  size_t n = args->u.seq.n, min = k == BS_PG_REBUILD_V3 ? 7 : 4;
+  if (n < min) {
+    VFAIL(v, EINVAL, "%s.%s called with %zu arguments, expected at least %zu", g->u.glob.module,
+          g->u.glob.name, n, min);
+    return NULL;
+  }
+  struct bs_pv **a = args->u.seq.items;
+  struct bs_pv *st = a[0];
+  if (st->kind == BS_PV_TUPLE) /* the tar format passes the persistent id itself */
+    st = make_storage(v, st);
+  if (!st)
+    return NULL;
+  if (st->kind != BS_PV_STORAGE) {
+    VFAIL(v, EINVAL, "%s.%s: storage argument is a %s", g->u.glob.module, g->u.glob.name,
+          bs_pv_kind_name(st->kind));
+    return NULL;
+  }
+  struct bs_pv *t = newv(v, BS_PV_TENSOR);
+  if (!t)
+    return NULL;
+  t->u.tensor.storage = st;
+  if (!as_u64(a[1], &t->u.tensor.offset)) {
+    VFAIL(v, EINVAL, "tensor storage offset is a %s, expected an int >= 0",
+          bs_pv_kind_name(a[1]->kind));
+    return NULL;
+  }
+  uint32_t rank, srank;
+  int64_t *shape, *stride;
+  if (int_tuple(v, a[2], "size", true, &rank, &shape) != 0 ||
+      int_tuple(v, a[3], "stride", false, &srank, &stride) != 0)
+    return NULL;
+  if (srank != rank) {
+    VFAIL(v, EINVAL, "tensor has %u sizes but %u strides", rank, srank);
+    return NULL;
+  }
+  t->u.tensor.rank = rank;
+  t->u.tensor.shape = (uint64_t *)shape; /* all >= 0 */
+  t->u.tensor.stride = stride;
+  if (k == BS_PG_REBUILD_V3) {
+    const struct bs_pv *dt = a[6];
+    if (dt->kind != BS_PV_GLOBAL || dt->u.glob.kind != BS_PG_DTYPE) {
+      VFAIL(v, EINVAL, "_rebuild_tensor_v3: dtype argument is a %s, expected a torch dtype",
+            bs_pv_kind_name(dt->kind));
+      return NULL;
+    }
+    if (!dt->u.glob.dtype_ok) {
+      char tmp[160];
+      snprintf(tmp, sizeof tmp, "dtype torch.%s is not supported", dt->u.glob.name);
+      t->u.tensor.unsupported = astrndup(v, tmp, strlen(tmp));
+      return t->u.tensor.unsupported ? t : NULL;
+    }
+    t->u.tensor.dtype_ok = true;
+    t->u.tensor.dtype = dt->u.glob.dtype;
+  } else if (!st->u.storage.dtype_ok || st->u.storage.esize == 0 ||
+             !strcmp(st->u.storage.cls, "UntypedStorage")) {
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "storage class %s is not supported", st->u.storage.cls);
+    t->u.tensor.unsupported = astrndup(v, tmp, strlen(tmp));
+    return t->u.tensor.unsupported ? t : NULL;
+  } else {
+    t->u.tensor.dtype_ok = true;
+    t->u.tensor.dtype = st->u.storage.dtype;
+  }
+  return t;
+}
+
+/* ---- calls ---------------------------------------------------------------------------------- */
+
+static struct bs_pv *make_object(struct vm *v, struct bs_pv *cls, struct bs_pv *args)
+{
+  struct bs_pv *o = newv(v, BS_PV_OBJECT);
+  if (!o)
+    return NULL;
+  o->u.obj.cls = cls;
+  o->u.obj.args = args;
+  if (cls->kind == BS_PV_GLOBAL && cls->u.glob.kind == BS_PG_OPAQUE &&
+      add_note(v, "skipped object of class %s.%s at pickle offset %" PRIu64, cls->u.glob.module,
+               cls->u.glob.name, v->op_pos) != 0)
+    return NULL;
+  return o;
+}
+
+static struct bs_pv *set_from(struct vm *v, const struct bs_pv *args)
+{
+  struct bs_pv *s = newv(v, BS_PV_SET);
+  if (!s)
+    return NULL;
+  if (args && args->u.seq.n > 0) {
+    const struct bs_pv *src = args->u.seq.items[0];
+    if (src->kind == BS_PV_LIST || src->kind == BS_PV_TUPLE || src->kind == BS_PV_SET)
+      for (size_t i = 0; i < src->u.seq.n; i++)
+        if (seq_push(v, &s->u.seq, src->u.seq.items[i]) != 0)
+          return NULL;
+  }
+  return s;
+}
+
+static bool is_hashable(const struct bs_pv *k)
+{
+  return k->kind != BS_PV_LIST && k->kind != BS_PV_DICT && k->kind != BS_PV_SET;
+}
+
+static int dict_set(struct vm *v, struct bs_pv *d, struct bs_pv *k, struct bs_pv *val)
+{
+  if (!is_hashable(k))
+    return VFAIL(v, EINVAL, "unhashable dict key (a %s)", bs_pv_kind_name(k->kind));
+  if (d->kind == BS_PV_DICT)
+    return seq_push(v, &d->u.dict.keys, k) || seq_push(v, &d->u.dict.vals, val) ? -1 : 0;
+  return seq_push(v, &d->u.obj.dkeys, k) || seq_push(v, &d->u.obj.dvals, val) ? -1 : 0;
+}
+
+static struct bs_pv *refuse_module(struct vm *v, const struct bs_pv *cls)
+{
+  VFAIL(v, ENOTSUP,
+        "this file pickles a whole nn.Module (%s.%s); save model.state_dict() instead",
+        cls->u.glob.module, cls->u.glob.name);
+  return NULL;
+}
+
+static struct bs_pv *call_new(struct vm *v, struct bs_pv *cls, struct bs_pv *args)
+{
+  if (cls->kind != BS_PV_GLOBAL) {
+    VFAIL(v, EINVAL, "NEWOBJ on a %s, which is not a class", bs_pv_kind_name(cls->kind));
+    return NULL;
+  }
+  switch (cls->u.glob.kind) {
+  case BS_PG_NN_MODULE:
+    return refuse_module(v, cls);
+  case BS_PG_ORDERED_DICT: {
+    struct bs_pv *d = newv(v, BS_PV_DICT);
+    if (d)
+      d->u.dict.ordered = true;
+    return d;
+  }
+  case BS_PG_SET:
+  case BS_PG_FROZENSET:
+    return set_from(v, args);
+  case BS_PG_TENSOR_CLASS:
+    if (args && args->u.seq.n > 0 && args->u.seq.items[0]->kind == BS_PV_TENSOR)
+      return args->u.seq.items[0];
+    return make_object(v, cls, args);
+  default:
+    return make_object(v, cls, args);
+  }
+}
+
+static struct bs_pv *call(struct vm *v, struct bs_pv *f, struct bs_pv *args, unsigned nesting)
+{
+  if (f->kind != BS_PV_GLOBAL) {
+    VFAIL(v, EINVAL, "REDUCE on a %s, which cannot be called", bs_pv_kind_name(f->kind));
+    return NULL;
+  }
+  if (args->kind != BS_PV_TUPLE) {
+    VFAIL(v, EINVAL, "REDUCE arguments are a %s, expected a tuple", bs_pv_kind_name(args->kind));
+    return NULL;
+  }
+  size_t n = args->u.seq.n;
+  struct bs_pv **a = args->u.seq.items;
+  switch (f->u.glob.kind) {
+  case BS_PG_ORDERED_DICT: {
+    struct bs_pv *d = newv(v, BS_PV_DICT);
+    if (!d)
+      return NULL;
+    d->u.dict.ordered = true;
+    if (n > 0 && (a[0]->kind == BS_PV_LIST || a[0]->kind == BS_PV_TUPLE)) {
+      for (size_t i = 0; i < a[0]->u.seq.n; i++) {
+        const struct bs_pv *pair = a[0]->u.seq.items[i];
+        if ((pair->kind != BS_PV_TUPLE && pair->kind != BS_PV_LIST) || pair->u.seq.n != 2) {
+          VFAIL(v, EINVAL, "%s", "OrderedDict item is not a (key, value) pair");
+          return NULL;
+        }
+        if (dict_set(v, d, pair->u.seq.items[0], pair->u.seq.items[1]) != 0)
+          return NULL;
+      }
+    } else if (n > 0 && a[0]->kind == BS_PV_DICT) {
+      for (size_t i = 0; i < a[0]->u.dict.keys.n; i++)
+        if (dict_set(v, d, a[0]->u.dict.keys.items[i], a[0]->u.dict.vals.items[i]) != 0)
+          return NULL;
+    }
+    return d;
+  }
+  case BS_PG_REBUILD_V2:
+  case BS_PG_REBUILD_V3:
+  case BS_PG_REBUILD_LEGACY:
+  case BS_PG_REBUILD_QTENSOR:
+    return make_tensor(v, f, args);
+  case BS_PG_REBUILD_OTHER: {
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "torch._utils.%s tensors are not supported", f->u.glob.name);
+    const char *why = astrndup(v, tmp, strlen(tmp));
+    return why ? unsupported_tensor(v, why) : NULL;
+  }
+  case BS_PG_PARAMETER:
+    if (n == 0) {
+      VFAIL(v, EINVAL, "%s called without arguments", f->u.glob.name);
+      return NULL;
+    }
+    return a[0];
+  case BS_PG_FROM_TYPE_V2:
+    if (n < 3 || a[2]->kind != BS_PV_TUPLE) {
+      VFAIL(v, EINVAL, "%s", "_rebuild_from_type_v2 needs (func, type, args, state)");
+      return NULL;
+    }
+    if (nesting >= MAX_REBUILD_NESTING) {
+      VFAIL(v, EINVAL, "_rebuild_from_type_v2 nested more than %u deep", MAX_REBUILD_NESTING);
+      return NULL;
+    }
+    return call(v, a[0], a[2], nesting + 1);
+  case BS_PG_SIZE:
+    if (n > 0 && (a[0]->kind == BS_PV_TUPLE || a[0]->kind == BS_PV_LIST))
+      return a[0];
+    return newv(v, BS_PV_TUPLE);
+  case BS_PG_DEVICE:
+    if (n > 0 && a[0]->kind == BS_PV_STR)
+      return a[0];
+    return make_object(v, f, args);
+  case BS_PG_CODECS_ENCODE: {
+    if (n < 1 || a[0]->kind != BS_PV_STR)
+      return make_object(v, f, args);
+    bool latin1 = n > 1 && a[1]->kind == BS_PV_STR &&
+                  (!strcmp(a[1]->u.str.s, "latin1") || !strcmp(a[1]->u.str.s, "latin-1"));
+    const uint8_t *s = (const uint8_t *)a[0]->u.str.s;
+    size_t len = a[0]->u.str.len, o = 0;
+    struct bs_pv *b = new_str(v, BS_PV_BYTES, s, len);
+    if (!b || !latin1)
+      return b;
+    /* UTF-8 code points below 256 -> one byte each */
+    for (size_t i = 0; i < len; i++) {
+      if (s[i] < 0x80) {
+        b->u.str.s[o++] = (char)s[i];
+      } else if ((s[i] & 0xE0) == 0xC0 && i + 1 < len && s[i] <= 0xC3) {
+        b->u.str.s[o++] = (char)(((s[i] & 0x03) << 6) | (s[i + 1] & 0x3F));
+        i++;
+      } else {
+        VFAIL(v, EINVAL, "%s", "_codecs.encode: character outside latin-1");
+        return NULL;
+      }
+    }
+    b->u.str.s[o] = '\0';
+    b->u.str.len = o;
+    return b;
+  }
+  case BS_PG_SET:
+  case BS_PG_FROZENSET:
+    return set_from(v, args);
+  case BS_PG_BYTEARRAY:
+    if (n > 0 && a[0]->kind == BS_PV_BYTES)
+      return a[0];
+    return new_str(v, BS_PV_BYTES, "", 0);
+  case BS_PG_RECONSTRUCTOR:
+    if (n < 1) {
+      VFAIL(v, EINVAL, "%s", "copyreg._reconstructor called without a class");
+      return NULL;
+    }
+    return call_new(v, a[0], NULL);
+  case BS_PG_NN_MODULE:
+    return refuse_module(v, f);
+  case BS_PG_TENSOR_CLASS:
+    return call_new(v, f, args);
+  default:
+    return make_object(v, f, args);
+  }
+}
+
+static bool dict_has_str(const struct bs_pv *d, const char *key)
+{
+  for (size_t i = 0; i < d->u.dict.keys.n; i++) {
+    const struct bs_pv *k = d->u.dict.keys.items[i];
+    if (k->kind == BS_PV_STR && strcmp(k->u.str.s, key) == 0)
+      return true;
+  }
+  return false;
+}
+
+static int build(struct vm *v, struct bs_pv *target, struct bs_pv *state)
+{
+  switch (target->kind) {
+  case BS_PV_DICT:
+    if (!target->u.dict.ordered)
+      return VFAIL(v, EINVAL, "%s", "BUILD on a plain dict (a dict has no attributes)");
+    target->u.dict.attrs = state; /* e.g. state_dict._metadata: ignored */
+    return 0;
+  case BS_PV_OBJECT:
+    if (state->kind == BS_PV_DICT && dict_has_str(state, "_parameters") &&
+        dict_has_str(state, "_modules") && target->u.obj.cls->kind == BS_PV_GLOBAL) {
+      refuse_module(v, target->u.obj.cls);
+      return -1;
+    }
+    target->u.obj.state = state;
+    return 0;
+  case BS_PV_TENSOR:
+    return 0; /* Python attributes of a tensor */
+  default:
+    return VFAIL(v, EINVAL, "BUILD on a %s", bs_pv_kind_name(target->kind));
+  }
+}
+
+static int append_to(struct vm *v, struct bs_pv *target, struct bs_pv **items, size_t n)
+{
+  struct bs_pv_seq *q;
+  if (target->kind == BS_PV_LIST)
+    q = &target->u.seq;
+  else if (target->kind == BS_PV_OBJECT)
+    q = &target->u.obj.items;
+  else
+    return VFAIL(v, EINVAL, "APPEND to a %s", bs_pv_kind_name(target->kind));
+  for (size_t i = 0; i < n; i++)
+    if (seq_push(v, q, items[i]) != 0)
+      return -1;
+  return 0;
+}
+
+static int setitems(struct vm *v, struct bs_pv *target, struct bs_pv **items, size_t n)
+{
+  if (target->kind != BS_PV_DICT && target->kind != BS_PV_OBJECT)
+    return VFAIL(v, EINVAL, "SETITEM on a %s", bs_pv_kind_name(target->kind));
+  if (n % 2)
+    return VFAIL(v, EINVAL, "SETITEMS with an odd number (%zu) of items", n);
+  for (size_t i = 0; i < n; i += 2)
+    if (dict_set(v, target, items[i], items[i + 1]) != 0)
+      return -1;
+  return 0;
+}
+
+/* ---- numbers -------------------------------------------------------------------------------- */
+
+/* n bytes of two's complement, little-endian. */
+static struct bs_pv *make_long(struct vm *v, const uint8_t *b, uint64_t n)
+{
+  bool neg = n > 0 && (b[n - 1] & 0x80);
+  bool fits = true;
+  for (uint64_t i = 8; i < n; i++)
+    if (b[i] != (neg ? 0xFF : 0x00))
+      fits = false;
+  if (fits && n > 8 && ((b[7] & 0x80) != 0) != neg)
+    fits = false;
+  if (!fits) {
+    if (n > 1024 * 1024) {
+      VFAIL(v, ENOTSUP, "integer of %" PRIu64 " bytes", n);
+      return NULL;
+    }
+    return new_str(v, BS_PV_BIGINT, b, (size_t)n);
+  }
+  uint64_t u = neg ? UINT64_MAX : 0;
+  for (uint64_t i = 0; i < n && i < 8; i++) {
+    u &= ~((uint64_t)0xFF << (8 * i));
+    u |= (uint64_t)b[i] << (8 * i);
+  }
+  struct bs_pv *x = newv(v, BS_PV_INT);
+  if (x)
+    x->u.i = (int64_t)u;
+  return x;
+}
+
+static int text_int(struct vm *v, bool is_long)
+{
+  const char *s = NULL;
+  size_t n = 0;
+  if (rd_line(v, &s, &n) != 0)
+    return -1;
+  if (!is_long && n == 2 && (memcmp(s, "00", 2) == 0 || memcmp(s, "01", 2) == 0)) {
+    struct bs_pv *x = newv(v, BS_PV_BOOL);
+    if (x)
+      x->u.b = s[1] == '1';
+    return push(v, x);
+  }
+  if (is_long && n > 0 && s[n - 1] == 'L')
+    n--;
+  char tmp[MAX_LINE + 1];
+  memcpy(tmp, s, n);
+  tmp[n] = '\0';
+  char *endp;
+  errno = 0;
+  long long val = strtoll(tmp, &endp, 10);
+  if (n == 0 || *endp != '\0' || errno == ERANGE)
+    return VFAIL(v, EINVAL, "bad or too big decimal integer '%.40s'", tmp);
+  struct bs_pv *x = newv(v, BS_PV_INT);
+  if (x)
+    x->u.i = val;
+  return push(v, x);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------- */
+
+static int str_op(struct vm *v, enum bs_pv_kind k, uint64_t n)
+{
+  const uint8_t *b;
+  if (rd_bytes(v, n, &b) != 0)
+    return -1;
+  return push(v, new_str(v, k, b, (size_t)n));
+}
+
+static int len_arg(struct vm *v, unsigned width, uint64_t *n)
+{
+  const uint8_t *b;
+  if (rd_bytes(v, width, &b) != 0)
+    return -1;
+  if (width == 1)
+    *n = b[0];
+  else if (width == 4)
+    *n = bs_le32(b);
+  else
+    *n = bs_le64(b);
+  return 0;
+}
+
+static const char *opcode_name(uint8_t op)
+{
+  switch (op) {
+  case 'P': return "PERSID";
+  case 'S': return "STRING";
+  case 'V': return "UNICODE";
+  case 'i': return "INST";
+  case 'o': return "OBJ";
+  case 0x82: return "EXT1";
+  case 0x83: return "EXT2";
+  case 0x84: return "EXT4";
+  case 0x96: return "BYTEARRAY8";
+  case 0x97: return "NEXT_BUFFER";
+  case 0x98: return "READONLY_BUFFER";
+  default: return NULL;
+  }
+}
+
+static int step(struct vm *v, bool *stop)
+{
+  uint8_t op;
+  v->op_pos = v->pos;
+  v->op = 0;
+  if (rd_u8(v, &op) != 0)
+    return -1;
+  v->op = op;
+  const uint8_t *b = NULL;
+  uint64_t n = 0;
+  struct bs_pv *x, *y, *z;
+  size_t first = 0, cnt = 0;
+  switch (op) {
+  case 0x80: /* PROTO */
+    if (rd_bytes(v, 1, &b) != 0)
+      return -1;
+    if (b[0] > 5)
+      return VFAIL(v, ENOTSUP, "pickle protocol %u is newer than 5", b[0]);
+    return 0;
+  case 0x95: /* FRAME: the length is only a hint */
+    return rd_bytes(v, 8, &b);
+  case '.': /* STOP */
+    *stop = true;
+    return 0;
+  case '(': /* MARK */
+    if (v->nmarks >= BS_PICKLE_MAX_DEPTH)
+      return VFAIL(v, EINVAL, "MARKs nested deeper than %u", BS_PICKLE_MAX_DEPTH);
+    if (bs_grow((void **)&v->marks, &v->markcap, v->nmarks + 1, sizeof *v->marks) != 0)
+      return VFAIL(v, ENOMEM, "%s", "out of memory");
+    v->marks[v->nmarks++] = v->sp;
+    return 0;
+  case 'N':
+    return push(v, newv(v, BS_PV_NONE));
+  case 0x88: /* NEWTRUE */
+  case 0x89: /* NEWFALSE */
+    if ((x = newv(v, BS_PV_BOOL)))
+      x->u.b = op == 0x88;
+    return push(v, x);
+  case 'K': /* BININT1 */
+  case 'M': /* BININT2 */
+  case 'J': /* BININT */
+    if (rd_bytes(v, op == 'K' ? 1 : op == 'M' ? 2 : 4, &b) != 0)
+      return -1;
+    if ((x = newv(v, BS_PV_INT)))
+      x->u.i = op == 'K' ? b[0] : op == 'M' ? bs_le16(b) : (int32_t)bs_le32(b);
+    return push(v, x);
+  case 0x8A: /* LONG1 */
+  case 0x8B: /* LONG4 */
+    if (len_arg(v, op == 0x8A ? 1 : 4, &n) != 0)
+      return -1;
+    if (op == 0x8B && n > INT32_MAX)
+      return VFAIL(v, EINVAL, "%s", "LONG4 with a negative length");
+    if (rd_bytes(v, n, &b) != 0)
+      return -1;
+    return push(v, make_long(v, b, n));
+  case 'I':
+    return text_int(v, false);
+  case 'L':
+    return text_int(v, true);
+  case 'G': /* BINFLOAT, big-endian */
+    if (rd_bytes(v, 8, &b) != 0)
+      return -1;
+    if ((x = newv(v, BS_PV_FLOAT))) {
+      uint64_t u = 0;
+      for (int i = 0; i < 8; i++)
+        u = (u << 8) | b[i];
+      memcpy(&x->u.f, &u, sizeof u);
+    }
+    return push(v, x);
+  case 'F': { /* FLOAT, text */
+    const char *s = NULL;
+    size_t len = 0;
+    if (rd_line(v, &s, &len) != 0)
+      return -1;
+    char tmp[MAX_LINE + 1], *endp;
+    memcpy(tmp, s, len);
+    tmp[len] = '\0';
+    double d = strtod(tmp, &endp);
+    if (len == 0 || *endp != '\0')
+      return VFAIL(v, EINVAL, "bad float '%.40s'", tmp);
+    if ((x = newv(v, BS_PV_FLOAT)))
+      x->u.f = d;
+    return push(v, x);
+  }
+  case 0x8C: /* SHORT_BINUNICODE */
+  case 'X':  /* BINUNICODE */
+  case 0x8D: /* BINUNICODE8 */
+    if (len_arg(v, op == 0x8C ? 1 : op == 'X' ? 4 : 8, &n) != 0)
+      return -1;
+    return str_op(v, BS_PV_STR, n);
+  case 'U': /* SHORT_BINSTRING */
+  case 'T': /* BINSTRING */
+    if (len_arg(v, op == 'U' ? 1 : 4, &n) != 0)
+      return -1;
+    if (op == 'T' && n > INT32_MAX)
+      return VFAIL(v, EINVAL, "%s", "BINSTRING with a negative length");
+    return str_op(v, BS_PV_STR, n);
+  case 'C':  /* SHORT_BINBYTES */
+  case 'B':  /* BINBYTES */
+  case 0x8E: /* BINBYTES8 */
+    if (len_arg(v, op == 'C' ? 1 : op == 'B' ? 4 : 8, &n) != 0)
+      return -1;
+    return str_op(v, BS_PV_BYTES, n);
+  case ')':
+    return push(v, newv(v, BS_PV_TUPLE));
+  case ']':
+    return push(v, newv(v, BS_PV_LIST));
+  case '}':
+    return push(v, newv(v, BS_PV_DICT));
+  case 0x8F: /* EMPTY_SET */
+    return push(v, newv(v, BS_PV_SET));
+  case 0x85: /* TUPLE1..3 */
+  case 0x86:
+  case 0x87:
+    cnt = (size_t)(op - 0x84);
+    if (v->sp - floor_sp(v) < cnt || v->sp < cnt)
+      return VFAIL(v, EINVAL, "stack underflow: TUPLE%zu needs %zu items", cnt, cnt);
+    if (!(x = newv(v, BS_PV_TUPLE)))
+      return -1;
+    for (size_t i = v->sp - cnt; i < v->sp; i++)
+      if (seq_push(v, &x->u.seq, v->stack[i]) != 0)
+        return -1;
+    v->sp -= cnt;
+    return push(v, x);
+  case 't':  /* TUPLE */
+  case 'l':  /* LIST */
+  case 0x91: /* FROZENSET */
+    if (pop_mark(v, &first, &cnt) != 0)
+      return -1;
+    if (!(x = newv(v, op == 't' ? BS_PV_TUPLE : op == 'l' ? BS_PV_LIST : BS_PV_SET)))
+      return -1;
+    for (size_t i = 0; i < cnt; i++)
+      if (seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
+        return -1;
+    return push(v, x);
+  case 'd': /* DICT */
+    if (pop_mark(v, &first, &cnt) != 0)
+      return -1;
+    if (!(x = newv(v, BS_PV_DICT)))
+      return -1;
+    if (setitems(v, x, v->stack + first, cnt) != 0)
+      return -1;
+    return push(v, x);
+  case 'a': /* APPEND */
+    if (!(y = pop(v)) || !(x = top(v)))
+      return -1;
+    return append_to(v, x, &y, 1);
+  case 'e': /* APPENDS */
+    if (pop_mark(v, &first, &cnt) != 0 || !(x = top(v)))
+      return -1;
+    return append_to(v, x, v->stack + first, cnt);
+  case 0x90: /* ADDITEMS */
+    if (pop_mark(v, &first, &cnt) != 0 || !(x = top(v)))
+      return -1;
+    if (x->kind != BS_PV_SET)
+      return VFAIL(v, EINVAL, "ADDITEMS to a %s", bs_pv_kind_name(x->kind));
+    for (size_t i = 0; i < cnt; i++)
+      if (seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
+        return -1;
+    return 0;
+  case 's': /* SETITEM */
+    if (!(z = pop(v)) || !(y = pop(v)) || !(x = top(v)))
+      return -1;
+    {
+      struct bs_pv *kv[2] = {y, z};
+      return setitems(v, x, kv, 2);
+    }
+  case 'u': /* SETITEMS */
+    if (pop_mark(v, &first, &cnt) != 0 || !(x = top(v)))
+      return -1;
+    return setitems(v, x, v->stack + first, cnt);
+  case '0': /* POP */
+    if (v->sp > floor_sp(v)) {
+      v->sp--;
+      return 0;
+    }
+    return pop_mark(v, &first, &cnt);
+  case '1': /* POP_MARK */
+    return pop_mark(v, &first, &cnt);
+  case '2': /* DUP */
+    if (!(x = top(v)))
+      return -1;
+    return push(v, x);
+  case 'q': /* BINPUT */
+  case 'r': /* LONG_BINPUT */
+    if (len_arg(v, op == 'q' ? 1 : 4, &n) != 0 || !(x = top(v)))
+      return -1;
+    return memo_put(v, n, x);
+  case 0x94: /* MEMOIZE */
+    if (!(x = top(v)))
+      return -1;
+    return memo_put(v, v->memolen, x);
+  case 'p': /* PUT, text */
+  case 'g': { /* GET, text */
+    const char *s = NULL;
+    size_t len = 0;
+    if (rd_line(v, &s, &len) != 0)
+      return -1;
+    n = 0;
+    if (len == 0 || len > 19)
+      return VFAIL(v, EINVAL, "%s", "bad memo index");
+    for (size_t i = 0; i < len; i++) {
+      if (s[i] < '0' || s[i] > '9')
+        return VFAIL(v, EINVAL, "%s", "bad memo index");
+      n = n * 10 + (uint64_t)(s[i] - '0');
+    }
+    if (op == 'g')
+      return push(v, memo_get(v, n));
+    if (!(x = top(v)))
+      return -1;
+    return memo_put(v, n, x);
+  }
+  case 'h': /* BINGET */
+  case 'j': /* LONG_BINGET */
+    if (len_arg(v, op == 'h' ? 1 : 4, &n) != 0)
+      return -1;
+    return push(v, memo_get(v, n));
+  case 'c': { /* GLOBAL */
+    const char *m = NULL, *nm = NULL;
+    size_t ml = 0, nl = 0;
+    if (rd_line(v, &m, &ml) != 0)
+      return -1;
+    size_t moff = (size_t)(m - (const char *)v->buf); /* the buffer may move */
+    if (rd_line(v, &nm, &nl) != 0)
+      return -1;
+    m = (const char *)v->buf + moff;
+    return do_global(v, m, ml, nm, nl);
+  }
+  case 0x93: /* STACK_GLOBAL */
+    if (!(y = pop(v)) || !(x = pop(v)))
+      return -1;
+    if (x->kind != BS_PV_STR || y->kind != BS_PV_STR)
+      return VFAIL(v, EINVAL, "STACK_GLOBAL needs two str, got %s and %s",
+                   bs_pv_kind_name(x->kind), bs_pv_kind_name(y->kind));
+    if (x->u.str.len > MAX_LINE || y->u.str.len > MAX_LINE)
+      return VFAIL(v, EINVAL, "STACK_GLOBAL name longer than %u bytes", MAX_LINE);
+    return do_global(v, x->u.str.s, x->u.str.len, y->u.str.s, y->u.str.len);
+  case 'R': /* REDUCE */
+    if (!(y = pop(v)) || !(x = pop(v)))
+      return -1;
+    return push(v, call(v, x, y, 0));
+  case 0x81: /* NEWOBJ */
+    if (!(y = pop(v)) || !(x = pop(v)))
+      return -1;
+    if (y->kind != BS_PV_TUPLE)
+      return VFAIL(v, EINVAL, "NEWOBJ arguments are a %s, expected a tuple",
+                   bs_pv_kind_name(y->kind));
+    return push(v, call_new(v, x, y));
+  case 0x92: /* NEWOBJ_EX: cls, args, kwargs (kwargs dropped) */
+    if (!(z = pop(v)) || !(y = pop(v)) || !(x = pop(v)))
+      return -1;
+    if (y->kind != BS_PV_TUPLE)
+      return VFAIL(v, EINVAL, "NEWOBJ_EX arguments are a %s, expected a tuple",
+                   bs_pv_kind_name(y->kind));
+    return push(v, call_new(v, x, y));
+  case 'b': /* BUILD */
+    if (!(y = pop(v)) || !(x = top(v)))
+      return -1;
+    return build(v, x, y);
+  case 'Q': /* BINPERSID */
+    if (!(x = pop(v)))
+      return -1;
+    return push(v, make_storage(v, x));
+  default: {
+    const char *name = opcode_name(op);
+    if (name)
+      return VFAIL(v, ENOTSUP, "unsupported pickle opcode 0x%02x (%s)", op, name);
+    return VFAIL(v, EINVAL, "unknown pickle opcode 0x%02x: not a pickle stream, or corrupt", op);
+  }
+  }
+}
+
+int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, uint64_t end,
+                   const struct bs_pickle_opts *opts, struct bs_pv **out, uint64_t *stop_end,
+                   bs_err *err)
+{
+  static const struct bs_pickle_opts defaults = {.strict = false, .base_off = 0};
+  struct vm v;
+  memset(&v, 0, sizeof v);
+  v.p = p;
+  v.src = src;
+  v.start = off;
+  v.end = end;
+  v.opts = opts ? opts : &defaults;
+  v.err = err;
+  *out = NULL;
+  if (off > end || end > src->size)
+    return bs_fail(err, EINVAL, off, NULL,
+                   "pickle range [%" PRIu64 ", %" PRIu64 ") outside the file", off, end);
+  /* Real pickles number memo entries 0, 1, 2, ...: an index beyond the
+   * stream length (plus slack) can only come from a hostile file. */
+  v.memo_limit = end - off + 256;
+  if (v.memo_limit > BS_PICKLE_MAX_MEMO)
+    v.memo_limit = BS_PICKLE_MAX_MEMO;
+  uint64_t dropped_before = p->notes_dropped;
+  int rc = 0;
+  bool stop = false;
+  while (!stop) {
+    if (v.pos == end - off) {
+      rc = bs_fail(err, EINVAL, abs_off(&v, v.pos), NULL,
+                   "pickle offset %zu: truncated pickle: the stream ends without STOP", v.pos);
+      break;
+    }
+    if ((rc = step(&v, &stop)) != 0)
+      break;
+  }
+  if (rc == 0) {
+    if (v.sp == 0)
+      rc = VFAIL(&v, EINVAL, "%s", "STOP with an empty stack");
+    else
+      *out = v.stack[v.sp - 1];
+  }
+  if (rc == 0 && p->notes_dropped > dropped_before) {
+    /* make room for the summary by reusing the last slot */
+    char line[128];
+    snprintf(line, sizeof line, "... and %" PRIu64 " more skipped objects",
+             p->notes_dropped - dropped_before);
+    char *s = arena_alloc(p, strlen(line) + 1);
+    if (s && p->nnotes) {
+      strcpy(s, line);
+      p->notes[p->nnotes - 1] = s;
+    }
+  }
+  if (rc == 0 && stop_end)
+    *stop_end = off + v.pos;
+  bs_free(v.buf);
+  bs_free(v.stack);
+  bs_free(v.marks);
+  bs_free(v.memo);
+  return rc;
+}

@@ -1,0 +1,466 @@
+/* The restricted unpickler on hand-built opcode streams. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "burnstore/pickle.h"
+
+static struct bs_pickle *P;
+static struct bs_src SRC;
+static uint8_t *BUF;
+
+static void teardown(void)
+{
+  bs_pickle_free(P);
+  bs_src_destroy(&SRC);
+  bs_free(BUF);
+  P = NULL;
+  BUF = NULL;
+}
+
+TestSuite(pickle, .fini = teardown);
+
+/* Unpickle `len` bytes; the value stays valid until teardown. */
+static int load_opts(const void *bytes, size_t len, bool strict, uint64_t base, struct bs_pv **out,
+                     bs_err *err)
+{
+  bs_err_clear(err);
+  if (!P)
+    P = bs_pickle_new();
+  cr_assert_not_null(P);
+  bs_src_destroy(&SRC);
+  bs_free(BUF);
+  BUF = bs_malloc(len ? len : 1);
+  memcpy(BUF, bytes, len);
+  cr_assert_eq(bs_src_init_mem(&SRC, BUF, len, "t.pkl", err), 0);
+  struct bs_pickle_opts o = {.strict = strict, .base_off = base};
+  return bs_pickle_load(P, &SRC, 0, len, &o, out, NULL, err);
+}
+
+static int load(const void *bytes, size_t len, struct bs_pv **out, bs_err *err)
+{
+  return load_opts(bytes, len, false, 0, out, err);
+}
+
+#define LOAD_OK(arr, out)                                                                          \
+  do {                                                                                             \
+    bs_err e_;                                                                                     \
+    int rc_ = load(arr, sizeof(arr) - 1, out, &e_);                                                \
+    cr_assert_eq(rc_, 0, "load failed: %s", e_.msg);                                               \
+  } while (0)
+
+Test(pickle, memo_holds_references_so_a_dict_filled_after_binput_is_seen_filled)
+{
+  /* L = []; memo0 = L; D = {}; memo1 = D; L.append(D); memo1['k'] = 7; return L */
+  static const char s[] = "\x80\x02]q\x00}q\x01" "ah\x01X\x01\x00\x00\x00kK\x07s0.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->kind, BS_PV_LIST);
+  cr_assert_eq(v->u.seq.n, 1);
+  struct bs_pv *d = v->u.seq.items[0];
+  cr_assert_eq(d->kind, BS_PV_DICT);
+  cr_assert_eq(d->u.dict.keys.n, 1);
+  cr_assert_str_eq(d->u.dict.keys.items[0]->u.str.s, "k");
+  cr_assert_eq(d->u.dict.vals.items[0]->u.i, 7);
+}
+
+Test(pickle, nested_marks_build_nested_tuples)
+{
+  static const char s[] = "\x80\x02((K\x01K\x02t(K\x03tt.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->kind, BS_PV_TUPLE);
+  cr_assert_eq(v->u.seq.n, 2);
+  cr_assert_eq(v->u.seq.items[0]->u.seq.n, 2);
+  cr_assert_eq(v->u.seq.items[0]->u.seq.items[1]->u.i, 2);
+  cr_assert_eq(v->u.seq.items[1]->u.seq.n, 1);
+  cr_assert_eq(v->u.seq.items[1]->u.seq.items[0]->u.i, 3);
+}
+
+Test(pickle, long1_is_signed_twos_complement)
+{
+  struct bs_pv *v;
+  static const char m1[] = "\x80\x02\x8a\x01\xff.";
+  LOAD_OK(m1, &v);
+  cr_assert_eq(v->kind, BS_PV_INT);
+  cr_assert_eq(v->u.i, -1);
+  static const char m2[] = "\x80\x02\x8a\x02\x00\x80.";
+  LOAD_OK(m2, &v);
+  cr_assert_eq(v->u.i, -32768);
+  static const char z[] = "\x80\x02\x8a\x00.";
+  LOAD_OK(z, &v);
+  cr_assert_eq(v->u.i, 0);
+  static const char big[] = "\x80\x02\x8a\x05\x00\xcb\x4c\x00\x01.";
+  LOAD_OK(big, &v);
+  cr_assert_eq(v->u.i, 4300000000LL);
+  static const char pos9[] = "\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\x7f\x00.";
+  LOAD_OK(pos9, &v);
+  cr_assert_eq(v->u.i, INT64_MAX);
+  static const char huge[] = "\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01.";
+  LOAD_OK(huge, &v);
+  cr_assert_eq(v->kind, BS_PV_BIGINT);
+  cr_assert_eq(v->u.str.len, 9);
+}
+
+Test(pickle, binint_family_signedness)
+{
+  static const char s[] = "\x80\x02(K\xffM\xff\xffJ\xff\xff\xff\xfft.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->u.seq.items[0]->u.i, 255);
+  cr_assert_eq(v->u.seq.items[1]->u.i, 65535);
+  cr_assert_eq(v->u.seq.items[2]->u.i, -1);
+}
+
+Test(pickle, binfloat_is_big_endian)
+{
+  static const char s[] = "\x80\x02(G\x3f\xf0\x00\x00\x00\x00\x00\x00"
+                          "G\xc0\x09\x21\xfb\x54\x44\x2d\x18t.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->u.seq.items[0]->kind, BS_PV_FLOAT);
+  cr_assert_eq(v->u.seq.items[0]->u.f, 1.0);
+  cr_assert_eq(v->u.seq.items[1]->u.f, -3.141592653589793);
+}
+
+Test(pickle, protocol4_frame_stack_global_memoize)
+{
+  /* OrderedDict([('a', 1)]) as protocol 4 writes it */
+  static const char s[] = "\x80\x04\x95\x2a\x00\x00\x00\x00\x00\x00\x00"
+                          "\x8c\x0b" "collections\x94\x8c\x0b" "OrderedDict\x94\x93\x94)R\x94"
+                          "\x8c\x01" "a\x94K\x01sh\x00h\x03s.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->kind, BS_PV_DICT);
+  cr_assert(v->u.dict.ordered);
+  cr_assert_eq(v->u.dict.keys.n, 2);
+  cr_assert_str_eq(v->u.dict.keys.items[0]->u.str.s, "a");
+  cr_assert_eq(v->u.dict.vals.items[0]->u.i, 1);
+  /* memo 0 = 'collections', 3 = the OrderedDict itself (MEMOIZE numbering) */
+  cr_assert_str_eq(v->u.dict.keys.items[1]->u.str.s, "collections");
+  cr_assert_eq(v->u.dict.vals.items[1], v);
+}
+
+Test(pickle, python2_names_are_mapped_and_set_is_built)
+{
+  static const char s[] = "\x80\x02" "c__builtin__\nset\n]K\x01" "aK\x02" "a\x85R.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->kind, BS_PV_SET);
+  cr_assert_eq(v->u.seq.n, 2);
+}
+
+Test(pickle, text_opcodes_dict_list_int_long_dup_pop_mark)
+{
+  static const char s[] = "\x80\x02(I01\nL12L\nI-5\nl2(U\x01xF0.5\nd(N1(N000.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  /* stack: [list, list(dup), dict]; POP_MARK removed (None), POP removed the dict... */
+  cr_assert_eq(v->kind, BS_PV_LIST);
+  cr_assert_eq(v->u.seq.n, 3);
+  cr_assert_eq(v->u.seq.items[0]->kind, BS_PV_BOOL);
+  cr_assert(v->u.seq.items[0]->u.b);
+  cr_assert_eq(v->u.seq.items[1]->u.i, 12);
+  cr_assert_eq(v->u.seq.items[2]->u.i, -5);
+}
+
+Test(pickle, strings_and_bytes_and_codecs_encode)
+{
+  static const char s[] = "\x80\x03(U\x02hiT\x02\x00\x00\x00yoC\x02\x00\x01"
+                          "B\x01\x00\x00\x00z" "c_codecs\nencode\nX\x02\x00\x00\x00\xc3\xbf"
+                          "X\x06\x00\x00\x00latin1\x86Rt.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->u.seq.n, 5);
+  cr_assert_str_eq(v->u.seq.items[0]->u.str.s, "hi");
+  cr_assert_str_eq(v->u.seq.items[1]->u.str.s, "yo");
+  cr_assert_eq(v->u.seq.items[2]->kind, BS_PV_BYTES);
+  cr_assert_eq(v->u.seq.items[2]->u.str.len, 2);
+  cr_assert_eq(v->u.seq.items[4]->kind, BS_PV_BYTES);
+  cr_assert_eq(v->u.seq.items[4]->u.str.len, 1);
+  cr_assert_eq((uint8_t)v->u.seq.items[4]->u.str.s[0], 0xff);
+}
+
+/* {'w': _rebuild_tensor_v2(pid, 2, (2, 3), (3, 1), False, OrderedDict())} */
+#define TENSOR_PICKLE(cls)                                                                        \
+  "\x80\x02}X\x01\x00\x00\x00w" "ctorch._utils\n_rebuild_tensor_v2\n"                              \
+  "((X\x07\x00\x00\x00storagectorch\n" cls "\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x08tQ" \
+  "K\x02K\x02K\x03\x86K\x03K\x01\x86\x89" "ccollections\nOrderedDict\n)RtRs."
+
+Test(pickle, rebuild_tensor_v2_gives_a_tensor_with_its_storage)
+{
+  static const char s[] = TENSOR_PICKLE("FloatStorage");
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  struct bs_pv *t = v->u.dict.vals.items[0];
+  cr_assert_eq(t->kind, BS_PV_TENSOR);
+  cr_assert_null(t->u.tensor.unsupported);
+  cr_assert_eq(t->u.tensor.dtype, BS_DT_F32);
+  cr_assert_eq(t->u.tensor.rank, 2);
+  cr_assert_eq(t->u.tensor.shape[1], 3);
+  cr_assert_eq(t->u.tensor.stride[0], 3);
+  cr_assert_eq(t->u.tensor.offset, 2);
+  cr_assert_str_eq(t->u.tensor.storage->u.storage.key, "0");
+  cr_assert_eq(t->u.tensor.storage->u.storage.numel, 8);
+  cr_assert_eq(t->u.tensor.storage->u.storage.esize, 4);
+}
+
+Test(pickle, byte_storage_is_uint8)
+{
+  static const char s[] = TENSOR_PICKLE("ByteStorage");
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->u.dict.vals.items[0]->u.tensor.dtype, BS_DT_U8);
+}
+
+Test(pickle, unknown_storage_class_gives_an_unsupported_tensor_not_a_guess)
+{
+  static const char s[] = TENSOR_PICKLE("QUInt4x2Storage");
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  struct bs_pv *t = v->u.dict.vals.items[0];
+  cr_assert_eq(t->kind, BS_PV_TENSOR);
+  cr_assert_not_null(t->u.tensor.unsupported);
+  cr_assert(strstr(t->u.tensor.unsupported, "QUInt4x2Storage"));
+}
+
+Test(pickle, os_system_is_never_called_and_is_reported)
+{
+  static const char s[] = "\x80\x02" "cos\nsystem\nX\x0b\x00\x00\x00touch /tmp/\x85R.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->kind, BS_PV_OBJECT);
+  cr_assert_str_eq(v->u.obj.cls->u.glob.module, "os");
+  cr_assert_str_eq(v->u.obj.args->u.seq.items[0]->u.str.s, "touch /tmp/");
+  cr_assert_eq(bs_pickle_nnotes(P), 1);
+  cr_assert_str_eq(bs_pickle_note(P, 0), "skipped object of class os.system at pickle offset 30");
+}
+
+Test(pickle, strict_mode_refuses_an_unknown_global_naming_it)
+{
+  static const char s[] = "\x80\x02" "cposix\nsystem\nX\x01\x00\x00\x00x\x85R.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load_opts(s, sizeof s - 1, true, 100, &v, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert_eq(e.off, 102);
+  cr_assert(strstr(e.msg, "strict mode"), "%s", e.msg);
+  cr_assert(strstr(e.msg, "posix.system"), "%s", e.msg);
+}
+
+Test(pickle, strict_mode_accepts_torch_globals)
+{
+  static const char s[] = TENSOR_PICKLE("HalfStorage");
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load_opts(s, sizeof s - 1, true, 0, &v, &e), 0, "%s", e.msg);
+  cr_assert_eq(v->u.dict.vals.items[0]->u.tensor.dtype, BS_DT_F16);
+}
+
+Test(pickle, whole_nn_module_is_refused_with_the_state_dict_hint)
+{
+  static const char s[] = "\x80\x02" "ctorch.nn.modules.linear\nLinear\n)\x81}b.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert_eq(e.off, 35);
+  cr_assert(strstr(e.msg, "this file pickles a whole nn.Module (torch.nn.modules.linear.Linear); "
+                          "save model.state_dict() instead"),
+            "%s", e.msg);
+}
+
+Test(pickle, user_module_class_with_parameters_state_is_refused)
+{
+  static const char s[] = "\x80\x02" "c__main__\nNet\n)\x81}(X\x0b\x00\x00\x00_parametersN"
+                          "X\x08\x00\x00\x00_modulesNub.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert(strstr(e.msg, "(__main__.Net); save model.state_dict() instead"), "%s", e.msg);
+}
+
+Test(pickle, mark_bomb_is_a_clean_error)
+{
+  size_t n = 2 + BS_PICKLE_MAX_DEPTH + 10;
+  char *s = malloc(n);
+  s[0] = (char)0x80;
+  s[1] = 2;
+  memset(s + 2, '(', n - 2);
+  struct bs_pv *v;
+  bs_err e;
+  int rc = load(s, n, &v, &e);
+  free(s);
+  cr_assert_eq(rc, -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 2 + BS_PICKLE_MAX_DEPTH);
+  cr_assert(strstr(e.msg, "MARKs nested deeper than"), "%s", e.msg);
+}
+
+Test(pickle, deeply_nested_lists_load_without_recursion)
+{
+  size_t depth = 100000, n = 2 + depth + (depth - 1) + 1;
+  char *s = malloc(n);
+  s[0] = (char)0x80;
+  s[1] = 2;
+  memset(s + 2, ']', depth);
+  memset(s + 2 + depth, 'a', depth - 1);
+  s[n - 1] = '.';
+  struct bs_pv *v;
+  bs_err e;
+  int rc = load(s, n, &v, &e);
+  free(s);
+  cr_assert_eq(rc, 0, "%s", e.msg);
+  cr_assert_eq(v->kind, BS_PV_LIST);
+}
+
+Test(pickle, binget_of_an_unset_memo_index_fails)
+{
+  static const char s[] = "\x80\x02h\x05.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 2);
+  cr_assert(strstr(e.msg, "memo index 5 was never stored"), "%s", e.msg);
+}
+
+Test(pickle, long_binput_beyond_the_stream_is_out_of_range)
+{
+  static const char s[] = "\x80\x02Nr\xff\xff\xff\xff.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 3);
+  cr_assert(strstr(e.msg, "memo index 4294967295 out of range"), "%s", e.msg);
+}
+
+Test(pickle, string_longer_than_the_stream_is_truncated)
+{
+  static const char s[] = "\x80\x02X\x10\x00\x00\x00" "abc";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load_opts(s, sizeof s - 1, false, 1000, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 1002);
+  cr_assert(strstr(e.msg, "truncated pickle"), "%s", e.msg);
+}
+
+Test(pickle, stream_without_stop_is_truncated)
+{
+  static const char s[] = "\x80\x02N";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 3);
+  cr_assert(strstr(e.msg, "ends without STOP"), "%s", e.msg);
+}
+
+Test(pickle, unknown_opcode_is_named_with_its_offset)
+{
+  static const char s[] = "\x80\x02N\xff.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 3);
+  cr_assert(strstr(e.msg, "pickle offset 3: unknown pickle opcode 0xff"), "%s", e.msg);
+}
+
+Test(pickle, text_persid_is_unsupported)
+{
+  static const char s[] = "\x80\x02P0\n.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert_eq(e.off, 2);
+  cr_assert(strstr(e.msg, "PERSID"), "%s", e.msg);
+}
+
+Test(pickle, stack_underflow_is_an_error)
+{
+  static const char s[] = "\x80\x02(a.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 3);
+  cr_assert(strstr(e.msg, "stack underflow"), "%s", e.msg);
+}
+
+Test(pickle, missing_mark_is_an_error)
+{
+  static const char s[] = "\x80\x02Nt.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 3);
+  cr_assert(strstr(e.msg, "needs a MARK"), "%s", e.msg);
+}
+
+Test(pickle, build_on_a_plain_dict_is_an_error)
+{
+  static const char s[] = "\x80\x02}}b.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 4);
+  cr_assert(strstr(e.msg, "BUILD on a plain dict"), "%s", e.msg);
+}
+
+Test(pickle, reduce_on_a_non_callable_is_an_error)
+{
+  static const char s[] = "\x80\x02K\x01)R.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 5);
+  cr_assert(strstr(e.msg, "REDUCE on a int"), "%s", e.msg);
+}
+
+Test(pickle, protocol_6_is_refused)
+{
+  static const char s[] = "\x80\x06N.";
+  struct bs_pv *v;
+  bs_err e;
+  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert_eq(e.off, 0);
+  cr_assert(strstr(e.msg, "protocol 6"), "%s", e.msg);
+}
+
+Test(pickle, failing_allocations_give_enomem_and_no_leak)
+{
+  static const char s[] = TENSOR_PICKLE("FloatStorage");
+  for (long n = 0; n < 40; n++) {
+    struct bs_pv *v;
+    bs_err e;
+    bs_pickle_free(P);
+    P = NULL;
+    bs_src_destroy(&SRC);
+    bs_free(BUF);
+    BUF = NULL;
+    P = bs_pickle_new();
+    BUF = bs_malloc(sizeof s);
+    memcpy(BUF, s, sizeof s);
+    bs_err_clear(&e);
+    cr_assert_eq(bs_src_init_mem(&SRC, BUF, sizeof s - 1, "t", &e), 0);
+    bs_alloc_fail_after(n);
+    int rc = bs_pickle_load(P, &SRC, 0, sizeof s - 1, NULL, &v, NULL, &e);
+    bs_alloc_fail_after(-1);
+    if (rc == 0)
+      return;
+    cr_assert_eq(e.code, ENOMEM, "n=%ld: %s", n, e.msg);
+  }
+  cr_assert_fail("never succeeded");
+}

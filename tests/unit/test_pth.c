@@ -1,0 +1,939 @@
+/* The PyTorch reader: burn's fixture files (keys, dtypes, shapes and values of
+ * MANIFEST.md), files written by real torch at test time, and hand-built
+ * archives for the failure paths. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bs_test.h"
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "burnstore/formats.h"
+
+#define TD BS_SHARED_DIR "/fixtures/burn/burn-store/src/pytorch/tests/reader/test_data/"
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static int open_file(struct bs_catalog *cat, const char *path, bool strict, bs_err *err)
+{
+  struct bs_src src;
+  bs_catalog_init(cat);
+  bs_err_clear(err);
+  if (bs_src_open(&src, path, err) != 0)
+    return -1;
+  struct bs_open_opts o = {.strict = strict};
+  return bs_open_any(cat, &src, &o, err);
+}
+
+static int open_mem(struct bs_catalog *cat, const void *buf, size_t len, bool strict, bs_err *err)
+{
+  struct bs_src src;
+  bs_catalog_init(cat);
+  bs_err_clear(err);
+  if (bs_src_init_mem(&src, buf, len, "mem.pt", err) != 0)
+    return -1;
+  struct bs_open_opts o = {.strict = strict};
+  return bs_open_any(cat, &src, &o, err);
+}
+
+static void must_open(struct bs_catalog *cat, const char *path)
+{
+  bs_err e;
+  char msg[512];
+  int rc = open_file(cat, path, false, &e);
+  cr_assert_eq(rc, 0, "%s", bs_err_format(&e, path, msg, sizeof msg));
+}
+
+static const struct bs_tensor *get(const struct bs_catalog *cat, const char *key)
+{
+  long i = bs_catalog_find(cat, key);
+  cr_assert_geq(i, 0, "no tensor '%s'", key);
+  return &cat->tensors[i];
+}
+
+/* The whole tensor, read in odd-sized pieces to exercise the gather. */
+static uint8_t *read_all(const struct bs_catalog *cat, const struct bs_tensor *t)
+{
+  uint8_t *b = bs_malloc(t->nbytes + 1);
+  cr_assert_not_null(b);
+  for (uint64_t off = 0; off < t->nbytes;) {
+    size_t want = t->nbytes - off < 7 ? (size_t)(t->nbytes - off) : 7;
+    long r = bs_tensor_read(cat, t, off, b + off, want);
+    cr_assert_eq(r, (long)want, "read of '%s' at %llu gave %ld", t->key,
+                 (unsigned long long)off, r);
+    off += (uint64_t)r;
+  }
+  return b;
+}
+
+static void expect_f32(const struct bs_catalog *cat, const char *key, const float *want, size_t n)
+{
+  const struct bs_tensor *t = get(cat, key);
+  cr_assert_eq(t->dtype, BS_DT_F32, "%s", key);
+  cr_assert_eq(t->nbytes, n * 4, "%s", key);
+  float *got = (float *)read_all(cat, t);
+  for (size_t i = 0; i < n; i++)
+    cr_expect(fabsf(got[i] - want[i]) <= 1e-6f || (isnan(got[i]) && isnan(want[i])) ||
+                  got[i] == want[i],
+              "%s[%zu] = %g, want %g", key, i, got[i], want[i]);
+  bs_free(got);
+}
+
+static void expect_bytes(const struct bs_catalog *cat, const char *key, enum bs_dtype dt,
+                         const void *want, size_t n)
+{
+  const struct bs_tensor *t = get(cat, key);
+  cr_assert_eq(t->dtype, dt, "%s: dtype %s", key, bs_dtype_name(t->dtype));
+  cr_assert_eq(t->nbytes, n, "%s", key);
+  uint8_t *got = read_all(cat, t);
+  cr_expect_eq(memcmp(got, want, n), 0, "%s: bytes differ", key);
+  bs_free(got);
+}
+
+/* ---- MANIFEST.md: every .pt and .tar with its keys, dtypes and shapes ----------------------- */
+
+struct mtensor {
+  char key[256];
+  char dtype[16];
+  uint32_t rank;
+  uint64_t shape[8];
+};
+
+/* "`k` F32[3, 2]; `k2` I64[] — non-tensor entries: ..." */
+static size_t parse_tensors(const char *col, struct mtensor *out, size_t max)
+{
+  size_t n = 0;
+  const char *end = strstr(col, "\xe2\x80\x94"); /* em dash ends the tensor list */
+  const char *p = col;
+  while (n < max) {
+    const char *a = strchr(p, '`');
+    if (!a || (end && a > end))
+      break;
+    const char *b = strchr(a + 1, '`');
+    cr_assert_not_null(b);
+    struct mtensor *m = &out[n];
+    memset(m, 0, sizeof *m);
+    snprintf(m->key, sizeof m->key, "%.*s", (int)(b - a - 1), a + 1);
+    const char *d = b + 1;
+    while (*d == ' ')
+      d++;
+    const char *br = strchr(d, '[');
+    cr_assert_not_null(br);
+    snprintf(m->dtype, sizeof m->dtype, "%.*s", (int)(br - d), d);
+    if (strcmp(m->dtype, "Bool") == 0)
+      strcpy(m->dtype, "BOOL");
+    const char *q = br + 1;
+    while (*q != ']') {
+      char *e;
+      m->shape[m->rank++] = strtoull(q, &e, 10);
+      q = e;
+      while (*q == ',' || *q == ' ')
+        q++;
+    }
+    p = q + 1;
+    n++;
+  }
+  return n;
+}
+
+Test(pth, every_manifest_pt_and_tar_has_its_keys_dtypes_and_shapes)
+{
+  size_t mlen;
+  char *man = (char *)bs_test_slurp(BS_SHARED_DIR "/fixtures/burn/MANIFEST.md", &mlen);
+  man[mlen] = '\0';
+  int files = 0;
+  for (char *line = strtok(man, "\n"); line; line = strtok(NULL, "\n")) {
+    if (strncmp(line, "| `", 3) != 0)
+      continue;
+    char *pe = strchr(line + 3, '`');
+    *pe = '\0';
+    const char *rel = line + 3;
+    size_t rl = strlen(rel);
+    bool pt = rl > 3 && strcmp(rel + rl - 3, ".pt") == 0;
+    bool tar = rl > 4 && strcmp(rel + rl - 4, ".tar") == 0;
+    if ((!pt && !tar) ||
+        (strncmp(rel, "burn-store/", 11) != 0 && strncmp(rel, "examples/", 9) != 0))
+      continue;
+    /* the 5th column */
+    char *col = pe + 1;
+    for (int k = 0; k < 4; k++) {
+      col = strchr(col + 1, '|');
+      cr_assert_not_null(col, "%s: bad table row", rel);
+    }
+    static struct mtensor want[64];
+    size_t n = parse_tensors(col, want, 64);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/fixtures/burn/%s", BS_SHARED_DIR, rel);
+    struct bs_catalog cat;
+    bs_err e;
+    int rc = open_file(&cat, path, false, &e);
+    files++;
+    if (n == 0) { /* broken.pt */
+      cr_expect_eq(rc, -1, "%s should be refused", rel);
+      bs_catalog_destroy(&cat);
+      continue;
+    }
+    cr_assert_eq(rc, 0, "%s: %s", rel, e.msg);
+    cr_expect_eq(cat.count, n, "%s: %zu tensors, manifest lists %zu", rel, cat.count, n);
+    for (size_t i = 0; i < n && i < cat.count; i++) {
+      const struct bs_tensor *t = &cat.tensors[i];
+      cr_expect_str_eq(t->key, want[i].key, "%s: tensor %zu", rel, i);
+      cr_expect_str_eq(bs_dtype_name(t->dtype), want[i].dtype, "%s: %s", rel, t->key);
+      cr_expect_eq(t->rank, want[i].rank, "%s: %s rank", rel, t->key);
+      for (uint32_t d = 0; d < t->rank && d < want[i].rank; d++)
+        cr_expect_eq(t->shape[d], want[i].shape[d], "%s: %s dim %u", rel, t->key, d);
+      uint8_t *b = read_all(&cat, t); /* every byte must be readable */
+      bs_free(b);
+    }
+    bs_catalog_destroy(&cat);
+  }
+  cr_expect_geq(files, 60, "only %d .pt/.tar rows found in MANIFEST.md", files);
+  bs_free(man);
+}
+
+/* ---- asserted values ------------------------------------------------------------------------ */
+
+Test(pth, float_files_have_their_values)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "float32.pt");
+  expect_f32(&cat, "tensor", (const float[]){1.0f, 2.5f, -3.7f, 0.0f}, 4);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "float64.pt");
+  expect_bytes(&cat, "tensor", BS_DT_F64, (const double[]){1.1, 2.2, 3.3}, 24);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "float16.pt"); /* 1.5, -2.25, 3.125 */
+  expect_bytes(&cat, "tensor", BS_DT_F16, (const uint16_t[]){0x3E00, 0xC080, 0x4240}, 6);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "bfloat16.pt"); /* 1.5, -2.5, 3.5 */
+  expect_bytes(&cat, "tensor", BS_DT_BF16, (const uint16_t[]){0x3FC0, 0xC020, 0x4060}, 6);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "special_values.pt");
+  expect_f32(&cat, "tensor", (const float[]){NAN, INFINITY, -INFINITY, 0.0f, 1.0f}, 5);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "extreme_values.pt");
+  expect_f32(&cat, "tensor", (const float[]){1e-30f, 1e30f, -1e-30f, -1e30f}, 4);
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth, integer_and_bool_files_have_their_values)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "int64.pt");
+  expect_bytes(&cat, "tensor", BS_DT_I64, (const int64_t[]){100, -200, 300, 0}, 32);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "int32.pt");
+  expect_bytes(&cat, "tensor", BS_DT_I32, (const int32_t[]){10, 20, -30}, 12);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "int16.pt");
+  expect_bytes(&cat, "tensor", BS_DT_I16, (const int16_t[]){1000, -2000, 3000}, 6);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "int8.pt");
+  expect_bytes(&cat, "tensor", BS_DT_I8, (const int8_t[]){127, -128, 0, 50}, 4);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "uint8.pt"); /* ByteStorage is uint8, not int8 */
+  expect_bytes(&cat, "tensor", BS_DT_U8, (const uint8_t[]){0, 128, 255, 42}, 4);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "bool.pt");
+  expect_bytes(&cat, "tensor", BS_DT_BOOL, (const uint8_t[]){1, 0, 1, 1, 0}, 5);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "buffers.pt");
+  expect_bytes(&cat, "buffer1", BS_DT_I32, (const int32_t[]){1, 2, 3}, 12);
+  expect_bytes(&cat, "buffer2", BS_DT_BOOL, (const uint8_t[]){1, 0}, 2);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "mixed_types.pt");
+  expect_f32(&cat, "float32", (const float[]){1, 2}, 2);
+  expect_bytes(&cat, "int64", BS_DT_I64, (const int64_t[]){100, 200}, 16);
+  expect_bytes(&cat, "bool", BS_DT_BOOL, (const uint8_t[]){1, 0}, 2);
+  expect_bytes(&cat, "float64", BS_DT_F64, (const double[]){1.1, 2.2}, 16);
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth, shapes_scalar_empty_large_and_parameter)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "tensor_2d.pt");
+  expect_f32(&cat, "tensor", (const float[]){1, 2, 3, 4, 5, 6}, 6);
+  cr_assert_eq(get(&cat, "tensor")->shape[0], 3);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "scalar.pt");
+  cr_assert_eq(get(&cat, "tensor")->rank, 0);
+  expect_f32(&cat, "tensor", (const float[]){42.0f}, 1);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "empty.pt");
+  cr_assert_eq(get(&cat, "tensor")->rank, 1);
+  cr_assert_eq(get(&cat, "tensor")->shape[0], 0);
+  cr_assert_eq(get(&cat, "tensor")->nbytes, 0);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "large_shape.pt");
+  const struct bs_tensor *t = get(&cat, "tensor");
+  float *v = (float *)read_all(&cat, t);
+  cr_assert_eq(v[0], 1.0f);
+  cr_assert_eq(v[50 * 100 + 50], 2.0f);
+  cr_assert_eq(v[99 * 100 + 99], 3.0f);
+  cr_assert_eq(v[1], 0.0f);
+  bs_free(v);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "parameter.pt");
+  cr_assert_eq(get(&cat, "param")->rank, 2);
+  cr_assert_eq(get(&cat, "param")->nbytes, 36);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "state_dict.pt");
+  expect_f32(&cat, "running_mean", (const float[]){0, 0, 0}, 3);
+  expect_f32(&cat, "running_var", (const float[]){1, 1, 1}, 3);
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth, checkpoint_values_json_has_epoch_and_loss)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "checkpoint.pt");
+  cr_assert_not_null(cat.values_json);
+  json_error_t je;
+  json_t *j = json_loads(cat.values_json, 0, &je);
+  cr_assert_not_null(j, "%s", cat.values_json);
+  cr_assert_eq(json_integer_value(json_object_get(j, "epoch")), 42);
+  cr_assert_float_eq(json_real_value(json_object_get(j, "loss")), 0.123, 1e-12);
+  json_decref(j);
+  get(&cat, "optimizer_state_dict.state.0.momentum_buffer");
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, BS_SHARED_DIR "/fixtures/burn/burn-store/pytorch-tests/tests/config/"
+                                "weights_with_config.pt");
+  j = json_loads(cat.values_json, 0, &je);
+  cr_assert_not_null(j);
+  cr_assert_eq(json_integer_value(json_object_get(j, "my_config.d_model")), 512);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "my_config.some_str")), "hello");
+  cr_assert(json_is_true(json_object_get(j, "my_config.some_bool")));
+  cr_assert_eq(json_array_size(json_object_get(j, "my_config.some_list_int")), 3);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "my_config.some_dict.some_key")),
+                   "some_value");
+  json_decref(j);
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth, legacy_files_have_their_values_and_shared_storages)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "simple_legacy.pt");
+  cr_assert_eq(cat.count, 3);
+  cr_assert_eq(get(&cat, "weight")->nbytes, 24);
+  expect_f32(&cat, "bias", (const float[]){1, 1}, 2);
+  expect_f32(&cat, "running_mean", (const float[]){0, 0}, 2);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "legacy_uncloned_views.pt");
+  float w1[10], w2[10];
+  for (int i = 0; i < 10; i++) {
+    w1[i] = (float)(10 + i);
+    w2[i] = (float)(50 + i);
+  }
+  expect_f32(&cat, "tensor1", w1, 10);
+  expect_f32(&cat, "tensor2", w2, 10);
+  cr_assert_eq(get(&cat, "tensor2")->off - get(&cat, "tensor1")->off, 40 * 4);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "legacy_with_offsets.pt");
+  float t1[10];
+  for (int i = 0; i < 10; i++)
+    t1[i] = 1.0f + 0.01f * (float)i;
+  expect_f32(&cat, "tensor1", t1, 10);
+  expect_f32(&cat, "tensor2", (const float[]){2.0f, 2.1f, 2.2f, 2.3f, 2.4f}, 5);
+  expect_f32(&cat, "tensor3", (const float[]){3.0f, 3.1f, 3.2f, 3.3f, 3.4f}, 5);
+  bs_catalog_destroy(&cat);
+
+  must_open(&cat, TD "legacy_shared_storage.pt");
+  cr_assert_eq(get(&cat, "view2")->nbytes, 80);
+  bs_free(read_all(&cat, get(&cat, "view3")));
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth, tar_files_have_their_values)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "tar_float32.tar");
+  expect_f32(&cat, "tensor", (const float[]){1.0f, 2.5f, -3.7f, 0.0f}, 4);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "tar_float64.tar");
+  expect_bytes(&cat, "tensor", BS_DT_F64, (const double[]){1.1, 2.2, 3.3}, 24);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "tar_int64.tar");
+  expect_bytes(&cat, "tensor", BS_DT_I64, (const int64_t[]){100, -200, 300, 0}, 32);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "tar_weight_bias.tar");
+  expect_f32(&cat, "weight", (const float[]){0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}, 6);
+  expect_f32(&cat, "bias", (const float[]){0.01f, 0.02f}, 2);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "tar_multi_dtype.tar");
+  expect_f32(&cat, "float_tensor", (const float[]){1.5f, 2.5f, 3.5f}, 3);
+  expect_bytes(&cat, "double_tensor", BS_DT_F64, (const double[]){1.111, 2.222}, 16);
+  expect_bytes(&cat, "int_tensor", BS_DT_I64, (const int64_t[]){10, 20, 30, 40}, 32);
+  bs_catalog_destroy(&cat);
+  must_open(&cat, TD "tar_2d_tensor.tar");
+  expect_f32(&cat, "matrix", (const float[]){1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 12);
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth, broken_pt_is_refused)
+{
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_file(&cat, TD "broken.pt", false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 0);
+  cr_assert(strstr(e.msg, "not a checkpoint"), "%s", e.msg);
+  cr_assert_eq(cat.count, 0);
+}
+
+Test(pth, zip_tensors_point_into_the_file_without_copies)
+{
+  struct bs_catalog cat;
+  must_open(&cat, TD "float32.pt");
+  const struct bs_tensor *t = get(&cat, "tensor");
+  int fd;
+  uint64_t off;
+  cr_assert(bs_tensor_fd_range(&cat, t, &fd, &off));
+  cr_assert_eq(off % 64, 0, "torch aligns data to 64, got %llu", (unsigned long long)off);
+  cr_assert_eq(cat.nsrcs, 1);
+  bs_catalog_destroy(&cat);
+}
+
+/* ---- real torch, at test time --------------------------------------------------------------- */
+
+static char *slurp_str(const char *path)
+{
+  size_t n;
+  char *s = (char *)bs_test_slurp(path, &n);
+  s[n] = '\0';
+  return s;
+}
+
+/* Open a generated case from its file (mem = false) or from memory. */
+static void check_case(const char *dir, const char *name, bool mem)
+{
+  char path[2048], mpath[2048], epath[2048];
+  snprintf(path, sizeof path, "%s/%s.pth", dir, name);
+  snprintf(mpath, sizeof mpath, "%s/%s.json", dir, name);
+  snprintf(epath, sizeof epath, "%s/%s.expect.json", dir, name);
+  json_error_t je;
+  json_t *man = json_load_file(mpath, 0, &je);
+  cr_assert_not_null(man, "%s: %s", mpath, je.text);
+  json_t *expect = access(epath, F_OK) == 0 ? json_load_file(epath, 0, &je) : NULL;
+  struct bs_catalog cat;
+  bs_err e;
+  size_t flen = 0;
+  uint8_t *fbuf = mem ? bs_test_slurp(path, &flen) : NULL;
+  int rc = mem ? open_mem(&cat, fbuf, flen, false, &e) : open_file(&cat, path, false, &e);
+  const char *want_err = expect ? json_string_value(json_object_get(expect, "error")) : NULL;
+  if (want_err) {
+    cr_expect_eq(rc, -1, "%s: should be refused", name);
+    cr_expect(strstr(e.msg, want_err), "%s: error '%s' lacks '%s'", name, e.msg, want_err);
+    json_decref(man);
+    json_decref(expect);
+    bs_free(fbuf);
+    return;
+  }
+  cr_assert_eq(rc, 0, "%s: %s (offset %llu)", name, e.msg, (unsigned long long)e.off);
+  cr_expect_eq(cat.count, json_object_size(man), "%s: %zu tensors, manifest has %zu", name,
+               cat.count, json_object_size(man));
+  const char *key;
+  json_t *m;
+  json_object_foreach(man, key, m)
+  {
+    long i = bs_catalog_find(&cat, key);
+    cr_expect_geq(i, 0, "%s: no tensor '%s'", name, key);
+    if (i < 0)
+      continue;
+    const struct bs_tensor *t = &cat.tensors[i];
+    cr_expect_str_eq(bs_dtype_name(t->dtype), json_string_value(json_object_get(m, "dtype")),
+                     "%s: %s", name, key);
+    json_t *shape = json_object_get(m, "shape");
+    cr_expect_eq(t->rank, json_array_size(shape), "%s: %s rank", name, key);
+    for (uint32_t d = 0; d < t->rank && d < json_array_size(shape); d++)
+      cr_expect_eq(t->shape[d], (uint64_t)json_integer_value(json_array_get(shape, d)),
+                   "%s: %s dim %u", name, key, d);
+    char bpath[2048];
+    snprintf(bpath, sizeof bpath, "%s/%s", dir, json_string_value(json_object_get(m, "bin")));
+    size_t blen;
+    uint8_t *want = bs_test_slurp(bpath, &blen);
+    cr_expect_eq(t->nbytes, blen, "%s: %s has %llu bytes, torch %zu", name, key,
+                 (unsigned long long)t->nbytes, blen);
+    if (t->nbytes == blen) {
+      uint8_t *got = read_all(&cat, t);
+      cr_expect_eq(memcmp(got, want, blen), 0, "%s: %s bytes differ from torch's", name, key);
+      bs_free(got);
+    }
+    bs_free(want);
+  }
+  json_t *vals = expect ? json_object_get(expect, "values") : NULL;
+  if (vals) {
+    cr_assert_not_null(cat.values_json, "%s: no values_json", name);
+    json_t *got = json_loads(cat.values_json, 0, &je);
+    cr_assert_not_null(got);
+    json_object_foreach(vals, key, m)
+    {
+      json_t *g = json_object_get(got, key);
+      bool same = g && (json_equal(g, m) ||
+                        (json_is_number(g) && json_is_number(m) &&
+                         json_number_value(g) == json_number_value(m)));
+      char *gs = g ? json_dumps(g, JSON_ENCODE_ANY) : NULL;
+      cr_expect(same, "%s: value '%s' is %s", name, key, gs ? gs : "missing");
+      free(gs);
+    }
+    json_decref(got);
+  }
+  const char *note = expect ? json_string_value(json_object_get(expect, "note")) : NULL;
+  if (note)
+    cr_expect(cat.notes && strstr(cat.notes, note), "%s: notes '%s' lack '%s'", name,
+              cat.notes ? cat.notes : "", note);
+  const char *absent = expect ? json_string_value(json_object_get(expect, "absent")) : NULL;
+  if (absent)
+    cr_expect_neq(access(absent, F_OK), 0, "%s: %s exists: something was executed!", name, absent);
+  bs_catalog_destroy(&cat);
+  bs_free(fbuf);
+  json_decref(man);
+  json_decref(expect);
+}
+
+Test(pth, files_written_by_real_torch_match_torchs_bytes, .timeout = 280)
+{
+  int st = system("timeout 120 /usr/bin/python3 -c 'import torch' >/dev/null 2>&1");
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "/usr/bin/python3 cannot import torch: this test needs real torch and does not skip");
+  char *dir = bs_test_tmpdir("pth");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "timeout 240 /usr/bin/python3 '%s/tests/support/make_torch_cases.py' '%s' "
+           "'%s/tools/make-pth-fixtures.py' >'%s/gen.log' 2>&1",
+           BS_SOURCE_DIR, dir, BS_SHARED_DIR, dir);
+  st = system(cmd);
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    char lpath[2100];
+    snprintf(lpath, sizeof lpath, "%s/gen.log", dir);
+    char *log = slurp_str(lpath);
+    cr_assert_fail("the torch case generator failed (status %d):\n%s", st, log);
+  }
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d);
+  int cases = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    size_t n = strlen(de->d_name);
+    if (n < 5 || strcmp(de->d_name + n - 4, ".pth") != 0)
+      continue;
+    char name[512];
+    snprintf(name, sizeof name, "%.*s", (int)(n - 4), de->d_name);
+    check_case(dir, name, false);
+    check_case(dir, name, true);
+    cases++;
+  }
+  closedir(d);
+  cr_expect_geq(cases, 20, "only %d generated cases", cases);
+  bs_test_rmrf(dir);
+  free(dir);
+}
+
+/* ---- hand-built zips ------------------------------------------------------------------------ */
+
+struct zbe {
+  const char *name;
+  const void *data;
+  size_t len;
+};
+
+/* A STORED zip (no zip64) of the given records. */
+static uint8_t *zip_build(const struct zbe *e, size_t n, size_t *outlen)
+{
+  size_t cap = 1024;
+  for (size_t i = 0; i < n; i++)
+    cap += 2 * (strlen(e[i].name) + 46) + e[i].len;
+  uint8_t *b = bs_calloc(1, cap), *p = b;
+  uint32_t *lho = calloc(n, sizeof *lho);
+  for (size_t i = 0; i < n; i++) {
+    uint16_t nl = (uint16_t)strlen(e[i].name);
+    lho[i] = (uint32_t)(p - b);
+    bs_put_le32(p, 0x04034b50);
+    bs_put_le32(p + 18, (uint32_t)e[i].len);
+    bs_put_le32(p + 22, (uint32_t)e[i].len);
+    bs_put_le16(p + 26, nl);
+    memcpy(p + 30, e[i].name, nl);
+    memcpy(p + 30 + nl, e[i].data, e[i].len);
+    p += 30 + nl + e[i].len;
+  }
+  uint8_t *cd = p;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t nl = (uint16_t)strlen(e[i].name);
+    bs_put_le32(p, 0x02014b50);
+    bs_put_le32(p + 20, (uint32_t)e[i].len);
+    bs_put_le32(p + 24, (uint32_t)e[i].len);
+    bs_put_le16(p + 28, nl);
+    bs_put_le32(p + 42, lho[i]);
+    memcpy(p + 46, e[i].name, nl);
+    p += 46 + nl;
+  }
+  bs_put_le32(p, 0x06054b50);
+  bs_put_le16(p + 8, (uint16_t)n);
+  bs_put_le16(p + 10, (uint16_t)n);
+  bs_put_le32(p + 12, (uint32_t)(p - cd));
+  bs_put_le32(p + 16, (uint32_t)(cd - b));
+  p += 22;
+  free(lho);
+  *outlen = (size_t)(p - b);
+  return b;
+}
+
+/* {'w': tensor (2, 3) of storage '0' (8 floats) at offset 2, strides (3, 1)} + extra pickle
+ * items inserted before the final SETITEMS' STOP */
+#define W_PICKLE(extra)                                                                            \
+  "\x80\x02}(X\x01\x00\x00\x00w" "ctorch._utils\n_rebuild_tensor_v2\n"                             \
+  "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00"       \
+  "cpuK\x08tQK\x02K\x02K\x03\x86K\x03K\x01\x86\x89" "ccollections\nOrderedDict\n)RtR" extra "u."
+
+static const float STORE8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+static uint8_t *w_zip(const char *pkl, size_t plen, const void *store, size_t slen, size_t *len)
+{
+  struct zbe e[] = {{"arch/data.pkl", pkl, plen}, {"arch/data/0", store, slen},
+                    {"arch/version", "3\n", 2}};
+  return zip_build(e, 3, len);
+}
+
+Test(pth, hand_built_zip_reads_an_offset_tensor)
+{
+  static const char pk[] = W_PICKLE("");
+  size_t len;
+  uint8_t *z = w_zip(pk, sizeof pk - 1, STORE8, sizeof STORE8, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), 0, "%s", e.msg);
+  expect_f32(&cat, "w", (const float[]){2, 3, 4, 5, 6, 7}, 6);
+  bs_catalog_destroy(&cat);
+  bs_free(z);
+}
+
+Test(pth, malicious_global_in_a_zip_is_skipped_and_reported_tensors_still_read)
+{
+  /* 'evil': posix.system('touch /tmp/x'), 'cfg': argparse.Namespace(lr=0.5) */
+  static const char pk[] = W_PICKLE("X\x04\x00\x00\x00" "evilcposix\nsystem\nX\x0c\x00\x00\x00"
+                                    "touch /tmp/x\x85R"
+                                    "X\x03\x00\x00\x00" "cfgcargparse\nNamespace\n)\x81}X\x02\x00"
+                                    "\x00\x00lrG?\xe0\x00\x00\x00\x00\x00\x00sb");
+  size_t len;
+  uint8_t *z = w_zip(pk, sizeof pk - 1, STORE8, sizeof STORE8, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), 0, "%s", e.msg);
+  expect_f32(&cat, "w", (const float[]){2, 3, 4, 5, 6, 7}, 6);
+  cr_assert_not_null(cat.notes);
+  cr_assert(strstr(cat.notes, "skipped object of class posix.system at pickle offset"), "%s",
+            cat.notes);
+  cr_assert_str_eq(cat.values_json, "{\"cfg.lr\":0.5}");
+  bs_catalog_destroy(&cat);
+
+  cr_assert_eq(open_mem(&cat, z, len, true, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  const char *g = memmem(pk, sizeof pk - 1, "cposix", 6);
+  cr_assert_eq(e.off, 30 + 13 + (uint64_t)(g - pk)); /* data.pkl data offset + GLOBAL position */
+  cr_assert(strstr(e.msg, "posix.system"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, missing_storage_record_names_tensor_and_storage)
+{
+  static const char pk[] = W_PICKLE("");
+  struct zbe ents[] = {{"arch/data.pkl", pk, sizeof pk - 1}, {"arch/version", "3\n", 2}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 2, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, BS_OFF_NONE);
+  cr_assert_str_eq(e.key, "w");
+  cr_assert(strstr(e.msg, "storage '0' has no record 'arch/data/0'"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, short_storage_record_is_refused)
+{
+  static const char pk[] = W_PICKLE("");
+  size_t len;
+  uint8_t *z = w_zip(pk, sizeof pk - 1, STORE8, 28, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 30 + 13 + (sizeof pk - 1) + 30 + 11); /* the record's data */
+  cr_assert_str_eq(e.key, "w");
+  cr_assert(strstr(e.msg, "storage '0' has 28 bytes but its persistent id declares 8 elements"),
+            "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, view_past_the_storage_is_refused)
+{
+  /* stride (4, 1) with offset 2: last element 2 + 4 + 2 = 8 > 7 */
+  static const char pk[] =
+      "\x80\x02}(X\x01\x00\x00\x00w" "ctorch._utils\n_rebuild_tensor_v2\n"
+      "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00"
+      "cpuK\x08tQK\x02K\x02K\x03\x86K\x04K\x01\x86\x89" "ccollections\nOrderedDict\n)RtRu.";
+  size_t len;
+  uint8_t *z = w_zip(pk, sizeof pk - 1, STORE8, sizeof STORE8, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, 30 + 13 + (sizeof pk - 1) + 30 + 11);
+  cr_assert_str_eq(e.key, "w");
+  cr_assert(strstr(e.msg, "storage too short"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, torchscript_archive_is_refused)
+{
+  static const char pk[] = W_PICKLE("");
+  struct zbe ents[] = {{"m/data.pkl", pk, sizeof pk - 1}, {"m/constants.pkl", "\x80\x02).", 4},
+                       {"m/code/__torch__.py", "x", 1}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 3, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert_eq(e.off, BS_OFF_NONE);
+  cr_assert(strstr(e.msg, "TorchScript archive"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, big_endian_byteorder_is_refused)
+{
+  static const char pk[] = W_PICKLE("");
+  struct zbe ents[] = {{"a/data.pkl", pk, sizeof pk - 1}, {"a/byteorder", "big", 3},
+                       {"a/data/0", STORE8, sizeof STORE8}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 3, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, ENOTSUP);
+  cr_assert_eq(e.off, 30 + 10 + sizeof pk - 1);
+  cr_assert(strstr(e.msg, "big-endian checkpoint"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, zip_without_data_pkl_or_prefix_is_refused)
+{
+  struct zbe a[] = {{"a/version", "3\n", 2}};
+  size_t len;
+  uint8_t *z = zip_build(a, 1, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, BS_OFF_NONE);
+  cr_assert(strstr(e.msg, "no 'a/data.pkl'"), "%s", e.msg);
+  bs_free(z);
+  struct zbe b[] = {{"data.pkl", "\x80\x02N.", 4}};
+  z = zip_build(b, 1, &len);
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert(strstr(e.msg, "not inside a directory"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, unknown_opcode_in_data_pkl_names_byte_and_file_offset)
+{
+  size_t len;
+  uint8_t *f = bs_test_slurp(TD "float32.pt", &len);
+  uint8_t *pk = memmem(f, len, "\x80\x02}q\x00X", 6);
+  cr_assert_not_null(pk);
+  uint64_t d = (uint64_t)(pk - f);
+  pk[2] = 0xff;
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, f, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, d + 2);
+  cr_assert(strstr(e.msg, "pickle offset 2: unknown pickle opcode 0xff"), "%s", e.msg);
+  bs_free(f);
+}
+
+Test(pth, numel_mismatch_in_a_real_file_is_refused)
+{
+  size_t len;
+  uint8_t *f = bs_test_slurp(TD "float32.pt", &len);
+  uint8_t *k = memmem(f, len, "cpu" "q\x06K\x04t", 8);
+  cr_assert_not_null(k);
+  k[6] = 5;
+  static const float v[4] = {1.0f, 2.5f, -3.7f, 0.0f};
+  uint8_t *data = memmem(f, len, v, sizeof v);
+  cr_assert_not_null(data);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, f, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, (uint64_t)(data - f));
+  cr_assert_str_eq(e.key, "tensor");
+  cr_assert(strstr(e.msg, "declares 5 elements of 4 bytes"), "%s", e.msg);
+  bs_free(f);
+}
+
+Test(pth, deeply_nested_lists_in_a_zip_are_a_clean_error)
+{
+  size_t depth = 5000, n = 2 + depth + (depth - 1) + 1;
+  char *pk = malloc(n);
+  pk[0] = (char)0x80;
+  pk[1] = 2;
+  memset(pk + 2, ']', depth);
+  memset(pk + 2 + depth, 'a', depth - 1);
+  pk[n - 1] = '.';
+  struct zbe ents[] = {{"a/data.pkl", pk, n}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 1, &len);
+  free(pk);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert_eq(e.off, BS_OFF_NONE);
+  cr_assert(strstr(e.msg, "nested deeper than"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, self_referencing_list_is_a_clean_error)
+{
+  static const char pk[] = "\x80\x02]q\x00h\x00" "a.";
+  struct zbe ents[] = {{"a/data.pkl", pk, sizeof pk - 1}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 1, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL);
+  cr_assert(strstr(e.msg, "reference cycle"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, shared_reference_bomb_hits_the_flattening_budget)
+{
+  /* l0 = [b, b]; l(k+1) = [lk, lk]: 2^40 paths from 40 levels */
+  char pk[1024];
+  size_t n = 0;
+  const char head[] = "\x80\x02]q\x00(C\x01xC\x01xe";
+  memcpy(pk, head, sizeof head - 1);
+  n = sizeof head - 1;
+  for (int k = 0; k < 40; k++) {
+    const uint8_t lvl[] = {']', 'q', (uint8_t)(k + 1), '(', 'h', (uint8_t)k, 'h', (uint8_t)k, 'e'};
+    memcpy(pk + n, lvl, sizeof lvl);
+    n += sizeof lvl;
+  }
+  pk[n++] = '.';
+  struct zbe ents[] = {{"a/data.pkl", pk, n}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 1, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EFBIG);
+  cr_assert_eq(e.off, BS_OFF_NONE);
+  cr_assert(strstr(e.msg, "nodes when flattened"), "%s", e.msg);
+  bs_free(z);
+}
+
+Test(pth, truncated_zip_and_legacy_files_fail_cleanly)
+{
+  const char *files[] = {TD "float32.pt", TD "legacy_with_offsets.pt"};
+  for (size_t f = 0; f < 2; f++) {
+    size_t len;
+    uint8_t *b = bs_test_slurp(files[f], &len);
+    for (size_t cut = 0; cut < len; cut++) {
+      uint8_t *c = bs_malloc(cut + 1);
+      memcpy(c, b, cut);
+      struct bs_catalog cat;
+      bs_err e;
+      int rc = open_mem(&cat, c, cut, false, &e);
+      cr_expect_eq(rc, -1, "%s cut at %zu was accepted", files[f], cut);
+      cr_expect_neq(e.code, 0);
+      cr_expect(e.msg[0] != '\0');
+      bs_catalog_destroy(&cat);
+      bs_free(c);
+    }
+    bs_free(b);
+  }
+}
+
+Test(pth, bit_flips_never_crash)
+{
+  const char *files[] = {TD "float32.pt", TD "legacy_with_offsets.pt", TD "tar_multi_dtype.tar",
+                         TD "checkpoint.pt"};
+  for (size_t f = 0; f < 4; f++) {
+    size_t len;
+    uint8_t *b = bs_test_slurp(files[f], &len);
+    size_t step = len > 4000 ? 3 : 1;
+    for (size_t i = 0; i < len; i += step) {
+      for (int bit = 0; bit < 8; bit += 3) {
+        b[i] ^= (uint8_t)(1u << bit);
+        struct bs_catalog cat;
+        bs_err e;
+        if (open_mem(&cat, b, len, false, &e) == 0) {
+          for (size_t t = 0; t < cat.count; t++) {
+            const struct bs_tensor *bt = &cat.tensors[t];
+            if (bt->unsupported || bt->nbytes > (1u << 24))
+              continue;
+            uint8_t *buf = bs_malloc(bt->nbytes + 1);
+            long r = bs_tensor_read(&cat, bt, 0, buf, bt->nbytes);
+            cr_expect(r == (long)bt->nbytes, "%s flip %zu.%d: read %ld of %llu", files[f], i, bit,
+                      r, (unsigned long long)bt->nbytes);
+            bs_free(buf);
+          }
+        } else {
+          cr_expect_neq(e.code, 0);
+        }
+        bs_catalog_destroy(&cat);
+        b[i] ^= (uint8_t)(1u << bit);
+      }
+    }
+    bs_free(b);
+  }
+}
+
+Test(pth, failing_allocations_give_enomem_and_no_leak)
+{
+  size_t len;
+  uint8_t *b = bs_test_slurp(TD "checkpoint.pt", &len);
+  bool ok = false;
+  for (long n = 0; n < 2000 && !ok; n++) {
+    struct bs_catalog cat;
+    bs_err e;
+    struct bs_src src;
+    bs_catalog_init(&cat);
+    bs_err_clear(&e);
+    cr_assert_eq(bs_src_init_mem(&src, b, len, "ck.pt", &e), 0);
+    bs_alloc_fail_after(n);
+    int rc = bs_open_any(&cat, &src, NULL, &e);
+    bs_alloc_fail_after(-1);
+    bs_catalog_destroy(&cat);
+    ok = rc == 0;
+    if (!ok)
+      cr_assert_eq(e.code, ENOMEM, "n=%ld: %s", n, e.msg);
+  }
+  cr_assert(ok, "never succeeded");
+  bs_free(b);
+}
