@@ -7,20 +7,20 @@
 #include <stdint.h>
 
 /* Hard caps (one place for all of them). */
-#define BS_MAX_RANK 64                      /* dimensions of one tensor */
-#define BS_MAX_KEY_LEN 4096                 /* bytes of one tensor key */
-#define BS_MAX_TENSORS 10000000u            /* tensors in one catalog */
-#define BS_MAX_TENSOR_BYTES (1ull << 46)    /* 64 TiB: bigger is surely corrupt */
+#define BS_MAX_RANK 64                       /* dimensions of one tensor */
+#define BS_MAX_KEY_LEN 4096                  /* bytes of one tensor key */
+#define BS_MAX_TENSORS 10000000u             /* tensors in one catalog */
+#define BS_MAX_TENSOR_BYTES (1ull << 46)     /* 64 TiB: bigger is surely corrupt */
 #define BS_BPK_MAX_META (100u * 1024 * 1024) /* burn's metadata_size limit */
-#define BS_BPK_MAX_TENSORS 100000u          /* burn's tensor count limit */
+#define BS_BPK_MAX_TENSORS 100000u           /* burn's tensor count limit */
 #define BS_BPK_ALIGN 256u
 #define BS_CBOR_MAX_DEPTH 128u
-#define BS_CBOR_MAX_ITEMS (1u << 24)        /* CBOR heads in one metadata block */
-#define BS_ST_MAX_HEADER 100000000u         /* safetensors' header limit */
-#define BS_PICKLE_MAX_DEPTH 1000u           /* nesting of pickled containers */
+#define BS_CBOR_MAX_ITEMS (1u << 24) /* CBOR heads in one metadata block */
+#define BS_ST_MAX_HEADER 100000000u  /* safetensors' header limit */
+#define BS_PICKLE_MAX_DEPTH 1000u    /* nesting of pickled containers */
 #define BS_PICKLE_MAX_MEMO 10000000u
-#define BS_PICKLE_MAX_BYTES (1u << 30)      /* pickle stream we are willing to load */
-#define BS_PICKLE_MAX_ALLOC (4ull << 30)    /* bytes of values one unpickler may build */
+#define BS_PICKLE_MAX_BYTES (1u << 30)   /* pickle stream we are willing to load */
+#define BS_PICKLE_MAX_ALLOC (4ull << 30) /* bytes of values one unpickler may build */
 #define BS_MAX_XATTR_VALUE 65536u
 
 static inline bool bs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
@@ -50,7 +50,10 @@ static inline bool bs_range_ok(uint64_t off, uint64_t len, uint64_t size)
   return off <= size && len <= size - off;
 }
 
-static inline uint16_t bs_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint16_t bs_le16(const uint8_t *p)
+{
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
 static inline uint32_t bs_le32(const uint8_t *p)
 {
   return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -59,7 +62,11 @@ static inline uint64_t bs_le64(const uint8_t *p)
 {
   return (uint64_t)bs_le32(p) | ((uint64_t)bs_le32(p + 4) << 32);
 }
-static inline void bs_put_le16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void bs_put_le16(uint8_t *p, uint16_t v)
+{
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
 static inline void bs_put_le32(uint8_t *p, uint32_t v)
 {
   for (int i = 0; i < 4; i++)

@@ -18,16 +18,16 @@ enum bs_pv_kind {
   BS_PV_NONE,
   BS_PV_BOOL,
   BS_PV_INT,
-  BS_PV_BIGINT,  /* does not fit int64: two's-complement LE bytes in .str */
+  BS_PV_BIGINT, /* does not fit int64: two's-complement LE bytes in .str */
   BS_PV_FLOAT,
-  BS_PV_STR,     /* UTF-8 as the file has it (unchecked), NUL-terminated, may hold NULs */
+  BS_PV_STR, /* UTF-8 as the file has it (unchecked), NUL-terminated, may hold NULs */
   BS_PV_BYTES,
   BS_PV_TUPLE,
   BS_PV_LIST,
-  BS_PV_SET,     /* set and frozenset */
-  BS_PV_DICT,    /* dict and OrderedDict, items in insertion order */
-  BS_PV_GLOBAL,  /* a class or function named by GLOBAL/STACK_GLOBAL */
-  BS_PV_OBJECT,  /* an instance of a class we did not call */
+  BS_PV_SET,    /* set and frozenset */
+  BS_PV_DICT,   /* dict and OrderedDict, items in insertion order */
+  BS_PV_GLOBAL, /* a class or function named by GLOBAL/STACK_GLOBAL */
+  BS_PV_OBJECT, /* an instance of a class we did not call */
   BS_PV_TENSOR,
   BS_PV_STORAGE, /* the result of a persistent id ('storage', ...) */
   BS_PV_COUNT
@@ -35,29 +35,29 @@ enum bs_pv_kind {
 
 /* What a GLOBAL resolved to. */
 enum bs_pg {
-  BS_PG_OPAQUE,          /* unknown: never called; REDUCE/NEWOBJ make an opaque object */
+  BS_PG_OPAQUE, /* unknown: never called; REDUCE/NEWOBJ make an opaque object */
   BS_PG_ORDERED_DICT,
-  BS_PG_REBUILD_V2,      /* torch._utils._rebuild_tensor_v2 */
+  BS_PG_REBUILD_V2, /* torch._utils._rebuild_tensor_v2 */
   BS_PG_REBUILD_V3,
-  BS_PG_REBUILD_LEGACY,  /* torch._utils._rebuild_tensor (4 args) */
+  BS_PG_REBUILD_LEGACY, /* torch._utils._rebuild_tensor (4 args) */
   BS_PG_REBUILD_QTENSOR,
-  BS_PG_REBUILD_OTHER,   /* other torch._utils._rebuild_*: unsupported tensor */
-  BS_PG_PARAMETER,       /* _rebuild_parameter, _rebuild_parameter_with_state */
-  BS_PG_FROM_TYPE_V2,    /* torch._tensor._rebuild_from_type_v2 */
-  BS_PG_STORAGE,         /* torch.*Storage (by name alone) */
-  BS_PG_DTYPE,           /* torch.float16 etc. */
-  BS_PG_SIZE,            /* torch.Size */
-  BS_PG_DEVICE,          /* torch.device */
-  BS_PG_TENSOR_CLASS,    /* torch.Tensor / torch.nn.parameter.Parameter (as a class value) */
-  BS_PG_CODECS_ENCODE,   /* _codecs.encode */
+  BS_PG_REBUILD_OTHER, /* other torch._utils._rebuild_*: unsupported tensor */
+  BS_PG_PARAMETER,     /* _rebuild_parameter, _rebuild_parameter_with_state */
+  BS_PG_FROM_TYPE_V2,  /* torch._tensor._rebuild_from_type_v2 */
+  BS_PG_STORAGE,       /* torch.*Storage (by name alone) */
+  BS_PG_DTYPE,         /* torch.float16 etc. */
+  BS_PG_SIZE,          /* torch.Size */
+  BS_PG_DEVICE,        /* torch.device */
+  BS_PG_TENSOR_CLASS,  /* torch.Tensor / torch.nn.parameter.Parameter (as a class value) */
+  BS_PG_CODECS_ENCODE, /* _codecs.encode */
   BS_PG_SET,
   BS_PG_FROZENSET,
   BS_PG_COMPLEX,
   BS_PG_BYTEARRAY,
-  BS_PG_RECONSTRUCTOR,   /* copyreg._reconstructor(cls, base, state) */
-  BS_PG_NAMESPACE,       /* argparse.Namespace: NEWOBJ + BUILD, harmless */
-  BS_PG_NN_MODULE,       /* torch.nn.modules.*: a whole pickled module, refused */
-  BS_PG_INERT,           /* known harmless value (qscheme, torch.memory_format, ...) */
+  BS_PG_RECONSTRUCTOR, /* copyreg._reconstructor(cls, base, state) */
+  BS_PG_NAMESPACE,     /* argparse.Namespace: NEWOBJ + BUILD, harmless */
+  BS_PG_NN_MODULE,     /* torch.nn.modules.*: a whole pickled module, refused */
+  BS_PG_INERT,         /* known harmless value (qscheme, torch.memory_format, ...) */
   BS_PG_COUNT
 };
 
@@ -78,7 +78,7 @@ struct bs_pv {
     struct {
       char *s; /* NUL-terminated */
       size_t len;
-    } str; /* STR, BYTES, BIGINT */
+    } str;                /* STR, BYTES, BIGINT */
     struct bs_pv_seq seq; /* TUPLE, LIST, SET */
     struct {
       struct bs_pv_seq keys, vals;
@@ -93,10 +93,10 @@ struct bs_pv {
       unsigned esize; /* STORAGE: bytes per element, 0 if unknown */
     } glob;
     struct {
-      struct bs_pv *cls;       /* a GLOBAL */
-      struct bs_pv *args;      /* may be NULL */
-      struct bs_pv *state;     /* BUILD state, may be NULL */
-      struct bs_pv_seq items;  /* APPEND(S) on the object */
+      struct bs_pv *cls;             /* a GLOBAL */
+      struct bs_pv *args;            /* may be NULL */
+      struct bs_pv *state;           /* BUILD state, may be NULL */
+      struct bs_pv_seq items;        /* APPEND(S) on the object */
       struct bs_pv_seq dkeys, dvals; /* SETITEM(S) on the object */
     } obj;
     struct {
@@ -111,12 +111,12 @@ struct bs_pv {
     } tensor;
     struct {
       const char *key;
-      const char *cls;       /* "torch.FloatStorage" */
+      const char *cls; /* "torch.FloatStorage" */
       bool dtype_ok;
       enum bs_dtype dtype;
-      unsigned esize;        /* 0: unknown storage class */
-      uint64_t numel;        /* whole storage, in elements (bytes for UntypedStorage) */
-      bool has_view;         /* legacy view_metadata (view_key, offset, size) */
+      unsigned esize; /* 0: unknown storage class */
+      uint64_t numel; /* whole storage, in elements (bytes for UntypedStorage) */
+      bool has_view;  /* legacy view_metadata (view_key, offset, size) */
       const char *view_key;
       uint64_t view_off, view_numel;
     } storage;
@@ -142,8 +142,8 @@ struct bs_pickle_opts {
  * returned (borrowed from p); *stop_end, if not NULL, the source offset just
  * after STOP. Errors name the pickle offset and the opcode. */
 BS_NODISCARD int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off,
-                                uint64_t end, const struct bs_pickle_opts *opts,
-                                struct bs_pv **out, uint64_t *stop_end, bs_err *err);
+                                uint64_t end, const struct bs_pickle_opts *opts, struct bs_pv **out,
+                                uint64_t *stop_end, bs_err *err);
 
 /* Notes about what was skipped ("skipped object of class os.system at
  * pickle offset N"), in order. Borrowed. */

@@ -42,8 +42,8 @@ struct chunk {
 
 struct bs_pickle {
   struct chunk *chunks;
-  uint64_t total;   /* bytes handed out by the arena */
-  char **notes;     /* arena strings */
+  uint64_t total; /* bytes handed out by the arena */
+  char **notes;   /* arena strings */
   size_t nnotes, notecap;
   uint64_t notes_dropped;
 };
@@ -96,7 +96,10 @@ static void *arena_alloc(struct bs_pickle *p, size_t n)
   return r;
 }
 
-struct bs_pickle *bs_pickle_new(void) { return bs_calloc(1, sizeof(struct bs_pickle)); }
+struct bs_pickle *bs_pickle_new(void)
+{
+  return bs_calloc(1, sizeof(struct bs_pickle));
+}
 
 void bs_pickle_free(struct bs_pickle *p)
 {
@@ -110,22 +113,28 @@ void bs_pickle_free(struct bs_pickle *p)
   bs_free(p);
 }
 
-size_t bs_pickle_nnotes(const struct bs_pickle *p) { return p->nnotes; }
+size_t bs_pickle_nnotes(const struct bs_pickle *p)
+{
+  return p->nnotes;
+}
 const char *bs_pickle_note(const struct bs_pickle *p, size_t i)
 {
   return i < p->nnotes ? p->notes[i] : NULL;
 }
 
 static const char *const kind_names[] = {
-    [BS_PV_NONE] = "None",     [BS_PV_BOOL] = "bool",       [BS_PV_INT] = "int",
-    [BS_PV_BIGINT] = "big int", [BS_PV_FLOAT] = "float",    [BS_PV_STR] = "str",
-    [BS_PV_BYTES] = "bytes",   [BS_PV_TUPLE] = "tuple",     [BS_PV_LIST] = "list",
-    [BS_PV_SET] = "set",       [BS_PV_DICT] = "dict",       [BS_PV_GLOBAL] = "global",
-    [BS_PV_OBJECT] = "object", [BS_PV_TENSOR] = "tensor",   [BS_PV_STORAGE] = "storage",
+    [BS_PV_NONE] = "None",      [BS_PV_BOOL] = "bool",     [BS_PV_INT] = "int",
+    [BS_PV_BIGINT] = "big int", [BS_PV_FLOAT] = "float",   [BS_PV_STR] = "str",
+    [BS_PV_BYTES] = "bytes",    [BS_PV_TUPLE] = "tuple",   [BS_PV_LIST] = "list",
+    [BS_PV_SET] = "set",        [BS_PV_DICT] = "dict",     [BS_PV_GLOBAL] = "global",
+    [BS_PV_OBJECT] = "object",  [BS_PV_TENSOR] = "tensor", [BS_PV_STORAGE] = "storage",
 };
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == BS_PV_COUNT, "kind names");
 
-const char *bs_pv_kind_name(enum bs_pv_kind k) { return k < BS_PV_COUNT ? kind_names[k] : "?"; }
+const char *bs_pv_kind_name(enum bs_pv_kind k)
+{
+  return k < BS_PV_COUNT ? kind_names[k] : "?";
+}
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
@@ -138,8 +147,8 @@ static uint64_t abs_off(const struct vm *v, uint64_t pos)
 
 /* Every VM error names the opcode and its pickle offset. */
 #define VFAIL(v, code, fmt, ...)                                                                   \
-  bs_fail((v)->err, code, abs_off(v, (v)->op_pos), NULL,                                          \
-          "pickle offset %" PRIu64 ": " fmt, (v)->op_pos, __VA_ARGS__)
+  bs_fail((v)->err, code, abs_off(v, (v)->op_pos), NULL, "pickle offset %" PRIu64 ": " fmt,        \
+          (v)->op_pos, __VA_ARGS__)
 
 static int oom(struct vm *v)
 {
@@ -203,8 +212,7 @@ static int need(struct vm *v, uint64_t n)
     v->buf = nb;
     v->cap = (size_t)grow;
   }
-  if (bs_src_read(v->src, v->start + v->len, v->buf + v->len, (size_t)(grow - v->len), v->err) !=
-      0)
+  if (bs_src_read(v->src, v->start + v->len, v->buf + v->len, (size_t)(grow - v->len), v->err) != 0)
     return -1;
   v->len = (size_t)grow;
   return 0;
@@ -312,7 +320,10 @@ static int push(struct vm *v, struct bs_pv *x)
   return 0;
 }
 
-static size_t floor_sp(const struct vm *v) { return v->nmarks ? v->marks[v->nmarks - 1] : 0; }
+static size_t floor_sp(const struct vm *v)
+{
+  return v->nmarks ? v->marks[v->nmarks - 1] : 0;
+}
 
 static struct bs_pv *pop(struct vm *v)
 {
@@ -383,16 +394,16 @@ static const struct {
   bool ok;
   enum bs_dtype dt;
 } storage_table[] = {
-    {"DoubleStorage", 8, true, BS_DT_F64},      {"FloatStorage", 4, true, BS_DT_F32},
-    {"HalfStorage", 2, true, BS_DT_F16},        {"BFloat16Storage", 2, true, BS_DT_BF16},
-    {"LongStorage", 8, true, BS_DT_I64},        {"IntStorage", 4, true, BS_DT_I32},
-    {"ShortStorage", 2, true, BS_DT_I16},       {"CharStorage", 1, true, BS_DT_I8},
-    {"ByteStorage", 1, true, BS_DT_U8},         {"BoolStorage", 1, true, BS_DT_BOOL},
+    {"DoubleStorage", 8, true, BS_DT_F64},       {"FloatStorage", 4, true, BS_DT_F32},
+    {"HalfStorage", 2, true, BS_DT_F16},         {"BFloat16Storage", 2, true, BS_DT_BF16},
+    {"LongStorage", 8, true, BS_DT_I64},         {"IntStorage", 4, true, BS_DT_I32},
+    {"ShortStorage", 2, true, BS_DT_I16},        {"CharStorage", 1, true, BS_DT_I8},
+    {"ByteStorage", 1, true, BS_DT_U8},          {"BoolStorage", 1, true, BS_DT_BOOL},
     {"ComplexFloatStorage", 8, true, BS_DT_C64}, {"ComplexDoubleStorage", 16, true, BS_DT_C128},
-    {"QInt8Storage", 1, true, BS_DT_QI8},       {"QUInt8Storage", 1, true, BS_DT_QU8},
-    {"QInt32Storage", 4, true, BS_DT_QI32},     {"QUInt4x2Storage", 1, false, BS_DT_U8},
-    {"QUInt2x4Storage", 1, false, BS_DT_U8},    {"ComplexHalfStorage", 4, false, BS_DT_U8},
-    {"UntypedStorage", 1, true, BS_DT_U8},      {"_UntypedStorage", 1, true, BS_DT_U8},
+    {"QInt8Storage", 1, true, BS_DT_QI8},        {"QUInt8Storage", 1, true, BS_DT_QU8},
+    {"QInt32Storage", 4, true, BS_DT_QI32},      {"QUInt4x2Storage", 1, false, BS_DT_U8},
+    {"QUInt2x4Storage", 1, false, BS_DT_U8},     {"ComplexHalfStorage", 4, false, BS_DT_U8},
+    {"UntypedStorage", 1, true, BS_DT_U8},       {"_UntypedStorage", 1, true, BS_DT_U8},
 };
 
 bool bs_pickle_storage_dtype(const char *name, unsigned *esize, enum bs_dtype *dt)
@@ -414,26 +425,46 @@ static const struct {
   bool ok;
   enum bs_dtype dt;
 } dtype_table[] = {
-    {"float64", true, BS_DT_F64},         {"double", true, BS_DT_F64},
-    {"float32", true, BS_DT_F32},         {"float", true, BS_DT_F32},
-    {"float16", true, BS_DT_F16},         {"half", true, BS_DT_F16},
-    {"bfloat16", true, BS_DT_BF16},       {"int64", true, BS_DT_I64},
-    {"long", true, BS_DT_I64},            {"int32", true, BS_DT_I32},
-    {"int", true, BS_DT_I32},             {"int16", true, BS_DT_I16},
-    {"short", true, BS_DT_I16},           {"int8", true, BS_DT_I8},
-    {"uint8", true, BS_DT_U8},            {"uint16", true, BS_DT_U16},
-    {"uint32", true, BS_DT_U32},          {"uint64", true, BS_DT_U64},
-    {"bool", true, BS_DT_BOOL},           {"complex64", true, BS_DT_C64},
-    {"cfloat", true, BS_DT_C64},          {"complex128", true, BS_DT_C128},
-    {"cdouble", true, BS_DT_C128},        {"float8_e5m2", true, BS_DT_F8_E5M2},
-    {"float8_e4m3fn", true, BS_DT_F8_E4M3}, {"float8_e5m2fnuz", true, BS_DT_F8_E5M2FNUZ},
-    {"float8_e4m3fnuz", true, BS_DT_F8_E4M3FNUZ}, {"float8_e8m0fnu", true, BS_DT_F8_E8M0},
-    {"qint8", true, BS_DT_QI8},           {"quint8", true, BS_DT_QU8},
-    {"qint32", true, BS_DT_QI32},         {"complex32", false, BS_DT_U8},
-    {"chalf", false, BS_DT_U8},           {"quint4x2", false, BS_DT_U8},
-    {"quint2x4", false, BS_DT_U8},        {"bits8", false, BS_DT_U8},
-    {"bits16", false, BS_DT_U8},          {"bits1x8", false, BS_DT_U8},
-    {"bits2x4", false, BS_DT_U8},         {"bits4x2", false, BS_DT_U8},
+    {"float64", true, BS_DT_F64},
+    {"double", true, BS_DT_F64},
+    {"float32", true, BS_DT_F32},
+    {"float", true, BS_DT_F32},
+    {"float16", true, BS_DT_F16},
+    {"half", true, BS_DT_F16},
+    {"bfloat16", true, BS_DT_BF16},
+    {"int64", true, BS_DT_I64},
+    {"long", true, BS_DT_I64},
+    {"int32", true, BS_DT_I32},
+    {"int", true, BS_DT_I32},
+    {"int16", true, BS_DT_I16},
+    {"short", true, BS_DT_I16},
+    {"int8", true, BS_DT_I8},
+    {"uint8", true, BS_DT_U8},
+    {"uint16", true, BS_DT_U16},
+    {"uint32", true, BS_DT_U32},
+    {"uint64", true, BS_DT_U64},
+    {"bool", true, BS_DT_BOOL},
+    {"complex64", true, BS_DT_C64},
+    {"cfloat", true, BS_DT_C64},
+    {"complex128", true, BS_DT_C128},
+    {"cdouble", true, BS_DT_C128},
+    {"float8_e5m2", true, BS_DT_F8_E5M2},
+    {"float8_e4m3fn", true, BS_DT_F8_E4M3},
+    {"float8_e5m2fnuz", true, BS_DT_F8_E5M2FNUZ},
+    {"float8_e4m3fnuz", true, BS_DT_F8_E4M3FNUZ},
+    {"float8_e8m0fnu", true, BS_DT_F8_E8M0},
+    {"qint8", true, BS_DT_QI8},
+    {"quint8", true, BS_DT_QU8},
+    {"qint32", true, BS_DT_QI32},
+    {"complex32", false, BS_DT_U8},
+    {"chalf", false, BS_DT_U8},
+    {"quint4x2", false, BS_DT_U8},
+    {"quint2x4", false, BS_DT_U8},
+    {"bits8", false, BS_DT_U8},
+    {"bits16", false, BS_DT_U8},
+    {"bits1x8", false, BS_DT_U8},
+    {"bits2x4", false, BS_DT_U8},
+    {"bits4x2", false, BS_DT_U8},
     {"float4_e2m1fn_x2", false, BS_DT_U8},
 };
 
@@ -803,8 +834,7 @@ static int dict_set(struct vm *v, struct bs_pv *d, struct bs_pv *k, struct bs_pv
 
 static struct bs_pv *refuse_module(struct vm *v, const struct bs_pv *cls)
 {
-  VFAIL(v, ENOTSUP,
-        "this file pickles a whole nn.Module (%s.%s); save model.state_dict() instead",
+  VFAIL(v, ENOTSUP, "this file pickles a whole nn.Module (%s.%s); save model.state_dict() instead",
         cls->u.glob.module, cls->u.glob.name);
   return NULL;
 }
@@ -816,8 +846,7 @@ static struct bs_pv *call_new(struct vm *v, struct bs_pv *cls, struct bs_pv *arg
     return NULL;
   }
   switch (cls->u.glob.kind) {
-  case BS_PG_NN_MODULE:
-    return refuse_module(v, cls);
+  case BS_PG_NN_MODULE: return refuse_module(v, cls);
   case BS_PG_ORDERED_DICT: {
     struct bs_pv *d = newv(v, BS_PV_DICT);
     if (d)
@@ -825,14 +854,12 @@ static struct bs_pv *call_new(struct vm *v, struct bs_pv *cls, struct bs_pv *arg
     return d;
   }
   case BS_PG_SET:
-  case BS_PG_FROZENSET:
-    return set_from(v, args);
+  case BS_PG_FROZENSET: return set_from(v, args);
   case BS_PG_TENSOR_CLASS:
     if (args && args->u.seq.n > 0 && args->u.seq.items[0]->kind == BS_PV_TENSOR)
       return args->u.seq.items[0];
     return make_object(v, cls, args);
-  default:
-    return make_object(v, cls, args);
+  default: return make_object(v, cls, args);
   }
 }
 
@@ -874,8 +901,7 @@ static struct bs_pv *call(struct vm *v, struct bs_pv *f, struct bs_pv *args, uns
   case BS_PG_REBUILD_V2:
   case BS_PG_REBUILD_V3:
   case BS_PG_REBUILD_LEGACY:
-  case BS_PG_REBUILD_QTENSOR:
-    return make_tensor(v, f, args);
+  case BS_PG_REBUILD_QTENSOR: return make_tensor(v, f, args);
   case BS_PG_REBUILD_OTHER: {
     char tmp[200];
     snprintf(tmp, sizeof tmp, "torch._utils.%s tensors are not supported", f->u.glob.name);
@@ -933,8 +959,7 @@ static struct bs_pv *call(struct vm *v, struct bs_pv *f, struct bs_pv *args, uns
     return b;
   }
   case BS_PG_SET:
-  case BS_PG_FROZENSET:
-    return set_from(v, args);
+  case BS_PG_FROZENSET: return set_from(v, args);
   case BS_PG_BYTEARRAY:
     if (n > 0 && a[0]->kind == BS_PV_BYTES)
       return a[0];
@@ -945,12 +970,9 @@ static struct bs_pv *call(struct vm *v, struct bs_pv *f, struct bs_pv *args, uns
       return NULL;
     }
     return call_new(v, a[0], NULL);
-  case BS_PG_NN_MODULE:
-    return refuse_module(v, f);
-  case BS_PG_TENSOR_CLASS:
-    return call_new(v, f, args);
-  default:
-    return make_object(v, f, args);
+  case BS_PG_NN_MODULE: return refuse_module(v, f);
+  case BS_PG_TENSOR_CLASS: return call_new(v, f, args);
+  default: return make_object(v, f, args);
   }
 }
 
@@ -980,10 +1002,8 @@ static int build(struct vm *v, struct bs_pv *target, struct bs_pv *state)
     }
     target->u.obj.state = state;
     return 0;
-  case BS_PV_TENSOR:
-    return 0; /* Python attributes of a tensor */
-  default:
-    return VFAIL(v, EINVAL, "BUILD on a %s", bs_pv_kind_name(target->kind));
+  case BS_PV_TENSOR: return 0; /* Python attributes of a tensor */
+  default: return VFAIL(v, EINVAL, "BUILD on a %s", bs_pv_kind_name(target->kind));
   }
 }
 
@@ -1133,11 +1153,8 @@ static int step(struct vm *v, bool *stop)
     if (b[0] > 5)
       return VFAIL(v, ENOTSUP, "pickle protocol %u is newer than 5", b[0]);
     return 0;
-  case 0x95: /* FRAME: the length is only a hint */
-    return rd_bytes(v, 8, &b);
-  case '.': /* STOP */
-    *stop = true;
-    return 0;
+  case 0x95: /* FRAME: the length is only a hint */ return rd_bytes(v, 8, &b);
+  case '.': /* STOP */ *stop = true; return 0;
   case '(': /* MARK */
     if (v->nmarks >= BS_PICKLE_MAX_DEPTH)
       return VFAIL(v, EINVAL, "MARKs nested deeper than %u", BS_PICKLE_MAX_DEPTH);
@@ -1145,8 +1162,7 @@ static int step(struct vm *v, bool *stop)
       return VFAIL(v, ENOMEM, "%s", "out of memory");
     v->marks[v->nmarks++] = v->sp;
     return 0;
-  case 'N':
-    return push(v, newv(v, BS_PV_NONE));
+  case 'N': return push(v, newv(v, BS_PV_NONE));
   case 0x88: /* NEWTRUE */
   case 0x89: /* NEWFALSE */
     if ((x = newv(v, BS_PV_BOOL)))
@@ -1169,10 +1185,8 @@ static int step(struct vm *v, bool *stop)
     if (rd_bytes(v, n, &b) != 0)
       return -1;
     return push(v, make_long(v, b, n));
-  case 'I':
-    return text_int(v, false);
-  case 'L':
-    return text_int(v, true);
+  case 'I': return text_int(v, false);
+  case 'L': return text_int(v, true);
   case 'G': /* BINFLOAT, big-endian */
     if (rd_bytes(v, 8, &b) != 0)
       return -1;
@@ -1217,14 +1231,10 @@ static int step(struct vm *v, bool *stop)
     if (len_arg(v, op == 'C' ? 1 : op == 'B' ? 4 : 8, &n) != 0)
       return -1;
     return str_op(v, BS_PV_BYTES, n);
-  case ')':
-    return push(v, newv(v, BS_PV_TUPLE));
-  case ']':
-    return push(v, newv(v, BS_PV_LIST));
-  case '}':
-    return push(v, newv(v, BS_PV_DICT));
-  case 0x8F: /* EMPTY_SET */
-    return push(v, newv(v, BS_PV_SET));
+  case ')': return push(v, newv(v, BS_PV_TUPLE));
+  case ']': return push(v, newv(v, BS_PV_LIST));
+  case '}': return push(v, newv(v, BS_PV_DICT));
+  case 0x8F: /* EMPTY_SET */ return push(v, newv(v, BS_PV_SET));
   case 0x85: /* TUPLE1..3 */
   case 0x86:
   case 0x87:
@@ -1291,8 +1301,7 @@ static int step(struct vm *v, bool *stop)
       return 0;
     }
     return pop_mark(v, &first, &cnt);
-  case '1': /* POP_MARK */
-    return pop_mark(v, &first, &cnt);
+  case '1': /* POP_MARK */ return pop_mark(v, &first, &cnt);
   case '2': /* DUP */
     if (!(x = top(v)))
       return -1;
@@ -1306,7 +1315,7 @@ static int step(struct vm *v, bool *stop)
     if (!(x = top(v)))
       return -1;
     return memo_put(v, v->memolen, x);
-  case 'p': /* PUT, text */
+  case 'p':   /* PUT, text */
   case 'g': { /* GET, text */
     const char *s = NULL;
     size_t len = 0;
@@ -1346,8 +1355,8 @@ static int step(struct vm *v, bool *stop)
     if (!(y = pop(v)) || !(x = pop(v)))
       return -1;
     if (x->kind != BS_PV_STR || y->kind != BS_PV_STR)
-      return VFAIL(v, EINVAL, "STACK_GLOBAL needs two str, got %s and %s",
-                   bs_pv_kind_name(x->kind), bs_pv_kind_name(y->kind));
+      return VFAIL(v, EINVAL, "STACK_GLOBAL needs two str, got %s and %s", bs_pv_kind_name(x->kind),
+                   bs_pv_kind_name(y->kind));
     if (x->u.str.len > MAX_LINE || y->u.str.len > MAX_LINE)
       return VFAIL(v, EINVAL, "STACK_GLOBAL name longer than %u bytes", MAX_LINE);
     return do_global(v, x->u.str.s, x->u.str.len, y->u.str.s, y->u.str.len);

@@ -160,7 +160,7 @@ struct ctx {
   /* flattening */
   struct found *found;
   size_t nfound, foundcap;
-  struct smap keys; /* every emitted key, to catch collisions */
+  struct smap keys;  /* every emitted key, to catch collisions */
   char **owned_keys; /* JSON keys kept alive for the map */
   size_t nowned, ownedcap;
   json_t *values;
@@ -170,7 +170,10 @@ struct ctx {
   uint64_t budget;
 };
 
-static const struct bs_src *S(const struct ctx *c) { return &c->cat->srcs[c->src]; }
+static const struct bs_src *S(const struct ctx *c)
+{
+  return &c->cat->srcs[c->src];
+}
 
 static void ctx_destroy(struct ctx *c)
 {
@@ -288,8 +291,9 @@ static int zip_parse(struct ctx *c)
                    ") does not end before the end record at %" PRIu64,
                    cdoff, cdsize, eocd_abs);
   if (cdsize > BS_PICKLE_MAX_BYTES)
-    return bs_fail(c->err, EFBIG, cdoff, NULL, "zip central directory of %" PRIu64
-                   " bytes exceeds the limit of %u", cdsize, (unsigned)BS_PICKLE_MAX_BYTES);
+    return bs_fail(c->err, EFBIG, cdoff, NULL,
+                   "zip central directory of %" PRIu64 " bytes exceeds the limit of %u", cdsize,
+                   (unsigned)BS_PICKLE_MAX_BYTES);
   if (entries == 0)
     return zip_fail(c, eocd_abs, "the archive has no entries");
   if (entries > cdsize / 46)
@@ -395,8 +399,7 @@ static int zdata_off(struct ctx *c, const struct zent *z, uint64_t *out)
     return -1;
   if (bs_le32(h) != 0x04034b50)
     return bs_fail(c->err, EINVAL, z->lho, NULL,
-                   "corrupt zip: bad local header signature for '%.100s'",
-                   z->name);
+                   "corrupt zip: bad local header signature for '%.100s'", z->name);
   uint64_t d = z->lho + 30 + bs_le16(h + 26) + bs_le16(h + 28);
   if (!bs_range_ok(d, z->csize, S(c)->size))
     return bs_fail(c->err, EINVAL, d, NULL,
@@ -478,8 +481,8 @@ static int zinflate(struct ctx *c, const struct zent *z, uint8_t *buf, int fd)
     uint8_t *dst = buf ? buf + done : tmp;
     zip_int64_t r = zip_fread(zf, dst ? dst : &dummy, want);
     if (r <= 0) {
-      rc = bs_fail(c->err, EINVAL, z->lho, NULL, "decompressing '%.100s' failed after %" PRIu64
-                   " of %" PRIu64 " bytes: %s",
+      rc = bs_fail(c->err, EINVAL, z->lho, NULL,
+                   "decompressing '%.100s' failed after %" PRIu64 " of %" PRIu64 " bytes: %s",
                    z->name, done, z->usize, r < 0 ? zip_file_strerror(zf) : "short data");
       break;
     }
@@ -490,8 +493,7 @@ static int zinflate(struct ctx *c, const struct zent *z, uint8_t *buf, int fd)
           continue;
         if (k <= 0) {
           rc = bs_fail(c->err, EIO, BS_OFF_NONE, NULL,
-                       "writing the decompressed copy of '%.100s': %s",
-                       z->name, strerror(errno));
+                       "writing the decompressed copy of '%.100s': %s", z->name, strerror(errno));
           break;
         }
         w += k;
@@ -541,8 +543,8 @@ static int zip_locate(struct ctx *c, struct rec *r, const char *tkey)
     r->len = z->usize;
   } else {
     if (z->usize > BS_MAX_TENSOR_BYTES)
-      return bs_fail(c->err, EFBIG, z->lho, tkey, "compressed entry '%.100s' expands to %" PRIu64
-                     " bytes", z->name, z->usize);
+      return bs_fail(c->err, EFBIG, z->lho, tkey,
+                     "compressed entry '%.100s' expands to %" PRIu64 " bytes", z->name, z->usize);
     int fd = temp_fd(c);
     if (fd < 0)
       return -1;
@@ -568,8 +570,9 @@ static int zip_slurp(struct ctx *c, const struct zent *z, uint64_t max, uint8_t 
 {
   *out = NULL;
   if (z->usize > max)
-    return bs_fail(c->err, EFBIG, z->lho, NULL, "'%.100s' is %" PRIu64 " bytes, over the limit of %"
-                   PRIu64, z->name, z->usize, max);
+    return bs_fail(c->err, EFBIG, z->lho, NULL,
+                   "'%.100s' is %" PRIu64 " bytes, over the limit of %" PRIu64, z->name, z->usize,
+                   max);
   uint8_t *b = bs_malloc(z->usize ? (size_t)z->usize : 1);
   if (!b)
     return nomem(c);
@@ -623,15 +626,9 @@ static int key_str(struct ctx *c, const struct bs_pv *k, char *out, size_t n)
     if (k->u.str.len >= n)
       return bs_fail(c->err, EINVAL, BS_OFF_NONE, NULL, "dict key longer than %zu bytes", n - 1);
     return 0;
-  case BS_PV_INT:
-    snprintf(out, n, "%" PRId64, k->u.i);
-    return 0;
-  case BS_PV_BOOL:
-    snprintf(out, n, "%s", k->u.b ? "True" : "False");
-    return 0;
-  case BS_PV_NONE:
-    snprintf(out, n, "None");
-    return 0;
+  case BS_PV_INT: snprintf(out, n, "%" PRId64, k->u.i); return 0;
+  case BS_PV_BOOL: snprintf(out, n, "%s", k->u.b ? "True" : "False"); return 0;
+  case BS_PV_NONE: snprintf(out, n, "None"); return 0;
   case BS_PV_FLOAT:
     for (int prec = 1; prec <= 17; prec++) {
       snprintf(out, n, "%.*g", prec, k->u.f);
@@ -639,12 +636,8 @@ static int key_str(struct ctx *c, const struct bs_pv *k, char *out, size_t n)
         break;
     }
     return 0;
-  case BS_PV_GLOBAL:
-    snprintf(out, n, "%s.%s", k->u.glob.module, k->u.glob.name);
-    return 0;
-  default:
-    snprintf(out, n, "<%s>", bs_pv_kind_name(k->kind));
-    return 0;
+  case BS_PV_GLOBAL: snprintf(out, n, "%s.%s", k->u.glob.module, k->u.glob.name); return 0;
+  default: snprintf(out, n, "<%s>", bs_pv_kind_name(k->kind)); return 0;
   }
 }
 
@@ -656,12 +649,9 @@ static bool is_scalar(const struct bs_pv *x)
   case BS_PV_INT:
   case BS_PV_BIGINT:
   case BS_PV_FLOAT:
-  case BS_PV_STR:
-    return true;
-  case BS_PV_GLOBAL:
-    return x->u.glob.kind == BS_PG_DTYPE;
-  default:
-    return false;
+  case BS_PV_STR: return true;
+  case BS_PV_GLOBAL: return x->u.glob.kind == BS_PG_DTYPE;
+  default: return false;
   }
 }
 
@@ -711,16 +701,11 @@ static json_t *bigint_json(const struct bs_pv *x)
 static json_t *scalar_json(const struct bs_pv *x)
 {
   switch (x->kind) {
-  case BS_PV_NONE:
-    return json_null();
-  case BS_PV_BOOL:
-    return json_boolean(x->u.b);
-  case BS_PV_INT:
-    return json_integer(x->u.i);
-  case BS_PV_BIGINT:
-    return bigint_json(x);
-  case BS_PV_FLOAT:
-    return isfinite(x->u.f) ? json_real(x->u.f) : json_null();
+  case BS_PV_NONE: return json_null();
+  case BS_PV_BOOL: return json_boolean(x->u.b);
+  case BS_PV_INT: return json_integer(x->u.i);
+  case BS_PV_BIGINT: return bigint_json(x);
+  case BS_PV_FLOAT: return isfinite(x->u.f) ? json_real(x->u.f) : json_null();
   case BS_PV_STR: {
     json_t *j = json_stringn(x->u.str.s, x->u.str.len);
     return j ? j : json_null(); /* not valid UTF-8 */
@@ -731,16 +716,15 @@ static json_t *scalar_json(const struct bs_pv *x)
     json_t *j = json_string(tmp);
     return j ? j : json_null();
   }
-  default:
-    return json_null();
+  default: return json_null();
   }
 }
 
 static int claim_key(struct ctx *c, const char *key, char **kept)
 {
   char *k = bs_strdup(key);
-  if (!k || bs_grow((void **)&c->owned_keys, &c->ownedcap, c->nowned + 1,
-                    sizeof *c->owned_keys) != 0) {
+  if (!k ||
+      bs_grow((void **)&c->owned_keys, &c->ownedcap, c->nowned + 1, sizeof *c->owned_keys) != 0) {
     bs_free(k);
     return nomem(c);
   }
@@ -762,8 +746,8 @@ static int emit_value(struct ctx *c, size_t plen, json_t *j)
     return nomem(c);
   if (++c->nvalues > MAX_VALUES) {
     json_decref(j);
-    return bs_fail(c->err, EFBIG, BS_OFF_NONE, NULL,
-                   "more than %u non-tensor values in the pickle", MAX_VALUES);
+    return bs_fail(c->err, EFBIG, BS_OFF_NONE, NULL, "more than %u non-tensor values in the pickle",
+                   MAX_VALUES);
   }
   const char *key = plen ? c->path : "value";
   if (claim_key(c, key, NULL) != 0) {
@@ -776,8 +760,8 @@ static int emit_value(struct ctx *c, size_t plen, json_t *j)
 
 static int walk(struct ctx *c, struct bs_pv *x, size_t plen, unsigned depth, bool values);
 
-static int walk_child(struct ctx *c, struct bs_pv *x, size_t plen, const char *seg,
-                      unsigned depth, bool values)
+static int walk_child(struct ctx *c, struct bs_pv *x, size_t plen, const char *seg, unsigned depth,
+                      bool values)
 {
   size_t nl = 0;
   if (path_set(c, plen, seg, &nl) != 0)
@@ -886,8 +870,7 @@ static int walk(struct ctx *c, struct bs_pv *x, size_t plen, unsigned depth, boo
              plen ? c->path : "");
     return bs_catalog_note(c->cat, line, c->err);
   }
-  case BS_PV_BYTES:
-    return 0;
+  case BS_PV_BYTES: return 0;
   default:
     if (!values || (x->kind == BS_PV_GLOBAL && !is_scalar(x)))
       return 0;
@@ -954,8 +937,8 @@ static int add_tensor(struct ctx *c, const struct found *f, locate_fn locate)
         !bs_mul_u64(st->u.storage.view_off, st->u.storage.esize, &vo) ||
         !bs_mul_u64(st->u.storage.view_numel, st->u.storage.esize, &vl))
       return bs_fail(c->err, EINVAL, r->off, key,
-                     "storage view [%" PRIu64 ", +%" PRIu64 ") is outside storage '%.64s' of %"
-                     PRIu64 " elements",
+                     "storage view [%" PRIu64 ", +%" PRIu64
+                     ") is outside storage '%.64s' of %" PRIu64 " elements",
                      st->u.storage.view_off, st->u.storage.view_numel, r->key, st->u.storage.numel);
     base += vo;
     slen = vl;
@@ -1096,7 +1079,7 @@ static int read_zip(struct ctx *c)
 }
 
 static const uint8_t legacy_magic[10] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9,
-                                        0x20, 0x6a, 0xa8, 0x50, 0x19};
+                                         0x20, 0x6a, 0xa8, 0x50, 0x19};
 
 static const struct bs_pv *dict_get(const struct bs_pv *d, const char *key)
 {
@@ -1153,8 +1136,8 @@ static int blob(struct ctx *c, struct rec *r, uint64_t *pos, uint64_t limit)
   uint64_t n = bs_le64(h), len;
   if (!bs_mul_u64(n, r->esize, &len) || !bs_range_ok(*pos + 8, len, limit))
     return bs_fail(c->err, EINVAL, *pos, NULL,
-                   "truncated: storage '%.64s' declares %" PRIu64 " elements of %u bytes but only %"
-                   PRIu64 " bytes follow",
+                   "truncated: storage '%.64s' declares %" PRIu64
+                   " elements of %u bytes but only %" PRIu64 " bytes follow",
                    r->key, n, r->esize, limit - *pos - 8);
   r->src = c->src;
   r->off = *pos + 8;
@@ -1353,18 +1336,10 @@ int bs_pth_read(struct bs_catalog *cat, uint32_t src, enum bs_kind kind,
     return nomem(&c);
   int rc;
   switch (kind) {
-  case BS_KIND_PT_ZIP:
-    rc = read_zip(&c);
-    break;
-  case BS_KIND_PT_LEGACY:
-    rc = read_legacy(&c);
-    break;
-  case BS_KIND_PT_TAR:
-    rc = read_tar(&c);
-    break;
-  default:
-    rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a PyTorch container");
-    break;
+  case BS_KIND_PT_ZIP: rc = read_zip(&c); break;
+  case BS_KIND_PT_LEGACY: rc = read_legacy(&c); break;
+  case BS_KIND_PT_TAR: rc = read_tar(&c); break;
+  default: rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a PyTorch container"); break;
   }
   ctx_destroy(&c);
   return rc;

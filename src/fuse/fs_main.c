@@ -91,7 +91,7 @@ static void die_usage(const char *fmt, ...)
   fprintf(stderr, PROG ": ");
   vfprintf(stderr, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "\nTry 'burnstore --help'.\n");
+  fprintf(stderr, " (see burnstore --help)\n");
   exit(2);
 }
 
@@ -149,7 +149,7 @@ static void parse_opts(struct args *a, const char *optstr)
     } else if (in_list(fuse_opts, it, nlen)) {
       add_fuse_opt(a, it);
     } else {
-      int rc = bs_keyopts_add(&a->keys, it, val, &err);
+      int rc = bs_keyopts_add_item(&a->keys, it, &err);
       if (rc < 0) {
         fprintf(stderr, PROG ": option '%s': %s\n", it, err.msg);
         exit(2);
