@@ -73,6 +73,10 @@ BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, co
 /* Append one line to cat->notes. */
 BS_NODISCARD int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err);
 
+/* Drop the tensors from index `count` on and the metadata from `nmeta` on:
+ * how a reader takes back what it added when it fails half way. */
+void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta);
+
 /* Index of the tensor whose key is `key`, or -1. O(n). */
 long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 

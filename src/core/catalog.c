@@ -34,20 +34,26 @@ static void tensor_destroy(struct bs_tensor *t)
   bs_free(t->unsupported);
 }
 
+void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
+{
+  while (cat->count > count)
+    tensor_destroy(&cat->tensors[--cat->count]);
+  while (cat->nmeta > nmeta) {
+    struct bs_kv *kv = &cat->meta[--cat->nmeta];
+    bs_free(kv->key);
+    bs_free(kv->value);
+  }
+}
+
 void bs_catalog_destroy(struct bs_catalog *cat)
 {
   if (!cat)
     return;
-  for (size_t i = 0; i < cat->count; i++)
-    tensor_destroy(&cat->tensors[i]);
+  bs_catalog_truncate(cat, 0, 0);
   bs_free(cat->tensors);
   for (size_t i = 0; i < cat->nsrcs; i++)
     bs_src_destroy(&cat->srcs[i]);
   bs_free(cat->srcs);
-  for (size_t i = 0; i < cat->nmeta; i++) {
-    bs_free(cat->meta[i].key);
-    bs_free(cat->meta[i].value);
-  }
   bs_free(cat->meta);
   bs_free(cat->values_json);
   bs_free(cat->notes);

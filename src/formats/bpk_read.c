@@ -996,26 +996,6 @@ static int cbor_load_fail(const struct cbor_load_result *res, bs_err *err)
   }
 }
 
-static void rollback(struct rd *r)
-{
-  struct bs_catalog *cat = r->cat;
-  for (size_t i = r->count0; i < cat->count; i++) {
-    struct bs_tensor *t = &cat->tensors[i];
-    bs_free(t->key);
-    bs_free(t->name);
-    bs_free(t->shape);
-    bs_free(t->strides);
-    bs_free(t->dtype_raw);
-    bs_free(t->unsupported);
-  }
-  cat->count = r->count0;
-  for (size_t i = r->nmeta0; i < cat->nmeta; i++) {
-    bs_free(cat->meta[i].key);
-    bs_free(cat->meta[i].value);
-  }
-  cat->nmeta = r->nmeta0;
-}
-
 int bs_bpk_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
 {
   if (src >= cat->nsrcs)
@@ -1096,7 +1076,7 @@ int bs_bpk_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   rc = 0;
 out:
   if (rc != 0)
-    rollback(&r);
+    bs_catalog_truncate(cat, r.count0, r.nmeta0);
   if (root)
     cbor_decref(&root);
   for (size_t i = 0; i < r.nkvs; i++) {

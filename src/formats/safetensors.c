@@ -462,23 +462,6 @@ static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, u
   return 0;
 }
 
-/* On failure take back what this call added (only ENOMEM can strike after
- * the first bs_catalog_add, but the catalog stays as it was either way). */
-static void rollback(struct bs_catalog *cat, size_t count, size_t nmeta)
-{
-  while (cat->count > count) {
-    struct bs_tensor *t = &cat->tensors[--cat->count];
-    bs_free(t->key);
-    bs_free(t->name);
-    bs_free(t->shape);
-  }
-  while (cat->nmeta > nmeta) {
-    struct bs_kv *kv = &cat->meta[--cat->nmeta];
-    bs_free(kv->key);
-    bs_free(kv->value);
-  }
-}
-
 static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const json_t *meta,
                 const struct entry *ents, size_t n, const uint64_t *dims, bs_err *err)
 {
@@ -627,7 +610,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   rc = 0;
 out:
   if (rc != 0)
-    rollback(cat, count0, nmeta0);
+    bs_catalog_truncate(cat, count0, nmeta0);
   bs_free(sorted);
   bs_free(dims.v);
   bs_free(ents);

@@ -88,6 +88,14 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, s
     st->st_mtim = st->st_ctim = f->mtime;
 }
 
+static void fill_entry(struct fs *fs, fuse_ino_t ino, struct fuse_entry_param *e)
+{
+  memset(e, 0, sizeof *e);
+  e->ino = ino;
+  e->attr_timeout = e->entry_timeout = fs->timeout;
+  fill_attr(fs, ino, &fs->tree.nodes[ino], &e->attr);
+}
+
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
   (void)userdata;
@@ -120,12 +128,8 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     fuse_reply_entry(req, &e);
     return;
   }
-  struct bs_node *nd = bs_tree_node(&fs->tree, ino);
   struct fuse_entry_param e;
-  memset(&e, 0, sizeof e);
-  e.ino = ino;
-  e.attr_timeout = e.entry_timeout = fs->timeout;
-  fill_attr(fs, ino, nd, &e.attr);
+  fill_entry(fs, ino, &e);
   unlock(fs);
   fuse_reply_entry(req, &e);
 }
@@ -517,12 +521,8 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   wrlock(fs);
   int rc = do_mknode(fs, parent, name, mode, true, &ino);
   struct fuse_entry_param e;
-  memset(&e, 0, sizeof e);
-  if (!rc) {
-    e.ino = ino;
-    e.attr_timeout = e.entry_timeout = fs->timeout;
-    fill_attr(fs, ino, &fs->tree.nodes[ino], &e.attr);
-  }
+  if (!rc)
+    fill_entry(fs, ino, &e);
   unlock(fs);
   if (rc)
     fuse_reply_err(req, rc);
@@ -542,12 +542,8 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   wrlock(fs);
   int rc = do_mknode(fs, parent, name, mode, false, &ino);
   struct fuse_entry_param e;
-  memset(&e, 0, sizeof e);
-  if (!rc) {
-    e.ino = ino;
-    e.attr_timeout = e.entry_timeout = fs->timeout;
-    fill_attr(fs, ino, &fs->tree.nodes[ino], &e.attr);
-  }
+  if (!rc)
+    fill_entry(fs, ino, &e);
   unlock(fs);
   if (rc)
     fuse_reply_err(req, rc);
@@ -563,7 +559,6 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
   wrlock(fs);
   int rc = do_mknode(fs, parent, name, mode, false, &ino);
   struct fuse_entry_param e;
-  memset(&e, 0, sizeof e);
   if (!rc) {
     rc = -fs_stage(fs, fs->tree.nodes[ino].user, 0);
     if (rc) {
@@ -575,11 +570,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         fuse_log(FUSE_LOG_ERR, "burnstore: %s\n", err.msg);
     }
   }
-  if (!rc) {
-    e.ino = ino;
-    e.attr_timeout = e.entry_timeout = fs->timeout;
-    fill_attr(fs, ino, &fs->tree.nodes[ino], &e.attr);
-  }
+  if (!rc)
+    fill_entry(fs, ino, &e);
   unlock(fs);
   if (rc) {
     fuse_reply_err(req, rc);
