@@ -24,6 +24,16 @@ ctest --test-dir build --output-on-failure -j1 --timeout 900
 echo "== sanitizer build (ASan + UBSan)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DBURNSTORE_SANITIZE=ON -DBURNSTORE_WERROR=$werror >/dev/null
 cmake --build build-asan -j"$jobs"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+# Reports also go to files, so that a daemon's (whose stderr is /dev/null
+# once it forks away) are seen too.
+logs=$(mktemp -d /tmp/bs-sanitizer-XXXXXX)
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:log_path=$logs/asan \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan \
   ctest --test-dir build-asan --output-on-failure -j1 --timeout 900
+if compgen -G "$logs/*" >/dev/null; then
+  echo "== sanitizer reports:" >&2
+  cat "$logs"/* >&2
+  exit 1
+fi
+rm -rf "$logs"
 echo "== all tests passed"

@@ -78,7 +78,7 @@ struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount;
   bool ro, rw, flat, strict;
-  const char *output, *staging;
+  char *output, *staging; /* owned */
   char fuse_extra[2048];
   struct bs_keyopts keys;
 };
@@ -92,7 +92,8 @@ static void die_usage(const char *fmt, ...)
   vfprintf(stderr, fmt, ap);
   va_end(ap);
   fprintf(stderr, " (see burnstore --help)\n");
-  exit(2);
+  fflush(stderr);
+  _exit(2); /* no leak report for what parsing had allocated */
 }
 
 static bool in_list(const char *const *list, const char *name, size_t len)
@@ -139,11 +140,11 @@ static void parse_opts(struct args *a, const char *optstr)
     } else if (strcmp(it, "strict") == 0) {
       a->strict = true;
     } else if (eq && nlen == 6 && strncmp(it, "output", 6) == 0) {
-      a->output = val;
-      items[i] = NULL; /* kept: a->output points into it */
+      bs_free(a->output);
+      a->output = bs_strdup(val);
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
-      a->staging = val;
-      items[i] = NULL;
+      bs_free(a->staging);
+      a->staging = bs_strdup(val);
     } else if (in_list(ignored_opts, it, nlen) || strncmp(it, "x-", 2) == 0) {
       /* fstab-only */
     } else if (in_list(fuse_opts, it, nlen)) {
@@ -152,7 +153,8 @@ static void parse_opts(struct args *a, const char *optstr)
       int rc = bs_keyopts_add_item(&a->keys, it, &err);
       if (rc < 0) {
         fprintf(stderr, PROG ": option '%s': %s\n", it, err.msg);
-        exit(2);
+        fflush(stderr);
+        _exit(2);
       }
       if (rc > 0)
         die_usage("unknown option '%s'", it);
@@ -160,6 +162,14 @@ static void parse_opts(struct args *a, const char *optstr)
     bs_free(items[i]);
   }
   bs_free(items);
+}
+
+static void args_destroy(struct args *a)
+{
+  bs_keyopts_destroy(&a->keys);
+  bs_free(a->output);
+  bs_free(a->staging);
+  a->output = a->staging = NULL;
 }
 
 static void parse_args(struct args *a, int argc, char **argv)
@@ -394,6 +404,7 @@ static void fs_destroy(struct fs *fs)
   bs_free(fs->meta);
   if (fs->staging_fd >= 0)
     close(fs->staging_fd);
+  bs_keyopts_destroy(&fs->keys);
   bs_free(fs->source);
   bs_free(fs->output);
   bs_free(fs->staging);
@@ -504,15 +515,17 @@ int main(int argc, char **argv)
 {
   struct args a;
   parse_args(&a, argc, argv);
-  if (a.unmount)
+  if (a.unmount) {
+    args_destroy(&a);
     return do_unmount(a.mountpoint);
+  }
 
   struct fs fs;
   memset(&fs, 0, sizeof fs);
   fs.staging_fd = -1;
   if (prepare(&fs, &a) != 0) {
     fs_destroy(&fs);
-    bs_keyopts_destroy(&a.keys);
+    args_destroy(&a);
     return 1;
   }
   char *mnt = abs_path(a.mountpoint);
@@ -521,6 +534,7 @@ int main(int argc, char **argv)
     fprintf(stderr, PROG ": mountpoint %s: %s\n", a.mountpoint,
             !mnt || errno != 0 ? strerror(errno ? errno : ENOTDIR) : "not a directory");
     fs_destroy(&fs);
+    args_destroy(&a);
     bs_free(mnt);
     return 1;
   }
@@ -539,6 +553,7 @@ int main(int argc, char **argv)
     fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
     close(sfd);
     fs_destroy(&fs);
+    args_destroy(&a);
     bs_free(mnt);
     return 1;
   }
@@ -630,7 +645,7 @@ out_status:
 out_fs:
   fuse_opt_free_args(&fargs);
   fs_destroy(&fs);
-  bs_keyopts_destroy(&a.keys);
+  args_destroy(&a);
   bs_free(mnt);
   if (sfd >= 0)
     close(sfd);
