@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -507,6 +508,9 @@ static int prepare(struct fs *fs, struct args *a)
   }
   fs->keys = a->keys;
   memset(&a->keys, 0, sizeof a->keys);
+  /* The parsers' temporary memory (a JSON or CBOR tree of the whole header)
+   * is freed by now; give it back, so the daemon stays O(tensors). */
+  malloc_trim(0);
   fs->timeout = fs->writable ? 1.0 : 86400.0;
   return 0;
 }
