@@ -514,12 +514,13 @@ static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t 
   return 0;
 }
 
-static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+/* mkdir and mknod: a new node, replied as an entry. */
+static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, bool dir)
 {
   struct fs *fs = fs_data(req);
   uint64_t ino = 0;
   wrlock(fs);
-  int rc = do_mknode(fs, parent, name, mode, true, &ino);
+  int rc = do_mknode(fs, parent, name, mode, dir, &ino);
   struct fuse_entry_param e;
   if (!rc)
     fill_entry(fs, ino, &e);
@@ -530,25 +531,18 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
     fuse_reply_entry(req, &e);
 }
 
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+  reply_mknode(req, parent, name, mode, true);
+}
+
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
   (void)rdev;
-  struct fs *fs = fs_data(req);
-  if (!S_ISREG(mode)) {
-    fuse_reply_err(req, fs->writable ? EPERM : EROFS);
-    return;
-  }
-  uint64_t ino = 0;
-  wrlock(fs);
-  int rc = do_mknode(fs, parent, name, mode, false, &ino);
-  struct fuse_entry_param e;
-  if (!rc)
-    fill_entry(fs, ino, &e);
-  unlock(fs);
-  if (rc)
-    fuse_reply_err(req, rc);
+  if (!S_ISREG(mode))
+    fuse_reply_err(req, fs_data(req)->writable ? EPERM : EROFS);
   else
-    fuse_reply_entry(req, &e);
+    reply_mknode(req, parent, name, mode, false);
 }
 
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,

@@ -55,7 +55,8 @@ static int load(const void *bytes, size_t len, struct bs_pv **out, bs_err *err)
 Test(pickle, memo_holds_references_so_a_dict_filled_after_binput_is_seen_filled)
 {
   /* L = []; memo0 = L; D = {}; memo1 = D; L.append(D); memo1['k'] = 7; return L */
-  static const char s[] = "\x80\x02]q\x00}q\x01" "ah\x01X\x01\x00\x00\x00kK\x07s0.";
+  static const char s[] = "\x80\x02]q\x00}q\x01"
+                          "ah\x01X\x01\x00\x00\x00kK\x07s0.";
   struct bs_pv *v;
   LOAD_OK(s, &v);
   cr_assert_eq(v->kind, BS_PV_LIST);
@@ -130,8 +131,11 @@ Test(pickle, protocol4_frame_stack_global_memoize)
 {
   /* OrderedDict([('a', 1)]) as protocol 4 writes it */
   static const char s[] = "\x80\x04\x95\x2a\x00\x00\x00\x00\x00\x00\x00"
-                          "\x8c\x0b" "collections\x94\x8c\x0b" "OrderedDict\x94\x93\x94)R\x94"
-                          "\x8c\x01" "a\x94K\x01sh\x00h\x03s.";
+                          "\x8c\x0b"
+                          "collections\x94\x8c\x0b"
+                          "OrderedDict\x94\x93\x94)R\x94"
+                          "\x8c\x01"
+                          "a\x94K\x01sh\x00h\x03s.";
   struct bs_pv *v;
   LOAD_OK(s, &v);
   cr_assert_eq(v->kind, BS_PV_DICT);
@@ -146,7 +150,10 @@ Test(pickle, protocol4_frame_stack_global_memoize)
 
 Test(pickle, python2_names_are_mapped_and_set_is_built)
 {
-  static const char s[] = "\x80\x02" "c__builtin__\nset\n]K\x01" "aK\x02" "a\x85R.";
+  static const char s[] = "\x80\x02"
+                          "c__builtin__\nset\n]K\x01"
+                          "aK\x02"
+                          "a\x85R.";
   struct bs_pv *v;
   LOAD_OK(s, &v);
   cr_assert_eq(v->kind, BS_PV_SET);
@@ -170,7 +177,8 @@ Test(pickle, text_opcodes_dict_list_int_long_dup_pop_mark)
 Test(pickle, strings_and_bytes_and_codecs_encode)
 {
   static const char s[] = "\x80\x03(U\x02hiT\x02\x00\x00\x00yoC\x02\x00\x01"
-                          "B\x01\x00\x00\x00z" "c_codecs\nencode\nX\x02\x00\x00\x00\xc3\xbf"
+                          "B\x01\x00\x00\x00z"
+                          "c_codecs\nencode\nX\x02\x00\x00\x00\xc3\xbf"
                           "X\x06\x00\x00\x00latin1\x86Rt.";
   struct bs_pv *v;
   LOAD_OK(s, &v);
@@ -185,10 +193,14 @@ Test(pickle, strings_and_bytes_and_codecs_encode)
 }
 
 /* {'w': _rebuild_tensor_v2(pid, 2, (2, 3), (3, 1), False, OrderedDict())} */
-#define TENSOR_PICKLE(cls)                                                                        \
-  "\x80\x02}X\x01\x00\x00\x00w" "ctorch._utils\n_rebuild_tensor_v2\n"                              \
-  "((X\x07\x00\x00\x00storagectorch\n" cls "\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00" "cpuK\x08tQ" \
-  "K\x02K\x02K\x03\x86K\x03K\x01\x86\x89" "ccollections\nOrderedDict\n)RtRs."
+#define TENSOR_PICKLE(cls)                                                                         \
+  "\x80\x02}X\x01\x00\x00\x00w"                                                                    \
+  "ctorch._utils\n_rebuild_tensor_v2\n"                                                            \
+  "((X\x07\x00\x00\x00storagectorch\n" cls "\nX\x01\x00\x00\x00"                                   \
+  "0X\x03\x00\x00\x00"                                                                             \
+  "cpuK\x08tQ"                                                                                     \
+  "K\x02K\x02K\x03\x86K\x03K\x01\x86\x89"                                                          \
+  "ccollections\nOrderedDict\n)RtRs."
 
 Test(pickle, rebuild_tensor_v2_gives_a_tensor_with_its_storage)
 {
@@ -229,7 +241,8 @@ Test(pickle, unknown_storage_class_gives_an_unsupported_tensor_not_a_guess)
 
 Test(pickle, os_system_is_never_called_and_is_reported)
 {
-  static const char s[] = "\x80\x02" "cos\nsystem\nX\x0b\x00\x00\x00touch /tmp/\x85R.";
+  static const char s[] = "\x80\x02"
+                          "cos\nsystem\nX\x0b\x00\x00\x00touch /tmp/\x85R.";
   struct bs_pv *v;
   LOAD_OK(s, &v);
   cr_assert_eq(v->kind, BS_PV_OBJECT);
@@ -241,7 +254,8 @@ Test(pickle, os_system_is_never_called_and_is_reported)
 
 Test(pickle, strict_mode_refuses_an_unknown_global_naming_it)
 {
-  static const char s[] = "\x80\x02" "cposix\nsystem\nX\x01\x00\x00\x00x\x85R.";
+  static const char s[] = "\x80\x02"
+                          "cposix\nsystem\nX\x01\x00\x00\x00x\x85R.";
   struct bs_pv *v;
   bs_err e;
   cr_assert_eq(load_opts(s, sizeof s - 1, true, 100, &v, &e), -1);
@@ -262,7 +276,8 @@ Test(pickle, strict_mode_accepts_torch_globals)
 
 Test(pickle, whole_nn_module_is_refused_with_the_state_dict_hint)
 {
-  static const char s[] = "\x80\x02" "ctorch.nn.modules.linear\nLinear\n)\x81}b.";
+  static const char s[] = "\x80\x02"
+                          "ctorch.nn.modules.linear\nLinear\n)\x81}b.";
   struct bs_pv *v;
   bs_err e;
   cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
@@ -275,7 +290,8 @@ Test(pickle, whole_nn_module_is_refused_with_the_state_dict_hint)
 
 Test(pickle, user_module_class_with_parameters_state_is_refused)
 {
-  static const char s[] = "\x80\x02" "c__main__\nNet\n)\x81}(X\x0b\x00\x00\x00_parametersN"
+  static const char s[] = "\x80\x02"
+                          "c__main__\nNet\n)\x81}(X\x0b\x00\x00\x00_parametersN"
                           "X\x08\x00\x00\x00_modulesNub.";
   struct bs_pv *v;
   bs_err e;
@@ -342,7 +358,8 @@ Test(pickle, long_binput_beyond_the_stream_is_out_of_range)
 
 Test(pickle, string_longer_than_the_stream_is_truncated)
 {
-  static const char s[] = "\x80\x02X\x10\x00\x00\x00" "abc";
+  static const char s[] = "\x80\x02X\x10\x00\x00\x00"
+                          "abc";
   struct bs_pv *v;
   bs_err e;
   cr_assert_eq(load_opts(s, sizeof s - 1, false, 1000, &v, &e), -1);

@@ -66,8 +66,8 @@ static uint8_t *read_all(const struct bs_catalog *cat, const struct bs_tensor *t
   for (uint64_t off = 0; off < t->nbytes;) {
     size_t want = t->nbytes - off < 7 ? (size_t)(t->nbytes - off) : 7;
     long r = bs_tensor_read(cat, t, off, b + off, want);
-    cr_assert_eq(r, (long)want, "read of '%s' at %llu gave %ld", t->key,
-                 (unsigned long long)off, r);
+    cr_assert_eq(r, (long)want, "read of '%s' at %llu gave %ld", t->key, (unsigned long long)off,
+                 r);
     off += (uint64_t)r;
   }
   return b;
@@ -490,9 +490,8 @@ static void check_case(const char *dir, const char *name, bool mem)
     json_object_foreach(vals, key, m)
     {
       json_t *g = json_object_get(got, key);
-      bool same = g && (json_equal(g, m) ||
-                        (json_is_number(g) && json_is_number(m) &&
-                         json_number_value(g) == json_number_value(m)));
+      bool same = g && (json_equal(g, m) || (json_is_number(g) && json_is_number(m) &&
+                                             json_number_value(g) == json_number_value(m)));
       char *gs = g ? json_dumps(g, JSON_ENCODE_ANY) : NULL;
       cr_expect(same, "%s: value '%s' is %s", name, key, gs ? gs : "missing");
       free(gs);
@@ -602,16 +601,19 @@ static uint8_t *zip_build(const struct zbe *e, size_t n, size_t *outlen)
 /* {'w': tensor (2, 3) of storage '0' (8 floats) at offset 2, strides (3, 1)} + extra pickle
  * items inserted before the final SETITEMS' STOP */
 #define W_PICKLE(extra)                                                                            \
-  "\x80\x02}(X\x01\x00\x00\x00w" "ctorch._utils\n_rebuild_tensor_v2\n"                             \
-  "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00"       \
-  "cpuK\x08tQK\x02K\x02K\x03\x86K\x03K\x01\x86\x89" "ccollections\nOrderedDict\n)RtR" extra "u."
+  "\x80\x02}(X\x01\x00\x00\x00w"                                                                   \
+  "ctorch._utils\n_rebuild_tensor_v2\n"                                                            \
+  "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"                              \
+  "0X\x03\x00\x00\x00"                                                                             \
+  "cpuK\x08tQK\x02K\x02K\x03\x86K\x03K\x01\x86\x89"                                                \
+  "ccollections\nOrderedDict\n)RtR" extra "u."
 
 static const float STORE8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
 
 static uint8_t *w_zip(const char *pkl, size_t plen, const void *store, size_t slen, size_t *len)
 {
-  struct zbe e[] = {{"arch/data.pkl", pkl, plen}, {"arch/data/0", store, slen},
-                    {"arch/version", "3\n", 2}};
+  struct zbe e[] = {
+      {"arch/data.pkl", pkl, plen}, {"arch/data/0", store, slen}, {"arch/version", "3\n", 2}};
   return zip_build(e, 3, len);
 }
 
@@ -631,9 +633,11 @@ Test(pth, hand_built_zip_reads_an_offset_tensor)
 Test(pth, malicious_global_in_a_zip_is_skipped_and_reported_tensors_still_read)
 {
   /* 'evil': posix.system('touch /tmp/x'), 'cfg': argparse.Namespace(lr=0.5) */
-  static const char pk[] = W_PICKLE("X\x04\x00\x00\x00" "evilcposix\nsystem\nX\x0c\x00\x00\x00"
+  static const char pk[] = W_PICKLE("X\x04\x00\x00\x00"
+                                    "evilcposix\nsystem\nX\x0c\x00\x00\x00"
                                     "touch /tmp/x\x85R"
-                                    "X\x03\x00\x00\x00" "cfgcargparse\nNamespace\n)\x81}X\x02\x00"
+                                    "X\x03\x00\x00\x00"
+                                    "cfgcargparse\nNamespace\n)\x81}X\x02\x00"
                                     "\x00\x00lrG?\xe0\x00\x00\x00\x00\x00\x00sb");
   size_t len;
   uint8_t *z = w_zip(pk, sizeof pk - 1, STORE8, sizeof STORE8, &len);
@@ -690,10 +694,12 @@ Test(pth, short_storage_record_is_refused)
 Test(pth, view_past_the_storage_is_refused)
 {
   /* stride (4, 1) with offset 2: last element 2 + 4 + 2 = 8 > 7 */
-  static const char pk[] =
-      "\x80\x02}(X\x01\x00\x00\x00w" "ctorch._utils\n_rebuild_tensor_v2\n"
-      "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" "0X\x03\x00\x00\x00"
-      "cpuK\x08tQK\x02K\x02K\x03\x86K\x04K\x01\x86\x89" "ccollections\nOrderedDict\n)RtRu.";
+  static const char pk[] = "\x80\x02}(X\x01\x00\x00\x00w"
+                           "ctorch._utils\n_rebuild_tensor_v2\n"
+                           "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                           "0X\x03\x00\x00\x00"
+                           "cpuK\x08tQK\x02K\x02K\x03\x86K\x04K\x01\x86\x89"
+                           "ccollections\nOrderedDict\n)RtRu.";
   size_t len;
   uint8_t *z = w_zip(pk, sizeof pk - 1, STORE8, sizeof STORE8, &len);
   struct bs_catalog cat;
@@ -709,7 +715,8 @@ Test(pth, view_past_the_storage_is_refused)
 Test(pth, torchscript_archive_is_refused)
 {
   static const char pk[] = W_PICKLE("");
-  struct zbe ents[] = {{"m/data.pkl", pk, sizeof pk - 1}, {"m/constants.pkl", "\x80\x02).", 4},
+  struct zbe ents[] = {{"m/data.pkl", pk, sizeof pk - 1},
+                       {"m/constants.pkl", "\x80\x02).", 4},
                        {"m/code/__torch__.py", "x", 1}};
   size_t len;
   uint8_t *z = zip_build(ents, 3, &len);
@@ -725,7 +732,8 @@ Test(pth, torchscript_archive_is_refused)
 Test(pth, big_endian_byteorder_is_refused)
 {
   static const char pk[] = W_PICKLE("");
-  struct zbe ents[] = {{"a/data.pkl", pk, sizeof pk - 1}, {"a/byteorder", "big", 3},
+  struct zbe ents[] = {{"a/data.pkl", pk, sizeof pk - 1},
+                       {"a/byteorder", "big", 3},
                        {"a/data/0", STORE8, sizeof STORE8}};
   size_t len;
   uint8_t *z = zip_build(ents, 3, &len);
@@ -779,7 +787,10 @@ Test(pth, numel_mismatch_in_a_real_file_is_refused)
 {
   size_t len;
   uint8_t *f = bs_test_slurp(TD "float32.pt", &len);
-  uint8_t *k = memmem(f, len, "cpu" "q\x06K\x04t", 8);
+  uint8_t *k = memmem(f, len,
+                      "cpu"
+                      "q\x06K\x04t",
+                      8);
   cr_assert_not_null(k);
   k[6] = 5;
   static const float v[4] = {1.0f, 2.5f, -3.7f, 0.0f};
@@ -819,7 +830,8 @@ Test(pth, deeply_nested_lists_in_a_zip_are_a_clean_error)
 
 Test(pth, self_referencing_list_is_a_clean_error)
 {
-  static const char pk[] = "\x80\x02]q\x00h\x00" "a.";
+  static const char pk[] = "\x80\x02]q\x00h\x00"
+                           "a.";
   struct zbe ents[] = {{"a/data.pkl", pk, sizeof pk - 1}};
   size_t len;
   uint8_t *z = zip_build(ents, 1, &len);
