@@ -180,6 +180,31 @@ def test_bad_input(tmp):
         force_unmount(mnt)
 
 
+def test_huge_sparse(tmp):
+    """A 6 GiB tensor (a sparse file): 64-bit sizes and offsets end to end,
+    and mounting reads only the header."""
+    path = os.path.join(tmp, "huge.safetensors")
+    n = 6 << 30
+    hb = json.dumps({"small": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+                     "huge": {"dtype": "F32", "shape": [n // 4], "data_offsets": [8, 8 + n]}}).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + b"ABCDEFGH")
+        f.truncate(8 + len(hb) + 8 + n)
+        f.seek(8 + len(hb) + 8 + n - 4)
+        f.write(b"WXYZ")
+    mnt = os.path.join(tmp, "huge")
+    with Mount(path, mnt):
+        p = os.path.join(mnt, "huge")
+        check(os.path.getsize(p) == n, "6 GiB st_size")
+        with open(p, "rb") as f:
+            f.seek(n - 8)
+            check(f.read(100) == b"\0\0\0\0WXYZ", "the last bytes of a 6 GiB tensor")
+            f.seek((5 << 30) + 3)
+            check(f.read(4) == b"\0" * 4, "bytes past 4 GiB")
+        check(open(os.path.join(mnt, "small"), "rb").read() == b"ABCDEFGH", "the small tensor")
+    os.unlink(path)
+
+
 def test_cli(tmp):
     r = run([BIN, "--version"])
     check(r.returncode == 0 and r.stdout.startswith("burnstore "), "--version")
@@ -193,7 +218,7 @@ def test_cli(tmp):
 
 if __name__ == "__main__":
     with tmpdir("ro") as tmp:
-        for t in (test_cli, test_fixtures, test_tools, test_flat, test_mount_helper, test_bad_input):
+        for t in (test_cli, test_fixtures, test_tools, test_flat, test_huge_sparse, test_mount_helper, test_bad_input):
             print("--", t.__name__, flush=True)
             t(tmp)
     finish("test_readonly")
