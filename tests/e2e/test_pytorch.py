@@ -12,12 +12,13 @@ import struct
 import subprocess
 import sys
 
-from bsmount import (BIN, FIX, SHARED, SOURCE_DIR, Mount, check, finish, force_unmount, is_mounted,
+from bsmount import (read_bpk, BIN, FIX, SHARED, SOURCE_DIR, Mount, check, finish, force_unmount, is_mounted,
                      key_to_relpath, run, tensor_files, tmpdir, xattrs)
 
 GEN = os.path.join(SOURCE_DIR, "tests/support/make_torch_cases.py")
 MPF = os.path.join(SHARED, "tools/make-pth-fixtures.py")
 RD = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data")
+BPK_OK = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"}
 
 
 def test_torch_cases(tmp):
@@ -69,6 +70,24 @@ def test_torch_cases(tmp):
                         case, expect["note"], root.get("user.burnstore.notes")))
         except RuntimeError as e:
             check(False, "%s: %s" % (case, e))
+        # Converted to Burnpack (output=), strided views included: the same bytes.
+        bpk = os.path.join(tmp, case + ".bpk")
+        try:
+            with Mount(path, mnt, opts="output=" + bpk) as m:
+                u = m.unmount()
+            if all(v["dtype"] in BPK_OK for v in man.values()):
+                check(u.returncode == 0, "%s: conversion to Burnpack: %s" % (case, u.stderr))
+                got = read_bpk(bpk)[0] if os.path.exists(bpk) else {}
+                for key, m in man.items():
+                    g = got.get(key)
+                    check(g is not None and g[0] == m["dtype"] and g[1] == m["shape"]
+                          and hashlib.sha256(g[2]).hexdigest() == m["sha256"],
+                          "%s: %s converted to Burnpack differs" % (case, key))
+            else:
+                check(u.returncode == 1 and "Burnpack has no dtype" in u.stderr,
+                      "%s: a dtype Burnpack lacks is refused at write-back: %r" % (case, u.stderr))
+        except RuntimeError as e:
+            check(False, "%s: conversion: %s" % (case, e))
         if "absent" in expect:
             check(not os.path.exists(expect["absent"]), "%s: %s must not exist (pickle code ran?)" % (case, expect["absent"]))
 
