@@ -251,6 +251,33 @@ def test_failures(tmp):
     check(os.path.exists(out) and read_bpk(out)[0].get("x", (0, 0, 0))[2] == b"1234", "SIGTERM writes back")
 
 
+def test_parallel(tmp):
+    """Many writers and readers at once (the daemon is multithreaded)."""
+    out = os.path.join(tmp, "par.bpk")
+    mnt = os.path.join(tmp, "par")
+    blobs = {"d%d/t%d" % (i % 4, i): bytes([i]) * (300000 + 4097 * i) for i in range(16)}
+    with Mount(out, mnt) as m:
+        for i in range(4):
+            os.makedirs(os.path.join(mnt, "d%d" % i))
+        procs = []
+        for rel, data in blobs.items():
+            src = os.path.join(tmp, rel.replace("/", "_"))
+            open(src, "wb").write(data)
+            procs.append(subprocess.Popen(["dd", "if=" + src, "of=" + os.path.join(mnt, rel), "bs=4096",
+                                           "status=none"]))
+        for p in procs:
+            check(p.wait(timeout=120) == 0, "parallel dd")
+        procs = [subprocess.Popen(["cmp", os.path.join(tmp, rel.replace("/", "_")), os.path.join(mnt, rel)])
+                 for rel in blobs for _ in range(2)]
+        for p in procs:
+            check(p.wait(timeout=120) == 0, "parallel reads give what was written")
+        u = m.unmount()
+        check(u.returncode == 0, "write-back: %s" % u.stderr)
+    got, _ = read_bpk(out)
+    for rel, data in blobs.items():
+        check(got.get(rel.replace("/", "."), (0, 0, b""))[2] == data, "%s written back" % rel)
+
+
 def test_memory(tmp):
     """Written data is staged on disk: writing 512 MiB leaves the daemon small,
     and the write-back streams it."""
@@ -270,7 +297,7 @@ def test_memory(tmp):
 
 if __name__ == "__main__":
     with tmpdir("write") as tmp:
-        for t in (test_posix_ops, test_rw_existing, test_roundtrips, test_failures, test_memory):
+        for t in (test_posix_ops, test_rw_existing, test_roundtrips, test_failures, test_parallel, test_memory):
             print("--", t.__name__, flush=True)
             try:
                 t(tmp)
