@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_check_catalog(&cat);
     if (cat.values_json) {
       json_error_t je;
-      json_t *j = json_loads(cat.values_json, JSON_DECODE_ANY, &je);
+      json_t *j = json_loads(cat.values_json, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
       FUZZ_CHECK(j != NULL);
       json_decref(j);
     }
