@@ -358,6 +358,13 @@ static int pop_mark(struct vm *v, size_t *first, size_t *n)
   return 0;
 }
 
+/* The items pop_mark left at v->stack[first...]; the stack may still be
+ * unallocated when nothing was ever pushed (MARK DICT). */
+static struct bs_pv **marked(struct vm *v, size_t first)
+{
+  return v->stack ? v->stack + first : NULL;
+}
+
 static int memo_put(struct vm *v, uint64_t idx, struct bs_pv *x)
 {
   if (!x)
@@ -1264,7 +1271,7 @@ static int step(struct vm *v, bool *stop)
       return -1;
     if (!(x = newv(v, BS_PV_DICT)))
       return -1;
-    if (setitems(v, x, v->stack + first, cnt) != 0)
+    if (setitems(v, x, marked(v, first), cnt) != 0)
       return -1;
     return push(v, x);
   case 'a': /* APPEND */
@@ -1274,7 +1281,7 @@ static int step(struct vm *v, bool *stop)
   case 'e': /* APPENDS */
     if (pop_mark(v, &first, &cnt) != 0 || !(x = top(v)))
       return -1;
-    return append_to(v, x, v->stack + first, cnt);
+    return append_to(v, x, marked(v, first), cnt);
   case 0x90: /* ADDITEMS */
     if (pop_mark(v, &first, &cnt) != 0 || !(x = top(v)))
       return -1;
@@ -1294,7 +1301,7 @@ static int step(struct vm *v, bool *stop)
   case 'u': /* SETITEMS */
     if (pop_mark(v, &first, &cnt) != 0 || !(x = top(v)))
       return -1;
-    return setitems(v, x, v->stack + first, cnt);
+    return setitems(v, x, marked(v, first), cnt);
   case '0': /* POP */
     if (v->sp > floor_sp(v)) {
       v->sp--;

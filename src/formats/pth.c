@@ -565,7 +565,10 @@ static int zip_locate(struct ctx *c, struct rec *r, const char *tkey)
   return 0;
 }
 
-/* A small or pickle record read whole into memory (bs_malloc'd). */
+/* A small or pickle record read whole into memory (bs_malloc'd). The size in
+ * the directory is only a claim until the bytes exist: a stored entry must
+ * lie in the file, a compressed one is inflated to a temporary file first,
+ * so a tiny entry that claims 1 GiB allocates nothing. */
 static int zip_slurp(struct ctx *c, const struct zent *z, uint64_t max, uint8_t **out)
 {
   *out = NULL;
@@ -573,18 +576,32 @@ static int zip_slurp(struct ctx *c, const struct zent *z, uint64_t max, uint8_t 
     return bs_fail(c->err, EFBIG, z->lho, NULL,
                    "'%.100s' is %" PRIu64 " bytes, over the limit of %" PRIu64, z->name, z->usize,
                    max);
-  uint8_t *b = bs_malloc(z->usize ? (size_t)z->usize : 1);
-  if (!b)
-    return nomem(c);
-  int rc;
+  struct bs_src tmp = {.fd = -1};
+  const struct bs_src *from = S(c);
+  uint64_t d = 0;
   if (z->method == 0) {
-    uint64_t d;
-    rc = zdata_off(c, z, &d);
-    if (rc == 0)
-      rc = bs_src_read(S(c), d, b, (size_t)z->usize, c->err);
+    if (zdata_off(c, z, &d) != 0)
+      return -1;
+    if (!bs_range_ok(d, z->usize, from->size))
+      return bs_fail(c->err, EINVAL, d, NULL,
+                     "truncated zip: '%.100s' needs %" PRIu64 " bytes at %" PRIu64
+                     " but the file has %" PRIu64,
+                     z->name, z->usize, d, from->size);
   } else {
-    rc = zinflate(c, z, b, -1);
+    int fd = temp_fd(c);
+    if (fd < 0)
+      return -1;
+    if (zinflate(c, z, NULL, fd) != 0) {
+      close(fd);
+      return -1;
+    }
+    if (bs_src_init_fd(&tmp, fd, true, z->name, c->err) != 0)
+      return -1;
+    from = &tmp;
   }
+  uint8_t *b = bs_malloc(z->usize ? (size_t)z->usize : 1);
+  int rc = b ? bs_src_read(from, d, b, (size_t)z->usize, c->err) : nomem(c);
+  bs_src_destroy(&tmp);
   if (rc != 0) {
     bs_free(b);
     return -1;

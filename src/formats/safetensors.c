@@ -417,6 +417,13 @@ static int cmp_entry(const void *a, const void *b)
 
 /* Rule 6 of the spec: sorted by (BEGIN, END) the tensors tile the data
  * buffer from 0. *d gets its length. */
+/* An entry's shape in the flat dims array, which is NULL when every tensor
+ * is a scalar. */
+static const uint64_t *shape_of(const uint64_t *dims, const struct entry *e)
+{
+  return e->rank ? dims + e->dims : NULL;
+}
+
 static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, uint64_t *d,
                         bs_err *err)
 {
@@ -445,11 +452,11 @@ static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, u
                      "data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", e->begin,
                      e->end);
     uint64_t nbytes;
-    if (bs_dtype_nbytes(e->dtype, e->rank, dims + e->dims, &nbytes, e->name, e->pos, err) != 0)
+    if (bs_dtype_nbytes(e->dtype, e->rank, shape_of(dims, e), &nbytes, e->name, e->pos, err) != 0)
       return -1;
     if (e->end - e->begin != nbytes) {
       char sh[96];
-      fmt_shape(sh, sizeof sh, dims + e->dims, e->rank);
+      fmt_shape(sh, sizeof sh, shape_of(dims, e), e->rank);
       return bs_fail(err, EINVAL, e->pos, e->name,
                      "size mismatch: shape %s x %s = %" PRIu64
                      " bytes but data_offsets span %" PRIu64,
@@ -477,7 +484,7 @@ static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const
   for (size_t i = 0; i < n; i++) {
     const struct entry *e = &ents[i];
     struct bs_tensor *t =
-        bs_catalog_add(cat, e->name, e->dtype, e->rank, dims + e->dims, e->pos, err);
+        bs_catalog_add(cat, e->name, e->dtype, e->rank, shape_of(dims, e), e->pos, err);
     if (!t)
       return -1;
     t->src = src;

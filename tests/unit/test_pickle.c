@@ -300,6 +300,17 @@ Test(pickle, user_module_class_with_parameters_state_is_refused)
   cr_assert(strstr(e.msg, "(__main__.Net); save model.state_dict() instead"), "%s", e.msg);
 }
 
+/* Found by fuzzing: MARK DICT on a stack never pushed to did pointer
+ * arithmetic on NULL (UBSan). */
+Test(pickle, mark_dict_as_the_first_opcodes_gives_an_empty_dict)
+{
+  static const char s[] = "(d.";
+  struct bs_pv *v;
+  LOAD_OK(s, &v);
+  cr_assert_eq(v->kind, BS_PV_DICT);
+  cr_assert_eq(v->u.dict.keys.n, 0);
+}
+
 Test(pickle, mark_bomb_is_a_clean_error)
 {
   size_t n = 2 + BS_PICKLE_MAX_DEPTH + 10;

@@ -17,6 +17,15 @@
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
 
+/* Under ASan an allocation over 512 MiB returns NULL instead of succeeding
+ * lazily: a reader that sizes a buffer by an untrusted count before the bytes
+ * exist then fails with ENOMEM, which the tests notice. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+  return "allocator_may_return_null=1:max_allocation_size_mb=512";
+}
+
 #define TD BS_SHARED_DIR "/fixtures/burn/burn-store/src/pytorch/tests/reader/test_data/"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -743,6 +752,29 @@ Test(pth, big_endian_byteorder_is_refused)
   cr_assert_eq(e.code, ENOTSUP);
   cr_assert_eq(e.off, 30 + 10 + sizeof pk - 1);
   cr_assert(strstr(e.msg, "big-endian checkpoint"), "%s", e.msg);
+  bs_free(z);
+}
+
+/* Found by fuzzing: a deflated data.pkl whose directory claimed 1 GiB made
+ * the reader allocate 1 GiB before inflating 2 bytes. Under ASan (see
+ * __asan_default_options) such an allocation fails, so the old code gave ENOMEM. */
+Test(pth, deflated_pickle_claiming_a_gigabyte_allocates_nothing)
+{
+  struct zbe ents[] = {{"a/data.pkl", "\x03\x00", 2}}; /* an empty final deflate block */
+  size_t len;
+  uint8_t *z = zip_build(ents, 1, &len);
+  uint64_t cd = bs_le32(z + len - 22 + 16);
+  bs_put_le16(z + 8, 8); /* method: deflate */
+  bs_put_le16(z + cd + 10, 8);
+  bs_put_le32(z + 22, 1u << 30); /* uncompressed size */
+  bs_put_le32(z + cd + 24, 1u << 30);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
+  cr_assert_eq(e.code, EINVAL, "%d %s", e.code, e.msg);
+  cr_assert_eq(e.off, 0);
+  cr_assert(strstr(e.msg, "decompressing 'a/data.pkl' failed after 0 of 1073741824 bytes"), "%s",
+            e.msg);
   bs_free(z);
 }
 

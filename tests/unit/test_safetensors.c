@@ -303,6 +303,16 @@ Test(safetensors, scalar_with_zero_bytes_rejected)
   expect_fail_h(h, 0, EINVAL, 9, "s", "shape [] x F32 = 4 bytes but data_offsets span 0");
 }
 
+/* Found by fuzzing: with only scalars there is no shape array at all, and
+ * the reader did arithmetic on its NULL pointer (UBSan). */
+Test(safetensors, only_scalars_size_mismatch_rejected)
+{
+  const char *h = "{\"a\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
+                  "\"b\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[8,11]}}";
+  expect_fail_h(h, 11, EINVAL, 61, "b",
+                "size mismatch: shape [] x F32 = 4 bytes but data_offsets span 3");
+}
+
 Test(safetensors, zero_tensors_valid)
 {
   size_t len;
