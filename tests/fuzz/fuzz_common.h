@@ -28,8 +28,8 @@
 
 static __attribute__((unused)) uint8_t fuzz_buf[64 * 1024];
 
-static inline void fuzz_read_range(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
-                            uint64_t len)
+static inline void fuzz_read_range(const struct bs_catalog *cat, const struct bs_tensor *t,
+                                   uint64_t off, uint64_t len)
 {
   while (len > 0) {
     size_t n = len < sizeof fuzz_buf ? (size_t)len : sizeof fuzz_buf;

@@ -19,14 +19,10 @@ static void walk(const struct bs_pv *x, unsigned depth)
   switch (x->kind) {
   case BS_PV_STR:
   case BS_PV_BYTES:
-  case BS_PV_BIGINT:
-    FUZZ_CHECK(x->u.str.s && x->u.str.s[x->u.str.len] == '\0');
-    break;
+  case BS_PV_BIGINT: FUZZ_CHECK(x->u.str.s && x->u.str.s[x->u.str.len] == '\0'); break;
   case BS_PV_TUPLE:
   case BS_PV_LIST:
-  case BS_PV_SET:
-    walk_seq(&x->u.seq, depth + 1);
-    break;
+  case BS_PV_SET: walk_seq(&x->u.seq, depth + 1); break;
   case BS_PV_DICT:
     FUZZ_CHECK(x->u.dict.keys.n == x->u.dict.vals.n);
     walk_seq(&x->u.dict.keys, depth + 1);
@@ -44,8 +40,7 @@ static void walk(const struct bs_pv *x, unsigned depth)
     FUZZ_CHECK(x->u.tensor.rank <= BS_MAX_RANK);
     walk(x->u.tensor.storage, depth + 1);
     break;
-  default:
-    break;
+  default: break;
   }
 }
 
@@ -75,8 +70,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     budget = 100000;
     walk(out, 0);
     /* A second stream into the same unpickler, as the legacy format does. */
-    if (stop_end < src.size && bs_pickle_load(p, &src, stop_end, src.size, &opts, &out, NULL,
-                                              &err) == 0) {
+    if (stop_end < src.size &&
+        bs_pickle_load(p, &src, stop_end, src.size, &opts, &out, NULL, &err) == 0) {
       budget = 100000;
       walk(out, 0);
     }
