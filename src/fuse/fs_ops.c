@@ -596,22 +596,23 @@ static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool di
   return 0;
 }
 
-static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+static void reply_remove(fuse_req_t req, fuse_ino_t parent, const char *name, bool dir)
 {
   struct fs *fs = fs_data(req);
   wrlock(fs);
-  int rc = do_remove(fs, parent, name, false);
+  int rc = do_remove(fs, parent, name, dir);
   unlock(fs);
   fuse_reply_err(req, rc);
 }
 
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+  reply_remove(req, parent, name, false);
+}
+
 static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-  struct fs *fs = fs_data(req);
-  wrlock(fs);
-  int rc = do_remove(fs, parent, name, true);
-  unlock(fs);
-  fuse_reply_err(req, rc);
+  reply_remove(req, parent, name, true);
 }
 
 static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_ino_t newparent,

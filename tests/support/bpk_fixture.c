@@ -1,4 +1,5 @@
 #include "bpk_fixture.h"
+#include "burnstore/formats.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,4 +390,16 @@ void bpk_fixture_example11(struct bpk_fixture *f)
   f->data_start = 256;
   f->desc_off[0] = 0x1c; /* fc.bias */
   f->desc_off[1] = 0x4d; /* fc.weight */
+}
+
+int bpk_fixture_read(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err)
+{
+  struct bs_src src;
+  uint32_t idx;
+  bs_catalog_init(cat);
+  bs_err_clear(err);
+  if (bs_src_init_mem(&src, buf, len, "test.bpk", err) != 0 ||
+      bs_catalog_add_src(cat, &src, &idx, err) != 0)
+    return -1;
+  return bs_bpk_read(cat, idx, err);
 }

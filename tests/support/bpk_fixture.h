@@ -6,6 +6,7 @@
 #ifndef BPK_FIXTURE_H
 #define BPK_FIXTURE_H
 
+#include "burnstore/catalog.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -92,5 +93,9 @@ void bpk_fixture_custom(const struct bpk_fix_spec *spec, struct bpk_fixture *f);
 /* The 520 bytes of burnpack-format.md section 11 (fc.weight, fc.bias), built from its hex. */
 void bpk_fixture_example11(struct bpk_fixture *f);
 void bpk_fixture_free(struct bpk_fixture *f);
+
+/* Read buf (a Burnpack named "test.bpk") into a fresh catalog with
+ * bs_bpk_read; returns its result. */
+int bpk_fixture_read(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err);
 
 #endif

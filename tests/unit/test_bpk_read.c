@@ -11,18 +11,6 @@
 
 #define MNIST BS_SHARED_DIR "/fixtures/burn/examples/mnist-inference-web/model.bpk"
 
-static int read_buf(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_catalog_init(cat);
-  bs_err_clear(err);
-  if (bs_src_init_mem(&src, buf, len, "test.bpk", err) != 0 ||
-      bs_catalog_add_src(cat, &src, &idx, err) != 0)
-    return -1;
-  return bs_bpk_read(cat, idx, err);
-}
-
 static const struct bs_tensor *find(const struct bs_catalog *cat, const char *key)
 {
   long i = bs_catalog_find(cat, key);
@@ -48,7 +36,7 @@ static float f32_at(const struct bs_catalog *cat, const struct bs_tensor *t, siz
 static void expect_ok(const struct bpk_fixture *f, struct bs_catalog *cat)
 {
   bs_err err;
-  int rc = read_buf(cat, f->data, f->len, &err);
+  int rc = bpk_fixture_read(cat, f->data, f->len, &err);
   cr_assert_eq(rc, 0, "read failed: code %d off %llu key '%s': %s", err.code,
                (unsigned long long)err.off, err.key, err.msg);
 }
@@ -155,7 +143,7 @@ Test(bpk_read, mnist_model_from_memory_has_18_f32_tensors)
   struct bs_catalog cat;
   bs_err err;
   cr_assert_eq(len, 1044776);
-  cr_assert_eq(read_buf(&cat, buf, len, &err), 0, "%s", err.msg);
+  cr_assert_eq(bpk_fixture_read(&cat, buf, len, &err), 0, "%s", err.msg);
   check_mnist(&cat);
   bs_catalog_destroy(&cat);
   bs_free(buf);
@@ -211,7 +199,7 @@ Test(bpk_read, unaligned_file_with_a_gap_is_truncated)
   struct bs_catalog cat;
   bs_err err;
   bpk_fixture_custom(&s, &f);
-  cr_assert_eq(read_buf(&cat, f.data, f.len, &err), -1);
+  cr_assert_eq(bpk_fixture_read(&cat, f.data, f.len, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   cr_assert_eq(err.off, f.len);
   cr_assert_str_eq(err.key, "b");
@@ -327,7 +315,7 @@ Test(bpk_read, zero_tensor_file_of_256_bytes)
   bs_catalog_destroy(&cat);
   /* Any size from 10 + M on is fine with no tensors. */
   bs_err err;
-  cr_assert_eq(read_buf(&cat, f.data, 10 + f.meta_len, &err), 0, "%s", err.msg);
+  cr_assert_eq(bpk_fixture_read(&cat, f.data, 10 + f.meta_len, &err), 0, "%s", err.msg);
   bs_catalog_destroy(&cat);
   bpk_fixture_free(&f);
 }
@@ -364,7 +352,7 @@ Test(bpk_read, lenient_cbor_forms_are_accepted)
   file[256] = 0x11;
   struct bs_catalog cat;
   bs_err err;
-  cr_assert_eq(read_buf(&cat, file, sizeof file, &err), 0, "%s", err.msg);
+  cr_assert_eq(bpk_fixture_read(&cat, file, sizeof file, &err), 0, "%s", err.msg);
   cr_assert_eq(cat.count, 1);
   const struct bs_tensor *a = find(&cat, "a");
   cr_assert_eq(a->rank, 1);
@@ -435,7 +423,7 @@ static void expect_reject(enum bpk_fix fault, int code, const char *substr)
   struct bs_catalog cat;
   bs_err err;
   bpk_fixture_build(fault, &f);
-  cr_assert_eq(read_buf(&cat, f.data, f.len, &err), -1, "fault %d was accepted", fault);
+  cr_assert_eq(bpk_fixture_read(&cat, f.data, f.len, &err), -1, "fault %d was accepted", fault);
   cr_assert_eq(err.code, code, "code %d, want %d: %s", err.code, code, err.msg);
   cr_assert_eq(err.off, f.bad_off, "off %llu, want %llu: %s", (unsigned long long)err.off,
                (unsigned long long)f.bad_off, err.msg);
@@ -550,7 +538,7 @@ Test(bpk_read, every_fault_is_rejected_and_none_crashes)
     struct bs_catalog cat;
     bs_err err;
     bpk_fixture_build((enum bpk_fix)fault, &f);
-    cr_assert_eq(read_buf(&cat, f.data, f.len, &err), -1, "fault %d accepted", fault);
+    cr_assert_eq(bpk_fixture_read(&cat, f.data, f.len, &err), -1, "fault %d accepted", fault);
     cr_assert_neq(err.code, 0);
     cr_assert_neq(err.msg[0], '\0');
     bs_catalog_destroy(&cat);
@@ -566,7 +554,7 @@ Test(bpk_read, every_truncation_of_the_fixture_fails_cleanly)
   for (size_t n = 0; n < f.len; n++) {
     struct bs_catalog cat;
     bs_err err;
-    cr_assert_eq(read_buf(&cat, f.data, n, &err), -1, "prefix of %zu bytes accepted", n);
+    cr_assert_eq(bpk_fixture_read(&cat, f.data, n, &err), -1, "prefix of %zu bytes accepted", n);
     cr_assert_neq(err.code, 0);
     bs_catalog_destroy(&cat);
   }
@@ -581,7 +569,7 @@ static void oom_loop(const struct bpk_fixture *f)
     struct bs_catalog cat;
     bs_err err;
     bs_alloc_fail_after(n);
-    int rc = read_buf(&cat, f->data, f->len, &err);
+    int rc = bpk_fixture_read(&cat, f->data, f->len, &err);
     bs_alloc_fail_after(-1);
     if (rc == 0) {
       cr_assert_gt(cat.count + cat.nmeta, 0);
@@ -637,7 +625,7 @@ Test(bpk_read, single_byte_mutations_never_crash)
       f.data[pos] = v < sizeof vals ? vals[v] : (uint8_t)(keep ^ 0x80);
       struct bs_catalog cat;
       bs_err err;
-      if (read_buf(&cat, f.data, f.len, &err) != 0) {
+      if (bpk_fixture_read(&cat, f.data, f.len, &err) != 0) {
         cr_assert_neq(err.code, 0);
         cr_assert_neq(err.msg[0], '\0');
         cr_assert_eq(cat.count, 0);
@@ -684,7 +672,7 @@ Test(bpk_read, float_param_id_is_an_error_not_an_abort)
   file[6] = (uint8_t)m, file[7] = (uint8_t)(m >> 8), file[8] = 0, file[9] = 0;
   memset(file + 10 + m, 0, 256 - (10 + m));
   memcpy(file + 256, f.data + f.data_start, 4);
-  cr_assert_eq(read_buf(&cat, file, 260, &err), -1);
+  cr_assert_eq(bpk_fixture_read(&cat, file, 260, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   cr_assert_eq(err.off, d);
   cr_assert_str_eq(err.key, "p");

@@ -17,23 +17,11 @@
 
 #define MNIST BS_SHARED_DIR "/fixtures/burn/examples/mnist-inference-web/model.bpk"
 
-static int read_buf(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_catalog_init(cat);
-  bs_err_clear(err);
-  if (bs_src_init_mem(&src, buf, len, "test.bpk", err) != 0 ||
-      bs_catalog_add_src(cat, &src, &idx, err) != 0)
-    return -1;
-  return bs_bpk_read(cat, idx, err);
-}
-
 static void read_ok(struct bs_catalog *cat, const void *buf, size_t len)
 {
   bs_err err;
-  cr_assert_eq(read_buf(cat, buf, len, &err), 0, "read: code %d key '%s': %s", err.code, err.key,
-               err.msg);
+  cr_assert_eq(bpk_fixture_read(cat, buf, len, &err), 0, "read: code %d key '%s': %s", err.code,
+               err.key, err.msg);
 }
 
 /* A catalog whose only source is `mem` (borrowed). */
