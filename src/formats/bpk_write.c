@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
@@ -539,6 +540,14 @@ int bs_bpk_write_file(const struct bs_catalog *cat, const struct bs_bpk_plan *pl
             strerror(e));
     bs_free(tmp);
     return -1;
+  }
+  /* Replacing a file keeps its permissions (as sed -i and rsync do). The
+   * umask-filtered 0644 is for new files. */
+  struct stat old;
+  if (stat(path, &old) == 0 && S_ISREG(old.st_mode) && fchmod(fd, old.st_mode & 07777) != 0) {
+    int e = errno;
+    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot set the mode of %s: %s", path, tmp, strerror(e));
+    goto fail;
   }
   if (write_fd_named(cat, plan, fd, path, err) != 0)
     goto fail;

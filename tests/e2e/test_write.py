@@ -150,6 +150,7 @@ def test_posix_ops(tmp):
 def test_rw_existing(tmp):
     work = os.path.join(tmp, "rw.bpk")
     subprocess.run(["cp", BPK, work], check=True)
+    os.chmod(work, 0o640)
     before, _ = read_bpk(work)
     mnt = os.path.join(tmp, "rw")
     with Mount(work, mnt, opts="rw") as m:
@@ -159,6 +160,7 @@ def test_rw_existing(tmp):
         u = m.unmount()
         check(u.returncode == 0, "rw: burnstore -u: %s" % u.stderr)
     after, _ = read_bpk(work)
+    check(os.stat(work).st_mode & 0o777 == 0o640, "the replaced file keeps its mode")
     check("fc3.weight" not in after and "fc3.bias" not in after, "rm -r removed fc3")
     check(after.get("dense.weight", (0, 0, 0))[2] == before["fc1.weight"][2], "mv renamed fc1 -> dense")
     check(after.get("dense.weight", (0, 0, 0, 0))[3] == before["fc1.weight"][3], "param_id follows the rename")
