@@ -338,6 +338,8 @@ static int do_unmount(const char *mountpoint)
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
   int rc = is_mounted(mnt) || fd < 0 ? run_fusermount_u(mnt) : 0;
+  if (rc != 0 && fd >= 0 && !is_mounted(mnt))
+    rc = 0; /* the daemon unmounted by itself meanwhile (SIGTERM) */
   if (rc != 0) {
     if (fd >= 0)
       close(fd);

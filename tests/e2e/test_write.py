@@ -238,19 +238,24 @@ def test_failures(tmp):
         u = run([BIN, "-u", mnt])
         check(u.returncode == 1 and "without finishing" in u.stderr, "-u after kill -9 says the daemon died: %r" % u.stderr)
     check(open(work, "rb").read() == old, "kill -9 during write-back leaves the old file intact")
-    # 4. SIGTERM to the daemon writes back.
-    out = os.path.join(tmp, "term.bpk")
-    with Mount(out, mnt) as m:
-        sh("echo -n 1234 > x", mnt)
-        pids = [int(p) for p in run(["pgrep", "-f", "burnstore %s" % out]).stdout.split()]
-        check(len(pids) == 1, "one daemon")
-        for p in pids:
-            os.kill(p, signal.SIGTERM)
-        for _ in range(200):
-            if not is_mounted(mnt) and os.path.exists(out):
-                break
-            time.sleep(0.05)
-    check(os.path.exists(out) and read_bpk(out)[0].get("x", (0, 0, 0))[2] == b"1234", "SIGTERM writes back")
+    # 4. Every way a mount ends writes back: umount, fusermount3 -u, SIGTERM, SIGINT.
+    #    After umount, `burnstore -u` still waits for the daemon and reports.
+    for how in ("umount", "fusermount3", "SIGTERM", "SIGINT"):
+        out = os.path.join(tmp, "end-%s.bpk" % how)
+        with Mount(out, mnt):
+            sh("echo -n 1234 > x", mnt)
+            if how in ("umount", "fusermount3"):
+                r = run(["umount", mnt] if how == "umount" else ["fusermount3", "-u", mnt])
+                check(r.returncode == 0, "%s: %s" % (how, r.stderr))
+            else:
+                pids = [int(p) for p in run(["pgrep", "-f", "burnstore %s" % out]).stdout.split()]
+                check(len(pids) == 1, "one daemon")
+                for p in pids:
+                    os.kill(p, getattr(signal, how))
+            u = run([BIN, "-u", mnt], timeout=120)
+            check(u.returncode == 0, "%s: burnstore -u afterwards waits and reports success: %r" % (how, u.stderr))
+        check(os.path.exists(out) and read_bpk(out)[0].get("x", (0, 0, 0))[2] == b"1234",
+              "%s writes back" % how)
 
 
 def test_parallel(tmp):
