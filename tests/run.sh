@@ -16,7 +16,7 @@ werror=OFF
 [ "${CI:-}" = "true" ] && werror=ON
 
 echo "== release build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_WERROR=$werror >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF -DBURNSTORE_WERROR=$werror >/dev/null
 cmake --build build -j"$jobs"
 cmake --install build >/dev/null
 ctest --test-dir build --output-on-failure -j1 --timeout 900
