@@ -476,12 +476,15 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 /* --- creating, removing, renaming (writable mounts) --------------------- */
 
-/* A name users may create: it must unescape (so the key is known). */
+/* A name users may create: it must unescape (so the key is known). Hidden
+ * names are let through: rsync, editors and mkstemp make temporary files
+ * like ".%%.Xa81Q" that are renamed (and checked) before they matter; one
+ * still there at unmount fails the write-back, naming it. */
 static int check_name(const char *name)
 {
   if (strlen(name) > 255)
     return ENAMETOOLONG;
-  if (strcmp(name, BS_SELF_NAME) == 0)
+  if (strcmp(name, BS_SELF_NAME) == 0 || name[0] == '.')
     return 0;
   char *seg = bs_unescape_component(name);
   if (!seg)

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import signal
+import struct
 import subprocess
 import time
 
@@ -65,6 +66,21 @@ def test_roundtrips(tmp):
     roundtrip(tmp, PT, "pt")
     roundtrip(tmp, PT, "pt-partial", sub="conv_blocks/1")
     roundtrip(tmp, PT_LEGACY, "pt-legacy")
+    # Keys that need escaping survive an rsync: a tensor that is also a
+    # directory (%%), empty segments (%), '/' and '%' in names.
+    weird = os.path.join(tmp, "weird.safetensors")
+    keys = ["a.b", "a.b.c", "x..y", ".lead", "p/q.r", "50%.v", "u.%2E", "t."]
+    header, off = {}, 0
+    for i, k in enumerate(keys):
+        header[k] = {"dtype": "U8", "shape": [i + 1], "data_offsets": [off, off + i + 1]}
+        off += i + 1
+    hb = json.dumps(header).encode()
+    with open(weird, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + bytes(range(off)))
+    roundtrip(tmp, weird, "weird")
+    y = os.path.join(tmp, "weird-Y.bpk")
+    if os.path.exists(y):
+        check(sorted(read_bpk(y)[0]) == sorted(keys), "escaped keys round trip: %s" % sorted(read_bpk(y)[0]))
     # param_ids survive an rsync copy of a Burnpack file.
     y = os.path.join(tmp, "bpk-Y.bpk")
     if os.path.exists(y):
