@@ -568,10 +568,17 @@ int main(int argc, char **argv)
            fs.staging ? fs.staging : "-");
   write_status(sfd, text);
 
-  char fsname[PATH_MAX + 16];
-  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s", fs.source,
+  /* libfuse splits -o at commas; one in the source path is escaped "\,". */
+  char esc[2 * PATH_MAX], *o = esc;
+  for (const char *p = fs.source; *p && o < esc + sizeof esc - 2; p++) {
+    if (*p == ',' || *p == '\\')
+      *o++ = '\\';
+    *o++ = *p;
+  }
+  *o = '\0';
+  char fsname[2 * PATH_MAX + 2048 + 64];
+  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s", esc,
            fs.writable ? "" : ",ro", a.fuse_extra[0] ? "," : "", a.fuse_extra);
-  /* fsname may not contain commas unescaped; libfuse reads "\," too. */
   char *fargv[8];
   int fargc = 0;
   fargv[fargc++] = argv[0];
@@ -623,7 +630,7 @@ int main(int argc, char **argv)
     bs_err_clear(&err);
     if (fs_writeback(&fs, &err) != 0) {
       char line[900], msg[1200];
-      bs_err_format(&err, fs.output, line, sizeof line);
+      bs_err_format(&err, NULL, line, sizeof line);
       snprintf(msg, sizeof msg, "write-back failed, %s was not written: %s%s%s", fs.output, line,
                fs.staging_fd >= 0 ? "; the written data is kept in " : "",
                fs.staging_fd >= 0 ? fs.staging : "");
