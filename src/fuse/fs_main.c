@@ -309,6 +309,24 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* /proc/self/mounts writes space, tab, newline and backslash in a path as
+ * \ooo; decode the mountpoint field in place (it ends at the next space). */
+static char *mounts_field(char *p)
+{
+  char *o = p, *start = p;
+  for (; *p && *p != ' '; p++) {
+    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
+        p[3] >= '0' && p[3] <= '7') {
+      *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
+      p += 3;
+    } else {
+      *o++ = *p;
+    }
+  }
+  *o = '\0';
+  return start;
+}
+
 static bool is_mounted(const char *mnt)
 {
   FILE *f = fopen("/proc/self/mounts", "r");
@@ -316,10 +334,9 @@ static bool is_mounted(const char *mnt)
     return true;
   char line[PATH_MAX * 2 + 256];
   bool found = false;
-  size_t n = strlen(mnt);
   while (!found && fgets(line, sizeof line, f)) {
     char *a = strchr(line, ' ');
-    found = a && strncmp(a + 1, mnt, n) == 0 && a[1 + n] == ' ';
+    found = a && strcmp(mounts_field(a + 1), mnt) == 0;
   }
   fclose(f);
   return found;
@@ -337,7 +354,12 @@ static int do_unmount(const char *mountpoint)
   int fd = open(spath, O_RDWR | O_CLOEXEC);
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
-  int rc = is_mounted(mnt) || fd < 0 ? run_fusermount_u(mnt) : 0;
+  if (fd < 0 && !is_mounted(mnt)) {
+    fprintf(stderr, PROG ": %s is not mounted\n", mnt);
+    bs_free(mnt);
+    return 1;
+  }
+  int rc = is_mounted(mnt) ? run_fusermount_u(mnt) : 0;
   if (rc != 0 && fd >= 0 && !is_mounted(mnt))
     rc = 0; /* the daemon unmounted by itself meanwhile (SIGTERM) */
   if (rc != 0) {
@@ -538,7 +560,7 @@ int main(int argc, char **argv)
   struct stat mst;
   if (!mnt || stat(mnt, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
     fprintf(stderr, PROG ": mountpoint %s: %s\n", a.mountpoint,
-            !mnt || errno != 0 ? strerror(errno ? errno : ENOTDIR) : "not a directory");
+            strerror(mnt && stat(mnt, &mst) == 0 ? ENOTDIR : errno));
     fs_destroy(&fs);
     args_destroy(&a);
     bs_free(mnt);

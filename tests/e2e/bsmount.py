@@ -4,6 +4,7 @@ here from the specs, sharing no code with burnstore) to compare against."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -41,8 +42,9 @@ def run(cmd, timeout=DEADLINE, **kw):
 
 def is_mounted(path):
     path = os.path.realpath(path)
+    unesc = lambda f: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f)
     with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == path for line in f)
+        return any(unesc(line.split()[1]) == path for line in f)
 
 
 def force_unmount(mnt):

@@ -216,9 +216,31 @@ def test_cli(tmp):
     check(r.returncode != 0 and "MOUNTPOINT" in r.stderr, "missing mountpoint refused")
 
 
+def test_unmount_odd_paths(tmp):
+    """-u finds a mount whose path /proc/mounts escapes (space, tab), and says
+    plainly when a directory is not mounted at all."""
+    for name in ("sp ace", "t\tab", "back\\slash"):
+        mnt = os.path.join(tmp, name)
+        with Mount(BPK, mnt):
+            try:
+                r = run([BIN, "-u", mnt], timeout=20)
+                check(r.returncode == 0 and not is_mounted(mnt), "-u of %r: %r" % (name, r.stderr))
+            except subprocess.TimeoutExpired:
+                check(False, "-u of %r hangs" % name)
+    plain = os.path.join(tmp, "plain")
+    os.makedirs(plain, exist_ok=True)
+    r = run([BIN, "-u", plain])
+    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "not mounted" in r.stderr,
+          "-u of an unmounted directory: one line saying so: %r" % r.stderr)
+    f = os.path.join(tmp, "afile")
+    open(f, "w").close()
+    r = run([BIN, BPK, f])
+    check(r.returncode == 1 and "Not a directory" in r.stderr, "a file as mountpoint: %r" % r.stderr)
+
+
 if __name__ == "__main__":
     with tmpdir("ro") as tmp:
-        for t in (test_cli, test_fixtures, test_tools, test_flat, test_huge_sparse, test_mount_helper, test_bad_input):
+        for t in (test_unmount_odd_paths, test_cli, test_fixtures, test_tools, test_flat, test_huge_sparse, test_mount_helper, test_bad_input):
             print("--", t.__name__, flush=True)
             t(tmp)
     finish("test_readonly")
