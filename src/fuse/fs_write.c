@@ -141,8 +141,9 @@ void fs_staging_remove(struct fs *fs)
 }
 
 /* An index of the staging directory so that a user can recover data by
- * hand after a failed write-back: staging file, key, dtype, shape. */
-static void write_staging_index(struct fs *fs, const struct bs_catalog *out)
+ * hand after a failed write-back: staging file, key, dtype, shape. It walks
+ * the tree, not the output catalog, which stops at the first bad file. */
+static void write_staging_index(struct fs *fs)
 {
   if (fs->staging_fd < 0)
     return;
@@ -155,15 +156,26 @@ static void write_staging_index(struct fs *fs, const struct bs_catalog *out)
     return;
   }
   fprintf(f, "# staging file <TAB> key <TAB> dtype <TAB> shape (burnstore write-back)\n");
-  for (size_t i = 0; i < out->count; i++) {
-    const struct bs_tensor *t = &out->tensors[i];
-    if (t->src < fs->cat.nsrcs)
-      continue; /* still in the source file */
-    const char *n = out->srcs[t->src].name;
-    const char *slash = strrchr(n, '/');
-    fprintf(f, "%s\t%s\t%s\t[", slash ? slash + 1 : n, t->name, bs_dtype_name(t->dtype));
-    for (uint32_t d = 0; d < t->rank; d++)
-      fprintf(f, d ? ",%llu" : "%llu", (unsigned long long)t->shape[d]);
+  for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
+    const struct bs_node *nd = &fs->tree.nodes[ino];
+    const struct fs_file *ff = nd->user;
+    if (!nd->live || nd->is_dir || !ff || ff->fd < 0)
+      continue;
+    char *key = bs_tree_key(&fs->tree, ino, fs->flat);
+    const struct bs_tensor *src =
+        ff->tensor >= 0 && (size_t)ff->tensor < fs->cat.count ? &fs->cat.tensors[ff->tensor] : NULL;
+    enum bs_dtype dt = ff->has_dtype ? ff->dtype : src ? src->dtype : BS_DT_U8;
+    fprintf(f, "%lu\t%s\t%s\t", ff->stage_id, key ? key : nd->name, bs_dtype_name(dt));
+    bs_free(key);
+    const uint64_t *shape = ff->has_shape ? ff->shape : src && dt == src->dtype ? src->shape : NULL;
+    uint32_t rank = ff->has_shape ? ff->rank : shape ? src->rank : 0;
+    if (!shape && !ff->has_shape) {
+      fprintf(f, "-\n"); /* not set: 1-D if the size allows */
+      continue;
+    }
+    fprintf(f, "[");
+    for (uint32_t d = 0; d < rank; d++)
+      fprintf(f, d ? ",%llu" : "%llu", (unsigned long long)shape[d]);
     fprintf(f, "]\n");
   }
   fclose(f);
@@ -343,7 +355,7 @@ int fs_writeback(struct fs *fs, bs_err *err)
   rc = bs_bpk_write_file(&out, NULL, fs->output, err);
 out:
   if (rc != 0)
-    write_staging_index(fs, &out);
+    write_staging_index(fs);
   bs_catalog_destroy(&out);
   return rc;
 }

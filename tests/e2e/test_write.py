@@ -210,6 +210,24 @@ def test_failures(tmp):
     check(not os.path.exists(out), "no output file after a failed write-back")
     staged = glob.glob(os.path.join(tmp, ".bad.bpk.staging-*"))
     check(len(staged) == 1 and os.path.exists(os.path.join(staged[0], "INDEX")), "staged data and its INDEX kept")
+    # 1b. The INDEX names every staged file, also those after the one that failed.
+    out = os.path.join(tmp, "bad2.bpk")
+    with Mount(out, mnt) as m:
+        sh("printf abcde > a && setfattr -n user.burnstore.dtype -v F32 a && mkdir z && "
+           "printf 12345678 > z/b && printf 1234 > z/c", mnt)
+        u = m.unmount()
+        check(u.returncode != 0 and "'a'" in u.stderr, "-u names the bad tensor: %r" % u.stderr)
+    staged = glob.glob(os.path.join(tmp, ".bad2.bpk.staging-*"))
+    if check(len(staged) == 1, "staging of bad2 kept"):
+        rows = [l.split("\t") for l in open(os.path.join(staged[0], "INDEX")).read().splitlines()
+                if not l.startswith("#")]
+        byname = {r[1]: r for r in rows if len(r) == 4}
+        check(sorted(byname) == ["a", "z.b", "z.c"], "INDEX names every staged file: %r" % rows)
+        for key, data in (("a", b"abcde"), ("z.b", b"12345678"), ("z.c", b"1234")):
+            if key in byname:
+                check(open(os.path.join(staged[0], byname[key][0]), "rb").read() == data,
+                      "INDEX row of %s points at its data" % key)
+        check(byname.get("a", [0, 0, 0])[2] == "F32", "INDEX keeps the dtype set: %r" % byname.get("a"))
     # 2. A full disk: a small tmpfs as the target directory; the old file stays.
     small = os.path.join(tmp, "small")
     os.makedirs(small)
