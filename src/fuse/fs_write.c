@@ -190,10 +190,8 @@ static int add_file(struct fs *fs, struct bs_catalog *out, uint64_t ino, bs_err 
   if (!key)
     return bs_fail(err, errno == ENOMEM ? ENOMEM : EINVAL, BS_OFF_NONE, nd->name,
                    "cannot turn the file name into a key");
-  if (!bs_keys_keep(&fs->keys, key)) {
-    bs_free(key);
-    return 0;
-  }
+  /* No include/exclude here: the tree holds only what the mount shows, and
+   * files the user created or renamed are written whatever their name. */
   const struct bs_tensor *src =
       f->tensor >= 0 && (size_t)f->tensor < fs->cat.count ? &fs->cat.tensors[f->tensor] : NULL;
   enum bs_dtype dt = f->has_dtype ? f->dtype : src ? src->dtype : BS_DT_U8;

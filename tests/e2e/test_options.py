@@ -149,6 +149,19 @@ def test_include_on_writeback(tmp):
         check(keys_of(mnt) == sorted(["conv1.conv.bias", "conv1.conv.weight", "conv1.norm.beta", "conv1.norm.gamma",
                                       "conv1.norm.running_mean", "conv1.norm.running_var"]),
               "partial conversion with include=: %s" % keys_of(mnt))
+    # Files created or renamed in a filtered writable mount are written whatever their name.
+    out2 = os.path.join(tmp, "enc-plus.bpk")
+    with Mount(BPK, mnt, opts="include=^conv1\\.,output=" + out2) as m:
+        os.makedirs(os.path.join(mnt, "head"))
+        with open(os.path.join(mnt, "head", "new"), "wb") as f:
+            f.write(b"abc")
+        os.rename(os.path.join(mnt, "conv1", "conv"), os.path.join(mnt, "moved"))
+        u = m.unmount()
+        check(u.returncode == 0, "output= with include and new files: %s" % u.stderr)
+    with Mount(out2, mnt):
+        k = keys_of(mnt)
+        check("head.new" in k and "moved.weight" in k and "moved.bias" in k,
+              "created and renamed files outside include= are written: %s" % k)
 
 
 if __name__ == "__main__":
