@@ -567,6 +567,21 @@ int main(int argc, char **argv)
     return 1;
   }
 
+  /* Staging inside the mount would have the daemon call into its own mount
+   * while serving it: a deadlock no signal ends. */
+  size_t mlen = strlen(mnt);
+  if (fs.staging && strncmp(fs.staging, mnt, mlen) == 0 &&
+      (fs.staging[mlen] == '/' || strcmp(mnt, "/") == 0)) {
+    fprintf(stderr,
+            PROG ": the staging directory %s would be inside the mountpoint %s: put the output "
+            "elsewhere or use -o staging=DIR outside it\n",
+            fs.staging, mnt);
+    fs_destroy(&fs);
+    args_destroy(&a);
+    bs_free(mnt);
+    return 1;
+  }
+
   /* The status file, locked before mounting (see the top of this file). */
   char spath[PATH_MAX];
   status_path(mnt, spath, sizeof spath);

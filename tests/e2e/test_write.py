@@ -292,6 +292,29 @@ def test_failures(tmp):
               "%s writes back" % how)
 
 
+def test_staging_inside_mount(tmp):
+    """Staging inside the mountpoint would make the daemon call into its own
+    mount (a hang no signal ends): refused before mounting, in one line."""
+    mnt = os.path.join(tmp, "self")
+    os.makedirs(mnt, exist_ok=True)
+    for out, opts in ((os.path.join(tmp, "s1.bpk"), ["-o", "staging=" + os.path.join(mnt, "st")]),
+                      (os.path.join(tmp, "s2.bpk"), ["-o", "staging=" + mnt]),
+                      (os.path.join(mnt, "s3.bpk"), [])):
+        try:
+            r = run([BIN, out, mnt] + opts, timeout=20)
+            if is_mounted(mnt):
+                # It mounted: show the hang with a deadline, then clean up.
+                try:
+                    subprocess.run(["sh", "-c", "echo hi > '%s/f'" % mnt], timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            check(r.returncode == 1 and r.stderr.count("\n") == 1 and "inside the mountpoint" in r.stderr,
+                  "staging inside the mountpoint refused (%s): %r" % (opts, r.stderr))
+        finally:
+            force_unmount(mnt)
+        check(not is_mounted(mnt), "nothing mounted")
+
+
 def test_parallel(tmp):
     """Many writers and readers at once (the daemon is multithreaded)."""
     out = os.path.join(tmp, "par.bpk")
@@ -338,7 +361,7 @@ def test_memory(tmp):
 
 if __name__ == "__main__":
     with tmpdir("write") as tmp:
-        for t in (test_posix_ops, test_rw_existing, test_roundtrips, test_failures, test_parallel, test_memory):
+        for t in (test_staging_inside_mount, test_posix_ops, test_rw_existing, test_roundtrips, test_failures, test_parallel, test_memory):
             print("--", t.__name__, flush=True)
             try:
                 t(tmp)
