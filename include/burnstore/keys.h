@@ -87,8 +87,8 @@ bool bs_keyopts_any(const struct bs_keyopts *o);
  * limit) are EINVAL naming the pattern and the key. */
 BS_NODISCARD int bs_keys_apply(struct bs_catalog *cat, const struct bs_keyopts *o, bs_err *err);
 
-/* Does a name pass include/exclude (step 4)? For names created on a writable
- * mount. A match error (limit, memory) counts as "keep": a tensor is never
+/* Does a name pass include/exclude (step 4)? (Writable mounts do not filter
+ * what users create: they write what the mount shows.) A match error (limit, memory) counts as "keep": a tensor is never
  * dropped silently. Thread-safe. */
 bool bs_keys_keep(const struct bs_keyopts *o, const char *name);
 

@@ -17,7 +17,8 @@ struct bs_src {
   char *name;         /* owned; used in error messages */
 };
 
-/* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set. */
+/* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set
+ * (the message does not repeat the path: the caller prefixes it). */
 BS_NODISCARD int bs_src_open(struct bs_src *s, const char *path, bs_err *err);
 /* Wrap an fd (takes ownership if owns). Size from fstat. */
 BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err *err);

@@ -24,12 +24,12 @@ int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err
     int e = errno;
     if (owns)
       close(fd);
-    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot stat: %s", name, strerror(e));
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot stat: %s", strerror(e));
   }
   if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
     if (owns)
       close(fd);
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s: not a regular file", name);
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a regular file");
   }
   s->name = bs_strdup(name);
   if (!s->name) {
@@ -49,7 +49,7 @@ int bs_src_open(struct bs_src *s, const char *path, bs_err *err)
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot open: %s", path, strerror(e));
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot open: %s", strerror(e));
   }
   return bs_src_init_fd(s, fd, true, path, err);
 }
