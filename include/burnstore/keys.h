@@ -88,8 +88,8 @@ bool bs_keyopts_any(const struct bs_keyopts *o);
 BS_NODISCARD int bs_keys_apply(struct bs_catalog *cat, const struct bs_keyopts *o, bs_err *err);
 
 /* Does a name pass include/exclude (step 4)? (Writable mounts do not filter
- * what users create: they write what the mount shows.) A match error (limit, memory) counts as "keep": a tensor is never
- * dropped silently. Thread-safe. */
+ * what users create: they write what the mount shows.) A match error (limit, memory) counts as
+ * "keep": a tensor is never dropped silently. Thread-safe. */
 bool bs_keys_keep(const struct bs_keyopts *o, const char *name);
 
 /* Split a mount option string at commas. "\," is a literal comma and "\\" a

@@ -315,8 +315,8 @@ static char *mounts_field(char *p)
 {
   char *o = p, *start = p;
   for (; *p && *p != ' '; p++) {
-    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
-        p[3] >= '0' && p[3] <= '7') {
+    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
+        p[3] <= '7') {
       *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
       p += 3;
     } else {
@@ -574,7 +574,7 @@ int main(int argc, char **argv)
       (fs.staging[mlen] == '/' || strcmp(mnt, "/") == 0)) {
     fprintf(stderr,
             PROG ": the staging directory %s would be inside the mountpoint %s: put the output "
-            "elsewhere or use -o staging=DIR outside it\n",
+                 "elsewhere or use -o staging=DIR outside it\n",
             fs.staging, mnt);
     fs_destroy(&fs);
     args_destroy(&a);
