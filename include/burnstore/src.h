@@ -29,6 +29,12 @@ BS_NODISCARD int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, co
  * names the offset ("truncated"); an I/O failure is EIO. */
 BS_NODISCARD int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n,
                              bs_err *err);
+/* Read exactly n bytes at off into a new bs_malloc'd buffer (*out; at least
+ * one byte is allocated, so n may be 0). The range is checked against the
+ * source before anything is allocated, so an untrusted n cannot make us
+ * allocate more than the file holds. On failure *out is NULL. */
+BS_NODISCARD int bs_src_read_alloc(const struct bs_src *s, uint64_t off, uint64_t n, uint8_t **out,
+                                   bs_err *err);
 /* Read up to n bytes at off into buf; returns bytes read (short at EOF) or
  * -errno. Thread-safe (pread). */
 long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n);

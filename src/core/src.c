@@ -112,6 +112,26 @@ int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n, bs_er
   return 0;
 }
 
+int bs_src_read_alloc(const struct bs_src *s, uint64_t off, uint64_t n, uint8_t **out, bs_err *err)
+{
+  *out = NULL;
+  if (!bs_range_ok(off, n, s->size))
+    return bs_fail(err, EINVAL, off, NULL,
+                   "truncated: need %llu bytes at offset %llu but the file has %llu bytes",
+                   (unsigned long long)n, (unsigned long long)off, (unsigned long long)s->size);
+  if (n > SIZE_MAX - 1)
+    return bs_fail(err, EFBIG, off, NULL, "%llu bytes do not fit in memory", (unsigned long long)n);
+  uint8_t *buf = bs_malloc(n ? (size_t)n : 1);
+  if (!buf)
+    return bs_fail(err, ENOMEM, off, NULL, "out of memory for %llu bytes", (unsigned long long)n);
+  if (n && bs_src_read(s, off, buf, (size_t)n, err) != 0) {
+    bs_free(buf);
+    return -1;
+  }
+  *out = buf;
+  return 0;
+}
+
 void bs_src_destroy(struct bs_src *s)
 {
   if (!s)

@@ -1041,12 +1041,8 @@ int bs_bpk_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   int rc = -1;
   cbor_item_t *root = NULL;
   struct precheck pc = {0};
-  uint8_t *meta = bs_malloc(m ? m : 1);
-  if (!meta) {
-    bs_fail(err, ENOMEM, HDR_LEN, NULL, "out of memory for %" PRIu32 " bytes of metadata", m);
-    goto out;
-  }
-  if (bs_src_read(s, HDR_LEN, meta, m, err) != 0)
+  uint8_t *meta = NULL;
+  if (bs_src_read_alloc(s, HDR_LEN, m, &meta, err) != 0)
     goto out;
   pc.buf = meta;
   pc.len = m;

@@ -245,13 +245,9 @@ static int zip_parse(struct ctx *c)
   if (size < 22)
     return zip_fail(c, 0, "the file is too short for an end-of-central-directory record");
   uint64_t tlen = size < 22 + 65535 ? size : 22 + 65535, tstart = size - tlen;
-  uint8_t *tail = bs_malloc((size_t)tlen);
-  if (!tail)
-    return nomem(c);
-  if (bs_src_read(s, tstart, tail, (size_t)tlen, c->err) != 0) {
-    bs_free(tail);
+  uint8_t *tail;
+  if (bs_src_read_alloc(s, tstart, tlen, &tail, c->err) != 0)
     return -1;
-  }
   uint64_t eocd = UINT64_MAX;
   for (uint64_t i = tlen - 22 + 1; i-- > 0;) {
     if (bs_le32(tail + i) == 0x06054b50 && i + 22 + bs_le16(tail + i + 20) <= tlen) {
@@ -301,13 +297,9 @@ static int zip_parse(struct ctx *c)
                    "corrupt zip: %" PRIu64 " entries cannot fit in a %" PRIu64
                    "-byte central directory",
                    entries, cdsize);
-  uint8_t *cd = bs_malloc((size_t)cdsize);
-  if (!cd)
-    return nomem(c);
-  if (bs_src_read(s, cdoff, cd, (size_t)cdsize, c->err) != 0) {
-    bs_free(cd);
+  uint8_t *cd;
+  if (bs_src_read_alloc(s, cdoff, cdsize, &cd, c->err) != 0)
     return -1;
-  }
   c->ents = bs_calloc((size_t)entries, sizeof *c->ents);
   if (!c->ents) {
     bs_free(cd);
@@ -599,13 +591,11 @@ static int zip_slurp(struct ctx *c, const struct zent *z, uint64_t max, uint8_t 
       return -1;
     from = &tmp;
   }
-  uint8_t *b = bs_malloc(z->usize ? (size_t)z->usize : 1);
-  int rc = b ? bs_src_read(from, d, b, (size_t)z->usize, c->err) : nomem(c);
+  uint8_t *b;
+  int rc = bs_src_read_alloc(from, d, z->usize, &b, c->err);
   bs_src_destroy(&tmp);
-  if (rc != 0) {
-    bs_free(b);
+  if (rc != 0)
     return -1;
-  }
   *out = b;
   return 0;
 }

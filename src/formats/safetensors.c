@@ -521,19 +521,16 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
   int rc = -1;
   size_t count0 = cat->count, nmeta0 = cat->nmeta;
   const size_t n = (size_t)hlen;
-  char *h = bs_malloc(n);
+  uint8_t *hbuf = NULL;
   json_t *root = NULL;
   struct scan sc = {0};
   struct entry *ents = NULL, **sorted = NULL;
   struct dims dims = {0};
   const json_t *meta = NULL;
   size_t nents = 0;
-  if (!h) {
-    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory for a %zu-byte header", n);
+  if (bs_src_read_alloc(s, PREFIX, n, &hbuf, err) != 0)
     goto out;
-  }
-  if (n && bs_src_read(s, PREFIX, h, n, err) != 0)
-    goto out;
+  const char *h = (const char *)hbuf;
   if (check_nul_padding(h, n, err) != 0)
     goto out;
 
@@ -623,6 +620,6 @@ out:
   bs_free(ents);
   bs_free(sc.keys);
   json_decref(root);
-  bs_free(h);
+  bs_free(hbuf);
   return rc;
 }

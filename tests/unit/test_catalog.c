@@ -169,3 +169,28 @@ Test(src, reads_past_the_end_name_the_offset)
   cr_assert_eq(bs_src_read(&s, UINT64_MAX - 1, out, 4, &err), -1, "no overflow");
   bs_src_destroy(&s);
 }
+
+Test(src, read_alloc_checks_the_range_before_allocating)
+{
+  struct bs_src s;
+  uint8_t buf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  cr_assert_eq(bs_src_init_mem(&s, buf, 8, "m", &err), 0);
+  uint8_t *out = (uint8_t *)1;
+  /* With every allocation failing, a length past the end must still be
+   * refused as truncated: the check comes first. */
+  bs_alloc_fail_after(0);
+  int rc = bs_src_read_alloc(&s, 4, UINT64_MAX / 2, &out, &err);
+  bs_alloc_fail_after(-1);
+  cr_assert_eq(rc, -1);
+  cr_assert_null(out);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_eq(err.off, 4);
+  cr_assert_not_null(strstr(err.msg, "truncated"));
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_read_alloc(&s, 2, 3, &out, &err), 0);
+  cr_assert_eq(memcmp(out, buf + 2, 3), 0);
+  bs_free(out);
+  cr_assert_eq(bs_src_read_alloc(&s, 8, 0, &out, &err), 0, "zero bytes at the end is fine");
+  bs_free(out);
+  bs_src_destroy(&s);
+}
