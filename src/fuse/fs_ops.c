@@ -80,8 +80,9 @@ static void fill_attr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, s
   } else {
     st->st_mode = S_IFREG | (f ? f->mode : (fs->writable ? 0644 : 0444));
     st->st_nlink = nd->live ? 1 : 0;
-    st->st_size = (off_t)node_size(fs, nd);
-    st->st_blocks = (blkcnt_t)((node_size(fs, nd) + 511) / 512);
+    uint64_t size = node_size(fs, nd);
+    st->st_size = (off_t)size;
+    st->st_blocks = (blkcnt_t)((size + 511) / 512);
   }
   st->st_blksize = 1 << 20;
   if (f && (f->mtime.tv_sec || f->mtime.tv_nsec))
