@@ -1,7 +1,8 @@
-/* The Burnpack writer: one serializer, two sinks (memory and fd), and the
- * atomic file write (temp file beside the target, fsync, rename, fsync dir).
- * It writes the current layout of Burn (256-byte alignment, {"Bool":"Native"},
- * shortest CBOR integers, names sorted byte-wise, empty optional maps left out). */
+/* The Burnpack writer: one serializer into a bs_sink (memory, fd, or an
+ * atomic file: see sink.h). It writes the current layout of Burn (256-byte
+ * alignment, {"Bool":"Native"}, shortest CBOR integers, names sorted
+ * byte-wise, empty optional maps left out). Its row in the writers table
+ * (writers.h) is "burnpack", ".bpk". */
 #ifndef BURNSTORE_BPK_WRITE_H
 #define BURNSTORE_BPK_WRITE_H
 
@@ -9,12 +10,7 @@
 #include <stdint.h>
 
 #include "burnstore/catalog.h"
-
-struct bs_buf {
-  uint8_t *data; /* owned (bs_malloc) */
-  size_t len, cap;
-};
-void bs_buf_destroy(struct bs_buf *b);
+#include "burnstore/sink.h"
 
 /* Which tensors to write, in data order: indices into cat->tensors. NULL means
  * every tensor that is not hidden, in catalog order. Names written are
@@ -24,13 +20,19 @@ struct bs_bpk_plan {
   size_t n;
 };
 
+/* Serialize into any sink. */
+BS_NODISCARD int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
+                              struct bs_sink *k, bs_err *err);
+/* Can Burnpack store this tensor (its dtype, a QFloat's scheme, a readable
+ * source)? 0, or -1 with err naming the tensor and why. Sizes are not checked. */
+BS_NODISCARD int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err);
+
 BS_NODISCARD int bs_bpk_write_mem(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
                                   struct bs_buf *out, bs_err *err);
 BS_NODISCARD int bs_bpk_write_fd(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
                                  int fd, bs_err *err);
-/* Atomic: writes `path`.<pid>-<n>.tmp beside path, fsyncs it, renames it over
- * path, fsyncs the directory. On any failure the temp file is removed and an
- * existing `path` is untouched. */
+/* Atomic (bs_atomic_open/commit): on any failure an existing `path` is
+ * untouched and no temp file is left. */
 BS_NODISCARD int bs_bpk_write_file(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
                                    const char *path, bs_err *err);
 

@@ -30,15 +30,6 @@
 #define HDR_LEN 10u
 #define CHUNK (1u << 20)
 
-void bs_buf_destroy(struct bs_buf *b)
-{
-  if (!b)
-    return;
-  bs_free(b->data);
-  b->data = NULL;
-  b->len = b->cap = 0;
-}
-
 static int buf_put(struct bs_buf *b, const void *d, size_t n)
 {
   if (n == 0)
@@ -183,10 +174,11 @@ static int cmp_meta(const void *a, const void *b, void *c)
   return strcmp(cat->meta[*(const size_t *)a].key, cat->meta[*(const size_t *)b].key);
 }
 
-static int check_tensor(const struct bs_tensor *t, bs_err *err)
+int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err)
 {
   if (t->unsupported)
-    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s", t->unsupported);
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
+                   t->unsupported);
   if (t->dtype == BS_DT_QFLOAT) {
     if (!t->dtype_raw || t->dtype_raw_len == 0)
       return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
@@ -198,6 +190,15 @@ static int check_tensor(const struct bs_tensor *t, bs_err *err)
                    "Burnpack has no dtype for %s (Burn stores F64 F32 Flex32 F16 BF16, "
                    "I64..I8, U64..U8, Bool and QFloat)",
                    bs_dtype_name(t->dtype));
+  return 0;
+}
+
+static int check_tensor(const struct bs_tensor *t, bs_err *err)
+{
+  if (bs_bpk_can_write(t, err) != 0)
+    return -1;
+  if (t->dtype == BS_DT_QFLOAT)
+    return 0;
   uint64_t want;
   if (bs_dtype_nbytes(t->dtype, t->rank, t->shape, &want, t->name, BS_OFF_NONE, err) != 0)
     return -1;
@@ -325,61 +326,8 @@ static int encode_meta(const struct bs_catalog *cat, const struct wplan *w, stru
   return 0;
 }
 
-/* ---- Sinks ----------------------------------------------------------------------------------- */
-
-struct sink {
-  struct bs_buf *mem; /* memory sink, or NULL */
-  int fd;             /* fd sink */
-  const char *name;   /* for messages */
-  uint64_t pos;
-};
-
-static int sink_put(struct sink *k, const void *d, size_t n, bs_err *err)
-{
-  if (k->mem) {
-    if (buf_put(k->mem, d, n) != 0)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory building the file");
-    k->pos += n;
-    return 0;
-  }
-  const uint8_t *p = d;
-  while (n > 0) {
-    ssize_t r = write(k->fd, p, n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0 && errno == ENOSPC)
-      return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
-                     "%s: no space left on the device after writing %" PRIu64 " bytes", k->name,
-                     k->pos);
-    if (r < 0) {
-      int e = errno;
-      return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: write failed at byte %" PRIu64 ": %s", k->name,
-                     k->pos, strerror(e));
-    }
-    if (r == 0)
-      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: write returned 0 at byte %" PRIu64, k->name,
-                     k->pos);
-    p += r;
-    n -= (size_t)r;
-    k->pos += (uint64_t)r;
-  }
-  return 0;
-}
-
-static int sink_zeros(struct sink *k, uint64_t n, bs_err *err)
-{
-  static const uint8_t zeros[4096];
-  while (n > 0) {
-    size_t c = n < sizeof zeros ? (size_t)n : sizeof zeros;
-    if (sink_put(k, zeros, c, err) != 0)
-      return -1;
-    n -= c;
-  }
-  return 0;
-}
-
 static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
-                       size_t cap, struct sink *k, bs_err *err)
+                       size_t cap, struct bs_sink *k, bs_err *err)
 {
   uint64_t done = 0;
   while (done < t->nbytes) {
@@ -393,16 +341,16 @@ static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, 
       return bs_fail(err, EIO, t->off + done, t->name,
                      "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
                      t->nbytes);
-    if (sink_put(k, buf, (size_t)got, err) != 0)
+    if (bs_sink_put(k, buf, (size_t)got, err) != 0)
       return -1;
     done += (uint64_t)got;
   }
   return 0;
 }
 
-/* The one serializer behind both sinks. */
-static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct sink *k,
-                     bs_err *err)
+/* The one serializer behind every sink. */
+int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct bs_sink *k,
+                 bs_err *err)
 {
   struct wplan w;
   struct bs_buf meta = {0};
@@ -416,13 +364,8 @@ static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *pla
     bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "file size overflows 64 bits");
     goto out;
   }
-  if (k->mem) {
-    if (total > SIZE_MAX - k->mem->len ||
-        bs_grow((void **)&k->mem->data, &k->mem->cap, k->mem->len + (size_t)total, 1) != 0) {
-      bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory for a %" PRIu64 "-byte file", total);
-      goto out;
-    }
-  }
+  if (bs_sink_reserve(k, total, err) != 0)
+    goto out;
   size_t cap = w.biggest < CHUNK ? (size_t)w.biggest : CHUNK;
   if (!(chunk = bs_malloc(cap ? cap : 1))) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -432,13 +375,13 @@ static int write_out(const struct bs_catalog *cat, const struct bs_bpk_plan *pla
   memcpy(h, "NRUB", 4);
   bs_put_le16(h + 4, 1);
   bs_put_le32(h + 6, (uint32_t)meta.len);
-  if (sink_put(k, h, HDR_LEN, err) != 0 || sink_put(k, meta.data, meta.len, err) != 0 ||
-      sink_zeros(k, data_start - HDR_LEN - meta.len, err) != 0)
+  if (bs_sink_put(k, h, HDR_LEN, err) != 0 || bs_sink_put(k, meta.data, meta.len, err) != 0 ||
+      bs_sink_zeros(k, data_start - HDR_LEN - meta.len, err) != 0)
     goto out;
   uint64_t cursor = 0;
   for (size_t i = 0; i < w.n; i++) {
     const struct bs_tensor *t = &cat->tensors[w.order[i]];
-    if (sink_zeros(k, w.start[i] - cursor, err) != 0 ||
+    if (bs_sink_zeros(k, w.start[i] - cursor, err) != 0 ||
         copy_tensor(cat, t, chunk, cap, k, err) != 0)
       goto out;
     cursor = w.start[i] + t->nbytes;
@@ -456,9 +399,10 @@ int bs_bpk_write_mem(const struct bs_catalog *cat, const struct bs_bpk_plan *pla
                      struct bs_buf *out, bs_err *err)
 {
   struct bs_buf b = {0};
-  struct sink k = {.mem = &b, .fd = -1, .name = "<memory>"};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, NULL);
   memset(out, 0, sizeof *out);
-  if (write_out(cat, plan, &k, err) != 0) {
+  if (bs_bpk_write(cat, plan, &k, err) != 0) {
     bs_buf_destroy(&b);
     return -1;
   }
@@ -466,118 +410,25 @@ int bs_bpk_write_mem(const struct bs_catalog *cat, const struct bs_bpk_plan *pla
   return 0;
 }
 
-static int write_fd_named(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, int fd,
-                          const char *name, bs_err *err)
-{
-  struct sink k = {.fd = fd, .name = name};
-  return write_out(cat, plan, &k, err);
-}
-
 int bs_bpk_write_fd(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, int fd,
                     bs_err *err)
 {
   char name[32];
+  struct bs_sink k;
   snprintf(name, sizeof name, "fd %d", fd);
-  return write_fd_named(cat, plan, fd, name, err);
-}
-
-/* Make sure a failure message names the file being written. */
-static int name_path(bs_err *err, const char *path)
-{
-  if (err && err->code && !strstr(err->msg, path)) {
-    char buf[sizeof err->msg];
-    size_t used = 0, cap = sizeof buf - 1;
-    for (const char *parts[] = {path, ": ", err->msg}, **q = parts; q < parts + 3; q++) {
-      size_t l = strlen(*q);
-      l = l < cap - used ? l : cap - used;
-      memcpy(buf + used, *q, l);
-      used += l;
-    }
-    buf[used] = '\0';
-    memcpy(err->msg, buf, used + 1);
-  }
-  return -1;
-}
-
-static int sync_dir(const char *path, bs_err *err)
-{
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? bs_strndup(path, slash == path ? 1 : (size_t)(slash - path)) : bs_strdup(".");
-  if (!dir)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  int rc = 0;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL)) {
-    int e = errno;
-    rc = bs_fail(err, e, BS_OFF_NONE, NULL, "%s: written, but syncing directory %s failed: %s",
-                 path, dir, strerror(e));
-  }
-  if (fd >= 0)
-    close(fd);
-  bs_free(dir);
-  return rc;
+  bs_sink_init_fd(&k, fd, name);
+  return bs_bpk_write(cat, plan, &k, err);
 }
 
 int bs_bpk_write_file(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
                       const char *path, bs_err *err)
 {
-  static unsigned counter;
-  size_t plen = strlen(path);
-  char *tmp = bs_malloc(plen + 48);
-  if (!tmp)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "%s: out of memory", path);
-  int fd = -1;
-  for (int tries = 0; fd < 0 && tries < 100; tries++) {
-    unsigned n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
-    snprintf(tmp, plen + 48, "%s.%ld-%u.tmp", path, (long)getpid(), n);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST)
-      break;
-  }
-  if (fd < 0) {
-    int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot create the temporary file %s: %s", path, tmp,
-            strerror(e));
-    bs_free(tmp);
+  struct bs_atomic a;
+  if (bs_atomic_open(&a, path, err) != 0)
     return -1;
-  }
-  /* Replacing a file keeps its permissions (as sed -i and rsync do). The
-   * umask-filtered 0644 is for new files. */
-  struct stat old;
-  if (stat(path, &old) == 0 && S_ISREG(old.st_mode) && fchmod(fd, old.st_mode & 07777) != 0) {
-    int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot set the mode of %s: %s", path, tmp, strerror(e));
-    goto fail;
-  }
-  if (write_fd_named(cat, plan, fd, path, err) != 0)
-    goto fail;
-  if (fsync(fd) != 0) {
-    int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: fsync of %s failed: %s", path, tmp, strerror(e));
-    goto fail;
-  }
-  int cfd = fd;
-  fd = -1;
-  if (close(cfd) != 0) {
-    int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: closing %s failed: %s", path, tmp, strerror(e));
-    goto fail;
-  }
-  if (rename(tmp, path) != 0) {
-    int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot rename %s over it: %s", path, tmp, strerror(e));
-    goto fail;
-  }
-  bs_free(tmp);
-  if (sync_dir(path, err) != 0)
-    return name_path(err, path);
-  return 0;
-fail:
-  if (fd >= 0)
-    close(fd);
-  unlink(tmp);
-  bs_free(tmp);
-  return name_path(err, path);
+  if (bs_bpk_write(cat, plan, &a.sink, err) != 0)
+    return bs_atomic_fail(&a, err);
+  return bs_atomic_commit(&a, err);
 }
 
 int bs_bpk_default_meta(struct bs_catalog *cat, bs_err *err)

@@ -13,6 +13,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/keys.h"
 #include "burnstore/tree.h"
+#include "burnstore/writers.h"
 
 struct fs_xattr {
   char *name;  /* owned, full name ("user.foo") */
@@ -59,6 +60,9 @@ struct fs {
   gid_t gid;
   double timeout;        /* entry/attr cache timeout */
   pthread_rwlock_t lock; /* the only lock: guards tree, files, meta */
+
+  /* The output's format, chosen at mount from output's extension; NULL when read-only. */
+  const struct bs_writer *writer;
 };
 
 static inline struct fs *fs_data(fuse_req_t req)

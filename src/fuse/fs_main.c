@@ -23,6 +23,7 @@
 
 #include "burnstore/alloc.h"
 #include "burnstore/formats.h"
+#include "burnstore/lookalike.h"
 #include "burnstore/version.h"
 #include "fs.h"
 
@@ -34,8 +35,8 @@ static const char usage_text[] =
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, PyTorch) as a directory:\n"
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
-    "If SOURCE does not exist, MOUNTPOINT is an empty writable directory that is\n"
-    "written to SOURCE as a Burnpack file on unmount.\n"
+    "If SOURCE does not exist and ends in .bpk, MOUNTPOINT is an empty writable\n"
+    "directory that is written to SOURCE as a Burnpack file on unmount.\n"
     "\n"
     "  -f              stay in the foreground\n"
     "  -d              debug output (implies -f)\n"
@@ -47,7 +48,8 @@ static const char usage_text[] =
     "Options (-o, comma-separated; a comma inside a value is written \\,):\n"
     "  ro, rw                 read-only (default for an existing SOURCE) or writable\n"
     "  output=PATH            where a writable mount is written (default: SOURCE;\n"
-    "                         needed for rw on SafeTensors and PyTorch files)\n"
+    "                         needed for rw on SafeTensors and PyTorch files); the\n"
+    "                         extension names the format: .bpk\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
     "  include=REGEX          keep only keys matching (repeatable, any match)\n"
     "  exclude=REGEX          drop keys matching (repeatable)\n"
@@ -443,6 +445,62 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
+/* SOURCE could not be opened as a checkpoint: say what it looks like when
+ * that is known (gzip, Burn's .mpk recorder files...), else the reader's error. */
+static int fail_open(const char *file, const char *path, const bs_err *err)
+{
+  uint8_t head[16];
+  ssize_t n = -1;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    n = pread(fd, head, sizeof head, 0);
+    close(fd);
+  }
+  const char *like = n > 0 ? bs_sniff_lookalike(head, (size_t)n, path) : NULL;
+  if (!like)
+    return fail_line(file, err);
+  fprintf(stderr, PROG ": %s: %s\n", file, like);
+  return 1;
+}
+
+/* The writer of a writable mount, from the output's extension (an rw mount
+ * in place keeps the format the file holds). NULL after printing why. */
+static const struct bs_writer *choose_writer(const struct fs *fs, const struct args *a, bool is_new)
+{
+  char exts[256];
+  bs_writer_list(exts, sizeof exts);
+  if (is_new && !bs_writer_for_path(fs->source)) {
+    fprintf(stderr,
+            PROG ": %s: does not exist (a new path is mounted as an empty checkpoint only if its "
+                 "extension names a format burnstore writes: %s)\n",
+            a->source, exts);
+    return NULL;
+  }
+  if (a->output) {
+    const struct bs_writer *w = bs_writer_for_path(a->output);
+    const char *ext = bs_path_extension(a->output);
+    if (!w && !*ext)
+      fprintf(stderr,
+              PROG ": output=%s: no extension names the format to write (burnstore writes %s)\n",
+              a->output, exts);
+    else if (!w)
+      fprintf(stderr,
+              PROG ": output=%s: burnstore cannot write %s files (it writes %s, and never writes "
+                   "one format under another's extension)\n",
+              a->output, ext, exts);
+    return w;
+  }
+  if (is_new)
+    return bs_writer_for_path(fs->source);
+  const struct bs_writer *w = bs_writer_for_format(fs->cat.format);
+  if (!w)
+    fprintf(stderr,
+            PROG ": %s: a writable mount of a %s file needs -o output=PATH with an extension "
+                 "burnstore writes (%s); it never overwrites a %s file\n",
+            a->source, bs_format_name(fs->cat.format), exts, bs_format_name(fs->cat.format));
+  return w;
+}
+
 /* Open and validate SOURCE fully, build the tree. Prints the error. */
 static int prepare(struct fs *fs, struct args *a)
 {
@@ -471,23 +529,22 @@ static int prepare(struct fs *fs, struct args *a)
       return 1;
     }
     fs->writable = true;
+    if (!(fs->writer = choose_writer(fs, a, true)))
+      return 1;
     fs->output = bs_strdup(a->output ? a->output : fs->source);
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
     struct bs_src src;
     struct bs_open_opts oo = {.strict = a->strict};
-    if (bs_src_open(&src, fs->source, &err) != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
+    if (bs_src_open(&src, fs->source, &err) != 0)
       return fail_line(a->source, &err);
+    if (bs_open_any(&fs->cat, &src, &oo, &err) != 0)
+      return fail_open(a->source, fs->source, &err);
     if (a->rw || a->output) {
       fs->writable = true;
-      if (!a->output && fs->cat.format != BS_FMT_BURNPACK) {
-        fprintf(stderr,
-                PROG ": %s: a writable mount of a %s file needs -o output=PATH.bpk (burnstore "
-                     "writes Burnpack only, and never overwrites a %s file)\n",
-                a->source, bs_format_name(fs->cat.format), bs_format_name(fs->cat.format));
+      if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      }
       fs->output = a->output ? abs_path(a->output) : bs_strdup(fs->source);
       if (!fs->output) {
         fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
@@ -514,6 +571,9 @@ static int prepare(struct fs *fs, struct args *a)
     fs->staging = bs_strdup(buf);
   }
   if (bs_keys_apply(&fs->cat, &a->keys, &err) != 0)
+    return fail_line(a->source, &err);
+  /* A conversion that cannot succeed is refused now, not at unmount. */
+  if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)
     return fail_line(a->source, &err);
   if (bs_tree_init(&fs->tree, &err) != 0 || bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0)
     return fail_line(a->source, &err);

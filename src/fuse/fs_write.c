@@ -3,8 +3,8 @@
  * A file's bytes stay in the source checkpoint until it is first written;
  * then they move to a staging file (one per tensor) in a staging directory
  * beside the output. At unmount the tree becomes a catalog whose tensors
- * point either at the source or at staging files, and the core's Burnpack
- * writer serializes it atomically. Nothing is held whole in memory. */
+ * point either at the source or at staging files, and the writer chosen at
+ * mount (fs->writer) serializes it atomically. Nothing is held whole in memory. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
-#include "burnstore/bpk_write.h"
+#include "burnstore/writers.h"
 #include "fs.h"
 
 struct fs_file *fs_file_new(long tensor, uint64_t size, mode_t mode)
@@ -330,7 +330,7 @@ int fs_writeback(struct fs *fs, bs_err *err)
 {
   struct bs_catalog out;
   bs_catalog_init(&out);
-  out.format = BS_FMT_BURNPACK;
+  out.format = fs->writer->format;
   int rc = -1;
   /* The source's byte sources, borrowed, at the same indices, so clean
    * tensors keep their src index. */
@@ -348,9 +348,9 @@ int fs_writeback(struct fs *fs, bs_err *err)
   for (size_t i = 0; i < fs->nmeta; i++)
     if (bs_catalog_add_meta(&out, fs->meta[i].key, fs->meta[i].value, err) != 0)
       goto out;
-  if (bs_bpk_default_meta(&out, err) != 0)
+  if (fs->writer->default_meta && fs->writer->default_meta(&out, err) != 0)
     goto out;
-  rc = bs_bpk_write_file(&out, NULL, fs->output, err);
+  rc = bs_writer_write_file(fs->writer, &out, fs->output, err);
 out:
   if (rc != 0)
     write_staging_index(fs);

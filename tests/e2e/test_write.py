@@ -245,7 +245,7 @@ def test_failures(tmp):
                 check(u.returncode != 0, "-u fails on a full disk")
                 check("No space" in u.stderr or "ENOSPC" in u.stderr or "space" in u.stderr, "-u says the disk is full: %r" % u.stderr)
             check(not os.path.exists(os.path.join(small, "new.bpk")), "no partial output on a full disk")
-            check(not [f for f in os.listdir(small) if f.endswith(".tmp")], "temp file removed")
+            check(not [f for f in os.listdir(small) if ".burnstore-tmp-" in f], "temp file removed")
             check(open(target, "rb").read() == b"old", "other files untouched")
         finally:
             run(["umount", small])
@@ -264,7 +264,7 @@ def test_failures(tmp):
         caught = False
         deadline = time.time() + 30
         while time.time() < deadline and not caught:
-            caught = any(f.startswith("kill.bpk.") and f.endswith(".tmp") for f in os.listdir(tmp))
+            caught = any(f.startswith(".kill.bpk.burnstore-tmp-") for f in os.listdir(tmp))
         for p in pids:
             os.kill(p, signal.SIGKILL)
         um.wait(timeout=60)

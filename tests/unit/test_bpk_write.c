@@ -552,7 +552,7 @@ static int count_tmp(const char *dir)
   DIR *d = opendir(dir);
   cr_assert_not_null(d);
   for (struct dirent *e; (e = readdir(d));)
-    n += strstr(e->d_name, ".tmp") != NULL;
+    n += strstr(e->d_name, ".burnstore-tmp-") != NULL;
   closedir(d);
   return n;
 }

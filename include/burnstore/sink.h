@@ -1,0 +1,77 @@
+/* Where a writer's bytes go. A writer serializes once, into a bs_sink, which
+ * is memory (tests, sizes), an fd, or the temp file of an atomic file commit
+ * (temp beside the target, fsync, rename, fsync of the directory).
+ *
+ * Temp files are named ".NAME.burnstore-tmp-XXXXXX" beside the target NAME
+ * and hold an exclusive flock while they exist, so a writer that died (kill -9)
+ * is told from a live one: opening a target removes the temp files of that
+ * target whose lock can be taken, never one a live writer holds. */
+#ifndef BURNSTORE_SINK_H
+#define BURNSTORE_SINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/err.h"
+
+struct bs_buf {
+  uint8_t *data; /* owned (bs_malloc) */
+  size_t len, cap;
+};
+void bs_buf_destroy(struct bs_buf *b); /* frees data; safe on a zeroed buf, and twice */
+
+struct bs_sink {
+  struct bs_buf *mem; /* borrowed: the memory sink's buffer, or NULL for an fd sink */
+  int fd;             /* borrowed: the fd sink's fd (written at its current offset) */
+  const char *name;   /* borrowed: names the output in messages */
+  uint64_t pos;       /* bytes put so far */
+};
+
+/* A sink that appends to `buf` (which the caller owns and frees). */
+void bs_sink_init_mem(struct bs_sink *k, struct bs_buf *buf, const char *name);
+/* A sink that write()s to `fd` (not closed by the sink). */
+void bs_sink_init_fd(struct bs_sink *k, int fd, const char *name);
+
+/* Put n bytes. ENOSPC and other write errors name the output and the byte. */
+BS_NODISCARD int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err);
+BS_NODISCARD int bs_sink_zeros(struct bs_sink *k, uint64_t n, bs_err *err);
+/* A hint that `n` more bytes follow: a memory sink allocates them now (so
+ * ENOMEM comes before any work); an fd sink does nothing. */
+BS_NODISCARD int bs_sink_reserve(struct bs_sink *k, uint64_t n, bs_err *err);
+
+/* ---- Atomic file commit --------------------------------------------------------------------
+ *
+ * One file:   bs_atomic_open, write to a.sink, bs_atomic_commit (or bs_atomic_abort).
+ * N files as a set (a later sharded writer): open and write each, bs_atomic_sync each (any
+ * failure: abort all, every target untouched), then bs_atomic_publish each. The renames of a
+ * set are not atomic together; a set publishes its index file last.
+ *
+ * A replaced target keeps its permission bits; a new one gets 0644 minus the umask. */
+struct bs_atomic {
+  char *path;          /* owned: the target */
+  char *tmp;           /* owned: the temp file beside it */
+  int fd;              /* the temp file while it is written; -1 after bs_atomic_sync */
+  int lock_fd;         /* the same open file, holding the flock until publish or abort */
+  struct bs_sink sink; /* an fd sink on `fd`, named after the target: write here */
+};
+
+/* Remove stale temp files of `path` (whose lock can be taken), then create
+ * and lock a new temp file. On failure `a` is left closed (abort is a no-op). */
+BS_NODISCARD int bs_atomic_open(struct bs_atomic *a, const char *path, bs_err *err);
+/* Phase 1: fsync and close the temp file's data (the lock stays held). */
+BS_NODISCARD int bs_atomic_sync(struct bs_atomic *a, bs_err *err);
+/* Phase 2: rename the temp file over the target, fsync the directory, release. */
+BS_NODISCARD int bs_atomic_publish(struct bs_atomic *a, bs_err *err);
+/* sync + publish. On failure the temp file is removed and the target is untouched. */
+BS_NODISCARD int bs_atomic_commit(struct bs_atomic *a, bs_err *err);
+/* Remove the temp file (if any) and release everything; the target is untouched.
+ * Safe on a zeroed, failed, committed or aborted bs_atomic. */
+void bs_atomic_abort(struct bs_atomic *a);
+/* For a writer that failed: make err's message name the target, abort, return -1. */
+int bs_atomic_fail(struct bs_atomic *a, bs_err *err);
+
+/* Remove the temp files of `path` left by writers that died. Returns how many
+ * were removed (errors are skipped: cleaning is best effort). */
+int bs_atomic_clean_stale(const char *path);
+
+#endif
