@@ -471,8 +471,8 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
   bs_writer_list(exts, sizeof exts);
   if (is_new && !bs_writer_for_path(fs->source)) {
     fprintf(stderr,
-            PROG ": %s: does not exist (a new path is mounted as an empty checkpoint only if its "
-                 "extension names a format burnstore writes: %s)\n",
+            PROG ": %s: does not exist; a new path is mounted as an empty checkpoint only if its "
+                 "extension names a format burnstore writes: %s\n",
             a->source, exts);
     return NULL;
   }
