@@ -495,8 +495,8 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
   const struct bs_writer *w = bs_writer_for_format(fs->cat.format);
   if (!w)
     fprintf(stderr,
-            PROG ": %s: a writable mount of a %s file needs -o output=PATH with an extension "
-                 "burnstore writes (%s); it never overwrites a %s file\n",
+            PROG ": %s: a writable mount of a %s file needs -o output=PATH naming a format "
+                 "burnstore writes: %s; it never overwrites a %s file\n",
             a->source, bs_format_name(fs->cat.format), exts, bs_format_name(fs->cat.format));
   return w;
 }
