@@ -179,8 +179,10 @@ int bs_atomic_clean_stale(const char *path)
     goto out;
   int dfd = dirfd(d);
   for (struct dirent *de; (de = readdir(d)) != NULL;) {
-    if (!is_tmp_of(de->d_name, prefix))
-      continue;
+    struct stat pre;
+    if (!is_tmp_of(de->d_name, prefix) ||
+        fstatat(dfd, de->d_name, &pre, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(pre.st_mode))
+      continue; /* never open a device or FIFO that merely has the name */
     int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
       continue;

@@ -317,6 +317,7 @@ Test(stale, temp_file_of_a_dead_writer_is_removed_by_the_next_write, .init = set
   put_file(at(".model.bpk.burnstore-tmp-Ab3xY9.bak"), "x", 0644);
   put_file(at("model.bpk.burnstore-tmp-Ab3xY9"), "x", 0644);
   cr_assert_eq(symlink("model.bpk", at(".model.bpk.burnstore-tmp-Link00")), 0);
+  cr_assert_eq(mkfifo(at(".model.bpk.burnstore-tmp-Fifo00"), 0600), 0);
   commit_text(at("model.bpk"), "new");
   expect_content(at("model.bpk"), "new");
   cr_assert(!exists(at(".model.bpk.burnstore-tmp-Ab3xY9")), "the stale temp file is gone");
@@ -325,6 +326,7 @@ Test(stale, temp_file_of_a_dead_writer_is_removed_by_the_next_write, .init = set
   cr_assert(exists(at(".model.bpk.burnstore-tmp-Ab3xY9.bak")));
   cr_assert(exists(at("model.bpk.burnstore-tmp-Ab3xY9")));
   cr_assert(exists(at(".model.bpk.burnstore-tmp-Link00")), "a symlink is never followed");
+  cr_assert(exists(at(".model.bpk.burnstore-tmp-Fifo00")), "only regular files are temp files");
   cr_assert_eq(bs_atomic_clean_stale(at("model.bpk")), 0);
 }
 
