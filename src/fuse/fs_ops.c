@@ -626,7 +626,9 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
     return EROFS;
   if (flags & ~(unsigned)RENAME_NOREPLACE)
     return EINVAL; /* RENAME_EXCHANGE / WHITEOUT: not supported */
-  int rc = check_name(newname);
+  /* A name kept as it is (a move to another directory) stays valid: a
+   * shortened name keeps its node's key segment (bs_tree_move). */
+  int rc = strcmp(name, newname) == 0 ? 0 : check_name(newname);
   if (rc)
     return rc;
   uint64_t ino = bs_tree_lookup(&fs->tree, parent, name);
