@@ -82,7 +82,8 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 
 /* Read up to n bytes of the tensor's contiguous data starting at off (clamped
  * to nbytes). Strided tensors are gathered element run by element run, never
- * whole. Returns bytes read, or -errno. Thread-safe. */
+ * whole. Returns bytes read, or -errno: -EIO also when the source file
+ * changed since it was opened (bs_src_changed). Thread-safe. */
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
 

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "burnstore/err.h"
 
@@ -15,6 +16,11 @@ struct bs_src {
   const uint8_t *mem; /* borrowed; NULL for an fd source */
   uint64_t size;      /* total bytes */
   char *name;         /* owned; used in error messages */
+  /* A regular file's identity at open, for bs_src_changed (fd sources). */
+  bool stamped;
+  uint64_t st_size;
+  struct timespec st_mtim, st_ctim;
+  bool change_logged; /* set once, atomically, by whoever reports a change */
 };
 
 /* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set
@@ -39,5 +45,19 @@ BS_NODISCARD int bs_src_read_alloc(const struct bs_src *s, uint64_t off, uint64_
  * -errno. Thread-safe (pread). */
 long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n);
 void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
+
+/* Whether the file of an fd source changed since it was opened, by one
+ * fstat: its size or mtime differ, or its ctime while the file still has a
+ * name (deleting it, or renaming another file over it, changes the old
+ * inode's ctime and link count but not its bytes, which stay readable
+ * through our fd). A ctime change alone is also a chmod, a hard link or a
+ * rename of the file itself: it cannot be told from an edit that restored
+ * the mtime, so it counts. Memory sources never change. On true, why (if
+ * not NULL) says what changed. Thread-safe. */
+bool bs_src_changed(const struct bs_src *s, char *why, size_t n);
+/* A source borrowing from's fd or memory (not owned), with from's stamp,
+ * so bs_src_changed keeps comparing with the file as first opened. Fails
+ * (EIO, naming what changed) if the file already changed. */
+BS_NODISCARD int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *from, bs_err *err);
 
 #endif

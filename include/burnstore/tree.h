@@ -16,8 +16,20 @@
 #define BS_TREE_ROOT 1u
 #define BS_SELF_NAME "%%" /* a tensor whose key is also a directory's key */
 
+/* Path components are at most BS_NAME_MAX bytes (Linux NAME_MAX). A segment
+ * whose escaped form is longer is shown under a shortened name: the first
+ * bytes of the escaped form (at most BS_SHORT_PREFIX, never cutting a %XX
+ * escape or a UTF-8 sequence), then BS_SHORT_MARK, then 16 lowercase hex
+ * digits of a 64-bit FNV-1a hash of the whole segment. "%~" is not an
+ * escape, so a shortened name never equals the escaped form of a segment;
+ * the node keeps the whole segment (bs_node.seg), so the key stays known. */
+#define BS_NAME_MAX 255
+#define BS_SHORT_PREFIX 200
+#define BS_SHORT_MARK "%~"
+
 struct bs_node {
   char *name;      /* owned: the component as shown (escaped); "" for the root */
+  char *seg;       /* owned, NULL unless name is shortened: the whole key segment */
   uint64_t parent; /* parent's ino; the root is its own parent */
   bool is_dir;
   bool live;      /* false once removed */
@@ -40,7 +52,8 @@ void bs_tree_destroy(struct bs_tree *t);
 
 /* Build the tree of every non-hidden tensor of cat (by t->name). With flat,
  * one file per key in the root, named by the escaped key. Duplicate names
- * are an error naming both keys. */
+ * are an error naming both keys, and so are two segments that shorten to
+ * the same name (EEXIST). */
 BS_NODISCARD int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat,
                                bs_err *err);
 
@@ -53,18 +66,27 @@ BS_NODISCARD int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *nam
                              long tensor, uint64_t *ino, bs_err *err);
 /* Unlink a node from its parent (a dir must be empty: ENOTEMPTY). */
 BS_NODISCARD int bs_tree_remove(struct bs_tree *t, uint64_t ino, bs_err *err);
-/* Move a node to (newparent, newname); the target name must be free. */
+/* Move a node to (newparent, newname); the target name must be free. A
+ * node that keeps its name keeps its segment (seg); one renamed drops it,
+ * its key then comes from the new name. */
 BS_NODISCARD int bs_tree_move(struct bs_tree *t, uint64_t ino, uint64_t newparent,
                               const char *newname, bs_err *err);
 
 /* Escape one key segment into a path component ('%' and '/' as %25 and %2F;
  * "." "..", "" as %2E, %2E%2E, %). Returns a bs_malloc'd string or NULL. */
 char *bs_escape_component(const char *seg, size_t len);
+/* The name a key segment is shown under: bs_escape_component, shortened
+ * (see BS_SHORT_MARK) when that is longer than BS_NAME_MAX; *shortened says
+ * which. Returns a bs_malloc'd string or NULL. */
+char *bs_component_name(const char *seg, size_t len, bool *shortened);
+/* Whether name has the form of a shortened name (ends in %~ and 16 hex). */
+bool bs_name_is_shortened(const char *name);
 /* Reverse bs_escape_component. Returns a bs_malloc'd segment, or NULL with
  * errno EINVAL for a name that is not a valid escape, ENOMEM. */
 char *bs_unescape_component(const char *name);
-/* The key of a file node: its path's components unescaped, joined with '.'
- * (a %% component stands for its directory itself). With flat, the name
+/* The key of a file node: its path's components unescaped (a shortened
+ * one gives its node's seg), joined with '.' (a %% component stands for its
+ * directory itself). With flat, the name
  * unescaped. Returns bs_malloc'd, or NULL (errno EINVAL / ENOMEM). */
 char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat);
 

@@ -256,16 +256,23 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   if (n > t->nbytes - off)
     n = (size_t)(t->nbytes - off);
   const struct bs_src *s = &cat->srcs[t->src];
-  if (t->strides)
-    return gather(s, t, off, buf, n);
-  size_t done = 0;
-  while (done < n) {
-    long r = bs_src_pread(s, t->off + off + done, (char *)buf + done, n - done);
-    if (r < 0)
-      return done ? (long)done : r;
-    if (r == 0)
-      return -EIO; /* the source shrank under us */
-    done += (size_t)r;
+  long got;
+  if (t->strides) {
+    got = gather(s, t, off, buf, n);
+  } else {
+    size_t done = 0;
+    while (done < n) {
+      long r = bs_src_pread(s, t->off + off + done, (char *)buf + done, n - done);
+      if (r == 0)
+        return -EIO; /* the source shrank under us */
+      if (r < 0 && !done)
+        return r;
+      if (r < 0)
+        break;
+      done += (size_t)r;
+    }
+    got = (long)done;
   }
-  return (long)done;
+  /* Checked after reading, so a change during the read is caught too. */
+  return got > 0 && bs_src_changed(s, NULL, 0) ? -EIO : got;
 }

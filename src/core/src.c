@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,6 +41,10 @@ int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err
   s->fd = fd;
   s->owns_fd = owns;
   s->size = (uint64_t)st.st_size;
+  s->stamped = S_ISREG(st.st_mode);
+  s->st_size = (uint64_t)st.st_size;
+  s->st_mtim = st.st_mtim;
+  s->st_ctim = st.st_ctim;
   return 0;
 }
 
@@ -140,4 +145,59 @@ void bs_src_destroy(struct bs_src *s)
     close(s->fd);
   bs_free(s->name);
   zero(s);
+}
+
+static bool ts_eq(struct timespec a, struct timespec b)
+{
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+bool bs_src_changed(const struct bs_src *s, char *why, size_t n)
+{
+  if (!s->stamped || s->fd < 0)
+    return false;
+  char tmp[1];
+  if (!why || n == 0) {
+    why = tmp;
+    n = sizeof tmp;
+  }
+  struct stat st;
+  if (fstat(s->fd, &st) != 0) {
+    snprintf(why, n, "cannot stat it: %s", strerror(errno));
+    return true;
+  }
+  if ((uint64_t)st.st_size != s->st_size) {
+    snprintf(why, n, "its size changed from %llu to %llu bytes", (unsigned long long)s->st_size,
+             (unsigned long long)st.st_size);
+    return true;
+  }
+  if (!ts_eq(st.st_mtim, s->st_mtim)) {
+    snprintf(why, n, "it was modified (its mtime changed)");
+    return true;
+  }
+  if (st.st_nlink > 0 && !ts_eq(st.st_ctim, s->st_ctim)) {
+    snprintf(why, n, "its inode changed (ctime: an edit, or a chmod, link or rename of the file)");
+    return true;
+  }
+  return false;
+}
+
+int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *from, bs_err *err)
+{
+  zero(s);
+  char why[128];
+  if (bs_src_changed(from, why, sizeof why))
+    return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s changed since it was opened: %s", from->name,
+                   why);
+  s->name = bs_strdup(from->name);
+  if (!s->name)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  s->fd = from->fd;
+  s->mem = from->mem;
+  s->size = from->size;
+  s->stamped = from->stamped;
+  s->st_size = from->st_size;
+  s->st_mtim = from->st_mtim;
+  s->st_ctim = from->st_ctim;
+  return 0;
 }

@@ -1,6 +1,7 @@
 #include "burnstore/tree.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "burnstore/alloc.h"
@@ -92,6 +93,7 @@ void bs_tree_destroy(struct bs_tree *t)
     return;
   for (size_t i = 0; i < t->n; i++) {
     bs_free(t->nodes[i].name);
+    bs_free(t->nodes[i].seg);
     bs_free(t->nodes[i].kids);
   }
   bs_free(t->nodes);
@@ -228,6 +230,10 @@ int bs_tree_move(struct bs_tree *t, uint64_t ino, uint64_t newparent, const char
   }
   hash_delete(t, ino);
   unlink_kid(t, nd->parent, ino);
+  if (strcmp(nd->name, newname) != 0) {
+    bs_free(nd->seg); /* the key now comes from the new name */
+    nd->seg = NULL;
+  }
   bs_free(nd->name);
   nd->name = name;
   nd->parent = newparent;
@@ -262,6 +268,51 @@ char *bs_escape_component(const char *seg, size_t len)
   }
   *o = '\0';
   return out;
+}
+
+static uint64_t fnv1a(const char *p, size_t len)
+{
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < len; i++) {
+    h ^= (unsigned char)p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+char *bs_component_name(const char *seg, size_t len, bool *shortened)
+{
+  *shortened = false;
+  char *esc = bs_escape_component(seg, len);
+  size_t elen = esc ? strlen(esc) : 0;
+  if (!esc || elen <= BS_NAME_MAX)
+    return esc;
+  /* Cut at most BS_SHORT_PREFIX bytes, neither inside a %XX escape nor
+   * inside a UTF-8 sequence (so a UTF-8 key gives a UTF-8 name). */
+  size_t cut = BS_SHORT_PREFIX;
+  while (cut > 0 && (((unsigned char)esc[cut] & 0xC0) == 0x80 || esc[cut - 1] == '%' ||
+                     (cut >= 2 && esc[cut - 2] == '%')))
+    cut--;
+  char *out = bs_malloc(cut + sizeof BS_SHORT_MARK - 1 + 16 + 1);
+  if (out) {
+    memcpy(out, esc, cut);
+    snprintf(out + cut, sizeof BS_SHORT_MARK + 16, "%s%016llx", BS_SHORT_MARK,
+             (unsigned long long)fnv1a(seg, len));
+    *shortened = true;
+  }
+  bs_free(esc);
+  return out;
+}
+
+bool bs_name_is_shortened(const char *name)
+{
+  size_t len = strlen(name), tail = sizeof BS_SHORT_MARK - 1 + 16;
+  if (len < tail || memcmp(name + len - tail, BS_SHORT_MARK, sizeof BS_SHORT_MARK - 1) != 0)
+    return false;
+  for (const char *p = name + len - 16; *p; p++)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+      return false;
+  return true;
 }
 
 static int hexval(char c)
@@ -311,8 +362,14 @@ char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat)
     errno = EINVAL;
     return NULL;
   }
-  if (flat)
-    return bs_unescape_component(nd->name);
+  if (flat) {
+    if (!nd->seg)
+      return bs_unescape_component(nd->name);
+    char *k = bs_strdup(nd->seg);
+    if (!k)
+      errno = ENOMEM;
+    return k;
+  }
   /* Collect components from the leaf up, then join in order. */
   size_t depth = 0;
   for (uint64_t a = ino; a != BS_TREE_ROOT; a = t->nodes[a].parent)
@@ -328,9 +385,17 @@ char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat)
     i--;
     if (a == ino && strcmp(t->nodes[a].name, BS_SELF_NAME) == 0)
       continue; /* the directory's own tensor */
-    segs[i] = bs_unescape_component(t->nodes[a].name);
-    if (!segs[i])
-      goto out;
+    if (t->nodes[a].seg) {
+      segs[i] = bs_strdup(t->nodes[a].seg);
+      if (!segs[i]) {
+        errno = ENOMEM;
+        goto out;
+      }
+    } else {
+      segs[i] = bs_unescape_component(t->nodes[a].name);
+      if (!segs[i])
+        goto out;
+    }
     total += strlen(segs[i]) + 1;
     nseg++;
   }
@@ -363,29 +428,54 @@ out:
   return key;
 }
 
-/* The directory for `name` under parent, created if needed. A file already
- * there moves into the new directory as %%. */
-static int ensure_dir(struct bs_tree *t, const struct bs_catalog *cat, uint64_t parent,
-                      const char *name, uint64_t *out, bs_err *err)
+/* Give node ino the whole segment its shortened name stands for. */
+static int set_seg(struct bs_tree *t, uint64_t ino, const char *seg, size_t len, const char *key,
+                   bs_err *err)
+{
+  t->nodes[ino].seg = bs_strndup(seg, len);
+  return t->nodes[ino].seg ? 0 : bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+}
+
+/* Two different segments with one shortened name: refused, never merged. */
+static int check_same_seg(const struct bs_tree *t, uint64_t ino, const char *seg, size_t len,
+                          const char *key, bs_err *err)
+{
+  const char *have = t->nodes[ino].seg;
+  if (!have || (strlen(have) == len && memcmp(have, seg, len) == 0))
+    return 0;
+  return bs_fail(err, EEXIST, BS_OFF_NONE, key,
+                 "two key segments longer than %d bytes shorten to the same name '%.60s...': "
+                 "'%.60s...' and '%.60s...' (rename one with remap=)",
+                 BS_NAME_MAX, t->nodes[ino].name, have, seg);
+}
+
+/* The directory for segment seg[0..len) (shown as `name`) under parent,
+ * created if needed. A file already there moves into the new directory
+ * as %%. */
+static int ensure_dir(struct bs_tree *t, uint64_t parent, const char *name, bool shortened,
+                      const char *seg, size_t len, const char *key, uint64_t *out, bs_err *err)
 {
   uint64_t ino = bs_tree_lookup(t, parent, name);
+  if (ino && check_same_seg(t, ino, seg, len, key, err) != 0)
+    return -1;
   if (ino && t->nodes[ino].is_dir) {
     *out = ino;
     return 0;
   }
+  uint64_t dir, f;
   if (ino) {
     long tensor = t->nodes[ino].tensor;
-    uint64_t dir;
-    if (bs_tree_remove(t, ino, err) != 0 || bs_tree_add(t, parent, name, true, -1, &dir, err) != 0)
+    if (bs_tree_remove(t, ino, err) != 0 ||
+        bs_tree_add(t, parent, name, true, -1, &dir, err) != 0 ||
+        bs_tree_add(t, dir, BS_SELF_NAME, false, tensor, &f, err) != 0)
       return -1;
-    uint64_t f;
-    if (bs_tree_add(t, dir, BS_SELF_NAME, false, tensor, &f, err) != 0)
-      return -1;
-    (void)cat;
-    *out = dir;
-    return 0;
+  } else if (bs_tree_add(t, parent, name, true, -1, &dir, err) != 0) {
+    return -1;
   }
-  return bs_tree_add(t, parent, name, true, -1, out, err);
+  if (shortened && set_seg(t, dir, seg, len, key, err) != 0)
+    return -1;
+  *out = dir;
+  return 0;
 }
 
 int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs_err *err)
@@ -398,28 +488,36 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
     uint64_t dir = BS_TREE_ROOT;
     const char *seg = key, *dot;
     char *comp = NULL;
+    bool shortened;
     if (!flat) {
       while ((dot = strchr(seg, '.')) != NULL) {
-        comp = bs_escape_component(seg, (size_t)(dot - seg));
+        size_t len = (size_t)(dot - seg);
+        comp = bs_component_name(seg, len, &shortened);
         if (!comp)
           return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
-        int rc = ensure_dir(t, cat, dir, comp, &dir, err);
+        int rc = ensure_dir(t, dir, comp, shortened, seg, len, key, &dir, err);
         bs_free(comp);
         if (rc != 0)
           return -1;
         seg = dot + 1;
       }
     }
-    comp = bs_escape_component(seg, strlen(seg));
+    size_t len = strlen(seg);
+    comp = bs_component_name(seg, len, &shortened);
     if (!comp)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
     uint64_t ino = bs_tree_lookup(t, dir, comp);
+    if (ino && check_same_seg(t, ino, seg, len, key, err) != 0) {
+      bs_free(comp);
+      return -1;
+    }
     uint64_t parent = dir;
     const char *fname = comp;
     if (ino && t->nodes[ino].is_dir) {
       parent = ino;
       fname = BS_SELF_NAME;
       ino = bs_tree_lookup(t, parent, fname);
+      shortened = false; /* the %% file; its directory holds the segment */
     }
     if (ino) {
       long other = t->nodes[ino].tensor;
@@ -430,7 +528,7 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
     uint64_t f;
     int rc = bs_tree_add(t, parent, fname, false, (long)i, &f, err);
     bs_free(comp);
-    if (rc != 0)
+    if (rc != 0 || (shortened && set_seg(t, f, seg, len, key, err) != 0))
       return -1;
   }
   return 0;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
@@ -322,6 +323,25 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   fuse_reply_open(req, fi);
 }
 
+/* Bytes of a source that changed since the mount are never served: EIO,
+ * and one log line per source (syslog, and stderr in the foreground). */
+static bool source_changed(struct fs *fs, const struct bs_tensor *t)
+{
+  if (t->src >= fs->cat.nsrcs)
+    return false;
+  struct bs_src *s = &fs->cat.srcs[t->src];
+  char why[128];
+  if (!bs_src_changed(s, why, sizeof why))
+    return false;
+  if (!__atomic_exchange_n(&s->change_logged, true, __ATOMIC_RELAXED)) {
+    syslog(LOG_USER | LOG_ERR, "%s changed since it was mounted (%s): reads fail with EIO", s->name,
+           why);
+    fuse_log(FUSE_LOG_ERR, "burnstore: %s changed since it was mounted (%s): reads fail with EIO\n",
+             s->name, why);
+  }
+  return true;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
@@ -356,6 +376,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   }
   if (size > len - (uint64_t)off)
     size = (size_t)(len - (uint64_t)off);
+  if (t && source_changed(fs, t)) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
   if (fd >= 0) {
     /* Straight from the backing file: the kernel can splice it. */
     struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
@@ -375,6 +399,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     return;
   }
   long r = bs_tensor_read(&fs->cat, t, (uint64_t)off, buf, size);
+  if (r == -EIO)
+    source_changed(fs, t); /* logs a change during the read */
   if (r < 0)
     fuse_reply_err(req, (int)-r);
   else
@@ -626,7 +652,9 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
     return EROFS;
   if (flags & ~(unsigned)RENAME_NOREPLACE)
     return EINVAL; /* RENAME_EXCHANGE / WHITEOUT: not supported */
-  int rc = check_name(newname);
+  /* A name kept as it is (a move to another directory) stays valid: a
+   * shortened name keeps its node's key segment (bs_tree_move). */
+  int rc = strcmp(name, newname) == 0 ? 0 : check_name(newname);
   if (rc)
     return rc;
   uint64_t ino = bs_tree_lookup(&fs->tree, parent, name);

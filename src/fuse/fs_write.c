@@ -337,10 +337,10 @@ int fs_writeback(struct fs *fs, bs_err *err)
   for (size_t i = 0; i < fs->cat.nsrcs; i++) {
     struct bs_src s;
     uint32_t idx;
-    const struct bs_src *o = &fs->cat.srcs[i];
-    int r = o->mem ? bs_src_init_mem(&s, o->mem, (size_t)o->size, o->name, err)
-                   : bs_src_init_fd(&s, o->fd, false, o->name, err);
-    if (r != 0 || bs_catalog_add_src(&out, &s, &idx, err) != 0)
+    /* Fails if the source changed since the mount: its clean tensors
+     * would be copied from changed bytes (and an rw target overwritten). */
+    if (bs_src_init_borrowed(&s, &fs->cat.srcs[i], err) != 0 ||
+        bs_catalog_add_src(&out, &s, &idx, err) != 0)
       goto out;
   }
   if (add_dir(fs, &out, BS_TREE_ROOT, 0, err) != 0 || check_duplicates(&out, err) != 0)

@@ -158,3 +158,233 @@ Test(tree, add_move_remove)
     cr_assert_neq(bs_tree_lookup(&tree, BS_TREE_ROOT, name), 0);
   }
 }
+
+/* --- key segments longer than NAME_MAX ------------------------------------ */
+
+static char *rep(const char *unit, size_t times)
+{
+  size_t u = strlen(unit);
+  char *s = bs_malloc(u * times + 1);
+  cr_assert_not_null(s);
+  for (size_t i = 0; i < times; i++)
+    memcpy(s + i * u, unit, u);
+  s[u * times] = '\0';
+  return s;
+}
+
+static char *cat3(const char *a, const char *b, const char *c)
+{
+  size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
+  char *s = bs_malloc(la + lb + lc + 1);
+  cr_assert_not_null(s);
+  memcpy(s, a, la);
+  memcpy(s + la, b, lb);
+  memcpy(s + la + lb, c, lc + 1);
+  return s;
+}
+
+/* The name a segment is shown under (asserting it was shortened or not). */
+static char *shown(const char *seg, bool want_short)
+{
+  bool sh;
+  char *n = bs_component_name(seg, strlen(seg), &sh);
+  cr_assert_not_null(n);
+  cr_assert_eq(sh, want_short, "%zu-byte segment: shortened %d", strlen(seg), sh);
+  cr_assert_eq(bs_name_is_shortened(n), want_short);
+  cr_assert_leq(strlen(n), BS_NAME_MAX);
+  return n;
+}
+
+static void expect_full_key(uint64_t ino, const char *key, bool flat)
+{
+  cr_assert_neq(ino, 0);
+  char *k = bs_tree_key(&tree, ino, flat);
+  cr_assert_not_null(k);
+  cr_assert_str_eq(k, key);
+  cr_assert_str_eq(cat.tensors[tree.nodes[ino].tensor].key, key);
+  bs_free(k);
+}
+
+Test(tree, long_segments_get_short_unique_names_that_find_the_node)
+{
+  char *x300 = rep("x", 300), *x1000 = rep("x", 1000), *x301 = rep("x", 301);
+  char *k300 = cat3("d.", x300, ""), *k1000 = cat3("d.", x1000, ""), *k301 = cat3("d.", x301, "");
+  add(k300);
+  add(k1000);
+  add(k301);
+  add("d.normal");
+  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
+  uint64_t d = bs_tree_lookup(&tree, BS_TREE_ROOT, "d");
+  char *n300 = shown(x300, true), *n1000 = shown(x1000, true), *n301 = shown(x301, true);
+  /* Same 200-byte prefix, different names: the hash covers the whole segment. */
+  cr_assert_eq(strncmp(n300, x300, BS_SHORT_PREFIX), 0);
+  cr_assert_eq(n300[BS_SHORT_PREFIX], '%');
+  cr_assert_str_neq(n300, n1000);
+  cr_assert_str_neq(n300, n301);
+  cr_assert_str_neq(n1000, n301);
+  expect_full_key(bs_tree_lookup(&tree, d, n300), k300, false);
+  expect_full_key(bs_tree_lookup(&tree, d, n1000), k1000, false);
+  expect_full_key(bs_tree_lookup(&tree, d, n301), k301, false);
+  expect_full_key(bs_tree_lookup(&tree, d, "normal"), "d.normal", false);
+  cr_assert_eq(tree.nodes[d].nlive, 4);
+  /* A shortened name is not an escape: it never unescapes to a key. */
+  errno = 0;
+  cr_assert_null(bs_unescape_component(n300));
+  cr_assert_eq(errno, EINVAL);
+  /* Stable: the same segment always gets the same name. */
+  char *again = shown(x300, true);
+  cr_assert_str_eq(again, n300);
+  bs_free(again);
+  bs_free(n300);
+  bs_free(n1000);
+  bs_free(n301);
+  bs_free(k300);
+  bs_free(k1000);
+  bs_free(k301);
+  bs_free(x300);
+  bs_free(x1000);
+  bs_free(x301);
+}
+
+Test(tree, long_directory_segments_hold_their_files)
+{
+  char *y = rep("y", 400);
+  char *kw = cat3(y, ".sub.w", ""), *kv = cat3(y, ".v", ""), *kself = cat3("", y, "");
+  add(kw);
+  add(kv);
+  add(kself); /* the long segment is also a tensor: the %% file */
+  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
+  char *ny = shown(y, true);
+  uint64_t dir = bs_tree_lookup(&tree, BS_TREE_ROOT, ny);
+  cr_assert_neq(dir, 0);
+  cr_assert(tree.nodes[dir].is_dir);
+  cr_assert_eq(tree.nodes[BS_TREE_ROOT].nlive, 1, "one directory for the three keys");
+  expect_full_key(bs_tree_lookup(&tree, bs_tree_lookup(&tree, dir, "sub"), "w"), kw, false);
+  expect_full_key(bs_tree_lookup(&tree, dir, "v"), kv, false);
+  expect_full_key(bs_tree_lookup(&tree, dir, BS_SELF_NAME), kself, false);
+  bs_free(ny);
+  bs_free(kw);
+  bs_free(kv);
+  bs_free(kself);
+  bs_free(y);
+}
+
+Test(tree, a_file_named_like_a_shortened_name_stays_distinct)
+{
+  char *z = rep("z", 300);
+  char *nz = shown(z, true);
+  /* A key segment spelled exactly like the shortened name: escaping its
+   * '%' gives another name, so the two never meet. */
+  char *klit = cat3("p.", nz, ""), *klong = cat3("p.", z, "");
+  add(klong);
+  add(klit);
+  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
+  uint64_t p = bs_tree_lookup(&tree, BS_TREE_ROOT, "p");
+  cr_assert_eq(tree.nodes[p].nlive, 2);
+  expect_full_key(bs_tree_lookup(&tree, p, nz), klong, false);
+  char *esc = bs_escape_component(nz, strlen(nz));
+  cr_assert_str_neq(esc, nz);
+  expect_full_key(bs_tree_lookup(&tree, p, esc), klit, false);
+  bs_free(esc);
+  bs_free(klit);
+  bs_free(klong);
+  bs_free(nz);
+  bs_free(z);
+}
+
+Test(tree, shortening_starts_past_name_max_and_cuts_cleanly)
+{
+  /* 255 escaped bytes fit; 256 do not. */
+  char *a255 = rep("a", 255), *a256 = rep("a", 256), *p85 = rep("%", 85), *p86 = rep("%", 86);
+  char *n = shown(a255, false);
+  cr_assert_str_eq(n, a255);
+  bs_free(n);
+  bs_free(shown(a256, true));
+  n = shown(p85, false); /* 85 x %25 = 255 bytes */
+  cr_assert_eq(strlen(n), 255);
+  bs_free(n);
+  /* 86 x %25 = 258 bytes: the cut keeps whole escapes (66 of them). */
+  n = shown(p86, true);
+  char *want = rep("%25", 66);
+  cr_assert_eq(strncmp(n, want, strlen(want)), 0);
+  cr_assert_eq(strncmp(n + strlen(want), BS_SHORT_MARK, 2), 0, "%s", n);
+  bs_free(n);
+  bs_free(want);
+  /* 100 x the 3-byte UTF-8 euro sign: the cut keeps whole characters. */
+  char *eu = rep("\xe2\x82\xac", 100);
+  n = shown(eu, true);
+  cr_assert_eq(strncmp(n, eu, 198), 0);
+  cr_assert_eq(strncmp(n + 198, BS_SHORT_MARK, 2), 0);
+  cr_assert_eq(strlen(n), 198 + 2 + 16);
+  bs_free(n);
+  bs_free(eu);
+  bs_free(a255);
+  bs_free(a256);
+  bs_free(p85);
+  bs_free(p86);
+}
+
+Test(tree, flat_mounts_shorten_long_keys_too)
+{
+  char *k = rep("a.b", 200); /* 600 bytes, dots kept in a flat name */
+  add(k);
+  cr_assert_eq(bs_tree_build(&tree, &cat, true, &err), 0, "%s", err.msg);
+  char *n = shown(k, true);
+  expect_full_key(bs_tree_lookup(&tree, BS_TREE_ROOT, n), k, true);
+  bs_free(n);
+  bs_free(k);
+}
+
+Test(tree, two_segments_with_one_shortened_name_are_refused)
+{
+  /* A colliding pair is hard to find for a 64-bit hash, so plant a node
+   * that has the name with another segment, as a collision would. */
+  char *w = rep("w", 300), *other = rep("w", 299);
+  char *n = shown(w, true);
+  uint64_t ino;
+  cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, n, false, -1, &ino, &err), 0);
+  tree.nodes[ino].seg = bs_strdup(other);
+  add(w);
+  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), -1);
+  cr_assert_eq(err.code, EEXIST);
+  cr_assert_not_null(strstr(err.msg, "shorten to the same name"), "%s", err.msg);
+  /* The same as a directory segment. */
+  bs_err_clear(&err);
+  bs_catalog_destroy(&cat);
+  bs_catalog_init(&cat);
+  char *kd = cat3(w, ".t", "");
+  add(kd);
+  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), -1);
+  cr_assert_eq(err.code, EEXIST);
+  cr_assert_not_null(strstr(err.msg, "shorten to the same name"), "%s", err.msg);
+  bs_free(kd);
+  bs_free(n);
+  bs_free(w);
+  bs_free(other);
+}
+
+Test(tree, a_moved_shortened_name_keeps_its_key_and_a_renamed_one_takes_the_new)
+{
+  char *v = rep("v", 300);
+  char *k = cat3("a.", v, "");
+  add(k);
+  add("b.x");
+  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
+  char *n = shown(v, true);
+  uint64_t a = bs_tree_lookup(&tree, BS_TREE_ROOT, "a"),
+           b = bs_tree_lookup(&tree, BS_TREE_ROOT, "b");
+  uint64_t f = bs_tree_lookup(&tree, a, n);
+  cr_assert_eq(bs_tree_move(&tree, f, b, n, &err), 0, "%s", err.msg);
+  char *key = bs_tree_key(&tree, f, false), *want = cat3("b.", v, "");
+  cr_assert_str_eq(key, want);
+  bs_free(key);
+  cr_assert_eq(bs_tree_move(&tree, f, b, "short", &err), 0, "%s", err.msg);
+  key = bs_tree_key(&tree, f, false);
+  cr_assert_str_eq(key, "b.short");
+  cr_assert_null(tree.nodes[f].seg);
+  bs_free(key);
+  bs_free(want);
+  bs_free(n);
+  bs_free(k);
+  bs_free(v);
+}
