@@ -12,8 +12,13 @@
 #include "burnstore/err.h"
 #include "burnstore/src.h"
 
+/* The formats: one value per row of the format registry (formats.h,
+ * src/formats/registry.c), in detection order. NONE is a catalog that was
+ * not read from a file (a new, empty mount). */
 enum bs_format { BS_FMT_NONE, BS_FMT_BURNPACK, BS_FMT_SAFETENSORS, BS_FMT_PYTORCH, BS_FMT_COUNT };
-const char *bs_format_name(enum bs_format f); /* "burnpack", "safetensors", "pytorch" */
+/* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
+ * BS_FMT_NONE, "?" out of range. */
+const char *bs_format_name(enum bs_format f);
 
 struct bs_kv {
   char *key;   /* owned */
