@@ -87,7 +87,12 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 
 /* Read up to n bytes of the tensor's contiguous data starting at off (clamped
  * to nbytes). Strided tensors are gathered element run by element run, never
- * whole. Returns bytes read, or -errno. Thread-safe. */
+ * whole. Returns bytes read, or -errno. Thread-safe.
+ * The one exception to bs_err in the core (with bs_src_pread under it): this
+ * is the data path, pread(2)-shaped, run for every FUSE read; its failures
+ * (EIO: the source shrank or failed, ENOTSUP: t->unsupported says why) have no
+ * offset or message to add, and its callers are the FUSE edge, which replies
+ * with the errno, or add their own context (the writer names key and offset). */
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
 
