@@ -148,6 +148,16 @@ static int unknown(const uint8_t *h, size_t n, uint64_t size, const char *name, 
                    "unknown format: MessagePack of a Burn record, as Burn's NamedMpkFileRecorder "
                    "writes (.mpk); %s",
                    not_read);
+  /* JSON text (Burn's PrettyJsonFileRecorder writes {"metadata": ..., "item": ...}). */
+  size_t ws = 0;
+  while (ws < n && (h[ws] == ' ' || h[ws] == '\t' || h[ws] == '\n' || h[ws] == '\r'))
+    ws++;
+  if (ws < n && h[ws] == '{')
+    return bs_fail(err, EINVAL, 0, NULL, "unknown format: JSON text%s; %s",
+                   memmem(h, n, "\"metadata\"", 10)
+                       ? ", as Burn's PrettyJsonFileRecorder writes (.json)"
+                       : " (a SafeTensors file starts with an 8-byte header length)",
+                   not_read);
   for (size_t i = 0; i < sizeof lookalikes / sizeof lookalikes[0]; i++)
     if (n >= lookalikes[i].len && memcmp(h, lookalikes[i].magic, lookalikes[i].len) == 0)
       return bs_fail(err, EINVAL, 0, NULL, "unknown format: %s; %s", lookalikes[i].what, not_read);

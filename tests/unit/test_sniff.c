@@ -266,6 +266,9 @@ Test(sniff, unknown_formats_are_named)
   expect_unknown("GGUF\x03\0\0\0\0\0", 10, "m", "GGUF");
   expect_unknown("PK\x05\x06\0\0\0\0\0\0", 10, "m.zip", "empty zip");
   expect_unknown("hello world, not a checkpoint\n", 30, "t.txt", "unknown format");
+  const char *json = "{\n  \"metadata\": {\n    \"float\": \"f32\"";
+  expect_unknown(json, strlen(json), "m.json", "PrettyJsonFileRecorder");
+  expect_unknown("  {\"a\": 1}", 10, "m", "JSON text (a SafeTensors file starts with");
   expect_unknown("", 0, "e.bin", "only 0 bytes");
   const uint8_t zero8[8] = {0};
   expect_unknown(zero8, 8, "dup.safetensors", "header");
