@@ -12,8 +12,13 @@
 #include "burnstore/err.h"
 #include "burnstore/src.h"
 
+/* The formats: one value per row of the format registry (formats.h,
+ * src/formats/registry.c), in detection order. NONE is a catalog that was
+ * not read from a file (a new, empty mount). */
 enum bs_format { BS_FMT_NONE, BS_FMT_BURNPACK, BS_FMT_SAFETENSORS, BS_FMT_PYTORCH, BS_FMT_COUNT };
-const char *bs_format_name(enum bs_format f); /* "burnpack", "safetensors", "pytorch" */
+/* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
+ * BS_FMT_NONE, "?" out of range. */
+const char *bs_format_name(enum bs_format f);
 
 struct bs_kv {
   char *key;   /* owned */
@@ -83,7 +88,13 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 /* Read up to n bytes of the tensor's contiguous data starting at off (clamped
  * to nbytes). Strided tensors are gathered element run by element run, never
  * whole. Returns bytes read, or -errno: -EIO also when the source file
- * changed since it was opened (bs_src_changed). Thread-safe. */
+ * changed since it was opened (bs_src_changed). Thread-safe.
+ * The one exception to bs_err in the core (with bs_src_pread under it): this
+ * is the data path, pread(2)-shaped, run for every FUSE read; its failures
+ * (EIO: the source shrank, changed or failed, ENOTSUP: t->unsupported says why)
+ * have no offset or message to add, and its callers are the FUSE edge, which
+ * replies with the errno, or add their own context (the writer names key and
+ * offset). */
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
 

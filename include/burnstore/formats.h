@@ -1,38 +1,90 @@
-/* Format detection from magic bytes and the readers of every format. Each
- * reader turns the bytes of cat->srcs[src] into catalog entries, validating
- * the whole file once; after that the catalog is trusted. */
+/* The format registry: one table of the checkpoint formats burnstore reads
+ * (name, file name endings, sniff, read), detection from the bytes, and the
+ * readers. Each reader turns the bytes of cat->srcs[src] into catalog
+ * entries, validating the whole file once; after that the catalog is
+ * trusted. Adding a format: one reader file (its sniff and read functions),
+ * one enum value below and one row in src/formats/registry.c. */
 #ifndef BURNSTORE_FORMATS_H
 #define BURNSTORE_FORMATS_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
-#include "burnstore/catalog.h"
-
-enum bs_kind {
-  BS_KIND_UNKNOWN,
-  BS_KIND_BURNPACK,
-  BS_KIND_SAFETENSORS,
-  BS_KIND_PT_ZIP,
-  BS_KIND_PT_LEGACY,
-  BS_KIND_PT_TAR,
-  BS_KIND_COUNT
-};
-
-/* Tell the container from its first bytes (never from a file name). */
-BS_NODISCARD int bs_sniff(const struct bs_src *src, enum bs_kind *kind, bs_err *err);
+#include "burnstore/catalog.h" /* enum bs_format (one value per row), bs_format_name */
 
 struct bs_open_opts {
   bool strict; /* PyTorch: refuse unknown pickle GLOBALs instead of skipping them */
 };
+
+/* How sure a sniff is. YES: the layout is verified (a magic number of 4 or
+ * more bytes, or a structure checked against the file size). MAYBE: it looks
+ * like this format but something is off; chosen only when no format says YES,
+ * so that its reader can say exactly what is wrong. */
+enum bs_sniff { BS_SNIFF_NO, BS_SNIFF_MAYBE, BS_SNIFF_YES };
+
+/* Sniffs see the first min(size, BS_SNIFF_HEAD) bytes and the file size; they
+ * do no I/O and never look at the file name. */
+#define BS_SNIFF_HEAD 512u
+typedef enum bs_sniff (*bs_sniff_fn)(const uint8_t *head, size_t n, uint64_t size);
+/* Every reader has this signature. opts may be NULL (defaults). On failure
+ * the reader leaves the catalog's tensors and metadata as it found them. */
+typedef int (*bs_read_fn)(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
+                          bs_err *err);
+
+#define BS_FORMAT_MAX_EXTS 6
+struct bs_format_desc {
+  const char *name;                     /* "burnpack": user.burnstore.format, messages */
+  const char *exts[BS_FORMAT_MAX_EXTS]; /* usual endings (".bpk"), NULL-terminated; hints only */
+  bs_sniff_fn sniff;
+  bs_read_fn read;
+};
+
+/* The row of format f (borrowed, static), or NULL for NONE and out of range. */
+const struct bs_format_desc *bs_format_desc(enum bs_format f);
+/* The format whose usual ending `path` has (".pth" -> PYTORCH), or NONE. For
+ * messages and for choosing an output format; never for detection. */
+enum bs_format bs_format_by_ext(const char *path);
+
+/* Tell the format from the bytes (never from the file name): the first row
+ * whose sniff says YES, in table order (Burnpack, SafeTensors, PyTorch), else
+ * the first that says MAYBE. An unknown file fails with EINVAL and a message
+ * naming what it looks like when that is known (gzip, Burn's MessagePack
+ * recorder files, ...). */
+BS_NODISCARD int bs_sniff(const struct bs_src *src, enum bs_format *fmt, bs_err *err);
 
 /* Sniff and read `src` (ownership moves into the catalog, *src is zeroed,
  * also on failure). On failure the catalog is left empty. */
 BS_NODISCARD int bs_open_any(struct bs_catalog *cat, struct bs_src *src,
                              const struct bs_open_opts *opts, bs_err *err);
 
-BS_NODISCARD int bs_bpk_read(struct bs_catalog *cat, uint32_t src, bs_err *err);
-BS_NODISCARD int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err);
-BS_NODISCARD int bs_pth_read(struct bs_catalog *cat, uint32_t src, enum bs_kind kind,
-                             const struct bs_open_opts *opts, bs_err *err);
+/* Process-wide setup of the format libraries (jansson allocates through
+ * bs_malloc). Idempotent and thread-safe; bs_open_any and every reader call
+ * it, so callers never need to. */
+void bs_formats_init(void);
+/* Failed jansson allocations on this thread so far (jansson does not report
+ * every one as such; a parse failure after one is ENOMEM). */
+unsigned long bs_json_alloc_failures(void);
+
+/* ---- The readers (one file each) ------------------------------------------ */
+
+BS_NODISCARD int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
+                             bs_err *err);
+enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size);
+
+BS_NODISCARD int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
+                            bs_err *err);
+enum bs_sniff bs_st_sniff(const uint8_t *head, size_t n, uint64_t size);
+
+/* PyTorch: one format, three containers. Which container a file is, is the
+ * PyTorch reader's own business: it asks bs_pth_container. */
+BS_NODISCARD int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
+                             bs_err *err);
+enum bs_sniff bs_pth_sniff(const uint8_t *head, size_t n, uint64_t size);
+enum bs_pth_container { BS_PTH_ZIP, BS_PTH_LEGACY, BS_PTH_TAR };
+BS_NODISCARD int bs_pth_container(const struct bs_src *s, enum bs_pth_container *out, bs_err *err);
+/* torch's legacy magic number 0x1950a86a20f9469cfc6c, little-endian: the
+ * first pickle of a legacy (< 1.6) checkpoint. */
+extern const uint8_t bs_pth_legacy_magic[10];
 
 #endif

@@ -6,19 +6,6 @@
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 
-static const char *const format_names[] = {
-    [BS_FMT_NONE] = "none",
-    [BS_FMT_BURNPACK] = "burnpack",
-    [BS_FMT_SAFETENSORS] = "safetensors",
-    [BS_FMT_PYTORCH] = "pytorch",
-};
-_Static_assert(sizeof format_names / sizeof format_names[0] == BS_FMT_COUNT, "format names");
-
-const char *bs_format_name(enum bs_format f)
-{
-  return f < BS_FMT_COUNT ? format_names[f] : "?";
-}
-
 void bs_catalog_init(struct bs_catalog *cat)
 {
   memset(cat, 0, sizeof *cat);

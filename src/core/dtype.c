@@ -1,6 +1,8 @@
 #include "burnstore/dtype.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "burnstore/checked.h"
@@ -8,37 +10,39 @@
 static const struct {
   const char *name;
   unsigned bits;
+  const char *bpk;      /* Burnpack's plain dtype name, or NULL */
+  const char *bpk_bool; /* Burnpack's Bool storage ({"Bool": storage}), or NULL */
 } table[] = {
-    [BS_DT_F64] = {"F64", 64},
-    [BS_DT_F32] = {"F32", 32},
-    [BS_DT_F16] = {"F16", 16},
-    [BS_DT_BF16] = {"BF16", 16},
-    [BS_DT_I64] = {"I64", 64},
-    [BS_DT_I32] = {"I32", 32},
-    [BS_DT_I16] = {"I16", 16},
-    [BS_DT_I8] = {"I8", 8},
-    [BS_DT_U64] = {"U64", 64},
-    [BS_DT_U32] = {"U32", 32},
-    [BS_DT_U16] = {"U16", 16},
-    [BS_DT_U8] = {"U8", 8},
-    [BS_DT_BOOL] = {"BOOL", 8},
-    [BS_DT_F8_E4M3] = {"F8_E4M3", 8},
-    [BS_DT_F8_E5M2] = {"F8_E5M2", 8},
-    [BS_DT_F8_E8M0] = {"F8_E8M0", 8},
-    [BS_DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8},
-    [BS_DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8},
-    [BS_DT_F6_E2M3] = {"F6_E2M3", 6},
-    [BS_DT_F6_E3M2] = {"F6_E3M2", 6},
-    [BS_DT_F4] = {"F4", 4},
-    [BS_DT_C64] = {"C64", 64},
-    [BS_DT_C128] = {"C128", 128},
-    [BS_DT_FLEX32] = {"FLEX32", 32},
-    [BS_DT_BOOL_U8] = {"BOOL_U8", 8},
-    [BS_DT_BOOL_U32] = {"BOOL_U32", 32},
-    [BS_DT_QFLOAT] = {"QFLOAT", 0},
-    [BS_DT_QI8] = {"QI8", 8},
-    [BS_DT_QU8] = {"QU8", 8},
-    [BS_DT_QI32] = {"QI32", 32},
+    [BS_DT_F64] = {"F64", 64, "F64", NULL},
+    [BS_DT_F32] = {"F32", 32, "F32", NULL},
+    [BS_DT_F16] = {"F16", 16, "F16", NULL},
+    [BS_DT_BF16] = {"BF16", 16, "BF16", NULL},
+    [BS_DT_I64] = {"I64", 64, "I64", NULL},
+    [BS_DT_I32] = {"I32", 32, "I32", NULL},
+    [BS_DT_I16] = {"I16", 16, "I16", NULL},
+    [BS_DT_I8] = {"I8", 8, "I8", NULL},
+    [BS_DT_U64] = {"U64", 64, "U64", NULL},
+    [BS_DT_U32] = {"U32", 32, "U32", NULL},
+    [BS_DT_U16] = {"U16", 16, "U16", NULL},
+    [BS_DT_U8] = {"U8", 8, "U8", NULL},
+    [BS_DT_BOOL] = {"BOOL", 8, NULL, "Native"},
+    [BS_DT_F8_E4M3] = {"F8_E4M3", 8, NULL, NULL},
+    [BS_DT_F8_E5M2] = {"F8_E5M2", 8, NULL, NULL},
+    [BS_DT_F8_E8M0] = {"F8_E8M0", 8, NULL, NULL},
+    [BS_DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8, NULL, NULL},
+    [BS_DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8, NULL, NULL},
+    [BS_DT_F6_E2M3] = {"F6_E2M3", 6, NULL, NULL},
+    [BS_DT_F6_E3M2] = {"F6_E3M2", 6, NULL, NULL},
+    [BS_DT_F4] = {"F4", 4, NULL, NULL},
+    [BS_DT_C64] = {"C64", 64, NULL, NULL},
+    [BS_DT_C128] = {"C128", 128, NULL, NULL},
+    [BS_DT_FLEX32] = {"FLEX32", 32, "Flex32", NULL},
+    [BS_DT_BOOL_U8] = {"BOOL_U8", 8, NULL, "U8"},
+    [BS_DT_BOOL_U32] = {"BOOL_U32", 32, NULL, "U32"},
+    [BS_DT_QFLOAT] = {"QFLOAT", 0, NULL, NULL}, /* a CBOR map, kept raw */
+    [BS_DT_QI8] = {"QI8", 8, NULL, NULL},
+    [BS_DT_QU8] = {"QU8", 8, NULL, NULL},
+    [BS_DT_QI32] = {"QI32", 32, NULL, NULL},
 };
 _Static_assert(sizeof table / sizeof table[0] == BS_DT_COUNT, "dtype table incomplete");
 
@@ -61,6 +65,61 @@ int bs_dtype_from_name(const char *name, enum bs_dtype *out)
     }
   }
   return -1;
+}
+
+const char *bs_dtype_bpk_name(enum bs_dtype dt)
+{
+  return dt < BS_DT_COUNT ? table[dt].bpk : NULL;
+}
+
+const char *bs_dtype_bpk_bool(enum bs_dtype dt)
+{
+  return dt < BS_DT_COUNT ? table[dt].bpk_bool : NULL;
+}
+
+int bs_dtype_from_bpk_name(const char *name, enum bs_dtype *out)
+{
+  if (strcmp(name, "Bool") == 0) { /* bare "Bool": burn <= 0.20 */
+    *out = BS_DT_BOOL;
+    return 0;
+  }
+  for (int i = 0; i < BS_DT_COUNT; i++) {
+    if (table[i].bpk && strcmp(table[i].bpk, name) == 0) {
+      *out = (enum bs_dtype)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+int bs_dtype_from_bpk_bool(const char *storage, enum bs_dtype *out)
+{
+  for (int i = 0; i < BS_DT_COUNT; i++) {
+    if (table[i].bpk_bool && strcmp(table[i].bpk_bool, storage) == 0) {
+      *out = (enum bs_dtype)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+size_t bs_shape_format(char *buf, size_t n, uint32_t rank, const uint64_t *shape)
+{
+  size_t used = 0;
+#define PUT(...)                                                                                   \
+  do {                                                                                             \
+    int w = snprintf(used < n ? buf + used : NULL, used < n ? n - used : 0, __VA_ARGS__);          \
+    if (w > 0)                                                                                     \
+      used += (size_t)w;                                                                           \
+  } while (0)
+  if (n)
+    buf[0] = '\0';
+  PUT("[");
+  for (uint32_t i = 0; i < rank; i++)
+    PUT(i ? ",%" PRIu64 : "%" PRIu64, shape[i]);
+  PUT("]");
+#undef PUT
+  return used;
 }
 
 int bs_shape_numel(uint32_t rank, const uint64_t *shape, uint64_t *out)

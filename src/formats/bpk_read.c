@@ -468,16 +468,6 @@ static bool get_uint(const cbor_item_t *it, uint64_t *v)
   return true;
 }
 
-static const struct {
-  const char *name;
-  enum bs_dtype dt;
-} plain_dtypes[] = {
-    {"F64", BS_DT_F64},   {"F32", BS_DT_F32},   {"Flex32", BS_DT_FLEX32}, {"F16", BS_DT_F16},
-    {"BF16", BS_DT_BF16}, {"I64", BS_DT_I64},   {"I32", BS_DT_I32},       {"I16", BS_DT_I16},
-    {"I8", BS_DT_I8},     {"U64", BS_DT_U64},   {"U32", BS_DT_U32},       {"U16", BS_DT_U16},
-    {"U8", BS_DT_U8},     {"Bool", BS_DT_BOOL}, /* bare "Bool": burn <= 0.20 */
-};
-
 /* The dtype value: a variant name, or a 1-entry map {variant: payload}. For QFloat, *raw gets
  * the item re-serialized (libcbor keeps widths and definiteness, so this is the file's bytes
  * for anything Burn wrote). */
@@ -490,12 +480,9 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
   if (cbor_isa_string(v)) {
     if (!(s = text_dup(v, &len)))
       return bs_fail(err, ENOMEM, off, name, "out of memory");
-    for (size_t i = 0; i < sizeof plain_dtypes / sizeof plain_dtypes[0]; i++) {
-      if (strcmp(s, plain_dtypes[i].name) == 0 && strlen(s) == len) {
-        *dt = plain_dtypes[i].dt;
-        bs_free(s);
-        return 0;
-      }
+    if (strlen(s) == len && bs_dtype_from_bpk_name(s, dt) == 0) {
+      bs_free(s);
+      return 0;
     }
     bs_fail(err, ENOTSUP, off, name,
             "unknown Burnpack dtype '%.40s' (known: F64 F32 Flex32 F16 BF16 I64 I32 I16 I8 "
@@ -521,12 +508,8 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
           bs_fail(err, EINVAL, off, name, "Bool dtype storage is %s; expected text", type_name(st));
     } else if (!(s = text_dup(st, &len))) {
       rc = bs_fail(err, ENOMEM, off, name, "out of memory");
-    } else if (strcmp(s, "Native") == 0 && strlen(s) == len) {
-      *dt = BS_DT_BOOL;
-    } else if (strcmp(s, "U8") == 0 && strlen(s) == len) {
-      *dt = BS_DT_BOOL_U8;
-    } else if (strcmp(s, "U32") == 0 && strlen(s) == len) {
-      *dt = BS_DT_BOOL_U32;
+    } else if (strlen(s) == len && bs_dtype_from_bpk_bool(s, dt) == 0) {
+      /* *dt is BOOL, BOOL_U8 or BOOL_U32 */
     } else {
       rc = bs_fail(err, ENOTSUP, off, name, "unknown Bool storage '%.40s' (known: Native, U8, U32)",
                    s);
@@ -996,8 +979,22 @@ static int cbor_load_fail(const struct cbor_load_result *res, bs_err *err)
   }
 }
 
-int bs_bpk_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
+/* YES on "NRUB"; MAYBE on "BURN" (the magic byte-swapped), so that the
+ * reader explains the magic. */
+enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size)
 {
+  (void)size;
+  if (n >= 4 && memcmp(head, "NRUB", 4) == 0)
+    return BS_SNIFF_YES;
+  if (n >= 4 && memcmp(head, "BURN", 4) == 0)
+    return BS_SNIFF_MAYBE;
+  return BS_SNIFF_NO;
+}
+
+int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
+{
+  (void)opts;
+  bs_formats_init();
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
   const struct bs_src *s = &cat->srcs[src];

@@ -94,45 +94,17 @@ static void text(struct enc *e, const char *s)
   put(e, s, n);
 }
 
-static const char *plain_name(enum bs_dtype dt)
-{
-  switch (dt) {
-  case BS_DT_F64: return "F64";
-  case BS_DT_F32: return "F32";
-  case BS_DT_FLEX32: return "Flex32";
-  case BS_DT_F16: return "F16";
-  case BS_DT_BF16: return "BF16";
-  case BS_DT_I64: return "I64";
-  case BS_DT_I32: return "I32";
-  case BS_DT_I16: return "I16";
-  case BS_DT_I8: return "I8";
-  case BS_DT_U64: return "U64";
-  case BS_DT_U32: return "U32";
-  case BS_DT_U16: return "U16";
-  case BS_DT_U8: return "U8";
-  default: return NULL;
-  }
-}
-
-static const char *bool_store(enum bs_dtype dt)
-{
-  return dt == BS_DT_BOOL       ? "Native"
-         : dt == BS_DT_BOOL_U8  ? "U8"
-         : dt == BS_DT_BOOL_U32 ? "U32"
-                                : NULL;
-}
-
 static void dtype(struct enc *e, const struct bs_tensor *t)
 {
   const char *s;
   if (t->dtype == BS_DT_QFLOAT) {
     put(e, t->dtype_raw, t->dtype_raw_len);
-  } else if ((s = bool_store(t->dtype))) {
+  } else if ((s = bs_dtype_bpk_bool(t->dtype))) {
     head(e, 5, 1);
     text(e, "Bool");
     text(e, s);
   } else {
-    text(e, plain_name(t->dtype));
+    text(e, bs_dtype_bpk_name(t->dtype));
   }
 }
 
@@ -185,7 +157,7 @@ int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err)
                      "QFloat tensor has no encoded quantization scheme to write");
     return 0;
   }
-  if (!plain_name(t->dtype) && !bool_store(t->dtype))
+  if (!bs_dtype_bpk_name(t->dtype) && !bs_dtype_bpk_bool(t->dtype))
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                    "Burnpack has no dtype for %s (Burn stores F64 F32 Flex32 F16 BF16, "
                    "I64..I8, U64..U8, Bool and QFloat)",

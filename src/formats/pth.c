@@ -1085,9 +1085,6 @@ static int read_zip(struct ctx *c)
   return finish(c, root, zip_locate);
 }
 
-static const uint8_t legacy_magic[10] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9,
-                                         0x20, 0x6a, 0xa8, 0x50, 0x19};
-
 static const struct bs_pv *dict_get(const struct bs_pv *d, const char *key)
 {
   if (d->kind != BS_PV_DICT)
@@ -1167,7 +1164,7 @@ static int read_legacy(struct ctx *c)
     if (bs_pickle_load(c->p, s, pos, s->size, &po, &v[i], &pos, c->err) != 0)
       return -1;
     if (i == 0 && (v[0]->kind != BS_PV_BIGINT || v[0]->u.str.len != 10 ||
-                   memcmp(v[0]->u.str.s, legacy_magic, 10) != 0))
+                   memcmp(v[0]->u.str.s, bs_pth_legacy_magic, 10) != 0))
       return bs_fail(c->err, EINVAL, 0, NULL,
                      "not a PyTorch checkpoint: the first pickle is not torch's magic number");
     if (i == 1 && (v[1]->kind != BS_PV_INT || v[1]->u.i != 1001))
@@ -1327,8 +1324,7 @@ static int read_tar(struct ctx *c)
   return finish(c, v, NULL);
 }
 
-int bs_pth_read(struct bs_catalog *cat, uint32_t src, enum bs_kind kind,
-                const struct bs_open_opts *opts, bs_err *err)
+int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
 {
   static const struct bs_open_opts defaults = {0};
   struct ctx c;
@@ -1337,15 +1333,19 @@ int bs_pth_read(struct bs_catalog *cat, uint32_t src, enum bs_kind kind,
   c.src = src;
   c.opts = opts ? opts : &defaults;
   c.err = err;
+  enum bs_pth_container kind;
+  bs_formats_init();
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
+  if (bs_pth_container(&cat->srcs[src], &kind, err) != 0)
+    return -1;
   if (!(c.p = bs_pickle_new()))
     return nomem(&c);
   int rc;
   switch (kind) {
-  case BS_KIND_PT_ZIP: rc = read_zip(&c); break;
-  case BS_KIND_PT_LEGACY: rc = read_legacy(&c); break;
-  case BS_KIND_PT_TAR: rc = read_tar(&c); break;
+  case BS_PTH_ZIP: rc = read_zip(&c); break;
+  case BS_PTH_LEGACY: rc = read_legacy(&c); break;
+  case BS_PTH_TAR: rc = read_tar(&c); break;
   default: rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a PyTorch container"); break;
   }
   ctx_destroy(&c);

@@ -41,27 +41,6 @@ static const char *const st_dtypes[] = {
 };
 _Static_assert(sizeof st_dtypes / sizeof st_dtypes[0] == 22, "SafeTensors has 22 dtypes");
 
-/* jansson allocates through bs_malloc/bs_free, so OOM tests reach it. The
- * hook is process-global; bs_malloc is plain malloc underneath, so memory
- * jansson handed out before this ran is still freed correctly.
- * jansson does not report every failed allocation as such (some paths give
- * an empty error or a bogus syntax error), so the hook also notes failures
- * of this thread, and a parse failure after one is ENOMEM. */
-static _Thread_local bool json_oom;
-
-static void *json_alloc(size_t n)
-{
-  void *p = bs_malloc(n);
-  if (!p)
-    json_oom = true;
-  return p;
-}
-
-__attribute__((constructor)) static void st_use_bs_alloc(void)
-{
-  json_set_alloc_funcs(json_alloc, bs_free);
-}
-
 /* One tensor entry, validated field by field, not yet in the catalog. */
 struct entry {
   const char *name; /* borrowed from the jansson tree */
@@ -198,14 +177,14 @@ static size_t token_start(const char *h, size_t end)
 
 /* Turn a jansson parse error into ours: file offset, the enclosing tensor
  * when there is one, and a message in the user's terms. */
-static int parse_failure(const char *h, size_t n, const json_error_t *je, bs_err *err)
+static int parse_failure(const char *h, size_t n, const json_error_t *je, bool oom, bs_err *err)
 {
   enum json_error_code code = json_error_code(je);
   size_t pos = je->position > 0 ? (size_t)je->position : 0;
   if (pos > n)
     pos = n;
   uint64_t off = PREFIX + pos;
-  if (code == json_error_out_of_memory || json_oom)
+  if (code == json_error_out_of_memory || oom)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the header");
   if (code == json_error_invalid_utf8)
     return bs_fail(err, EINVAL, off, NULL, "header is not valid UTF-8: %s (header byte %zu)",
@@ -392,19 +371,6 @@ static int check_meta(const json_t *meta, uint64_t off, bs_err *err)
   return 0;
 }
 
-static void fmt_shape(char *buf, size_t n, const uint64_t *shape, uint32_t rank)
-{
-  size_t used = 0;
-  int w = snprintf(buf, n, "[");
-  used = w > 0 ? (size_t)w : 0;
-  for (uint32_t i = 0; i < rank && used < n; i++) {
-    w = snprintf(buf + used, n - used, "%s%" PRIu64, i ? ", " : "", shape[i]);
-    used += w > 0 ? (size_t)w : 0;
-  }
-  if (used < n)
-    snprintf(buf + used, n - used, "]");
-}
-
 static int cmp_entry(const void *a, const void *b)
 {
   const struct entry *x = *(const struct entry *const *)a, *y = *(const struct entry *const *)b;
@@ -456,7 +422,7 @@ static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, u
       return -1;
     if (e->end - e->begin != nbytes) {
       char sh[96];
-      fmt_shape(sh, sizeof sh, shape_of(dims, e), e->rank);
+      bs_shape_format(sh, sizeof sh, e->rank, shape_of(dims, e));
       return bs_fail(err, EINVAL, e->pos, e->name,
                      "size mismatch: shape %s x %s = %" PRIu64
                      " bytes but data_offsets span %" PRIu64,
@@ -493,8 +459,34 @@ static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const
   return 0;
 }
 
-int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
+static bool is_space(uint8_t c)
 {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* YES: a header length of at least 2 that fits in the file, then '{' (after
+ * optional whitespace). MAYBE: '{' at byte 8 but the length does not fit
+ * (truncated or corrupt), so that bs_st_read says which. */
+enum bs_sniff bs_st_sniff(const uint8_t *head, size_t n, uint64_t size)
+{
+  if (n <= PREFIX)
+    return BS_SNIFF_NO;
+  uint64_t hlen = bs_le64(head);
+  bool fits = hlen >= 2 && hlen <= size - PREFIX;
+  size_t end = hlen < n - PREFIX ? PREFIX + (size_t)hlen : n; /* header bytes we see */
+  size_t i = PREFIX;
+  while (i < end && is_space(head[i]))
+    i++;
+  if (i < end)
+    return head[i] != '{' ? BS_SNIFF_NO : fits ? BS_SNIFF_YES : BS_SNIFF_MAYBE;
+  /* Only whitespace seen: fine if the header goes on past what we see. */
+  return fits && end == n && n - PREFIX < hlen ? BS_SNIFF_YES : BS_SNIFF_NO;
+}
+
+int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
+{
+  (void)opts;
+  bs_formats_init();
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
   const struct bs_src *s = &cat->srcs[src];
@@ -535,10 +527,10 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, bs_err *err)
     goto out;
 
   json_error_t je;
-  json_oom = false;
+  unsigned long failures = bs_json_alloc_failures();
   root = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
   if (!root) {
-    parse_failure(h, n, &je, err);
+    parse_failure(h, n, &je, bs_json_alloc_failures() != failures, err);
     goto out;
   }
   if (!json_is_object(root)) {

@@ -23,7 +23,6 @@
 
 #include "burnstore/alloc.h"
 #include "burnstore/formats.h"
-#include "burnstore/lookalike.h"
 #include "burnstore/version.h"
 #include "fs.h"
 
@@ -445,24 +444,6 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
-/* SOURCE could not be opened as a checkpoint: say what it looks like when
- * that is known (gzip, Burn's .mpk recorder files...), else the reader's error. */
-static int fail_open(const char *file, const char *path, const bs_err *err)
-{
-  uint8_t head[16];
-  ssize_t n = -1;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd >= 0) {
-    n = pread(fd, head, sizeof head, 0);
-    close(fd);
-  }
-  const char *like = n > 0 ? bs_sniff_lookalike(head, (size_t)n, path) : NULL;
-  if (!like)
-    return fail_line(file, err);
-  fprintf(stderr, PROG ": %s: %s\n", file, like);
-  return 1;
-}
-
 /* The writer of a writable mount, from the output's extension (an rw mount
  * in place keeps the format the file holds). NULL after printing why. */
 static const struct bs_writer *choose_writer(const struct fs *fs, const struct args *a, bool is_new)
@@ -540,7 +521,7 @@ static int prepare(struct fs *fs, struct args *a)
     if (bs_src_open(&src, fs->source, &err) != 0)
       return fail_line(a->source, &err);
     if (bs_open_any(&fs->cat, &src, &oo, &err) != 0)
-      return fail_open(a->source, fs->source, &err);
+      return fail_line(a->source, &err);
     if (a->rw || a->output) {
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
+#include "burnstore/checked.h"
 #include "burnstore/formats.h"
 #include "burnstore/version.h"
 
@@ -73,11 +74,11 @@ int main(int argc, char **argv)
   } else {
     for (size_t i = 0; i < cat.count; i++) {
       const struct bs_tensor *t = &cat.tensors[i];
-      printf("%s\t%s\t[", t->key, bs_dtype_name(t->dtype));
-      for (uint32_t d = 0; d < t->rank; d++)
-        printf(d ? ",%llu" : "%llu", (unsigned long long)t->shape[d]);
-      printf("]\t%llu%s%s\n", (unsigned long long)t->nbytes,
-             t->unsupported ? "\tunsupported: " : "", t->unsupported ? t->unsupported : "");
+      char shape[BS_MAX_RANK * 21 + 3];
+      bs_shape_format(shape, sizeof shape, t->rank, t->shape);
+      printf("%s\t%s\t%s\t%llu%s%s\n", t->key, bs_dtype_name(t->dtype), shape,
+             (unsigned long long)t->nbytes, t->unsupported ? "\tunsupported: " : "",
+             t->unsupported ? t->unsupported : "");
     }
     if (meta) {
       printf("# format %s\n", bs_format_name(cat.format));

@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       bs_catalog_add_src(&cat, &src, &idx, &err) != 0)
     __builtin_trap();
   cat.format = BS_FMT_SAFETENSORS;
-  if (bs_st_read(&cat, idx, &err) == 0) {
+  if (bs_st_read(&cat, idx, NULL, &err) == 0) {
     FUZZ_CHECK(err.code == 0);
     fuzz_check_catalog(&cat);
   } else {

@@ -401,5 +401,5 @@ int bpk_fixture_read(struct bs_catalog *cat, const void *buf, size_t len, bs_err
   if (bs_src_init_mem(&src, buf, len, "test.bpk", err) != 0 ||
       bs_catalog_add_src(cat, &src, &idx, err) != 0)
     return -1;
-  return bs_bpk_read(cat, idx, err);
+  return bs_bpk_read(cat, idx, NULL, err);
 }

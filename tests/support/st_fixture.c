@@ -35,5 +35,5 @@ int st_read_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err
     return -1;
   if (bs_catalog_add_src(cat, &src, &idx, err) != 0)
     return -1;
-  return bs_st_read(cat, idx, err);
+  return bs_st_read(cat, idx, NULL, err);
 }

@@ -29,6 +29,54 @@ Test(dtype, names_round_trip_and_sizes)
   cr_assert_eq(bs_dtype_bits(BS_DT_BF16), 16);
 }
 
+Test(dtype, burnpack_names_are_one_table_for_reader_and_writer)
+{
+  static const char *const plain[] = {"F64", "F32", "Flex32", "F16", "BF16", "I64", "I32",
+                                      "I16", "I8",  "U64",    "U32", "U16",  "U8"};
+  for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+    enum bs_dtype dt;
+    cr_assert_eq(bs_dtype_from_bpk_name(plain[i], &dt), 0, "%s", plain[i]);
+    cr_expect_str_eq(bs_dtype_bpk_name(dt), plain[i]);
+    cr_expect_null(bs_dtype_bpk_bool(dt));
+  }
+  static const char *const stores[] = {"Native", "U8", "U32"};
+  static const enum bs_dtype bools[] = {BS_DT_BOOL, BS_DT_BOOL_U8, BS_DT_BOOL_U32};
+  for (size_t i = 0; i < 3; i++) {
+    enum bs_dtype dt;
+    cr_assert_eq(bs_dtype_from_bpk_bool(stores[i], &dt), 0);
+    cr_expect_eq(dt, bools[i]);
+    cr_expect_str_eq(bs_dtype_bpk_bool(bools[i]), stores[i]);
+    cr_expect_null(bs_dtype_bpk_name(bools[i]), "Bool is written as a map, never bare");
+  }
+  enum bs_dtype dt = BS_DT_F32;
+  cr_expect_eq(bs_dtype_from_bpk_name("Bool", &dt), 0, "burn <= 0.20's bare Bool");
+  cr_expect_eq(dt, BS_DT_BOOL);
+  cr_expect_eq(bs_dtype_from_bpk_name("FLEX32", &dt), -1, "Burnpack spells it Flex32");
+  cr_expect_eq(bs_dtype_from_bpk_name("QFloat", &dt), -1, "QFloat is a map");
+  cr_expect_eq(bs_dtype_from_bpk_bool("Bool", &dt), -1);
+  cr_expect_null(bs_dtype_bpk_name(BS_DT_QFLOAT));
+  cr_expect_null(bs_dtype_bpk_name(BS_DT_C64));
+  cr_expect_null(bs_dtype_bpk_name(BS_DT_COUNT));
+}
+
+Test(dtype, shape_format_is_snprintf_like)
+{
+  const uint64_t shape[] = {64, 1, 3, 18446744073709551615ull};
+  char buf[64];
+  cr_expect_eq(bs_shape_format(buf, sizeof buf, 0, NULL), 2);
+  cr_expect_str_eq(buf, "[]");
+  cr_expect_eq(bs_shape_format(buf, sizeof buf, 3, shape), 8);
+  cr_expect_str_eq(buf, "[64,1,3]");
+  size_t full = bs_shape_format(NULL, 0, 4, shape);
+  cr_expect_eq(full, strlen("[64,1,3,18446744073709551615]"));
+  char small[6];
+  cr_expect_eq(bs_shape_format(small, sizeof small, 4, shape), full);
+  cr_expect_str_eq(small, "[64,1");
+  char one[1] = {'x'};
+  cr_expect_eq(bs_shape_format(one, 1, 1, shape), 4);
+  cr_expect_eq(one[0], '\0');
+}
+
 Test(dtype, sub_byte_sizes_need_whole_bytes)
 {
   uint64_t n, shape[2] = {3, 5};

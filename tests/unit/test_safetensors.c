@@ -115,7 +115,7 @@ Test(safetensors, vector_offsets_shorter_than_shape_rejected)
   const char *h = "{\"test\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0, 4]}}";
   cr_assert_eq(strlen(h), 60);
   expect_fail_h(h, 4, EINVAL, 9, "test",
-                "size mismatch: shape [2, 2] x I32 = 16 bytes but data_offsets span 4");
+                "size mismatch: shape [2,2] x I32 = 16 bytes but data_offsets span 4");
 }
 
 Test(safetensors, vector_empty_tensor_2x0_valid)
@@ -818,7 +818,7 @@ Test(safetensors, src_index_out_of_range_rejected)
   bs_catalog_init(&cat);
   bs_err err;
   bs_err_clear(&err);
-  cr_expect_eq(bs_st_read(&cat, 0, &err), -1);
+  cr_expect_eq(bs_st_read(&cat, 0, NULL, &err), -1);
   cr_expect_eq(err.code, EINVAL);
   bs_catalog_destroy(&cat);
 }
@@ -854,7 +854,7 @@ Test(safetensors, real_multi_layer_file)
   bs_catalog_init(&cat);
   uint32_t idx;
   cr_assert_eq(bs_catalog_add_src(&cat, &src, &idx, &err), 0);
-  cr_assert_eq(bs_st_read(&cat, idx, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_st_read(&cat, idx, NULL, &err), 0, "%s", err.msg);
   cr_assert_eq(cat.count, 9);
   cr_expect_eq(cat.nmeta, 0);
   static const struct {
