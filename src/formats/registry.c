@@ -104,8 +104,8 @@ static const struct {
   const char *what;
 } lookalikes[] = {
     {"\x1f\x8b", 2,
-     "gzip-compressed data, as Burn's NamedMpkGzFileRecorder (.mpk.gz) and BinGzFileRecorder "
-     "write"},
+     "gzip data (1f 8b), as Burn's NamedMpkGzFileRecorder writes (.mpk.gz); gunzip a "
+     "gzipped checkpoint"},
     {"PK\x05\x06", 4, "an empty zip archive"},
     {"GGUF", 4, "a GGUF file (llama.cpp)"},
     {"\x93NUMPY", 6, "a NumPy .npy array"},
