@@ -325,7 +325,7 @@ Test(pth, checkpoint_values_json_has_epoch_and_loss)
   bs_catalog_destroy(&cat);
 
   must_open(&cat, BS_FIXTURES_DIR "/burn/burn-store/pytorch-tests/tests/config/"
-                                "weights_with_config.pt");
+                                  "weights_with_config.pt");
   j = json_loads(cat.values_json, 0, &je);
   cr_assert_not_null(j);
   cr_assert_eq(json_integer_value(json_object_get(j, "my_config.d_model")), 512);
