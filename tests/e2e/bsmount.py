@@ -13,9 +13,8 @@ import tempfile
 import time
 
 BIN = os.environ.get("BURNSTORE_BIN", "burnstore")
-SHARED = os.environ.get("BS_SHARED_DIR", os.path.join(os.path.dirname(__file__), "../../../shared"))
 SOURCE_DIR = os.environ.get("BS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
-FIX = os.path.join(SHARED, "fixtures", "burn")
+FIX = os.path.join(os.environ.get("BS_FIXTURES_DIR", os.path.join(SOURCE_DIR, "tests/fixtures")), "burn")
 DEADLINE = 60  # seconds for any one mount, unmount or command
 
 FAILURES = []

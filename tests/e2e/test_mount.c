@@ -17,7 +17,7 @@
 #include "burnstore/alloc.h"
 #include "burnstore/formats.h"
 
-#define BPK BS_SHARED_DIR "/fixtures/burn/examples/mnist-inference-web/model.bpk"
+#define BPK BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 
 static char *tmp;
 static char mnt[4096];

@@ -12,11 +12,11 @@ import struct
 import subprocess
 import sys
 
-from bsmount import (read_bpk, BIN, FIX, SHARED, SOURCE_DIR, Mount, check, finish, force_unmount, is_mounted,
+from bsmount import (read_bpk, BIN, FIX, SOURCE_DIR, Mount, check, finish, force_unmount, is_mounted,
                      key_to_relpath, run, tensor_files, tmpdir, xattrs)
 
 GEN = os.path.join(SOURCE_DIR, "tests/support/make_torch_cases.py")
-MPF = os.path.join(SHARED, "tools/make-pth-fixtures.py")
+MPF = os.path.join(SOURCE_DIR, "tests/support/make-pth-fixtures.py")
 RD = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data")
 BPK_OK = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"}
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write PyTorch checkpoints with real torch for test_pth.c.
 
-Usage: make_torch_cases.py OUTDIR MAKE_PTH_FIXTURES_PY
+Usage: make_torch_cases.py OUTDIR [MAKE_PTH_FIXTURES_PY]
+(default: make-pth-fixtures.py beside this file)
 
 For every case OUTDIR/<case>.pth it writes
   <case>.json         {key: {"shape": [...], "dtype": "F32", "sha256": hex}}
@@ -10,7 +11,7 @@ For every case OUTDIR/<case>.pth it writes
                       {"values": {key: value}} (entries values_json must have),
                       {"note": substring} (a line cat->notes must have),
                       {"absent": path} (a file that must NOT exist afterwards)
-The shared make-pth-fixtures.py cases come first, then ours. Everything is
+The make-pth-fixtures.py cases come first, then ours. Everything is
 deterministic (no RNG).
 """
 import collections
@@ -26,7 +27,9 @@ import torch
 import torch.nn as nn
 
 OUT = sys.argv[1]
-spec = importlib.util.spec_from_file_location("mpf", sys.argv[2])
+MPF = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                       "make-pth-fixtures.py")
+spec = importlib.util.spec_from_file_location("mpf", MPF)
 mpf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mpf)
 

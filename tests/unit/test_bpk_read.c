@@ -9,7 +9,7 @@
 #include "burnstore/alloc.h"
 #include "burnstore/formats.h"
 
-#define MNIST BS_SHARED_DIR "/fixtures/burn/examples/mnist-inference-web/model.bpk"
+#define MNIST BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 
 static const struct bs_tensor *find(const struct bs_catalog *cat, const char *key)
 {

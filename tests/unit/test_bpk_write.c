@@ -15,7 +15,7 @@
 #include "burnstore/formats.h"
 #include "burnstore/version.h"
 
-#define MNIST BS_SHARED_DIR "/fixtures/burn/examples/mnist-inference-web/model.bpk"
+#define MNIST BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 
 static void read_ok(struct bs_catalog *cat, const void *buf, size_t len)
 {

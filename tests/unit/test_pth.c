@@ -26,7 +26,7 @@ const char *__asan_default_options(void)
   return "allocator_may_return_null=1:max_allocation_size_mb=512";
 }
 
-#define TD BS_SHARED_DIR "/fixtures/burn/burn-store/src/pytorch/tests/reader/test_data/"
+#define TD BS_FIXTURES_DIR "/burn/burn-store/src/pytorch/tests/reader/test_data/"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
@@ -155,7 +155,7 @@ static size_t parse_tensors(const char *col, struct mtensor *out, size_t max)
 Test(pth, every_manifest_pt_and_tar_has_its_keys_dtypes_and_shapes)
 {
   size_t mlen;
-  char *man = (char *)bs_test_slurp(BS_SHARED_DIR "/fixtures/burn/MANIFEST.md", &mlen);
+  char *man = (char *)bs_test_slurp(BS_FIXTURES_DIR "/burn/MANIFEST.md", &mlen);
   man[mlen] = '\0';
   int files = 0;
   for (char *line = strtok(man, "\n"); line; line = strtok(NULL, "\n")) {
@@ -179,7 +179,7 @@ Test(pth, every_manifest_pt_and_tar_has_its_keys_dtypes_and_shapes)
     static struct mtensor want[64];
     size_t n = parse_tensors(col, want, 64);
     char path[1024];
-    snprintf(path, sizeof path, "%s/fixtures/burn/%s", BS_SHARED_DIR, rel);
+    snprintf(path, sizeof path, "%s/burn/%s", BS_FIXTURES_DIR, rel);
     struct bs_catalog cat;
     bs_err e;
     int rc = open_file(&cat, path, false, &e);
@@ -324,8 +324,8 @@ Test(pth, checkpoint_values_json_has_epoch_and_loss)
   get(&cat, "optimizer_state_dict.state.0.momentum_buffer");
   bs_catalog_destroy(&cat);
 
-  must_open(&cat, BS_SHARED_DIR "/fixtures/burn/burn-store/pytorch-tests/tests/config/"
-                                "weights_with_config.pt");
+  must_open(&cat, BS_FIXTURES_DIR "/burn/burn-store/pytorch-tests/tests/config/"
+                                  "weights_with_config.pt");
   j = json_loads(cat.values_json, 0, &je);
   cr_assert_not_null(j);
   cr_assert_eq(json_integer_value(json_object_get(j, "my_config.d_model")), 512);
@@ -529,8 +529,8 @@ Test(pth, files_written_by_real_torch_match_torchs_bytes, .timeout = 280)
   char cmd[4096];
   snprintf(cmd, sizeof cmd,
            "timeout 240 /usr/bin/python3 '%s/tests/support/make_torch_cases.py' '%s' "
-           "'%s/tools/make-pth-fixtures.py' >'%s/gen.log' 2>&1",
-           BS_SOURCE_DIR, dir, BS_SHARED_DIR, dir);
+           "'%s/tests/support/make-pth-fixtures.py' >'%s/gen.log' 2>&1",
+           BS_SOURCE_DIR, dir, BS_SOURCE_DIR, dir);
   st = system(cmd);
   if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
     char lpath[2100];

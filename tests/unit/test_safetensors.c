@@ -14,7 +14,7 @@
 /* The header of the reference crate's tests: 60 bytes, one I32 [2, 2]. */
 #define H "{\"test\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}"
 
-#define FIXTURES BS_SHARED_DIR "/fixtures/burn"
+#define FIXTURES BS_FIXTURES_DIR "/burn"
 #define MULTI_LAYER                                                                                \
   FIXTURES "/burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors"
 #define MNIST FIXTURES "/examples/import-model-weights/weights/mnist.safetensors"
