@@ -12,7 +12,7 @@ from bsmount import (BIN, SOURCE_DIR, Mount, check, finish, force_unmount, is_mo
 
 FIXTURES = os.path.join(SOURCE_DIR, "tests", "fixtures")
 PT = os.path.join(FIXTURES, "complex_nested.pt")
-ST = os.path.join(FIXTURES, "multi_layer.safetensors")
+ST = os.path.join(FIXTURES, "burn/burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors")
 
 
 def refused(tmp, name, source, opts, *needles, absent=()):
