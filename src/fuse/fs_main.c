@@ -593,7 +593,7 @@ static int do_list_staging(const char *dir)
   bs_err_clear(&err);
   struct bs_stage_index idx;
   if (bs_stage_index_load(dir, &idx, &err) != 0)
-    return fail_line(dir, &err);
+    return fail_line(NULL, &err);
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   bool alive = dfd >= 0 && staging_alive(dfd);
   if (dfd >= 0)
@@ -678,6 +678,7 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
  * file last, then the directory. */
 static void remove_staging(const char *dir, int dfd)
 {
+  unlinkat(dfd, BS_STAGE_INDEX_NAME, 0); /* first: see fs_staging_remove */
   DIR *d = fdopendir(dup(dfd));
   if (d) {
     struct dirent *de;
@@ -708,8 +709,15 @@ static int do_finish(const char *arg)
     fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
     goto out;
   }
+  if (staging_alive(dfd)) {
+    fprintf(stderr,
+            PROG ": %s belongs to a running burnstore daemon: unmount its mount (burnstore -u) "
+                 "and let it write back instead\n",
+            dir);
+    goto out;
+  }
   if (bs_stage_index_load(dir, &idx, &err) != 0) {
-    fail_line(dir, &err);
+    fail_line(NULL, &err);
     goto out;
   }
   if ((lk = lock_staging(dir, dfd, &idx)) < 0)

@@ -151,6 +151,9 @@ void fs_staging_remove(struct fs *fs)
   /* Only a directory this daemon created and still holds the lock of. */
   if (fs->staging_fd < 0 || fs->staging_lock < 0)
     return;
+  /* The INDEX goes first: a staging directory without one is never
+   * finished, so a kill during this cleanup cannot redo the write. */
+  unlinkat(fs->staging_fd, BS_STAGE_INDEX_NAME, 0);
   DIR *d = fdopendir(dup(fs->staging_fd));
   if (d) {
     struct dirent *de;
