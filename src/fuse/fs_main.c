@@ -305,6 +305,7 @@ static void status_path(const char *mnt, char *out, size_t n)
 }
 
 static void update_target_pid(int fd, const char *target, const char *mnt);
+static bool is_mounted(const char *mnt);
 static void write_status(int fd, const char *text);
 
 /* The target lock: one writable mount (or --finish) per output file. An
@@ -334,10 +335,16 @@ static int lock_target(const char *target, const char *mnt)
       char holder[PATH_MAX + 16] = "?";
       if (m)
         snprintf(holder, sizeof holder, "%.*s", (int)strcspn(m + 11, "\n"), m + 11);
-      fprintf(stderr,
-              PROG ": %s is already the target of a writable mount on %s (burnstore pid %ld): "
-                   "unmount that first (burnstore -u %s)\n",
-              target, holder, pid, holder);
+      if (m && !is_mounted(holder))
+        fprintf(stderr,
+                PROG ": %s is still being written back by the daemon of %s (burnstore pid %ld, "
+                     "already unmounted): wait for it\n",
+                target, holder, pid);
+      else
+        fprintf(stderr,
+                PROG ": %s is already the target of a writable mount on %s (burnstore pid %ld): "
+                     "unmount that first (burnstore -u %s)\n",
+                target, holder, pid, holder);
       close(fd);
       return -1;
     }

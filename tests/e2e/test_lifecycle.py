@@ -6,6 +6,7 @@ filesystem, and --list-staging / --finish after a failed write-back."""
 import fcntl
 import glob
 import os
+import shutil
 import subprocess
 import time
 
@@ -189,6 +190,40 @@ def test_results_logged(tmp):
               "the status file lists the U8 blob: %r" % st)
 
 
+def test_syslog_call(tmp):
+    """The write-back result goes to syslog: with no syslog daemon here, the
+    daemon's connect to /dev/log (under strace) is the evidence; skipped
+    without strace."""
+    strace = shutil.which("strace")
+    if not strace:
+        print("   (no strace: skipped)")
+        return
+    out = os.path.join(tmp, "slog.bpk")
+    mnt = os.path.join(tmp, "slog")
+    os.makedirs(mnt)
+    log = os.path.join(tmp, "strace.log")
+    p = subprocess.Popen([strace, "-f", "-qq", "-e", "trace=connect,sendto", "-s", "300", "-o", log,
+                          BIN, "-f", out, mnt], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.time() + 30
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        if not check(is_mounted(mnt), "foreground mount under strace"):
+            return
+        sh("printf abcd > t && setfattr -n user.burnstore.dtype -v F32 t", mnt)
+        run(["fusermount3", "-u", mnt])
+        p.wait(timeout=60)
+        text = open(log).read()
+        check("/dev/log" in text, "the write-back result is sent to syslog (/dev/log)")
+        err = p.stderr.read().decode()
+        check("written as U8" not in err, "no blob reported: %r" % err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        force_unmount(mnt)
+
+
 def test_report(tmp):
     """burnstore -u names the files written as U8 blobs; -v prints the report."""
     out = os.path.join(tmp, "rep.bpk")
@@ -290,7 +325,7 @@ def test_index_on_full_staging(tmp):
 if __name__ == "__main__":
     with tmpdir("life") as tmp:
         for t in (test_relative_paths, test_staging_locked_and_pid, test_two_writable_mounts,
-                  test_results_logged, test_report, test_finish_after_failure,
+                  test_results_logged, test_syslog_call, test_report, test_finish_after_failure,
                   test_index_on_full_staging):
             print("--", t.__name__, flush=True)
             try:
