@@ -413,7 +413,8 @@ static void status_ok(int sfd, const struct fs *fs, const char *mnt, bool daemon
     snprintf(text + n, cap - (size_t)n, "pid %ld\n", (long)getpid());
   write_status(sfd, text);
   if (fs->writable) {
-    /* Every line but "ok" and "pid", to syslog. */
+    /* Every line but "ok" and "pid", to syslog (at most 100 blob lines). */
+    unsigned blobs = 0;
     for (char *line = text + 3, *nl; *line; line = nl + 1) {
       nl = strchr(line, '\n');
       if (!nl)
@@ -422,9 +423,14 @@ static void status_ok(int sfd, const struct fs *fs, const char *mnt, bool daemon
       if (strncmp(line, "pid ", 4) != 0) {
         if (strncmp(line, "wrote ", 6) == 0 || strncmp(line, "nothing ", 8) == 0)
           syslog(LOG_INFO, "write-back %s", line);
-        else
+        else if (++blobs <= 100)
           report(daemonized, LOG_WARNING, line);
       }
+    }
+    if (blobs > 100) {
+      char more[64];
+      snprintf(more, sizeof more, "... and %u more files written as U8", blobs - 100);
+      report(daemonized, LOG_WARNING, more);
     }
   }
   bs_free(text);
@@ -515,8 +521,19 @@ static int do_unmount(const char *mountpoint, bool verbose)
   while (flock(fd, LOCK_EX) != 0)
     if (errno != EINTR)
       break;
-  char buf[4096] = {0};
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  /* The status: a few lines, plus one per U8 blob of the report (bounded). */
+  struct stat sst;
+  size_t cap = fstat(fd, &sst) == 0 && sst.st_size > 0 ? (size_t)sst.st_size + 1 : 4096;
+  if (cap > (16u << 20))
+    cap = 16u << 20;
+  char *buf = bs_calloc(1, cap);
+  if (!buf) {
+    fprintf(stderr, PROG ": out of memory\n");
+    close(fd);
+    bs_free(mnt);
+    return 1;
+  }
+  ssize_t n = pread(fd, buf, cap - 1, 0);
   if (n < 0)
     n = 0;
   buf[n] = '\0';
@@ -544,6 +561,7 @@ static int do_unmount(const char *mountpoint, bool verbose)
   }
   unlink(spath);
   close(fd);
+  bs_free(buf);
   bs_free(mnt);
   return ret;
 }
