@@ -53,12 +53,46 @@ def make_base(tmp):
     return base
 
 
+def wait_gone(pid, timeout=60):
+    end = time.time() + timeout
+    while pid and os.path.exists("/proc/%d" % pid) and time.time() < end:
+        try:
+            if open("/proc/%d/stat" % pid).read().split(")")[1].split()[0] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.002)
+
+
+def calibrate(tmp, base, pool):
+    d = os.path.join(tmp, "cal")
+    os.makedirs(d)
+    target = os.path.join(d, "m.bpk")
+    shutil.copyfile(base, target)
+    mnt = os.path.join(d, "mnt")
+    took = []
+    for _ in range(2):
+        with Mount(target, mnt, "rw"):
+            with open(os.path.join(mnt, "big"), "wb") as f:
+                f.write(pool)
+            pid = daemon_pid(os.path.realpath(mnt))
+            t = time.time()
+            run(["fusermount3", "-u", mnt])
+            wait_gone(pid)
+            took.append(time.time() - t)
+    shutil.rmtree(d, ignore_errors=True)
+    return min(took)
+
+
 def main(tmp):
     rng = random.Random(int(os.environ.get("BS_KILL_SEED", "0")) or None)
     base = make_base(tmp)
     old_bytes = open(base, "rb").read()
     old, _ = read_bpk(base)
     pool = os.urandom(48 << 20)
+    # Calibrate: how long does the write-back of the largest round take here?
+    cal = calibrate(tmp, base, pool)
+    print("write-back of 48 MiB after fusermount3 -u: %.3f s" % cal, flush=True)
     phases = {}
     survived = 0
     t0 = time.time()
@@ -79,7 +113,8 @@ def main(tmp):
         expected = dict(old)
         expected["enc.w"] = ("F32", [1024], w, old["enc.w"][3])
         expected["big"] = ("U8", [size], big, None)
-        delay = rng.uniform(0, 1) ** 2 * 0.1  # denser near the start
+        # Spread the kills over this round's expected write-back, a bit past it.
+        delay = rng.uniform(0, 1.2) * (0.003 + cal * size / (48 << 20))
         with Mount(target, mnt, "rw"):
             with open(os.path.join(mnt, "enc", "w"), "r+b") as f:
                 f.write(w)
@@ -96,15 +131,7 @@ def main(tmp):
                 killed = True
             except (ProcessLookupError, TypeError):
                 killed = False
-            # Wait until it is really gone (its fds closed).
-            end = time.time() + 30
-            while pid and os.path.exists("/proc/%d" % pid) and time.time() < end:
-                try:
-                    if open("/proc/%d/stat" % pid).read().split(")")[1].split()[0] == "Z":
-                        break
-                except OSError:
-                    break
-                time.sleep(0.01)
+            wait_gone(pid)  # really gone (its fds closed)
         ok = True
         data = open(target, "rb").read()
         is_old = data == old_bytes
