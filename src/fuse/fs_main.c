@@ -612,13 +612,46 @@ static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
   fputc(']', f);
 }
 
+/* A staging directory without an INDEX (its daemon died while mounted or
+ * before its write-back saved one): name its files, which hold raw bytes. */
+static int list_raw_staging(const char *dir)
+{
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
+    if (dfd >= 0)
+      close(dfd);
+    return 1;
+  }
+  bool alive = staging_alive(dfd);
+  printf("staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
+         "use them)\n",
+         dir,
+         alive ? "its daemon is running and has not started a write-back"
+               : "the daemon died before its write-back described them");
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    struct stat st;
+    if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
+        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    printf("-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
+  }
+  closedir(d);
+  return 1;
+}
+
 static int do_list_staging(const char *dir)
 {
   bs_err err;
   bs_err_clear(&err);
   struct bs_stage_index idx;
-  if (bs_stage_index_load(dir, &idx, &err) != 0)
-    return fail_line(NULL, &err);
+  if (bs_stage_index_load(dir, &idx, &err) != 0) {
+    if (err.code != ENOENT)
+      return fail_line(NULL, &err);
+    return list_raw_staging(dir);
+  }
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   bool alive = dfd >= 0 && staging_alive(dfd);
   if (dfd >= 0)

@@ -179,6 +179,8 @@ def main(tmp):
             # there is nothing to finish.
             r = run([BIN, "--finish", stg[0]])
             ok &= check(r.returncode != 0 and "no INDEX" in r.stderr, "round %d: --finish without INDEX: %r" % (i, r.stderr))
+            l = run([BIN, "--list-staging", stg[0]])
+            ok &= check(l.returncode == 1 and "no INDEX" in l.stdout, "round %d: --list-staging without INDEX: %r" % (i, l.stdout))
             ok &= check(is_old or not tmps, "round %d: no INDEX, so the writer had not started" % i)
         survived += ok
         force_unmount(mnt)
