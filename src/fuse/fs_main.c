@@ -315,7 +315,9 @@ static void write_status(int fd, const char *text);
 static int lock_target(const char *target, const char *mnt)
 {
   char path[PATH_MAX];
-  run_path(target, ".target", path, sizeof path);
+  char *real = realpath(target, NULL); /* one lock whatever symlink names it */
+  run_path(real ? real : target, ".target", path, sizeof path);
+  free(real);
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
     fprintf(stderr, PROG ": cannot lock the target %s (%s: %s)\n", target, path, strerror(errno));
@@ -335,7 +337,10 @@ static int lock_target(const char *target, const char *mnt)
       char holder[PATH_MAX + 16] = "?";
       if (m)
         snprintf(holder, sizeof holder, "%.*s", (int)strcspn(m + 11, "\n"), m + 11);
-      if (m && !is_mounted(holder))
+      if (m && strncmp(m + 11, "--finish ", 9) == 0)
+        fprintf(stderr, PROG ": %s is being written by burnstore %s (pid %ld)\n", target, holder,
+                pid);
+      else if (m && !is_mounted(holder))
         fprintf(stderr,
                 PROG ": %s is still being written back by the daemon of %s (burnstore pid %ld, "
                      "already unmounted): wait for it\n",
