@@ -50,8 +50,10 @@ struct fs {
   bool force_write;         /* output= differs from source: always write */
   char *source;             /* absolute path of SOURCE */
   char *output;             /* absolute path written back, NULL when read-only */
-  char *staging;            /* staging directory, created on first need */
+  char *staging;            /* staging directory (mkdtemp template until created) */
   int staging_fd;           /* lock: `lock`; -1 until created */
+  int staging_lock;         /* flock'd "lock" file inside staging, held for life */
+  char *report;             /* owned: the last write-back's report lines, or NULL */
   unsigned long next_stage; /* lock: `lock` */
   struct bs_kv *meta;       /* lock: `lock`; root metadata shown and written */
   size_t nmeta, metacap;
@@ -81,7 +83,11 @@ int fs_stage(struct fs *fs, struct fs_file *f, uint64_t keep);
 /* Serialize the tree to fs->output (atomic). Returns 0, or -1 with err set;
  * on failure the staged data is kept and err names where it is. */
 int fs_writeback(struct fs *fs, bs_err *err);
-/* Remove the staging directory and its files (after a successful write). */
+/* Create the staging directory exclusively from the template in
+ * fs->staging (mkdtemp) and lock it for the life of the daemon. 0 or -errno. */
+int fs_staging_create(struct fs *fs);
+/* Remove the staging directory and its files (after a successful write);
+ * only the one this daemon created and holds the lock of. */
 void fs_staging_remove(struct fs *fs);
 
 #endif

@@ -6,6 +6,7 @@
  * it exits, and writes "ok" or the error into it at the end. `burnstore -u`
  * unmounts, then blocks on that lock, so it returns only after the write-back
  * has finished, with its result. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -23,6 +24,7 @@
 
 #include "burnstore/alloc.h"
 #include "burnstore/formats.h"
+#include "burnstore/stage_index.h"
 #include "burnstore/version.h"
 #include "fs.h"
 
@@ -30,7 +32,8 @@
 
 static const char usage_text[] =
     "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
-    "       burnstore -u MOUNTPOINT\n"
+    "       burnstore -u [-v] MOUNTPOINT\n"
+    "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n"
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, PyTorch) as a directory:\n"
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
@@ -41,6 +44,9 @@ static const char usage_text[] =
     "  -d              debug output (implies -f)\n"
     "  -s              single-threaded\n"
     "  -u, --unmount   unmount, wait for the write-back, exit 0 only if it succeeded\n"
+    "                  (-v: print the write-back's report)\n"
+    "  --finish DIR    finish the write-back a killed daemon left in staging DIR\n"
+    "  --list-staging DIR  list what staging DIR holds (key, dtype, shape, bytes, where)\n"
     "  -h, --help      this text\n"
     "  -V, --version   the version\n"
     "\n"
@@ -78,7 +84,8 @@ static const char *const fuse_opts[] = {"allow_other", "allow_root",  "default_p
 
 struct args {
   const char *source, *mountpoint;
-  bool foreground, debug, single, unmount;
+  bool foreground, debug, single, unmount, verbose;
+  const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
   bool ro, rw, flat, strict;
   char *output, *staging; /* owned */
   char fuse_extra[2048];
@@ -194,6 +201,17 @@ static void parse_args(struct args *a, int argc, char **argv)
       a->single = true;
     } else if (strcmp(s, "-u") == 0 || strcmp(s, "--unmount") == 0) {
       a->unmount = true;
+    } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
+      a->verbose = true;
+    } else if (strcmp(s, "--finish") == 0 || strcmp(s, "--list-staging") == 0) {
+      if (++i >= argc)
+        die_usage("%s needs a STAGING_DIR", s);
+      if (a->finish || a->list_staging)
+        die_usage("--finish and --list-staging take one STAGING_DIR, once");
+      if (s[2] == 'f')
+        a->finish = argv[i];
+      else
+        a->list_staging = argv[i];
     } else if (strcmp(s, "-o") == 0) {
       if (++i >= argc)
         die_usage("-o needs an argument");
@@ -210,7 +228,10 @@ static void parse_args(struct args *a, int argc, char **argv)
       die_usage("too many arguments ('%s')", s);
     }
   }
-  if (a->unmount) {
+  if (a->finish || a->list_staging) {
+    if (a->source || a->unmount)
+      die_usage("%s takes only a STAGING_DIR", a->finish ? "--finish" : "--list-staging");
+  } else if (a->unmount) {
     if (!a->source || a->mountpoint)
       die_usage("-u takes exactly one MOUNTPOINT");
     a->mountpoint = a->source;
@@ -257,7 +278,8 @@ static char *abs_path(const char *p)
   return out;
 }
 
-static void status_path(const char *mnt, char *out, size_t n)
+/* /run/burnstore/<FNV-1a of `key`><suffix> (per-user elsewhere for non-root). */
+static void run_path(const char *key, const char *suffix, char *out, size_t n)
 {
   const char *base = "/run/burnstore";
   char alt[PATH_MAX];
@@ -271,10 +293,79 @@ static void status_path(const char *mnt, char *out, size_t n)
   }
   mkdir(base, 0700);
   uint64_t h = 1469598103934665603ull;
-  for (const unsigned char *p = (const unsigned char *)mnt; *p; p++)
+  for (const unsigned char *p = (const unsigned char *)key; *p; p++)
     h = (h ^ *p) * 1099511628211ull;
-  if (snprintf(out, n, "%s/%016llx.status", base, (unsigned long long)h) >= (int)n)
+  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
     out[0] = '\0';
+}
+
+static void status_path(const char *mnt, char *out, size_t n)
+{
+  run_path(mnt, ".status", out, n);
+}
+
+static void update_target_pid(int fd, const char *target, const char *mnt);
+static bool is_mounted(const char *mnt);
+static void write_status(int fd, const char *text);
+
+/* The target lock: one writable mount (or --finish) per output file. An
+ * exclusive flock on /run/burnstore/<hash of the target>.target, held until
+ * the daemon has written back and exits; the file names the holder. Returns
+ * the fd, or -1 after printing who holds it. */
+static int lock_target(const char *target, const char *mnt)
+{
+  char path[PATH_MAX];
+  char *real = realpath(target, NULL); /* one lock whatever symlink names it */
+  run_path(real ? real : target, ".target", path, sizeof path);
+  free(real);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fprintf(stderr, PROG ": cannot lock the target %s (%s: %s)\n", target, path, strerror(errno));
+    return -1;
+  }
+  /* A daemon that was just unmounted may still be writing back: wait a bit. */
+  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+    if (i >= 50) {
+      char buf[PATH_MAX + 128] = {0};
+      ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+      buf[r > 0 ? r : 0] = '\0';
+      long pid = 0;
+      const char *m = strstr(buf, "mountpoint ");
+      const char *pp = strstr(buf, "pid ");
+      if (pp)
+        pid = strtol(pp + 4, NULL, 10);
+      char holder[PATH_MAX + 16] = "?";
+      if (m)
+        snprintf(holder, sizeof holder, "%.*s", (int)strcspn(m + 11, "\n"), m + 11);
+      if (m && strncmp(m + 11, "--finish ", 9) == 0)
+        fprintf(stderr, PROG ": %s is being written by burnstore %s (pid %ld)\n", target, holder,
+                pid);
+      else if (m && !is_mounted(holder))
+        fprintf(stderr,
+                PROG ": %s is still being written back by the daemon of %s (burnstore pid %ld, "
+                     "already unmounted): wait for it\n",
+                target, holder, pid);
+      else
+        fprintf(stderr,
+                PROG ": %s is already the target of a writable mount on %s (burnstore pid %ld): "
+                     "unmount that first (burnstore -u %s)\n",
+                target, holder, pid, holder);
+      close(fd);
+      return -1;
+    }
+    usleep(20000);
+  }
+  update_target_pid(fd, target, mnt);
+  return fd;
+}
+
+static void update_target_pid(int fd, const char *target, const char *mnt)
+{
+  if (fd < 0)
+    return;
+  char text[PATH_MAX * 2 + 128];
+  snprintf(text, sizeof text, "pid %ld\nmountpoint %s\ntarget %s\n", (long)getpid(), mnt, target);
+  write_status(fd, text); /* informative only */
 }
 
 static void write_status(int fd, const char *text)
@@ -285,13 +376,69 @@ static void write_status(int fd, const char *text)
     fsync(fd);
 }
 
-/* The daemon's error line: to stderr (foreground) and syslog (daemon). */
-static void report(bool daemonized, const char *line)
+/* A write-back result line: always to syslog (openlog in main), and to
+ * stderr while in the foreground. */
+static void report(bool daemonized, int prio, const char *line)
 {
-  if (daemonized)
-    syslog(LOG_ERR, "%s", line);
-  else
+  syslog(prio, "%s", line);
+  if (!daemonized)
     fprintf(stderr, PROG ": %s\n", line);
+}
+
+static void status_running(int sfd, const struct fs *fs, const char *mnt)
+{
+  char text[3 * PATH_MAX + 128];
+  snprintf(text, sizeof text, "running\npid %ld\nmountpoint %s\nstaging %s\ntarget %s\n",
+           (long)getpid(), mnt, fs->writable ? fs->staging : "-", fs->writable ? fs->output : "-");
+  write_status(sfd, text);
+}
+
+/* "ok", then the report: what was written (or that nothing changed), and
+ * one line per file written as a U8 blob. Also to syslog, line by line. */
+static void status_ok(int sfd, const struct fs *fs, const char *mnt, bool daemonized, bool wrote)
+{
+  size_t rlen = fs->report ? strlen(fs->report) : 0;
+  size_t cap = rlen + 3 * PATH_MAX + 256;
+  char *text = bs_malloc(cap);
+  if (!text) {
+    write_status(sfd, "ok\n");
+    return;
+  }
+  int n;
+  if (wrote)
+    n = snprintf(text, cap, "ok\nwrote %s (mount %s)\n", fs->output, mnt);
+  else if (fs->writable)
+    n = snprintf(text, cap, "ok\nnothing changed: %s not rewritten (mount %s)\n", fs->output, mnt);
+  else
+    n = snprintf(text, cap, "ok\nread-only mount %s ended\n", mnt);
+  if (n > 0 && (size_t)n < cap && rlen)
+    n += snprintf(text + n, cap - (size_t)n, "%s%s", fs->report,
+                  fs->report[rlen - 1] == '\n' ? "" : "\n");
+  if (n > 0 && (size_t)n < cap)
+    snprintf(text + n, cap - (size_t)n, "pid %ld\n", (long)getpid());
+  write_status(sfd, text);
+  if (fs->writable) {
+    /* Every line but "ok" and "pid", to syslog (at most 100 blob lines). */
+    unsigned blobs = 0;
+    for (char *line = text + 3, *nl; *line; line = nl + 1) {
+      nl = strchr(line, '\n');
+      if (!nl)
+        break;
+      *nl = '\0';
+      if (strncmp(line, "pid ", 4) != 0) {
+        if (strncmp(line, "wrote ", 6) == 0 || strncmp(line, "nothing ", 8) == 0)
+          syslog(LOG_INFO, "write-back %s", line);
+        else if (++blobs <= 100)
+          report(daemonized, LOG_WARNING, line);
+      }
+    }
+    if (blobs > 100) {
+      char more[64];
+      snprintf(more, sizeof more, "... and %u more files written as U8", blobs - 100);
+      report(daemonized, LOG_WARNING, more);
+    }
+  }
+  bs_free(text);
 }
 
 static int run_fusermount_u(const char *mnt)
@@ -343,7 +490,7 @@ static bool is_mounted(const char *mnt)
   return found;
 }
 
-static int do_unmount(const char *mountpoint)
+static int do_unmount(const char *mountpoint, bool verbose)
 {
   char *mnt = abs_path(mountpoint);
   if (!mnt) {
@@ -379,15 +526,36 @@ static int do_unmount(const char *mountpoint)
   while (flock(fd, LOCK_EX) != 0)
     if (errno != EINTR)
       break;
-  char buf[4096] = {0};
-  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  /* The status: a few lines, plus one per U8 blob of the report (bounded). */
+  struct stat sst;
+  size_t cap = fstat(fd, &sst) == 0 && sst.st_size > 0 ? (size_t)sst.st_size + 1 : 4096;
+  if (cap > (16u << 20))
+    cap = 16u << 20;
+  char *buf = bs_calloc(1, cap);
+  if (!buf) {
+    fprintf(stderr, PROG ": out of memory\n");
+    close(fd);
+    bs_free(mnt);
+    return 1;
+  }
+  ssize_t n = pread(fd, buf, cap - 1, 0);
   if (n < 0)
     n = 0;
   buf[n] = '\0';
   int ret;
   if (strncmp(buf, "ok", 2) == 0) {
     ret = 0;
+    /* The report: files written as U8 blobs always, everything with -v. */
+    for (char *line = buf + 3, *nl; line < buf + n && (nl = strchr(line, '\n')); line = nl + 1) {
+      *nl = '\0';
+      bool blob = strstr(line, "written as U8") != NULL;
+      if (blob || (verbose && strncmp(line, "pid ", 4) != 0))
+        fprintf(blob ? stderr : stdout, PROG ": %s\n", line);
+    }
   } else if (strncmp(buf, "error\n", 6) == 0) {
+    char *pidline = strstr(buf + 6, "\npid ");
+    if (pidline)
+      pidline[1] = '\0';
     fprintf(stderr, PROG ": %s", buf + 6);
     ret = 1;
   } else {
@@ -398,7 +566,276 @@ static int do_unmount(const char *mountpoint)
   }
   unlink(spath);
   close(fd);
+  bs_free(buf);
   bs_free(mnt);
+  return ret;
+}
+
+static int fail_line(const char *file, const bs_err *err);
+
+/* ---- --list-staging and --finish ------------------------------------- */
+
+/* Take the staging directory's lock: fails while its daemon lives. Returns
+ * the fd, or -1 with a message printed. */
+static int lock_staging(const char *dir, int dfd, const struct bs_stage_index *idx)
+{
+  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lk < 0) {
+    fprintf(stderr, PROG ": %s: cannot open its lock file: %s\n", dir, strerror(errno));
+    return -1;
+  }
+  if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
+    fprintf(stderr,
+            PROG ": %s belongs to a running burnstore daemon (pid %ld): unmount its mount "
+                 "(burnstore -u) and let it write back instead\n",
+            dir, idx ? idx->pid : 0L);
+    close(lk);
+    return -1;
+  }
+  return lk;
+}
+
+static bool staging_alive(int dfd)
+{
+  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CLOEXEC);
+  if (lk < 0)
+    return false;
+  bool alive = flock(lk, LOCK_EX | LOCK_NB) != 0;
+  close(lk);
+  return alive;
+}
+
+static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
+{
+  if (!has) {
+    fputs("-", f);
+    return;
+  }
+  fputc('[', f);
+  for (uint32_t d = 0; d < rank; d++)
+    fprintf(f, d ? ",%llu" : "%llu", (unsigned long long)shape[d]);
+  fputc(']', f);
+}
+
+/* A staging directory without an INDEX (its daemon died while mounted or
+ * before its write-back saved one): name its files, which hold raw bytes. */
+static int list_raw_staging(const char *dir)
+{
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
+    if (dfd >= 0)
+      close(dfd);
+    return 1;
+  }
+  bool alive = staging_alive(dfd);
+  printf("staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
+         "use them)\n",
+         dir,
+         alive ? "its daemon is running and has not started a write-back"
+               : "the daemon died before its write-back described them");
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    struct stat st;
+    if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
+        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    printf("-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
+  }
+  closedir(d);
+  return 1;
+}
+
+static int do_list_staging(const char *dir)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_stage_index idx;
+  if (bs_stage_index_load(dir, &idx, &err) != 0) {
+    if (err.code != ENOENT)
+      return fail_line(NULL, &err);
+    return list_raw_staging(dir);
+  }
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  bool alive = dfd >= 0 && staging_alive(dfd);
+  if (dfd >= 0)
+    close(dfd);
+  printf("staging %s\ntarget %s (%s)\ndaemon pid %ld (%s)\n", dir, idx.target,
+         bs_format_name(idx.format), idx.pid, alive ? "running: do not --finish" : "gone");
+  if (idx.ck.path)
+    printf("checkpoint %s (%llu bytes)\n", idx.ck.path, (unsigned long long)idx.ck.size);
+  if (idx.incomplete)
+    printf("incomplete: %s\n", idx.incomplete);
+  for (size_t i = 0; i < idx.cat.count; i++) {
+    const struct bs_tensor *t = &idx.cat.tensors[i];
+    printf("%s\t%s\t", t->name, bs_dtype_name(t->dtype));
+    print_shape(stdout, true, t->rank, t->shape);
+    printf("\t%llu\t", (unsigned long long)t->nbytes);
+    if (t->src == UINT32_MAX)
+      printf("empty\n");
+    else if (idx.srcs[t->src].stage)
+      printf("staged %s/%s\n", dir, idx.srcs[t->src].file);
+    else
+      printf("checkpoint source %u at %llu%s\n", t->src, (unsigned long long)t->off,
+             t->strides ? " (strided)" : "");
+  }
+  for (size_t i = 0; i < idx.nfiles; i++) {
+    const struct bs_stage_file *f = &idx.files[i];
+    printf("%s\t%s\t", f->key, bs_dtype_name(f->dtype));
+    print_shape(stdout, f->has_shape, f->rank, f->shape);
+    struct stat st;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, f->file);
+    printf("\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
+  }
+  bs_stage_index_destroy(&idx);
+  return 0;
+}
+
+/* After a kill between the rename and the removal of the staging directory,
+ * the target already is the result: every tensor of the INDEX is in it with
+ * its dtype and shape, and the staged ones with their bytes. */
+static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
+{
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_src src;
+  struct bs_open_opts oo = {0};
+  if (bs_src_open(&src, idx->target, &err) != 0 || bs_open_any(&cat, &src, &oo, &err) != 0)
+    return false;
+  bool same = cat.count == idx->cat.count;
+  enum { CHUNK = 1 << 20 };
+  char *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
+  same = same && a && b;
+  for (size_t i = 0; same && i < idx->cat.count; i++) {
+    const struct bs_tensor *t = &idx->cat.tensors[i];
+    long k = bs_catalog_find(&cat, t->name);
+    const struct bs_tensor *u = k >= 0 ? &cat.tensors[k] : NULL;
+    same = u && u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes &&
+           (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
+    if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
+      continue;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[t->src].file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    same = fd >= 0;
+    for (uint64_t off = 0; same && off < t->nbytes;) {
+      size_t n = t->nbytes - off < CHUNK ? (size_t)(t->nbytes - off) : CHUNK;
+      same = pread(fd, a, n, (off_t)(t->off + off)) == (ssize_t)n &&
+             bs_tensor_read(&cat, u, off, b, n) == (long)n && memcmp(a, b, n) == 0;
+      off += n;
+    }
+    if (fd >= 0)
+      close(fd);
+  }
+  bs_free(a);
+  bs_free(b);
+  bs_catalog_destroy(&cat);
+  return same;
+}
+
+/* Remove a staging directory we hold the lock of (lk): its files, the lock
+ * file last, then the directory. */
+static void remove_staging(const char *dir, int dfd)
+{
+  unlinkat(dfd, BS_STAGE_INDEX_NAME, 0); /* first: see fs_staging_remove */
+  DIR *d = fdopendir(dup(dfd));
+  if (d) {
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+      if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
+          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
+        unlinkat(dfd, de->d_name, 0);
+    closedir(d);
+  }
+  unlinkat(dfd, BS_STAGE_LOCK_NAME, 0);
+  rmdir(dir);
+}
+
+static int do_finish(const char *arg)
+{
+  char *dir = realpath(arg, NULL);
+  if (!dir) {
+    fprintf(stderr, PROG ": %s: %s\n", arg, strerror(errno));
+    return 1;
+  }
+  bs_err err;
+  bs_err_clear(&err);
+  int ret = 1, lk = -1, tfd = -1;
+  struct bs_stage_index idx;
+  bs_stage_index_init(&idx);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
+    goto out;
+  }
+  if (staging_alive(dfd)) {
+    fprintf(stderr,
+            PROG ": %s belongs to a running burnstore daemon: unmount its mount (burnstore -u) "
+                 "and let it write back instead\n",
+            dir);
+    goto out;
+  }
+  if (bs_stage_index_load(dir, &idx, &err) != 0) {
+    fail_line(NULL, &err);
+    goto out;
+  }
+  if ((lk = lock_staging(dir, dfd, &idx)) < 0)
+    goto out;
+  if (idx.incomplete) {
+    fprintf(stderr,
+            PROG ": %s: the write-back stopped before it could describe the output (%s); the "
+                 "staged files are listed by burnstore --list-staging, fix them in a new mount\n",
+            dir, idx.incomplete);
+    goto out;
+  }
+  if (idx.format != BS_FMT_BURNPACK) {
+    fprintf(stderr, PROG ": %s: cannot write the format %s\n", dir, bs_format_name(idx.format));
+    goto out;
+  }
+  char who[PATH_MAX + 16];
+  snprintf(who, sizeof who, "--finish %s", dir);
+  if ((tfd = lock_target(idx.target, who)) < 0)
+    goto out;
+  if (bs_stage_index_attach(&idx, dir, &err) != 0) {
+    if (err.code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
+        target_is_result(&idx, dir)) {
+      printf(PROG ": %s already holds the result of this write-back; removed %s\n", idx.target,
+             dir);
+      remove_staging(dir, dfd);
+      ret = 0;
+      goto out;
+    }
+    fail_line(dir, &err);
+    goto out;
+  }
+  const struct bs_writer *w = bs_writer_for_format(idx.format);
+  if (!w) {
+    fprintf(stderr, PROG ": %s: the INDEX names format %s, which burnstore does not write\n", dir,
+            bs_format_name(idx.format));
+    goto out;
+  }
+  if (bs_writer_write_file(w, &idx.cat, idx.target, &err) != 0) {
+    fail_line(NULL, &err);
+    fprintf(stderr, PROG ": %s is kept\n", dir);
+    goto out;
+  }
+  remove_staging(dir, dfd);
+  printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", idx.target, idx.cat.count, dir);
+  syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", idx.target, idx.cat.count, dir);
+  ret = 0;
+out:
+  bs_stage_index_destroy(&idx);
+  if (tfd >= 0)
+    close(tfd);
+  if (lk >= 0)
+    close(lk);
+  if (dfd >= 0)
+    close(dfd);
+  free(dir);
   return ret;
 }
 
@@ -430,6 +867,9 @@ static void fs_destroy(struct fs *fs)
   bs_free(fs->meta);
   if (fs->staging_fd >= 0)
     close(fs->staging_fd);
+  if (fs->staging_lock >= 0)
+    close(fs->staging_lock);
+  bs_free(fs->report);
   bs_keyopts_destroy(&fs->keys);
   bs_free(fs->source);
   bs_free(fs->output);
@@ -488,6 +928,7 @@ static int prepare(struct fs *fs, struct args *a)
   bs_err err;
   bs_err_clear(&err);
   fs->staging_fd = -1;
+  fs->staging_lock = -1;
   fs->flat = a->flat;
   fs->uid = getuid();
   fs->gid = getgid();
@@ -512,7 +953,11 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = bs_strdup(a->output ? a->output : fs->source);
+    fs->output = a->output ? abs_path(a->output) : bs_strdup(fs->source);
+    if (!fs->output) {
+      fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
+      return 1;
+    }
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
@@ -540,14 +985,19 @@ static int prepare(struct fs *fs, struct args *a)
   }
   if (fs->writable) {
     char buf[PATH_MAX];
+    /* A mkdtemp template: created in fs_staging_create, exclusively. */
     if (a->staging) {
       char *d = abs_path(a->staging);
-      snprintf(buf, sizeof buf, "%s/burnstore-%ld", d ? d : a->staging, (long)getpid());
+      if (!d) {
+        fprintf(stderr, PROG ": staging=%s: %s\n", a->staging, strerror(errno));
+        return 1;
+      }
+      snprintf(buf, sizeof buf, "%s/burnstore-XXXXXX", d);
       bs_free(d);
     } else {
       const char *slash = strrchr(fs->output, '/');
-      snprintf(buf, sizeof buf, "%.*s/.%s.staging-%ld", (int)(slash - fs->output), fs->output,
-               slash + 1, (long)getpid());
+      snprintf(buf, sizeof buf, "%.*s/.%s.staging-XXXXXX", (int)(slash - fs->output), fs->output,
+               slash + 1);
     }
     fs->staging = bs_strdup(buf);
   }
@@ -586,12 +1036,18 @@ int main(int argc, char **argv)
   parse_args(&a, argc, argv);
   if (a.unmount) {
     args_destroy(&a);
-    return do_unmount(a.mountpoint);
+    return do_unmount(a.mountpoint, a.verbose);
+  }
+  if (a.finish || a.list_staging) {
+    const char *dir = a.finish ? a.finish : a.list_staging;
+    bool fin = a.finish != NULL;
+    args_destroy(&a);
+    return fin ? do_finish(dir) : do_list_staging(dir);
   }
 
   struct fs fs;
   memset(&fs, 0, sizeof fs);
-  fs.staging_fd = -1;
+  fs.staging_fd = fs.staging_lock = -1;
   if (prepare(&fs, &a) != 0) {
     fs_destroy(&fs);
     args_destroy(&a);
@@ -641,10 +1097,29 @@ int main(int argc, char **argv)
     bs_free(mnt);
     return 1;
   }
-  char text[PATH_MAX + 64];
-  snprintf(text, sizeof text, "running\npid %ld\nstaging %s\n", (long)getpid(),
-           fs.staging ? fs.staging : "-");
-  write_status(sfd, text);
+  /* One writable mount per target, and its staging directory created
+   * (exclusively, locked) before mounting, so that a failure is reported
+   * here and not after the daemon has detached. */
+  int tfd = -1;
+  if (fs.writable) {
+    tfd = lock_target(fs.output, mnt);
+    int sc = tfd < 0 ? -1 : fs_staging_create(&fs);
+    if (sc != 0) {
+      if (sc < 0 && tfd >= 0)
+        fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs.staging,
+                strerror(-sc));
+      if (tfd >= 0)
+        close(tfd);
+      close(sfd);
+      unlink(spath);
+      fs_destroy(&fs);
+      args_destroy(&a);
+      bs_free(mnt);
+      return 1;
+    }
+  }
+  char text[3 * PATH_MAX + 256];
+  status_running(sfd, &fs, mnt);
 
   /* libfuse splits -o at commas; one in the source path is escaped "\,". */
   char esc[2 * PATH_MAX], *o = esc;
@@ -680,12 +1155,16 @@ int main(int argc, char **argv)
     goto out_signals;
   }
   bool daemonized = !a.foreground;
+  openlog(PROG, LOG_PID, LOG_USER);
   if (daemonized) {
-    openlog(PROG, LOG_PID, LOG_DAEMON);
     if (fuse_daemonize(0) != 0) {
       fuse_session_unmount(se);
       goto out_signals;
     }
+    /* The real daemon PID, everywhere (status file, target lock). */
+    status_running(sfd, &fs, mnt);
+    if (fs.writable)
+      update_target_pid(tfd, fs.output, mnt);
   }
   if (a.single) {
     ret = fuse_session_loop(se);
@@ -707,22 +1186,26 @@ int main(int argc, char **argv)
     bs_err err;
     bs_err_clear(&err);
     if (fs_writeback(&fs, &err) != 0) {
-      char line[900], msg[1200];
+      char line[900], msg[PATH_MAX * 2 + 1200];
       bs_err_format(&err, NULL, line, sizeof line);
-      snprintf(msg, sizeof msg, "write-back failed, %s was not written: %s%s%s", fs.output, line,
+      snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
+               fs.output, mnt, fs.output, line,
                fs.staging_fd >= 0 ? "; the written data is kept in " : "",
-               fs.staging_fd >= 0 ? fs.staging : "");
-      report(daemonized, msg);
-      snprintf(text, sizeof text, "error\n%s\n", msg);
+               fs.staging_fd >= 0 ? fs.staging : "",
+               fs.staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
+      report(daemonized, LOG_ERR, msg);
+      snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
       write_status(sfd, text);
       ret = 1;
       goto out_fs;
     }
     fs_staging_remove(&fs);
-  } else if (fs.writable) {
-    fs_staging_remove(&fs);
+    status_ok(sfd, &fs, mnt, daemonized, true);
+  } else {
+    if (fs.writable)
+      fs_staging_remove(&fs);
+    status_ok(sfd, &fs, mnt, daemonized, false);
   }
-  write_status(sfd, "ok\n");
   goto out_fs;
 
 out_signals:
@@ -730,6 +1213,7 @@ out_signals:
 out_session:
   fuse_session_destroy(se);
 out_status:
+  fs_staging_remove(&fs);
   write_status(sfd, "error\nthe mount failed\n");
   if (sfd >= 0)
     unlink(spath);
@@ -740,5 +1224,7 @@ out_fs:
   bs_free(mnt);
   if (sfd >= 0)
     close(sfd);
+  if (tfd >= 0)
+    close(tfd);
   return ret;
 }

@@ -12,10 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
+#include "burnstore/bpk_write.h"
+#include "burnstore/checked.h"
+#include "burnstore/stage_index.h"
 #include "burnstore/writers.h"
 #include "fs.h"
 
@@ -46,17 +50,37 @@ void fs_file_free(struct fs_file *f)
   bs_free(f);
 }
 
-static int ensure_staging(struct fs *fs)
+/* fs->staging is a template ending in XXXXXX until the directory exists:
+ * mkdtemp makes a fresh one (never one another daemon uses, whatever PIDs
+ * are reused), and an flock on its "lock" file, held until the daemon exits,
+ * tells `burnstore --finish` and other daemons that it is alive. */
+int fs_staging_create(struct fs *fs)
 {
   if (fs->staging_fd >= 0)
     return 0;
-  if (mkdir(fs->staging, 0700) != 0 && errno != EEXIST)
+  if (!mkdtemp(fs->staging))
     return -errno;
   int fd = open(fs->staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
     return -errno;
+  int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (lk < 0 || flock(lk, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    if (lk >= 0)
+      close(lk);
+    unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
+    close(fd);
+    rmdir(fs->staging);
+    return -e;
+  }
   fs->staging_fd = fd;
+  fs->staging_lock = lk;
   return 0;
+}
+
+static int ensure_staging(struct fs *fs)
+{
+  return fs_staging_create(fs);
 }
 
 int fs_stage(struct fs *fs, struct fs_file *f, uint64_t keep)
@@ -67,7 +91,7 @@ int fs_stage(struct fs *fs, struct fs_file *f, uint64_t keep)
   unsigned long id = ++fs->next_stage;
   char name[32];
   snprintf(name, sizeof name, "%lu", id);
-  int fd = openat(fs->staging_fd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = openat(fs->staging_fd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
     return -errno;
   /* Copy the clean bytes we keep, in chunks (never the whole tensor). */
@@ -125,60 +149,108 @@ int fs_stage(struct fs *fs, struct fs_file *f, uint64_t keep)
 
 void fs_staging_remove(struct fs *fs)
 {
-  if (fs->staging_fd < 0)
+  /* Only a directory this daemon created and still holds the lock of. */
+  if (fs->staging_fd < 0 || fs->staging_lock < 0)
     return;
+  /* The INDEX goes first: a staging directory without one is never
+   * finished, so a kill during this cleanup cannot redo the write. */
+  unlinkat(fs->staging_fd, BS_STAGE_INDEX_NAME, 0);
   DIR *d = fdopendir(dup(fs->staging_fd));
   if (d) {
     struct dirent *de;
     while ((de = readdir(d)) != NULL)
-      if (de->d_name[0] != '.')
+      if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
+          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
         unlinkat(fs->staging_fd, de->d_name, 0);
     closedir(d);
   }
+  /* The lock file goes last, while we still hold it. */
+  unlinkat(fs->staging_fd, BS_STAGE_LOCK_NAME, 0);
   close(fs->staging_fd);
   fs->staging_fd = -1;
   rmdir(fs->staging);
+  close(fs->staging_lock);
+  fs->staging_lock = -1;
 }
 
-/* An index of the staging directory so that a user can recover data by
- * hand after a failed write-back: staging file, key, dtype, shape. It walks
- * the tree, not the output catalog, which stops at the first bad file. */
-static void write_staging_index(struct fs *fs)
+/* What the INDEX says besides the catalog: target, pid, checkpoint. */
+static int index_head(struct fs *fs, struct bs_stage_index *idx, bs_err *err)
+{
+  bs_stage_index_init(idx);
+  idx->pid = (long)getpid();
+  idx->target = fs->output;
+  idx->format = BS_FMT_BURNPACK;
+  idx->ncksrcs = fs->cat.nsrcs;
+  if (fs->cat.nsrcs) {
+    struct stat st;
+    if (fs->cat.srcs[0].fd < 0 || fstat(fs->cat.srcs[0].fd, &st) != 0)
+      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: cannot stat the checkpoint", fs->source);
+    idx->ck.path = fs->source;
+    idx->ck.size = (uint64_t)st.st_size;
+    idx->ck.dev = (uint64_t)st.st_dev;
+    idx->ck.ino = (uint64_t)st.st_ino;
+    idx->ck.mtime_sec = (int64_t)st.st_mtim.tv_sec;
+    idx->ck.mtime_nsec = st.st_mtim.tv_nsec;
+  }
+  return 0;
+}
+
+/* Serialize and save the INDEX (the borrowed fields of idx are not freed). */
+static int save_index(struct fs *fs, struct bs_stage_index *idx, const struct bs_catalog *out,
+                      bs_err *err)
+{
+  struct bs_buf buf = {0};
+  int rc = bs_stage_index_format(idx, out, fs->staging, &buf, err);
+  if (rc == 0)
+    rc = bs_stage_index_save(fs->staging_fd, &buf, err);
+  bs_buf_destroy(&buf);
+  return rc;
+}
+
+/* When the output catalog cannot be built (a file is inconsistent), an INDEX
+ * marked incomplete still names every staged file (key, dtype, shape), so a
+ * user can recover the bytes by hand; --finish refuses it. It walks the
+ * tree, not the output catalog, which stops at the first bad file. */
+static void write_staging_index(struct fs *fs, const char *why)
 {
   if (fs->staging_fd < 0)
     return;
-  int fd = openat(fs->staging_fd, "INDEX", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0)
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_stage_index idx;
+  if (index_head(fs, &idx, &err) != 0)
     return;
-  FILE *f = fdopen(fd, "w");
-  if (!f) {
-    close(fd);
-    return;
-  }
-  fprintf(f, "# staging file <TAB> key <TAB> dtype <TAB> shape (burnstore write-back)\n");
+  idx.ncksrcs = 0;
+  idx.incomplete = (char *)why;
+  size_t cap = 0;
   for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
     const struct bs_node *nd = &fs->tree.nodes[ino];
     const struct fs_file *ff = nd->user;
     if (!nd->live || nd->is_dir || !ff || ff->fd < 0)
       continue;
-    char *key = bs_tree_key(&fs->tree, ino, fs->flat);
-    const struct bs_tensor *src =
-        ff->tensor >= 0 && (size_t)ff->tensor < fs->cat.count ? &fs->cat.tensors[ff->tensor] : NULL;
-    enum bs_dtype dt = ff->has_dtype ? ff->dtype : src ? src->dtype : BS_DT_U8;
-    fprintf(f, "%lu\t%s\t%s\t", ff->stage_id, key ? key : nd->name, bs_dtype_name(dt));
-    bs_free(key);
-    const uint64_t *shape = ff->has_shape ? ff->shape : src && dt == src->dtype ? src->shape : NULL;
-    uint32_t rank = ff->has_shape ? ff->rank : shape ? src->rank : 0;
-    if (!shape && !ff->has_shape) {
-      fprintf(f, "-\n"); /* not set: 1-D if the size allows */
-      continue;
-    }
-    fprintf(f, "[");
-    for (uint32_t d = 0; d < rank; d++)
-      fprintf(f, d ? ",%llu" : "%llu", (unsigned long long)shape[d]);
-    fprintf(f, "]\n");
+    if (bs_grow((void **)&idx.files, &cap, idx.nfiles + 1, sizeof *idx.files) != 0)
+      break;
+    struct bs_stage_file *sf = &idx.files[idx.nfiles];
+    char name[32];
+    snprintf(name, sizeof name, "%lu", ff->stage_id);
+    sf->file = bs_strdup(name);
+    sf->key = bs_tree_key(&fs->tree, ino, fs->flat);
+    if (!sf->key)
+      sf->key = bs_strdup(nd->name);
+    sf->dtype = ff->has_dtype ? ff->dtype : BS_DT_U8;
+    sf->has_shape = ff->has_shape;
+    sf->rank = ff->rank;
+    sf->shape = ff->shape; /* borrowed */
+    idx.nfiles++;
+    if (!sf->file || !sf->key)
+      break;
   }
-  fclose(f);
+  (void)save_index(fs, &idx, NULL, &err);
+  for (size_t i = 0; i < idx.nfiles; i++) {
+    bs_free(idx.files[i].file);
+    bs_free(idx.files[i].key);
+  }
+  bs_free(idx.files);
 }
 
 /* Append the file node `ino` as a tensor of `out`. */
@@ -217,6 +289,18 @@ static int add_file(struct fs *fs, struct bs_catalog *out, uint64_t ino, bs_err 
     dim0 = f->size / bytes;
     rank = 1;
     shape = &dim0;
+  }
+  if (!f->has_dtype && !src) {
+    /* Report hook: a file without user.burnstore.dtype (copied without
+     * xattrs) is written as raw bytes; the write-back report names it. */
+    char line[BS_MAX_KEY_LEN + 160];
+    snprintf(line, sizeof line,
+             "%s: no user.burnstore.dtype (copied without xattrs?): written as U8 [%llu]", key,
+             (unsigned long long)f->size);
+    if (bs_catalog_note(out, line, err) != 0) {
+      bs_free(key);
+      return -1;
+    }
   }
   bs_err sub;
   bs_err_clear(&sub);
@@ -332,6 +416,9 @@ int fs_writeback(struct fs *fs, bs_err *err)
   bs_catalog_init(&out);
   out.format = fs->writer->format;
   int rc = -1;
+  bool built = false;
+  bs_free(fs->report);
+  fs->report = NULL;
   /* The source's byte sources, borrowed, at the same indices, so clean
    * tensors keep their src index. */
   for (size_t i = 0; i < fs->cat.nsrcs; i++) {
@@ -350,10 +437,27 @@ int fs_writeback(struct fs *fs, bs_err *err)
       goto out;
   if (fs->writer->default_meta && fs->writer->default_meta(&out, err) != 0)
     goto out;
+  built = true;
+  /* The INDEX, on disk and fsynced before the writer starts: a daemon
+   * killed from here on leaves a staging directory `burnstore --finish`
+   * completes. An INDEX that cannot be saved fails the write-back. */
+  int sc = fs_staging_create(fs);
+  if (sc != 0) {
+    bs_fail(err, -sc, BS_OFF_NONE, NULL, "cannot create the staging directory for the INDEX: %s",
+            strerror(-sc));
+    goto out;
+  }
+  struct bs_stage_index sidx;
+  if (index_head(fs, &sidx, err) != 0 || save_index(fs, &sidx, &out, err) != 0)
+    goto out;
   rc = bs_writer_write_file(fs->writer, &out, fs->output, err);
+  if (rc == 0 && out.notes)
+    fs->report = out.notes, out.notes = NULL;
 out:
-  if (rc != 0)
-    write_staging_index(fs);
+  if (rc != 0 && !built) {
+    char line[700];
+    write_staging_index(fs, bs_err_format(err, NULL, line, sizeof line));
+  }
   bs_catalog_destroy(&out);
   return rc;
 }

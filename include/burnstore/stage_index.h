@@ -1,0 +1,89 @@
+/* The INDEX of a staging directory: a text description of a write-back's
+ * output catalog (every tensor's key, dtype, shape, param_id and where its
+ * bytes are: a staging file, or the source checkpoint + offset/length), the
+ * root metadata, the target path and format. A write-back saves it (fsynced)
+ * before its writer starts, so that `burnstore --finish` can redo the write
+ * from the staging directory alone after the daemon was killed.
+ *
+ * Format (docs/robustness.md): UTF-8 text, one record per line, fields
+ * separated by TAB; strings are percent-escaped (bytes <= 0x20, '%', 0x7f as
+ * %XX). Lines starting with '#' are comments. The first record is
+ * "burnstore-staging-index 1", the last "end N" (N = tensor + file records),
+ * so a cut INDEX is refused. */
+#ifndef BURNSTORE_STAGE_INDEX_H
+#define BURNSTORE_STAGE_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/bpk_write.h"
+#include "burnstore/catalog.h"
+
+#define BS_STAGE_INDEX_NAME "INDEX"
+#define BS_STAGE_LOCK_NAME "lock"
+#define BS_STAGE_INDEX_MAX (256u << 20) /* bytes of INDEX we are willing to load */
+
+/* The checkpoint the clean tensors' bytes come from, as it was at mount. */
+struct bs_stage_checkpoint {
+  char *path; /* NULL: none (a new file) */
+  uint64_t size, dev, ino;
+  int64_t mtime_sec;
+  long mtime_nsec;
+  bool strict; /* the bs_open_opts it was opened with */
+};
+
+/* A staged file the output catalog does not describe (an INDEX written after
+ * the catalog could not be built: listing only, --finish refuses it). */
+struct bs_stage_file {
+  char *file; /* name inside the staging directory */
+  char *key;
+  enum bs_dtype dtype;
+  bool has_shape;
+  uint32_t rank;
+  uint64_t *shape;
+};
+
+struct bs_stage_src {
+  bool stage; /* a file of the staging directory (else: of the checkpoint) */
+  char *file; /* stage only: its name in the staging directory */
+  uint64_t size;
+};
+
+struct bs_stage_index {
+  long pid;
+  char *target;
+  enum bs_format format;
+  struct bs_stage_checkpoint ck;
+  struct bs_stage_src *srcs; /* what out.srcs must be, in order */
+  size_t nsrcs, ncksrcs;     /* ncksrcs: the first ones come from the checkpoint */
+  struct bs_catalog cat;     /* tensors + metadata; srcs attached by _attach */
+  char *incomplete;          /* NULL, or why the catalog is partial */
+  struct bs_stage_file *files;
+  size_t nfiles;
+};
+
+void bs_stage_index_init(struct bs_stage_index *idx);
+void bs_stage_index_destroy(struct bs_stage_index *idx);
+
+/* Serialize. `idx` gives pid, target, format, ck, ncksrcs, incomplete and
+ * files; `out` the tensors, metadata and sources (sources from ncksrcs on
+ * must be files named `staging`/NAME). */
+BS_NODISCARD int bs_stage_index_format(const struct bs_stage_index *idx,
+                                       const struct bs_catalog *out, const char *staging,
+                                       struct bs_buf *buf, bs_err *err);
+/* Write buf as dirfd/INDEX: INDEX.tmp, fsync, rename, fsync the directory.
+ * Any failure (ENOSPC...) is returned with a message; no 0-byte INDEX stays. */
+BS_NODISCARD int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err);
+
+/* Parse an INDEX (untrusted: every number and reference is checked). */
+BS_NODISCARD int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *idx,
+                                      bs_err *err);
+/* Read dir/INDEX (at most BS_STAGE_INDEX_MAX bytes) and parse it. */
+BS_NODISCARD int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err);
+/* Open the byte sources into idx->cat: the checkpoint (refused with ESTALE
+ * if its size, mtime or inode changed, or it reads differently) and the
+ * staging files (their sizes must match). */
+BS_NODISCARD int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err);
+
+#endif

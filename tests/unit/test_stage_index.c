@@ -1,0 +1,296 @@
+/* The staging INDEX: round trips of an output catalog, refusal of cut or
+ * hostile INDEX files, saving and reattaching the byte sources. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bs_test.h"
+#include "burnstore/alloc.h"
+#include "burnstore/bpk_write.h"
+#include "burnstore/stage_index.h"
+
+static bs_err err;
+static void reset(void)
+{
+  bs_err_clear(&err);
+}
+TestSuite(stage_index, .init = reset);
+
+static const uint8_t ckbytes[64] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+static const uint8_t stbytes[16] = {0xAA, 0xBB, 0xCC, 0xDD};
+
+/* An output catalog like fs_writeback builds: srcs[0] is the checkpoint,
+ * srcs[1] a staging file; contiguous, strided, QFloat and empty tensors. */
+static void build(struct bs_catalog *c)
+{
+  bs_catalog_init(c);
+  c->format = BS_FMT_BURNPACK;
+  struct bs_src s;
+  uint32_t i;
+  cr_assert_eq(bs_src_init_mem(&s, ckbytes, sizeof ckbytes, "/ck.bpk", &err), 0);
+  cr_assert_eq(bs_catalog_add_src(c, &s, &i, &err), 0);
+  cr_assert_eq(bs_src_init_mem(&s, stbytes, sizeof stbytes, "/stage dir/7", &err), 0);
+  cr_assert_eq(bs_catalog_add_src(c, &s, &i, &err), 0);
+  uint64_t sh[2] = {2, 3};
+  struct bs_tensor *t = bs_catalog_add(c, "enc.w\tx%\n\xc3\xa9", BS_DT_U8, 2, sh, 0, &err);
+  cr_assert_not_null(t);
+  t->src = 0;
+  t->off = 8;
+  t->has_param_id = true;
+  t->param_id = UINT64_MAX;
+  t = bs_catalog_add(c, "view", BS_DT_U16, 2, sh, 0, &err);
+  cr_assert_not_null(t);
+  t->src = 0;
+  t->off = 4;
+  t->strides = bs_malloc(2 * sizeof *t->strides);
+  t->strides[0] = 1;
+  t->strides[1] = 2;
+  t->storage_off = 1;
+  t->storage_bytes = 20;
+  t = bs_catalog_add(c, "q", BS_DT_QFLOAT, 1, sh, 0, &err);
+  cr_assert_not_null(t);
+  t->src = 1;
+  t->off = 0;
+  t->nbytes = 16;
+  t->dtype_raw = bs_malloc(3);
+  memcpy(t->dtype_raw, "\xa1\x01\x02", 3);
+  t->dtype_raw_len = 3;
+  t = bs_catalog_add(c, "", BS_DT_F32, 0, NULL, 0, &err); /* rank 0, empty key */
+  cr_assert_not_null(t);
+  t->src = 1;
+  t->off = 12;
+  uint64_t z = 0;
+  t = bs_catalog_add(c, "empty", BS_DT_F32, 1, &z, 0, &err);
+  cr_assert_not_null(t);
+  t->src = UINT32_MAX;
+  cr_assert_eq(bs_catalog_add_meta(c, "note", "a\tb %41\n", &err), 0);
+  cr_assert_eq(bs_catalog_add_meta(c, "", "", &err), 0);
+}
+
+static void head(struct bs_stage_index *h)
+{
+  bs_stage_index_init(h);
+  h->pid = 4242;
+  h->target = "/out dir/m.bpk";
+  h->format = BS_FMT_BURNPACK;
+  h->ncksrcs = 1;
+  h->ck.path = "/ck.bpk";
+  h->ck.size = sizeof ckbytes;
+  h->ck.dev = 1;
+  h->ck.ino = 99;
+  h->ck.mtime_sec = 1700000000;
+  h->ck.mtime_nsec = 123456789;
+}
+
+static void format(struct bs_buf *b)
+{
+  struct bs_catalog c;
+  struct bs_stage_index h;
+  build(&c);
+  head(&h);
+  memset(b, 0, sizeof *b);
+  cr_assert_eq(bs_stage_index_format(&h, &c, "/stage dir", b, &err), 0, "%s", err.msg);
+  bs_catalog_destroy(&c);
+}
+
+Test(stage_index, round_trip)
+{
+  struct bs_buf b;
+  format(&b);
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_parse(b.data, b.len, &idx, &err), 0, "%s", err.msg);
+  cr_assert_eq(idx.pid, 4242);
+  cr_assert_str_eq(idx.target, "/out dir/m.bpk");
+  cr_assert_eq(idx.format, BS_FMT_BURNPACK);
+  cr_assert_str_eq(idx.ck.path, "/ck.bpk");
+  cr_assert_eq(idx.ck.ino, 99);
+  cr_assert_eq(idx.ck.mtime_nsec, 123456789);
+  cr_assert_eq(idx.nsrcs, 2);
+  cr_assert_eq(idx.ncksrcs, 1);
+  cr_assert(idx.srcs[1].stage);
+  cr_assert_str_eq(idx.srcs[1].file, "7");
+  cr_assert_eq(idx.srcs[1].size, sizeof stbytes);
+  struct bs_catalog c;
+  build(&c);
+  cr_assert_eq(idx.cat.count, c.count);
+  for (size_t i = 0; i < c.count; i++) {
+    const struct bs_tensor *x = &c.tensors[i], *y = &idx.cat.tensors[i];
+    cr_assert_str_eq(y->name, x->name);
+    cr_assert_eq(y->dtype, x->dtype);
+    cr_assert_eq(y->rank, x->rank);
+    if (x->rank)
+      cr_assert_eq(memcmp(y->shape, x->shape, x->rank * sizeof *x->shape), 0);
+    cr_assert_eq(y->nbytes, x->nbytes);
+    cr_assert_eq(y->src, x->src);
+    cr_assert_eq(y->off, x->off);
+    cr_assert_eq(y->has_param_id, x->has_param_id);
+    cr_assert_eq(y->param_id, x->param_id);
+    cr_assert_eq(!!y->strides, !!x->strides);
+    if (x->strides) {
+      cr_assert_eq(memcmp(y->strides, x->strides, x->rank * sizeof *x->strides), 0);
+      cr_assert_eq(y->storage_off, x->storage_off);
+      cr_assert_eq(y->storage_bytes, x->storage_bytes);
+    }
+    cr_assert_eq(y->dtype_raw_len, x->dtype_raw_len);
+    if (x->dtype_raw_len)
+      cr_assert_eq(memcmp(y->dtype_raw, x->dtype_raw, x->dtype_raw_len), 0);
+  }
+  cr_assert_eq(idx.cat.nmeta, 2);
+  cr_assert_str_eq(idx.cat.meta[0].value, "a\tb %41\n");
+  cr_assert_str_eq(idx.cat.meta[1].key, "");
+  bs_catalog_destroy(&c);
+  bs_stage_index_destroy(&idx);
+  bs_buf_destroy(&b);
+}
+
+/* A cut INDEX (a crash before the atomic rename cannot leave one, but a
+ * copied or damaged one can) is refused at every length. */
+Test(stage_index, every_cut_is_refused)
+{
+  struct bs_buf b;
+  format(&b);
+  for (size_t n = 0; n < b.len; n++) {
+    struct bs_stage_index idx;
+    bs_err_clear(&err);
+    cr_assert_eq(bs_stage_index_parse(b.data, n, &idx, &err), -1, "cut at %zu accepted", n);
+    cr_assert_eq(err.code, EINVAL);
+    bs_stage_index_destroy(&idx);
+  }
+  bs_buf_destroy(&b);
+}
+
+static void refused(const char *text, const char *what)
+{
+  struct bs_stage_index idx;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), -1, "accepted: %s", text);
+  cr_assert_not_null(strstr(err.msg, what), "'%s' not in '%s'", what, err.msg);
+  bs_stage_index_destroy(&idx);
+}
+
+#define HEAD                                                                                       \
+  "burnstore-staging-index\t1\npid\t1\ntarget\t/t.bpk\nformat\tburnpack\n"                         \
+  "checkpoint\t/c\t64\t0\t0\t0\t0\t-\nsrc\t0\tcheckpoint\t64\nsrc\t1\tstage\t5\t8\n"
+
+Test(stage_index, hostile_records_are_refused)
+{
+  refused("burnstore-staging-index\t2\n", "version 1");
+  refused(HEAD "tensor\tk\tF32\t[2]\t-\t0\t60\t8\nend\t1\n", "outside their source");
+  refused(HEAD "tensor\tk\tF32\t[2]\t-\t0\t18446744073709551615\t8\nend\t1\n", "outside");
+  refused(HEAD "tensor\tk\tF32\t[2]\t-\t2\t0\t8\nend\t1\n", "bad param_id, source");
+  refused(HEAD "tensor\tk\tF32\t[2]\t-\t1\t0\t4\nend\t1\n", "does not match the shape");
+  refused(HEAD "tensor\tk\tF32\t[18446744073709551615,2]\t-\t1\t0\t8\nend\t1\n", "");
+  refused(HEAD "tensor\tk\tF32\t[99999999999999999999]\t-\t1\t0\t8\nend\t1\n", "bad shape");
+  refused(HEAD "tensor\tk\tF32\t[2\t-\t1\t0\t8\nend\t1\n", "bad shape");
+  refused(HEAD "tensor\tk\tF32\t[2]\t-\t-\t0\t8\nend\t1\n", "without a source");
+  refused(HEAD "tensor\tk\tU8\t[2,2]\t-\t0\t0\t4\tstrided\t[1,-1]\t0\t8\nend\t1\n",
+          "negative stride");
+  refused(HEAD "tensor\tk\tU8\t[2,2]\t-\t0\t0\t4\tstrided\t[9,9]\t0\t8\nend\t1\n",
+          "storage too short");
+  refused(HEAD "tensor\tk%zz\tU8\t[2]\t-\t0\t0\t2\nend\t1\n", "bad escape");
+  refused(HEAD "tensor\tk%00\tU8\t[2]\t-\t0\t0\t2\nend\t1\n", "bad escape");
+  refused(HEAD "tensor\tk\tU8\t[2]\t-\t0\t0\t2\nend\t2\n", "'end' counts");
+  refused(HEAD "end\t0\ntensor\tk\tU8\t[2]\t-\t0\t0\t2\n", "after 'end'");
+  refused(HEAD "bogus\t1\nend\t0\n", "unknown record");
+  refused(HEAD "src\t5\tstage\tx\t1\nend\t0\n", "numbered from 0");
+  refused(HEAD "src\t2\tstage\t../x\t1\nend\t0\n", "staging file name");
+  refused(HEAD "src\t2\tcheckpoint\t1\nend\t0\n", "come first");
+  refused("burnstore-staging-index\t1\npid\t1\nformat\tburnpack\nend\t0\n", "no target");
+  refused("burnstore-staging-index\t1\ntarget\trel.bpk\n", "bad target");
+  refused(HEAD "end\t0", "no newline");
+}
+
+Test(stage_index, save_load_attach)
+{
+  char *dir = bs_test_tmpdir("stage");
+  char ck[4200], st[4200];
+  snprintf(ck, sizeof ck, "%s/ck.bpk", dir);
+  snprintf(st, sizeof st, "%s/7", dir);
+  /* A checkpoint file that is a valid (empty) Burnpack, and a staged file. */
+  struct bs_catalog empty;
+  bs_catalog_init(&empty);
+  cr_assert_eq(bs_bpk_write_file(&empty, NULL, ck, &err), 0, "%s", err.msg);
+  bs_catalog_destroy(&empty);
+  FILE *f = fopen(st, "wb");
+  fwrite(stbytes, 1, sizeof stbytes, f);
+  fclose(f);
+  struct stat sck;
+  cr_assert_eq(stat(ck, &sck), 0);
+
+  struct bs_catalog c;
+  bs_catalog_init(&c);
+  struct bs_src s;
+  uint32_t i;
+  cr_assert_eq(bs_src_open(&s, ck, &err), 0);
+  cr_assert_eq(bs_catalog_add_src(&c, &s, &i, &err), 0);
+  cr_assert_eq(bs_src_open(&s, st, &err), 0);
+  bs_free(s.name);
+  s.name = bs_strdup(st);
+  cr_assert_eq(bs_catalog_add_src(&c, &s, &i, &err), 0);
+  uint64_t two = 2;
+  struct bs_tensor *t = bs_catalog_add(&c, "a.b", BS_DT_U16, 1, &two, 0, &err);
+  t->src = 1;
+  t->off = 0;
+  struct bs_stage_index h;
+  bs_stage_index_init(&h);
+  h.target = ck;
+  h.format = BS_FMT_BURNPACK;
+  h.ncksrcs = 1;
+  h.ck.path = ck;
+  h.ck.size = (uint64_t)sck.st_size;
+  h.ck.dev = sck.st_dev;
+  h.ck.ino = sck.st_ino;
+  h.ck.mtime_sec = sck.st_mtim.tv_sec;
+  h.ck.mtime_nsec = sck.st_mtim.tv_nsec;
+  struct bs_buf b = {0};
+  cr_assert_eq(bs_stage_index_format(&h, &c, dir, &b, &err), 0, "%s", err.msg);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+  cr_assert_eq(bs_stage_index_save(dfd, &b, &err), 0, "%s", err.msg);
+  close(dfd);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&c);
+
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), 0, "%s", err.msg);
+  cr_assert_eq(idx.cat.nsrcs, 2);
+  uint8_t got[4];
+  cr_assert_eq(bs_tensor_read(&idx.cat, &idx.cat.tensors[0], 0, got, 4), 4);
+  cr_assert_eq(memcmp(got, stbytes, 4), 0);
+  bs_stage_index_destroy(&idx);
+
+  /* A staged file of another size, then a checkpoint that changed: refused. */
+  cr_assert_eq(truncate(st, 3), 0);
+  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0);
+  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), -1);
+  cr_assert_eq(err.code, ESTALE, "%s", err.msg);
+  bs_stage_index_destroy(&idx);
+  cr_assert_eq(truncate(st, sizeof stbytes), 0);
+  f = fopen(ck, "ab");
+  fputc('x', f);
+  fclose(f);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0);
+  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), -1);
+  cr_assert_eq(err.code, ESTALE);
+  cr_assert_not_null(strstr(err.msg, "changed since the write-back started"), "%s", err.msg);
+  bs_stage_index_destroy(&idx);
+  bs_test_rmrf(dir);
+  free(dir);
+}
+
+Test(stage_index, no_index_is_a_clear_error)
+{
+  char *dir = bs_test_tmpdir("stage");
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), -1);
+  cr_assert_eq(err.code, ENOENT);
+  cr_assert_not_null(strstr(err.msg, "no INDEX"));
+  bs_stage_index_destroy(&idx);
+  bs_test_rmrf(dir);
+  free(dir);
+}
