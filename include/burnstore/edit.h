@@ -76,7 +76,8 @@ void bs_edit_destroy(struct bs_edit *ed);
 
 struct bs_entry *bs_entry_new(long tensor, uint64_t size, bool is_dir, uint32_t mode);
 void bs_entry_free(struct bs_entry *e);
-/* The entry of node ino (also a removed one), or NULL. */
+/* The entry of node ino (also a removed one), or NULL. Reads the tree: the
+ * caller holds whatever guards it. */
 struct bs_entry *bs_edit_entry(const struct bs_edit *ed, uint64_t ino);
 /* The origin tensor, or NULL. */
 const struct bs_tensor *bs_entry_origin(const struct bs_edit *ed, const struct bs_entry *e);

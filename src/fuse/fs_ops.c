@@ -150,12 +150,13 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
   struct fs_ref r;
   rdlock(fs);
   struct bs_node *p = bs_tree_node(&fs->tree, parent);
-  uint64_t ino = p && p->is_dir ? bs_tree_lookup(&fs->tree, parent, name) : 0;
+  int rc = !p ? ENOENT : !p->is_dir ? ENOTDIR : 0;
+  uint64_t ino = rc ? 0 : bs_tree_lookup(&fs->tree, parent, name);
   if (ino)
     ref_of(&fs->tree.nodes[ino], &r);
   unlock(fs);
-  if (!p || !p->is_dir) {
-    fuse_reply_err(req, p ? ENOTDIR : ENOENT);
+  if (rc) {
+    fuse_reply_err(req, rc);
     return;
   }
   struct fuse_entry_param e;
@@ -609,7 +610,9 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
       total += fs->cat.tensors[i].nbytes / 4096 + 1;
     sv.f_bsize = sv.f_frsize = 4096;
     sv.f_blocks = total;
+    rdlock(fs);
     sv.f_files = fs->tree.n;
+    unlock(fs);
   }
   sv.f_namemax = 255;
   fuse_reply_statfs(req, &sv);

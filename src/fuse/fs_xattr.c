@@ -92,9 +92,10 @@ static const struct bs_entry *view_entry(struct fs *fs, const struct fs_ref *r,
   return tmp;
 }
 
-static const struct bs_entry *root_entry(struct fs *fs)
+static struct bs_entry *root_entry(struct fs *fs)
 {
-  return fs->writable ? bs_edit_entry(&fs->edit, BS_TREE_ROOT) : NULL;
+  struct fs_ref r;
+  return fs->writable && fs_ref_get(fs, BS_TREE_ROOT, &r) == 0 ? r.e : NULL;
 }
 
 /* Value of a root xattr into b. Returns 0, ENODATA (not a root name) or an errno. */
@@ -107,7 +108,7 @@ static int get_root(struct fs *fs, const char *name, struct xbuf *b)
   if (strcmp(name, XA_NOTES) == 0 && fs->cat.notes)
     return xadds(b, fs->cat.notes);
   if (has_prefix(name, XA_META)) {
-    struct bs_entry *re = (struct bs_entry *)root_entry(fs);
+    struct bs_entry *re = root_entry(fs);
     lock_rd(re);
     const char *v = bs_edit_get_meta(&fs->edit, name + strlen(XA_META));
     int rc = v ? xadds(b, v) : ENODATA;
@@ -217,7 +218,7 @@ static int list_root(struct fs *fs, struct xbuf *b)
     rc = NAME(XA_VALUES);
   if (!rc && fs->cat.notes)
     rc = NAME(XA_NOTES);
-  struct bs_entry *re = (struct bs_entry *)root_entry(fs);
+  struct bs_entry *re = root_entry(fs);
   lock_rd(re);
   for (size_t i = 0; !rc && i < fs->edit.nmeta; i++)
     if (xadd(b, XA_META, strlen(XA_META)) || NAME(fs->edit.meta[i].key))
