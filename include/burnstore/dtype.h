@@ -73,4 +73,8 @@ BS_NODISCARD int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t
 /* numel = product(shape), checked (1 for rank 0). */
 BS_NODISCARD int bs_shape_numel(uint32_t rank, const uint64_t *shape, uint64_t *out);
 
+/* The shape as user.burnstore.shape shows it: "[2,3]", "[]" for a scalar.
+ * Returns a bs_malloc'd string, or NULL (out of memory). */
+char *bs_shape_json(uint32_t rank, const uint64_t *shape);
+
 #endif

@@ -21,6 +21,7 @@ struct bs_src {
   uint64_t st_size;
   struct timespec st_mtim, st_ctim;
   bool change_logged; /* set once, atomically, by whoever reports a change */
+  bool lazy;          /* fd -1: `name` is opened for each read (bs_src_init_path) */
 };
 
 /* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set
@@ -28,6 +29,10 @@ struct bs_src {
 BS_NODISCARD int bs_src_open(struct bs_src *s, const char *path, bs_err *err);
 /* Wrap an fd (takes ownership if owns). Size from fstat. */
 BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err *err);
+/* A file opened for each read and closed after it, so that a catalog can
+ * name many files (one per staged tensor) without holding an fd each. Size
+ * from stat now; the file must not change while the source is used. */
+BS_NODISCARD int bs_src_init_path(struct bs_src *s, const char *path, bs_err *err);
 /* Wrap memory; `mem` is borrowed and must outlive the source. */
 BS_NODISCARD int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name,
                                  bs_err *err);

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "burnstore/alloc.h"
+
 #include "burnstore/checked.h"
 
 static const struct {
@@ -149,4 +151,21 @@ int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape, uint
                    (unsigned long long)numel, table[dt].bits, table[dt].name);
   *out = bits / 8;
   return 0;
+}
+
+char *bs_shape_json(uint32_t rank, const uint64_t *shape)
+{
+  /* 20 digits and a comma per dimension, the brackets and the NUL. */
+  if (rank > BS_MAX_RANK)
+    return NULL;
+  size_t cap = (size_t)rank * 21 + 3, len = 0;
+  char *s = bs_malloc(cap);
+  if (!s)
+    return NULL;
+  s[len++] = '[';
+  for (uint32_t i = 0; i < rank; i++)
+    len += (size_t)snprintf(s + len, cap - len, i ? ",%llu" : "%llu", (unsigned long long)shape[i]);
+  s[len++] = ']';
+  s[len] = '\0';
+  return s;
 }

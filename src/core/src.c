@@ -59,6 +59,24 @@ int bs_src_open(struct bs_src *s, const char *path, bs_err *err)
   return bs_src_init_fd(s, fd, true, path, err);
 }
 
+int bs_src_init_path(struct bs_src *s, const char *path, bs_err *err)
+{
+  zero(s);
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int e = errno;
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot stat: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s: not a regular file", path);
+  s->name = bs_strdup(path);
+  if (!s->name)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  s->lazy = true;
+  s->size = (uint64_t)st.st_size;
+  return 0;
+}
+
 int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name, bs_err *err)
 {
   zero(s);
@@ -84,19 +102,26 @@ long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
   }
   if (off > INT64_MAX)
     return -EINVAL;
+  int fd = s->fd;
+  if (s->lazy && (fd = open(s->name, O_RDONLY | O_CLOEXEC)) < 0)
+    return -errno;
   size_t got = 0;
+  long ret = 0;
   while (got < n) {
-    ssize_t r = pread(s->fd, (char *)buf + got, n - got, (off_t)(off + got));
+    ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
     if (r < 0) {
       if (errno == EINTR)
         continue;
-      return got ? (long)got : -errno;
+      ret = got ? 0 : -errno;
+      break;
     }
     if (r == 0)
       break;
     got += (size_t)r;
   }
-  return (long)got;
+  if (s->lazy)
+    close(fd);
+  return ret ? ret : (long)got;
 }
 
 int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n, bs_err *err)

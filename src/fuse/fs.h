@@ -6,62 +6,40 @@
 #define FUSE_USE_VERSION FUSE_MAKE_VERSION(3, 12)
 #include <fuse_lowlevel.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/types.h>
 #include <time.h>
 
 #include "burnstore/catalog.h"
+#include "burnstore/edit.h"
 #include "burnstore/keys.h"
 #include "burnstore/tree.h"
 #include "burnstore/writers.h"
 
-struct fs_xattr {
-  char *name;  /* owned, full name ("user.foo") */
-  char *value; /* owned */
-  size_t len;
-};
-
-/* A file or directory of a writable mount (bs_node.user). Clean files read
- * their bytes from the source catalog; the first write copies them to a
- * staging file on disk (never to RAM). Directories use mode/mtime only. */
-struct fs_file {
-  long tensor; /* source tensor still backing the bytes, or -1 */
-  int fd;      /* staging file, -1 while clean */
-  uint64_t size;
-  bool has_dtype, has_shape, has_param_id;
-  enum bs_dtype dtype;
-  uint32_t rank;
-  uint64_t *shape; /* owned */
-  uint64_t param_id;
-  struct fs_xattr *xattrs; /* owned: other user.* xattrs, kept as set */
-  size_t nxattrs;
-  mode_t mode;
-  struct timespec mtime;
-  unsigned long stage_id; /* staging file name; 0 = none */
-};
-
 struct fs {
   struct bs_catalog cat; /* the source checkpoint (empty for a new file) */
   struct bs_tree tree;   /* lock: `lock` (writable mounts change it) */
+  struct bs_edit edit;   /* root metadata (lock: the root entry's); writable
+                            mounts: an entry per node (lock: the entry's) */
   struct bs_keyopts keys;
   bool flat;
   bool writable;
-  bool dirty;               /* lock: `lock`; something changed since mount */
+  _Atomic bool dirty;       /* something changed since mount */
   bool force_write;         /* output= differs from source: always write */
   char *source;             /* absolute path of SOURCE */
   char *output;             /* absolute path written back, NULL when read-only */
-  char *staging;            /* staging directory (mkdtemp template until created) */
-  int staging_fd;           /* lock: `lock`; -1 until created */
+  char *staging;            /* staging directory (mkdtemp'd at mount) */
+  int staging_fd;           /* lock: `stage_lock`; -1 until created */
   int staging_lock;         /* flock'd "lock" file inside staging, held for life */
   char *report;             /* owned: the last write-back's report lines, or NULL */
-  unsigned long next_stage; /* lock: `lock` */
-  struct bs_kv *meta;       /* lock: `lock`; root metadata shown and written */
-  size_t nmeta, metacap;
-  struct timespec mtime; /* timestamps of the read-only view */
+  unsigned long next_stage; /* lock: `stage_lock` */
+  struct timespec mtime;    /* timestamps of the read-only view */
   uid_t uid;
   gid_t gid;
-  double timeout;        /* entry/attr cache timeout */
-  pthread_rwlock_t lock; /* the only lock: guards tree, files, meta */
+  double timeout;             /* entry/attr cache timeout */
+  pthread_rwlock_t lock;      /* the tree lock: names only (fs_ops.c) */
+  pthread_mutex_t stage_lock; /* staging directory and ids */
 
   /* The output's format, chosen at mount from output's extension; NULL when read-only. */
   const struct bs_writer *writer;
@@ -74,12 +52,35 @@ static inline struct fs *fs_data(fuse_req_t req)
 
 extern const struct fuse_lowlevel_ops fs_ops;
 
-/* Writable mounts (fs_write.c). */
-struct fs_file *fs_file_new(long tensor, uint64_t size, mode_t mode);
-void fs_file_free(struct fs_file *f);
-/* Make f's bytes live in a staging file, copying the first `keep` bytes of
- * the clean data. Caller holds the write lock. Returns 0 or -errno. */
-int fs_stage(struct fs *fs, struct fs_file *f, uint64_t keep);
+/* A node as one op sees it, looked up under the tree lock (fs_ops.c). The
+ * entry pointer stays valid until unmount (entries are never freed while
+ * mounted), so it is used after the tree lock is let go. */
+struct fs_ref {
+  bool is_dir, live;
+  long tensor;        /* read-only mounts: the catalog tensor, or -1 */
+  struct bs_entry *e; /* writable mounts: the node's entry */
+};
+/* 0, or ENOENT. Takes and releases the tree lock. */
+int fs_ref_get(struct fs *fs, fuse_ino_t ino, struct fs_ref *r);
+void fs_mark_dirty(struct fs *fs);
+
+/* The xattr ops (fs_xattr.c). */
+void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
+void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+                    size_t size, int flags);
+void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);
+
+/* Writable mounts (fs_write.c). The caller holds e->lock for writing. */
+/* Make e's bytes live in a staging file, copying the first `keep` bytes of
+ * its clean data. Returns 0 or -errno. */
+int fs_stage(struct fs *fs, struct bs_entry *e, uint64_t keep);
+/* Open e's staging file (flags O_RDONLY / O_RDWR). Returns an fd or -errno. */
+int fs_stage_open(struct fs *fs, const struct bs_entry *e, int flags);
+/* Free an unlinked entry nobody has open: remove its staging file. */
+void fs_stage_free(struct fs *fs, struct bs_entry *e);
+/* Raise the soft RLIMIT_NOFILE to the hard limit. */
+void fs_raise_nofile(void);
 /* Serialize the tree to fs->output (atomic). Returns 0, or -1 with err set;
  * on failure the staged data is kept and err names where it is. */
 int fs_writeback(struct fs *fs, bs_err *err);

@@ -792,10 +792,6 @@ static int do_finish(const char *arg)
             dir, idx.incomplete);
     goto out;
   }
-  if (idx.format != BS_FMT_BURNPACK) {
-    fprintf(stderr, PROG ": %s: cannot write the format %s\n", dir, bs_format_name(idx.format));
-    goto out;
-  }
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
   if ((tfd = lock_target(idx.target, who)) < 0)
@@ -839,32 +835,11 @@ out:
   return ret;
 }
 
-static int attach_files(struct fs *fs)
-{
-  for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
-    struct bs_node *nd = &fs->tree.nodes[ino];
-    if (!nd->live)
-      continue;
-    long t = nd->is_dir ? -1 : nd->tensor;
-    nd->user = fs_file_new(t, t >= 0 ? fs->cat.tensors[t].nbytes : 0, nd->is_dir ? 0755 : 0644);
-    if (!nd->user)
-      return -1;
-    ((struct fs_file *)nd->user)->mtime = fs->mtime;
-  }
-  return 0;
-}
-
 static void fs_destroy(struct fs *fs)
 {
-  for (uint64_t ino = 0; ino < fs->tree.n; ino++)
-    fs_file_free(fs->tree.nodes[ino].user);
+  bs_edit_destroy(&fs->edit);
   bs_tree_destroy(&fs->tree);
   bs_catalog_destroy(&fs->cat);
-  for (size_t i = 0; i < fs->nmeta; i++) {
-    bs_free(fs->meta[i].key);
-    bs_free(fs->meta[i].value);
-  }
-  bs_free(fs->meta);
   if (fs->staging_fd >= 0)
     close(fs->staging_fd);
   if (fs->staging_lock >= 0)
@@ -875,6 +850,7 @@ static void fs_destroy(struct fs *fs)
   bs_free(fs->output);
   bs_free(fs->staging);
   pthread_rwlock_destroy(&fs->lock);
+  pthread_mutex_destroy(&fs->stage_lock);
 }
 
 static int fail_line(const char *file, const bs_err *err)
@@ -933,6 +909,7 @@ static int prepare(struct fs *fs, struct args *a)
   fs->uid = getuid();
   fs->gid = getgid();
   pthread_rwlock_init(&fs->lock, NULL);
+  pthread_mutex_init(&fs->stage_lock, NULL);
   bs_catalog_init(&fs->cat);
   fs->source = abs_path(a->source);
   if (!fs->source) {
@@ -1008,19 +985,9 @@ static int prepare(struct fs *fs, struct args *a)
     return fail_line(a->source, &err);
   if (bs_tree_init(&fs->tree, &err) != 0 || bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0)
     return fail_line(a->source, &err);
-  for (size_t i = 0; i < fs->cat.nmeta; i++) {
-    if (bs_grow((void **)&fs->meta, &fs->metacap, fs->nmeta + 1, sizeof *fs->meta) != 0)
-      return fail_line(a->source, &err);
-    fs->meta[fs->nmeta].key = bs_strdup(fs->cat.meta[i].key);
-    fs->meta[fs->nmeta].value = bs_strdup(fs->cat.meta[i].value);
-    if (!fs->meta[fs->nmeta].key || !fs->meta[fs->nmeta].value)
-      return 1;
-    fs->nmeta++;
-  }
-  if (fs->writable && attach_files(fs) != 0) {
-    fprintf(stderr, PROG ": out of memory\n");
-    return 1;
-  }
+  if (bs_edit_init(&fs->edit, &fs->cat, &fs->tree, fs->flat, &err) != 0 ||
+      (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &err) != 0))
+    return fail_line(a->source, &err);
   fs->keys = a->keys;
   memset(&a->keys, 0, sizeof a->keys);
   /* The parsers' temporary memory (a JSON or CBOR tree of the whole header)

@@ -1,11 +1,28 @@
 /* The low-level FUSE operations. Each op_x decodes its arguments, calls the
- * core (tree, catalog) or the write-back helpers, and replies exactly once;
- * the do_x helpers return an errno.
+ * core (tree, editable catalog, catalog) or the staging helpers, and replies
+ * exactly once; the do_x helpers return an errno. The xattr ops are in
+ * fs_xattr.c.
  *
- * Locking: fs->lock is the only lock. Read-only mounts never change the tree,
- * so readers share it; writable mounts take it exclusively in every op that
- * changes the tree, a file's metadata or the root metadata. Data reads and
- * writes of staging files use pread/pwrite on an fd taken under the lock. */
+ * Locks, in the order they may be taken (never the other way round):
+ *
+ *   1. fs->lock, the tree lock (rwlock): the names (struct bs_tree, which
+ *      may move its node array on any add). Held only for in-memory work on
+ *      the tree: no I/O and no wait for another lock while holding it. An
+ *      op looks its node up under it (fs_ref_get), lets it go, then works
+ *      on the node's entry, whose address is stable until unmount.
+ *   2. e->lock, one per file or directory (rwlock in struct bs_entry): the
+ *      entry's fields, its staging fd and its staged bytes. Reads of staged
+ *      bytes and fsync take it shared; writes, truncation, staging (the
+ *      first-write copy of a whole tensor), open/release take it exclusive.
+ *      I/O happens under it, and it blocks only ops on that one file. The
+ *      root entry's lock also guards the root metadata (fs->edit.meta).
+ *      At most one entry lock is held at a time.
+ *   3. fs->stage_lock (mutex): creating the staging directory and handing
+ *      out staging file ids; nothing else is taken while it is held.
+ *
+ * fs->dirty and the xattr budget are atomics. Read-only mounts have no
+ * entries and never change the tree: they only ever take the tree lock
+ * shared. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -21,16 +38,6 @@
 #include "burnstore/checked.h"
 #include "fs.h"
 
-#define XA_PREFIX "user.burnstore."
-#define XA_DTYPE XA_PREFIX "dtype"
-#define XA_SHAPE XA_PREFIX "shape"
-#define XA_KEY XA_PREFIX "key"
-#define XA_PARAM_ID XA_PREFIX "param_id"
-#define XA_FORMAT XA_PREFIX "format"
-#define XA_VALUES XA_PREFIX "values"
-#define XA_NOTES XA_PREFIX "notes"
-#define XA_META XA_PREFIX "meta."
-
 static void rdlock(struct fs *fs)
 {
   pthread_rwlock_rdlock(&fs->lock);
@@ -44,7 +51,12 @@ static void unlock(struct fs *fs)
   pthread_rwlock_unlock(&fs->lock);
 }
 
-/* A node by ino, also one that was unlinked but is still open. */
+void fs_mark_dirty(struct fs *fs)
+{
+  atomic_store(&fs->dirty, true);
+}
+
+/* A node by ino, also one that was unlinked but is still open. Tree lock held. */
 static struct bs_node *node_any(struct fs *fs, fuse_ino_t ino)
 {
   if (ino == 0 || ino >= fs->tree.n)
@@ -53,54 +65,78 @@ static struct bs_node *node_any(struct fs *fs, fuse_ino_t ino)
   return nd->name ? nd : NULL;
 }
 
-static const struct bs_tensor *node_tensor(struct fs *fs, const struct bs_node *nd)
+static void ref_of(const struct bs_node *nd, struct fs_ref *r)
 {
-  long i = nd->user ? ((struct fs_file *)nd->user)->tensor : nd->tensor;
-  return i >= 0 && (size_t)i < fs->cat.count ? &fs->cat.tensors[i] : NULL;
+  r->is_dir = nd->is_dir;
+  r->live = nd->live;
+  r->tensor = nd->tensor;
+  r->e = nd->user;
 }
 
-static uint64_t node_size(struct fs *fs, const struct bs_node *nd)
+int fs_ref_get(struct fs *fs, fuse_ino_t ino, struct fs_ref *r)
 {
-  if (nd->user)
-    return ((struct fs_file *)nd->user)->size;
-  const struct bs_tensor *t = node_tensor(fs, nd);
-  return t ? t->nbytes : 0;
+  rdlock(fs);
+  struct bs_node *nd = node_any(fs, ino);
+  if (nd)
+    ref_of(nd, r);
+  unlock(fs);
+  return nd ? 0 : ENOENT;
 }
 
-static void fill_attr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, struct stat *st)
+static const struct bs_tensor *ro_tensor(struct fs *fs, const struct fs_ref *r)
+{
+  return r->tensor >= 0 && (size_t)r->tensor < fs->cat.count ? &fs->cat.tensors[r->tensor] : NULL;
+}
+
+/* Attributes; for a writable mount the caller holds r->e->lock. */
+static void fill_attr_locked(struct fs *fs, fuse_ino_t ino, const struct fs_ref *r, struct stat *st)
 {
   memset(st, 0, sizeof *st);
   st->st_ino = ino;
   st->st_uid = fs->uid;
   st->st_gid = fs->gid;
   st->st_atim = st->st_mtim = st->st_ctim = fs->mtime;
-  const struct fs_file *f = nd->user;
-  if (nd->is_dir) {
-    st->st_mode = S_IFDIR | (f ? f->mode : (fs->writable ? 0755 : 0555));
+  const struct bs_entry *e = r->e;
+  if (r->is_dir) {
+    st->st_mode = S_IFDIR | (e ? e->mode : 0555);
     st->st_nlink = 2;
   } else {
-    st->st_mode = S_IFREG | (f ? f->mode : (fs->writable ? 0644 : 0444));
-    st->st_nlink = nd->live ? 1 : 0;
-    uint64_t size = node_size(fs, nd);
+    st->st_mode = S_IFREG | (e ? e->mode : 0444);
+    st->st_nlink = r->live ? 1 : 0;
+    const struct bs_tensor *t = e ? NULL : ro_tensor(fs, r);
+    uint64_t size = e ? e->size : t ? t->nbytes : 0;
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
   }
   st->st_blksize = 1 << 20;
-  if (f && (f->mtime.tv_sec || f->mtime.tv_nsec))
-    st->st_mtim = st->st_ctim = f->mtime;
+  if (e && (e->mtime.tv_sec || e->mtime.tv_nsec))
+    st->st_mtim = st->st_ctim = e->mtime;
 }
 
-static void fill_entry(struct fs *fs, fuse_ino_t ino, struct fuse_entry_param *e)
+static void fill_attr(struct fs *fs, fuse_ino_t ino, const struct fs_ref *r, struct stat *st)
+{
+  if (r->e)
+    pthread_rwlock_rdlock(&r->e->lock);
+  fill_attr_locked(fs, ino, r, st);
+  if (r->e)
+    pthread_rwlock_unlock(&r->e->lock);
+}
+
+static void fill_entry(struct fs *fs, fuse_ino_t ino, const struct fs_ref *r,
+                       struct fuse_entry_param *e)
 {
   memset(e, 0, sizeof *e);
   e->ino = ino;
   e->attr_timeout = e->entry_timeout = fs->timeout;
-  fill_attr(fs, ino, &fs->tree.nodes[ino], &e->attr);
+  fill_attr(fs, ino, r, &e->attr);
 }
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
   (void)userdata;
+  /* One fd per open staged file, plus the source: give the daemon all the
+   * fds the hard limit allows (it runs in the daemon, after the fork). */
+  fs_raise_nofile();
   if (conn->capable & FUSE_CAP_SPLICE_WRITE)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
@@ -113,26 +149,27 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
   struct fs *fs = fs_data(req);
+  struct fs_ref r;
   rdlock(fs);
   struct bs_node *p = bs_tree_node(&fs->tree, parent);
-  uint64_t ino = p && p->is_dir ? bs_tree_lookup(&fs->tree, parent, name) : 0;
-  if (!p || !p->is_dir) {
-    unlock(fs);
-    fuse_reply_err(req, p ? ENOTDIR : ENOENT);
+  int rc = !p ? ENOENT : !p->is_dir ? ENOTDIR : 0;
+  uint64_t ino = rc ? 0 : bs_tree_lookup(&fs->tree, parent, name);
+  if (ino)
+    ref_of(&fs->tree.nodes[ino], &r);
+  unlock(fs);
+  if (rc) {
+    fuse_reply_err(req, rc);
     return;
   }
+  struct fuse_entry_param e;
   if (!ino) {
-    unlock(fs);
     /* A negative entry may be cached only while nothing can create it. */
-    struct fuse_entry_param e;
     memset(&e, 0, sizeof e);
     e.entry_timeout = fs->writable ? 0 : fs->timeout;
     fuse_reply_entry(req, &e);
     return;
   }
-  struct fuse_entry_param e;
-  fill_entry(fs, ino, &e);
-  unlock(fs);
+  fill_entry(fs, ino, &r, &e);
   fuse_reply_entry(req, &e);
 }
 
@@ -141,51 +178,84 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
   (void)fi;
   struct fs *fs = fs_data(req);
   struct stat st;
-  rdlock(fs);
-  struct bs_node *nd = node_any(fs, ino);
-  if (nd)
-    fill_attr(fs, ino, nd, &st);
-  unlock(fs);
-  if (!nd)
+  struct fs_ref r;
+  if (fs_ref_get(fs, ino, &r) != 0) {
     fuse_reply_err(req, ENOENT);
-  else
-    fuse_reply_attr(req, &st, fs->timeout);
+    return;
+  }
+  fill_attr(fs, ino, &r, &st);
+  fuse_reply_attr(req, &st, fs->timeout);
+}
+
+/* The staging fd of e (held: e->lock): its own while open, else a new one
+ * in *tmp that the caller closes. Returns the fd or -errno. */
+static int stage_fd(struct fs *fs, struct bs_entry *e, int *tmp)
+{
+  *tmp = -1;
+  if (e->fd >= 0)
+    return e->fd;
+  int fd = fs_stage_open(fs, e, O_RDWR);
+  if (fd >= 0)
+    *tmp = fd;
+  return fd;
+}
+
+/* Set e's size to `want` (held: e->lock exclusive). Returns 0 or an errno. */
+static int truncate_entry(struct fs *fs, struct bs_entry *e, uint64_t want)
+{
+  if (want == e->size)
+    return 0; /* not a change: nothing to stage */
+  if (want > INT64_MAX)
+    return EFBIG;
+  if (!e->stage) {
+    int rc = fs_stage(fs, e, want < e->size ? want : e->size);
+    if (rc)
+      return -rc;
+  }
+  int tmp, fd = stage_fd(fs, e, &tmp);
+  if (fd < 0)
+    return -fd;
+  int rc = ftruncate(fd, (off_t)want) != 0 ? errno : 0;
+  if (tmp >= 0)
+    close(tmp);
+  if (rc)
+    return rc;
+  e->size = want;
+  fs_mark_dirty(fs);
+  return 0;
 }
 
 static int do_setattr(struct fs *fs, fuse_ino_t ino, struct stat *attr, int to_set,
                       struct stat *out)
 {
-  struct bs_node *nd = node_any(fs, ino);
-  if (!nd)
+  struct fs_ref r;
+  if (fs_ref_get(fs, ino, &r) != 0)
     return ENOENT;
-  struct fs_file *f = nd->user;
-  if (!f)
+  struct bs_entry *e = r.e;
+  if (!e)
     return EROFS;
   if (to_set & FUSE_SET_ATTR_SIZE) {
-    if (nd->is_dir)
+    if (r.is_dir)
       return EISDIR;
     if (attr->st_size < 0)
       return EINVAL;
-    uint64_t want = (uint64_t)attr->st_size;
-    if (f->fd < 0) {
-      int rc = fs_stage(fs, f, want < f->size ? want : f->size);
-      if (rc)
-        return -rc;
-    }
-    if (ftruncate(f->fd, attr->st_size) != 0)
-      return errno;
-    f->size = want;
-    fs->dirty = true;
   }
-  if (to_set & FUSE_SET_ATTR_MODE)
-    f->mode = attr->st_mode & 07777;
-  if (to_set & FUSE_SET_ATTR_MTIME)
-    f->mtime = attr->st_mtim;
-  if (to_set & FUSE_SET_ATTR_MTIME_NOW)
-    clock_gettime(CLOCK_REALTIME, &f->mtime);
-  /* uid/gid and atime: accepted, not kept (the file has one owner). */
-  fill_attr(fs, ino, nd, out);
-  return 0;
+  int rc = 0;
+  pthread_rwlock_wrlock(&e->lock);
+  if (to_set & FUSE_SET_ATTR_SIZE)
+    rc = truncate_entry(fs, e, (uint64_t)attr->st_size);
+  if (!rc) {
+    if (to_set & FUSE_SET_ATTR_MODE)
+      e->mode = attr->st_mode & 07777;
+    if (to_set & FUSE_SET_ATTR_MTIME)
+      e->mtime = attr->st_mtim;
+    if (to_set & FUSE_SET_ATTR_MTIME_NOW)
+      clock_gettime(CLOCK_REALTIME, &e->mtime);
+    /* uid/gid and atime: accepted, not kept (the file has one owner). */
+    fill_attr_locked(fs, ino, &r, out);
+  }
+  pthread_rwlock_unlock(&e->lock);
+  return rc;
 }
 
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
@@ -194,9 +264,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
   (void)fi;
   struct fs *fs = fs_data(req);
   struct stat st;
-  wrlock(fs);
   int rc = fs->writable ? do_setattr(fs, ino, attr, to_set, &st) : EROFS;
-  unlock(fs);
   if (rc)
     fuse_reply_err(req, rc);
   else
@@ -276,6 +344,28 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   bs_free(buf);
 }
 
+/* Writable: count the handle, and truncate on O_TRUNC. Opening for writing
+ * changes nothing by itself: the bytes are staged at the first change. */
+static int open_entry(struct fs *fs, struct bs_entry *e, int flags)
+{
+  int rc = 0;
+  pthread_rwlock_wrlock(&e->lock);
+  e->nopen++;
+  if (flags & O_TRUNC)
+    rc = truncate_entry(fs, e, 0);
+  if (!rc && e->stage && e->fd < 0) {
+    int fd = fs_stage_open(fs, e, O_RDWR);
+    if (fd < 0)
+      rc = -fd;
+    else
+      e->fd = fd;
+  }
+  if (rc)
+    e->nopen--;
+  pthread_rwlock_unlock(&e->lock);
+  return rc;
+}
+
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
   struct fs *fs = fs_data(req);
@@ -285,36 +375,19 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_err(req, EROFS);
     return;
   }
-  int rc = 0;
-  if (wants_write)
-    wrlock(fs);
-  else
-    rdlock(fs);
-  struct bs_node *nd = bs_tree_node(&fs->tree, ino);
-  if (!nd)
-    rc = ENOENT;
-  else if (nd->is_dir)
+  struct fs_ref r;
+  int rc = fs_ref_get(fs, ino, &r);
+  if (!rc && r.is_dir)
     rc = EISDIR;
-  else if (!nd->user) {
-    const struct bs_tensor *t = node_tensor(fs, nd);
+  if (!rc && !r.e) {
+    const struct bs_tensor *t = ro_tensor(fs, &r);
     if (t && t->unsupported) {
       fuse_log(FUSE_LOG_ERR, "burnstore: %s: cannot read: %s\n", t->key, t->unsupported);
       rc = ENOTSUP;
     }
-  } else if (wants_write) {
-    struct fs_file *f = nd->user;
-    if (f->fd < 0)
-      rc = -fs_stage(fs, f, (fi->flags & O_TRUNC) ? 0 : f->size);
-    if (!rc && (fi->flags & O_TRUNC) && f->size) {
-      if (ftruncate(f->fd, 0) != 0)
-        rc = errno;
-      else
-        f->size = 0;
-    }
-    if (!rc)
-      fs->dirty = true;
+  } else if (!rc) {
+    rc = open_entry(fs, r.e, wants_write ? fi->flags : fi->flags & ~O_TRUNC);
   }
-  unlock(fs);
   if (rc) {
     fuse_reply_err(req, rc);
     return;
@@ -342,6 +415,23 @@ static bool source_changed(struct fs *fs, const struct bs_tensor *t)
   return true;
 }
 
+/* Reply with up to `size` bytes at off of an fd range [base, base + len). */
+static void reply_fd(fuse_req_t req, int fd, uint64_t base, uint64_t len, size_t size, off_t off)
+{
+  if ((uint64_t)off >= len) {
+    fuse_reply_buf(req, NULL, 0);
+    return;
+  }
+  if (size > len - (uint64_t)off)
+    size = (size_t)(len - (uint64_t)off);
+  /* Straight from the backing file: the kernel can splice it. */
+  struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
+  bv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK | FUSE_BUF_FD_RETRY;
+  bv.buf[0].fd = fd;
+  bv.buf[0].pos = (off_t)(base + (uint64_t)off);
+  fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
@@ -351,60 +441,70 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     fuse_reply_err(req, EINVAL);
     return;
   }
-  rdlock(fs);
-  struct bs_node *nd = node_any(fs, ino);
-  if (!nd || nd->is_dir) {
-    unlock(fs);
-    fuse_reply_err(req, nd ? EISDIR : ENOENT);
+  struct fs_ref r = {0};
+  if (fs_ref_get(fs, ino, &r) != 0 || r.is_dir) {
+    fuse_reply_err(req, r.is_dir ? EISDIR : ENOENT);
     return;
   }
-  const struct fs_file *f = nd->user;
-  int fd = -1;
-  uint64_t base = 0, len = node_size(fs, nd);
-  const struct bs_tensor *t = NULL;
-  if (f && f->fd >= 0) {
-    fd = f->fd;
-  } else {
-    t = node_tensor(fs, nd);
-    if (t && !bs_tensor_fd_range(&fs->cat, t, &fd, &base))
-      fd = -1;
+  long tensor = r.tensor;
+  uint64_t len = 0;
+  struct bs_entry *e = r.e;
+  if (e) {
+    pthread_rwlock_rdlock(&e->lock);
+    if (e->stage) {
+      /* Staged bytes, read under the file's lock (shared). */
+      int tmp, fd = stage_fd(fs, e, &tmp);
+      if (fd < 0)
+        fuse_reply_err(req, -fd);
+      else
+        reply_fd(req, fd, 0, e->size, size, off);
+      pthread_rwlock_unlock(&e->lock);
+      if (tmp >= 0)
+        close(tmp);
+      return;
+    }
+    tensor = e->tensor;
+    len = e->size;
+    pthread_rwlock_unlock(&e->lock);
+    if (tensor < 0) {
+      fuse_reply_buf(req, NULL, 0); /* a new, empty file */
+      return;
+    }
   }
-  unlock(fs);
+  /* Clean bytes: the source catalog does not change while mounted, but the
+   * file behind it might (then EIO, never wrong bytes). */
+  const struct bs_tensor *t =
+      tensor >= 0 && (size_t)tensor < fs->cat.count ? &fs->cat.tensors[tensor] : NULL;
+  if (!t || source_changed(fs, t)) {
+    fuse_reply_err(req, EIO);
+    return;
+  }
+  if (!e)
+    len = t->nbytes;
+  int fd;
+  uint64_t base;
+  if (bs_tensor_fd_range(&fs->cat, t, &fd, &base)) {
+    reply_fd(req, fd, base, len, size, off);
+    return;
+  }
   if ((uint64_t)off >= len) {
     fuse_reply_buf(req, NULL, 0);
     return;
   }
   if (size > len - (uint64_t)off)
     size = (size_t)(len - (uint64_t)off);
-  if (t && source_changed(fs, t)) {
-    fuse_reply_err(req, EIO);
-    return;
-  }
-  if (fd >= 0) {
-    /* Straight from the backing file: the kernel can splice it. */
-    struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
-    bv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK | FUSE_BUF_FD_RETRY;
-    bv.buf[0].fd = fd;
-    bv.buf[0].pos = (off_t)(base + (uint64_t)off);
-    fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
-    return;
-  }
-  if (!t) {
-    fuse_reply_err(req, EIO);
-    return;
-  }
   char *buf = bs_malloc(size);
   if (!buf) {
     fuse_reply_err(req, ENOMEM);
     return;
   }
-  long r = bs_tensor_read(&fs->cat, t, (uint64_t)off, buf, size);
-  if (r == -EIO)
+  long n = bs_tensor_read(&fs->cat, t, (uint64_t)off, buf, size);
+  if (n == -EIO)
     source_changed(fs, t); /* logs a change during the read */
-  if (r < 0)
-    fuse_reply_err(req, (int)-r);
+  if (n < 0)
+    fuse_reply_err(req, (int)-n);
   else
-    fuse_reply_buf(req, buf, (size_t)r);
+    fuse_reply_buf(req, buf, (size_t)n);
   bs_free(buf);
 }
 
@@ -420,26 +520,35 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
     fuse_reply_err(req, EINVAL);
     return;
   }
-  wrlock(fs);
-  struct bs_node *nd = node_any(fs, ino);
-  struct fs_file *f = nd ? nd->user : NULL;
-  int rc = 0;
-  if (!f || nd->is_dir)
-    rc = nd ? EISDIR : ENOENT;
-  else if (f->fd < 0)
-    rc = -fs_stage(fs, f, f->size);
-  uint64_t pos = (fi->flags & O_APPEND) && f ? f->size : (uint64_t)off;
+  struct fs_ref r;
+  int rc = fs_ref_get(fs, ino, &r);
+  if (!rc && (r.is_dir || !r.e))
+    rc = r.is_dir ? EISDIR : EROFS;
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  struct bs_entry *e = r.e;
   ssize_t w = 0;
+  pthread_rwlock_wrlock(&e->lock);
+  if (!e->stage)
+    rc = -fs_stage(fs, e, e->size); /* the first write: copy the clean bytes */
+  int tmp = -1, fd = rc ? -1 : stage_fd(fs, e, &tmp);
+  if (!rc && fd < 0)
+    rc = -fd;
   if (!rc) {
-    w = pwrite(f->fd, buf, size, (off_t)pos);
+    uint64_t pos = (fi->flags & O_APPEND) ? e->size : (uint64_t)off;
+    w = pwrite(fd, buf, size, (off_t)pos);
     if (w < 0)
       rc = errno;
-    else if (pos + (uint64_t)w > f->size)
-      f->size = pos + (uint64_t)w;
-    fs->dirty = true;
-    clock_gettime(CLOCK_REALTIME, &f->mtime);
+    else if (pos + (uint64_t)w > e->size)
+      e->size = pos + (uint64_t)w;
+    fs_mark_dirty(fs);
+    clock_gettime(CLOCK_REALTIME, &e->mtime);
   }
-  unlock(fs);
+  pthread_rwlock_unlock(&e->lock);
+  if (tmp >= 0)
+    close(tmp);
   if (rc)
     fuse_reply_err(req, rc);
   else
@@ -457,20 +566,50 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 {
   (void)fi;
   struct fs *fs = fs_data(req);
-  rdlock(fs);
-  struct bs_node *nd = node_any(fs, ino);
-  int fd = nd && nd->user ? ((struct fs_file *)nd->user)->fd : -1;
+  struct fs_ref r;
   int rc = 0;
-  if (fd >= 0 && (datasync ? fdatasync(fd) : fsync(fd)) != 0)
-    rc = errno;
-  unlock(fs);
+  if (fs_ref_get(fs, ino, &r) == 0 && r.e) {
+    struct bs_entry *e = r.e;
+    pthread_rwlock_rdlock(&e->lock);
+    if (e->stage) {
+      int tmp, fd = stage_fd(fs, e, &tmp);
+      if (fd < 0)
+        rc = -fd;
+      else if ((datasync ? fdatasync(fd) : fsync(fd)) != 0)
+        rc = errno;
+      if (tmp >= 0)
+        close(tmp);
+    }
+    pthread_rwlock_unlock(&e->lock);
+  }
   fuse_reply_err(req, rc);
+}
+
+/* The last handle of a file closes its staging fd; an unlinked file's
+ * staged bytes go then. Held: nothing. */
+static void close_entry(struct fs *fs, struct bs_entry *e)
+{
+  pthread_rwlock_wrlock(&e->lock);
+  if (e->nopen)
+    e->nopen--;
+  if (e->nopen == 0) {
+    if (e->fd >= 0) {
+      close(e->fd);
+      e->fd = -1;
+    }
+    if (e->unlinked)
+      fs_stage_free(fs, e);
+  }
+  pthread_rwlock_unlock(&e->lock);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-  (void)ino;
   (void)fi;
+  struct fs *fs = fs_data(req);
+  struct fs_ref r;
+  if (fs_ref_get(fs, ino, &r) == 0 && r.e)
+    close_entry(fs, r.e);
   fuse_reply_err(req, 0);
 }
 
@@ -495,7 +634,9 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
       total += fs->cat.tensors[i].nbytes / 4096 + 1;
     sv.f_bsize = sv.f_frsize = 4096;
     sv.f_blocks = total;
+    rdlock(fs);
     sv.f_files = fs->tree.n;
+    unlock(fs);
   }
   sv.f_namemax = 255;
   fuse_reply_statfs(req, &sv);
@@ -520,8 +661,10 @@ static int check_name(const char *name)
   return 0;
 }
 
+/* A new file or directory (tree lock held exclusive). A new file has no
+ * bytes and no staging file until it is written. */
 static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode, bool dir,
-                     uint64_t *ino)
+                     bool opened, uint64_t *ino, struct fs_ref *r)
 {
   if (!fs->writable)
     return EROFS;
@@ -530,40 +673,50 @@ static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t 
     return rc;
   if (fs->flat && dir)
     return EPERM; /* a flat mount has no directories */
-  struct fs_file *f = fs_file_new(-1, 0, mode & 07777);
-  if (!f)
+  struct bs_entry *e = bs_entry_new(-1, 0, dir, mode & 07777);
+  if (!e)
     return ENOMEM;
+  e->nopen = opened ? 1 : 0;
+  clock_gettime(CLOCK_REALTIME, &e->mtime);
   bs_err err;
   bs_err_clear(&err);
   if (bs_tree_add(&fs->tree, parent, name, dir, -1, ino, &err) != 0) {
-    fs_file_free(f);
+    bs_entry_free(e);
     return err.code;
   }
-  fs->tree.nodes[*ino].user = f;
-  fs->dirty = true;
+  fs->tree.nodes[*ino].user = e;
+  ref_of(&fs->tree.nodes[*ino], r);
+  fs_mark_dirty(fs);
   return 0;
 }
 
-/* mkdir and mknod: a new node, replied as an entry. */
-static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, bool dir)
+/* mkdir, mknod and create: a new node, replied as an entry. */
+static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, bool dir,
+                         struct fuse_file_info *fi)
 {
   struct fs *fs = fs_data(req);
   uint64_t ino = 0;
+  struct fs_ref r;
   wrlock(fs);
-  int rc = do_mknode(fs, parent, name, mode, dir, &ino);
-  struct fuse_entry_param e;
-  if (!rc)
-    fill_entry(fs, ino, &e);
+  int rc = do_mknode(fs, parent, name, mode, dir, fi != NULL, &ino, &r);
   unlock(fs);
-  if (rc)
+  if (rc) {
     fuse_reply_err(req, rc);
-  else
+    return;
+  }
+  struct fuse_entry_param e;
+  fill_entry(fs, ino, &r, &e);
+  if (fi) {
+    fi->keep_cache = 0;
+    fuse_reply_create(req, &e, fi);
+  } else {
     fuse_reply_entry(req, &e);
+  }
 }
 
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
-  reply_mknode(req, parent, name, mode, true);
+  reply_mknode(req, parent, name, mode, true, NULL);
 }
 
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
@@ -572,40 +725,52 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   if (!S_ISREG(mode))
     fuse_reply_err(req, fs_data(req)->writable ? EPERM : EROFS);
   else
-    reply_mknode(req, parent, name, mode, false);
+    reply_mknode(req, parent, name, mode, false, NULL);
 }
 
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
                       struct fuse_file_info *fi)
 {
-  struct fs *fs = fs_data(req);
-  uint64_t ino = 0;
-  wrlock(fs);
-  int rc = do_mknode(fs, parent, name, mode, false, &ino);
-  struct fuse_entry_param e;
-  if (!rc) {
-    rc = -fs_stage(fs, fs->tree.nodes[ino].user, 0);
-    if (rc) {
-      bs_err err;
-      bs_err_clear(&err);
-      fs_file_free(fs->tree.nodes[ino].user);
-      fs->tree.nodes[ino].user = NULL;
-      if (bs_tree_remove(&fs->tree, ino, &err) != 0)
-        fuse_log(FUSE_LOG_ERR, "burnstore: %s\n", err.msg);
-    }
-  }
-  if (!rc)
-    fill_entry(fs, ino, &e);
-  unlock(fs);
-  if (rc) {
-    fuse_reply_err(req, rc);
-    return;
-  }
-  fi->keep_cache = 0;
-  fuse_reply_create(req, &e, fi);
+  reply_mknode(req, parent, name, mode, false, fi);
 }
 
-static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool dir)
+/* Links cannot become tensors: refused, with a line in the log. */
+static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+  (void)parent;
+  struct fs *fs = fs_data(req);
+  if (fs->writable)
+    fuse_log(FUSE_LOG_ERR, "burnstore: symlink %s -> %s refused: a checkpoint holds no links\n",
+             name, link);
+  fuse_reply_err(req, fs->writable ? EPERM : EROFS);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+  (void)ino;
+  (void)newparent;
+  struct fs *fs = fs_data(req);
+  if (fs->writable)
+    fuse_log(FUSE_LOG_ERR, "burnstore: hard link %s refused: a checkpoint holds no links\n",
+             newname);
+  fuse_reply_err(req, fs->writable ? EPERM : EROFS);
+}
+
+/* A node left the tree: its staged bytes go now, or at its last close.
+ * Held: nothing (takes e->lock). */
+static void forget_entry(struct fs *fs, struct bs_entry *e)
+{
+  if (!e)
+    return;
+  pthread_rwlock_wrlock(&e->lock);
+  e->unlinked = true;
+  if (e->nopen == 0)
+    fs_stage_free(fs, e);
+  pthread_rwlock_unlock(&e->lock);
+}
+
+static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool dir,
+                     struct bs_entry **gone)
 {
   if (!fs->writable)
     return EROFS;
@@ -621,17 +786,19 @@ static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool di
   bs_err_clear(&err);
   if (bs_tree_remove(&fs->tree, ino, &err) != 0)
     return err.code;
-  /* The node's data stays until unmount: an open fd may still read it. */
-  fs->dirty = true;
+  *gone = nd->user;
+  fs_mark_dirty(fs);
   return 0;
 }
 
 static void reply_remove(fuse_req_t req, fuse_ino_t parent, const char *name, bool dir)
 {
   struct fs *fs = fs_data(req);
+  struct bs_entry *gone = NULL;
   wrlock(fs);
-  int rc = do_remove(fs, parent, name, dir);
+  int rc = do_remove(fs, parent, name, dir, &gone);
   unlock(fs);
+  forget_entry(fs, gone);
   fuse_reply_err(req, rc);
 }
 
@@ -646,7 +813,7 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 }
 
 static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
-                     const char *newname, unsigned int flags)
+                     const char *newname, unsigned int flags, struct bs_entry **gone)
 {
   if (!fs->writable)
     return EROFS;
@@ -681,10 +848,11 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
       return ENOTDIR;
     if (bs_tree_remove(&fs->tree, target, &err) != 0)
       return err.code;
+    *gone = fs->tree.nodes[target].user; /* replaced: its bytes are freed */
   }
   if (bs_tree_move(&fs->tree, ino, newparent, newname, &err) != 0)
     return err.code;
-  fs->dirty = true;
+  fs_mark_dirty(fs);
   return 0;
 }
 
@@ -692,450 +860,11 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
                       const char *newname, unsigned int flags)
 {
   struct fs *fs = fs_data(req);
+  struct bs_entry *gone = NULL;
   wrlock(fs);
-  int rc = do_rename(fs, parent, name, newparent, newname, flags);
+  int rc = do_rename(fs, parent, name, newparent, newname, flags, &gone);
   unlock(fs);
-  fuse_reply_err(req, rc);
-}
-
-/* --- xattrs -------------------------------------------------------------- */
-
-struct xbuf {
-  char *data;
-  size_t len, cap;
-};
-
-static int xadd(struct xbuf *b, const void *p, size_t n)
-{
-  if (bs_grow((void **)&b->data, &b->cap, b->len + n + 1, 1) != 0)
-    return -1;
-  memcpy(b->data + b->len, p, n);
-  b->len += n;
-  b->data[b->len] = '\0';
-  return 0;
-}
-
-static int xaddf(struct xbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int xaddf(struct xbuf *b, const char *fmt, ...)
-{
-  char tmp[64];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  return n < 0 ? -1 : xadd(b, tmp, (size_t)n);
-}
-
-static int shape_json(struct xbuf *b, uint32_t rank, const uint64_t *shape)
-{
-  if (xadd(b, "[", 1))
-    return -1;
-  for (uint32_t i = 0; i < rank; i++)
-    if (xaddf(b, i ? ",%llu" : "%llu", (unsigned long long)shape[i]))
-      return -1;
-  return xadd(b, "]", 1);
-}
-
-/* The effective dtype and shape of a file: set by xattr, else the source
- * tensor's, else U8 / 1-D by size (interface.md §5). */
-static void file_dtype_shape(struct fs *fs, const struct bs_node *nd, enum bs_dtype *dt,
-                             uint32_t *rank, const uint64_t **shape, uint64_t *dim0)
-{
-  const struct fs_file *f = nd->user;
-  const struct bs_tensor *t = node_tensor(fs, nd);
-  *dt = f && f->has_dtype ? f->dtype : t ? t->dtype : BS_DT_U8;
-  if (f && f->has_shape) {
-    *rank = f->rank;
-    *shape = f->shape;
-  } else if (t && (!f || !f->has_dtype || f->dtype == t->dtype)) {
-    *rank = t->rank;
-    *shape = t->shape;
-  } else {
-    unsigned bits = bs_dtype_bits(*dt);
-    *dim0 = bits >= 8 ? node_size(fs, nd) / (bits / 8) : node_size(fs, nd);
-    *rank = 1;
-    *shape = dim0;
-  }
-}
-
-/* Value of xattr `name` on node nd into b. Returns 0 or an errno. */
-static int get_xattr(struct fs *fs, fuse_ino_t ino, const struct bs_node *nd, const char *name,
-                     struct xbuf *b)
-{
-  if (ino == BS_TREE_ROOT) {
-    if (strcmp(name, XA_FORMAT) == 0)
-      return xaddf(b, "%s",
-                   fs->cat.format == BS_FMT_NONE ? "burnpack" : bs_format_name(fs->cat.format))
-                 ? ENOMEM
-                 : 0;
-    if (strcmp(name, XA_VALUES) == 0 && fs->cat.values_json)
-      return xadd(b, fs->cat.values_json, strlen(fs->cat.values_json)) ? ENOMEM : 0;
-    if (strcmp(name, XA_NOTES) == 0 && fs->cat.notes)
-      return xadd(b, fs->cat.notes, strlen(fs->cat.notes)) ? ENOMEM : 0;
-    if (strncmp(name, XA_META, strlen(XA_META)) == 0) {
-      for (size_t i = 0; i < fs->nmeta; i++)
-        if (strcmp(fs->meta[i].key, name + strlen(XA_META)) == 0)
-          return xadd(b, fs->meta[i].value, strlen(fs->meta[i].value)) ? ENOMEM : 0;
-    }
-  }
-  const struct fs_file *f = nd->user;
-  if (f) {
-    for (size_t i = 0; i < f->nxattrs; i++)
-      if (strcmp(f->xattrs[i].name, name) == 0)
-        return xadd(b, f->xattrs[i].value, f->xattrs[i].len) ? ENOMEM : 0;
-  }
-  if (nd->is_dir)
-    return ENODATA;
-  const struct bs_tensor *t = node_tensor(fs, nd);
-  if (strcmp(name, XA_DTYPE) == 0 || strcmp(name, XA_SHAPE) == 0) {
-    enum bs_dtype dt;
-    uint32_t rank;
-    const uint64_t *shape;
-    uint64_t dim0;
-    file_dtype_shape(fs, nd, &dt, &rank, &shape, &dim0);
-    if (name[strlen(XA_PREFIX)] == 'd')
-      return xaddf(b, "%s", bs_dtype_name(dt)) ? ENOMEM : 0;
-    return shape_json(b, rank, shape) ? ENOMEM : 0;
-  }
-  if (strcmp(name, XA_KEY) == 0) {
-    if (t && !f)
-      return xadd(b, t->key, strlen(t->key)) ? ENOMEM : 0;
-    char *key = bs_tree_key(&fs->tree, ino, fs->flat);
-    if (!key)
-      return ENODATA;
-    int rc = xadd(b, key, strlen(key)) ? ENOMEM : 0;
-    bs_free(key);
-    return rc;
-  }
-  if (strcmp(name, XA_PARAM_ID) == 0) {
-    if (f && f->has_param_id)
-      return xaddf(b, "%llu", (unsigned long long)f->param_id) ? ENOMEM : 0;
-    if (t && t->has_param_id)
-      return xaddf(b, "%llu", (unsigned long long)t->param_id) ? ENOMEM : 0;
-  }
-  return ENODATA;
-}
-
-static void reply_xattr(fuse_req_t req, const struct xbuf *b, size_t size)
-{
-  if (size == 0)
-    fuse_reply_xattr(req, b->len);
-  else if (b->len > size)
-    fuse_reply_err(req, ERANGE);
-  else
-    fuse_reply_buf(req, b->data ? b->data : "", b->len);
-}
-
-static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
-{
-  struct fs *fs = fs_data(req);
-  struct xbuf b = {0};
-  rdlock(fs);
-  struct bs_node *nd = node_any(fs, ino);
-  int rc = nd ? get_xattr(fs, ino, nd, name, &b) : ENOENT;
-  unlock(fs);
-  if (rc)
-    fuse_reply_err(req, rc);
-  else
-    reply_xattr(req, &b, size);
-  bs_free(b.data);
-}
-
-static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
-{
-  struct fs *fs = fs_data(req);
-  struct xbuf b = {0};
-  int rc = 0;
-  rdlock(fs);
-  struct bs_node *nd = node_any(fs, ino);
-  if (!nd) {
-    rc = ENOENT;
-  } else {
-#define NAME(s) (xadd(&b, s, strlen(s) + 1) ? ENOMEM : 0)
-    if (ino == BS_TREE_ROOT) {
-      rc = NAME(XA_FORMAT);
-      if (!rc && fs->cat.values_json)
-        rc = NAME(XA_VALUES);
-      if (!rc && fs->cat.notes)
-        rc = NAME(XA_NOTES);
-      for (size_t i = 0; !rc && i < fs->nmeta; i++)
-        if (xadd(&b, XA_META, strlen(XA_META)) || NAME(fs->meta[i].key))
-          rc = ENOMEM;
-    } else if (!nd->is_dir) {
-      rc = NAME(XA_DTYPE);
-      if (!rc)
-        rc = NAME(XA_SHAPE);
-      if (!rc)
-        rc = NAME(XA_KEY);
-      struct xbuf tmp = {0};
-      if (!rc && get_xattr(fs, ino, nd, XA_PARAM_ID, &tmp) == 0)
-        rc = NAME(XA_PARAM_ID);
-      bs_free(tmp.data);
-    }
-    const struct fs_file *f = nd->user;
-    for (size_t i = 0; !rc && f && i < f->nxattrs; i++)
-      rc = NAME(f->xattrs[i].name);
-#undef NAME
-  }
-  unlock(fs);
-  if (rc)
-    fuse_reply_err(req, rc);
-  else
-    reply_xattr(req, &b, size);
-  bs_free(b.data);
-}
-
-/* Parse "[2, 3]" (JSON array of non-negative integers). */
-static int parse_shape(const char *v, size_t len, uint32_t *rank, uint64_t *dims)
-{
-  size_t i = 0;
-  uint32_t n = 0;
-#define WS()                                                                                       \
-  while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r'))                 \
-  i++
-  WS();
-  if (i >= len || v[i++] != '[')
-    return -1;
-  WS();
-  if (i < len && v[i] == ']') {
-    i++;
-  } else {
-    for (;;) {
-      WS();
-      if (i >= len || v[i] < '0' || v[i] > '9' || n >= BS_MAX_RANK)
-        return -1;
-      uint64_t x = 0;
-      while (i < len && v[i] >= '0' && v[i] <= '9') {
-        if (!bs_mul_u64(x, 10, &x) || !bs_add_u64(x, (uint64_t)(v[i] - '0'), &x))
-          return -1;
-        i++;
-      }
-      dims[n++] = x;
-      WS();
-      if (i < len && v[i] == ',') {
-        i++;
-        continue;
-      }
-      if (i < len && v[i] == ']') {
-        i++;
-        break;
-      }
-      return -1;
-    }
-  }
-  WS();
-  while (i < len && v[i] == '\0')
-    i++;
-#undef WS
-  if (i != len)
-    return -1;
-  *rank = n;
-  return 0;
-}
-
-static int parse_u64(const char *v, size_t len, uint64_t *out)
-{
-  while (len && (v[len - 1] == '\n' || v[len - 1] == '\0'))
-    len--;
-  if (len == 0 || len > 20)
-    return -1;
-  uint64_t x = 0;
-  for (size_t i = 0; i < len; i++) {
-    if (v[i] < '0' || v[i] > '9' || !bs_mul_u64(x, 10, &x) ||
-        !bs_add_u64(x, (uint64_t)(v[i] - '0'), &x))
-      return -1;
-  }
-  *out = x;
-  return 0;
-}
-
-static int set_meta(struct fs *fs, const char *key, const char *value, size_t len)
-{
-  char *v = bs_strndup(value, len);
-  if (!v)
-    return ENOMEM;
-  for (size_t i = 0; i < fs->nmeta; i++) {
-    if (strcmp(fs->meta[i].key, key) == 0) {
-      bs_free(fs->meta[i].value);
-      fs->meta[i].value = v;
-      return 0;
-    }
-  }
-  char *k = bs_strdup(key);
-  if (!k || bs_grow((void **)&fs->meta, &fs->metacap, fs->nmeta + 1, sizeof *fs->meta) != 0) {
-    bs_free(k);
-    bs_free(v);
-    return ENOMEM;
-  }
-  fs->meta[fs->nmeta].key = k;
-  fs->meta[fs->nmeta].value = v;
-  fs->nmeta++;
-  return 0;
-}
-
-static int set_other_xattr(struct fs_file *f, const char *name, const char *value, size_t len,
-                           int flags)
-{
-  for (size_t i = 0; i < f->nxattrs; i++) {
-    if (strcmp(f->xattrs[i].name, name) != 0)
-      continue;
-    if (flags & XATTR_CREATE)
-      return EEXIST;
-    char *v = bs_malloc(len + 1);
-    if (!v)
-      return ENOMEM;
-    memcpy(v, value, len);
-    bs_free(f->xattrs[i].value);
-    f->xattrs[i].value = v;
-    f->xattrs[i].len = len;
-    return 0;
-  }
-  if (flags & XATTR_REPLACE)
-    return ENODATA;
-  char *n = bs_strdup(name), *v = bs_malloc(len + 1);
-  size_t cap = f->nxattrs;
-  if (!n || !v || bs_grow((void **)&f->xattrs, &cap, f->nxattrs + 1, sizeof *f->xattrs) != 0) {
-    bs_free(n);
-    bs_free(v);
-    return ENOMEM;
-  }
-  memcpy(v, value, len);
-  f->xattrs[f->nxattrs++] = (struct fs_xattr){n, v, len};
-  return 0;
-}
-
-static int do_setxattr(struct fs *fs, fuse_ino_t ino, const char *name, const char *value,
-                       size_t len, int flags)
-{
-  struct bs_node *nd = node_any(fs, ino);
-  if (!nd)
-    return ENOENT;
-  if (!fs->writable)
-    return EROFS;
-  if (strncmp(name, "user.", 5) != 0)
-    return ENOTSUP;
-  if (len > BS_MAX_XATTR_VALUE)
-    return E2BIG;
-  if (ino == BS_TREE_ROOT && strncmp(name, XA_META, strlen(XA_META)) == 0) {
-    fs->dirty = true;
-    return set_meta(fs, name + strlen(XA_META), value, len);
-  }
-  struct fs_file *f = nd->user;
-  if (!f)
-    return EROFS;
-  if (strncmp(name, XA_PREFIX, strlen(XA_PREFIX)) == 0 && !nd->is_dir) {
-    if (strcmp(name, XA_DTYPE) == 0) {
-      char tmp[32];
-      while (len && (value[len - 1] == '\n' || value[len - 1] == '\0'))
-        len--;
-      enum bs_dtype dt;
-      if (len == 0 || len >= sizeof tmp)
-        return EINVAL;
-      memcpy(tmp, value, len);
-      tmp[len] = '\0';
-      if (bs_dtype_from_name(tmp, &dt) != 0 || dt == BS_DT_QFLOAT)
-        return EINVAL;
-      f->dtype = dt;
-      f->has_dtype = true;
-      fs->dirty = true;
-      return 0;
-    }
-    if (strcmp(name, XA_SHAPE) == 0) {
-      uint64_t dims[BS_MAX_RANK];
-      uint32_t rank;
-      if (parse_shape(value, len, &rank, dims) != 0)
-        return EINVAL;
-      uint64_t *shape = NULL;
-      if (rank) {
-        shape = bs_malloc(rank * sizeof *shape);
-        if (!shape)
-          return ENOMEM;
-        memcpy(shape, dims, rank * sizeof *shape);
-      }
-      bs_free(f->shape);
-      f->shape = shape;
-      f->rank = rank;
-      f->has_shape = true;
-      fs->dirty = true;
-      return 0;
-    }
-    if (strcmp(name, XA_PARAM_ID) == 0) {
-      uint64_t id;
-      if (parse_u64(value, len, &id) != 0)
-        return EINVAL;
-      f->param_id = id;
-      f->has_param_id = true;
-      fs->dirty = true;
-      return 0;
-    }
-    if (strcmp(name, XA_KEY) == 0)
-      return 0; /* the key is the path; rsync -X copies it, so accept it */
-  }
-  if (ino == BS_TREE_ROOT && strncmp(name, XA_PREFIX, strlen(XA_PREFIX)) == 0)
-    return 0; /* format, values, notes: computed, not settable (accepted for rsync -X) */
-  return set_other_xattr(f, name, value, len, flags);
-}
-
-static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
-                        size_t size, int flags)
-{
-  struct fs *fs = fs_data(req);
-  wrlock(fs);
-  int rc = do_setxattr(fs, ino, name, value, size, flags);
-  unlock(fs);
-  fuse_reply_err(req, rc);
-}
-
-static int do_removexattr(struct fs *fs, fuse_ino_t ino, const char *name)
-{
-  struct bs_node *nd = node_any(fs, ino);
-  if (!nd)
-    return ENOENT;
-  if (!fs->writable)
-    return EROFS;
-  struct fs_file *f = nd->user;
-  if (ino == BS_TREE_ROOT && strncmp(name, XA_META, strlen(XA_META)) == 0) {
-    for (size_t i = 0; i < fs->nmeta; i++) {
-      if (strcmp(fs->meta[i].key, name + strlen(XA_META)) == 0) {
-        bs_free(fs->meta[i].key);
-        bs_free(fs->meta[i].value);
-        fs->meta[i] = fs->meta[--fs->nmeta];
-        fs->dirty = true;
-        return 0;
-      }
-    }
-    return ENODATA;
-  }
-  if (!f)
-    return EROFS;
-  if (strcmp(name, XA_DTYPE) == 0 || strcmp(name, XA_SHAPE) == 0 ||
-      strcmp(name, XA_PARAM_ID) == 0) {
-    if (name[strlen(XA_PREFIX)] == 'd')
-      f->has_dtype = false;
-    else if (name[strlen(XA_PREFIX)] == 's')
-      f->has_shape = false;
-    else
-      f->has_param_id = false;
-    fs->dirty = true;
-    return 0;
-  }
-  for (size_t i = 0; i < f->nxattrs; i++) {
-    if (strcmp(f->xattrs[i].name, name) == 0) {
-      bs_free(f->xattrs[i].name);
-      bs_free(f->xattrs[i].value);
-      f->xattrs[i] = f->xattrs[--f->nxattrs];
-      return 0;
-    }
-  }
-  return ENODATA;
-}
-
-static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
-{
-  struct fs *fs = fs_data(req);
-  wrlock(fs);
-  int rc = do_removexattr(fs, ino, name);
-  unlock(fs);
+  forget_entry(fs, gone);
   fuse_reply_err(req, rc);
 }
 
@@ -1156,11 +885,13 @@ const struct fuse_lowlevel_ops fs_ops = {
     .mkdir = op_mkdir,
     .mknod = op_mknod,
     .create = op_create,
+    .symlink = op_symlink,
+    .link = op_link,
     .unlink = op_unlink,
     .rmdir = op_rmdir,
     .rename = op_rename,
-    .setxattr = op_setxattr,
-    .getxattr = op_getxattr,
-    .listxattr = op_listxattr,
-    .removexattr = op_removexattr,
+    .setxattr = fs_op_setxattr,
+    .getxattr = fs_op_getxattr,
+    .listxattr = fs_op_listxattr,
+    .removexattr = fs_op_removexattr,
 };

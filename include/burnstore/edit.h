@@ -1,0 +1,138 @@
+/* The editable catalog of a writable mount: what the user changed on top of
+ * a source catalog, kept in the core so that the FUSE ops only translate
+ * requests and the writers read one model.
+ *
+ * Each file or directory of the tree (bs_node.user) is a bs_entry. A file's
+ * bytes are either still a tensor of the source catalog (clean) or a staged
+ * file (stage != 0) in a staging directory that the caller manages; an
+ * entry that has neither is empty. dtype, shape and param_id are each
+ * either explicit (set by the user, has_x) or inferred: from the origin
+ * tensor, else U8 and a 1-D shape by size (interface.md §5).
+ * bs_entry_effective is the one place that rule lives.
+ *
+ * No function here locks: the caller serializes access to an entry (the
+ * FUSE layer holds its per-file lock) and to the tree and root metadata. */
+#ifndef BURNSTORE_EDIT_H
+#define BURNSTORE_EDIT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "burnstore/catalog.h"
+#include "burnstore/err.h"
+#include "burnstore/tree.h"
+
+/* The bound on the user xattrs (names + values, every file and the root
+ * metadata together) that one writable mount holds in memory. */
+#define BS_EDIT_XATTR_BUDGET (64u << 20)
+
+struct bs_xattr {
+  char *name;  /* owned, full name ("user.foo") */
+  char *value; /* owned */
+  size_t len;
+};
+
+struct bs_entry {
+  bool is_dir;
+  long tensor;    /* origin: the source tensor the file came from, or -1 */
+  uint64_t stage; /* the staging file holding the bytes (name "%llu"); 0: none */
+  uint64_t size;  /* bytes */
+  bool has_dtype, has_shape, has_param_id; /* explicit: set by the user */
+  enum bs_dtype dtype;
+  uint32_t rank;
+  uint64_t *shape; /* owned */
+  uint64_t param_id;
+  struct bs_xattr *xattrs; /* owned: other user.* xattrs, kept as set */
+  size_t nxattrs;
+  uint32_t mode; /* permission bits */
+  struct timespec mtime;
+  unsigned nopen;        /* open handles (the FUSE layer counts them) */
+  int fd;                /* the caller's: the staging file, open while nopen > 0; else -1 */
+  bool unlinked;         /* removed from the tree; staged bytes go at the last close */
+  pthread_rwlock_t lock; /* the caller's per-file lock; see fs_ops.c */
+};
+
+struct bs_edit {
+  const struct bs_catalog *src; /* borrowed: the source checkpoint */
+  struct bs_tree *tree;         /* borrowed: names; bs_node.user is a bs_entry */
+  bool flat;
+  struct bs_kv *meta; /* owned: root metadata shown and written */
+  size_t nmeta, metacap;
+  _Atomic uint64_t xattr_bytes; /* user xattrs held (names + values) */
+  uint64_t xattr_budget;        /* BS_EDIT_XATTR_BUDGET unless a test lowers it */
+};
+
+/* Take a copy of src's metadata (read-only mounts use this much too). */
+BS_NODISCARD int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src,
+                              struct bs_tree *tree, bool flat, bs_err *err);
+/* Attach an entry to every live node of the tree that has none (writable). */
+BS_NODISCARD int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, bs_err *err);
+/* Frees every entry (also of removed nodes) and the metadata. */
+void bs_edit_destroy(struct bs_edit *ed);
+
+struct bs_entry *bs_entry_new(long tensor, uint64_t size, bool is_dir, uint32_t mode);
+void bs_entry_free(struct bs_entry *e);
+/* The entry of node ino (also a removed one), or NULL. Reads the tree: the
+ * caller holds whatever guards it. */
+struct bs_entry *bs_edit_entry(const struct bs_edit *ed, uint64_t ino);
+/* The origin tensor, or NULL. */
+const struct bs_tensor *bs_entry_origin(const struct bs_edit *ed, const struct bs_entry *e);
+
+/* A file's effective dtype and shape. shape points into the entry, the
+ * origin tensor or eff->dim0. */
+struct bs_eff {
+  enum bs_dtype dtype;
+  uint32_t rank;
+  const uint64_t *shape;
+  uint64_t dim0;
+  bool dtype_inferred; /* not set, and no origin tensor: the U8 default */
+  bool shape_inferred; /* not set, and not the origin's: 1-D by size */
+  bool whole;          /* the size is a whole number of elements (1-D case) */
+};
+void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, struct bs_eff *eff);
+
+/* Setting dtype, shape and param_id from their xattr text. EINVAL for a bad
+ * value (QFLOAT only on a file whose origin is QFLOAT: its scheme is kept). */
+BS_NODISCARD int bs_entry_set_dtype(const struct bs_edit *ed, struct bs_entry *e, const char *v,
+                                    size_t len, bs_err *err);
+BS_NODISCARD int bs_entry_set_shape(struct bs_entry *e, const char *v, size_t len, bs_err *err);
+BS_NODISCARD int bs_entry_set_param_id(struct bs_entry *e, const char *v, size_t len, bs_err *err);
+/* Back to inferred. */
+void bs_entry_clear_dtype(struct bs_entry *e);
+void bs_entry_clear_shape(struct bs_entry *e);
+void bs_entry_clear_param_id(struct bs_entry *e);
+
+/* Other user xattrs. flags: XATTR_CREATE / XATTR_REPLACE values (1 / 2).
+ * ENOSPC past the mount's xattr budget, EEXIST / ENODATA per flags. */
+BS_NODISCARD int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name,
+                                    const void *value, size_t len, int flags, bs_err *err);
+const struct bs_xattr *bs_entry_get_xattr(const struct bs_entry *e, const char *name);
+BS_NODISCARD int bs_entry_remove_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name,
+                                       bs_err *err);
+
+/* Root metadata (counted in the xattr budget). */
+const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key);
+BS_NODISCARD int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value,
+                                  size_t len, bs_err *err);
+BS_NODISCARD int bs_edit_remove_meta(struct bs_edit *ed, const char *key, bs_err *err);
+
+/* Forget an entry's staged bytes and its xattrs (after the caller removed
+ * the staging file): an unlinked file that nobody has open. */
+void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e);
+
+/* The output catalog: every file of the tree as a tensor named by its key,
+ * bytes from the source (sources borrowed at the same indices) or from its
+ * staging file `staging_dir`/<stage> (opened on demand), plus the root
+ * metadata. With keep_hidden, the source tensors the key options hid are
+ * kept too (a filtered view of a checkpoint written back in place must not
+ * delete what it hides); a file of the view with the same key wins. Fails
+ * on a file whose size does not fit its dtype and shape, or two files that
+ * give one key. `out` must be freshly initialised; destroy it either way. */
+BS_NODISCARD int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir,
+                                 bool keep_hidden, struct bs_catalog *out, bs_err *err);
+
+#endif

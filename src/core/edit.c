@@ -1,0 +1,674 @@
+/* The editable catalog of a writable mount (see edit.h). */
+#include "burnstore/edit.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+
+#define XATTR_CREATE_FLAG 1
+#define XATTR_REPLACE_FLAG 2
+
+struct bs_entry *bs_entry_new(long tensor, uint64_t size, bool is_dir, uint32_t mode)
+{
+  struct bs_entry *e = bs_calloc(1, sizeof *e);
+  if (!e)
+    return NULL;
+  if (pthread_rwlock_init(&e->lock, NULL) != 0) {
+    bs_free(e);
+    return NULL;
+  }
+  e->is_dir = is_dir;
+  e->tensor = tensor;
+  e->size = size;
+  e->mode = mode;
+  e->fd = -1;
+  return e;
+}
+
+void bs_entry_free(struct bs_entry *e)
+{
+  if (!e)
+    return;
+  bs_free(e->shape);
+  for (size_t i = 0; i < e->nxattrs; i++) {
+    bs_free(e->xattrs[i].name);
+    bs_free(e->xattrs[i].value);
+  }
+  bs_free(e->xattrs);
+  pthread_rwlock_destroy(&e->lock);
+  bs_free(e);
+}
+
+/* The xattr budget: take `add` bytes while giving back `release`. */
+static bool budget_take(struct bs_edit *ed, uint64_t add, uint64_t release)
+{
+  uint64_t cur = atomic_load(&ed->xattr_bytes), next;
+  do {
+    next = cur - (release < cur ? release : cur) + add;
+    if (add > release && next > ed->xattr_budget)
+      return false;
+  } while (!atomic_compare_exchange_weak(&ed->xattr_bytes, &cur, next));
+  return true;
+}
+
+static void budget_give(struct bs_edit *ed, uint64_t n)
+{
+  (void)budget_take(ed, 0, n);
+}
+
+int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tree *tree, bool flat,
+                 bs_err *err)
+{
+  memset(ed, 0, sizeof *ed);
+  ed->src = src;
+  ed->tree = tree;
+  ed->flat = flat;
+  ed->xattr_budget = BS_EDIT_XATTR_BUDGET;
+  atomic_init(&ed->xattr_bytes, 0);
+  for (size_t i = 0; i < src->nmeta; i++) {
+    if (bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    struct bs_kv *kv = &ed->meta[ed->nmeta];
+    kv->key = bs_strdup(src->meta[i].key);
+    kv->value = bs_strdup(src->meta[i].value);
+    if (!kv->key || !kv->value) {
+      bs_free(kv->key);
+      bs_free(kv->value);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
+    ed->nmeta++;
+    /* The source's own metadata counts, but never refuses the mount. */
+    atomic_fetch_add(&ed->xattr_bytes, strlen(kv->key) + strlen(kv->value));
+  }
+  return 0;
+}
+
+int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, bs_err *err)
+{
+  struct bs_tree *t = ed->tree;
+  for (uint64_t ino = BS_TREE_ROOT; ino < t->n; ino++) {
+    struct bs_node *nd = &t->nodes[ino];
+    if (!nd->live || nd->user)
+      continue;
+    long ti = nd->is_dir ? -1 : nd->tensor;
+    uint64_t size = ti >= 0 && (size_t)ti < ed->src->count ? ed->src->tensors[ti].nbytes : 0;
+    struct bs_entry *e = bs_entry_new(ti, size, nd->is_dir, nd->is_dir ? 0755 : 0644);
+    if (!e)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    if (mtime)
+      e->mtime = *mtime;
+    nd->user = e;
+  }
+  return 0;
+}
+
+void bs_edit_destroy(struct bs_edit *ed)
+{
+  if (ed->tree) {
+    for (uint64_t ino = 0; ino < ed->tree->n; ino++) {
+      bs_entry_free(ed->tree->nodes[ino].user);
+      ed->tree->nodes[ino].user = NULL;
+    }
+  }
+  for (size_t i = 0; i < ed->nmeta; i++) {
+    bs_free(ed->meta[i].key);
+    bs_free(ed->meta[i].value);
+  }
+  bs_free(ed->meta);
+  ed->meta = NULL;
+  ed->nmeta = ed->metacap = 0;
+}
+
+struct bs_entry *bs_edit_entry(const struct bs_edit *ed, uint64_t ino)
+{
+  if (!ed->tree || ino == 0 || ino >= ed->tree->n || !ed->tree->nodes[ino].name)
+    return NULL;
+  return ed->tree->nodes[ino].user;
+}
+
+const struct bs_tensor *bs_entry_origin(const struct bs_edit *ed, const struct bs_entry *e)
+{
+  return e->tensor >= 0 && (size_t)e->tensor < ed->src->count ? &ed->src->tensors[e->tensor] : NULL;
+}
+
+void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, struct bs_eff *eff)
+{
+  const struct bs_tensor *t = bs_entry_origin(ed, e);
+  memset(eff, 0, sizeof *eff);
+  eff->dtype = e->has_dtype ? e->dtype : t ? t->dtype : BS_DT_U8;
+  eff->dtype_inferred = !e->has_dtype && !t;
+  eff->whole = true;
+  if (e->has_shape) {
+    eff->rank = e->rank;
+    eff->shape = e->shape;
+  } else if (t && eff->dtype == t->dtype) {
+    eff->rank = t->rank;
+    eff->shape = t->shape;
+  } else {
+    /* 1-D by size: elements = size * 8 / bits (opaque QFLOAT: bytes). */
+    unsigned bits = bs_dtype_bits(eff->dtype);
+    uint64_t nbits;
+    if (bits == 0) {
+      eff->dim0 = e->size;
+    } else if (bs_mul_u64(e->size, 8, &nbits)) {
+      eff->dim0 = nbits / bits;
+      eff->whole = nbits % bits == 0;
+    } else {
+      eff->dim0 = e->size / (bits >= 8 ? bits / 8 : 1);
+      eff->whole = false;
+    }
+    eff->rank = 1;
+    eff->shape = &eff->dim0;
+    eff->shape_inferred = true;
+  }
+}
+
+/* Trailing newlines and NULs that `setfattr -v` and echo leave. */
+static size_t trim(const char *v, size_t len)
+{
+  while (len && (v[len - 1] == '\n' || v[len - 1] == '\0'))
+    len--;
+  return len;
+}
+
+int bs_entry_set_dtype(const struct bs_edit *ed, struct bs_entry *e, const char *v, size_t len,
+                       bs_err *err)
+{
+  char tmp[32];
+  len = trim(v, len);
+  enum bs_dtype dt;
+  if (len == 0 || len >= sizeof tmp)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a dtype name");
+  memcpy(tmp, v, len);
+  tmp[len] = '\0';
+  if (bs_dtype_from_name(tmp, &dt) != 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "unknown dtype '%s'", tmp);
+  if (dt == BS_DT_QFLOAT) {
+    /* QFloat bytes are meaningful only with their quantization scheme,
+     * which only a QFloat tensor of the source carries. */
+    const struct bs_tensor *t = bs_entry_origin(ed, e);
+    if (!t || t->dtype != BS_DT_QFLOAT)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "QFLOAT can only be set back on a file that was a QFloat tensor");
+  }
+  e->dtype = dt;
+  e->has_dtype = true;
+  return 0;
+}
+
+/* Parse "[2, 3]" (JSON array of non-negative integers). */
+static int parse_shape(const char *v, size_t len, uint32_t *rank, uint64_t *dims)
+{
+  size_t i = 0;
+  uint32_t n = 0;
+#define WS()                                                                                       \
+  while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r'))                 \
+  i++
+  WS();
+  if (i >= len || v[i++] != '[')
+    return -1;
+  WS();
+  if (i < len && v[i] == ']') {
+    i++;
+  } else {
+    for (;;) {
+      WS();
+      if (i >= len || v[i] < '0' || v[i] > '9' || n >= BS_MAX_RANK)
+        return -1;
+      uint64_t x = 0;
+      while (i < len && v[i] >= '0' && v[i] <= '9') {
+        if (!bs_mul_u64(x, 10, &x) || !bs_add_u64(x, (uint64_t)(v[i] - '0'), &x))
+          return -1;
+        i++;
+      }
+      dims[n++] = x;
+      WS();
+      if (i < len && v[i] == ',') {
+        i++;
+        continue;
+      }
+      if (i < len && v[i] == ']') {
+        i++;
+        break;
+      }
+      return -1;
+    }
+  }
+  WS();
+  while (i < len && v[i] == '\0')
+    i++;
+#undef WS
+  if (i != len)
+    return -1;
+  *rank = n;
+  return 0;
+}
+
+int bs_entry_set_shape(struct bs_entry *e, const char *v, size_t len, bs_err *err)
+{
+  uint64_t dims[BS_MAX_RANK];
+  uint32_t rank;
+  if (parse_shape(v, len, &rank, dims) != 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "a shape is a JSON array of at most %d non-negative integers", BS_MAX_RANK);
+  uint64_t *shape = NULL;
+  if (rank) {
+    shape = bs_malloc(rank * sizeof *shape);
+    if (!shape)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    memcpy(shape, dims, rank * sizeof *shape);
+  }
+  bs_free(e->shape);
+  e->shape = shape;
+  e->rank = rank;
+  e->has_shape = true;
+  return 0;
+}
+
+int bs_entry_set_param_id(struct bs_entry *e, const char *v, size_t len, bs_err *err)
+{
+  len = trim(v, len);
+  uint64_t x = 0;
+  bool ok = len > 0 && len <= 20;
+  for (size_t i = 0; ok && i < len; i++)
+    ok = v[i] >= '0' && v[i] <= '9' && bs_mul_u64(x, 10, &x) &&
+         bs_add_u64(x, (uint64_t)(v[i] - '0'), &x);
+  if (!ok)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "a param_id is a decimal u64");
+  e->param_id = x;
+  e->has_param_id = true;
+  return 0;
+}
+
+void bs_entry_clear_dtype(struct bs_entry *e)
+{
+  e->has_dtype = false;
+}
+
+void bs_entry_clear_shape(struct bs_entry *e)
+{
+  bs_free(e->shape);
+  e->shape = NULL;
+  e->rank = 0;
+  e->has_shape = false;
+}
+
+void bs_entry_clear_param_id(struct bs_entry *e)
+{
+  e->has_param_id = false;
+}
+
+const struct bs_xattr *bs_entry_get_xattr(const struct bs_entry *e, const char *name)
+{
+  for (size_t i = 0; i < e->nxattrs; i++)
+    if (strcmp(e->xattrs[i].name, name) == 0)
+      return &e->xattrs[i];
+  return NULL;
+}
+
+static int no_space(bs_err *err, const struct bs_edit *ed)
+{
+  return bs_fail(
+      err, ENOSPC, BS_OFF_NONE, NULL, "the mount holds %llu bytes of xattrs, the bound is %llu",
+      (unsigned long long)atomic_load(&ed->xattr_bytes), (unsigned long long)ed->xattr_budget);
+}
+
+int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name, const void *value,
+                       size_t len, int flags, bs_err *err)
+{
+  struct bs_xattr *x = (struct bs_xattr *)bs_entry_get_xattr(e, name);
+  if (x && (flags & XATTR_CREATE_FLAG))
+    return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "%s exists", name);
+  if (!x && (flags & XATTR_REPLACE_FLAG))
+    return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
+  size_t nlen = strlen(name);
+  uint64_t add = (uint64_t)len + (x ? 0 : nlen), release = x ? x->len : 0;
+  if (!budget_take(ed, add, release))
+    return no_space(err, ed);
+  char *v = bs_malloc(len + 1);
+  if (!v) {
+    budget_give(ed, add);
+    (void)budget_take(ed, release, 0);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  memcpy(v, value, len);
+  v[len] = '\0';
+  if (x) {
+    bs_free(x->value);
+    x->value = v;
+    x->len = len;
+    return 0;
+  }
+  char *n = bs_strdup(name);
+  size_t cap = e->nxattrs;
+  if (!n || bs_grow((void **)&e->xattrs, &cap, e->nxattrs + 1, sizeof *e->xattrs) != 0) {
+    bs_free(n);
+    bs_free(v);
+    budget_give(ed, add);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  e->xattrs[e->nxattrs++] = (struct bs_xattr){n, v, len};
+  return 0;
+}
+
+int bs_entry_remove_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name, bs_err *err)
+{
+  for (size_t i = 0; i < e->nxattrs; i++) {
+    if (strcmp(e->xattrs[i].name, name) == 0) {
+      budget_give(ed, strlen(e->xattrs[i].name) + e->xattrs[i].len);
+      bs_free(e->xattrs[i].name);
+      bs_free(e->xattrs[i].value);
+      e->xattrs[i] = e->xattrs[--e->nxattrs];
+      return 0;
+    }
+  }
+  return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
+}
+
+const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key)
+{
+  for (size_t i = 0; i < ed->nmeta; i++)
+    if (strcmp(ed->meta[i].key, key) == 0)
+      return ed->meta[i].value;
+  return NULL;
+}
+
+int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, size_t len,
+                     bs_err *err)
+{
+  struct bs_kv *kv = NULL;
+  for (size_t i = 0; i < ed->nmeta && !kv; i++)
+    if (strcmp(ed->meta[i].key, key) == 0)
+      kv = &ed->meta[i];
+  uint64_t add = (uint64_t)len + (kv ? 0 : strlen(key)), release = kv ? strlen(kv->value) : 0;
+  if (!budget_take(ed, add, release))
+    return no_space(err, ed);
+  char *v = bs_strndup(value, len);
+  if (!v) {
+    budget_give(ed, add);
+    (void)budget_take(ed, release, 0);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  if (kv) {
+    bs_free(kv->value);
+    kv->value = v;
+    return 0;
+  }
+  char *k = bs_strdup(key);
+  if (!k || bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0) {
+    bs_free(k);
+    bs_free(v);
+    budget_give(ed, add);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  ed->meta[ed->nmeta].key = k;
+  ed->meta[ed->nmeta].value = v;
+  ed->nmeta++;
+  return 0;
+}
+
+int bs_edit_remove_meta(struct bs_edit *ed, const char *key, bs_err *err)
+{
+  for (size_t i = 0; i < ed->nmeta; i++) {
+    if (strcmp(ed->meta[i].key, key) == 0) {
+      budget_give(ed, strlen(ed->meta[i].key) + strlen(ed->meta[i].value));
+      bs_free(ed->meta[i].key);
+      bs_free(ed->meta[i].value);
+      /* Keep the order: the metadata is written as the user sees it. */
+      memmove(&ed->meta[i], &ed->meta[i + 1], (ed->nmeta - i - 1) * sizeof *ed->meta);
+      ed->nmeta--;
+      return 0;
+    }
+  }
+  return bs_fail(err, ENODATA, BS_OFF_NONE, key, "no such metadata key");
+}
+
+void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e)
+{
+  e->stage = 0;
+  e->size = 0;
+  e->tensor = -1;
+  bs_entry_clear_shape(e);
+  for (size_t i = 0; i < e->nxattrs; i++) {
+    budget_give(ed, strlen(e->xattrs[i].name) + e->xattrs[i].len);
+    bs_free(e->xattrs[i].name);
+    bs_free(e->xattrs[i].value);
+  }
+  bs_free(e->xattrs);
+  e->xattrs = NULL;
+  e->nxattrs = 0;
+}
+
+/* --- the output catalog -------------------------------------------------- */
+
+/* Point the output tensor t at the source tensor s's bytes. */
+static int copy_location(struct bs_tensor *t, const struct bs_tensor *s, bs_err *err)
+{
+  t->src = s->src;
+  t->off = s->off;
+  t->storage_off = s->storage_off;
+  t->storage_bytes = s->storage_bytes;
+  if (s->strides) {
+    t->strides = bs_malloc(s->rank * sizeof *t->strides);
+    if (!t->strides)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
+    memcpy(t->strides, s->strides, s->rank * sizeof *t->strides);
+  }
+  return 0;
+}
+
+static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err *err)
+{
+  if (!s->dtype_raw)
+    return 0;
+  t->dtype_raw = bs_malloc(s->dtype_raw_len);
+  if (!t->dtype_raw)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
+  memcpy(t->dtype_raw, s->dtype_raw, s->dtype_raw_len);
+  t->dtype_raw_len = s->dtype_raw_len;
+  return 0;
+}
+
+static int add_file(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
+                    uint64_t ino, bs_err *err)
+{
+  const struct bs_node *nd = &ed->tree->nodes[ino];
+  const struct bs_entry *e = nd->user;
+  if (!e)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, nd->name, "file has no entry");
+  char *key = bs_tree_key(ed->tree, ino, ed->flat);
+  if (!key)
+    return bs_fail(err, errno == ENOMEM ? ENOMEM : EINVAL, BS_OFF_NONE, nd->name,
+                   "cannot turn the file name into a key");
+  /* No include/exclude here: the tree holds only what the mount shows, and
+   * files the user created or renamed are written whatever their name. */
+  const struct bs_tensor *src = bs_entry_origin(ed, e);
+  struct bs_eff eff;
+  bs_entry_effective(ed, e, &eff);
+  if (!eff.whole) {
+    unsigned bits = bs_dtype_bits(eff.dtype);
+    int rc = bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                     "size %llu bytes is not a whole number of %s elements (%u bits each)",
+                     (unsigned long long)e->size, bs_dtype_name(eff.dtype), bits);
+    bs_free(key);
+    return rc;
+  }
+  if (eff.dtype_inferred) {
+    /* A file without user.burnstore.dtype (copied without xattrs) is written
+     * as raw bytes; the write-back report names it. */
+    char line[BS_MAX_KEY_LEN + 160];
+    snprintf(line, sizeof line,
+             "%s: no user.burnstore.dtype (copied without xattrs?): written as U8 [%llu]", key,
+             (unsigned long long)e->size);
+    if (bs_catalog_note(out, line, err) != 0) {
+      bs_free(key);
+      return -1;
+    }
+  }
+  bs_err sub;
+  bs_err_clear(&sub);
+  struct bs_tensor *t = bs_catalog_add(out, key, eff.dtype, eff.rank, eff.shape, BS_OFF_NONE, &sub);
+  if (!t) {
+    int rc = bs_fail(err, sub.code, BS_OFF_NONE, key, "%s", sub.msg);
+    bs_free(key);
+    return rc;
+  }
+  bs_free(key);
+  if (e->stage) {
+    uint32_t idx;
+    struct bs_src s;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
+    if (bs_src_init_path(&s, path, err) != 0 || bs_catalog_add_src(out, &s, &idx, err) != 0)
+      return -1;
+    t = &out->tensors[out->count - 1];
+    t->src = idx;
+    t->off = 0;
+  } else if (src) {
+    if (copy_location(t, src, err) != 0)
+      return -1;
+    if (src->unsupported)
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s", src->unsupported);
+  } else {
+    t->src = UINT32_MAX; /* an empty new file: no bytes to read */
+  }
+  /* The origin's dtype as the file encoded it (QFloat's scheme) stays with
+   * the bytes as long as the dtype does. */
+  if (src && eff.dtype == src->dtype && copy_dtype_raw(t, src, err) != 0)
+    return -1;
+  if (eff.dtype == BS_DT_QFLOAT)
+    t->nbytes = e->size;
+  if (t->nbytes != e->size)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
+                   "file size %llu bytes does not match its shape x %s = %llu bytes (set "
+                   "user.burnstore.shape / user.burnstore.dtype to match the data)",
+                   (unsigned long long)e->size, bs_dtype_name(eff.dtype),
+                   (unsigned long long)t->nbytes);
+  if (e->has_param_id) {
+    t->has_param_id = true;
+    t->param_id = e->param_id;
+  } else if (src && src->has_param_id) {
+    t->has_param_id = true;
+    t->param_id = src->param_id;
+  }
+  return 0;
+}
+
+static int add_dir(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
+                   uint64_t dir, unsigned depth, bs_err *err)
+{
+  if (depth > 4096)
+    return bs_fail(err, ELOOP, BS_OFF_NONE, NULL, "directory tree too deep");
+  const struct bs_node *nd = &ed->tree->nodes[dir];
+  for (size_t i = 0; i < nd->nkids; i++) {
+    uint64_t kid = nd->kids[i];
+    if (!kid)
+      continue;
+    const struct bs_node *kn = &ed->tree->nodes[kid];
+    int rc = kn->is_dir ? add_dir(ed, staging, out, kid, depth + 1, err)
+                        : add_file(ed, staging, out, kid, err);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Two files whose paths give the same key (a/b.c and a/b/c) would collide.
+ * Gives the names sorted in *sorted (borrowed strings; caller frees the
+ * array). The strings are the tensors' own, which stay put when the
+ * catalog's array grows. */
+static int check_duplicates(const struct bs_catalog *out, const char ***sorted, bs_err *err)
+{
+  size_t n = out->count;
+  const char **v = bs_malloc((n ? n : 1) * sizeof *v);
+  if (!v)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < n; i++)
+    v[i] = out->tensors[i].name;
+  qsort(v, n, sizeof *v, cmp_name);
+  for (size_t i = 1; i < n; i++) {
+    if (strcmp(v[i - 1], v[i]) == 0) {
+      int rc = bs_fail(err, EEXIST, BS_OFF_NONE, v[i],
+                       "two files give the same key (a dot in a file name splits like a '/': "
+                       "rename one of them)");
+      bs_free(v);
+      return rc;
+    }
+  }
+  *sorted = v;
+  return 0;
+}
+
+/* The source tensors the view hides, at their names, after the view's. */
+static int add_hidden(const struct bs_edit *ed, struct bs_catalog *out, bs_err *err)
+{
+  const char **sorted = NULL;
+  if (check_duplicates(out, &sorted, err) != 0)
+    return -1;
+  size_t nview = out->count;
+  int rc = 0;
+  for (size_t i = 0; i < ed->src->count && !rc; i++) {
+    const struct bs_tensor *s = &ed->src->tensors[i];
+    const char *name = s->name;
+    if (!s->hidden || bsearch(&name, sorted, nview, sizeof *sorted, cmp_name))
+      continue;
+    bs_err sub;
+    bs_err_clear(&sub);
+    struct bs_tensor *t = bs_catalog_add(out, s->name, s->dtype, s->rank, s->shape, s->off, &sub);
+    if (!t) {
+      rc = bs_fail(err, sub.code, BS_OFF_NONE, s->name, "%s", sub.msg);
+      break;
+    }
+    if (s->dtype == BS_DT_QFLOAT)
+      t->nbytes = s->nbytes;
+    t->has_param_id = s->has_param_id;
+    t->param_id = s->param_id;
+    if (copy_location(t, s, err) != 0 || copy_dtype_raw(t, s, err) != 0)
+      rc = -1;
+    else if (s->unsupported)
+      rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, s->name, "cannot be written: %s", s->unsupported);
+  }
+  bs_free(sorted);
+  return rc;
+}
+
+int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep_hidden,
+                    struct bs_catalog *out, bs_err *err)
+{
+  /* The source's byte sources, borrowed, at the same indices, so clean
+   * tensors keep their src index. */
+  for (size_t i = 0; i < ed->src->nsrcs; i++) {
+    struct bs_src s;
+    uint32_t idx;
+    /* Fails if the source changed since the mount: its clean tensors
+     * would be copied from changed bytes (and an rw target overwritten). */
+    if (bs_src_init_borrowed(&s, &ed->src->srcs[i], err) != 0 ||
+        bs_catalog_add_src(out, &s, &idx, err) != 0)
+      return -1;
+  }
+  if (add_dir(ed, staging_dir, out, BS_TREE_ROOT, 0, err) != 0)
+    return -1;
+  if (keep_hidden) {
+    if (add_hidden(ed, out, err) != 0)
+      return -1;
+  } else {
+    const char **sorted = NULL;
+    if (check_duplicates(out, &sorted, err) != 0)
+      return -1;
+    bs_free(sorted);
+  }
+  for (size_t i = 0; i < ed->nmeta; i++)
+    if (bs_catalog_add_meta(out, ed->meta[i].key, ed->meta[i].value, err) != 0)
+      return -1;
+  return 0;
+}
