@@ -21,8 +21,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   FUZZ_CHECK(idx.target && idx.target[0] == '/');
   FUZZ_CHECK(idx.ncksrcs <= idx.nsrcs);
   for (size_t i = 0; i < idx.nsrcs; i++)
-    FUZZ_CHECK(i < idx.ncksrcs ? !idx.srcs[i].stage : idx.srcs[i].stage && idx.srcs[i].file &&
-                                                          !strchr(idx.srcs[i].file, '/'));
+    FUZZ_CHECK(i < idx.ncksrcs
+                   ? !idx.srcs[i].stage
+                   : idx.srcs[i].stage && idx.srcs[i].file && !strchr(idx.srcs[i].file, '/'));
   for (size_t i = 0; i < idx.cat.count; i++) {
     const struct bs_tensor *t = &idx.cat.tensors[i];
     if (t->dtype != BS_DT_QFLOAT) {
