@@ -70,6 +70,8 @@ struct bs_pv_seq {
 
 struct bs_pv {
   enum bs_pv_kind kind;
+  bool walked;  /* scratch for the flattening: subtree known to hold no tensor */
+  bool walking; /* scratch for the flattening: on the current path (cycles) */
   uint64_t pos; /* stream position of the opcode that made it */
   union {
     bool b;
