@@ -70,9 +70,11 @@ struct bs_pv_seq {
 
 struct bs_pv {
   enum bs_pv_kind kind;
-  bool walked;  /* scratch for the flattening: subtree known to hold no tensor */
-  bool walking; /* scratch for the flattening: on the current path (cycles) */
-  uint64_t pos; /* stream position of the opcode that made it */
+  bool walked;               /* scratch for the flattening: subtree known to hold no tensor */
+  bool walking;              /* scratch for the flattening: on the current path (cycles) */
+  size_t text_off, text_len; /* scratch for the flattening: this value's JSON text, when
+                                text_len > 0, is already at text_off in the values */
+  uint64_t pos;              /* stream position of the opcode that made it */
   union {
     bool b;
     int64_t i;

@@ -54,7 +54,8 @@ static int vput(struct pth_ctx *c, const char *s, size_t n)
     c->values = p;
     c->vcap = cap;
   }
-  memcpy(c->values + c->vlen, s, n);
+  if (s)
+    memcpy(c->values + c->vlen, s, n);
   c->vlen += n;
   return 0;
 }
@@ -151,6 +152,23 @@ static void shortest_double(double f, char *out, size_t n)
 
 static size_t bigint_text(const struct bs_pv *x, char *out, size_t outn);
 
+/* Decimal text of v into out (at least 21 bytes); faster than snprintf. */
+static void int_text(int64_t v, char *out)
+{
+  char tmp[24];
+  size_t n = 0;
+  uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+  do {
+    tmp[n++] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0)
+    *out++ = '-';
+  while (n)
+    *out++ = tmp[--n];
+  *out = '\0';
+}
+
 /* JSON text of a scalar into buf (numbers, literals) or, for a string, only
  * its length (*is_str set; written by str_json). */
 static int scalar_text(struct pth_ctx *c, const struct bs_pv *x, char *buf, size_t bn,
@@ -160,7 +178,7 @@ static int scalar_text(struct pth_ctx *c, const struct bs_pv *x, char *buf, size
   switch (x->kind) {
   case BS_PV_NONE: snprintf(buf, bn, "null"); break;
   case BS_PV_BOOL: snprintf(buf, bn, "%s", x->u.b ? "true" : "false"); break;
-  case BS_PV_INT: snprintf(buf, bn, "%" PRId64, x->u.i); break;
+  case BS_PV_INT: int_text(x->u.i, buf); break;
   case BS_PV_BIGINT:
     if (!bigint_text(x, buf + 1, bn - 2))
       snprintf(buf, bn, "null");
@@ -398,30 +416,50 @@ static int emit_scalar(struct pth_ctx *c, size_t plen, const struct bs_pv *x)
   return ok ? scalar_put(c, x) : 0;
 }
 
-static int emit_array(struct pth_ctx *c, size_t plen, const struct bs_pv *x)
+/* An all-scalar list at the current path. Its text is written once; a later
+ * reference to the same list copies that text (bytes, not work). */
+static int emit_array(struct pth_ctx *c, size_t plen, struct bs_pv *x)
 {
-  uint64_t total = 2;
-  for (size_t i = 0; i < x->u.seq.n; i++) {
-    char buf[2100];
-    uint64_t len;
-    bool is_str;
-    if (scalar_text(c, x->u.seq.items[i], buf, sizeof buf, &len, &is_str) != 0)
-      return -1;
-    total += len + 1;
-    if (total > PTH_VALUES_BUDGET) /* never scan more than the budget */
-      break;
+  uint64_t estimate = 2;
+  if (x->text_len) {
+    estimate = x->text_len;
+  } else {
+    for (size_t i = 0; i < x->u.seq.n && estimate <= PTH_VALUES_BUDGET; i++) {
+      const struct bs_pv *it = x->u.seq.items[i];
+      uint64_t len = 24; /* numbers, literals: at most */
+      if (it->kind == BS_PV_STR || it->kind == BS_PV_BIGINT || it->kind == BS_PV_GLOBAL) {
+        char buf[2100];
+        bool is_str;
+        if (scalar_text(c, it, buf, sizeof buf, &len, &is_str) != 0)
+          return -1;
+      }
+      estimate += len + 1;
+    }
   }
   bool ok;
-  if (value_head(c, plen, total, &ok) != 0)
+  if (value_head(c, plen, estimate, &ok) != 0)
     return -1;
   if (!ok)
     return 0;
+  if (x->text_len) {
+    if (vput(c, NULL, x->text_len) != 0) /* reserve, then copy from the first emission */
+      return -1;
+    memcpy(c->values + c->vlen - x->text_len, c->values + x->text_off, x->text_len);
+    return 0;
+  }
+  size_t start = c->vlen;
   if (vput(c, "[", 1) != 0)
     return -1;
   for (size_t i = 0; i < x->u.seq.n; i++)
     if ((i && vput(c, ",", 1) != 0) || scalar_put(c, x->u.seq.items[i]) != 0)
       return -1;
-  return vput(c, "]", 1);
+  if (vput(c, "]", 1) != 0)
+    return -1;
+  x->text_off = start;
+  x->text_len = c->vlen - start;
+  if (x->text_len < estimate) /* charge the text, not the estimate */
+    c->vbytes -= estimate - x->text_len;
+  return 0;
 }
 
 static int emit_empty_dict(struct pth_ctx *c, size_t plen)
