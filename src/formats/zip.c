@@ -302,8 +302,8 @@ static int extract_deflated(const struct bs_src *s, const struct bs_zip_entry *e
   return 0;
 }
 
-int bs_zip_extract(const struct bs_src *s, const struct bs_zip_entry *e, bs_zip_sink sink,
-                   void *ctx, bs_err *err)
+/* The method is one we read, and the sizes are possible for it. */
+static int check_claims(const struct bs_zip_entry *e, bs_err *err)
 {
   if (e->method != BS_ZIP_STORED && e->method != BS_ZIP_DEFLATED)
     return bs_fail(err, ENOTSUP, e->lho, NULL,
@@ -322,6 +322,14 @@ int bs_zip_extract(const struct bs_src *s, const struct bs_zip_entry *e, bs_zip_
                    "zip member '%.100s' claims %" PRIu64 " bytes from %" PRIu64
                    " compressed, a ratio over deflate's limit of %u:1",
                    e->name, e->usize, e->csize, (unsigned)BS_ZIP_MAX_RATIO);
+  return 0;
+}
+
+int bs_zip_extract(const struct bs_src *s, const struct bs_zip_entry *e, bs_zip_sink sink,
+                   void *ctx, bs_err *err)
+{
+  if (check_claims(e, err) != 0)
+    return -1;
   uint64_t d;
   if (bs_zip_data_off(s, e, &d, err) != 0)
     return -1;
@@ -352,6 +360,8 @@ int bs_zip_extract_mem(const struct bs_src *s, const struct bs_zip_entry *e, uin
                        uint8_t **out, bs_err *err)
 {
   *out = NULL;
+  if (check_claims(e, err) != 0)
+    return -1;
   if (e->usize > max)
     return bs_fail(err, EFBIG, e->lho, NULL,
                    "zip member '%.100s' is %" PRIu64 " bytes, over the limit of %" PRIu64, e->name,
