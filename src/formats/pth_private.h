@@ -10,6 +10,7 @@
 #include "burnstore/formats.h"
 #include "burnstore/pickle.h"
 #include "burnstore/strmap.h"
+#include "burnstore/torch_pickle.h"
 #include "burnstore/zip.h"
 
 /* Flattening bounds (bytes and work, not counts). */
