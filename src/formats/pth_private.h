@@ -41,6 +41,8 @@ struct pth_ctx {
   /* zip */
   struct bs_zip zip;
   char *prefix;
+  bool has_tmp;     /* deflated storages are inflated, one after another, into */
+  uint32_t tmp_src; /* this catalog source: one unlinked temporary file */
   /* storages */
   struct pth_rec *recs;
   size_t nrecs, reccap;

@@ -2,7 +2,8 @@
  * from the file; a deflated record (a re-zipped checkpoint) is inflated once,
  * at open, into an unlinked temporary file on disk ($TMPDIR, else /var/tmp),
  * never into memory, and only if its declared size fits the free space of
- * that file system (and deflate's ratio limit, checked by bs_zip_extract). */
+ * that file system (and deflate's ratio limit, checked by bs_zip_extract).
+ * All deflated storages share one such file (one descriptor). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -71,6 +72,24 @@ static int write_sink(void *ctx, const uint8_t *buf, size_t n, bs_err *err)
   return 0;
 }
 
+/* Refuse member e when it cannot fit the file system of fd. */
+static int check_room(struct pth_ctx *c, int fd, const struct bs_zip_entry *e, const char *dir)
+{
+  struct statvfs vs;
+  if (fstatvfs(fd, &vs) != 0)
+    return 0; /* unknown: the writes will tell */
+  uint64_t avail;
+  if (!bs_mul_u64((uint64_t)vs.f_bavail, (uint64_t)vs.f_frsize, &avail))
+    avail = UINT64_MAX;
+  if (e->usize > avail)
+    return bs_fail(c->err, ENOSPC, e->lho, NULL,
+                   "zip member '%.100s' would decompress to %" PRIu64
+                   " bytes but %s has only %" PRIu64
+                   " bytes free (set TMPDIR to a larger file system)",
+                   e->name, e->usize, dir, avail);
+  return 0;
+}
+
 /* Inflate member e into a new unlinked temporary file; returns its fd or -1. */
 static int inflate_to_temp(struct pth_ctx *c, const struct bs_zip_entry *e)
 {
@@ -78,26 +97,49 @@ static int inflate_to_temp(struct pth_ctx *c, const struct bs_zip_entry *e)
   int fd = temp_fd(c, dir);
   if (fd < 0)
     return -1;
-  struct statvfs vs;
-  if (fstatvfs(fd, &vs) == 0) {
-    uint64_t avail;
-    if (!bs_mul_u64((uint64_t)vs.f_bavail, (uint64_t)vs.f_frsize, &avail))
-      avail = UINT64_MAX;
-    if (e->usize > avail) {
-      close(fd);
-      return bs_fail(c->err, ENOSPC, e->lho, NULL,
-                     "zip member '%.100s' would decompress to %" PRIu64
-                     " bytes but %s has only %" PRIu64
-                     " bytes free (set TMPDIR to a larger file system)",
-                     e->name, e->usize, dir, avail);
-    }
-  }
   struct fd_sink s = {fd, 0, e->name, dir};
-  if (bs_zip_extract(pth_src(c), e, write_sink, &s, c->err) != 0) {
+  if (check_room(c, fd, e, dir) != 0 ||
+      bs_zip_extract(pth_src(c), e, write_sink, &s, c->err) != 0) {
     close(fd);
     return -1;
   }
   return fd;
+}
+
+/* Inflate member e to the end of the reader's temporary source (created on
+ * first use), so that a checkpoint of many deflated storages holds one file
+ * descriptor, not one per storage. *src and *off say where the bytes are. */
+static int inflate_append(struct pth_ctx *c, const struct bs_zip_entry *e, uint32_t *src,
+                          uint64_t *off)
+{
+  const char *dir = temp_dir();
+  if (!c->has_tmp) {
+    int fd = temp_fd(c, dir);
+    if (fd < 0)
+      return -1;
+    struct bs_src ts;
+    char nm[256];
+    snprintf(nm, sizeof nm, "%s (decompressed members)", pth_src(c)->name);
+    if (bs_src_init_fd(&ts, fd, true, nm, c->err) != 0 || /* closes fd on failure */
+        bs_catalog_add_src(c->cat, &ts, &c->tmp_src, c->err) != 0)
+      return -1;
+    c->has_tmp = true;
+  }
+  struct bs_src *ts = &c->cat->srcs[c->tmp_src];
+  uint64_t end;
+  if (!bs_add_u64(ts->size, e->usize, &end))
+    return bs_fail(c->err, EFBIG, e->lho, NULL, "decompressed members overflow");
+  struct fd_sink s = {ts->fd, ts->size, e->name, dir};
+  if (check_room(c, ts->fd, e, dir) != 0 ||
+      bs_zip_extract(pth_src(c), e, write_sink, &s, c->err) != 0) {
+    if (ftruncate(ts->fd, (off_t)ts->size) != 0) /* drop the partial copy */
+      return -1;                                 /* (the first error stays) */
+    return -1;
+  }
+  *src = c->tmp_src;
+  *off = ts->size;
+  ts->size = end;
+  return 0;
 }
 
 /* Locate storage `key` of a zip: data/<key> in place, or a decompressed copy. */
@@ -124,18 +166,8 @@ static int zip_locate(struct pth_ctx *c, struct pth_rec *r, const char *tkey)
     if (z->usize > BS_MAX_TENSOR_BYTES)
       return bs_fail(c->err, EFBIG, z->lho, tkey,
                      "compressed entry '%.100s' expands to %" PRIu64 " bytes", z->name, z->usize);
-    int fd = inflate_to_temp(c, z);
-    if (fd < 0)
+    if (inflate_append(c, z, &r->src, &r->off) != 0)
       return -1;
-    struct bs_src ns;
-    char nm[256];
-    snprintf(nm, sizeof nm, "%s (decompressed %s)", pth_src(c)->name, z->name);
-    if (bs_src_init_fd(&ns, fd, true, nm, c->err) != 0 ||
-        bs_catalog_add_src(c->cat, &ns, &r->src, c->err) != 0) {
-      bs_src_destroy(&ns);
-      return -1;
-    }
-    r->off = 0;
     r->len = z->usize;
   }
   r->located = true;

@@ -1134,6 +1134,35 @@ Test(pth, deflated_storage_is_inflated_to_an_unlinked_file_in_tmpdir)
   bs_free(z);
 }
 
+/* Many deflated storages share one temporary file (one descriptor), not one each. */
+Test(pth, deflated_storages_share_one_temporary_file)
+{
+  static const char pk[] =
+      W_PICKLE("X\x01\x00\x00\x00"
+               "uctorch._utils\n_rebuild_tensor_v2\n"
+               "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+               "1X\x03\x00\x00\x00"
+               "cpuK\x01tQK\x00K\x01\x85K\x01\x85\x89"
+               "ccollections\nOrderedDict\n)RtR");
+  static const float one = 42;
+  struct zbe ents[] = {{"arch/data.pkl", pk, sizeof pk - 1},
+                       {"arch/data/0", STORE8, sizeof STORE8, true},
+                       {"arch/data/1", &one, sizeof one, true}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 3, &len);
+  struct bs_catalog cat;
+  bs_err e;
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), 0, "%s", e.msg);
+  expect_f32(&cat, "w", (const float[]){2, 3, 4, 5, 6, 7}, 6);
+  expect_f32(&cat, "u", &one, 1);
+  cr_assert_eq(cat.nsrcs, 2);
+  cr_assert_eq(get(&cat, "w")->src, 1);
+  cr_assert_eq(get(&cat, "u")->src, 1);
+  cr_assert_eq(cat.srcs[1].size, sizeof STORE8 + sizeof one);
+  bs_catalog_destroy(&cat);
+  bs_free(z);
+}
+
 /* A deflated member that inflates to more than its entry declares, or one
  * whose CRC does not match, is refused naming the member. */
 Test(pth, deflated_member_larger_than_declared_is_refused)
