@@ -942,7 +942,8 @@ static void pb_shared_string_list(struct pbuf *b, size_t slen, size_t n)
   pb_put(b, "e", 1);
 }
 
-static void open_hostile(const struct pbuf *b, struct bs_catalog *cat, double *secs)
+/* Returns the archive, which the (memory-backed) catalog reads: free it after the catalog. */
+static uint8_t *open_hostile(const struct pbuf *b, struct bs_catalog *cat, double *secs)
 {
   size_t len;
   uint8_t *z = w_zip(b->p, b->n, STORE8, sizeof STORE8, &len);
@@ -950,13 +951,13 @@ static void open_hostile(const struct pbuf *b, struct bs_catalog *cat, double *s
   double t0 = now_s();
   cr_assert_eq(open_mem(cat, z, len, false, &e), 0, "%s", e.msg);
   *secs = now_s() - t0;
-  bs_free(z);
   expect_f32(cat, "w", (const float[]){2, 3, 4, 5, 6, 7}, 6);
+  return z;
 }
 
 /* A 200 KB pickle sharing one 10 KB string 20,000 times: the old walk copied
  * it 20,000 times (200 MB of values text, ~600 MB peak). */
-Test(pth, a_shared_string_is_not_copied_past_the_values_budget, .timeout = 60)
+Test(pth, a_shared_string_is_not_copied_past_the_values_budget)
 {
   struct pbuf b = {0};
   pb_value_begin(&b);
@@ -965,7 +966,7 @@ Test(pth, a_shared_string_is_not_copied_past_the_values_budget, .timeout = 60)
   cr_assert_lt(b.n, 100000);
   struct bs_catalog cat;
   double secs;
-  open_hostile(&b, &cat, &secs);
+  uint8_t *z = open_hostile(&b, &cat, &secs);
   free(b.p);
   cr_assert_lt(secs, 0.5, "%.2f s", secs);
   cr_assert_lt(peak_mib(), 64, "peak %.0f MiB", peak_mib());
@@ -974,11 +975,12 @@ Test(pth, a_shared_string_is_not_copied_past_the_values_budget, .timeout = 60)
   cr_assert(strstr(cat.notes, "non-tensor values stop at 'v': over the budget of 16 MiB"), "%s",
             cat.notes);
   bs_catalog_destroy(&cat);
+  bs_free(z);
 }
 
 /* The same string referenced by lists of lists, 10 levels of 10: 10^10
  * copies in the old walk (minutes, then out of memory). */
-Test(pth, nested_shared_references_decide_fast_in_little_memory, .timeout = 60)
+Test(pth, nested_shared_references_decide_fast_in_little_memory)
 {
   struct pbuf b = {0};
   pb_value_begin(&b);
@@ -1002,7 +1004,7 @@ Test(pth, nested_shared_references_decide_fast_in_little_memory, .timeout = 60)
   pb_value_end(&b);
   struct bs_catalog cat;
   double secs;
-  open_hostile(&b, &cat, &secs);
+  uint8_t *z = open_hostile(&b, &cat, &secs);
   free(b.p);
   cr_assert_lt(secs, 0.5, "%.2f s", secs);
   cr_assert_lt(peak_mib(), 64, "peak %.0f MiB", peak_mib());
@@ -1012,10 +1014,11 @@ Test(pth, nested_shared_references_decide_fast_in_little_memory, .timeout = 60)
   cr_assert_not_null(j, "%s", je.text);
   json_decref(j);
   bs_catalog_destroy(&cat);
+  bs_free(z);
 }
 
 /* Lists of lists of small ints, shared: many small values, each charged. */
-Test(pth, many_small_shared_values_stop_at_the_budget, .timeout = 60)
+Test(pth, many_small_shared_values_stop_at_the_budget)
 {
   struct pbuf b = {0};
   pb_value_begin(&b);
@@ -1034,13 +1037,14 @@ Test(pth, many_small_shared_values_stop_at_the_budget, .timeout = 60)
   pb_value_end(&b);
   struct bs_catalog cat;
   double secs;
-  open_hostile(&b, &cat, &secs);
+  uint8_t *z = open_hostile(&b, &cat, &secs);
   free(b.p);
   cr_assert_lt(secs, 1.0, "%.2f s", secs);
   cr_assert_lt(peak_mib(), 80, "peak %.0f MiB", peak_mib());
   cr_assert(strstr(cat.notes, "non-tensor values stop at"), "%s", cat.notes);
   cr_assert_leq(strlen(cat.values_json), 16u << 20);
   bs_catalog_destroy(&cat);
+  bs_free(z);
 }
 
 /* Shared values within the budget are all listed (a reference is a value at
@@ -1053,11 +1057,12 @@ Test(pth, shared_values_under_the_budget_are_all_listed)
   pb_value_end(&b);
   struct bs_catalog cat;
   double secs;
-  open_hostile(&b, &cat, &secs);
+  uint8_t *z = open_hostile(&b, &cat, &secs);
   free(b.p);
   cr_assert_str_eq(cat.values_json, "{\"v\":[\"xxx\",\"xxx\",\"xxx\",\"xxx\"]}");
   cr_assert_null(cat.notes);
   bs_catalog_destroy(&cat);
+  bs_free(z);
 }
 
 /* Floats in the values use the shortest text that reads back the same. */
@@ -1079,11 +1084,12 @@ Test(pth, float_values_use_the_shortest_round_trip_form)
   pb_value_end(&b);
   struct bs_catalog cat;
   double secs;
-  open_hostile(&b, &cat, &secs);
+  uint8_t *z = open_hostile(&b, &cat, &secs);
   free(b.p);
   cr_assert_str_eq(cat.values_json, "{\"v\":[0.1,1e-07,2.5,0.3333333333333333,1.0,-0.0,1e+300,"
                                     "123456789.125]}");
   bs_catalog_destroy(&cat);
+  bs_free(z);
 }
 
 /* ---- deflated members, temporary files, rollback ----------------------------------------------
@@ -1273,7 +1279,7 @@ Test(pth, self_referencing_containers_mount_with_a_note)
 /* l0 = [b, b]; l(k+1) = [lk, lk]: 2^40 paths from 40 levels, no tensor and
  * no value in any of them. The old walk refused the file after 4M nodes; now
  * a subtree known to hold no tensor is not walked again once values stop. */
-Test(pth, shared_reference_bomb_without_tensors_is_walked_once, .timeout = 20)
+Test(pth, shared_reference_bomb_without_tensors_is_walked_once)
 {
   char pk[1024];
   size_t n = 0;
@@ -1301,7 +1307,7 @@ Test(pth, shared_reference_bomb_without_tensors_is_walked_once, .timeout = 20)
 
 /* Shared tensors are real paths (tied weights): 2^40 tensor paths are still
  * refused by the walk budget, with a clear message. */
-Test(pth, shared_tensor_bomb_hits_the_flattening_budget, .timeout = 20)
+Test(pth, shared_tensor_bomb_hits_the_flattening_budget)
 {
   size_t cap = 4096, n = 0;
   char *pk = malloc(cap);
