@@ -198,15 +198,14 @@ static int scalar_text(struct pth_ctx *c, const struct bs_pv *x, char *buf, size
         strcat(buf, ".0");
     }
     break;
-  case BS_PV_STR:
+  case BS_PV_STR: /* not valid UTF-8: null, as before */
     if (str_json(c, x->u.str.s, x->u.str.len, false, false, len) != 0)
       return -1;
-    if (*len == 0)
-      snprintf(buf, bn, "null");
-    else
+    if (*len > 0) {
       *is_str = true;
-    if (*is_str)
       return 0;
+    }
+    snprintf(buf, bn, "null");
     break;
   case BS_PV_GLOBAL: {
     char tmp[2100];

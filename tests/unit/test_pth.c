@@ -1092,6 +1092,35 @@ Test(pth, float_values_use_the_shortest_round_trip_form)
   bs_free(z);
 }
 
+/* The values text is built by hand now: escapes, non-ASCII and invalid UTF-8
+ * (null, as jansson gave it) must still make valid JSON. */
+Test(pth, values_text_escapes_strings_and_nulls_invalid_utf8)
+{
+  struct pbuf b = {0};
+  pb_value_begin(&b);
+  static const char items[] = "](X\x08\x00\x00\x00q\"\\\n\x01\xc3\xa9z"
+                              "X\x02\x00\x00\x00\xff\x41"
+                              "\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x80"
+                              "e";
+  pb_put(&b, items, sizeof items - 1);
+  pb_value_end(&b);
+  struct bs_catalog cat;
+  double secs;
+  uint8_t *z = open_hostile(&b, &cat, &secs);
+  free(b.p);
+  json_error_t je;
+  json_t *j = json_loads(cat.values_json, 0, &je);
+  cr_assert_not_null(j, "%s: %s", je.text, cat.values_json);
+  json_t *v = json_object_get(j, "v");
+  cr_assert_eq(json_array_size(v), 3);
+  cr_assert_str_eq(json_string_value(json_array_get(v, 0)), "q\"\\\n\x01\xc3\xa9z");
+  cr_assert(json_is_null(json_array_get(v, 1)));
+  cr_assert_str_eq(json_string_value(json_array_get(v, 2)), "-2361183241434822606848");
+  json_decref(j);
+  bs_catalog_destroy(&cat);
+  bs_free(z);
+}
+
 /* ---- deflated members, temporary files, rollback ----------------------------------------------
  */
 
