@@ -46,6 +46,7 @@ struct bs_pv {
   enum bs_pv_kind kind;
   bool walked;               /* scratch for the flattening: subtree known to hold no tensor */
   bool walking;              /* scratch for the flattening: on the current path (cycles) */
+  bool visited;              /* scratch for the flattening: reached before */
   size_t text_off, text_len; /* scratch for the flattening: this value's JSON text, when
                                 text_len > 0, is already at text_off in the values */
   uint64_t pos;              /* stream position of the opcode that made it */

@@ -16,7 +16,9 @@
 /* Flattening bounds (bytes and work, not counts). */
 #define PTH_VALUES_BUDGET (16u << 20) /* bytes of user.burnstore.values text (+ per-value cost) */
 #define PTH_VALUES_WORK 1000000u      /* nodes visited while values are still collected */
-#define PTH_WALK_BUDGET 4000000u      /* nodes visited in all (tensor paths multiplied) */
+#define PTH_WALK_BUDGET 4000000u      /* nodes reached again (shared references multiplied) */
+#define PTH_TENSOR_SHARING 16u        /* keys per distinct tensor, on average, past the first */
+#define PTH_TENSOR_SLACK 4096u        /* 4096 keys of the others */
 
 /* Where a storage's bytes are. */
 struct pth_rec {
@@ -55,10 +57,12 @@ struct pth_ctx {
   size_t nowned, ownedcap;
   char *values; /* JSON object text being built, without the closing brace */
   size_t vlen, vcap, nvalues;
-  bool values_off; /* a budget was reached: no more values */
-  uint64_t visits; /* nodes visited */
-  uint64_t vbytes; /* values budget spent */
-  char *path;      /* BS_MAX_KEY_LEN + 2 bytes */
+  bool values_off;   /* a budget was reached: no more values */
+  uint64_t visits;   /* nodes visited */
+  uint64_t revisits; /* visits of nodes reached before */
+  uint64_t tensors;  /* distinct tensor values found (nfound counts their keys) */
+  uint64_t vbytes;   /* values budget spent */
+  char *path;        /* BS_MAX_KEY_LEN + 2 bytes */
   struct pth_frame *stack;
   size_t depth, stackcap;
 };

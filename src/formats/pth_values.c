@@ -11,7 +11,10 @@
  *  - a container whose subtree held no tensor is marked, and a later visit
  *    that collects no values skips it in O(1), so the tensor search is
  *    linear in the pickle unless tensors themselves are shared;
- *  - PTH_WALK_BUDGET visits in all, past which the file is refused.
+ *  - a file is refused when tensors have more than PTH_TENSOR_SHARING keys
+ *    each on average (tied weights have 2 or 3), or when nodes are reached
+ *    again more than PTH_WALK_BUDGET times: the work beyond one visit per
+ *    node, which is linear in the pickle.
  * The walk is iterative (an explicit stack of small frames, one path buffer),
  * so deep nesting cannot exhaust the C stack; nesting deeper than
  * BS_PICKLE_MAX_DEPTH is an error. A reference back to a container on the
@@ -512,7 +515,8 @@ static int push(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, bo
 /* One node at path[0..plen): a leaf is handled here, a container is pushed. */
 static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
 {
-  if (++c->visits > PTH_WALK_BUDGET)
+  c->visits++;
+  if (x->visited && ++c->revisits > PTH_WALK_BUDGET)
     return bs_fail(c->err, EFBIG, BS_OFF_NONE, NULL,
                    "the pickled object graph has more than %u nodes when flattened (shared "
                    "references multiply it)",
@@ -527,9 +531,19 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
   values = values && !c->values_off;
   if (x->walked && (!values || x->kind == BS_PV_STORAGE))
     return 0; /* nothing to find in it again */
+  if (x->kind != BS_PV_TENSOR)
+    x->visited = true;
   switch (x->kind) {
   case BS_PV_TENSOR: {
     const char *key = plen ? c->path : "tensor";
+    if (!x->visited)
+      c->tensors++;
+    x->visited = true;
+    if (c->nfound >= c->tensors * PTH_TENSOR_SHARING + PTH_TENSOR_SLACK)
+      return bs_fail(c->err, EFBIG, BS_OFF_NONE, key,
+                     "%" PRIu64 " distinct tensor(s) appear under %zu keys: shared references "
+                     "multiply them (limit: %u keys per tensor + %u)",
+                     c->tensors, c->nfound, PTH_TENSOR_SHARING, PTH_TENSOR_SLACK);
     char *kept;
     if (claim_key(c, key, &kept) != 0)
       return -1;
