@@ -1220,6 +1220,14 @@ Test(pth, deflated_member_larger_than_declared_is_refused)
   bs_free(z);
 }
 
+/* The reader's entry called directly (bs_open_any empties the catalog on
+ * failure, which would hide a reader that does not roll back). The only
+ * call of the entry in the tests: the format registry changes its signature. */
+static int read_zip_entry(struct bs_catalog *cat, uint32_t idx, bs_err *err)
+{
+  return bs_pth_read(cat, idx, BS_KIND_PT_ZIP, NULL, err);
+}
+
 /* The reader takes back what it added when it fails half way (tensors,
  * notes, decompressed copies), like the other readers. */
 Test(pth, a_failed_read_rolls_the_catalog_back)
@@ -1245,7 +1253,7 @@ Test(pth, a_failed_read_rolls_the_catalog_back)
   cr_assert_eq(bs_src_init_mem(&src, z, len, "mem.pt", &e), 0);
   uint32_t idx;
   cr_assert_eq(bs_catalog_add_src(&cat, &src, &idx, &e), 0);
-  cr_assert_eq(bs_pth_read(&cat, idx, BS_KIND_PT_ZIP, NULL, &e), -1);
+  cr_assert_eq(read_zip_entry(&cat, idx, &e), -1);
   cr_assert(strstr(e.msg, "has no record 'arch/data/9'"), "%s", e.msg);
   cr_assert_eq(cat.count, 0);
   cr_assert_null(cat.notes);
