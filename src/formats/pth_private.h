@@ -19,6 +19,7 @@
 #define PTH_WALK_BUDGET 4000000u      /* nodes reached again (shared references multiplied) */
 #define PTH_TENSOR_SHARING 16u        /* keys per distinct tensor, on average, past the first */
 #define PTH_TENSOR_SLACK 4096u        /* 4096 keys of the others */
+#define PTH_WALK_NOTES 100u           /* notes the walk writes (cycles, bare storages) */
 
 /* Where a storage's bytes are. */
 struct pth_rec {
@@ -61,8 +62,9 @@ struct pth_ctx {
   uint64_t visits;   /* nodes visited */
   uint64_t revisits; /* visits of nodes reached before */
   uint64_t tensors;  /* distinct tensor values found (nfound counts their keys) */
-  uint64_t vbytes;   /* values budget spent */
-  char *path;        /* BS_MAX_KEY_LEN + 2 bytes */
+  unsigned walk_notes;
+  uint64_t vbytes; /* values budget spent */
+  char *path;      /* BS_MAX_KEY_LEN + 2 bytes */
   struct pth_frame *stack;
   size_t depth, stackcap;
 };

@@ -346,6 +346,17 @@ static int claim_key(struct pth_ctx *c, const char *key, char **kept)
   return 0;
 }
 
+/* A note from the walk; past PTH_WALK_NOTES of them, one last line says
+ * that more were left out (a shared cycle could otherwise note forever). */
+static int walk_note(struct pth_ctx *c, const char *line)
+{
+  if (c->walk_notes >= PTH_WALK_NOTES)
+    return 0;
+  if (++c->walk_notes == PTH_WALK_NOTES)
+    line = "further notes about skipped cycles and storages are left out";
+  return bs_catalog_note(c->cat, line, c->err);
+}
+
 /* ---- values --------------------------------------------------------------------------------- */
 
 static bool is_scalar(const struct bs_pv *x)
@@ -493,7 +504,7 @@ static int push(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, bo
   if (x->walking) { /* a reference cycle: the container is already on the path */
     char line[300];
     snprintf(line, sizeof line, "skipped a reference cycle at key '%.200s'", plen ? c->path : "");
-    return bs_catalog_note(c->cat, line, c->err);
+    return walk_note(c, line);
   }
   if (c->depth >= BS_PICKLE_MAX_DEPTH)
     return bs_fail(c->err, EINVAL, BS_OFF_NONE, NULL,
@@ -583,7 +594,7 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
     char line[300];
     snprintf(line, sizeof line, "skipped a bare storage (not a tensor) at key '%.200s'",
              plen ? c->path : "");
-    return bs_catalog_note(c->cat, line, c->err);
+    return walk_note(c, line);
   }
   case BS_PV_BYTES: return 0;
   default:

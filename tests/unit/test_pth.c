@@ -1313,6 +1313,34 @@ Test(pth, self_referencing_containers_mount_with_a_note)
   }
 }
 
+/* One cyclic dict shared 20,000 times: the notes stay short. */
+Test(pth, a_shared_cycle_is_noted_a_bounded_number_of_times)
+{
+  struct pbuf b = {0};
+  pb_value_begin(&b);
+  pb_put(&b,
+         "}q\x01X\x01\x00\x00\x00"
+         "dh\x01s0](",
+         15);
+  for (int i = 0; i < 20000; i++)
+    pb_put(&b, "h\x01", 2);
+  pb_put(&b, "e", 1);
+  pb_value_end(&b);
+  struct bs_catalog cat;
+  double secs;
+  uint8_t *z = open_hostile(&b, &cat, &secs);
+  free(b.p);
+  cr_assert_lt(secs, 0.5, "%.2f s", secs);
+  size_t lines = 0;
+  for (const char *p = cat.notes; p && *p; p++)
+    lines += *p == '\n';
+  cr_assert_leq(lines, 102, "%zu note lines", lines);
+  cr_assert(strstr(cat.notes, "skipped a reference cycle at key 'v.0.d'"), "%s", cat.notes);
+  cr_assert(strstr(cat.notes, "further notes about skipped cycles"), "%s", cat.notes);
+  bs_catalog_destroy(&cat);
+  bs_free(z);
+}
+
 /* l0 = [b, b]; l(k+1) = [lk, lk]: 2^40 paths from 40 levels, no tensor and
  * no value in any of them. The old walk refused the file after 4M nodes; now
  * a subtree known to hold no tensor is not walked again once values stop. */
