@@ -1,8 +1,10 @@
-/* A restricted unpickler for PyTorch checkpoints: it turns a pickle stream
- * (protocols 2-5, plus the protocol-1 opcodes old files use) into a small
- * value tree. It never imports or calls anything: known GLOBALs (torch's
- * tensor rebuild functions, storage classes, OrderedDict, ...) are
- * interpreted, every other GLOBAL becomes an inert "opaque" class. */
+/* A restricted unpickler: it turns a pickle stream (protocols 2-5, plus the
+ * protocol-1 opcodes old files use) into a small value tree. It never
+ * imports or calls anything: known GLOBALs are interpreted by the class
+ * layer (torch_pickle.h: torch's tensor rebuild functions, storage classes,
+ * OrderedDict, ...), every other GLOBAL becomes an inert "opaque" class.
+ * TENSOR and STORAGE values are what that layer makes of tensor rebuilds
+ * and persistent ids. */
 #ifndef BURNSTORE_PICKLE_H
 #define BURNSTORE_PICKLE_H
 
@@ -33,34 +35,6 @@ enum bs_pv_kind {
   BS_PV_COUNT
 };
 
-/* What a GLOBAL resolved to. */
-enum bs_pg {
-  BS_PG_OPAQUE, /* unknown: never called; REDUCE/NEWOBJ make an opaque object */
-  BS_PG_ORDERED_DICT,
-  BS_PG_REBUILD_V2, /* torch._utils._rebuild_tensor_v2 */
-  BS_PG_REBUILD_V3,
-  BS_PG_REBUILD_LEGACY, /* torch._utils._rebuild_tensor (4 args) */
-  BS_PG_REBUILD_QTENSOR,
-  BS_PG_REBUILD_OTHER, /* other torch._utils._rebuild_*: unsupported tensor */
-  BS_PG_PARAMETER,     /* _rebuild_parameter, _rebuild_parameter_with_state */
-  BS_PG_FROM_TYPE_V2,  /* torch._tensor._rebuild_from_type_v2 */
-  BS_PG_STORAGE,       /* torch.*Storage (by name alone) */
-  BS_PG_DTYPE,         /* torch.float16 etc. */
-  BS_PG_SIZE,          /* torch.Size */
-  BS_PG_DEVICE,        /* torch.device */
-  BS_PG_TENSOR_CLASS,  /* torch.Tensor / torch.nn.parameter.Parameter (as a class value) */
-  BS_PG_CODECS_ENCODE, /* _codecs.encode */
-  BS_PG_SET,
-  BS_PG_FROZENSET,
-  BS_PG_COMPLEX,
-  BS_PG_BYTEARRAY,
-  BS_PG_RECONSTRUCTOR, /* copyreg._reconstructor(cls, base, state) */
-  BS_PG_NAMESPACE,     /* argparse.Namespace: NEWOBJ + BUILD, harmless */
-  BS_PG_NN_MODULE,     /* torch.nn.modules.*: a whole pickled module, refused */
-  BS_PG_INERT,         /* known harmless value (qscheme, torch.memory_format, ...) */
-  BS_PG_COUNT
-};
-
 struct bs_pv;
 
 struct bs_pv_seq {
@@ -70,7 +44,12 @@ struct bs_pv_seq {
 
 struct bs_pv {
   enum bs_pv_kind kind;
-  uint64_t pos; /* stream position of the opcode that made it */
+  bool walked;               /* scratch for the flattening: subtree known to hold no tensor */
+  bool walking;              /* scratch for the flattening: on the current path (cycles) */
+  bool visited;              /* scratch for the flattening: reached before */
+  size_t text_off, text_len; /* scratch for the flattening: this value's JSON text, when
+                                text_len > 0, is already at text_off in the values */
+  uint64_t pos;              /* stream position of the opcode that made it */
   union {
     bool b;
     int64_t i;
@@ -87,8 +66,8 @@ struct bs_pv {
     } dict;
     struct {
       const char *module, *name; /* after the Python 2 name mapping */
-      enum bs_pg kind;
-      bool dtype_ok; /* STORAGE / DTYPE: dtype known */
+      unsigned kind;             /* what the name means: enum bs_pg (torch_pickle.h) */
+      bool dtype_ok;             /* STORAGE / DTYPE: dtype known */
       enum bs_dtype dtype;
       unsigned esize; /* STORAGE: bytes per element, 0 if unknown */
     } glob;
@@ -149,10 +128,6 @@ BS_NODISCARD int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, u
  * pickle offset N"), in order. Borrowed. */
 size_t bs_pickle_nnotes(const struct bs_pickle *p);
 const char *bs_pickle_note(const struct bs_pickle *p, size_t i);
-
-/* Storage class name ("FloatStorage") -> element size (0 if unknown) and,
- * when burnstore has one, its dtype. Returns true if the dtype is known. */
-bool bs_pickle_storage_dtype(const char *name, unsigned *esize, enum bs_dtype *dt);
 
 const char *bs_pv_kind_name(enum bs_pv_kind k);
 

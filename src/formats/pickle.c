@@ -14,8 +14,9 @@
  *      REDUCE, NEWOBJ, NEWOBJ_EX "call" it; BUILD sets state; BINPERSID turns
  *      the tuple on top into a storage reference.
  *   6. STOP: the result is the top of the stack; more bytes may follow.
- * Nothing named by a GLOBAL is ever imported or called: known names are
- * interpreted (tensor rebuilds, OrderedDict, ...), others become opaque. */
+ * Nothing named by a GLOBAL is ever imported or called. This file is the
+ * generic machine; what a name means (tensor rebuilds, OrderedDict, storages
+ * as persistent ids) is torch_pickle.c, behind the pk_* calls of pickle_vm.h. */
 #include "burnstore/pickle.h"
 
 #include <errno.h>
@@ -28,50 +29,11 @@
 
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
-
-#define MAX_NOTES 1000u
-#define MAX_LINE 1024u         /* GLOBAL module/name, INT/LONG/FLOAT text lines */
-#define MAX_REBUILD_NESTING 8u /* _rebuild_from_type_v2 wrapping another rebuild */
-#define CHUNK_MIN 65536u
-
-struct chunk {
-  struct chunk *next;
-  size_t used, cap;
-  max_align_t data[];
-};
-
-struct bs_pickle {
-  struct chunk *chunks;
-  uint64_t total; /* bytes handed out by the arena */
-  char **notes;   /* arena strings */
-  size_t nnotes, notecap;
-  uint64_t notes_dropped;
-};
-
-/* Per-stream state. */
-struct vm {
-  struct bs_pickle *p;
-  const struct bs_src *src;
-  uint64_t start, end; /* source range of the stream */
-  uint8_t *buf;        /* bytes [start, start + len) read so far */
-  size_t len, cap;
-  size_t pos;
-  uint64_t op_pos; /* position of the current opcode */
-  uint8_t op;
-  const struct bs_pickle_opts *opts;
-  struct bs_pv **stack;
-  size_t sp, stackcap;
-  size_t *marks;
-  size_t nmarks, markcap;
-  struct bs_pv **memo;
-  size_t memocap, memolen; /* memolen: entries set (Python's len(memo)) */
-  uint64_t memo_limit;
-  bs_err *err;
-};
+#include "pickle_vm.h"
 
 /* ---- arena ---------------------------------------------------------------------------------- */
 
-static void *arena_alloc(struct bs_pickle *p, size_t n)
+void *pk_alloc(struct bs_pickle *p, size_t n)
 {
   n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
   if (n == 0)
@@ -138,19 +100,14 @@ const char *bs_pv_kind_name(enum bs_pv_kind k)
 
 /* ---- errors --------------------------------------------------------------------------------- */
 
-static uint64_t abs_off(const struct vm *v, uint64_t pos)
+uint64_t pk_abs_off(const struct vm *v, uint64_t pos)
 {
   if (v->opts->base_off == BS_OFF_NONE || pos > UINT64_MAX - v->opts->base_off)
     return BS_OFF_NONE;
   return v->opts->base_off + pos;
 }
 
-/* Every VM error names the opcode and its pickle offset. */
-#define VFAIL(v, code, fmt, ...)                                                                   \
-  bs_fail((v)->err, code, abs_off(v, (v)->op_pos), NULL, "pickle offset %" PRIu64 ": " fmt,        \
-          (v)->op_pos, __VA_ARGS__)
-
-static int oom(struct vm *v)
+int pk_oom(struct vm *v)
 {
   if (v->p->total >= BS_PICKLE_MAX_ALLOC / 2)
     return VFAIL(v, EFBIG, "the pickle builds more than %llu bytes of values",
@@ -158,8 +115,8 @@ static int oom(struct vm *v)
   return VFAIL(v, ENOMEM, "%s", "out of memory");
 }
 
-static int add_note(struct vm *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int add_note(struct vm *v, const char *fmt, ...)
+int pk_note(struct vm *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int pk_note(struct vm *v, const char *fmt, ...)
 {
   struct bs_pickle *p = v->p;
   if (p->nnotes >= MAX_NOTES) {
@@ -172,9 +129,9 @@ static int add_note(struct vm *v, const char *fmt, ...)
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
   size_t n = strlen(line);
-  char *s = arena_alloc(p, n + 1);
+  char *s = pk_alloc(p, n + 1);
   if (!s || bs_grow((void **)&p->notes, &p->notecap, p->nnotes + 1, sizeof *p->notes) != 0)
-    return oom(v);
+    return pk_oom(v);
   memcpy(s, line, n + 1);
   p->notes[p->nnotes++] = s;
   return 0;
@@ -255,11 +212,11 @@ static int rd_line(struct vm *v, const char **out, size_t *len)
 
 /* ---- values --------------------------------------------------------------------------------- */
 
-static struct bs_pv *newv(struct vm *v, enum bs_pv_kind k)
+struct bs_pv *pk_newv(struct vm *v, enum bs_pv_kind k)
 {
-  struct bs_pv *x = arena_alloc(v->p, sizeof *x);
+  struct bs_pv *x = pk_alloc(v->p, sizeof *x);
   if (!x) {
-    oom(v);
+    pk_oom(v);
     return NULL;
   }
   x->kind = k;
@@ -267,11 +224,11 @@ static struct bs_pv *newv(struct vm *v, enum bs_pv_kind k)
   return x;
 }
 
-static char *astrndup(struct vm *v, const char *s, size_t n)
+char *pk_strndup(struct vm *v, const char *s, size_t n)
 {
-  char *r = arena_alloc(v->p, n + 1);
+  char *r = pk_alloc(v->p, n + 1);
   if (!r) {
-    oom(v);
+    pk_oom(v);
     return NULL;
   }
   memcpy(r, s, n);
@@ -279,24 +236,24 @@ static char *astrndup(struct vm *v, const char *s, size_t n)
   return r;
 }
 
-static struct bs_pv *new_str(struct vm *v, enum bs_pv_kind k, const void *s, size_t n)
+struct bs_pv *pk_new_str(struct vm *v, enum bs_pv_kind k, const void *s, size_t n)
 {
-  struct bs_pv *x = newv(v, k);
-  if (!x || !(x->u.str.s = astrndup(v, s, n)))
+  struct bs_pv *x = pk_newv(v, k);
+  if (!x || !(x->u.str.s = pk_strndup(v, s, n)))
     return NULL;
   x->u.str.len = n;
   return x;
 }
 
-static int seq_push(struct vm *v, struct bs_pv_seq *q, struct bs_pv *item)
+int pk_seq_push(struct vm *v, struct bs_pv_seq *q, struct bs_pv *item)
 {
   if (q->n == q->cap) {
     size_t cap = q->cap ? q->cap * 2 : 4;
     if (cap > SIZE_MAX / sizeof *q->items)
-      return oom(v);
-    struct bs_pv **ni = arena_alloc(v->p, cap * sizeof *ni);
+      return pk_oom(v);
+    struct bs_pv **ni = pk_alloc(v->p, cap * sizeof *ni);
     if (!ni)
-      return oom(v);
+      return pk_oom(v);
     if (q->n)
       memcpy(ni, q->items, q->n * sizeof *ni);
     q->items = ni;
@@ -393,170 +350,6 @@ static struct bs_pv *memo_get(struct vm *v, uint64_t idx)
   return v->memo[idx];
 }
 
-/* ---- GLOBAL resolution ---------------------------------------------------------------------- */
-
-static const struct {
-  const char *name;
-  unsigned esize;
-  bool ok;
-  enum bs_dtype dt;
-} storage_table[] = {
-    {"DoubleStorage", 8, true, BS_DT_F64},       {"FloatStorage", 4, true, BS_DT_F32},
-    {"HalfStorage", 2, true, BS_DT_F16},         {"BFloat16Storage", 2, true, BS_DT_BF16},
-    {"LongStorage", 8, true, BS_DT_I64},         {"IntStorage", 4, true, BS_DT_I32},
-    {"ShortStorage", 2, true, BS_DT_I16},        {"CharStorage", 1, true, BS_DT_I8},
-    {"ByteStorage", 1, true, BS_DT_U8},          {"BoolStorage", 1, true, BS_DT_BOOL},
-    {"ComplexFloatStorage", 8, true, BS_DT_C64}, {"ComplexDoubleStorage", 16, true, BS_DT_C128},
-    {"QInt8Storage", 1, true, BS_DT_QI8},        {"QUInt8Storage", 1, true, BS_DT_QU8},
-    {"QInt32Storage", 4, true, BS_DT_QI32},      {"QUInt4x2Storage", 1, false, BS_DT_U8},
-    {"QUInt2x4Storage", 1, false, BS_DT_U8},     {"ComplexHalfStorage", 4, false, BS_DT_U8},
-    {"UntypedStorage", 1, true, BS_DT_U8},       {"_UntypedStorage", 1, true, BS_DT_U8},
-};
-
-bool bs_pickle_storage_dtype(const char *name, unsigned *esize, enum bs_dtype *dt)
-{
-  for (size_t i = 0; i < sizeof storage_table / sizeof storage_table[0]; i++) {
-    if (strcmp(storage_table[i].name, name) == 0) {
-      *esize = storage_table[i].esize;
-      *dt = storage_table[i].dt;
-      return storage_table[i].ok;
-    }
-  }
-  *esize = 0;
-  *dt = BS_DT_U8;
-  return false;
-}
-
-static const struct {
-  const char *name;
-  bool ok;
-  enum bs_dtype dt;
-} dtype_table[] = {
-    {"float64", true, BS_DT_F64},
-    {"double", true, BS_DT_F64},
-    {"float32", true, BS_DT_F32},
-    {"float", true, BS_DT_F32},
-    {"float16", true, BS_DT_F16},
-    {"half", true, BS_DT_F16},
-    {"bfloat16", true, BS_DT_BF16},
-    {"int64", true, BS_DT_I64},
-    {"long", true, BS_DT_I64},
-    {"int32", true, BS_DT_I32},
-    {"int", true, BS_DT_I32},
-    {"int16", true, BS_DT_I16},
-    {"short", true, BS_DT_I16},
-    {"int8", true, BS_DT_I8},
-    {"uint8", true, BS_DT_U8},
-    {"uint16", true, BS_DT_U16},
-    {"uint32", true, BS_DT_U32},
-    {"uint64", true, BS_DT_U64},
-    {"bool", true, BS_DT_BOOL},
-    {"complex64", true, BS_DT_C64},
-    {"cfloat", true, BS_DT_C64},
-    {"complex128", true, BS_DT_C128},
-    {"cdouble", true, BS_DT_C128},
-    {"float8_e5m2", true, BS_DT_F8_E5M2},
-    {"float8_e4m3fn", true, BS_DT_F8_E4M3},
-    {"float8_e5m2fnuz", true, BS_DT_F8_E5M2FNUZ},
-    {"float8_e4m3fnuz", true, BS_DT_F8_E4M3FNUZ},
-    {"float8_e8m0fnu", true, BS_DT_F8_E8M0},
-    {"qint8", true, BS_DT_QI8},
-    {"quint8", true, BS_DT_QU8},
-    {"qint32", true, BS_DT_QI32},
-    {"complex32", false, BS_DT_U8},
-    {"chalf", false, BS_DT_U8},
-    {"quint4x2", false, BS_DT_U8},
-    {"quint2x4", false, BS_DT_U8},
-    {"bits8", false, BS_DT_U8},
-    {"bits16", false, BS_DT_U8},
-    {"bits1x8", false, BS_DT_U8},
-    {"bits2x4", false, BS_DT_U8},
-    {"bits4x2", false, BS_DT_U8},
-    {"float4_e2m1fn_x2", false, BS_DT_U8},
-};
-
-static bool starts_with(const char *s, const char *prefix)
-{
-  return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static void resolve(struct bs_pv *g)
-{
-  const char *m = g->u.glob.module, *n = g->u.glob.name;
-  enum bs_pg k = BS_PG_OPAQUE;
-#define IS(mod, nm) (strcmp(m, mod) == 0 && strcmp(n, nm) == 0)
-  if (IS("collections", "OrderedDict")) {
-    k = BS_PG_ORDERED_DICT;
-  } else if (strcmp(m, "torch._utils") == 0 && starts_with(n, "_rebuild_")) {
-    if (strcmp(n, "_rebuild_tensor_v2") == 0)
-      k = BS_PG_REBUILD_V2;
-    else if (strcmp(n, "_rebuild_tensor_v3") == 0)
-      k = BS_PG_REBUILD_V3;
-    else if (strcmp(n, "_rebuild_tensor") == 0)
-      k = BS_PG_REBUILD_LEGACY;
-    else if (strcmp(n, "_rebuild_qtensor") == 0)
-      k = BS_PG_REBUILD_QTENSOR;
-    else if (strcmp(n, "_rebuild_parameter") == 0 ||
-             strcmp(n, "_rebuild_parameter_with_state") == 0)
-      k = BS_PG_PARAMETER;
-    else
-      k = BS_PG_REBUILD_OTHER;
-  } else if (IS("torch._tensor", "_rebuild_from_type_v2")) {
-    k = BS_PG_FROM_TYPE_V2;
-  } else if (ends_with(n, "Storage")) {
-    k = BS_PG_STORAGE; /* by name alone, as torch does */
-    g->u.glob.dtype_ok = bs_pickle_storage_dtype(n, &g->u.glob.esize, &g->u.glob.dtype);
-  } else if (IS("torch", "Size")) {
-    k = BS_PG_SIZE;
-  } else if (IS("torch", "device")) {
-    k = BS_PG_DEVICE;
-  } else if (IS("torch", "Tensor") || IS("torch._tensor", "Tensor") ||
-             IS("torch.nn.parameter", "Parameter")) {
-    k = BS_PG_TENSOR_CLASS;
-  } else if (IS("_codecs", "encode")) {
-    k = BS_PG_CODECS_ENCODE;
-  } else if (IS("builtins", "set")) {
-    k = BS_PG_SET;
-  } else if (IS("builtins", "frozenset")) {
-    k = BS_PG_FROZENSET;
-  } else if (IS("builtins", "complex")) {
-    k = BS_PG_COMPLEX;
-  } else if (IS("builtins", "bytearray")) {
-    k = BS_PG_BYTEARRAY;
-  } else if (IS("copyreg", "_reconstructor")) {
-    k = BS_PG_RECONSTRUCTOR;
-  } else if (IS("argparse", "Namespace")) {
-    k = BS_PG_NAMESPACE;
-  } else if (starts_with(m, "torch.nn.modules.")) {
-    k = BS_PG_NN_MODULE;
-  } else if (strcmp(m, "torch") == 0) {
-    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++) {
-      if (strcmp(dtype_table[i].name, n) == 0) {
-        k = BS_PG_DTYPE;
-        g->u.glob.dtype_ok = dtype_table[i].ok;
-        g->u.glob.dtype = dtype_table[i].dt;
-        if (dtype_table[i].ok)
-          g->u.glob.esize = bs_dtype_bits(dtype_table[i].dt) / 8;
-        break;
-      }
-    }
-    if (k == BS_PG_OPAQUE &&
-        (starts_with(n, "per_tensor_") || starts_with(n, "per_channel_") ||
-         strcmp(n, "contiguous_format") == 0 || strcmp(n, "channels_last") == 0 ||
-         strcmp(n, "channels_last_3d") == 0 || strcmp(n, "preserve_format") == 0 ||
-         strcmp(n, "strided") == 0 || strcmp(n, "sparse_coo") == 0))
-      k = BS_PG_INERT;
-  }
-#undef IS
-  g->u.glob.kind = k;
-}
-
 static int do_global(struct vm *v, const char *mod, size_t mlen, const char *name, size_t nlen)
 {
   if (memchr(mod, '\0', mlen) || memchr(name, '\0', nlen))
@@ -572,11 +365,11 @@ static int do_global(struct vm *v, const char *mod, size_t mlen, const char *nam
     mod = "torch._tensor";
     mlen = 13;
   }
-  struct bs_pv *g = newv(v, BS_PV_GLOBAL);
-  if (!g || !(g->u.glob.module = astrndup(v, mod, mlen)) ||
-      !(g->u.glob.name = astrndup(v, name, nlen)))
+  struct bs_pv *g = pk_newv(v, BS_PV_GLOBAL);
+  if (!g || !(g->u.glob.module = pk_strndup(v, mod, mlen)) ||
+      !(g->u.glob.name = pk_strndup(v, name, nlen)))
     return -1;
-  resolve(g);
+  pk_resolve(g);
   if (g->u.glob.kind == BS_PG_OPAQUE && v->opts->strict)
     return VFAIL(v, ENOTSUP,
                  "strict mode: the pickle names %s.%s, which is not a known tensor or "
@@ -585,433 +378,18 @@ static int do_global(struct vm *v, const char *mod, size_t mlen, const char *nam
   return push(v, g);
 }
 
-/* ---- storages and tensors ------------------------------------------------------------------- */
-
-static const char *int_key(struct vm *v, const struct bs_pv *x)
-{
-  if (x->kind == BS_PV_STR) {
-    if (strlen(x->u.str.s) != x->u.str.len) {
-      VFAIL(v, EINVAL, "%s", "storage key contains a NUL byte");
-      return NULL;
-    }
-    return x->u.str.s;
-  }
-  if (x->kind == BS_PV_INT) {
-    char tmp[32];
-    int n = snprintf(tmp, sizeof tmp, "%" PRId64, x->u.i);
-    return astrndup(v, tmp, (size_t)n);
-  }
-  VFAIL(v, EINVAL, "storage key is a %s, expected a str", bs_pv_kind_name(x->kind));
-  return NULL;
-}
-
-static bool as_u64(const struct bs_pv *x, uint64_t *out)
-{
-  if (x->kind == BS_PV_INT && x->u.i >= 0) {
-    *out = (uint64_t)x->u.i;
-    return true;
-  }
-  if (x->kind == BS_PV_BOOL) {
-    *out = x->u.b;
-    return true;
-  }
-  return false;
-}
-
-static void storage_class(struct bs_pv *s, const struct bs_pv *cls, struct vm *v)
-{
-  if (cls->kind == BS_PV_GLOBAL) {
-    s->u.storage.cls = cls->u.glob.name;
-    if (cls->u.glob.kind == BS_PG_STORAGE) {
-      s->u.storage.dtype_ok = cls->u.glob.dtype_ok;
-      s->u.storage.dtype = cls->u.glob.dtype;
-      s->u.storage.esize = cls->u.glob.esize;
-    }
-  } else if (cls->kind == BS_PV_STR) { /* some writers give the class as a name */
-    s->u.storage.cls = cls->u.str.s;
-    s->u.storage.dtype_ok =
-        bs_pickle_storage_dtype(cls->u.str.s, &s->u.storage.esize, &s->u.storage.dtype);
-  } else {
-    s->u.storage.cls = bs_pv_kind_name(cls->kind);
-  }
-  (void)v;
-}
-
-/* ('storage', cls, key, location, numel[, view_metadata]) -> STORAGE. */
-static struct bs_pv *make_storage(struct vm *v, const struct bs_pv *pid)
-{
-  if (pid->kind != BS_PV_TUPLE || pid->u.seq.n == 0 || pid->u.seq.items[0]->kind != BS_PV_STR) {
-    VFAIL(v, EINVAL, "unsupported persistent id: a %s, expected ('storage', ...)",
-          bs_pv_kind_name(pid->kind));
-    return NULL;
-  }
-  struct bs_pv **it = pid->u.seq.items;
-  size_t n = pid->u.seq.n;
-  const char *tag = it[0]->u.str.s;
-  if (strcmp(tag, "module") == 0) {
-    const char *cls = n > 1 && it[1]->kind == BS_PV_GLOBAL ? it[1]->u.glob.name : "?";
-    VFAIL(v, ENOTSUP,
-          "this file pickles a whole nn.Module (legacy format, class %s); save "
-          "model.state_dict() instead",
-          cls);
-    return NULL;
-  }
-  if (strcmp(tag, "storage") != 0) {
-    VFAIL(v, EINVAL, "unsupported persistent id tag '%.64s' (expected 'storage')", tag);
-    return NULL;
-  }
-  if (n != 5 && n != 6) {
-    VFAIL(v, EINVAL, "storage persistent id has %zu fields, expected 5 or 6", n);
-    return NULL;
-  }
-  struct bs_pv *s = newv(v, BS_PV_STORAGE);
-  if (!s)
-    return NULL;
-  storage_class(s, it[1], v);
-  if (!(s->u.storage.key = int_key(v, it[2])))
-    return NULL;
-  if (!as_u64(it[4], &s->u.storage.numel)) {
-    VFAIL(v, EINVAL, "storage '%.64s': element count is a %s, expected an int >= 0",
-          s->u.storage.key, bs_pv_kind_name(it[4]->kind));
-    return NULL;
-  }
-  if (n == 6 && it[5]->kind != BS_PV_NONE) {
-    const struct bs_pv *vm = it[5];
-    if (vm->kind != BS_PV_TUPLE || vm->u.seq.n != 3 ||
-        !as_u64(vm->u.seq.items[1], &s->u.storage.view_off) ||
-        !as_u64(vm->u.seq.items[2], &s->u.storage.view_numel)) {
-      VFAIL(v, EINVAL, "storage '%.64s': view metadata is not (key, offset, size)",
-            s->u.storage.key);
-      return NULL;
-    }
-    if (!(s->u.storage.view_key = int_key(v, vm->u.seq.items[0])))
-      return NULL;
-    s->u.storage.has_view = true;
-  }
-  return s;
-}
-
-static int int_tuple(struct vm *v, const struct bs_pv *x, const char *what, bool nonneg,
-                     uint32_t *rank, int64_t **out)
-{
-  if (x->kind != BS_PV_TUPLE && x->kind != BS_PV_LIST)
-    return VFAIL(v, EINVAL, "tensor %s is a %s, expected a tuple of ints", what,
-                 bs_pv_kind_name(x->kind));
-  if (x->u.seq.n > BS_MAX_RANK)
-    return VFAIL(v, EINVAL, "tensor %s has %zu dimensions, more than the limit of %u", what,
-                 x->u.seq.n, BS_MAX_RANK);
-  int64_t *a = NULL;
-  if (x->u.seq.n) {
-    a = arena_alloc(v->p, x->u.seq.n * sizeof *a);
-    if (!a)
-      return oom(v);
-  }
-  for (size_t i = 0; i < x->u.seq.n; i++) {
-    const struct bs_pv *e = x->u.seq.items[i];
-    if (e->kind != BS_PV_INT || (nonneg && e->u.i < 0))
-      return VFAIL(v, EINVAL, "tensor %s[%zu] is not an int%s", what, i, nonneg ? " >= 0" : "");
-    a[i] = e->u.i;
-  }
-  *rank = (uint32_t)x->u.seq.n;
-  *out = a;
-  return 0;
-}
-
-static struct bs_pv *unsupported_tensor(struct vm *v, const char *why)
-{
-  struct bs_pv *t = newv(v, BS_PV_TENSOR);
-  if (t)
-    t->u.tensor.unsupported = why;
-  return t;
-}
-
-static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const struct bs_pv *args)
-{
-  enum bs_pg k = g->u.glob.kind;
-  size_t n = args->u.seq.n, min = k == BS_PG_REBUILD_V3 ? 7 : 4;
-  if (n < min) {
-    VFAIL(v, EINVAL, "%s.%s called with %zu arguments, expected at least %zu", g->u.glob.module,
-          g->u.glob.name, n, min);
-    return NULL;
-  }
-  struct bs_pv **a = args->u.seq.items;
-  struct bs_pv *st = a[0];
-  if (st->kind == BS_PV_TUPLE) /* the tar format passes the persistent id itself */
-    st = make_storage(v, st);
-  if (!st)
-    return NULL;
-  if (st->kind != BS_PV_STORAGE) {
-    VFAIL(v, EINVAL, "%s.%s: storage argument is a %s", g->u.glob.module, g->u.glob.name,
-          bs_pv_kind_name(st->kind));
-    return NULL;
-  }
-  struct bs_pv *t = newv(v, BS_PV_TENSOR);
-  if (!t)
-    return NULL;
-  t->u.tensor.storage = st;
-  if (!as_u64(a[1], &t->u.tensor.offset)) {
-    VFAIL(v, EINVAL, "tensor storage offset is a %s, expected an int >= 0",
-          bs_pv_kind_name(a[1]->kind));
-    return NULL;
-  }
-  uint32_t rank, srank;
-  int64_t *shape, *stride;
-  if (int_tuple(v, a[2], "size", true, &rank, &shape) != 0 ||
-      int_tuple(v, a[3], "stride", false, &srank, &stride) != 0)
-    return NULL;
-  if (srank != rank) {
-    VFAIL(v, EINVAL, "tensor has %u sizes but %u strides", rank, srank);
-    return NULL;
-  }
-  t->u.tensor.rank = rank;
-  t->u.tensor.shape = (uint64_t *)shape; /* all >= 0 */
-  t->u.tensor.stride = stride;
-  if (k == BS_PG_REBUILD_V3) {
-    const struct bs_pv *dt = a[6];
-    if (dt->kind != BS_PV_GLOBAL || dt->u.glob.kind != BS_PG_DTYPE) {
-      VFAIL(v, EINVAL, "_rebuild_tensor_v3: dtype argument is a %s, expected a torch dtype",
-            bs_pv_kind_name(dt->kind));
-      return NULL;
-    }
-    if (!dt->u.glob.dtype_ok) {
-      char tmp[160];
-      snprintf(tmp, sizeof tmp, "dtype torch.%s is not supported", dt->u.glob.name);
-      t->u.tensor.unsupported = astrndup(v, tmp, strlen(tmp));
-      return t->u.tensor.unsupported ? t : NULL;
-    }
-    t->u.tensor.dtype_ok = true;
-    t->u.tensor.dtype = dt->u.glob.dtype;
-  } else if (!st->u.storage.dtype_ok || st->u.storage.esize == 0 ||
-             !strcmp(st->u.storage.cls, "UntypedStorage")) {
-    char tmp[160];
-    snprintf(tmp, sizeof tmp, "storage class %s is not supported", st->u.storage.cls);
-    t->u.tensor.unsupported = astrndup(v, tmp, strlen(tmp));
-    return t->u.tensor.unsupported ? t : NULL;
-  } else {
-    t->u.tensor.dtype_ok = true;
-    t->u.tensor.dtype = st->u.storage.dtype;
-  }
-  return t;
-}
-
-/* ---- calls ---------------------------------------------------------------------------------- */
-
-static struct bs_pv *make_object(struct vm *v, struct bs_pv *cls, struct bs_pv *args)
-{
-  struct bs_pv *o = newv(v, BS_PV_OBJECT);
-  if (!o)
-    return NULL;
-  o->u.obj.cls = cls;
-  o->u.obj.args = args;
-  if (cls->kind == BS_PV_GLOBAL && cls->u.glob.kind == BS_PG_OPAQUE &&
-      add_note(v, "skipped object of class %s.%s at pickle offset %" PRIu64, cls->u.glob.module,
-               cls->u.glob.name, v->op_pos) != 0)
-    return NULL;
-  return o;
-}
-
-static struct bs_pv *set_from(struct vm *v, const struct bs_pv *args)
-{
-  struct bs_pv *s = newv(v, BS_PV_SET);
-  if (!s)
-    return NULL;
-  if (args && args->u.seq.n > 0) {
-    const struct bs_pv *src = args->u.seq.items[0];
-    if (src->kind == BS_PV_LIST || src->kind == BS_PV_TUPLE || src->kind == BS_PV_SET)
-      for (size_t i = 0; i < src->u.seq.n; i++)
-        if (seq_push(v, &s->u.seq, src->u.seq.items[i]) != 0)
-          return NULL;
-  }
-  return s;
-}
-
 static bool is_hashable(const struct bs_pv *k)
 {
   return k->kind != BS_PV_LIST && k->kind != BS_PV_DICT && k->kind != BS_PV_SET;
 }
 
-static int dict_set(struct vm *v, struct bs_pv *d, struct bs_pv *k, struct bs_pv *val)
+int pk_dict_set(struct vm *v, struct bs_pv *d, struct bs_pv *k, struct bs_pv *val)
 {
   if (!is_hashable(k))
     return VFAIL(v, EINVAL, "unhashable dict key (a %s)", bs_pv_kind_name(k->kind));
   if (d->kind == BS_PV_DICT)
-    return seq_push(v, &d->u.dict.keys, k) || seq_push(v, &d->u.dict.vals, val) ? -1 : 0;
-  return seq_push(v, &d->u.obj.dkeys, k) || seq_push(v, &d->u.obj.dvals, val) ? -1 : 0;
-}
-
-static struct bs_pv *refuse_module(struct vm *v, const struct bs_pv *cls)
-{
-  VFAIL(v, ENOTSUP, "this file pickles a whole nn.Module (%s.%s); save model.state_dict() instead",
-        cls->u.glob.module, cls->u.glob.name);
-  return NULL;
-}
-
-static struct bs_pv *call_new(struct vm *v, struct bs_pv *cls, struct bs_pv *args)
-{
-  if (cls->kind != BS_PV_GLOBAL) {
-    VFAIL(v, EINVAL, "NEWOBJ on a %s, which is not a class", bs_pv_kind_name(cls->kind));
-    return NULL;
-  }
-  switch (cls->u.glob.kind) {
-  case BS_PG_NN_MODULE: return refuse_module(v, cls);
-  case BS_PG_ORDERED_DICT: {
-    struct bs_pv *d = newv(v, BS_PV_DICT);
-    if (d)
-      d->u.dict.ordered = true;
-    return d;
-  }
-  case BS_PG_SET:
-  case BS_PG_FROZENSET: return set_from(v, args);
-  case BS_PG_TENSOR_CLASS:
-    if (args && args->u.seq.n > 0 && args->u.seq.items[0]->kind == BS_PV_TENSOR)
-      return args->u.seq.items[0];
-    return make_object(v, cls, args);
-  default: return make_object(v, cls, args);
-  }
-}
-
-static struct bs_pv *call(struct vm *v, struct bs_pv *f, struct bs_pv *args, unsigned nesting)
-{
-  if (f->kind != BS_PV_GLOBAL) {
-    VFAIL(v, EINVAL, "REDUCE on a %s, which cannot be called", bs_pv_kind_name(f->kind));
-    return NULL;
-  }
-  if (args->kind != BS_PV_TUPLE) {
-    VFAIL(v, EINVAL, "REDUCE arguments are a %s, expected a tuple", bs_pv_kind_name(args->kind));
-    return NULL;
-  }
-  size_t n = args->u.seq.n;
-  struct bs_pv **a = args->u.seq.items;
-  switch (f->u.glob.kind) {
-  case BS_PG_ORDERED_DICT: {
-    struct bs_pv *d = newv(v, BS_PV_DICT);
-    if (!d)
-      return NULL;
-    d->u.dict.ordered = true;
-    if (n > 0 && (a[0]->kind == BS_PV_LIST || a[0]->kind == BS_PV_TUPLE)) {
-      for (size_t i = 0; i < a[0]->u.seq.n; i++) {
-        const struct bs_pv *pair = a[0]->u.seq.items[i];
-        if ((pair->kind != BS_PV_TUPLE && pair->kind != BS_PV_LIST) || pair->u.seq.n != 2) {
-          VFAIL(v, EINVAL, "%s", "OrderedDict item is not a (key, value) pair");
-          return NULL;
-        }
-        if (dict_set(v, d, pair->u.seq.items[0], pair->u.seq.items[1]) != 0)
-          return NULL;
-      }
-    } else if (n > 0 && a[0]->kind == BS_PV_DICT) {
-      for (size_t i = 0; i < a[0]->u.dict.keys.n; i++)
-        if (dict_set(v, d, a[0]->u.dict.keys.items[i], a[0]->u.dict.vals.items[i]) != 0)
-          return NULL;
-    }
-    return d;
-  }
-  case BS_PG_REBUILD_V2:
-  case BS_PG_REBUILD_V3:
-  case BS_PG_REBUILD_LEGACY:
-  case BS_PG_REBUILD_QTENSOR: return make_tensor(v, f, args);
-  case BS_PG_REBUILD_OTHER: {
-    char tmp[200];
-    snprintf(tmp, sizeof tmp, "torch._utils.%s tensors are not supported", f->u.glob.name);
-    const char *why = astrndup(v, tmp, strlen(tmp));
-    return why ? unsupported_tensor(v, why) : NULL;
-  }
-  case BS_PG_PARAMETER:
-    if (n == 0) {
-      VFAIL(v, EINVAL, "%s called without arguments", f->u.glob.name);
-      return NULL;
-    }
-    return a[0];
-  case BS_PG_FROM_TYPE_V2:
-    if (n < 3 || a[2]->kind != BS_PV_TUPLE) {
-      VFAIL(v, EINVAL, "%s", "_rebuild_from_type_v2 needs (func, type, args, state)");
-      return NULL;
-    }
-    if (nesting >= MAX_REBUILD_NESTING) {
-      VFAIL(v, EINVAL, "_rebuild_from_type_v2 nested more than %u deep", MAX_REBUILD_NESTING);
-      return NULL;
-    }
-    return call(v, a[0], a[2], nesting + 1);
-  case BS_PG_SIZE:
-    if (n > 0 && (a[0]->kind == BS_PV_TUPLE || a[0]->kind == BS_PV_LIST))
-      return a[0];
-    return newv(v, BS_PV_TUPLE);
-  case BS_PG_DEVICE:
-    if (n > 0 && a[0]->kind == BS_PV_STR)
-      return a[0];
-    return make_object(v, f, args);
-  case BS_PG_CODECS_ENCODE: {
-    if (n < 1 || a[0]->kind != BS_PV_STR)
-      return make_object(v, f, args);
-    bool latin1 = n > 1 && a[1]->kind == BS_PV_STR &&
-                  (!strcmp(a[1]->u.str.s, "latin1") || !strcmp(a[1]->u.str.s, "latin-1"));
-    const uint8_t *s = (const uint8_t *)a[0]->u.str.s;
-    size_t len = a[0]->u.str.len, o = 0;
-    struct bs_pv *b = new_str(v, BS_PV_BYTES, s, len);
-    if (!b || !latin1)
-      return b;
-    /* UTF-8 code points below 256 -> one byte each */
-    for (size_t i = 0; i < len; i++) {
-      if (s[i] < 0x80) {
-        b->u.str.s[o++] = (char)s[i];
-      } else if ((s[i] & 0xE0) == 0xC0 && i + 1 < len && s[i] <= 0xC3) {
-        b->u.str.s[o++] = (char)(((s[i] & 0x03) << 6) | (s[i + 1] & 0x3F));
-        i++;
-      } else {
-        VFAIL(v, EINVAL, "%s", "_codecs.encode: character outside latin-1");
-        return NULL;
-      }
-    }
-    b->u.str.s[o] = '\0';
-    b->u.str.len = o;
-    return b;
-  }
-  case BS_PG_SET:
-  case BS_PG_FROZENSET: return set_from(v, args);
-  case BS_PG_BYTEARRAY:
-    if (n > 0 && a[0]->kind == BS_PV_BYTES)
-      return a[0];
-    return new_str(v, BS_PV_BYTES, "", 0);
-  case BS_PG_RECONSTRUCTOR:
-    if (n < 1) {
-      VFAIL(v, EINVAL, "%s", "copyreg._reconstructor called without a class");
-      return NULL;
-    }
-    return call_new(v, a[0], NULL);
-  case BS_PG_NN_MODULE: return refuse_module(v, f);
-  case BS_PG_TENSOR_CLASS: return call_new(v, f, args);
-  default: return make_object(v, f, args);
-  }
-}
-
-static bool dict_has_str(const struct bs_pv *d, const char *key)
-{
-  for (size_t i = 0; i < d->u.dict.keys.n; i++) {
-    const struct bs_pv *k = d->u.dict.keys.items[i];
-    if (k->kind == BS_PV_STR && strcmp(k->u.str.s, key) == 0)
-      return true;
-  }
-  return false;
-}
-
-static int build(struct vm *v, struct bs_pv *target, struct bs_pv *state)
-{
-  switch (target->kind) {
-  case BS_PV_DICT:
-    if (!target->u.dict.ordered)
-      return VFAIL(v, EINVAL, "%s", "BUILD on a plain dict (a dict has no attributes)");
-    target->u.dict.attrs = state; /* e.g. state_dict._metadata: ignored */
-    return 0;
-  case BS_PV_OBJECT:
-    if (state->kind == BS_PV_DICT && dict_has_str(state, "_parameters") &&
-        dict_has_str(state, "_modules") && target->u.obj.cls->kind == BS_PV_GLOBAL) {
-      refuse_module(v, target->u.obj.cls);
-      return -1;
-    }
-    target->u.obj.state = state;
-    return 0;
-  case BS_PV_TENSOR: return 0; /* Python attributes of a tensor */
-  default: return VFAIL(v, EINVAL, "BUILD on a %s", bs_pv_kind_name(target->kind));
-  }
+    return pk_seq_push(v, &d->u.dict.keys, k) || pk_seq_push(v, &d->u.dict.vals, val) ? -1 : 0;
+  return pk_seq_push(v, &d->u.obj.dkeys, k) || pk_seq_push(v, &d->u.obj.dvals, val) ? -1 : 0;
 }
 
 static int append_to(struct vm *v, struct bs_pv *target, struct bs_pv **items, size_t n)
@@ -1024,7 +402,7 @@ static int append_to(struct vm *v, struct bs_pv *target, struct bs_pv **items, s
   else
     return VFAIL(v, EINVAL, "APPEND to a %s", bs_pv_kind_name(target->kind));
   for (size_t i = 0; i < n; i++)
-    if (seq_push(v, q, items[i]) != 0)
+    if (pk_seq_push(v, q, items[i]) != 0)
       return -1;
   return 0;
 }
@@ -1036,7 +414,7 @@ static int setitems(struct vm *v, struct bs_pv *target, struct bs_pv **items, si
   if (n % 2)
     return VFAIL(v, EINVAL, "SETITEMS with an odd number (%zu) of items", n);
   for (size_t i = 0; i < n; i += 2)
-    if (dict_set(v, target, items[i], items[i + 1]) != 0)
+    if (pk_dict_set(v, target, items[i], items[i + 1]) != 0)
       return -1;
   return 0;
 }
@@ -1058,14 +436,14 @@ static struct bs_pv *make_long(struct vm *v, const uint8_t *b, uint64_t n)
       VFAIL(v, ENOTSUP, "integer of %" PRIu64 " bytes", n);
       return NULL;
     }
-    return new_str(v, BS_PV_BIGINT, b, (size_t)n);
+    return pk_new_str(v, BS_PV_BIGINT, b, (size_t)n);
   }
   uint64_t u = neg ? UINT64_MAX : 0;
   for (uint64_t i = 0; i < n && i < 8; i++) {
     u &= ~((uint64_t)0xFF << (8 * i));
     u |= (uint64_t)b[i] << (8 * i);
   }
-  struct bs_pv *x = newv(v, BS_PV_INT);
+  struct bs_pv *x = pk_newv(v, BS_PV_INT);
   if (x)
     x->u.i = (int64_t)u;
   return x;
@@ -1078,7 +456,7 @@ static int text_int(struct vm *v, bool is_long)
   if (rd_line(v, &s, &n) != 0)
     return -1;
   if (!is_long && n == 2 && (memcmp(s, "00", 2) == 0 || memcmp(s, "01", 2) == 0)) {
-    struct bs_pv *x = newv(v, BS_PV_BOOL);
+    struct bs_pv *x = pk_newv(v, BS_PV_BOOL);
     if (x)
       x->u.b = s[1] == '1';
     return push(v, x);
@@ -1093,7 +471,7 @@ static int text_int(struct vm *v, bool is_long)
   long long val = strtoll(tmp, &endp, 10);
   if (n == 0 || *endp != '\0' || errno == ERANGE)
     return VFAIL(v, EINVAL, "bad or too big decimal integer '%.40s'", tmp);
-  struct bs_pv *x = newv(v, BS_PV_INT);
+  struct bs_pv *x = pk_newv(v, BS_PV_INT);
   if (x)
     x->u.i = val;
   return push(v, x);
@@ -1106,7 +484,7 @@ static int str_op(struct vm *v, enum bs_pv_kind k, uint64_t n)
   const uint8_t *b;
   if (rd_bytes(v, n, &b) != 0)
     return -1;
-  return push(v, new_str(v, k, b, (size_t)n));
+  return push(v, pk_new_str(v, k, b, (size_t)n));
 }
 
 static int len_arg(struct vm *v, unsigned width, uint64_t *n)
@@ -1169,10 +547,10 @@ static int step(struct vm *v, bool *stop)
       return VFAIL(v, ENOMEM, "%s", "out of memory");
     v->marks[v->nmarks++] = v->sp;
     return 0;
-  case 'N': return push(v, newv(v, BS_PV_NONE));
+  case 'N': return push(v, pk_newv(v, BS_PV_NONE));
   case 0x88: /* NEWTRUE */
   case 0x89: /* NEWFALSE */
-    if ((x = newv(v, BS_PV_BOOL)))
+    if ((x = pk_newv(v, BS_PV_BOOL)))
       x->u.b = op == 0x88;
     return push(v, x);
   case 'K': /* BININT1 */
@@ -1180,7 +558,7 @@ static int step(struct vm *v, bool *stop)
   case 'J': /* BININT */
     if (rd_bytes(v, op == 'K' ? 1 : op == 'M' ? 2 : 4, &b) != 0)
       return -1;
-    if ((x = newv(v, BS_PV_INT)))
+    if ((x = pk_newv(v, BS_PV_INT)))
       x->u.i = op == 'K' ? b[0] : op == 'M' ? bs_le16(b) : (int32_t)bs_le32(b);
     return push(v, x);
   case 0x8A: /* LONG1 */
@@ -1197,7 +575,7 @@ static int step(struct vm *v, bool *stop)
   case 'G': /* BINFLOAT, big-endian */
     if (rd_bytes(v, 8, &b) != 0)
       return -1;
-    if ((x = newv(v, BS_PV_FLOAT))) {
+    if ((x = pk_newv(v, BS_PV_FLOAT))) {
       uint64_t u = 0;
       for (int i = 0; i < 8; i++)
         u = (u << 8) | b[i];
@@ -1215,7 +593,7 @@ static int step(struct vm *v, bool *stop)
     double d = strtod(tmp, &endp);
     if (len == 0 || *endp != '\0')
       return VFAIL(v, EINVAL, "bad float '%.40s'", tmp);
-    if ((x = newv(v, BS_PV_FLOAT)))
+    if ((x = pk_newv(v, BS_PV_FLOAT)))
       x->u.f = d;
     return push(v, x);
   }
@@ -1238,20 +616,20 @@ static int step(struct vm *v, bool *stop)
     if (len_arg(v, op == 'C' ? 1 : op == 'B' ? 4 : 8, &n) != 0)
       return -1;
     return str_op(v, BS_PV_BYTES, n);
-  case ')': return push(v, newv(v, BS_PV_TUPLE));
-  case ']': return push(v, newv(v, BS_PV_LIST));
-  case '}': return push(v, newv(v, BS_PV_DICT));
-  case 0x8F: /* EMPTY_SET */ return push(v, newv(v, BS_PV_SET));
+  case ')': return push(v, pk_newv(v, BS_PV_TUPLE));
+  case ']': return push(v, pk_newv(v, BS_PV_LIST));
+  case '}': return push(v, pk_newv(v, BS_PV_DICT));
+  case 0x8F: /* EMPTY_SET */ return push(v, pk_newv(v, BS_PV_SET));
   case 0x85: /* TUPLE1..3 */
   case 0x86:
   case 0x87:
     cnt = (size_t)(op - 0x84);
     if (v->sp - floor_sp(v) < cnt || v->sp < cnt)
       return VFAIL(v, EINVAL, "stack underflow: TUPLE%zu needs %zu items", cnt, cnt);
-    if (!(x = newv(v, BS_PV_TUPLE)))
+    if (!(x = pk_newv(v, BS_PV_TUPLE)))
       return -1;
     for (size_t i = v->sp - cnt; i < v->sp; i++)
-      if (seq_push(v, &x->u.seq, v->stack[i]) != 0)
+      if (pk_seq_push(v, &x->u.seq, v->stack[i]) != 0)
         return -1;
     v->sp -= cnt;
     return push(v, x);
@@ -1260,16 +638,16 @@ static int step(struct vm *v, bool *stop)
   case 0x91: /* FROZENSET */
     if (pop_mark(v, &first, &cnt) != 0)
       return -1;
-    if (!(x = newv(v, op == 't' ? BS_PV_TUPLE : op == 'l' ? BS_PV_LIST : BS_PV_SET)))
+    if (!(x = pk_newv(v, op == 't' ? BS_PV_TUPLE : op == 'l' ? BS_PV_LIST : BS_PV_SET)))
       return -1;
     for (size_t i = 0; i < cnt; i++)
-      if (seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
+      if (pk_seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
         return -1;
     return push(v, x);
   case 'd': /* DICT */
     if (pop_mark(v, &first, &cnt) != 0)
       return -1;
-    if (!(x = newv(v, BS_PV_DICT)))
+    if (!(x = pk_newv(v, BS_PV_DICT)))
       return -1;
     if (setitems(v, x, marked(v, first), cnt) != 0)
       return -1;
@@ -1288,7 +666,7 @@ static int step(struct vm *v, bool *stop)
     if (x->kind != BS_PV_SET)
       return VFAIL(v, EINVAL, "ADDITEMS to a %s", bs_pv_kind_name(x->kind));
     for (size_t i = 0; i < cnt; i++)
-      if (seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
+      if (pk_seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
         return -1;
     return 0;
   case 's': /* SETITEM */
@@ -1370,29 +748,29 @@ static int step(struct vm *v, bool *stop)
   case 'R': /* REDUCE */
     if (!(y = pop(v)) || !(x = pop(v)))
       return -1;
-    return push(v, call(v, x, y, 0));
+    return push(v, pk_call(v, x, y, 0));
   case 0x81: /* NEWOBJ */
     if (!(y = pop(v)) || !(x = pop(v)))
       return -1;
     if (y->kind != BS_PV_TUPLE)
       return VFAIL(v, EINVAL, "NEWOBJ arguments are a %s, expected a tuple",
                    bs_pv_kind_name(y->kind));
-    return push(v, call_new(v, x, y));
+    return push(v, pk_call_new(v, x, y));
   case 0x92: /* NEWOBJ_EX: cls, args, kwargs (kwargs dropped) */
     if (!(z = pop(v)) || !(y = pop(v)) || !(x = pop(v)))
       return -1;
     if (y->kind != BS_PV_TUPLE)
       return VFAIL(v, EINVAL, "NEWOBJ_EX arguments are a %s, expected a tuple",
                    bs_pv_kind_name(y->kind));
-    return push(v, call_new(v, x, y));
+    return push(v, pk_call_new(v, x, y));
   case 'b': /* BUILD */
     if (!(y = pop(v)) || !(x = top(v)))
       return -1;
-    return build(v, x, y);
+    return pk_build(v, x, y);
   case 'Q': /* BINPERSID */
     if (!(x = pop(v)))
       return -1;
-    return push(v, make_storage(v, x));
+    return push(v, pk_persistent_load(v, x));
   default: {
     const char *name = opcode_name(op);
     if (name)
@@ -1429,7 +807,7 @@ int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, 
   bool stop = false;
   while (!stop) {
     if (v.pos == end - off) {
-      rc = bs_fail(err, EINVAL, abs_off(&v, v.pos), NULL,
+      rc = bs_fail(err, EINVAL, pk_abs_off(&v, v.pos), NULL,
                    "pickle offset %zu: truncated pickle: the stream ends without STOP", v.pos);
       break;
     }
@@ -1447,7 +825,7 @@ int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, 
     char line[128];
     snprintf(line, sizeof line, "... and %" PRIu64 " more skipped objects",
              p->notes_dropped - dropped_before);
-    char *s = arena_alloc(p, strlen(line) + 1);
+    char *s = pk_alloc(p, strlen(line) + 1);
     if (s && p->nnotes) {
       strcpy(s, line);
       p->notes[p->nnotes - 1] = s;

@@ -1,0 +1,102 @@
+/* What the PyTorch reader's files share (pth.c, pth_zip.c, pth_legacy.c,
+ * pth_tar.c, pth_values.c). Not a public header. */
+#ifndef BURNSTORE_PTH_PRIVATE_H
+#define BURNSTORE_PTH_PRIVATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/formats.h"
+#include "burnstore/pickle.h"
+#include "burnstore/strmap.h"
+#include "burnstore/torch_pickle.h"
+#include "burnstore/zip.h"
+
+/* Flattening bounds (bytes and work, not counts). */
+#define PTH_VALUES_BUDGET (16u << 20) /* bytes of user.burnstore.values text (+ per-value cost) */
+#define PTH_VALUES_WORK 1000000u      /* nodes visited while values are still collected */
+#define PTH_WALK_BUDGET 4000000u      /* nodes reached again (shared references multiplied) */
+#define PTH_TENSOR_SHARING 16u        /* keys per distinct tensor, on average, past the first */
+#define PTH_TENSOR_SLACK 4096u        /* 4096 keys of the others */
+#define PTH_WALK_NOTES 100u           /* notes the walk writes (cycles, bare storages) */
+
+/* Where a storage's bytes are. */
+struct pth_rec {
+  char *key;
+  uint32_t src;
+  uint64_t off, len;
+  unsigned esize; /* legacy/tar: from the storage class */
+  bool located;
+};
+
+struct pth_found {
+  char *key;
+  struct bs_pv *t;
+};
+
+struct pth_ctx {
+  struct bs_catalog *cat;
+  uint32_t src;
+  const struct bs_open_opts *opts;
+  bs_err *err;
+  struct bs_pickle *p;
+  /* zip */
+  struct bs_zip zip;
+  char *prefix;
+  bool has_tmp;     /* deflated storages are inflated, one after another, into */
+  uint32_t tmp_src; /* this catalog source: one unlinked temporary file */
+  /* storages */
+  struct pth_rec *recs;
+  size_t nrecs, reccap;
+  struct bs_strmap recmap;
+  /* flattening (pth_values.c) */
+  struct pth_found *found;
+  size_t nfound, foundcap;
+  struct bs_strmap keys; /* every emitted key, to catch collisions */
+  char **owned_keys;     /* keys kept alive for the map */
+  size_t nowned, ownedcap;
+  char *values; /* JSON object text being built, without the closing brace */
+  size_t vlen, vcap, nvalues;
+  bool values_off;   /* a budget was reached: no more values */
+  uint64_t visits;   /* nodes visited */
+  uint64_t revisits; /* visits of nodes reached before */
+  uint64_t tensors;  /* distinct tensor values found (nfound counts their keys) */
+  unsigned walk_notes;
+  uint64_t vbytes; /* values budget spent */
+  char *path;      /* BS_MAX_KEY_LEN + 2 bytes */
+  struct pth_frame *stack;
+  size_t depth, stackcap;
+};
+
+/* Locate a storage record (zip: in place or a decompressed copy). */
+typedef int (*pth_locate_fn)(struct pth_ctx *c, struct pth_rec *r, const char *tkey);
+
+static inline const struct bs_src *pth_src(const struct pth_ctx *c)
+{
+  return &c->cat->srcs[c->src];
+}
+
+int pth_nomem(struct pth_ctx *c);
+/* The record for storage `key`, created unlocated if new. */
+struct pth_rec *pth_rec_get(struct pth_ctx *c, const char *key);
+
+/* pth_values.c: walk the unpickled object; tensors go to c->found, other
+ * values to c->values (bounded by PTH_VALUES_BUDGET/PTH_VALUES_WORK). */
+BS_NODISCARD int pth_flatten(struct pth_ctx *c, struct bs_pv *root);
+/* The values as one JSON object (bs_malloc'd), or NULL with *none set when empty. */
+BS_NODISCARD int pth_values_json(struct pth_ctx *c, char **out);
+
+/* pth.c: add the found tensors to the catalog (locating storages with
+ * `locate` when not located yet), the pickle's notes and the values. */
+BS_NODISCARD int pth_conclude(struct pth_ctx *c, pth_locate_fn locate);
+
+/* pth_legacy.c, shared with pth_tar.c */
+BS_NODISCARD int pth_check_sys_info(struct pth_ctx *c, const struct bs_pv *si, uint64_t off);
+BS_NODISCARD int pth_blob(struct pth_ctx *c, struct pth_rec *r, uint64_t *pos, uint64_t limit);
+
+BS_NODISCARD int pth_read_zip(struct pth_ctx *c);
+BS_NODISCARD int pth_read_legacy(struct pth_ctx *c);
+BS_NODISCARD int pth_read_tar(struct pth_ctx *c);
+
+#endif

@@ -1,0 +1,164 @@
+"""Hostile PyTorch checkpoints (issue 9), written by real torch at test time:
+a pickle sharing one string or list through memo references thousands of
+times, the same nested ten levels deep, a self-referencing dict, and a
+re-zipped checkpoint whose deflated storage does not fit the temporary
+directory. Each must be decided fast, in little memory, under a 1 MiB stack,
+by bs-ls and by a real mount (under a deadline, always unmounted)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+
+from bsmount import BIN, Mount, check, finish, force_unmount, is_mounted, run, tmpdir, xattrs
+
+BS_LS = os.environ.get("BS_LS", "bs-ls")
+MAX_SECONDS = 1.0
+MAX_RSS_KB = 64 * 1024
+
+GEN = r"""
+import sys, torch
+out = sys.argv[1]
+t = torch.arange(4, dtype=torch.float32)
+s = "x" * 10000
+torch.save({"w": t, "v": [s] * 20000}, out + "/shared_str.pth")
+torch.save({"w": t, "v": [list(range(1000))] * 20000}, out + "/shared_list.pth")
+a = s
+for i in range(10):
+    a = [a] * 10
+torch.save({"w": t, "v": a}, out + "/nested.pth")
+d = {}
+d["d"] = d
+torch.save({"w": t, "v": d}, out + "/selfref.pth")
+torch.save({"w": t, "f": 0.1, "g": 1e-7, "k": 1 / 3}, out + "/floats.pth")
+torch.save({"z": torch.zeros(2 << 20)}, out + "/zeros.pth")  # 8 MiB of zeros
+"""
+
+
+def timed(cmd, env=None):
+    """Run cmd under /usr/bin/time with a 1 MiB stack: (result, seconds, peak RSS in KB)."""
+    sh = 'ulimit -s 1024 && exec /usr/bin/time -f "@@ %e %M" "$@"'
+    r = run(["bash", "-c", sh, "sh"] + cmd, env=env)
+    secs, rss = 1e9, 1e12
+    for line in r.stderr.splitlines():
+        if line.startswith("@@ "):
+            secs, rss = float(line.split()[1]), int(line.split()[2])
+    return r, secs, rss
+
+
+def mount_small_stack(src, mnt, env=None):
+    """Mount with the daemon under `ulimit -s 1024` (its threads inherit it)."""
+    os.makedirs(mnt, exist_ok=True)
+    t0 = time.monotonic()
+    r = run(["bash", "-c", 'ulimit -s 1024 && exec "$@"', "sh", BIN, src, mnt], env=env)
+    return r, time.monotonic() - t0
+
+
+def test_bombs(tmp, files):
+    for name, note in (("shared_str", "non-tensor values stop at 'v'"),
+                       ("shared_list", "non-tensor values stop at 'v."),
+                       ("nested", "non-tensor values stop at 'v."),
+                       ("selfref", "skipped a reference cycle at key 'v.d'")):
+        path = os.path.join(files, name + ".pth")
+        check(os.path.getsize(path) < 250000, "%s is small (%d bytes)" % (name, os.path.getsize(path)))
+        r, secs, rss = timed([BS_LS, "-m", path])
+        check(r.returncode == 0, "%s: bs-ls exits 0: %s" % (name, r.stderr.strip()[-300:]))
+        check(r.stdout.startswith("w\tF32\t[4]\t16"), "%s: bs-ls lists the tensor: %r" % (name, r.stdout[:100]))
+        check(note in r.stdout, "%s: bs-ls notes %r" % (name, note))
+        check(secs < MAX_SECONDS, "%s: bs-ls decides in %.2f s (< %.1f)" % (name, secs, MAX_SECONDS))
+        check(rss < MAX_RSS_KB, "%s: bs-ls peak RSS %d KB (< %d)" % (name, rss, MAX_RSS_KB))
+        print("%s: %d bytes, bs-ls %.2f s, peak %d KB" % (name, os.path.getsize(path), secs, rss), flush=True)
+        mnt = os.path.join(tmp, "m-" + name)
+        try:
+            r, secs = mount_small_stack(path, mnt)
+            if not check(r.returncode == 0 and is_mounted(mnt), "%s: mounts: %s" % (name, r.stderr.strip()[-300:])):
+                continue
+            check(secs < 5, "%s: mounted in %.2f s" % (name, secs))
+            with open(os.path.join(mnt, "w"), "rb") as f:
+                check(len(f.read()) == 16, "%s: w has 16 bytes" % name)
+            notes = os.getxattr(mnt, "user.burnstore.notes").decode()
+            check(note in notes, "%s: notes say %r" % (name, note))
+            r = run([BIN, "-u", mnt])
+            check(r.returncode == 0, "%s: unmounts: %s" % (name, r.stderr.strip()))
+        finally:
+            force_unmount(mnt)
+
+
+def test_floats(tmp, files):
+    with Mount(os.path.join(files, "floats.pth"), os.path.join(tmp, "m-floats")) as mnt:
+        text = xattrs(mnt).get("user.burnstore.values", "")
+        check('"f":0.1,' in text and '"g":1e-07' in text and '"k":0.3333333333333333}' in text,
+              "floats in their shortest round-trip form: %s" % text)
+        vals = json.loads(text)
+        check(vals == {"f": 0.1, "g": 1e-7, "k": 1 / 3}, "floats read back equal: %r" % vals)
+
+
+def rezip(src, dst):
+    """Deflate every record of a torch zip (what `zip -r` of an unpacked checkpoint gives)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+
+
+def test_deflated(tmp, files):
+    src = os.path.join(tmp, "zeros_deflated.pth")
+    rezip(os.path.join(files, "zeros.pth"), src)
+    check(os.path.getsize(src) < 100000, "the re-zipped checkpoint is small (%d bytes)" % os.path.getsize(src))
+    # a temporary directory on a file system with 1 MiB: refused, naming the member
+    small = os.path.join(tmp, "small")
+    os.makedirs(small)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small])
+    if check(r.returncode == 0, "tmpfs mounted: %s" % r.stderr):
+        try:
+            env = dict(os.environ, TMPDIR=small)
+            mnt = os.path.join(tmp, "m-small")
+            try:
+                r, _ = mount_small_stack(src, mnt, env=env)
+                check(r.returncode != 0 and not is_mounted(mnt), "mount refused with 1 MiB of TMPDIR")
+                lines = [l for l in r.stderr.splitlines() if l.strip()]
+                check(len(lines) == 1 and "zeros/data/0" in lines[0] and "bytes free" in lines[0]
+                      and "TMPDIR" in lines[0], "one line naming the member and the free space: %r" % r.stderr)
+            finally:
+                force_unmount(mnt)
+            r, _, _ = timed([BS_LS, src], env=env)
+            check(r.returncode != 0 and "zeros/data/0" in r.stderr, "bs-ls refused too: %r" % r.stderr)
+        finally:
+            run(["umount", small])
+    # with room: inflated to an unlinked file in TMPDIR, not to memory
+    big = os.path.join(tmp, "big")
+    os.makedirs(big)
+    env = dict(os.environ, TMPDIR=big)
+    r, secs, rss = timed([BS_LS, "-x", "z", src], env=env)
+    check(r.returncode == 0, "bs-ls reads the deflated tensor: %s" % r.stderr[-300:])
+    check(rss < 32 * 1024, "inflating 8 MiB does not sit in memory: peak %d KB" % rss)
+    mnt = os.path.join(tmp, "m-big")
+    try:
+        r, _ = mount_small_stack(src, mnt, env=env)
+        if check(r.returncode == 0, "mounts with room in TMPDIR: %s" % r.stderr):
+            with open(os.path.join(mnt, "z"), "rb") as f:
+                data = f.read()
+            check(len(data) == 8 << 20 and data.count(0) == len(data), "z reads 8 MiB of zeros")
+            check(os.listdir(big) == [], "the copy in TMPDIR is unlinked: %r" % os.listdir(big))
+            r = run([BIN, "-u", mnt])
+            check(r.returncode == 0, "unmounts: %s" % r.stderr)
+    finally:
+        force_unmount(mnt)
+
+
+def main():
+    with tmpdir("pt-hostile") as tmp:
+        files = os.path.join(tmp, "files")
+        os.makedirs(files)
+        r = subprocess.run(["/usr/bin/python3", "-c", GEN, files], capture_output=True, text=True, timeout=300)
+        if not check(r.returncode == 0, "torch wrote the hostile files: %s" % r.stderr[-2000:]):
+            finish("test_pytorch_hostile")
+        test_bombs(tmp, files)
+        test_floats(tmp, files)
+        test_deflated(tmp, files)
+    finish("test_pytorch_hostile")
+
+
+if __name__ == "__main__":
+    main()
