@@ -4,6 +4,7 @@
 #define BURNSTORE_CHECKED_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Hard caps (one place for all of them). */
@@ -76,6 +77,23 @@ static inline void bs_put_le64(uint8_t *p, uint64_t v)
 {
   for (int i = 0; i < 8; i++)
     p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* FNV-1a, 64-bit: the one string hash (hash tables, lock and status file
+ * names, shortened names). Continue from h; start from BS_FNV1A_INIT. */
+#define BS_FNV1A_INIT 1469598103934665603ull
+static inline uint64_t bs_fnv1a(uint64_t h, const void *p, size_t n)
+{
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+static inline uint64_t bs_fnv1a_str(uint64_t h, const char *s)
+{
+  for (const unsigned char *b = (const unsigned char *)s; *b; b++)
+    h = (h ^ *b) * 1099511628211ull;
+  return h;
 }
 
 #endif

@@ -155,17 +155,11 @@ int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape, uint
 
 char *bs_shape_json(uint32_t rank, const uint64_t *shape)
 {
-  /* 20 digits and a comma per dimension, the brackets and the NUL. */
   if (rank > BS_MAX_RANK)
     return NULL;
-  size_t cap = (size_t)rank * 21 + 3, len = 0;
-  char *s = bs_malloc(cap);
-  if (!s)
-    return NULL;
-  s[len++] = '[';
-  for (uint32_t i = 0; i < rank; i++)
-    len += (size_t)snprintf(s + len, cap - len, i ? ",%llu" : "%llu", (unsigned long long)shape[i]);
-  s[len++] = ']';
-  s[len] = '\0';
+  size_t len = bs_shape_format(NULL, 0, rank, shape);
+  char *s = bs_malloc(len + 1);
+  if (s)
+    bs_shape_format(s, len + 1, rank, shape);
   return s;
 }

@@ -95,10 +95,10 @@ static void put_str(struct out *o, const char *s)
 
 static void put_shape(struct out *o, uint32_t rank, const uint64_t *shape)
 {
-  put(o, "\t[", 2);
-  for (uint32_t d = 0; d < rank; d++)
-    putf(o, d ? ",%llu" : "%llu", (unsigned long long)shape[d]);
-  put(o, "]", 1);
+  char buf[BS_MAX_RANK * 21 + 3];
+  size_t n = bs_shape_format(buf, sizeof buf, rank, shape);
+  put(o, "\t", 1);
+  put(o, buf, n < sizeof buf ? n : sizeof buf - 1);
 }
 
 int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_catalog *out,

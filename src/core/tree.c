@@ -5,16 +5,13 @@
 #include <string.h>
 
 #include "burnstore/alloc.h"
+#include "burnstore/checked.h"
 
 #define SLOT_DELETED UINT64_MAX
 
 static uint64_t hash_name(uint64_t parent, const char *name)
 {
-  uint64_t h = 1469598103934665603ull ^ (parent * 0x9e3779b97f4a7c15ull);
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-    h ^= *p;
-    h *= 1099511628211ull;
-  }
+  uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT ^ (parent * 0x9e3779b97f4a7c15ull), name);
   return h ^ (h >> 29);
 }
 
@@ -270,16 +267,6 @@ char *bs_escape_component(const char *seg, size_t len)
   return out;
 }
 
-static uint64_t fnv1a(const char *p, size_t len)
-{
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < len; i++) {
-    h ^= (unsigned char)p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 char *bs_component_name(const char *seg, size_t len, bool *shortened)
 {
   *shortened = false;
@@ -297,7 +284,7 @@ char *bs_component_name(const char *seg, size_t len, bool *shortened)
   if (out) {
     memcpy(out, esc, cut);
     snprintf(out + cut, sizeof BS_SHORT_MARK + 16, "%s%016llx", BS_SHORT_MARK,
-             (unsigned long long)fnv1a(seg, len));
+             (unsigned long long)bs_fnv1a(BS_FNV1A_INIT, seg, len));
     *shortened = true;
   }
   bs_free(esc);

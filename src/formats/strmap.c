@@ -4,13 +4,11 @@
 #include <string.h>
 
 #include "burnstore/alloc.h"
+#include "burnstore/checked.h"
 
 static uint64_t hash_str(const char *s)
 {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++)
-    h = (h ^ (uint8_t)*s) * 1099511628211ull;
-  return h;
+  return bs_fnv1a_str(BS_FNV1A_INIT, s);
 }
 
 void bs_strmap_destroy(struct bs_strmap *m)

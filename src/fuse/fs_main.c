@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
+#include "burnstore/checked.h"
 #include "burnstore/formats.h"
 #include "burnstore/stage_index.h"
 #include "burnstore/version.h"
@@ -292,9 +293,7 @@ static void run_path(const char *key, const char *suffix, char *out, size_t n)
     base = alt;
   }
   mkdir(base, 0700);
-  uint64_t h = 1469598103934665603ull;
-  for (const unsigned char *p = (const unsigned char *)key; *p; p++)
-    h = (h ^ *p) * 1099511628211ull;
+  uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
   if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
     out[0] = '\0';
 }
@@ -607,14 +606,10 @@ static bool staging_alive(int dfd)
 
 static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
 {
-  if (!has) {
-    fputs("-", f);
-    return;
-  }
-  fputc('[', f);
-  for (uint32_t d = 0; d < rank; d++)
-    fprintf(f, d ? ",%llu" : "%llu", (unsigned long long)shape[d]);
-  fputc(']', f);
+  char buf[BS_MAX_RANK * 21 + 3];
+  if (has)
+    bs_shape_format(buf, sizeof buf, rank, shape);
+  fputs(has ? buf : "-", f);
 }
 
 /* A staging directory without an INDEX (its daemon died while mounted or
