@@ -1,6 +1,6 @@
 #!/bin/bash
 # Sets up burnstore on a fresh Debian 12 machine and mounts a demo checkpoint:
-#     sudo bash docs/demo.sh
+#     bash docs/demo.sh        # as root, or: sudo bash docs/demo.sh
 # Installs the dependencies, builds, installs (burnstore, mount.burnstore,
 # man pages), then mounts tests/fixtures/complex_nested.pt (a real PyTorch
 # checkpoint from the Burn repository) read-only at /mnt/burnstore-demo.
