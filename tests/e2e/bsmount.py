@@ -29,6 +29,7 @@ SANITIZE = os.environ.get("BS_SANITIZE", "OFF")
 def mem_limit_kb(kb):
     return kb * 2 if SANITIZE == "thread" else kb
 
+
 def check(cond, what):
     """Record a failed expectation (the test goes on, and fails at the end)."""
     if not cond:
@@ -43,6 +44,22 @@ def finish(name):
         sys.exit(1)
     print("%s: all expectations met" % name)
 
+
+
+def run_tests(name, tests, tag):
+    """Run each test(tmp) in one scratch directory, going on past failures
+    (each is recorded), force-unmount whatever is left there, and exit
+    through finish()."""
+    with tmpdir(tag) as tmp:
+        for t in tests:
+            print("--", t.__name__, flush=True)
+            try:
+                t(tmp)
+            except Exception as e:  # keep going: report every failure
+                check(False, "%s raised %r" % (t.__name__, e))
+        for d in os.listdir(tmp):
+            force_unmount(os.path.join(tmp, d))
+    finish(name)
 
 def run(cmd, timeout=DEADLINE, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)

@@ -6,7 +6,7 @@ import gzip
 import os
 import struct
 
-from bsmount import BIN, Mount, check, finish, run, tmpdir, xattrs
+from bsmount import BIN, Mount, check, finish, run, tmpdir, xattrs, run_tests
 
 TENSOR = b'"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
 DATA = struct.pack("<2f", 1.5, -2.25)
@@ -65,8 +65,7 @@ def test_unknown_formats_say_what_they_are(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("detect") as tmp:
-        for t in (test_lookalike_safetensors, test_unknown_formats_say_what_they_are):
-            print("--", t.__name__, flush=True)
-            t(tmp)
-    finish("test_detect")
+    run_tests("test_detect", [
+        test_lookalike_safetensors,
+        test_unknown_formats_say_what_they_are,
+    ], "detect")

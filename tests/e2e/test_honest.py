@@ -12,7 +12,7 @@ import subprocess
 import time
 
 from bsmount import (BIN, DEADLINE, Mount, check, finish, force_unmount, is_mounted, read_bpk, run,
-                     tmpdir)
+                     tmpdir, run_tests)
 
 MIB = 1 << 20
 NAMES = ("a", "b", "c", "d")
@@ -203,14 +203,9 @@ def test_writable_refuses_writeback(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("honest") as tmp:
-        for t in (test_changes_give_eio, test_delete_and_rename_over_keep_the_old_bytes, test_log_line,
-                  test_writable_refuses_writeback):
-            print("--", t.__name__, flush=True)
-            try:
-                t(tmp)
-            except Exception as e:  # keep going: report every failure
-                check(False, "%s raised %r" % (t.__name__, e))
-        for d in os.listdir(tmp):
-            force_unmount(os.path.join(tmp, d))
-    finish("test_honest")
+    run_tests("test_honest", [
+        test_changes_give_eio,
+        test_delete_and_rename_over_keep_the_old_bytes,
+        test_log_line,
+        test_writable_refuses_writeback,
+    ], "honest")

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from bsmount import (BIN, Mount, check, finish, force_unmount, is_mounted, read_bpk, run,
-                     tmpdir)
+                     tmpdir, run_tests)
 
 
 def sh(cmd, cwd):
@@ -326,15 +326,13 @@ def test_index_on_full_staging(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("life") as tmp:
-        for t in (test_relative_paths, test_staging_locked_and_pid, test_two_writable_mounts,
-                  test_results_logged, test_syslog_call, test_report, test_finish_after_failure,
-                  test_index_on_full_staging):
-            print("--", t.__name__, flush=True)
-            try:
-                t(tmp)
-            except Exception as e:  # keep going: report every failure
-                check(False, "%s raised %r" % (t.__name__, e))
-        for d in os.listdir(tmp):
-            force_unmount(os.path.join(tmp, d))
-    finish("test_lifecycle")
+    run_tests("test_lifecycle", [
+        test_relative_paths,
+        test_staging_locked_and_pid,
+        test_two_writable_mounts,
+        test_results_logged,
+        test_syslog_call,
+        test_report,
+        test_finish_after_failure,
+        test_index_on_full_staging,
+    ], "life")

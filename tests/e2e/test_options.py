@@ -4,7 +4,7 @@ mount(8) and an fstab file, and every refusal."""
 import os
 
 from bsmount import (BIN, FIX, Mount, check, finish, force_unmount, is_mounted, run,
-                     tensor_files, tmpdir, xattrs)
+                     tensor_files, tmpdir, xattrs, run_tests)
 
 T = os.path.join(FIX, "burn-store/pytorch-tests/tests")
 R = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data")
@@ -165,12 +165,11 @@ def test_include_on_writeback(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("opts") as tmp:
-        for t in (test_include_exclude, test_remap, test_top_level_and_indices, test_flat_and_refusals,
-                  test_mount8_and_fstab, test_include_on_writeback):
-            print("--", t.__name__, flush=True)
-            try:
-                t(tmp)
-            except Exception as e:
-                check(False, "%s raised %r" % (t.__name__, e))
-    finish("test_options")
+    run_tests("test_options", [
+        test_include_exclude,
+        test_remap,
+        test_top_level_and_indices,
+        test_flat_and_refusals,
+        test_mount8_and_fstab,
+        test_include_on_writeback,
+    ], "opts")

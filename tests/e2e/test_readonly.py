@@ -10,7 +10,7 @@ import struct
 import subprocess
 
 from bsmount import (BIN, FIX, SOURCE_DIR, Mount, check, compare_tree, finish, is_mounted,
-                     read_bpk, read_safetensors, run, tmpdir, force_unmount, xattrs)
+                     read_bpk, read_safetensors, run, tmpdir, force_unmount, xattrs, run_tests)
 
 BPK = os.path.join(FIX, "examples/mnist-inference-web/model.bpk")
 ST1 = os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors")
@@ -239,8 +239,13 @@ def test_unmount_odd_paths(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("ro") as tmp:
-        for t in (test_unmount_odd_paths, test_cli, test_fixtures, test_tools, test_flat, test_huge_sparse, test_mount_helper, test_bad_input):
-            print("--", t.__name__, flush=True)
-            t(tmp)
-    finish("test_readonly")
+    run_tests("test_readonly", [
+        test_unmount_odd_paths,
+        test_cli,
+        test_fixtures,
+        test_tools,
+        test_flat,
+        test_huge_sparse,
+        test_mount_helper,
+        test_bad_input,
+    ], "ro")

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from bsmount import (BIN, FIX, Mount, check, finish, force_unmount, is_mounted, mem_limit_kb,
-                     read_bpk, run, tensor_files, tmpdir, xattrs)
+                     read_bpk, run, tensor_files, tmpdir, xattrs, run_tests)
 
 BPK = os.path.join(FIX, "examples/mnist-inference-web/model.bpk")
 ST = os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors")
@@ -363,13 +363,12 @@ def test_memory(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("write") as tmp:
-        for t in (test_staging_inside_mount, test_posix_ops, test_rw_existing, test_roundtrips, test_failures, test_parallel, test_memory):
-            print("--", t.__name__, flush=True)
-            try:
-                t(tmp)
-            except Exception as e:  # keep going: report every failure
-                check(False, "%s raised %r" % (t.__name__, e))
-        for d in os.listdir(tmp):
-            force_unmount(os.path.join(tmp, d))
-    finish("test_write")
+    run_tests("test_write", [
+        test_staging_inside_mount,
+        test_posix_ops,
+        test_rw_existing,
+        test_roundtrips,
+        test_failures,
+        test_parallel,
+        test_memory,
+    ], "write")

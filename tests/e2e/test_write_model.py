@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, read_bpk, run, tmpdir)
+from bsmount import (BIN, Mount, check, finish, force_unmount, read_bpk, run, tmpdir, run_tests)
 
 
 def sh(cmd, cwd, ok=True):
@@ -332,15 +332,14 @@ def test_filter_on_rw(tmp):
 
 
 if __name__ == "__main__":
-    with tmpdir("wmodel") as tmp:
-        for t in (test_open_for_write_is_not_a_change, test_links_refused, test_copy_tools, test_qfloat_kept,
-                  test_filter_on_rw, test_xattr_bound, test_staged_data_freed, test_many_files_low_ulimit,
-                  test_read_not_blocked_by_staging):
-            print("--", t.__name__, flush=True)
-            try:
-                t(tmp)
-            except Exception as e:  # keep going: report every failure
-                check(False, "%s raised %r" % (t.__name__, e))
-        for d in os.listdir(tmp):
-            force_unmount(os.path.join(tmp, d))
-    finish("test_write_model")
+    run_tests("test_write_model", [
+        test_open_for_write_is_not_a_change,
+        test_links_refused,
+        test_copy_tools,
+        test_qfloat_kept,
+        test_filter_on_rw,
+        test_xattr_bound,
+        test_staged_data_freed,
+        test_many_files_low_ulimit,
+        test_read_not_blocked_by_staging,
+    ], "wmodel")

@@ -7,50 +7,9 @@
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "burnstore/pickle.h"
+#include "pickle_fixture.h"
 
-static struct bs_pickle *P;
-static struct bs_src SRC;
-static uint8_t *BUF;
-
-static void teardown(void)
-{
-  bs_pickle_free(P);
-  bs_src_destroy(&SRC);
-  bs_free(BUF);
-  P = NULL;
-  BUF = NULL;
-}
-
-TestSuite(pickle, .fini = teardown);
-
-/* Unpickle `len` bytes; the value stays valid until teardown. */
-static int load_opts(const void *bytes, size_t len, bool strict, uint64_t base, struct bs_pv **out,
-                     bs_err *err)
-{
-  bs_err_clear(err);
-  if (!P)
-    P = bs_pickle_new();
-  cr_assert_not_null(P);
-  bs_src_destroy(&SRC);
-  bs_free(BUF);
-  BUF = bs_malloc(len ? len : 1);
-  memcpy(BUF, bytes, len);
-  cr_assert_eq(bs_src_init_mem(&SRC, BUF, len, "t.pkl", err), 0);
-  struct bs_pickle_opts o = {.strict = strict, .base_off = base};
-  return bs_pickle_load(P, &SRC, 0, len, &o, out, NULL, err);
-}
-
-static int load(const void *bytes, size_t len, struct bs_pv **out, bs_err *err)
-{
-  return load_opts(bytes, len, false, 0, out, err);
-}
-
-#define LOAD_OK(arr, out)                                                                          \
-  do {                                                                                             \
-    bs_err e_;                                                                                     \
-    int rc_ = load(arr, sizeof(arr) - 1, out, &e_);                                                \
-    cr_assert_eq(rc_, 0, "load failed: %s", e_.msg);                                               \
-  } while (0)
+TestSuite(pickle, .fini = pickle_fixture_teardown);
 
 Test(pickle, memo_holds_references_so_a_dict_filled_after_binput_is_seen_filled)
 {
@@ -220,7 +179,7 @@ Test(pickle, mark_bomb_is_a_clean_error)
   memset(s + 2, '(', n - 2);
   struct bs_pv *v;
   bs_err e;
-  int rc = load(s, n, &v, &e);
+  int rc = pickle_load(s, n, &v, &e);
   free(s);
   cr_assert_eq(rc, -1);
   cr_assert_eq(e.code, EINVAL);
@@ -239,7 +198,7 @@ Test(pickle, deeply_nested_lists_load_without_recursion)
   s[n - 1] = '.';
   struct bs_pv *v;
   bs_err e;
-  int rc = load(s, n, &v, &e);
+  int rc = pickle_load(s, n, &v, &e);
   free(s);
   cr_assert_eq(rc, 0, "%s", e.msg);
   cr_assert_eq(v->kind, BS_PV_LIST);
@@ -250,7 +209,7 @@ Test(pickle, binget_of_an_unset_memo_index_fails)
   static const char s[] = "\x80\x02h\x05.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 2);
   cr_assert(strstr(e.msg, "memo index 5 was never stored"), "%s", e.msg);
@@ -261,7 +220,7 @@ Test(pickle, long_binput_beyond_the_stream_is_out_of_range)
   static const char s[] = "\x80\x02Nr\xff\xff\xff\xff.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 3);
   cr_assert(strstr(e.msg, "memo index 4294967295 out of range"), "%s", e.msg);
@@ -273,7 +232,7 @@ Test(pickle, string_longer_than_the_stream_is_truncated)
                           "abc";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load_opts(s, sizeof s - 1, false, 1000, &v, &e), -1);
+  cr_assert_eq(pickle_load_opts(s, sizeof s - 1, false, 1000, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 1002);
   cr_assert(strstr(e.msg, "truncated pickle"), "%s", e.msg);
@@ -284,7 +243,7 @@ Test(pickle, stream_without_stop_is_truncated)
   static const char s[] = "\x80\x02N";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 3);
   cr_assert(strstr(e.msg, "ends without STOP"), "%s", e.msg);
@@ -295,7 +254,7 @@ Test(pickle, unknown_opcode_is_named_with_its_offset)
   static const char s[] = "\x80\x02N\xff.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 3);
   cr_assert(strstr(e.msg, "pickle offset 3: unknown pickle opcode 0xff"), "%s", e.msg);
@@ -306,7 +265,7 @@ Test(pickle, text_persid_is_unsupported)
   static const char s[] = "\x80\x02P0\n.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, ENOTSUP);
   cr_assert_eq(e.off, 2);
   cr_assert(strstr(e.msg, "PERSID"), "%s", e.msg);
@@ -317,7 +276,7 @@ Test(pickle, stack_underflow_is_an_error)
   static const char s[] = "\x80\x02(a.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 3);
   cr_assert(strstr(e.msg, "stack underflow"), "%s", e.msg);
@@ -328,7 +287,7 @@ Test(pickle, missing_mark_is_an_error)
   static const char s[] = "\x80\x02Nt.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 3);
   cr_assert(strstr(e.msg, "needs a MARK"), "%s", e.msg);
@@ -339,7 +298,7 @@ Test(pickle, build_on_a_plain_dict_is_an_error)
   static const char s[] = "\x80\x02}}b.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 4);
   cr_assert(strstr(e.msg, "BUILD on a plain dict"), "%s", e.msg);
@@ -350,7 +309,7 @@ Test(pickle, reduce_on_a_non_callable_is_an_error)
   static const char s[] = "\x80\x02K\x01)R.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, EINVAL);
   cr_assert_eq(e.off, 5);
   cr_assert(strstr(e.msg, "REDUCE on a int"), "%s", e.msg);
@@ -361,7 +320,7 @@ Test(pickle, protocol_6_is_refused)
   static const char s[] = "\x80\x06N.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, ENOTSUP);
   cr_assert_eq(e.off, 0);
   cr_assert(strstr(e.msg, "protocol 6"), "%s", e.msg);
@@ -373,19 +332,16 @@ Test(pickle, failing_allocations_give_enomem_and_no_leak)
   for (long n = 0; n < 40; n++) {
     struct bs_pv *v;
     bs_err e;
-    bs_pickle_free(P);
-    P = NULL;
-    bs_src_destroy(&SRC);
-    bs_free(BUF);
-    BUF = NULL;
-    P = bs_pickle_new();
-    BUF = bs_malloc(sizeof s);
-    memcpy(BUF, s, sizeof s);
     bs_err_clear(&e);
-    cr_assert_eq(bs_src_init_mem(&SRC, BUF, sizeof s - 1, "t", &e), 0);
+    struct bs_pickle *p = bs_pickle_new();
+    struct bs_src src;
+    cr_assert_not_null(p);
+    cr_assert_eq(bs_src_init_mem(&src, s, sizeof s - 1, "t", &e), 0);
     bs_alloc_fail_after(n);
-    int rc = bs_pickle_load(P, &SRC, 0, sizeof s - 1, NULL, &v, NULL, &e);
+    int rc = bs_pickle_load(p, &src, 0, sizeof s - 1, NULL, &v, NULL, &e);
     bs_alloc_fail_after(-1);
+    bs_pickle_free(p);
+    bs_src_destroy(&src);
     if (rc == 0)
       return;
     cr_assert_eq(e.code, ENOMEM, "n=%ld: %s", n, e.msg);

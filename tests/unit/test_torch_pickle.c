@@ -9,50 +9,9 @@
 #include "burnstore/checked.h"
 #include "burnstore/pickle.h"
 #include "burnstore/torch_pickle.h"
+#include "pickle_fixture.h"
 
-static struct bs_pickle *P;
-static struct bs_src SRC;
-static uint8_t *BUF;
-
-static void teardown(void)
-{
-  bs_pickle_free(P);
-  bs_src_destroy(&SRC);
-  bs_free(BUF);
-  P = NULL;
-  BUF = NULL;
-}
-
-TestSuite(torch_pickle, .fini = teardown);
-
-/* Unpickle `len` bytes; the value stays valid until teardown. */
-static int load_opts(const void *bytes, size_t len, bool strict, uint64_t base, struct bs_pv **out,
-                     bs_err *err)
-{
-  bs_err_clear(err);
-  if (!P)
-    P = bs_pickle_new();
-  cr_assert_not_null(P);
-  bs_src_destroy(&SRC);
-  bs_free(BUF);
-  BUF = bs_malloc(len ? len : 1);
-  memcpy(BUF, bytes, len);
-  cr_assert_eq(bs_src_init_mem(&SRC, BUF, len, "t.pkl", err), 0);
-  struct bs_pickle_opts o = {.strict = strict, .base_off = base};
-  return bs_pickle_load(P, &SRC, 0, len, &o, out, NULL, err);
-}
-
-static int load(const void *bytes, size_t len, struct bs_pv **out, bs_err *err)
-{
-  return load_opts(bytes, len, false, 0, out, err);
-}
-
-#define LOAD_OK(arr, out)                                                                          \
-  do {                                                                                             \
-    bs_err e_;                                                                                     \
-    int rc_ = load(arr, sizeof(arr) - 1, out, &e_);                                                \
-    cr_assert_eq(rc_, 0, "load failed: %s", e_.msg);                                               \
-  } while (0)
+TestSuite(torch_pickle, .fini = pickle_fixture_teardown);
 
 #define TENSOR_PICKLE(cls)                                                                         \
   "\x80\x02}X\x01\x00\x00\x00w"                                                                    \
@@ -109,8 +68,9 @@ Test(torch_pickle, os_system_is_never_called_and_is_reported)
   cr_assert_eq(v->kind, BS_PV_OBJECT);
   cr_assert_str_eq(v->u.obj.cls->u.glob.module, "os");
   cr_assert_str_eq(v->u.obj.args->u.seq.items[0]->u.str.s, "touch /tmp/");
-  cr_assert_eq(bs_pickle_nnotes(P), 1);
-  cr_assert_str_eq(bs_pickle_note(P, 0), "skipped object of class os.system at pickle offset 30");
+  cr_assert_eq(bs_pickle_nnotes(pickle_fixture_unpickler()), 1);
+  cr_assert_str_eq(bs_pickle_note(pickle_fixture_unpickler(), 0),
+                   "skipped object of class os.system at pickle offset 30");
 }
 
 Test(torch_pickle, strict_mode_refuses_an_unknown_global_naming_it)
@@ -119,7 +79,7 @@ Test(torch_pickle, strict_mode_refuses_an_unknown_global_naming_it)
                           "cposix\nsystem\nX\x01\x00\x00\x00x\x85R.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load_opts(s, sizeof s - 1, true, 100, &v, &e), -1);
+  cr_assert_eq(pickle_load_opts(s, sizeof s - 1, true, 100, &v, &e), -1);
   cr_assert_eq(e.code, ENOTSUP);
   cr_assert_eq(e.off, 102);
   cr_assert(strstr(e.msg, "strict mode"), "%s", e.msg);
@@ -131,7 +91,7 @@ Test(torch_pickle, strict_mode_accepts_torch_globals)
   static const char s[] = TENSOR_PICKLE("HalfStorage");
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load_opts(s, sizeof s - 1, true, 0, &v, &e), 0, "%s", e.msg);
+  cr_assert_eq(pickle_load_opts(s, sizeof s - 1, true, 0, &v, &e), 0, "%s", e.msg);
   cr_assert_eq(v->u.dict.vals.items[0]->u.tensor.dtype, BS_DT_F16);
 }
 
@@ -141,7 +101,7 @@ Test(torch_pickle, whole_nn_module_is_refused_with_the_state_dict_hint)
                           "ctorch.nn.modules.linear\nLinear\n)\x81}b.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, ENOTSUP);
   cr_assert_eq(e.off, 35);
   cr_assert(strstr(e.msg, "this file pickles a whole nn.Module (torch.nn.modules.linear.Linear); "
@@ -156,7 +116,7 @@ Test(torch_pickle, user_module_class_with_parameters_state_is_refused)
                           "X\x08\x00\x00\x00_modulesNub.";
   struct bs_pv *v;
   bs_err e;
-  cr_assert_eq(load(s, sizeof s - 1, &v, &e), -1);
+  cr_assert_eq(pickle_load(s, sizeof s - 1, &v, &e), -1);
   cr_assert_eq(e.code, ENOTSUP);
   cr_assert(strstr(e.msg, "(__main__.Net); save model.state_dict() instead"), "%s", e.msg);
 }
