@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include "burnstore/bpk_write.h"
+#include "burnstore/st_write.h"
 #include "burnstore/writers.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
@@ -13,9 +14,11 @@ static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *er
 }
 
 static const char *const bpk_ext[] = {".bpk", NULL};
+static const char *const st_ext[] = {".safetensors", NULL};
 
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write},
+    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_default_meta, bs_st_write},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
