@@ -25,6 +25,7 @@
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "burnstore/st_index.h"
 #include "burnstore/stage_index.h"
 #include "burnstore/version.h"
 #include "fs.h"
@@ -912,6 +913,13 @@ static int prepare(struct fs *fs, struct args *a)
     return 1;
   }
   struct stat st;
+  if (stat(fs->source, &st) == 0 && S_ISDIR(st.st_mode)) {
+    char *index; /* a directory: the sharded checkpoint it holds */
+    if (bs_st_index_find(fs->source, &index, &err) != 0)
+      return fail_line(a->source, &err);
+    bs_free(fs->source);
+    fs->source = index;
+  }
   if (stat(fs->source, &st) != 0) {
     if (errno != ENOENT) {
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
