@@ -16,8 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <stdbool.h>
+
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "burnstore/writers.h"
 
 /* Can SafeTensors store this tensor (one of its 22 dtypes, a readable
  * source, not named __metadata__)? 0, or -1 with err naming the tensor and
@@ -42,5 +45,35 @@ BS_NODISCARD int bs_st_default_meta(struct bs_catalog *cat, bs_err *err);
  * \t, other controls as \u00xx, nothing else), quotes included, appended to
  * b. -1 on out of memory. Shared with the shard index writer. */
 BS_NODISCARD int bs_st_json_string(struct bs_buf *b, const char *s);
+
+/* Would bs_st_write_some write exactly the file at `path`: the same header
+ * bytes, and every tensor's bytes already in that file at the place they
+ * would be written (read from it, unstrided)? *same gets the answer; a
+ * missing or unreadable file is "no". -1 only for errors of the plan. */
+BS_NODISCARD int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size_t n,
+                                      const char *path, bool *same, bs_err *err);
+
+/* ---- Sharded output (st_shard_write.c) ----------------------------------------------------
+ *
+ * NAME-00001-of-0000N.safetensors + NAME.safetensors.index.json beside `path`
+ * (which ends in .safetensors.index.json or .safetensors; NAME is what comes
+ * before). With o->max_shard_size, the tensors are split in catalog order into
+ * shards of at most that many bytes (a bigger tensor gets a shard of its own),
+ * as transformers' save_pretrained does. Without it, the shards the existing
+ * index names are kept: each tensor goes back to its shard, new tensors to
+ * the last one, and only the shards whose bytes would change are written.
+ * The index is written as transformers writes it (indent 2, sorted keys,
+ * ASCII): {"metadata": {..., "total_size": BYTES}, "weight_map": {...}}; each
+ * shard's __metadata__ is the catalog's metadata without total_size, with
+ * format=pt unless it has a format. Every file is written to a temp file and
+ * fsynced, then the shards are renamed and the index last; a failure before
+ * the renames leaves the old set intact. Shards of the old index that the
+ * new one no longer names are removed after the new index is in place. */
+BS_NODISCARD int bs_st_write_set(const struct bs_catalog *cat, const char *path,
+                                 const struct bs_write_opts *o, bs_err *err);
+/* Parse a size as Hugging Face spells it: "5GB" (10^9), "5GiB" (2^30),
+ * "500MB", "100KB", "10MiB", "1KiB", "1000" (bytes); units in any case, a
+ * unit ending in a lower-case 'b' ("5Gb") counts bits. 0, or -1. */
+BS_NODISCARD int bs_st_parse_size(const char *s, uint64_t *out);
 
 #endif

@@ -13,10 +13,12 @@
  * file) in chunks; the header is the one thing built in memory.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
@@ -371,4 +373,48 @@ out:
 int bs_st_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 {
   return bs_st_write_some(cat, NULL, 0, k, err);
+}
+
+/* The same file as an fd source's (device and inode)? */
+static bool same_file(const struct bs_src *s, const struct stat *st)
+{
+  struct stat a;
+  return s->fd >= 0 && fstat(s->fd, &a) == 0 && a.st_dev == st->st_dev && a.st_ino == st->st_ino;
+}
+
+int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size_t n,
+                         const char *path, bool *same, bs_err *err)
+{
+  struct plan p;
+  *same = false;
+  if (make_plan(cat, which, n, &p, err) != 0) {
+    plan_destroy(&p);
+    return -1;
+  }
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  uint8_t *old = NULL;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    goto out;
+  uint64_t size = PREFIX + (uint64_t)p.hdr.len + p.data;
+  if ((uint64_t)st.st_size != size || !(old = bs_malloc(PREFIX + p.hdr.len)))
+    goto out;
+  if (pread(fd, old, PREFIX + p.hdr.len, 0) != (ssize_t)(PREFIX + p.hdr.len) ||
+      bs_le64(old) != p.hdr.len || memcmp(old + PREFIX, p.hdr.data, p.hdr.len) != 0)
+    goto out;
+  uint64_t off = PREFIX + (uint64_t)p.hdr.len;
+  for (size_t i = 0; i < p.n; i++) {
+    const struct bs_tensor *t = &cat->tensors[p.order[i]];
+    if (t->nbytes && (t->strides || t->src >= cat->nsrcs || t->off != off ||
+                      !same_file(&cat->srcs[t->src], &st)))
+      goto out;
+    off += t->nbytes;
+  }
+  *same = true;
+out:
+  bs_free(old);
+  if (fd >= 0)
+    close(fd);
+  plan_destroy(&p);
+  return 0;
 }

@@ -187,9 +187,148 @@ def test_mount_reads_headers_only(tmp):
     print("mount of 4 x 2 GiB sparse shards: %.3f s" % took)
 
 
+def snapshot(d):
+    return {f: (open(os.path.join(d, f), "rb").read(), os.stat(os.path.join(d, f)).st_mtime_ns)
+            for f in sorted(os.listdir(d)) if not f.startswith(".")}
+
+
+def read_set(index):
+    """The union of a shard set by the strict reader; the index; each shard's metadata."""
+    d = os.path.dirname(index)
+    ix = json.load(open(index))
+    out, metas = {}, {}
+    for shard in sorted(set(ix["weight_map"].values())):
+        t, m = strict_read(os.path.join(d, shard))
+        metas[shard] = m
+        for k, v in t.items():
+            check(ix["weight_map"].get(k) == shard, "%s: %s is where the map says" % (index, k))
+            out[k] = v
+    check(set(out) == set(ix["weight_map"]), "every mapped tensor is in its shard")
+    check(ix["metadata"]["total_size"] == sum(len(v[2]) for v in out.values()), "total_size")
+    return out, ix, metas
+
+
+def test_sharded_out(tmp):
+    import numpy as np
+    ts = tensors()
+    d = os.path.join(tmp, "hf")
+    idx, files = make_set(d)
+    before = snapshot(d)
+    mnt = os.path.join(tmp, "m")
+    # rw with no change: no shard rewritten, the index byte for byte the same.
+    with Mount(idx, mnt, opts="rw") as m:
+        u = m.unmount()
+    check(u.returncode == 0, "rw, no change: %s" % u.stderr)
+    check(snapshot(d) == before, "rw with no change rewrites nothing (same bytes, same mtimes of shards): %r"
+          % [f for f in before if snapshot(d).get(f) != before[f]])
+    # rw editing one tensor of shard 2: only shard 2 (and the index) rewritten.
+    with Mount(idx, mnt, opts="rw") as m:
+        with open(os.path.join(m, "model", "norm", "weight"), "r+b") as f:
+            f.write(np.array([7], dtype="<f2").tobytes())
+        with open(os.path.join(m, "extra"), "wb") as f:
+            f.write(b"abc")
+        u = m.unmount()
+    check(u.returncode == 0, "rw edit: %s" % u.stderr)
+    after = snapshot(d)
+    check(after[files[1]] == before[files[1]], "shard 1 untouched (bytes and mtime)")
+    check(after[files[2]][0] != before[files[2]][0], "shard 2 rewritten")
+    got, ix, metas = read_set(idx)
+    want = dict(ts)
+    nw = bytearray(ts["model.norm.weight"][2])
+    nw[0:2] = np.array([7], dtype="<f2").tobytes()
+    want["model.norm.weight"] = ("F16", [4], bytes(nw))
+    want["extra"] = ("U8", [3], b"abc")
+    check(got == want, "the edited set: %s" % sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k)))
+    check(ix["weight_map"]["extra"] == files[2], "a new tensor goes to the last shard")
+    check(all(m == {"format": "pt"} for m in metas.values()), "shards keep format=pt: %r" % metas)
+    check(open(idx).read() == json.dumps(ix, indent=2, sort_keys=True) + "\n", "the index as transformers writes it")
+    # Reshard in place: -o rw,max_shard_size=100 -> more, smaller shards; the old ones go.
+    with Mount(idx, mnt, opts="rw,max_shard_size=100") as m:
+        u = m.unmount()
+    check(u.returncode == 0, "reshard: %s" % u.stderr)
+    got2, ix2, _ = read_set(idx)
+    check(got2 == want, "reshard keeps every tensor")
+    n = len(set(ix2["weight_map"].values()))
+    check(n >= 3 and all(f.startswith("model-") and f.endswith("-of-%05d.safetensors" % n)
+                         for f in ix2["weight_map"].values()), "resharded into %d: %r" % (n, ix2["weight_map"]))
+    left = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    check(left == sorted(set(ix2["weight_map"].values())), "old shards removed: %r" % left)
+
+    # Conversion of a single file (and of a .pth) into shards: output=x.safetensors,max_shard_size=.
+    one = os.path.join(tmp, "one.safetensors")
+    open(one, "wb").write(canonical(ts, {"format": "pt"}))
+    outd = os.path.join(tmp, "out")
+    os.makedirs(outd)
+    with Mount(one, mnt, opts="output=%s/model.safetensors,max_shard_size=1KB" % outd) as m:
+        u = m.unmount()
+    check(u.returncode == 0, "st -> shards: %s" % u.stderr)
+    got3, ix3, _ = read_set(os.path.join(outd, "model.safetensors.index.json"))
+    check(got3 == ts, "st -> shards: every tensor")
+    check(not os.path.exists(os.path.join(outd, "model.safetensors")), "no single file besides the set")
+    # ... and the shard set mounts back as the same model.
+    with Mount(outd, mnt) as m:
+        files_ = tensor_files(m)
+        check(set(files_) == {key_to_relpath(k) for k in ts}, "the written set mounts")
+    # A new sharded checkpoint: burnstore NEW.safetensors.index.json MNT.
+    newd = os.path.join(tmp, "new")
+    os.makedirs(newd)
+    new = os.path.join(newd, "m.safetensors.index.json")
+    with Mount(new, mnt, opts="max_shard_size=16") as m:
+        for i in range(3):
+            with open(os.path.join(m, "t%d" % i), "wb") as f:
+                f.write(bytes([i]) * 12)
+        u = m.unmount()
+    check(u.returncode == 0, "new sharded: %s" % u.stderr)
+    got4, ix4, _ = read_set(new)
+    check(len(set(ix4["weight_map"].values())) == 3 and len(got4) == 3, "3 shards of 12 bytes under 16")
+    # max_shard_size on a Burnpack output is refused.
+    r = run([BIN, one, mnt, "-o", "output=%s/x.bpk,max_shard_size=1GB" % tmp])
+    force_unmount(mnt)
+    check(r.returncode != 0 and "max_shard_size" in r.stderr, "max_shard_size on .bpk: %r" % r.stderr)
+    r = run([BIN, one, mnt, "-o", "output=%s/x.safetensors,max_shard_size=5XB" % tmp])
+    force_unmount(mnt)
+    check(r.returncode != 0 and "max_shard_size=5XB" in r.stderr, "a bad size: %r" % r.stderr)
+
+
+def test_set_commit_is_atomic(tmp):
+    """ENOSPC while the new set is written: the old set stays as it was."""
+    import numpy as np
+    small = os.path.join(tmp, "small")
+    os.makedirs(small)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", small])
+    if not check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr):
+        return
+    try:
+        ts = {"a": ("U8", [30000], bytes(30000)), "b": ("U8", [30000], bytes(30000))}
+        idx, files = make_set(small, ts=ts, shard_of={"a": 1, "b": 2})
+        before = snapshot(small)
+        stg = os.path.join(tmp, "stg")
+        os.makedirs(stg)
+        with Mount(idx, os.path.join(tmp, "m"), opts="rw,staging=" + stg) as m:
+            for k in ("a", "b"):
+                with open(os.path.join(m, k), "r+b") as f:
+                    f.write(b"\x01" * 30000)
+            u = m.unmount()
+        check(u.returncode != 0 and "no space" in u.stderr.lower(), "the set does not fit: %r" % u.stderr)
+        check(snapshot(small) == before, "the old set is intact: %r" % sorted(snapshot(small)))
+        left = os.listdir(stg)
+        if check(len(left) == 1, "staging kept for --finish"):
+            run(["mount", "-o", "remount,size=4m", small])
+            r = run([BIN, "--finish", os.path.join(stg, left[0])])
+            check(r.returncode == 0, "--finish: %s" % r.stderr)
+            got, _, _ = read_set(idx)
+            check(got == {"a": ("U8", [30000], b"\x01" * 30000), "b": ("U8", [30000], b"\x01" * 30000)},
+                  "--finish wrote the new set")
+    finally:
+        run(["umount", small])
+        if is_mounted(small):
+            run(["umount", "-l", small])
+
+
 def main():
     with tmpdir("shard") as tmp:
-        for t in (test_mount_by_index_and_dir, test_errors, test_mount_reads_headers_only):
+        for t in (test_mount_by_index_and_dir, test_errors, test_mount_reads_headers_only, test_sharded_out,
+                  test_set_commit_is_atomic):
             d = os.path.join(tmp, t.__name__)
             os.makedirs(d)
             try:

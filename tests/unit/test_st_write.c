@@ -403,3 +403,101 @@ Test(st_write, out_of_memory_at_every_allocation_fails_cleanly)
   cr_assert(ok);
   bs_catalog_destroy(&cat);
 }
+
+/* ---- Sharded output ------------------------------------------------------------------------ */
+
+Test(st_shard, sizes_as_hugging_face_spells_them)
+{
+  uint64_t v;
+  cr_assert_eq(bs_st_parse_size("5GB", &v), 0);
+  cr_assert_eq(v, 5000000000ull);
+  cr_assert_eq(bs_st_parse_size("5GiB", &v), 0);
+  cr_assert_eq(v, 5ull << 30);
+  cr_assert_eq(bs_st_parse_size("500MB", &v), 0);
+  cr_assert_eq(v, 500000000ull);
+  cr_assert_eq(bs_st_parse_size("10mib", &v), 0);
+  cr_assert_eq(v, 10ull << 20);
+  cr_assert_eq(bs_st_parse_size("100KB", &v), 0);
+  cr_assert_eq(v, 100000ull);
+  cr_assert_eq(bs_st_parse_size("1KiB", &v), 0);
+  cr_assert_eq(v, 1024ull);
+  cr_assert_eq(bs_st_parse_size("8Gb", &v), 0, "bits, as transformers reads a lower-case b");
+  cr_assert_eq(v, 1000000000ull);
+  cr_assert_eq(bs_st_parse_size("1234", &v), 0);
+  cr_assert_eq(v, 1234ull);
+  const char *bad[] = {"",
+                       "GB",
+                       "5 GB",
+                       "5TB",
+                       "5B",
+                       "-1GB",
+                       "1.5GB",
+                       "0",
+                       "0GB",
+                       "99999999999999999999",
+                       "18446744073709551615GB"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert_eq(bs_st_parse_size(bad[i], &v), -1, "%s", bad[i]);
+}
+
+static char *slurp_str(const char *dir, const char *name)
+{
+  char p[4200];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  size_t len;
+  uint8_t *b = bs_test_slurp(p, &len);
+  char *s = strndup((const char *)b, len);
+  bs_free(b);
+  return s;
+}
+
+Test(st_shard, writes_a_set_and_its_index_as_transformers_does)
+{
+  uint8_t mem[64];
+  for (int i = 0; i < 64; i++)
+    mem[i] = (uint8_t)i;
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 0);
+  add(&cat, "a\xc3\xa9\xf0\x9f\x98\x80", BS_DT_U8, 1, (uint64_t[]){20}, 20);
+  add(&cat, "c", BS_DT_F32, 1, (uint64_t[]){2}, 40);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "total_size", "1", &err), 0);
+  char *dir = bs_test_tmpdir("stshard");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/m.safetensors", dir);
+  struct bs_write_opts o = {.max_shard_size = 30};
+  cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);
+  char *ix = slurp_str(dir, "m.safetensors.index.json");
+  const char *want = "{\n  \"metadata\": {\n    \"total_size\": 48\n  },\n  \"weight_map\": {\n"
+                     "    \"a\\u00e9\\ud83d\\ude00\": \"m-00002-of-00002.safetensors\",\n"
+                     "    \"b\": \"m-00001-of-00002.safetensors\",\n"
+                     "    \"c\": \"m-00002-of-00002.safetensors\"\n  }\n}\n";
+  cr_assert_str_eq(ix, want);
+  free(ix);
+  snprintf(path, sizeof path, "%s/m-00002-of-00002.safetensors", dir);
+  size_t len;
+  uint8_t *b = bs_test_slurp(path, &len);
+  struct bs_catalog back;
+  cr_assert_eq(st_read_mem(&back, b, len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, 2);
+  cr_assert_eq(back.nmeta, 1);
+  cr_assert_str_eq(back.meta[0].key, "format", "total_size is the index's; shards get format=pt");
+  cr_assert_str_eq(back.meta[0].value, "pt");
+  bs_catalog_destroy(&back);
+  bs_free(b);
+
+  /* Without max_shard_size, the existing index's shards are kept. */
+  add(&cat, "d", BS_DT_U8, 1, (uint64_t[]){4}, 60);
+  snprintf(path, sizeof path, "%s/m.safetensors.index.json", dir);
+  o.max_shard_size = 0;
+  cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);
+  ix = slurp_str(dir, "m.safetensors.index.json");
+  cr_assert(strstr(ix, "\"d\": \"m-00002-of-00002.safetensors\""), "%s", ix);
+  cr_assert(strstr(ix, "\"total_size\": 52"), "%s", ix);
+  free(ix);
+  bs_test_rmrf(dir);
+  free(dir);
+  bs_catalog_destroy(&cat);
+}
