@@ -68,7 +68,8 @@ BS_NODISCARD int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t
  * format=pt unless it has a format. Every file is written to a temp file and
  * fsynced, then the shards are renamed and the index last; a failure before
  * the renames leaves the old set intact. Shards of the old index that the
- * new one no longer names are removed after the new index is in place. */
+ * new one no longer names are removed after the new index is in place, and so
+ * is a single file at `path` when it ends in .safetensors (the set replaces it). */
 BS_NODISCARD int bs_st_write_set(const struct bs_catalog *cat, const char *path,
                                  const struct bs_write_opts *o, bs_err *err);
 /* Parse a size as Hugging Face spells it: "5GB" (10^9), "5GiB" (2^30),

@@ -475,6 +475,9 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
       unlink(p);
     bs_free(p);
   }
+  /* output=x.safetensors (or rw of it) with max_shard_size: the set replaces the single file. */
+  if (ends_with(path, ST_SUFFIX))
+    unlink(path);
   rc = 0;
 out:
   for (size_t k = 0; at && k <= s.nshards; k++)

@@ -269,6 +269,17 @@ def test_sharded_out(tmp):
     with Mount(outd, mnt) as m:
         files_ = tensor_files(m)
         check(set(files_) == {key_to_relpath(k) for k in ts}, "the written set mounts")
+    # rw of a single file with max_shard_size: the set replaces the file.
+    inplace = os.path.join(tmp, "inplace")
+    os.makedirs(inplace)
+    single = os.path.join(inplace, "w.safetensors")
+    open(single, "wb").write(canonical(ts, {"format": "pt"}))
+    with Mount(single, mnt, opts="rw,max_shard_size=100") as m:
+        u = m.unmount()
+    check(u.returncode == 0, "rw,max_shard_size on one file: %s" % u.stderr)
+    check(not os.path.exists(single), "the single file is replaced by the set")
+    got5, _, _ = read_set(os.path.join(inplace, "w.safetensors.index.json"))
+    check(got5 == ts, "rw,max_shard_size: every tensor in the set")
     # A new sharded checkpoint: burnstore NEW.safetensors.index.json MNT.
     newd = os.path.join(tmp, "new")
     os.makedirs(newd)
