@@ -15,7 +15,14 @@
 /* The formats: one value per row of the format registry (formats.h,
  * src/formats/registry.c), in detection order. NONE is a catalog that was
  * not read from a file (a new, empty mount). */
-enum bs_format { BS_FMT_NONE, BS_FMT_BURNPACK, BS_FMT_SAFETENSORS, BS_FMT_PYTORCH, BS_FMT_COUNT };
+enum bs_format {
+  BS_FMT_NONE,
+  BS_FMT_BURNPACK,
+  BS_FMT_SAFETENSORS,
+  BS_FMT_PYTORCH,
+  BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
+  BS_FMT_COUNT
+};
 /* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
  * BS_FMT_NONE, "?" out of range. */
 const char *bs_format_name(enum bs_format f);

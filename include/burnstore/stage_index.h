@@ -54,6 +54,7 @@ struct bs_stage_index {
   long pid;
   char *target;
   enum bs_format format;
+  uint64_t max_shard_size; /* the write's bs_write_opts (0: none) */
   struct bs_stage_checkpoint ck;
   struct bs_stage_src *srcs; /* what out.srcs must be, in order */
   size_t nsrcs, ncksrcs;     /* ncksrcs: the first ones come from the checkpoint */

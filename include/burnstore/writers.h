@@ -9,6 +9,11 @@
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 
+/* Options of one write-back (recorded in the staging INDEX). */
+struct bs_write_opts {
+  uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
+};
+
 struct bs_writer {
   const char *name;              /* "burnpack" (as bs_format_name spells it) */
   enum bs_format format;         /* what a reader reports for the output */
@@ -21,6 +26,10 @@ struct bs_writer {
   int (*default_meta)(struct bs_catalog *cat, bs_err *err);
   /* Serialize every tensor that is not hidden, with cat->meta, into k. */
   int (*write)(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
+  /* A format of several files (shards + index): writes the whole set for
+   * target `path`, atomically as a set. NULL: one file, through write(). */
+  int (*write_set)(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
+                   bs_err *err);
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */
@@ -46,5 +55,9 @@ BS_NODISCARD int bs_writer_check(const struct bs_writer *w, const struct bs_cata
  * untouched, no temp file is left, and err names path. */
 BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat,
                                       const char *path, bs_err *err);
+/* The same with options (o may be NULL); a row with write_set writes its set. */
+BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
+                                           const char *path, const struct bs_write_opts *o,
+                                           bs_err *err);
 
 #endif

@@ -114,6 +114,8 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
   put(&o, "target", 6);
   put_str(&o, idx->target ? idx->target : "");
   putf(&o, "\nformat\t%s\n", bs_format_name(idx->format));
+  if (idx->max_shard_size)
+    putf(&o, "max_shard_size\t%llu\n", (unsigned long long)idx->max_shard_size);
   if (idx->ck.path) {
     put(&o, "checkpoint", 10);
     put_str(&o, idx->ck.path);
@@ -504,6 +506,9 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
         idx->format = (enum bs_format)f;
     if (idx->format == BS_FMT_NONE)
       return perr(err, l, "unknown format '%.40s'", l->f[1]);
+  } else if (strcmp(r, "max_shard_size") == 0 && l->n == 2) {
+    if (!parse_u64(l->f[1], &idx->max_shard_size) || idx->max_shard_size == 0)
+      return perr(err, l, "bad max_shard_size");
   } else if (strcmp(r, "checkpoint") == 0 && l->n == 8) {
     int64_t ns, sec;
     if (idx->ck.path || unescape(l->f[1]) != 0 || l->f[1][0] != '/' ||

@@ -25,6 +25,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "burnstore/st_index.h"
 
 static const struct bs_format_desc formats[] = {
     [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL},
@@ -34,6 +35,10 @@ static const struct bs_format_desc formats[] = {
                         {".pt", ".pth", ".bin", ".ckpt", ".tar"},
                         bs_pth_sniff,
                         bs_pth_read},
+    [BS_FMT_ST_SHARDED] = {"safetensors-sharded",
+                           {".safetensors.index.json"},
+                           bs_st_index_sniff,
+                           bs_st_index_read},
 };
 _Static_assert(sizeof formats / sizeof formats[0] == BS_FMT_COUNT,
                "the format table has one row per enum bs_format value");

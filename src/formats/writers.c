@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include "burnstore/bpk_write.h"
+#include "burnstore/st_write.h"
 #include "burnstore/writers.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
@@ -13,9 +14,15 @@ static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *er
 }
 
 static const char *const bpk_ext[] = {".bpk", NULL};
+static const char *const st_ext[] = {".safetensors", NULL};
+static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
 
 const struct bs_writer bs_writers[] = {
-    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write},
+    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL},
+    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_default_meta, bs_st_write,
+     NULL},
+    {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_default_meta,
+     bs_st_write, bs_st_write_set},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -87,6 +94,15 @@ int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_
 int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
                          bs_err *err)
 {
+  return bs_writer_write_file_opts(w, cat, path, NULL, err);
+}
+
+int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
+                              const char *path, const struct bs_write_opts *o, bs_err *err)
+{
+  static const struct bs_write_opts none = {0};
+  if (w->write_set)
+    return w->write_set(cat, path, o ? o : &none, err);
   struct bs_atomic a;
   if (bs_atomic_open(&a, path, err) != 0)
     return -1;

@@ -43,6 +43,7 @@ struct fs {
 
   /* The output's format, chosen at mount from output's extension; NULL when read-only. */
   const struct bs_writer *writer;
+  struct bs_write_opts wopts; /* -o max_shard_size= */
 };
 
 static inline struct fs *fs_data(fuse_req_t req)

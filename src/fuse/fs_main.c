@@ -25,6 +25,8 @@
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "burnstore/st_index.h"
+#include "burnstore/st_write.h"
 #include "burnstore/stage_index.h"
 #include "burnstore/version.h"
 #include "fs.h"
@@ -38,8 +40,8 @@ static const char usage_text[] =
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, PyTorch) as a directory:\n"
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
-    "If SOURCE does not exist and ends in .bpk, MOUNTPOINT is an empty writable\n"
-    "directory that is written to SOURCE as a Burnpack file on unmount.\n"
+    "If SOURCE does not exist and ends in .bpk or .safetensors, MOUNTPOINT is an\n"
+    "empty writable directory that is written to SOURCE in that format on unmount.\n"
     "\n"
     "  -f              stay in the foreground\n"
     "  -d              debug output (implies -f)\n"
@@ -54,9 +56,11 @@ static const char usage_text[] =
     "Options (-o, comma-separated; a comma inside a value is written \\,):\n"
     "  ro, rw                 read-only (default for an existing SOURCE) or writable\n"
     "  output=PATH            where a writable mount is written (default: SOURCE;\n"
-    "                         needed for rw on SafeTensors and PyTorch files); the\n"
-    "                         extension names the format: .bpk\n"
+    "                         needed for rw on PyTorch files); the extension\n"
+    "                         names the format: .bpk or .safetensors\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
+    "  max_shard_size=SIZE    write SafeTensors as NAME-0000K-of-0000N.safetensors shards\n"
+    "                         + NAME.safetensors.index.json (5GB, 500MB, 2GiB...)\n"
     "  include=REGEX          keep only keys matching (repeatable, any match)\n"
     "  exclude=REGEX          drop keys matching (repeatable)\n"
     "  remap=FROM=>TO         rename keys by regex, $1 or ${1} for groups (repeatable, in order)\n"
@@ -88,7 +92,8 @@ struct args {
   bool foreground, debug, single, unmount, verbose;
   const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
   bool ro, rw, flat, strict;
-  char *output, *staging; /* owned */
+  char *output, *staging;  /* owned */
+  uint64_t max_shard_size; /* 0: none */
   char fuse_extra[2048];
   struct bs_keyopts keys;
 };
@@ -152,6 +157,9 @@ static void parse_opts(struct args *a, const char *optstr)
     } else if (eq && nlen == 6 && strncmp(it, "output", 6) == 0) {
       bs_free(a->output);
       a->output = bs_strdup(val);
+    } else if (eq && nlen == 14 && strncmp(it, "max_shard_size", 14) == 0) {
+      if (bs_st_parse_size(val, &a->max_shard_size) != 0)
+        die_usage("max_shard_size=%s: not a size (5GB, 500MB, 2GiB, bytes...)", val);
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
       bs_free(a->staging);
       a->staging = bs_strdup(val);
@@ -809,7 +817,8 @@ static int do_finish(const char *arg)
             bs_format_name(idx.format));
     goto out;
   }
-  if (bs_writer_write_file(w, &idx.cat, idx.target, &err) != 0) {
+  struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
+  if (bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, &err) != 0) {
     fail_line(NULL, &err);
     fprintf(stderr, PROG ": %s is kept\n", dir);
     goto out;
@@ -912,6 +921,13 @@ static int prepare(struct fs *fs, struct args *a)
     return 1;
   }
   struct stat st;
+  if (stat(fs->source, &st) == 0 && S_ISDIR(st.st_mode)) {
+    char *index; /* a directory: the sharded checkpoint it holds */
+    if (bs_st_index_find(fs->source, &index, &err) != 0)
+      return fail_line(a->source, &err);
+    bs_free(fs->source);
+    fs->source = index;
+  }
   if (stat(fs->source, &st) != 0) {
     if (errno != ENOENT) {
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -950,6 +966,17 @@ static int prepare(struct fs *fs, struct args *a)
       }
       fs->force_write = strcmp(fs->output, fs->source) != 0;
     }
+  }
+  if (a->max_shard_size) {
+    /* Shards are a SafeTensors thing: x.safetensors becomes x-0000K-of-0000N + its index. */
+    if (fs->writer && fs->writer->format == BS_FMT_SAFETENSORS)
+      fs->writer = bs_writer_for_format(BS_FMT_ST_SHARDED);
+    if (!fs->writer || fs->writer->format != BS_FMT_ST_SHARDED) {
+      fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
+                           "(.safetensors or .safetensors.index.json)\n");
+      return 1;
+    }
+    fs->wopts.max_shard_size = a->max_shard_size;
   }
   if (fs->writable && !fs->output) {
     fprintf(stderr, PROG ": out of memory\n");
@@ -1144,7 +1171,8 @@ int main(int argc, char **argv)
   ret = ret < 0 ? 1 : 0;
 
   /* Write-back, after the kernel has let go of the mount. */
-  if (fs.writable && (fs.dirty || fs.force_write)) {
+  /* (A reshard is a write, even with nothing changed.) */
+  if (fs.writable && (fs.dirty || fs.force_write || fs.wopts.max_shard_size)) {
     bs_err err;
     bs_err_clear(&err);
     if (fs_writeback(&fs, &err) != 0) {

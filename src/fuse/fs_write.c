@@ -181,6 +181,7 @@ static int index_head(struct fs *fs, struct bs_stage_index *idx, bs_err *err)
   idx->pid = (long)getpid();
   idx->target = fs->output;
   idx->format = fs->writer->format;
+  idx->max_shard_size = fs->wopts.max_shard_size;
   idx->ncksrcs = fs->cat.nsrcs;
   if (fs->cat.nsrcs) {
     struct stat st;
@@ -286,7 +287,7 @@ int fs_writeback(struct fs *fs, bs_err *err)
   struct bs_stage_index sidx;
   if (index_head(fs, &sidx, err) != 0 || save_index(fs, &sidx, &out, err) != 0)
     goto out;
-  rc = bs_writer_write_file(fs->writer, &out, fs->output, err);
+  rc = bs_writer_write_file_opts(fs->writer, &out, fs->output, &fs->wopts, err);
   if (rc == 0 && out.notes)
     fs->report = out.notes, out.notes = NULL;
 out:

@@ -18,6 +18,7 @@
 
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
+#include "burnstore/st_index.h"
 #include "fs.h"
 
 #define XA_PREFIX "user.burnstore."
@@ -29,6 +30,7 @@
 #define XA_VALUES XA_PREFIX "values"
 #define XA_NOTES XA_PREFIX "notes"
 #define XA_META XA_PREFIX "meta."
+#define XA_SHARD XA_PREFIX "shard"
 
 static bool has_prefix(const char *s, const char *p)
 {
@@ -137,6 +139,11 @@ static int get_file(struct fs *fs, const struct fs_ref *r, const struct bs_entry
     bs_free(s);
     return rc;
   }
+  if (strcmp(name, XA_SHARD) == 0) {
+    const struct bs_tensor *t = e->stage ? NULL : bs_entry_origin(&fs->edit, e);
+    const char *shard = t ? bs_st_index_shard_of(&fs->cat, t) : NULL;
+    return shard ? xadds(b, shard) : ENODATA;
+  }
   if (strcmp(name, XA_PARAM_ID) == 0) {
     const struct bs_tensor *t = bs_entry_origin(&fs->edit, e);
     if (e->has_param_id)
@@ -244,6 +251,8 @@ static int list_file(struct fs *fs, const struct fs_ref *r, const struct bs_entr
       rc = NAME(XA_KEY);
     if (!rc && (e->has_param_id || (t && t->has_param_id)))
       rc = NAME(XA_PARAM_ID);
+    if (!rc && !e->stage && t && bs_st_index_shard_of(&fs->cat, t))
+      rc = NAME(XA_SHARD);
   }
   for (size_t i = 0; !rc && i < e->nxattrs; i++)
     rc = NAME(e->xattrs[i].name);

@@ -55,7 +55,6 @@ def make_bpk(tmp, path):
 def test_outputs_that_name_no_writable_format(tmp):
     for name, opts, needle in (("pth", "output=%s/m.pth", ".pth"),
                                ("pt", "output=%s/m.pt", ".pt"),
-                               ("st", "output=%s/x.safetensors", ".safetensors"),
                                ("upper-pth", "output=%s/M.PTH", ".PTH")):
         out = opts.split("=", 1)[1] % tmp
         refused(tmp, "output-" + name, PT, opts % tmp, "output=", needle, "cannot write", ".bpk",
@@ -70,12 +69,12 @@ def test_outputs_that_name_no_writable_format(tmp):
     refused(tmp, "output-noext", ST, "output=%s/converted" % tmp, "no extension", ".bpk",
             absent=[os.path.join(tmp, "converted")])
     # rw in place on a format burnstore does not write (as before).
-    refused(tmp, "rw-safetensors", ST, "rw", "output=", "safetensors")
+    refused(tmp, "rw-pth", PT, "rw", "output=", "pytorch")
 
 
 def test_new_paths_that_name_no_writable_format(tmp):
     for name, path, opts in (("typo-pth", "modle.pth", None),
-                             ("typo-st", "modle.safetensors", None),
+                             ("typo-pt", "modle.pt", None),
                              ("noext", "newmodel", None),
                              ("rw-pth", "other.pth", "rw"),
                              ("with-output", "modle.pth", "output=%s/out.bpk" % tmp)):

@@ -47,6 +47,13 @@ def main():
         if os.path.exists(os.path.join(d, "scratch.bpk")):
             t, meta = read_bpk(os.path.join(d, "scratch.bpk"))
             check(t.get("w", (0, 0))[:2] == ("F32", [2, 3]) and meta.get("author") == "me", "scratch.bpk: %r" % ((t, meta),))
+        conv = os.path.join(d, "converted.safetensors")
+        check(os.path.exists(conv), "the guide's examples wrote converted.safetensors")
+        sh = os.path.join(d, "sharded")
+        names = sorted(os.listdir(sh)) if os.path.isdir(sh) else []
+        check(len(names) >= 3 and "model.safetensors.index.json" in names and
+              all(n.startswith("model-") for n in names if n != "model.safetensors.index.json"),
+              "the guide's examples wrote a shard set: %r" % names)
     finish("test_user_guide")
 
 

@@ -185,9 +185,9 @@ def test_rw_existing(tmp):
           "overwrite in place")
     check(after.get("extra", (0, 0, 0))[2] == b"zz", "new file")
     check(after["fc2.weight"][2] == before["fc2.weight"][2], "unchanged tensors copied")
-    # rw of a non-Burnpack file needs output=
-    r = run([BIN, ST, mnt, "-o", "rw"])
-    check(r.returncode != 0 and "output=" in r.stderr, "rw on safetensors without output=: %r" % r.stderr)
+    # rw of a file burnstore does not write (PyTorch) needs output=
+    r = run([BIN, PT, mnt, "-o", "rw"])
+    check(r.returncode != 0 and "output=" in r.stderr, "rw on a .pt without output=: %r" % r.stderr)
     force_unmount(mnt)
     # output= converts: nothing changed, still written
     conv = os.path.join(tmp, "converted.bpk")

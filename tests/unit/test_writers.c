@@ -47,7 +47,13 @@ Test(writers, chosen_by_the_extension_of_the_base_name)
   cr_assert_eq(bs_writer_for_path("MODEL.BPK"), bpk, "case does not matter");
   cr_assert_null(bs_writer_for_path("m.pth"));
   cr_assert_null(bs_writer_for_path("m.pt"));
-  cr_assert_null(bs_writer_for_path("x.safetensors"));
+  const struct bs_writer *st = bs_writer_for_format(BS_FMT_SAFETENSORS);
+  cr_assert_not_null(st);
+  cr_assert_eq(bs_writer_for_path("x.safetensors"), st);
+  cr_assert_eq(bs_writer_for_path("/d/Model.SafeTensors"), st);
+  cr_assert_eq(bs_writer_for_path("x.safetensors.index.json"),
+               bs_writer_for_format(BS_FMT_ST_SHARDED));
+  cr_assert_null(bs_writer_for_path("x.index.json"));
   cr_assert_null(bs_writer_for_path("model"), "no extension: no format");
   cr_assert_null(bs_writer_for_path("dir.bpk/model"));
   cr_assert_null(bs_writer_for_path(".bpk"), "a hidden name, not an extension");
@@ -75,7 +81,9 @@ Test(writers, path_extension_is_from_the_last_dot_of_the_base_name)
 Test(writers, list_names_every_extension)
 {
   char buf[256];
-  cr_assert_str_eq(bs_writer_list(buf, sizeof buf), ".bpk (burnpack)");
+  cr_assert_str_eq(
+      bs_writer_list(buf, sizeof buf),
+      ".bpk (burnpack), .safetensors (safetensors), .safetensors.index.json (safetensors-sharded)");
   char tiny[6];
   bs_writer_list(tiny, sizeof tiny);
   cr_assert_lt(strlen(tiny), sizeof tiny);

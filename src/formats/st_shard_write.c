@@ -1,0 +1,490 @@
+/* Sharded SafeTensors output: NAME-0000K-of-0000N.safetensors shards and
+ * NAME.safetensors.index.json, written atomically as a set (st_write.h).
+ *
+ * Index layout written (transformers: json.dumps(index, indent=2,
+ * sort_keys=True) + "\n", ASCII only):
+ *   {
+ *     "metadata": {
+ *       "total_size": 344
+ *     },
+ *     "weight_map": {
+ *       "lm_head.weight": "model-00002-of-00002.safetensors",
+ *       ...
+ *     }
+ *   }
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "burnstore/formats.h"
+#include "burnstore/st_index.h"
+#include "burnstore/st_write.h"
+#include "burnstore/strmap.h"
+
+#define IDX_SUFFIX ".safetensors.index.json"
+#define ST_SUFFIX ".safetensors"
+
+int bs_st_parse_size(const char *s, uint64_t *out)
+{
+  static const struct {
+    const char *unit;
+    uint64_t mul;
+    bool bits_if_b; /* "Gb": gigabits, as Hugging Face reads it */
+  } units[] = {
+      {"GIB", 1ull << 30, false},  {"MIB", 1ull << 20, false}, {"KIB", 1ull << 10, false},
+      {"GB", 1000000000ull, true}, {"MB", 1000000ull, true},   {"KB", 1000ull, true},
+  };
+  size_t n = strlen(s), digits = 0;
+  while (digits < n && s[digits] >= '0' && s[digits] <= '9')
+    digits++;
+  if (digits == 0 || digits > 19)
+    return -1;
+  uint64_t v = strtoull(s, NULL, 10), mul = 1;
+  const char *unit = s + digits;
+  bool bits = false;
+  if (*unit) {
+    size_t i = 0;
+    for (; i < sizeof units / sizeof units[0]; i++)
+      if (strcasecmp(unit, units[i].unit) == 0)
+        break;
+    if (i == sizeof units / sizeof units[0])
+      return -1;
+    mul = units[i].mul;
+    bits = units[i].bits_if_b && unit[strlen(unit) - 1] == 'b';
+  }
+  if (!bs_mul_u64(v, mul, &v))
+    return -1;
+  *out = bits ? v / 8 : v;
+  return *out ? 0 : -1;
+}
+
+/* ---- JSON as Python's json.dumps writes it (ensure_ascii) -------------------------------- */
+
+static int put(struct bs_buf *b, const void *d, size_t n)
+{
+  if (n == 0)
+    return 0;
+  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
+    return -1;
+  memcpy(b->data + b->len, d, n);
+  b->len += n;
+  return 0;
+}
+
+static int puts_(struct bs_buf *b, const char *s)
+{
+  return put(b, s, strlen(s));
+}
+
+/* One UTF-8 sequence at p (valid: the catalog's keys are), its code point. */
+static uint32_t utf8_next(const unsigned char **p)
+{
+  const unsigned char *s = *p;
+  uint32_t c = s[0];
+  int n = c < 0x80 ? 0 : c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
+  c = n == 0 ? c : n == 1 ? c & 0x1f : n == 2 ? c & 0x0f : c & 0x07;
+  int i = 1;
+  for (; i <= n && s[i]; i++)
+    c = (c << 6) | (s[i] & 0x3f);
+  *p = s + i;
+  return c;
+}
+
+static int py_string(struct bs_buf *b, const char *s)
+{
+  int bad = put(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p && !bad;) {
+    unsigned char c = *p;
+    char e[16];
+    if (c == '"' || c == '\\') {
+      e[0] = '\\', e[1] = (char)c;
+      bad |= put(b, e, 2);
+      p++;
+      continue;
+    }
+    if (c >= 0x20 && c < 0x7f) {
+      bad |= put(b, p, 1);
+      p++;
+      continue;
+    }
+    const char *short_ = c == '\n'   ? "\\n"
+                         : c == '\r' ? "\\r"
+                         : c == '\t' ? "\\t"
+                         : c == '\b' ? "\\b"
+                         : c == '\f' ? "\\f"
+                                     : NULL;
+    if (short_) {
+      bad |= puts_(b, short_);
+      p++;
+      continue;
+    }
+    uint32_t cp = utf8_next(&p);
+    if (cp >= 0x10000) {
+      cp -= 0x10000;
+      snprintf(e, sizeof e, "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+    } else {
+      snprintf(e, sizeof e, "\\u%04x", cp);
+    }
+    bad |= puts_(b, e);
+  }
+  return bad | put(b, "\"", 1);
+}
+
+/* ---- The set ------------------------------------------------------------------------------- */
+
+struct shard {
+  char *name; /* file name, in dir */
+  size_t *which;
+  size_t n, cap;
+  uint64_t bytes;
+  bool write; /* its bytes change */
+};
+
+struct set {
+  char *dir, *stem, *index;
+  struct shard *shards;
+  size_t nshards;
+  size_t *shard_of; /* per catalog tensor: its shard, or SIZE_MAX (not written) */
+  struct bs_st_index old;
+  bool have_old;
+};
+
+static void set_destroy(struct set *s)
+{
+  for (size_t i = 0; i < s->nshards; i++) {
+    bs_free(s->shards[i].name);
+    bs_free(s->shards[i].which);
+  }
+  bs_free(s->shards);
+  bs_free(s->shard_of);
+  bs_free(s->dir);
+  bs_free(s->stem);
+  bs_free(s->index);
+  bs_st_index_destroy(&s->old);
+}
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *str_printf(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *p = n >= 0 ? bs_malloc((size_t)n + 1) : NULL;
+  if (p) {
+    va_start(ap, fmt);
+    vsnprintf(p, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+  }
+  return p;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+  size_t n = strlen(s), k = strlen(suffix);
+  return n > k && strcasecmp(s + n - k, suffix) == 0;
+}
+
+static int names(struct set *s, const char *path, bs_err *err)
+{
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t cut = ends_with(base, IDX_SUFFIX)  ? strlen(IDX_SUFFIX)
+               : ends_with(base, ST_SUFFIX) ? strlen(ST_SUFFIX)
+                                            : 0;
+  if (!cut)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "%s: a sharded SafeTensors output is named NAME" IDX_SUFFIX " or NAME" ST_SUFFIX,
+                   path);
+  s->dir =
+      slash ? str_printf("%.*s", (int)(slash == path ? 1 : slash - path), path) : bs_strdup(".");
+  s->stem = str_printf("%.*s", (int)(strlen(base) - cut), base);
+  s->index = s->dir && s->stem ? str_printf("%s/%s" IDX_SUFFIX, s->dir, s->stem) : NULL;
+  if (!s->index)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  return 0;
+}
+
+/* The existing index at s->index, if there is a readable one. */
+static int load_old(struct set *s, bs_err *err)
+{
+  FILE *f = fopen(s->index, "rb");
+  if (!f)
+    return 0;
+  uint8_t *buf = bs_malloc(BS_ST_INDEX_MAX);
+  size_t n = buf ? fread(buf, 1, BS_ST_INDEX_MAX, f) : 0;
+  fclose(f);
+  if (!buf)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  bs_err sub;
+  bs_err_clear(&sub);
+  s->have_old = bs_st_index_parse(buf, n, &s->old, &sub) == 0;
+  bs_free(buf);
+  if (!s->have_old && sub.code == ENOMEM)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  return 0;
+}
+
+static int add_to(struct shard *sh, size_t ix, uint64_t bytes, bs_err *err)
+{
+  if (bs_grow((void **)&sh->which, &sh->cap, sh->n + 1, sizeof *sh->which) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  sh->which[sh->n++] = ix;
+  sh->bytes += bytes;
+  return 0;
+}
+
+static int new_shards(struct set *s, size_t n, bs_err *err)
+{
+  s->shards = bs_calloc(n ? n : 1, sizeof *s->shards);
+  if (!s->shards)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  s->nshards = n;
+  return 0;
+}
+
+/* Greedy, in catalog order, as transformers' shard_checkpoint does. */
+static int reshard(struct set *s, const struct bs_catalog *cat, uint64_t max, bs_err *err)
+{
+  size_t n = 0;
+  uint64_t cur = 0;
+  bool open = false;
+  for (size_t i = 0; i < cat->count; i++) {
+    if (cat->tensors[i].hidden)
+      continue;
+    uint64_t b = cat->tensors[i].nbytes;
+    if (!open || (cur > 0 && (b > max || cur > max - b))) {
+      n++;
+      cur = 0;
+      open = true;
+    }
+    cur += b;
+    s->shard_of[i] = n - 1;
+  }
+  if (n == 0)
+    n = 1; /* no tensors: one empty shard */
+  if (n > BS_ST_MAX_SHARDS)
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                   "max_shard_size makes %zu shards, more than the %u an index may name", n,
+                   BS_ST_MAX_SHARDS);
+  if (new_shards(s, n, err) != 0)
+    return -1;
+  for (size_t k = 0; k < n; k++)
+    if (!(s->shards[k].name = str_printf("%s-%05zu-of-%05zu" ST_SUFFIX, s->stem, k + 1, n)))
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  return 0;
+}
+
+/* Each tensor back to the shard the existing index names; new ones to the last shard. */
+static int keep_shards(struct set *s, const struct bs_catalog *cat, bs_err *err)
+{
+  if (new_shards(s, s->old.nshards, err) != 0)
+    return -1;
+  for (size_t k = 0; k < s->old.nshards; k++)
+    if (!(s->shards[k].name = bs_strdup(s->old.shards[k])))
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  struct bs_strmap m = {0};
+  for (size_t e = 0; e < s->old.nmap; e++)
+    if (bs_strmap_put(&m, s->old.map[e].key, s->old.map[e].shard) < 0) {
+      bs_strmap_destroy(&m);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
+  for (size_t i = 0; i < cat->count; i++) {
+    if (cat->tensors[i].hidden)
+      continue;
+    size_t k;
+    s->shard_of[i] = bs_strmap_get(&m, cat->tensors[i].name, &k) ? k : s->old.nshards - 1;
+  }
+  bs_strmap_destroy(&m);
+  return 0;
+}
+
+/* A shard's metadata: the catalog's without total_size, with a format. */
+static int shard_meta(const struct bs_catalog *cat, struct bs_kv **out, size_t *n, bs_err *err)
+{
+  *out = bs_calloc(cat->nmeta + 1, sizeof **out);
+  if (!*out)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  bool fmt = false;
+  *n = 0;
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    if (strcmp(cat->meta[i].key, "total_size") == 0)
+      continue;
+    fmt |= strcmp(cat->meta[i].key, "format") == 0;
+    (*out)[(*n)++] = cat->meta[i]; /* borrowed */
+  }
+  if (!fmt)
+    (*out)[(*n)++] = (struct bs_kv){"format", "pt"};
+  return 0;
+}
+
+static int cmp_kv(const void *a, const void *b)
+{
+  return strcmp(((const struct bs_kv *)a)->key, ((const struct bs_kv *)b)->key);
+}
+
+struct wm {
+  const char *key, *file;
+};
+
+static int cmp_wm(const void *a, const void *b)
+{
+  return strcmp(((const struct wm *)a)->key, ((const struct wm *)b)->key);
+}
+
+static int index_json(const struct set *s, const struct bs_catalog *cat, struct bs_buf *b,
+                      bs_err *err)
+{
+  uint64_t total = 0;
+  size_t nt = 0;
+  for (size_t i = 0; i < cat->count; i++)
+    if (s->shard_of[i] != SIZE_MAX) {
+      if (!bs_add_u64(total, cat->tensors[i].nbytes, &total))
+        return bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "total_size overflows 64 bits");
+      nt++;
+    }
+  struct bs_kv *meta = bs_calloc(cat->nmeta + 1, sizeof *meta);
+  struct wm *map = bs_calloc(nt ? nt : 1, sizeof *map);
+  if (!meta || !map) {
+    bs_free(meta);
+    bs_free(map);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  char tot[24];
+  snprintf(tot, sizeof tot, "%" PRIu64, total);
+  size_t nm = 0;
+  for (size_t i = 0; i < cat->nmeta; i++)
+    if (strcmp(cat->meta[i].key, "total_size") != 0)
+      meta[nm++] = cat->meta[i];
+  meta[nm++] = (struct bs_kv){"total_size", tot};
+  qsort(meta, nm, sizeof *meta, cmp_kv);
+  for (size_t i = 0, j = 0; i < cat->count; i++)
+    if (s->shard_of[i] != SIZE_MAX)
+      map[j++] = (struct wm){cat->tensors[i].name, s->shards[s->shard_of[i]].name};
+  qsort(map, nt, sizeof *map, cmp_wm);
+  int bad = puts_(b, "{\n  \"metadata\": {");
+  for (size_t i = 0; i < nm; i++) {
+    bad |= puts_(b, i ? ",\n    " : "\n    ") | py_string(b, meta[i].key) | puts_(b, ": ");
+    bad |= meta[i].value == tot ? puts_(b, tot) : py_string(b, meta[i].value);
+  }
+  bad |= puts_(b, "\n  },\n  \"weight_map\": {");
+  for (size_t i = 0; i < nt; i++)
+    bad |= puts_(b, i ? ",\n    " : "\n    ") | py_string(b, map[i].key) | puts_(b, ": ") |
+           py_string(b, map[i].file);
+  bad |= puts_(b, nt ? "\n  }\n}\n" : "}\n}\n");
+  bs_free(meta);
+  bs_free(map);
+  if (bad)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (b->len > BS_ST_INDEX_MAX)
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "an index of %zu bytes exceeds %u bytes", b->len,
+                   BS_ST_INDEX_MAX);
+  return 0;
+}
+
+int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
+                    bs_err *err)
+{
+  struct set s = {0};
+  struct bs_atomic *at = NULL;
+  struct bs_kv *smeta = NULL;
+  struct bs_buf ib = {0};
+  size_t nat = 0;
+  int rc = -1;
+  if (names(&s, path, err) != 0)
+    goto out;
+  if (!(s.shard_of = bs_malloc((cat->count ? cat->count : 1) * sizeof *s.shard_of))) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < cat->count; i++)
+    s.shard_of[i] = SIZE_MAX;
+  if (load_old(&s, err) != 0)
+    goto out;
+  if (o->max_shard_size == 0 && s.have_old && s.old.nshards > 0) {
+    if (keep_shards(&s, cat, err) != 0)
+      goto out;
+  } else if (reshard(&s, cat, o->max_shard_size ? o->max_shard_size : UINT64_MAX, err) != 0) {
+    goto out;
+  }
+  for (size_t i = 0; i < cat->count; i++)
+    if (s.shard_of[i] != SIZE_MAX &&
+        add_to(&s.shards[s.shard_of[i]], i, cat->tensors[i].nbytes, err) != 0)
+      goto out;
+
+  /* The shards' catalog: the same tensors and sources, their metadata. */
+  struct bs_catalog sc = *cat;
+  if (shard_meta(cat, &smeta, &sc.nmeta, err) != 0)
+    goto out;
+  sc.meta = smeta;
+  if (!(at = bs_calloc(s.nshards + 1, sizeof *at))) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  for (size_t k = 0; k < s.nshards; k++) {
+    struct shard *sh = &s.shards[k];
+    char *p = str_printf("%s/%s", s.dir, sh->name);
+    bool same = false;
+    if (!p) {
+      bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+      goto out;
+    }
+    static const size_t none[1];
+    const size_t *which = sh->which ? sh->which : none; /* NULL would mean "every tensor" */
+    int r = bs_st_file_unchanged(&sc, which, sh->n, p, &same, err);
+    if (r == 0 && !same && (r = bs_atomic_open(&at[nat], p, err)) == 0) {
+      nat++;
+      if ((r = bs_st_write_some(&sc, which, sh->n, &at[nat - 1].sink, err)) != 0)
+        bs_atomic_fail(&at[nat - 1], err);
+    }
+    bs_free(p);
+    if (r != 0)
+      goto out;
+  }
+  if (index_json(&s, cat, &ib, err) != 0 || bs_atomic_open(&at[nat], s.index, err) != 0)
+    goto out;
+  nat++;
+  if (bs_sink_put(&at[nat - 1].sink, ib.data, ib.len, err) != 0) {
+    bs_atomic_fail(&at[nat - 1], err);
+    goto out;
+  }
+  for (size_t k = 0; k < nat; k++)
+    if (bs_atomic_sync(&at[k], err) != 0) {
+      bs_atomic_fail(&at[k], err);
+      goto out;
+    }
+  /* Phase 2: the shards, then the index. */
+  for (size_t k = 0; k < nat; k++)
+    if (bs_atomic_publish(&at[k], err) != 0)
+      goto out;
+  /* Shards of the old index the new one does not name. */
+  for (size_t k = 0; s.have_old && k < s.old.nshards; k++) {
+    bool kept = false;
+    for (size_t j = 0; j < s.nshards && !kept; j++)
+      kept = strcmp(s.old.shards[k], s.shards[j].name) == 0;
+    char *p = kept ? NULL : str_printf("%s/%s", s.dir, s.old.shards[k]);
+    if (p)
+      unlink(p);
+    bs_free(p);
+  }
+  /* output=x.safetensors (or rw of it) with max_shard_size: the set replaces the single file. */
+  if (ends_with(path, ST_SUFFIX))
+    unlink(path);
+  rc = 0;
+out:
+  for (size_t k = 0; at && k <= s.nshards; k++)
+    bs_atomic_abort(&at[k]);
+  bs_free(at);
+  bs_free(smeta);
+  bs_buf_destroy(&ib);
+  set_destroy(&s);
+  return rc;
+}

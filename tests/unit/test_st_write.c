@@ -1,0 +1,503 @@
+/* The SafeTensors writer on memory sinks: the reference crate's own byte
+ * vectors, its data order, JSON escaping, every dtype read back by our
+ * reader, refusals naming the tensor, and out-of-memory at every step. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bs_test.h"
+#include "burnstore/alloc.h"
+#include "burnstore/formats.h"
+#include "burnstore/st_write.h"
+#include "burnstore/writers.h"
+#include "st_fixture.h"
+
+static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
+{
+  struct bs_src src;
+  uint32_t idx;
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(cat);
+  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
+  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
+}
+
+static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
+                             uint32_t rank, const uint64_t *shape, uint64_t off)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_tensor *t = bs_catalog_add(cat, key, dt, rank, shape, off, &err);
+  cr_assert_not_null(t, "%s", err.msg);
+  t->src = 0;
+  t->off = off;
+  return t;
+}
+
+static struct bs_buf write_mem(const struct bs_catalog *cat)
+{
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_st_write(cat, &k, &err), 0, "%s", err.msg);
+  uint64_t size;
+  cr_assert_eq(bs_st_size(cat, NULL, 0, &size, &err), 0, "%s", err.msg);
+  cr_assert_eq(size, b.len, "bs_st_size agrees with what is written");
+  return b;
+}
+
+static const uint8_t f32_0_to_5[24] = {0, 0, 0,  0,  0, 0, 128, 63, 0, 0, 0,   64,
+                                       0, 0, 64, 64, 0, 0, 128, 64, 0, 0, 160, 64};
+
+/* safetensors/src/tensor.rs, test_serialization: attn.0, F32 [1,2,3]. */
+Test(st_write, reference_vector_serialization)
+{
+  struct bs_catalog cat;
+  mem_catalog(&cat, f32_0_to_5, sizeof f32_0_to_5);
+  add(&cat, "attn.0", BS_DT_F32, 3, (uint64_t[]){1, 2, 3}, 0);
+  struct bs_buf b = write_mem(&cat);
+  static const uint8_t want[] = {
+      64, 0,  0,   0,   0,   0,   0,   0,   123, 34,  97,  116, 116, 110, 46,  48,
+      34, 58, 123, 34,  100, 116, 121, 112, 101, 34,  58,  34,  70,  51,  50,  34,
+      44, 34, 115, 104, 97,  112, 101, 34,  58,  91,  49,  44,  50,  44,  51,  93,
+      44, 34, 100, 97,  116, 97,  95,  111, 102, 102, 115, 101, 116, 115, 34,  58,
+      91, 48, 44,  50,  52,  93,  125, 125, 0,   0,   0,   0,   0,   0,   128, 63,
+      0,  0,  0,   64,  0,   0,   64,  64,  0,   0,   128, 64,  0,   0,   160, 64};
+  cr_assert_eq(b.len, sizeof want);
+  cr_assert_arr_eq(b.data, want, sizeof want);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+/* test_serialization_forced_alignement: the header is padded with spaces. */
+Test(st_write, reference_vector_padding)
+{
+  struct bs_catalog cat;
+  mem_catalog(&cat, f32_0_to_5, sizeof f32_0_to_5);
+  add(&cat, "attn0", BS_DT_F32, 4, (uint64_t[]){1, 1, 2, 3}, 0);
+  struct bs_buf b = write_mem(&cat);
+  const char *hdr = "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}}"
+                    "       ";
+  cr_assert_eq(b.len, 8 + 72 + 24);
+  cr_assert_eq(b.data[0], 72);
+  cr_assert_arr_eq(b.data + 8, hdr, 72);
+  cr_assert_arr_eq(b.data + 80, f32_0_to_5, 24);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+/* test_empty: no tensors, without and with metadata. */
+Test(st_write, reference_vector_empty)
+{
+  struct bs_catalog cat;
+  mem_catalog(&cat, "", 0);
+  struct bs_buf b = write_mem(&cat);
+  static const uint8_t want[] = {8, 0, 0, 0, 0, 0, 0, 0, 123, 125, 32, 32, 32, 32, 32, 32};
+  cr_assert_eq(b.len, sizeof want);
+  cr_assert_arr_eq(b.data, want, sizeof want);
+  bs_buf_destroy(&b);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "framework", "pt", &err), 0);
+  b = write_mem(&cat);
+  const char *hdr = "{\"__metadata__\":{\"framework\":\"pt\"}}     ";
+  cr_assert_eq(b.len, 8 + 40);
+  cr_assert_eq(b.data[0], 40);
+  cr_assert_arr_eq(b.data + 8, hdr, 40);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+/* Data order: dtype alignment descending (the crate's enum), then name;
+ * metadata keys sorted; the header lists tensors in data order. */
+Test(st_write, data_order_is_the_reference_writers)
+{
+  uint8_t mem[64];
+  for (int i = 0; i < 64; i++)
+    mem[i] = (uint8_t)i;
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "z8", BS_DT_U8, 1, (uint64_t[]){3}, 0);
+  add(&cat, "b32", BS_DT_F32, 1, (uint64_t[]){1}, 4);
+  add(&cat, "a32", BS_DT_F32, 1, (uint64_t[]){1}, 8);
+  add(&cat, "bool", BS_DT_BOOL, 1, (uint64_t[]){1}, 12);
+  add(&cat, "u64", BS_DT_U64, 1, (uint64_t[]){1}, 16);
+  add(&cat, "c64", BS_DT_C64, 1, (uint64_t[]){1}, 24);
+  add(&cat, "h", BS_DT_BF16, 1, (uint64_t[]){1}, 32);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "zz", "1", &err), 0);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "aa", "2", &err), 0);
+  struct bs_buf b = write_mem(&cat);
+  char *h = strndup((const char *)b.data + 8, (size_t)b.data[0] | (size_t)b.data[1] << 8);
+  const char *order[] = {"__metadata__", "\"aa\"",  "\"zz\"", "\"u64\"", "\"c64\"",
+                         "\"a32\"",      "\"b32\"", "\"h\"",  "\"z8\"",  "\"bool\""};
+  const char *at = h;
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    const char *p = strstr(at, order[i]);
+    cr_assert_not_null(p, "%s after ...%s in %s", order[i], at, h);
+    at = p;
+  }
+  cr_assert_eq(strlen(h) % 8, 0);
+  /* The data follows that order: u64 (src 16..24) first. */
+  size_t ds = 8 + strlen(h);
+  cr_assert_arr_eq(b.data + ds, mem + 16, 8);
+  cr_assert_arr_eq(b.data + ds + 8, mem + 24, 8);
+  cr_assert_arr_eq(b.data + ds + 16, mem + 8, 4);
+  free(h);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+/* Names and metadata escaped as serde_json escapes them, and read back the same. */
+Test(st_write, strings_escaped_as_serde_json_and_read_back)
+{
+  uint8_t mem[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  const char *name = "a\"b\\c/d\x01\x1f\t\n\x7f\xc3\xa9";
+  add(&cat, name, BS_DT_U8, 1, (uint64_t[]){8}, 0);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "k\"", "v\r\b\f", &err), 0);
+  struct bs_buf b = write_mem(&cat);
+  const char *want = "\"a\\\"b\\\\c/d\\u0001\\u001f\\t\\n\x7f\xc3\xa9\"";
+  cr_assert(memmem(b.data, b.len, want, strlen(want)), "escaped name");
+  const char *wantm = "\"k\\\"\":\"v\\r\\b\\f\"";
+  cr_assert(memmem(b.data, b.len, wantm, strlen(wantm)), "escaped metadata");
+  struct bs_catalog back;
+  cr_assert_eq(st_read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, 1);
+  cr_assert_str_eq(back.tensors[0].key, name);
+  cr_assert_eq(back.nmeta, 1);
+  cr_assert_str_eq(back.meta[0].key, "k\"");
+  cr_assert_str_eq(back.meta[0].value, "v\r\b\f");
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+/* Every dtype SafeTensors has: written, read back by the reader with the
+ * same dtype, shape and bytes, and the reader's file written again is the
+ * same file. */
+Test(st_write, every_safetensors_dtype_round_trips)
+{
+  static const enum bs_dtype all[] = {
+      BS_DT_BOOL,    BS_DT_F4,      BS_DT_F6_E2M3, BS_DT_F6_E3M2,     BS_DT_U8,          BS_DT_I8,
+      BS_DT_F8_E5M2, BS_DT_F8_E4M3, BS_DT_F8_E8M0, BS_DT_F8_E4M3FNUZ, BS_DT_F8_E5M2FNUZ, BS_DT_I16,
+      BS_DT_U16,     BS_DT_F16,     BS_DT_BF16,    BS_DT_I32,         BS_DT_U32,         BS_DT_F32,
+      BS_DT_C64,     BS_DT_F64,     BS_DT_I64,     BS_DT_U64};
+  enum { N = sizeof all / sizeof all[0] };
+  uint8_t mem[N * 64];
+  for (size_t i = 0; i < sizeof mem; i++)
+    mem[i] = (uint8_t)(i * 13 + 5);
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  for (size_t i = 0; i < N; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t.%s", bs_dtype_name(all[i]));
+    /* 8 elements: a whole number of bytes for F4 and F6 too. */
+    add(&cat, name, all[i], 2, (uint64_t[]){2, 4}, i * 64);
+  }
+  struct bs_buf b = write_mem(&cat);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_catalog back;
+  cr_assert_eq(st_read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, N);
+  for (size_t i = 0; i < N; i++) {
+    const struct bs_tensor *t = &cat.tensors[i];
+    long j = bs_catalog_find(&back, t->key);
+    cr_assert_geq(j, 0, "%s", t->key);
+    const struct bs_tensor *u = &back.tensors[j];
+    cr_assert_eq(u->dtype, t->dtype, "%s", t->key);
+    cr_assert_eq(u->rank, 2);
+    cr_assert_eq(u->shape[0], 2);
+    cr_assert_eq(u->shape[1], 4);
+    cr_assert_eq(u->nbytes, t->nbytes);
+    cr_assert_arr_eq(b.data + u->off, mem + t->off, t->nbytes, "%s", t->key);
+  }
+  struct bs_buf again = write_mem(&back);
+  cr_assert_eq(again.len, b.len);
+  cr_assert_arr_eq(again.data, b.data, b.len, "a file this writer made is canonical");
+  bs_buf_destroy(&again);
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+static void expect_refused(enum bs_dtype dt, const char *words)
+{
+  uint8_t mem[64] = {0};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  struct bs_tensor *t = add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  t = add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
+  if (dt == BS_DT_QFLOAT)
+    t->nbytes = 8;
+  const struct bs_writer *w = bs_writer_for_path("o.safetensors");
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_writer_check(w, &cat, &err), -1, "%s", bs_dtype_name(dt));
+  cr_assert_eq(err.code, ENOTSUP);
+  cr_assert_str_eq(err.key, "layer.bad");
+  cr_assert(strstr(err.msg, "cannot be written as safetensors"), "%s", err.msg);
+  cr_assert(strstr(err.msg, words), "%s: %s", words, err.msg);
+  /* And at write time too (a dtype set by setxattr after the mount). */
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  bs_err_clear(&err);
+  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
+  cr_assert_str_eq(err.key, "layer.bad");
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+Test(st_write, dtypes_safetensors_lacks_are_refused_naming_the_tensor)
+{
+  expect_refused(BS_DT_QFLOAT, "no dtype for QFLOAT");
+  expect_refused(BS_DT_FLEX32, "set user.burnstore.dtype to F32");
+  expect_refused(BS_DT_BOOL_U8, "to BOOL");
+  expect_refused(BS_DT_BOOL_U32, "no dtype for BOOL_U32");
+  expect_refused(BS_DT_C128, "no dtype for C128");
+  expect_refused(BS_DT_QI8, "quantized");
+  expect_refused(BS_DT_QU8, "quantized");
+  expect_refused(BS_DT_QI32, "quantized");
+}
+
+Test(st_write, reserved_duplicate_and_missized_tensors_are_refused)
+{
+  uint8_t mem[64] = {0};
+  struct bs_catalog cat;
+  bs_err err;
+  struct bs_buf b = {0};
+  struct bs_sink k;
+
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "__metadata__", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_err_clear(&err);
+  bs_sink_init_mem(&k, &b, "mem");
+  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
+  cr_assert(strstr(err.msg, "reserves"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  add(&cat, "y", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  free(cat.tensors[1].name);
+  cat.tensors[1].name = strdup("x");
+  bs_err_clear(&err);
+  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
+  cr_assert_str_eq(err.key, "x");
+  cr_assert(strstr(err.msg, "unique"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+
+  mem_catalog(&cat, mem, sizeof mem);
+  struct bs_tensor *t = add(&cat, "m", BS_DT_F32, 1, (uint64_t[]){2}, 0);
+  t->nbytes = 4;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
+  cr_assert(strstr(err.msg, "need 8"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+  bs_buf_destroy(&b);
+}
+
+Test(st_write, hidden_tensors_are_left_out_and_subsets_written)
+{
+  uint8_t mem[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "a", BS_DT_U8, 1, (uint64_t[]){4}, 0);
+  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){4}, 4);
+  add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){4}, 8);
+  cat.tensors[1].hidden = true;
+  struct bs_buf b = write_mem(&cat);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_catalog back;
+  cr_assert_eq(st_read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, 2);
+  cr_assert_eq(bs_catalog_find(&back, "b"), -1);
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&b);
+
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  size_t which[] = {2};
+  cr_assert_eq(bs_st_write_some(&cat, which, 1, &k, &err), 0, "%s", err.msg);
+  cr_assert_eq(st_read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, 1);
+  cr_assert_str_eq(back.tensors[0].key, "c");
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+Test(st_write, burnpack_format_marker_becomes_pt)
+{
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "format", "burnpack", &err), 0);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "producer", "burnstore", &err), 0);
+  const struct bs_writer *w = bs_writer_for_format(BS_FMT_SAFETENSORS);
+  cr_assert_eq(w->default_meta(&cat, &err), 0);
+  cr_assert_str_eq(cat.meta[0].value, "pt");
+  cr_assert_str_eq(cat.meta[1].value, "burnstore");
+  bs_catalog_destroy(&cat);
+  bs_catalog_init(&cat);
+  cr_assert_eq(w->default_meta(&cat, &err), 0);
+  cr_assert_eq(cat.nmeta, 0, "nothing is added to a file without metadata");
+  bs_catalog_destroy(&cat);
+}
+
+Test(st_write, source_read_errors_name_the_tensor)
+{
+  uint8_t mem[4] = {0};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){4}, 0); /* 16 bytes from a 4-byte source */
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
+  cr_assert_str_eq(err.key, "short");
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+Test(st_write, out_of_memory_at_every_allocation_fails_cleanly)
+{
+  uint8_t mem[32] = {0};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "a.b", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
+  add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){16}, 16);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "format", "pt", &err), 0);
+  bool ok = false;
+  for (long n = 0; n < 200 && !ok; n++) {
+    struct bs_buf b = {0};
+    struct bs_sink k;
+    bs_sink_init_mem(&k, &b, "mem");
+    bs_err_clear(&err);
+    bs_alloc_fail_after(n);
+    int rc = bs_st_write(&cat, &k, &err);
+    bs_alloc_fail_after(-1);
+    if (rc == 0)
+      ok = true;
+    else
+      cr_assert_eq(err.code, ENOMEM, "n=%ld: %s", n, err.msg);
+    bs_buf_destroy(&b);
+  }
+  cr_assert(ok);
+  bs_catalog_destroy(&cat);
+}
+
+/* ---- Sharded output ------------------------------------------------------------------------ */
+
+Test(st_shard, sizes_as_hugging_face_spells_them)
+{
+  uint64_t v;
+  cr_assert_eq(bs_st_parse_size("5GB", &v), 0);
+  cr_assert_eq(v, 5000000000ull);
+  cr_assert_eq(bs_st_parse_size("5GiB", &v), 0);
+  cr_assert_eq(v, 5ull << 30);
+  cr_assert_eq(bs_st_parse_size("500MB", &v), 0);
+  cr_assert_eq(v, 500000000ull);
+  cr_assert_eq(bs_st_parse_size("10mib", &v), 0);
+  cr_assert_eq(v, 10ull << 20);
+  cr_assert_eq(bs_st_parse_size("100KB", &v), 0);
+  cr_assert_eq(v, 100000ull);
+  cr_assert_eq(bs_st_parse_size("1KiB", &v), 0);
+  cr_assert_eq(v, 1024ull);
+  cr_assert_eq(bs_st_parse_size("8Gb", &v), 0, "bits, as transformers reads a lower-case b");
+  cr_assert_eq(v, 1000000000ull);
+  cr_assert_eq(bs_st_parse_size("1234", &v), 0);
+  cr_assert_eq(v, 1234ull);
+  const char *bad[] = {"",
+                       "GB",
+                       "5 GB",
+                       "5TB",
+                       "5B",
+                       "-1GB",
+                       "1.5GB",
+                       "0",
+                       "0GB",
+                       "99999999999999999999",
+                       "18446744073709551615GB"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert_eq(bs_st_parse_size(bad[i], &v), -1, "%s", bad[i]);
+}
+
+static char *slurp_str(const char *dir, const char *name)
+{
+  char p[4200];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  size_t len;
+  uint8_t *b = bs_test_slurp(p, &len);
+  char *s = strndup((const char *)b, len);
+  bs_free(b);
+  return s;
+}
+
+Test(st_shard, writes_a_set_and_its_index_as_transformers_does)
+{
+  uint8_t mem[64];
+  for (int i = 0; i < 64; i++)
+    mem[i] = (uint8_t)i;
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 0);
+  add(&cat, "a\xc3\xa9\xf0\x9f\x98\x80", BS_DT_U8, 1, (uint64_t[]){20}, 20);
+  add(&cat, "c", BS_DT_F32, 1, (uint64_t[]){2}, 40);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_catalog_add_meta(&cat, "total_size", "1", &err), 0);
+  char *dir = bs_test_tmpdir("stshard");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/m.safetensors", dir);
+  struct bs_write_opts o = {.max_shard_size = 30};
+  cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);
+  char *ix = slurp_str(dir, "m.safetensors.index.json");
+  const char *want = "{\n  \"metadata\": {\n    \"total_size\": 48\n  },\n  \"weight_map\": {\n"
+                     "    \"a\\u00e9\\ud83d\\ude00\": \"m-00002-of-00002.safetensors\",\n"
+                     "    \"b\": \"m-00001-of-00002.safetensors\",\n"
+                     "    \"c\": \"m-00002-of-00002.safetensors\"\n  }\n}\n";
+  cr_assert_str_eq(ix, want);
+  free(ix);
+  snprintf(path, sizeof path, "%s/m-00002-of-00002.safetensors", dir);
+  size_t len;
+  uint8_t *b = bs_test_slurp(path, &len);
+  struct bs_catalog back;
+  cr_assert_eq(st_read_mem(&back, b, len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, 2);
+  cr_assert_eq(back.nmeta, 1);
+  cr_assert_str_eq(back.meta[0].key, "format", "total_size is the index's; shards get format=pt");
+  cr_assert_str_eq(back.meta[0].value, "pt");
+  bs_catalog_destroy(&back);
+  bs_free(b);
+
+  /* Without max_shard_size, the existing index's shards are kept. */
+  add(&cat, "d", BS_DT_U8, 1, (uint64_t[]){4}, 60);
+  snprintf(path, sizeof path, "%s/m.safetensors.index.json", dir);
+  o.max_shard_size = 0;
+  cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);
+  ix = slurp_str(dir, "m.safetensors.index.json");
+  cr_assert(strstr(ix, "\"d\": \"m-00002-of-00002.safetensors\""), "%s", ix);
+  cr_assert(strstr(ix, "\"total_size\": 52"), "%s", ix);
+  free(ix);
+  bs_test_rmrf(dir);
+  free(dir);
+  bs_catalog_destroy(&cat);
+}
