@@ -245,9 +245,12 @@ static void write_staging_index(struct fs *fs, const char *why)
     sf->has_shape = !eff.shape_inferred;
     sf->rank = eff.shape_inferred ? 0 : eff.rank;
     sf->shape = eff.shape_inferred ? NULL : (uint64_t *)eff.shape; /* borrowed, never freed */
-    idx.nfiles++;
-    if (!sf->file || !sf->key)
+    if (!sf->file || !sf->key) { /* out of memory: list the files so far */
+      bs_free(sf->file);
+      bs_free(sf->key);
       break;
+    }
+    idx.nfiles++;
   }
   (void)save_index(fs, &idx, NULL, &err);
   for (size_t i = 0; i < idx.nfiles; i++) {
