@@ -175,6 +175,7 @@ def test_many_files_low_ulimit(tmp):
         r = subprocess.run(["bash", "-c", 'ulimit -Sn 256 && exec "$0" "$1" "$2"', BIN,
                             os.path.join(tmp, "many2.bpk"), mnt2], capture_output=True, text=True, timeout=60)
         check(r.returncode == 0, "mount under ulimit -Sn 256: %s" % r.stderr)
+        os.listdir(mnt2)  # waits for the kernel's INIT, whose handler raises the limit
         pid = run(["pgrep", "-f", "burnstore %s" % os.path.join(tmp, "many2.bpk")]).stdout.split()
         lim = [l.split() for l in open("/proc/%s/limits" % pid[0]) if l.startswith("Max open files")][0]
         check(lim[3] == lim[4], "the daemon raised its soft RLIMIT_NOFILE to the hard one: %r" % lim)
