@@ -732,24 +732,6 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
   return same;
 }
 
-/* Remove a staging directory we hold the lock of (lk): its files, the lock
- * file last, then the directory. */
-static void remove_staging(const char *dir, int dfd)
-{
-  unlinkat(dfd, BS_STAGE_INDEX_NAME, 0); /* first: see fs_staging_remove */
-  DIR *d = fdopendir(dup(dfd));
-  if (d) {
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-      if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
-          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
-        unlinkat(dfd, de->d_name, 0);
-    closedir(d);
-  }
-  unlinkat(dfd, BS_STAGE_LOCK_NAME, 0);
-  rmdir(dir);
-}
-
 static int do_finish(const char *arg)
 {
   char *dir = realpath(arg, NULL);
@@ -796,7 +778,7 @@ static int do_finish(const char *arg)
         target_is_result(&idx, dir)) {
       printf(PROG ": %s already holds the result of this write-back; removed %s\n", idx.target,
              dir);
-      remove_staging(dir, dfd);
+      bs_stage_dir_remove(dfd, dir);
       ret = 0;
       goto out;
     }
@@ -814,7 +796,7 @@ static int do_finish(const char *arg)
     fprintf(stderr, PROG ": %s is kept\n", dir);
     goto out;
   }
-  remove_staging(dir, dfd);
+  bs_stage_dir_remove(dfd, dir);
   printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", idx.target, idx.cat.count, dir);
   syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", idx.target, idx.cat.count, dir);
   ret = 0;
