@@ -26,6 +26,7 @@
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
 #include "burnstore/stage_index.h"
+#include "burnstore/strmap.h"
 #include "burnstore/version.h"
 #include "fs.h"
 
@@ -705,10 +706,14 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
   enum { CHUNK = 1 << 20 };
   char *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
   same = same && a && b;
+  /* The target's tensors by key: one look-up each, not a scan each. */
+  struct bs_strmap keys = {0};
+  for (size_t i = 0; same && i < cat.count; i++)
+    same = bs_strmap_put(&keys, cat.tensors[i].key, i) == 0;
   for (size_t i = 0; same && i < idx->cat.count; i++) {
     const struct bs_tensor *t = &idx->cat.tensors[i];
-    long k = bs_catalog_find(&cat, t->name);
-    const struct bs_tensor *u = k >= 0 ? &cat.tensors[k] : NULL;
+    size_t k;
+    const struct bs_tensor *u = bs_strmap_get(&keys, t->name, &k) ? &cat.tensors[k] : NULL;
     same = u && u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes &&
            (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
     if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
@@ -726,6 +731,7 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
     if (fd >= 0)
       close(fd);
   }
+  bs_strmap_destroy(&keys);
   bs_free(a);
   bs_free(b);
   bs_catalog_destroy(&cat);
