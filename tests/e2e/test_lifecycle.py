@@ -321,7 +321,9 @@ def test_finish_after_the_rename(tmp):
     # original was, is a staging directory whose target is its result.
     stg = os.path.join(tmp, "rn-stg")
     os.makedirs(stg)
-    if not check(run(["chattr", "+i", out]).returncode == 0, "chattr +i"):
+    r = run(["chattr", "+i", out])
+    if r.returncode != 0:  # tmpfs has no immutable flag
+        print("   (chattr +i %s: %s: skipped)" % (out, r.stderr.strip()), flush=True)
         return
     try:
         with Mount(out, mnt, "rw,staging=" + stg) as m:
