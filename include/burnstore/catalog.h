@@ -62,8 +62,9 @@ struct bs_catalog {
   size_t nsrcs, srccap;
   struct bs_kv *meta; /* file metadata (Burnpack metadata, __metadata__) */
   size_t nmeta, metacap;
-  char *values_json; /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
-  char *notes;       /* owned, may be NULL: what a reader skipped, one line each */
+  char *values_json;           /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
+  char *notes;                 /* owned, may be NULL: what a reader skipped, one line each */
+  size_t notes_len, notes_cap; /* of notes (bs_catalog_note), while notes is not NULL */
 };
 
 void bs_catalog_init(struct bs_catalog *cat);
@@ -82,8 +83,10 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
 
 BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value,
                                      bs_err *err);
-/* Append one line to cat->notes. */
+/* Append one line to cat->notes (amortized: in time linear in the line). */
 BS_NODISCARD int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err);
+/* Cut cat->notes back to its first len bytes (a reader's rollback); 0 frees them. */
+void bs_catalog_notes_truncate(struct bs_catalog *cat, size_t len);
 
 /* Drop the tensors from index `count` on and the metadata from `nmeta` on:
  * how a reader takes back what it added when it fails half way. */

@@ -95,6 +95,13 @@ struct bs_eff {
 };
 void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, struct bs_eff *eff);
 
+/* A clean file whose origin is a strided view (a PyTorch tensor that is not
+ * contiguous): its bytes are gathered through the origin's shape, strides
+ * and element width, so its dtype or shape may change only after its bytes
+ * were staged (the caller stages it first; bs_edit_catalog refuses a
+ * clean file whose view would no longer match). */
+bool bs_entry_strided_clean(const struct bs_edit *ed, const struct bs_entry *e);
+
 /* Setting dtype, shape and param_id from their xattr text. EINVAL for a bad
  * value (QFLOAT only on a file whose origin is QFLOAT: its scheme is kept). */
 BS_NODISCARD int bs_entry_set_dtype(const struct bs_edit *ed, struct bs_entry *e, const char *v,

@@ -123,15 +123,33 @@ int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *val
 
 int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err)
 {
-  size_t old = cat->notes ? strlen(cat->notes) : 0, add = strlen(line);
-  char *p = bs_realloc(cat->notes, old + add + 2);
-  if (!p)
+  /* The length is kept, not recounted: a reader or a write-back of many
+   * files notes one line each, and strlen per line made that quadratic. */
+  size_t old = cat->notes ? cat->notes_len : 0, add = strlen(line);
+  if (!cat->notes)
+    cat->notes_cap = 0;
+  if (add > SIZE_MAX - old - 2 ||
+      bs_grow((void **)&cat->notes, &cat->notes_cap, old + add + 2, 1) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  memcpy(p + old, line, add);
-  p[old + add] = '\n';
-  p[old + add + 1] = '\0';
-  cat->notes = p;
+  memcpy(cat->notes + old, line, add);
+  cat->notes[old + add] = '\n';
+  cat->notes[old + add + 1] = '\0';
+  cat->notes_len = old + add + 1;
   return 0;
+}
+
+void bs_catalog_notes_truncate(struct bs_catalog *cat, size_t len)
+{
+  if (!cat->notes || len >= cat->notes_len)
+    return;
+  if (len == 0) {
+    bs_free(cat->notes);
+    cat->notes = NULL;
+    cat->notes_len = cat->notes_cap = 0;
+    return;
+  }
+  cat->notes[len] = '\0';
+  cat->notes_len = len;
 }
 
 long bs_catalog_find(const struct bs_catalog *cat, const char *key)

@@ -168,6 +168,12 @@ void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, stru
   }
 }
 
+bool bs_entry_strided_clean(const struct bs_edit *ed, const struct bs_entry *e)
+{
+  const struct bs_tensor *t = e->stage ? NULL : bs_entry_origin(ed, e);
+  return t && t->strides;
+}
+
 /* Trailing newlines and NULs that `setfattr -v` and echo leave. */
 static size_t trim(const char *v, size_t len)
 {
@@ -530,6 +536,14 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
     t->src = idx;
     t->off = 0;
   } else if (src) {
+    /* The origin's strides index its own shape in elements of its own
+     * width: read through another shape or width they give other bytes. */
+    if (src->strides &&
+        (t->rank != src->rank || bs_dtype_bits(t->dtype) != bs_dtype_bits(src->dtype) ||
+         (src->rank && memcmp(t->shape, src->shape, src->rank * sizeof *src->shape) != 0)))
+      return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
+                     "the dtype or shape of a strided tensor changed while its bytes were not "
+                     "copied: it cannot be written");
     if (copy_location(t, src, err) != 0)
       return -1;
     if (src->unsupported)

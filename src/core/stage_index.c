@@ -2,6 +2,7 @@
  * catalog, save it durably, parse it back and reopen its byte sources. */
 #include "burnstore/stage_index.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -739,4 +740,23 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
       return -1;
   }
   return 0;
+}
+
+void bs_stage_dir_remove(int dirfd, const char *dir)
+{
+  unlinkat(dirfd, BS_STAGE_INDEX_NAME, 0);
+  int dup_fd = dup(dirfd);
+  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  if (d) {
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+      if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
+          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
+        unlinkat(dirfd, de->d_name, 0);
+    closedir(d);
+  } else if (dup_fd >= 0) {
+    close(dup_fd);
+  }
+  unlinkat(dirfd, BS_STAGE_LOCK_NAME, 0);
+  rmdir(dir);
 }

@@ -195,7 +195,7 @@ int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts 
     return -1;
   /* what to take back on failure: tensors, metadata, notes, values */
   size_t count0 = cat->count, nmeta0 = cat->nmeta;
-  size_t notes0 = cat->notes ? strlen(cat->notes) : 0;
+  size_t notes0 = cat->notes ? cat->notes_len : 0;
   size_t nsrcs0 = cat->nsrcs;
   bool had_values = cat->values_json != NULL;
   if (!(c.p = bs_pickle_new()))
@@ -210,13 +210,7 @@ int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts 
   ctx_destroy(&c);
   if (rc != 0) {
     bs_catalog_truncate(cat, count0, nmeta0);
-    if (cat->notes) {
-      cat->notes[notes0] = '\0';
-      if (notes0 == 0) {
-        bs_free(cat->notes);
-        cat->notes = NULL;
-      }
-    }
+    bs_catalog_notes_truncate(cat, notes0);
     while (cat->nsrcs > nsrcs0) /* decompressed copies */
       bs_src_destroy(&cat->srcs[--cat->nsrcs]);
     if (!had_values) {

@@ -28,6 +28,7 @@
 #include "burnstore/st_index.h"
 #include "burnstore/st_write.h"
 #include "burnstore/stage_index.h"
+#include "burnstore/strmap.h"
 #include "burnstore/version.h"
 #include "fs.h"
 
@@ -713,10 +714,14 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
   enum { CHUNK = 1 << 20 };
   char *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
   same = same && a && b;
+  /* The target's tensors by key: one look-up each, not a scan each. */
+  struct bs_strmap keys = {0};
+  for (size_t i = 0; same && i < cat.count; i++)
+    same = bs_strmap_put(&keys, cat.tensors[i].key, i) == 0;
   for (size_t i = 0; same && i < idx->cat.count; i++) {
     const struct bs_tensor *t = &idx->cat.tensors[i];
-    long k = bs_catalog_find(&cat, t->name);
-    const struct bs_tensor *u = k >= 0 ? &cat.tensors[k] : NULL;
+    size_t k;
+    const struct bs_tensor *u = bs_strmap_get(&keys, t->name, &k) ? &cat.tensors[k] : NULL;
     same = u && u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes &&
            (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
     if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
@@ -734,28 +739,11 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
     if (fd >= 0)
       close(fd);
   }
+  bs_strmap_destroy(&keys);
   bs_free(a);
   bs_free(b);
   bs_catalog_destroy(&cat);
   return same;
-}
-
-/* Remove a staging directory we hold the lock of (lk): its files, the lock
- * file last, then the directory. */
-static void remove_staging(const char *dir, int dfd)
-{
-  unlinkat(dfd, BS_STAGE_INDEX_NAME, 0); /* first: see fs_staging_remove */
-  DIR *d = fdopendir(dup(dfd));
-  if (d) {
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-      if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
-          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
-        unlinkat(dfd, de->d_name, 0);
-    closedir(d);
-  }
-  unlinkat(dfd, BS_STAGE_LOCK_NAME, 0);
-  rmdir(dir);
 }
 
 static int do_finish(const char *arg)
@@ -804,7 +792,7 @@ static int do_finish(const char *arg)
         target_is_result(&idx, dir)) {
       printf(PROG ": %s already holds the result of this write-back; removed %s\n", idx.target,
              dir);
-      remove_staging(dir, dfd);
+      bs_stage_dir_remove(dfd, dir);
       ret = 0;
       goto out;
     }
@@ -823,7 +811,7 @@ static int do_finish(const char *arg)
     fprintf(stderr, PROG ": %s is kept\n", dir);
     goto out;
   }
-  remove_staging(dir, dfd);
+  bs_stage_dir_remove(dfd, dir);
   printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", idx.target, idx.cat.count, dir);
   syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", idx.target, idx.cat.count, dir);
   ret = 0;

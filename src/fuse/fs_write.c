@@ -10,7 +10,6 @@
  *
  * The model (which bytes, dtype, shape) is the core's editable catalog
  * (burnstore/edit.h); this file does the staging I/O. Locks: see fs_ops.c. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -153,23 +152,9 @@ void fs_staging_remove(struct fs *fs)
   /* Only a directory this daemon created and still holds the lock of. */
   if (fs->staging_fd < 0 || fs->staging_lock < 0)
     return;
-  /* The INDEX goes first: a staging directory without one is never
-   * finished, so a kill during this cleanup cannot redo the write. */
-  unlinkat(fs->staging_fd, BS_STAGE_INDEX_NAME, 0);
-  DIR *d = fdopendir(dup(fs->staging_fd));
-  if (d) {
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL)
-      if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
-          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
-        unlinkat(fs->staging_fd, de->d_name, 0);
-    closedir(d);
-  }
-  /* The lock file goes last, while we still hold it. */
-  unlinkat(fs->staging_fd, BS_STAGE_LOCK_NAME, 0);
+  bs_stage_dir_remove(fs->staging_fd, fs->staging);
   close(fs->staging_fd);
   fs->staging_fd = -1;
-  rmdir(fs->staging);
   close(fs->staging_lock);
   fs->staging_lock = -1;
 }
@@ -246,9 +231,12 @@ static void write_staging_index(struct fs *fs, const char *why)
     sf->has_shape = !eff.shape_inferred;
     sf->rank = eff.shape_inferred ? 0 : eff.rank;
     sf->shape = eff.shape_inferred ? NULL : (uint64_t *)eff.shape; /* borrowed, never freed */
-    idx.nfiles++;
-    if (!sf->file || !sf->key)
+    if (!sf->file || !sf->key) { /* out of memory: list the files so far */
+      bs_free(sf->file);
+      bs_free(sf->key);
       break;
+    }
+    idx.nfiles++;
   }
   (void)save_index(fs, &idx, NULL, &err);
   for (size_t i = 0; i < idx.nfiles; i++) {

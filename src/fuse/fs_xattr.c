@@ -300,6 +300,13 @@ static int set_file(struct fs *fs, struct bs_entry *e, const struct fs_ref *r, c
   int rc = 0;
   bool model = !r->is_dir && (strcmp(name, XA_DTYPE) == 0 || strcmp(name, XA_SHAPE) == 0 ||
                               strcmp(name, XA_PARAM_ID) == 0);
+  /* A clean strided tensor is read through its origin's view, which a new
+   * dtype or shape would not fit: its bytes are staged first. */
+  if (model && strcmp(name, XA_PARAM_ID) != 0 && bs_entry_strided_clean(&fs->edit, e)) {
+    rc = -fs_stage(fs, e, e->size);
+    if (rc)
+      return rc;
+  }
   if (strcmp(name, XA_DTYPE) == 0 && !r->is_dir)
     rc = bs_entry_set_dtype(&fs->edit, e, value, len, &err);
   else if (strcmp(name, XA_SHAPE) == 0 && !r->is_dir)

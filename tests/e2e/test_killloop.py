@@ -54,12 +54,19 @@ def make_base(tmp):
 
 
 def wait_gone(pid, timeout=60):
+    """Until every thread of pid has exited. A zombie group leader is not
+    enough: its other threads (TSan's background thread, say) may still hold
+    the fd table, and with it the staging directory's lock."""
     end = time.time() + timeout
-    while pid and os.path.exists("/proc/%d" % pid) and time.time() < end:
+    while pid and time.time() < end:
         try:
-            if open("/proc/%d/stat" % pid).read().split(")")[1].split()[0] == "Z":
-                return
+            states = [open("/proc/%d/task/%s/stat" % (pid, t)).read().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir("/proc/%d/task" % pid)]
         except OSError:
+            if not os.path.exists("/proc/%d" % pid):
+                return  # gone
+            continue  # a thread went while we looked: look again
+        if all(st in ("Z", "X") for st in states):
             return
         time.sleep(0.002)
 

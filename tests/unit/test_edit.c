@@ -315,6 +315,66 @@ Test(edit, output_catalog)
   free(dir);
 }
 
+/* A clean file of a strided origin is read through the origin's view: its
+ * dtype width or shape cannot change without its bytes being staged. */
+Test(edit, strided_origin_keeps_its_view_or_is_refused)
+{
+  long wi = bs_catalog_find(&cat, "enc.w");
+  cr_assert_geq(wi, 0);
+  struct bs_tensor *w = &cat.tensors[wi];
+  w->strides = bs_malloc(2 * sizeof *w->strides); /* [2, 3], the transpose of a [3, 2] */
+  w->strides[0] = 1;
+  w->strides[1] = 2;
+  w->storage_off = 0;
+  w->storage_bytes = 24;
+  struct bs_entry *e = entry("enc", "w");
+  cr_assert(bs_entry_strided_clean(&ed, e));
+  uint8_t want[24], buf[24];
+  cr_assert_eq(bs_tensor_read(&cat, w, 0, want, sizeof want), 24);
+
+  /* Another dtype of the same width, with the shape kept: the same view. */
+  cr_assert_eq(bs_entry_set_dtype(&ed, e, "I32", 3, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(e, "[2,3]", 5, &err), 0);
+  struct bs_catalog out;
+  bs_catalog_init(&out);
+  cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), 0, "%s", err.msg);
+  const struct bs_tensor *o = find(&out, "enc.w");
+  cr_assert(o && o->dtype == BS_DT_I32 && o->strides);
+  cr_assert_eq(bs_tensor_read(&out, o, 0, buf, sizeof buf), 24);
+  cr_assert_eq(memcmp(buf, want, sizeof buf), 0);
+  bs_catalog_destroy(&out);
+
+  /* Another shape (of another rank, or the same), or another width: refused. */
+  static const char *const shapes[] = {"[6]", "[3, 2]", "[1, 2, 3]"};
+  for (size_t i = 0; i < 3; i++) {
+    cr_assert_eq(bs_entry_set_shape(e, shapes[i], strlen(shapes[i]), &err), 0);
+    bs_catalog_init(&out);
+    bs_err_clear(&err);
+    cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1, "%s", shapes[i]);
+    cr_assert_eq(err.code, EINVAL);
+    cr_assert_str_eq(err.key, "enc.w");
+    bs_catalog_destroy(&out);
+  }
+  /* Another dtype without a shape: 1-D by size, another view. */
+  bs_entry_clear_shape(e);
+  bs_catalog_init(&out);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  bs_catalog_destroy(&out);
+  cr_assert_eq(bs_entry_set_dtype(&ed, e, "F16", 3, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(e, "[2,3]", 5, &err), 0);
+  bs_catalog_init(&out);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  bs_catalog_destroy(&out);
+
+  /* Staged, its bytes are its own. */
+  e->stage = 1;
+  cr_assert_not(bs_entry_strided_clean(&ed, e));
+}
+
 Test(edit, shape_json)
 {
   uint64_t s[3] = {2, 0, 18446744073709551615ull};
