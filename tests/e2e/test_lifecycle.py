@@ -345,7 +345,9 @@ def test_finish_after_the_rename(tmp):
     secs = time.monotonic() - t0
     check(r.returncode == 0 and "already holds the result" in r.stdout and not os.path.exists(copy),
           "--finish of the copy: the target is its result: %r %r" % (r.stdout, r.stderr))
-    check(secs < 5, "--finish compared %d tensors in %.1f s (< 5)" % (n, secs))
+    # The quadratic check took 41 s here; linear is under 1 s in release. Loose, for sanitizer
+    # builds on a loaded machine.
+    check(secs < 15, "--finish compared %d tensors in %.1f s (< 15)" % (n, secs))
     got, _ = read_bpk(out)
     check(len(got) == n and got.get("t7", (0, 0, b""))[2] == b"\x09", "the target holds the edit")
 
