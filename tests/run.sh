@@ -6,7 +6,7 @@
 # 3. release build, installs it (the mount helper goes to /sbin), runs every
 #    unit, end-to-end and fuzz-corpus-replay test with ctest;
 # 4. core-only build (-DBURNSTORE_FUSE=OFF: no FUSE headers at all): the core,
-#    bs-ls, the unit tests and the fuzz replays;
+#    the CLI (burnstore ls ...), the unit tests and the fuzz replays;
 # 5. the suite again under ASan + UBSan;
 # 6. the suite again under ThreadSanitizer.
 # Sanitizer reports also go to files (a daemon's stderr is /dev/null once it
@@ -75,9 +75,9 @@ if grep -q '^FUSE3_' build-core/CMakeCache.txt || grep -q 'include/fuse3' build-
   echo "tests/run.sh: the core-only build looked for fuse3 or compiles with its headers" >&2
   exit 1
 fi
-ls_out=$(build-core/bs-ls tests/fixtures/burn/examples/mnist-inference-web/model.bpk)
+ls_out=$(build-core/burnstore ls tests/fixtures/burn/examples/mnist-inference-web/model.bpk)
 if [ "$(grep -c F32 <<<"$ls_out")" -ne 18 ]; then
-  echo "tests/run.sh: core-only bs-ls does not list the 18 F32 tensors of model.bpk:" >&2
+  echo "tests/run.sh: core-only burnstore ls does not list the 18 F32 tensors of model.bpk:" >&2
   echo "$ls_out" >&2
   exit 1
 fi
@@ -91,7 +91,7 @@ ctest_with_reports build-asan
 
 step "ThreadSanitizer build"
 # Criterion cannot run under TSan, so its executables link an uninstrumented
-# core here (tests/CMakeLists.txt); the daemon, bs-ls and the fuzz replays
+# core here (tests/CMakeLists.txt); the daemon (and its CLI) and the fuzz replays
 # they and the script tests start are instrumented.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=thread \
   -DBURNSTORE_WERROR=$werror >/dev/null

@@ -38,6 +38,10 @@ BS_NODISCARD int bs_sink_zeros(struct bs_sink *k, uint64_t n, bs_err *err);
 /* A hint that `n` more bytes follow: a memory sink allocates them now (so
  * ENOMEM comes before any work); an fd sink does nothing. */
 BS_NODISCARD int bs_sink_reserve(struct bs_sink *k, uint64_t n, bs_err *err);
+/* A process-wide observer of fd sinks (the CLI's progress line): called with
+ * ctx and the byte count after every write to an fd sink. NULL: none. Set it
+ * before writers run; it must be cheap. */
+void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx);
 
 /* ---- Atomic file commit --------------------------------------------------------------------
  *

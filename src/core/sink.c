@@ -54,6 +54,15 @@ int bs_sink_reserve(struct bs_sink *k, uint64_t n, bs_err *err)
   return 0;
 }
 
+static void (*observer)(void *ctx, uint64_t n);
+static void *observer_ctx;
+
+void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx)
+{
+  observer = fn;
+  observer_ctx = ctx;
+}
+
 int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err)
 {
   if (n == 0)
@@ -87,6 +96,8 @@ int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err)
     p += r;
     n -= (size_t)r;
     k->pos += (uint64_t)r;
+    if (observer)
+      observer(observer_ctx, (uint64_t)r);
   }
   return 0;
 }

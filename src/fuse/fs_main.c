@@ -30,6 +30,7 @@
 #include "burnstore/stage_index.h"
 #include "burnstore/strmap.h"
 #include "burnstore/version.h"
+#include "cli.h"
 #include "fs.h"
 
 #define PROG "burnstore"
@@ -37,7 +38,9 @@
 static const char usage_text[] =
     "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
     "       burnstore -u [-v] MOUNTPOINT\n"
-    "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n"
+    "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
+/* then bs_cli_usage (the subcommands), then: */
+static const char usage_rest[] =
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, PyTorch) as a directory:\n"
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
@@ -199,6 +202,8 @@ static void parse_args(struct args *a, int argc, char **argv)
     const char *s = argv[i];
     if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
       fputs(usage_text, stdout);
+      fputs(bs_cli_usage, stdout);
+      fputs(usage_rest, stdout);
       exit(0);
     } else if (strcmp(s, "-V") == 0 || strcmp(s, "--version") == 0) {
       printf("burnstore %s (libfuse %s)\n", BURNSTORE_VERSION, fuse_pkgversion());
@@ -1009,6 +1014,8 @@ static int prepare(struct fs *fs, struct args *a)
 
 int main(int argc, char **argv)
 {
+  if (argc >= 2 && bs_cli_is_command(argv[1]))
+    return bs_cli_main(argc - 1, argv + 1);
   struct args a;
   parse_args(&a, argc, argv);
   if (a.unmount) {

@@ -1,0 +1,796 @@
+/* The checkpoint CLI: ls, info, cat, diff, convert on the core, without a
+ * mount. One line on stderr and a non-zero exit for every error; diff exits
+ * 0 (same), 1 (different) or 2 (trouble), like diff(1). */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "burnstore/formats.h"
+#include "burnstore/keys.h"
+#include "burnstore/npy.h"
+#include "burnstore/st_index.h"
+#include "burnstore/st_write.h"
+#include "burnstore/strmap.h"
+#include "burnstore/version.h"
+#include "burnstore/writers.h"
+#include "cli.h"
+#include "progress.h"
+
+#define PROG "burnstore"
+#define CHUNK (1u << 20)
+
+const char bs_cli_usage[] = "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
+                            "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
+                            "       burnstore cat [--npy] [-o KEYOPTS] FILE KEY\n"
+                            "       burnstore diff [-q] [-o KEYOPTS] A B\n"
+                            "       burnstore convert [-q] [-o KEYOPTS] IN OUT\n";
+
+static const char keyopts_help[] =
+    "  -o OPTIONS   key options as for a mount, comma-separated: include=REGEX,\n"
+    "               exclude=REGEX, remap=FROM=>TO, top_level_key=K, contiguous_indices,\n"
+    "               strict (PyTorch: refuse unknown pickle classes)\n";
+
+struct cmd {
+  const char *name, *args, *help;
+  int (*run)(int argc, char **argv);
+};
+
+/* ---- Common options and opening --------------------------------------------------------- */
+
+struct opts {
+  struct bs_keyopts keys;
+  bool strict, json, npy, quiet;
+  const char *meta;
+  uint64_t max_shard_size;
+  const char *pos[3];
+  int npos;
+};
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  fputs(PROG ": ", stderr);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return -1;
+}
+
+static int fail_err(const char *file, const bs_err *err)
+{
+  char line[700];
+  return fail("%s", bs_err_format(err, file, line, sizeof line));
+}
+
+static const struct cmd *find_cmd(const char *name);
+
+static void help(const struct cmd *c, FILE *f)
+{
+  fprintf(f, "usage: burnstore %s %s\n\n%s%s", c->name, c->args, c->help, keyopts_help);
+}
+
+/* Parse argv (argv[0] is the subcommand). want: the number of positional
+ * arguments. flags: which of --json --npy --meta -q apply. Returns 0, 1 for
+ * --help (printed), -1 on a usage error (printed). */
+static int parse(int argc, char **argv, struct opts *o, int want, const char *flags)
+{
+  const struct cmd *c = find_cmd(argv[0]);
+  memset(o, 0, sizeof *o);
+  bs_keyopts_init(&o->keys);
+  bool dashdash = false;
+  for (int i = 1; i < argc; i++) {
+    const char *s = argv[i];
+    if (dashdash || s[0] != '-' || s[1] == '\0') {
+      if (o->npos >= want) {
+        fail("%s: too many arguments ('%s'); see burnstore %s --help", argv[0], s, argv[0]);
+        return -1;
+      }
+      o->pos[o->npos++] = s;
+    } else if (strcmp(s, "--") == 0) {
+      dashdash = true;
+    } else if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
+      help(c, stdout);
+      return 1;
+    } else if (strcmp(s, "--json") == 0 && strchr(flags, 'j')) {
+      o->json = true;
+    } else if (strcmp(s, "--npy") == 0 && strchr(flags, 'n')) {
+      o->npy = true;
+    } else if ((strcmp(s, "-q") == 0 || strcmp(s, "--quiet") == 0) && strchr(flags, 'q')) {
+      o->quiet = true;
+    } else if (strcmp(s, "--meta") == 0 && strchr(flags, 'm')) {
+      if (++i >= argc) {
+        fail("%s: --meta needs a KEY", argv[0]);
+        return -1;
+      }
+      o->meta = argv[i];
+    } else if (strcmp(s, "-o") == 0 || strncmp(s, "-o", 2) == 0) {
+      const char *optstr = s[2] ? s + 2 : (++i < argc ? argv[i] : NULL);
+      if (!optstr) {
+        fail("%s: -o needs OPTIONS", argv[0]);
+        return -1;
+      }
+      char **items = NULL;
+      size_t n = 0;
+      bs_err err;
+      bs_err_clear(&err);
+      if (bs_opts_split(optstr, &items, &n, &err) != 0) {
+        fail("%s: bad options '%s': %s", argv[0], optstr, err.msg);
+        return -1;
+      }
+      int bad = 0;
+      for (size_t k = 0; k < n; k++) {
+        if (bad) {
+        } else if (strcmp(items[k], "strict") == 0) {
+          o->strict = true;
+        } else if (strncmp(items[k], "max_shard_size=", 15) == 0 && strchr(flags, 's')) {
+          if (bs_st_parse_size(items[k] + 15, &o->max_shard_size) != 0)
+            bad = fail("%s: %s: not a size (5GB, 500MB, 2GiB, bytes...)", argv[0], items[k]);
+        } else {
+          int rc = bs_keyopts_add_item(&o->keys, items[k], &err);
+          if (rc < 0)
+            bad = fail("%s: option '%s': %s", argv[0], items[k], err.msg);
+          else if (rc > 0)
+            bad = fail("%s: unknown option '%s' (see burnstore %s --help)", argv[0], items[k],
+                       argv[0]);
+        }
+      }
+      bs_opts_free(items, n);
+      if (bad)
+        return -1;
+    } else {
+      fail("%s: unknown flag '%s' (see burnstore %s --help)", argv[0], s, argv[0]);
+      return -1;
+    }
+  }
+  if (o->npos != want) {
+    fail("%s: needs %s (see burnstore %s --help)", argv[0], c->args, argv[0]);
+    return -1;
+  }
+  return 0;
+}
+
+/* Open a checkpoint (a directory: the sharded checkpoint it holds) and apply
+ * the key options. 0, or -1 with the error printed. */
+static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *cat)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(cat);
+  char *index = NULL;
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (bs_st_index_find(path, &index, &err) != 0)
+      return fail_err(path, &err);
+  }
+  struct bs_src src;
+  struct bs_open_opts oo = {.strict = o->strict};
+  int rc = -1;
+  if (bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
+    fail_err(path, &err);
+  else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
+    fail_err(path, &err);
+  else
+    rc = 0;
+  bs_free(index);
+  if (rc != 0)
+    bs_catalog_destroy(cat);
+  return rc;
+}
+
+/* The visible tensor named `key` (presented name), or NULL. */
+static const struct bs_tensor *find_visible(const struct bs_catalog *cat, const char *key)
+{
+  for (size_t i = 0; i < cat->count; i++)
+    if (!cat->tensors[i].hidden && strcmp(cat->tensors[i].name, key) == 0)
+      return &cat->tensors[i];
+  return NULL;
+}
+
+static void shape_str(const struct bs_tensor *t, char *buf, size_t n)
+{
+  bs_shape_format(buf, n, t->rank, t->shape);
+}
+
+/* ---- ls --------------------------------------------------------------------------------- */
+
+static int cmd_ls(int argc, char **argv)
+{
+  struct opts o;
+  int p = parse(argc, argv, &o, 1, "j");
+  if (p != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return p > 0 ? 0 : 2;
+  }
+  struct bs_catalog cat;
+  if (open_ckpt(o.pos[0], &o, &cat) != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return 1;
+  }
+  int rc = 0;
+  json_t *arr = o.json ? json_array() : NULL;
+  for (size_t i = 0; i < cat.count; i++) {
+    const struct bs_tensor *t = &cat.tensors[i];
+    if (t->hidden)
+      continue;
+    if (arr) {
+      json_t *sh = json_array();
+      for (uint32_t d = 0; d < t->rank; d++)
+        json_array_append_new(sh, json_integer((json_int_t)t->shape[d]));
+      json_t *e = json_pack("{s:s, s:s, s:o, s:I}", "key", t->name, "dtype",
+                            bs_dtype_name(t->dtype), "shape", sh, "bytes", (json_int_t)t->nbytes);
+      if (e && strcmp(t->name, t->key) != 0)
+        json_object_set_new(e, "source_key", json_string(t->key));
+      if (e && t->strides)
+        json_object_set_new(e, "strided", json_true());
+      if (e && t->unsupported)
+        json_object_set_new(e, "unsupported", json_string(t->unsupported));
+      if (!e || json_array_append_new(arr, e) != 0) {
+        rc = 1;
+        break;
+      }
+    } else {
+      char shape[BS_MAX_RANK * 21 + 3];
+      shape_str(t, shape, sizeof shape);
+      printf("%s\t%s\t%s\t%" PRIu64 "%s%s\n", t->name, bs_dtype_name(t->dtype), shape, t->nbytes,
+             t->unsupported ? "\tunsupported: " : "", t->unsupported ? t->unsupported : "");
+    }
+  }
+  if (arr) {
+    if (rc == 0 && json_dumpf(arr, stdout, JSON_INDENT(1) | JSON_ENSURE_ASCII) != 0)
+      rc = 1;
+    fputc('\n', stdout);
+    json_decref(arr);
+    if (rc)
+      fail("ls: out of memory");
+  }
+  if (fflush(stdout) != 0)
+    rc = 1;
+  bs_catalog_destroy(&cat);
+  bs_keyopts_destroy(&o.keys);
+  return rc;
+}
+
+/* ---- info ------------------------------------------------------------------------------- */
+
+static void print_version(const struct bs_catalog *cat)
+{
+  if (cat->nsrcs == 0)
+    return;
+  const struct bs_src *s = &cat->srcs[0];
+  if (cat->format == BS_FMT_BURNPACK) {
+    uint8_t h[6];
+    if (bs_src_pread(s, 0, h, 6) == 6)
+      printf("version: %u\n", bs_le16(h + 4));
+  } else if (cat->format == BS_FMT_PYTORCH) {
+    enum bs_pth_container c;
+    bs_err err;
+    bs_err_clear(&err);
+    if (bs_pth_container(s, &c, &err) == 0)
+      printf("version: %s\n", c == BS_PTH_ZIP      ? "zip (torch >= 1.6)"
+                              : c == BS_PTH_LEGACY ? "legacy pickle (torch < 1.6)"
+                                                   : "tar (torch < 0.4)");
+  } else if (cat->format == BS_FMT_ST_SHARDED) {
+    printf("shards: %zu\n", cat->nsrcs > 0 ? cat->nsrcs - 1 : 0);
+  }
+}
+
+/* A value on one line: control characters shown as \n, \t, \xNN; cut at
+ * `max` bytes (0: whole). */
+static void print_escaped(const char *v, size_t max)
+{
+  size_t n = strlen(v);
+  size_t lim = max && n > max ? max : n;
+  for (size_t i = 0; i < lim; i++) {
+    unsigned char ch = (unsigned char)v[i];
+    if (ch == '\n')
+      fputs("\\n", stdout);
+    else if (ch == '\t')
+      fputs("\\t", stdout);
+    else if (ch < 0x20 || ch == 0x7f)
+      printf("\\x%02x", ch);
+    else
+      putchar(ch);
+  }
+  if (lim < n)
+    printf("... (%zu bytes in all)", n);
+}
+
+static int cmd_info(int argc, char **argv)
+{
+  struct opts o;
+  int p = parse(argc, argv, &o, 1, "m");
+  if (p != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return p > 0 ? 0 : 2;
+  }
+  struct bs_catalog cat;
+  if (open_ckpt(o.pos[0], &o, &cat) != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return 1;
+  }
+  int rc = 0;
+  if (o.meta) {
+    size_t i;
+    for (i = 0; i < cat.nmeta; i++)
+      if (strcmp(cat.meta[i].key, o.meta) == 0)
+        break;
+    if (i == cat.nmeta) {
+      fail("%s: no metadata key '%s' (burnstore info lists them)", o.pos[0], o.meta);
+      rc = 1;
+    } else {
+      fputs(cat.meta[i].value, stdout);
+      fputc('\n', stdout);
+    }
+  } else {
+    uint64_t total = 0, count = 0;
+    uint64_t per_n[BS_DT_COUNT] = {0}, per_b[BS_DT_COUNT] = {0};
+    size_t nhidden = 0, nstrided = 0, nunsup = 0;
+    for (size_t i = 0; i < cat.count; i++) {
+      const struct bs_tensor *t = &cat.tensors[i];
+      if (t->hidden) {
+        nhidden++;
+        continue;
+      }
+      count++;
+      total += t->nbytes;
+      per_n[t->dtype]++;
+      per_b[t->dtype] += t->nbytes;
+      nstrided += t->strides != NULL;
+      nunsup += t->unsupported != NULL;
+    }
+    printf("file: %s\nformat: %s\n", o.pos[0], bs_format_name(cat.format));
+    print_version(&cat);
+    printf("tensors: %" PRIu64 "\n", count);
+    if (nhidden)
+      printf("hidden by key options: %zu\n", nhidden);
+    if (nstrided)
+      printf("strided views: %zu\n", nstrided);
+    if (nunsup)
+      printf("unreadable: %zu\n", nunsup);
+    printf("bytes: %" PRIu64 "\n", total);
+    printf("dtypes:");
+    for (int d = 0; d < BS_DT_COUNT; d++)
+      if (per_n[d])
+        printf(" %s=%" PRIu64 " (%" PRIu64 " bytes)", bs_dtype_name((enum bs_dtype)d), per_n[d],
+               per_b[d]);
+    printf("\n");
+    printf("metadata: %zu\n", cat.nmeta);
+    for (size_t i = 0; i < cat.nmeta; i++) {
+      printf("  %s: ", cat.meta[i].key);
+      print_escaped(cat.meta[i].value, 200);
+      printf("\n");
+    }
+    if (cat.values_json) {
+      printf("values: ");
+      print_escaped(cat.values_json, 400);
+      printf("\n");
+    }
+    if (cat.notes) {
+      printf("notes:\n");
+      const char *s = cat.notes;
+      while (*s) {
+        const char *e = strchr(s, '\n');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        printf("  %.*s\n", (int)len, s);
+        s += len + (e ? 1 : 0);
+      }
+    }
+  }
+  if (fflush(stdout) != 0)
+    rc = 1;
+  bs_catalog_destroy(&cat);
+  bs_keyopts_destroy(&o.keys);
+  return rc;
+}
+
+/* ---- cat -------------------------------------------------------------------------------- */
+
+/* Stream a tensor's bytes through fn. 0, or -1 with the error printed. */
+static int stream(const char *file, const struct bs_catalog *cat, const struct bs_tensor *t,
+                  int (*fn)(void *ctx, const uint8_t *p, size_t n), void *ctx)
+{
+  uint8_t *buf = bs_malloc(CHUNK);
+  if (!buf)
+    return fail("out of memory");
+  int rc = 0;
+  for (uint64_t off = 0; off < t->nbytes;) {
+    long r = bs_tensor_read(cat, t, off, buf, CHUNK);
+    if (r <= 0) {
+      rc = fail("%s: tensor '%s': read failed at byte %" PRIu64 ": %s", file, t->name, off,
+                r == -ENOTSUP && t->unsupported ? t->unsupported : strerror(r ? (int)-r : EIO));
+      break;
+    }
+    if (fn(ctx, buf, (size_t)r) != 0) {
+      rc = -1;
+      break;
+    }
+    off += (uint64_t)r;
+  }
+  bs_free(buf);
+  return rc;
+}
+
+static int to_stdout(void *ctx, const uint8_t *p, size_t n)
+{
+  (void)ctx;
+  if (fwrite(p, 1, n, stdout) != n)
+    return fail("cat: write to stdout failed: %s", strerror(errno));
+  return 0;
+}
+
+static int cmd_cat(int argc, char **argv)
+{
+  struct opts o;
+  int p = parse(argc, argv, &o, 2, "n");
+  if (p != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return p > 0 ? 0 : 2;
+  }
+  struct bs_catalog cat;
+  if (open_ckpt(o.pos[0], &o, &cat) != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return 1;
+  }
+  int rc = 1;
+  const struct bs_tensor *t = find_visible(&cat, o.pos[1]);
+  if (!t) {
+    fail("%s: no tensor '%s' (burnstore ls lists them)", o.pos[0], o.pos[1]);
+    goto out;
+  }
+  if (o.npy) {
+    char hdr[BS_NPY_MAX_HEADER];
+    size_t hl;
+    bs_err err;
+    bs_err_clear(&err);
+    if (bs_npy_header(t->dtype, t->rank, t->shape, hdr, sizeof hdr, &hl, &err) != 0) {
+      fail("%s: tensor '%s': no .npy: %s", o.pos[0], t->name, err.msg);
+      goto out;
+    }
+    if (to_stdout(NULL, (const uint8_t *)hdr, hl) != 0)
+      goto out;
+  }
+  if (stream(o.pos[0], &cat, t, to_stdout, NULL) == 0 && fflush(stdout) == 0)
+    rc = 0;
+out:
+  bs_catalog_destroy(&cat);
+  bs_keyopts_destroy(&o.keys);
+  return rc;
+}
+
+/* ---- diff ------------------------------------------------------------------------------- */
+
+static double f16_to_double(uint16_t h)
+{
+  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  double v;
+  if (e == 0)
+    v = ldexp(m, -24);
+  else if (e == 31)
+    v = m ? NAN : INFINITY;
+  else
+    v = ldexp(m + 1024, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+static double bf16_to_double(uint16_t h)
+{
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Element as a double, for the float dtypes; false for the others. */
+static bool as_double(enum bs_dtype dt, const uint8_t *p, double *out)
+{
+  switch (dt) {
+  case BS_DT_F64: {
+    double d;
+    memcpy(&d, p, 8);
+    *out = d;
+    return true;
+  }
+  case BS_DT_F32:
+  case BS_DT_FLEX32: {
+    float f;
+    memcpy(&f, p, 4);
+    *out = f;
+    return true;
+  }
+  case BS_DT_F16: *out = f16_to_double(bs_le16(p)); return true;
+  case BS_DT_BF16: *out = bf16_to_double(bs_le16(p)); return true;
+  default: return false;
+  }
+}
+
+struct cmp {
+  uint64_t diff_bytes, diff_elems;
+  double maxabs;
+  bool nan;
+};
+
+/* Compare two same-dtype, same-shape tensors chunk by chunk. 0 or -1. */
+static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_tensor *ta,
+                   const char *fb, const struct bs_catalog *cb, const struct bs_tensor *tb,
+                   struct cmp *c)
+{
+  memset(c, 0, sizeof *c);
+  uint8_t *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
+  int rc = 0;
+  if (!a || !b) {
+    bs_free(a);
+    bs_free(b);
+    return fail("out of memory");
+  }
+  unsigned bits = bs_dtype_bits(ta->dtype);
+  size_t esz = bits >= 8 && bits % 8 == 0 ? bits / 8 : 1;
+  size_t chunk = CHUNK / esz * esz;
+  for (uint64_t off = 0; off < ta->nbytes;) {
+    size_t want = (size_t)(ta->nbytes - off < chunk ? ta->nbytes - off : chunk);
+    long ra = bs_tensor_read(ca, ta, off, a, want);
+    long rb = bs_tensor_read(cb, tb, off, b, want);
+    if (ra != (long)want || rb != (long)want) {
+      bool bad_a = ra != (long)want;
+      long r = bad_a ? ra : rb;
+      rc = fail("%s: tensor '%s': read failed at byte %" PRIu64 ": %s", bad_a ? fa : fb, ta->name,
+                off, strerror(r < 0 ? (int)-r : EIO));
+      break;
+    }
+    if (memcmp(a, b, want) != 0) {
+      for (size_t i = 0; i < want; i += esz) {
+        if (memcmp(a + i, b + i, esz) == 0)
+          continue;
+        c->diff_elems++;
+        for (size_t k = 0; k < esz; k++)
+          c->diff_bytes += a[i + k] != b[i + k];
+        double x, y;
+        if (esz > 1 || bits == 8) {
+          if (as_double(ta->dtype, a + i, &x) && as_double(ta->dtype, b + i, &y)) {
+            double d = fabs(x - y);
+            if (isnan(d))
+              c->nan = true;
+            else if (d > c->maxabs)
+              c->maxabs = d;
+          }
+        }
+      }
+    }
+    off += want;
+  }
+  bs_free(a);
+  bs_free(b);
+  return rc;
+}
+
+static int cmd_diff(int argc, char **argv)
+{
+  struct opts o;
+  int p = parse(argc, argv, &o, 2, "q");
+  if (p != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return p > 0 ? 0 : 2;
+  }
+  struct bs_catalog ca, cb;
+  if (open_ckpt(o.pos[0], &o, &ca) != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return 2;
+  }
+  if (open_ckpt(o.pos[1], &o, &cb) != 0) {
+    bs_catalog_destroy(&ca);
+    bs_keyopts_destroy(&o.keys);
+    return 2;
+  }
+  const char *fa = o.pos[0], *fb = o.pos[1];
+  int rc = 0;
+  struct bs_strmap mb = {0};
+  for (size_t i = 0; i < cb.count; i++)
+    if (!cb.tensors[i].hidden && bs_strmap_put(&mb, cb.tensors[i].name, i) < 0) {
+      fail("out of memory");
+      rc = 2;
+      goto out;
+    }
+  bool *seen = bs_calloc(cb.count ? cb.count : 1, 1);
+  if (!seen) {
+    fail("out of memory");
+    rc = 2;
+    goto out;
+  }
+  for (size_t i = 0; i < ca.count && rc < 2; i++) {
+    const struct bs_tensor *ta = &ca.tensors[i];
+    if (ta->hidden)
+      continue;
+    size_t j;
+    if (!bs_strmap_get(&mb, ta->name, &j)) {
+      printf("only in %s: %s\n", fa, ta->name);
+      rc = 1;
+      continue;
+    }
+    seen[j] = true;
+    const struct bs_tensor *tb = &cb.tensors[j];
+    char sa[BS_MAX_RANK * 21 + 3], sb[BS_MAX_RANK * 21 + 3];
+    shape_str(ta, sa, sizeof sa);
+    shape_str(tb, sb, sizeof sb);
+    if (ta->dtype != tb->dtype || strcmp(sa, sb) != 0) {
+      printf("changed: %s: %s %s -> %s %s\n", ta->name, bs_dtype_name(ta->dtype), sa,
+             bs_dtype_name(tb->dtype), sb);
+      rc = 1;
+      continue;
+    }
+    if (ta->nbytes != tb->nbytes) { /* QFLOAT: sizes from the file */
+      printf("differs: %s: %" PRIu64 " -> %" PRIu64 " bytes\n", ta->name, ta->nbytes, tb->nbytes);
+      rc = 1;
+      continue;
+    }
+    if (o.quiet)
+      continue;
+    struct cmp c;
+    if (compare(fa, &ca, ta, fb, &cb, tb, &c) != 0) {
+      rc = 2;
+      break;
+    }
+    if (c.diff_elems) {
+      double x;
+      uint8_t zero[8] = {0};
+      printf("differs: %s: %" PRIu64 " elements, %" PRIu64 " bytes", ta->name, c.diff_elems,
+             c.diff_bytes);
+      if (as_double(ta->dtype, zero, &x))
+        printf(", max abs difference %s%.9g", c.nan ? "nan; else " : "", c.maxabs);
+      printf("\n");
+      rc = 1;
+    }
+  }
+  for (size_t j = 0; j < cb.count && rc < 2; j++)
+    if (!cb.tensors[j].hidden && !seen[j]) {
+      printf("only in %s: %s\n", fb, cb.tensors[j].name);
+      rc = 1;
+    }
+  bs_free(seen);
+out:
+  if (fflush(stdout) != 0 && rc < 2)
+    rc = 2;
+  bs_strmap_destroy(&mb);
+  bs_catalog_destroy(&ca);
+  bs_catalog_destroy(&cb);
+  bs_keyopts_destroy(&o.keys);
+  return rc;
+}
+
+/* ---- convert ---------------------------------------------------------------------------- */
+
+static void progress_observer(void *ctx, uint64_t n)
+{
+  bs_progress_add(ctx, n);
+}
+
+static int cmd_convert(int argc, char **argv)
+{
+  struct opts o;
+  int p = parse(argc, argv, &o, 2, "qs");
+  if (p != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return p > 0 ? 0 : 2;
+  }
+  const char *in = o.pos[0], *out = o.pos[1];
+  const struct bs_writer *w = bs_writer_for_path(out);
+  if (w && o.max_shard_size && w->format == BS_FMT_SAFETENSORS)
+    w = bs_writer_for_format(BS_FMT_ST_SHARDED);
+  if (!w) {
+    char list[256];
+    fail("%s: no writer for '%s' files; burnstore writes %s", out, bs_path_extension(out),
+         bs_writer_list(list, sizeof list));
+    bs_keyopts_destroy(&o.keys);
+    return 2;
+  }
+  if (o.max_shard_size && w->format != BS_FMT_ST_SHARDED) {
+    fail("max_shard_size= applies to SafeTensors outputs");
+    bs_keyopts_destroy(&o.keys);
+    return 2;
+  }
+  struct bs_catalog cat;
+  if (open_ckpt(in, &o, &cat) != 0) {
+    bs_keyopts_destroy(&o.keys);
+    return 1;
+  }
+  int rc = 1;
+  bs_err err;
+  bs_err_clear(&err);
+  cat.format = w->format;
+  uint64_t total = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < cat.count; i++)
+    if (!cat.tensors[i].hidden)
+      total += cat.tensors[i].nbytes, n++;
+  struct bs_write_opts wo = {.max_shard_size = o.max_shard_size};
+  struct bs_progress pr;
+  bs_progress_start(&pr, "convert", total, 2);
+  if (o.quiet)
+    pr.on = false;
+  if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
+    fail_err(in, &err);
+  else {
+    if (pr.on)
+      bs_sink_set_observer(progress_observer, &pr);
+    if (bs_writer_write_file_opts(w, &cat, out, &wo, &err) != 0)
+      fail_err(NULL, &err);
+    else
+      rc = 0;
+    bs_sink_set_observer(NULL, NULL);
+  }
+  if (rc == 0)
+    bs_progress_end(&pr);
+  else if (pr.on)
+    fputc('\n', stderr);
+  if (rc == 0 && !o.quiet && isatty(1))
+    printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
+  bs_catalog_destroy(&cat);
+  bs_keyopts_destroy(&o.keys);
+  return rc;
+}
+
+/* ---- Dispatch ---------------------------------------------------------------------------- */
+
+static const struct cmd cmds[] = {
+    {"ls", "[--json] [-o KEYOPTS] FILE",
+     "List the tensors of a checkpoint (Burnpack, SafeTensors, sharded SafeTensors, PyTorch),\n"
+     "one per line: key, dtype, shape, bytes (tab-separated), as the mount would present them.\n"
+     "  --json       a JSON array of {key, dtype, shape, bytes[, source_key, strided]}\n",
+     cmd_ls},
+    {"info", "[--meta KEY] [-o KEYOPTS] FILE",
+     "Describe a checkpoint: format, version, tensor count, total bytes, dtype breakdown,\n"
+     "metadata (long values cut at 200 bytes), non-tensor values and the reader's notes.\n"
+     "  --meta KEY   print only the metadata value KEY, in full (exit 1 if missing)\n",
+     cmd_info},
+    {"cat", "[--npy] [-o KEYOPTS] FILE KEY",
+     "Write one tensor's raw little-endian row-major bytes to stdout.\n"
+     "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n",
+     cmd_cat},
+    {"diff", "[-q] [-o KEYOPTS] A B",
+     "Compare two checkpoints: keys only in one, dtype or shape changes, and tensors whose\n"
+     "bytes differ (elements and bytes that differ, the max abs difference for float types).\n"
+     "Exit status: 0 the same, 1 different, 2 trouble.\n"
+     "  -q           compare keys, dtypes and shapes only, not the bytes\n",
+     cmd_diff},
+    {"convert", "[-q] [-o KEYOPTS] IN OUT",
+     "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
+     "(.bpk, .safetensors, .safetensors.index.json), atomically (a temp file beside OUT,\n"
+     "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
+     "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
+     "  -q           no progress line, no summary\n"
+     "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
+     cmd_convert},
+};
+
+static const struct cmd *find_cmd(const char *name)
+{
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (strcmp(cmds[i].name, name) == 0)
+      return &cmds[i];
+  return NULL;
+}
+
+bool bs_cli_is_command(const char *name)
+{
+  return name && find_cmd(name) != NULL;
+}
+
+int bs_cli_main(int argc, char **argv)
+{
+  const struct cmd *c = argc > 0 ? find_cmd(argv[0]) : NULL;
+  if (!c) {
+    fail("unknown command '%s'", argc > 0 ? argv[0] : "");
+    return 2;
+  }
+  bs_formats_init();
+  return c->run(argc, argv);
+}

@@ -1,0 +1,88 @@
+/* The progress line (see progress.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "progress.h"
+
+static double now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void human(char *buf, size_t n, double b)
+{
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4)
+    b /= 1024, i++;
+  snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+void bs_progress_start(struct bs_progress *p, const char *what, uint64_t total, int fd)
+{
+  uint64_t min = 256ull << 20;
+  const char *env = getenv("BURNSTORE_PROGRESS_MIN");
+  if (env && *env)
+    min = strtoull(env, NULL, 10);
+  p->what = what;
+  p->total = total;
+  p->done = 0;
+  p->start = p->last = now();
+  p->on = isatty(fd) && total >= min && total > 0;
+}
+
+static void draw(struct bs_progress *p, bool final)
+{
+  double t = now();
+  if (!final && t - p->last < 0.2)
+    return;
+  p->last = t;
+  double el = t - p->start;
+  double rate = el > 0 ? (double)p->done / el : 0;
+  char d[32], tot[32], r[32], eta[32] = "";
+  human(d, sizeof d, (double)p->done);
+  human(tot, sizeof tot, (double)p->total);
+  human(r, sizeof r, rate);
+  if (!final && rate > 0 && p->total > p->done) {
+    unsigned s = (unsigned)((double)(p->total - p->done) / rate);
+    snprintf(eta, sizeof eta, "  ETA %u:%02u", s / 60, s % 60);
+  } else if (final) {
+    snprintf(eta, sizeof eta, "  in %.1f s", el);
+  }
+  unsigned pct = p->total ? (unsigned)(p->done * 100 / p->total) : 100;
+  fprintf(stderr, "\r%s %s / %s %3u%%  %s/s%s\033[K", p->what, d, tot, pct > 100 ? 100 : pct, r,
+          eta);
+  fflush(stderr);
+}
+
+void bs_progress_add(struct bs_progress *p, uint64_t n)
+{
+  if (!p->on)
+    return;
+  p->done += n;
+  draw(p, false);
+}
+
+void bs_progress_set(struct bs_progress *p, uint64_t done)
+{
+  if (!p->on)
+    return;
+  p->done = done;
+  draw(p, false);
+}
+
+void bs_progress_end(struct bs_progress *p)
+{
+  if (!p->on)
+    return;
+  if (p->done < p->total)
+    p->done = p->total;
+  draw(p, true);
+  fputc('\n', stderr);
+  p->on = false;
+}
