@@ -1,5 +1,6 @@
 /* The editable catalog of a writable mount (see edit.h). */
 #include "burnstore/edit.h"
+#include "burnstore/npy.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -480,6 +481,96 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
   return 0;
 }
 
+/* A staged file named NAME.npy whose bytes start with NumPy's magic and
+ * whose dtype and shape were not set: np.save wrote it. It becomes tensor
+ * NAME with the header's dtype and shape, the header left out (the tensor
+ * starts at the header's end in the staging file). Returns 1 when the file
+ * is not such a file (the caller goes on), 0 when it was added, -1 on error
+ * (a header that does not parse or does not match the size, a Fortran-order
+ * array of rank 2 or more). */
+static int add_npy(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
+                   const struct bs_node *nd, const struct bs_entry *e, const char *key, bs_err *err)
+{
+  size_t nl = strlen(nd->name), kl = strlen(key);
+  if (!e->stage || e->has_dtype || e->has_shape || nd->seg || nl <= 4 ||
+      strcmp(nd->name + nl - 4, ".npy") != 0 || kl <= 4 || e->size < 10)
+    return 1;
+  (void)ed;
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
+  struct bs_src s;
+  if (bs_src_init_path(&s, path, err) != 0)
+    return -1;
+  size_t n = e->size < BS_NPY_MAX_HEADER ? (size_t)e->size : BS_NPY_MAX_HEADER;
+  uint8_t *head = bs_malloc(n);
+  if (!head) {
+    bs_src_destroy(&s);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+  }
+  int rc = 1;
+  bs_err sub;
+  bs_err_clear(&sub);
+  struct bs_npy_info info;
+  if (bs_src_read(&s, 0, head, n, err) != 0) {
+    rc = -1;
+  } else if (!bs_npy_is_npy(head, n)) {
+    rc = 1; /* not written by numpy: a file like any other */
+  } else if (bs_npy_parse(head, n, &info, &sub) != 0) {
+    rc = bs_fail(err, EINVAL, sub.off, key, "%s%s", sub.code == EAGAIN ? "truncated: " : "",
+                 sub.msg);
+  } else if (info.header_len + info.nbytes != e->size) {
+    rc = bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                 ".npy header says %s %s (%llu bytes of data) but the file holds %llu after it",
+                 bs_dtype_name(info.dtype), "shape", (unsigned long long)info.nbytes,
+                 (unsigned long long)(e->size - info.header_len));
+  } else {
+    rc = -1;
+    char *name = bs_malloc(kl - 3);
+    struct bs_tensor *t = NULL;
+    if (!name) {
+      bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+    } else {
+      memcpy(name, key, kl - 4);
+      name[kl - 4] = '\0';
+      t = bs_catalog_add(out, name, info.dtype, info.rank, info.shape, BS_OFF_NONE, err);
+    }
+    uint32_t idx;
+    if (t && bs_catalog_add_src(out, &s, &idx, err) == 0) {
+      t = &out->tensors[out->count - 1];
+      t->src = idx;
+      t->off = info.header_len;
+      if (info.fortran_order && info.rank >= 2) {
+        /* Column-major data: read through strides (1, d0, d0*d1...) into
+         * the row-major bytes every writer expects; nothing is copied now. */
+        t->strides = bs_malloc(info.rank * sizeof *t->strides);
+        if (!t->strides) {
+          bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+          goto done;
+        }
+        uint64_t st = 1;
+        for (uint32_t d = 0; d < info.rank; d++) {
+          t->strides[d] = (int64_t)st;
+          st *= info.shape[d] ? info.shape[d] : 1; /* no overflow: nbytes was checked */
+        }
+        t->storage_off = 0;
+        t->storage_bytes = t->nbytes;
+        if (bs_tensor_check_view(t, info.header_len, err) != 0)
+          goto done;
+      }
+      if (e->has_param_id) {
+        t->has_param_id = true;
+        t->param_id = e->param_id;
+      }
+      rc = 0;
+    }
+  done:
+    bs_free(name);
+  }
+  bs_free(head);
+  bs_src_destroy(&s); /* zeroed when the catalog took it */
+  return rc;
+}
+
 static int add_file(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
                     uint64_t ino, bs_err *err)
 {
@@ -493,6 +584,11 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
                    "cannot turn the file name into a key");
   /* No include/exclude here: the tree holds only what the mount shows, and
    * files the user created or renamed are written whatever their name. */
+  int npy = add_npy(ed, staging, out, nd, e, key, err);
+  if (npy <= 0) {
+    bs_free(key);
+    return npy;
+  }
   const struct bs_tensor *src = bs_entry_origin(ed, e);
   struct bs_eff eff;
   bs_entry_effective(ed, e, &eff);

@@ -44,7 +44,12 @@ struct fs {
   /* The output's format, chosen at mount from output's extension; NULL when read-only. */
   const struct bs_writer *writer;
   struct bs_write_opts wopts; /* -o max_shard_size= */
+
+  /* The .npy views (fs_npy.c, fs_views.h): -o npy / npy=only. */
+  int npy_mode;       /* FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY */
+  uint64_t npy_first; /* FS_NPY_BOTH: the views are the nodes from this ino on */
 };
+enum { FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY };
 
 static inline struct fs *fs_data(fuse_req_t req)
 {

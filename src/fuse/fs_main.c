@@ -22,6 +22,7 @@
 #include <syslog.h>
 #include <unistd.h>
 
+#include "burnstore/adapter.h"
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
@@ -32,6 +33,7 @@
 #include "burnstore/version.h"
 #include "cli.h"
 #include "fs.h"
+#include "fs_views.h"
 
 #define PROG "burnstore"
 
@@ -72,6 +74,11 @@ static const char usage_rest[] =
     "  contiguous_indices     renumber numeric key segments 0,1,2... per parent\n"
     "  flat                   no directories: one file per key\n"
     "  strict                 PyTorch: refuse unknown pickle classes instead of skipping\n"
+    "  npy, npy=only          read-only: NAME.npy beside (or instead of) each tensor file:\n"
+    "                         a NumPy header, then the same bytes (numpy.load opens it)\n"
+    "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
+    "                         transposed, norm weight/bias named gamma/beta\n"
+    "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
     "  allow_other, default_permissions, nosuid, nodev, noexec, noatime: passed to FUSE\n"
     "\n"
     "See burnstore(1) and docs/user-guide.md.\n";
@@ -100,6 +107,8 @@ struct args {
   uint64_t max_shard_size; /* 0: none */
   char fuse_extra[2048];
   struct bs_keyopts keys;
+  int npy;                   /* FS_NPY_*: -o npy, npy=only */
+  struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
 };
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -158,6 +167,11 @@ static void parse_opts(struct args *a, const char *optstr)
       a->flat = true;
     } else if (strcmp(it, "strict") == 0) {
       a->strict = true;
+    } else if (strcmp(it, "npy") == 0 || strcmp(it, "npy=only") == 0) {
+      a->npy = it[3] ? FS_NPY_ONLY : FS_NPY_BOTH;
+    } else if (strncmp(it, "adapter", 7) == 0 && bs_adapter_add_item(&a->adapter, it, &err) <= 0) {
+      if (err.code)
+        die_usage("option '%s': %s", it, err.msg);
     } else if (eq && nlen == 6 && strncmp(it, "output", 6) == 0) {
       bs_free(a->output);
       a->output = bs_strdup(val);
@@ -189,6 +203,7 @@ static void parse_opts(struct args *a, const char *optstr)
 static void args_destroy(struct args *a)
 {
   bs_keyopts_destroy(&a->keys);
+  bs_adapter_destroy(&a->adapter);
   bs_free(a->output);
   bs_free(a->staging);
   a->output = a->staging = NULL;
@@ -198,6 +213,7 @@ static void parse_args(struct args *a, int argc, char **argv)
 {
   memset(a, 0, sizeof *a);
   bs_keyopts_init(&a->keys);
+  bs_adapter_init(&a->adapter);
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
@@ -995,10 +1011,21 @@ static int prepare(struct fs *fs, struct args *a)
   }
   if (bs_keys_apply(&fs->cat, &a->keys, &err) != 0)
     return fail_line(a->source, &err);
+  if ((a->npy || bs_adapter_any(&a->adapter)) && fs->writable) {
+    fprintf(stderr,
+            PROG ": %s are read-only views: mount without rw and output= (burnstore "
+                 "convert -o adapter=pytorch writes an adapted file)\n",
+            a->npy ? "npy and npy=only" : "adapter=");
+    return 1;
+  }
+  if (bs_adapter_apply(&fs->cat, &a->adapter, NULL, NULL, &err) != 0)
+    return fail_line(a->source, &err);
   /* A conversion that cannot succeed is refused now, not at unmount. */
   if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)
     return fail_line(a->source, &err);
-  if (bs_tree_init(&fs->tree, &err) != 0 || bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0)
+  if (bs_tree_init(&fs->tree, &err) != 0 ||
+      bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0 ||
+      fs_npy_build(fs, a->npy, &err) != 0)
     return fail_line(a->source, &err);
   if (bs_edit_init(&fs->edit, &fs->cat, &fs->tree, fs->flat, &err) != 0 ||
       (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &err) != 0))

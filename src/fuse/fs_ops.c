@@ -37,6 +37,7 @@
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "fs.h"
+#include "fs_views.h"
 
 static void rdlock(struct fs *fs)
 {
@@ -105,6 +106,8 @@ static void fill_attr_locked(struct fs *fs, fuse_ino_t ino, const struct fs_ref 
     st->st_nlink = r->live ? 1 : 0;
     const struct bs_tensor *t = e ? NULL : ro_tensor(fs, r);
     uint64_t size = e ? e->size : t ? t->nbytes : 0;
+    if (t && fs_npy_is_view(fs, ino))
+      size += fs_npy_header_len(t);
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
   }
@@ -481,6 +484,21 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   }
   if (!e)
     len = t->nbytes;
+  if (!e && fs_npy_is_view(fs, ino)) { /* a .npy view: the header, then the same bytes */
+    uint64_t hl = fs_npy_header_len(t);
+    if ((uint64_t)off < hl) {
+      char *b;
+      size_t n;
+      int rc = fs_npy_read(fs, t, size, (uint64_t)off, &b, &n);
+      if (rc < 0)
+        fuse_reply_err(req, -rc);
+      else
+        fuse_reply_buf(req, b, n);
+      bs_free(b);
+      return;
+    }
+    off -= (off_t)hl;
+  }
   int fd;
   uint64_t base;
   if (bs_tensor_fd_range(&fs->cat, t, &fd, &base)) {

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "burnstore/adapter.h"
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
@@ -37,7 +38,9 @@ const char bs_cli_usage[] = "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
 static const char keyopts_help[] =
     "  -o OPTIONS   key options as for a mount, comma-separated: include=REGEX,\n"
     "               exclude=REGEX, remap=FROM=>TO, top_level_key=K, contiguous_indices,\n"
-    "               strict (PyTorch: refuse unknown pickle classes)\n";
+    "               strict (PyTorch: refuse unknown pickle classes), adapter=pytorch\n"
+    "               (Linear weights transposed, norm weight/bias as gamma/beta),\n"
+    "               adapter_linear=REGEX, adapter_norm=REGEX\n";
 
 struct cmd {
   const char *name, *args, *help;
@@ -48,6 +51,7 @@ struct cmd {
 
 struct opts {
   struct bs_keyopts keys;
+  struct bs_adapter adapter;
   bool strict, json, npy, quiet;
   const char *meta;
   uint64_t max_shard_size;
@@ -88,6 +92,7 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
   const struct cmd *c = find_cmd(argv[0]);
   memset(o, 0, sizeof *o);
   bs_keyopts_init(&o->keys);
+  bs_adapter_init(&o->adapter);
   bool dashdash = false;
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
@@ -136,6 +141,10 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
         } else if (strncmp(items[k], "max_shard_size=", 15) == 0 && strchr(flags, 's')) {
           if (bs_st_parse_size(items[k] + 15, &o->max_shard_size) != 0)
             bad = fail("%s: %s: not a size (5GB, 500MB, 2GiB, bytes...)", argv[0], items[k]);
+        } else if (strncmp(items[k], "adapter", 7) == 0 &&
+                   bs_adapter_add_item(&o->adapter, items[k], &err) <= 0) {
+          if (err.code)
+            bad = fail("%s: option '%s': %s", argv[0], items[k], err.msg);
         } else {
           int rc = bs_keyopts_add_item(&o->keys, items[k], &err);
           if (rc < 0)
@@ -160,6 +169,12 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
   return 0;
 }
 
+static void opts_destroy(struct opts *o)
+{
+  bs_keyopts_destroy(&o->keys);
+  bs_adapter_destroy(&o->adapter);
+}
+
 /* Open a checkpoint (a directory: the sharded checkpoint it holds) and apply
  * the key options. 0, or -1 with the error printed. */
 static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *cat)
@@ -179,6 +194,8 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   if (bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
     fail_err(path, &err);
   else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
+    fail_err(path, &err);
+  else if (bs_adapter_apply(cat, &o->adapter, NULL, NULL, &err) != 0)
     fail_err(path, &err);
   else
     rc = 0;
@@ -209,12 +226,12 @@ static int cmd_ls(int argc, char **argv)
   struct opts o;
   int p = parse(argc, argv, &o, 1, "j");
   if (p != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return p > 0 ? 0 : 2;
   }
   struct bs_catalog cat;
   if (open_ckpt(o.pos[0], &o, &cat) != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 1;
   }
   int rc = 0;
@@ -257,7 +274,7 @@ static int cmd_ls(int argc, char **argv)
   if (fflush(stdout) != 0)
     rc = 1;
   bs_catalog_destroy(&cat);
-  bs_keyopts_destroy(&o.keys);
+  opts_destroy(&o);
   return rc;
 }
 
@@ -311,12 +328,12 @@ static int cmd_info(int argc, char **argv)
   struct opts o;
   int p = parse(argc, argv, &o, 1, "m");
   if (p != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return p > 0 ? 0 : 2;
   }
   struct bs_catalog cat;
   if (open_ckpt(o.pos[0], &o, &cat) != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 1;
   }
   int rc = 0;
@@ -390,7 +407,7 @@ static int cmd_info(int argc, char **argv)
   if (fflush(stdout) != 0)
     rc = 1;
   bs_catalog_destroy(&cat);
-  bs_keyopts_destroy(&o.keys);
+  opts_destroy(&o);
   return rc;
 }
 
@@ -434,12 +451,12 @@ static int cmd_cat(int argc, char **argv)
   struct opts o;
   int p = parse(argc, argv, &o, 2, "n");
   if (p != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return p > 0 ? 0 : 2;
   }
   struct bs_catalog cat;
   if (open_ckpt(o.pos[0], &o, &cat) != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 1;
   }
   int rc = 1;
@@ -464,7 +481,7 @@ static int cmd_cat(int argc, char **argv)
     rc = 0;
 out:
   bs_catalog_destroy(&cat);
-  bs_keyopts_destroy(&o.keys);
+  opts_destroy(&o);
   return rc;
 }
 
@@ -578,17 +595,17 @@ static int cmd_diff(int argc, char **argv)
   struct opts o;
   int p = parse(argc, argv, &o, 2, "q");
   if (p != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return p > 0 ? 0 : 2;
   }
   struct bs_catalog ca, cb;
   if (open_ckpt(o.pos[0], &o, &ca) != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 2;
   }
   if (open_ckpt(o.pos[1], &o, &cb) != 0) {
     bs_catalog_destroy(&ca);
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 2;
   }
   const char *fa = o.pos[0], *fb = o.pos[1];
@@ -662,7 +679,7 @@ out:
   bs_strmap_destroy(&mb);
   bs_catalog_destroy(&ca);
   bs_catalog_destroy(&cb);
-  bs_keyopts_destroy(&o.keys);
+  opts_destroy(&o);
   return rc;
 }
 
@@ -678,7 +695,7 @@ static int cmd_convert(int argc, char **argv)
   struct opts o;
   int p = parse(argc, argv, &o, 2, "qs");
   if (p != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return p > 0 ? 0 : 2;
   }
   const char *in = o.pos[0], *out = o.pos[1];
@@ -689,17 +706,17 @@ static int cmd_convert(int argc, char **argv)
     char list[256];
     fail("%s: no writer for '%s' files; burnstore writes %s", out, bs_path_extension(out),
          bs_writer_list(list, sizeof list));
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 2;
   }
   if (o.max_shard_size && w->format != BS_FMT_ST_SHARDED) {
     fail("max_shard_size= applies to SafeTensors outputs");
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 2;
   }
   struct bs_catalog cat;
   if (open_ckpt(in, &o, &cat) != 0) {
-    bs_keyopts_destroy(&o.keys);
+    opts_destroy(&o);
     return 1;
   }
   int rc = 1;
@@ -734,7 +751,7 @@ static int cmd_convert(int argc, char **argv)
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
   bs_catalog_destroy(&cat);
-  bs_keyopts_destroy(&o.keys);
+  opts_destroy(&o);
   return rc;
 }
 

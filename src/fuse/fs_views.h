@@ -1,0 +1,22 @@
+/* The views of a read-only mount beyond the plain tensor files: the .npy
+ * views (fs_npy.c). Hooks for fs_ops.c and fs_main.c. */
+#ifndef BURNSTORE_FS_VIEWS_H
+#define BURNSTORE_FS_VIEWS_H
+
+#include "fs.h"
+
+/* Add NAME.npy beside every tensor file whose dtype NumPy can hold
+ * (FS_NPY_BOTH), or rename the file to it (FS_NPY_ONLY). After
+ * bs_tree_build, before bs_edit_init; read-only mounts only. */
+BS_NODISCARD int fs_npy_build(struct fs *fs, int mode, bs_err *err);
+/* Is node `ino` a .npy view? (Its tensor is the node's.) */
+bool fs_npy_is_view(const struct fs *fs, uint64_t ino);
+/* Bytes of the header before the tensor's data in its view. */
+uint64_t fs_npy_header_len(const struct bs_tensor *t);
+/* A read of the view that touches the header: header bytes, then data
+ * gathered by bs_tensor_read, into *out (bs_malloc'd, *n bytes; NULL at
+ * EOF). 0 or -errno. */
+int fs_npy_read(const struct fs *fs, const struct bs_tensor *t, size_t size, uint64_t off,
+                char **out, size_t *n);
+
+#endif
