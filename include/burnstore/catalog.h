@@ -34,7 +34,8 @@ struct bs_kv {
 
 struct bs_tensor {
   char *key;  /* owned: the key in the source file */
-  char *name; /* owned: the presented key after options (a copy of key at first) */
+  char *name; /* the presented key after options: key itself (the same string) until
+                 key options rename it, then owned */
   enum bs_dtype dtype;
   uint32_t rank;
   uint64_t *shape;        /* owned; rank entries, NULL when rank == 0 */

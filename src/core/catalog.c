@@ -13,8 +13,9 @@ void bs_catalog_init(struct bs_catalog *cat)
 
 static void tensor_destroy(struct bs_tensor *t)
 {
+  if (t->name != t->key)
+    bs_free(t->name);
   bs_free(t->key);
-  bs_free(t->name);
   bs_free(t->shape);
   bs_free(t->strides);
   bs_free(t->dtype_raw);
@@ -87,7 +88,7 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
   struct bs_tensor *t = &cat->tensors[cat->count];
   memset(t, 0, sizeof *t);
   t->key = bs_strdup(key);
-  t->name = bs_strdup(key);
+  t->name = t->key; /* one string until key options rename it */
   if (rank) {
     t->shape = bs_malloc(rank * sizeof *shape);
     if (t->shape)
