@@ -1,6 +1,7 @@
 #include "burnstore/catalog.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "burnstore/alloc.h"
@@ -59,6 +60,21 @@ int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx
   memset(src, 0, sizeof *src);
   src->fd = -1;
   *idx = (uint32_t)cat->nsrcs++;
+  return 0;
+}
+
+int bs_catalog_reserve(struct bs_catalog *cat, size_t more)
+{
+  if (more > SIZE_MAX / sizeof *cat->tensors - cat->count)
+    return -1;
+  size_t need = cat->count + more;
+  if (need <= cat->cap)
+    return 0;
+  struct bs_tensor *t = bs_realloc(cat->tensors, need * sizeof *t);
+  if (!t)
+    return -1;
+  cat->tensors = t;
+  cat->cap = need;
   return 0;
 }
 
