@@ -34,7 +34,8 @@ struct bs_kv {
 
 struct bs_tensor {
   char *key;  /* owned: the key in the source file */
-  char *name; /* owned: the presented key after options (a copy of key at first) */
+  char *name; /* the presented key after options: key itself (the same string) until
+                 key options rename it, then owned */
   enum bs_dtype dtype;
   uint32_t rank;
   uint64_t *shape;        /* owned; rank entries, NULL when rank == 0 */
@@ -78,6 +79,9 @@ BS_NODISCARD int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, 
  * where nbytes is 0 and the reader sets it). The returned pointer is
  * borrowed and valid only until the next bs_catalog_add. `off` is used in
  * error messages only. */
+/* Room for `more` tensors beyond count, exactly (no doubling): a reader
+ * that knows its count calls it before adding. 0, or -1 out of memory. */
+BS_NODISCARD int bs_catalog_reserve(struct bs_catalog *cat, size_t more);
 struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
                                  uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err);
 

@@ -1,6 +1,7 @@
 #include "burnstore/catalog.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "burnstore/alloc.h"
@@ -13,8 +14,9 @@ void bs_catalog_init(struct bs_catalog *cat)
 
 static void tensor_destroy(struct bs_tensor *t)
 {
+  if (t->name != t->key)
+    bs_free(t->name);
   bs_free(t->key);
-  bs_free(t->name);
   bs_free(t->shape);
   bs_free(t->strides);
   bs_free(t->dtype_raw);
@@ -61,6 +63,21 @@ int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx
   return 0;
 }
 
+int bs_catalog_reserve(struct bs_catalog *cat, size_t more)
+{
+  if (more > SIZE_MAX / sizeof *cat->tensors - cat->count)
+    return -1;
+  size_t need = cat->count + more;
+  if (need <= cat->cap)
+    return 0;
+  struct bs_tensor *t = bs_realloc(cat->tensors, need * sizeof *t);
+  if (!t)
+    return -1;
+  cat->tensors = t;
+  cat->cap = need;
+  return 0;
+}
+
 struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
                                  uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err)
 {
@@ -87,7 +104,7 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
   struct bs_tensor *t = &cat->tensors[cat->count];
   memset(t, 0, sizeof *t);
   t->key = bs_strdup(key);
-  t->name = bs_strdup(key);
+  t->name = t->key; /* one string until key options rename it */
   if (rank) {
     t->shape = bs_malloc(rank * sizeof *shape);
     if (t->shape)

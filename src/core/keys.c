@@ -678,8 +678,65 @@ static int check_collisions(const struct bs_catalog *cat, char **names, const ui
   return rc;
 }
 
+/* Any two visible tensors with the same name? One pass over a hash table
+ * (the sort of check_collisions costs more than the whole mount's tree
+ * build for a million keys); a hit goes to check_collisions for its
+ * message. */
+static int quick_collisions(const struct bs_catalog *cat, bs_err *err)
+{
+  size_t n = cat->count, cap = 16;
+  if (n < 2)
+    return 0;
+  while (cap < 2 * n)
+    cap *= 2;
+  size_t *slot = bs_calloc(cap, sizeof *slot); /* tensor index + 1, 0 empty */
+  if (!slot)
+    return oom(err);
+  bool dup = false;
+  for (size_t t = 0; t < n && !dup; t++) {
+    const struct bs_tensor *ten = &cat->tensors[t];
+    if (ten->hidden)
+      continue;
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)ten->name; *c; c++)
+      h = (h ^ *c) * 1099511628211ull;
+    for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1)) {
+      if (!slot[i]) {
+        slot[i] = t + 1;
+        break;
+      }
+      if (strcmp(cat->tensors[slot[i] - 1].name, ten->name) == 0) {
+        dup = true;
+        break;
+      }
+    }
+  }
+  bs_free(slot);
+  if (!dup)
+    return 0;
+  char **names = bs_calloc(n, sizeof *names);
+  uint8_t *state = bs_calloc(n, 1);
+  int rc = -1;
+  if (!names || !state) {
+    oom(err);
+  } else {
+    for (size_t t = 0; t < n; t++) {
+      names[t] = cat->tensors[t].name;
+      state[t] = cat->tensors[t].hidden ? ST_FILTERED : ST_VISIBLE;
+    }
+    rc = check_collisions(cat, names, state, err);
+  }
+  bs_free(names);
+  bs_free(state);
+  return rc;
+}
+
 int bs_keys_apply(struct bs_catalog *cat, const struct bs_keyopts *o, bs_err *err)
 {
+  /* No key option: the names are the keys (bs_catalog_add shares one
+   * string between them); only the collision rule is left. */
+  if (!o->top_level_key && !o->nremap && !o->contiguous_indices && !o->ninclude && !o->nexclude)
+    return quick_collisions(cat, err);
   size_t n = cat->count, maxpairs = 1;
   char **names = bs_calloc(n, sizeof *names);
   uint8_t *state = bs_calloc(n, 1);
@@ -753,7 +810,8 @@ int bs_keys_apply(struct bs_catalog *cat, const struct bs_keyopts *o, bs_err *er
 
   for (size_t t = 0; t < n; t++) {
     struct bs_tensor *ten = &cat->tensors[t];
-    bs_free(ten->name);
+    if (ten->name != ten->key)
+      bs_free(ten->name);
     ten->name = names[t];
     names[t] = NULL;
     ten->hidden = state[t] != ST_VISIBLE;

@@ -56,6 +56,16 @@ struct dims {
   size_t n, cap;
 };
 
+/* A __metadata__ pair (borrowed strings). */
+struct meta_kv {
+  const char *k, *v;
+};
+
+static bool is_space(uint8_t c)
+{
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
 static const char *type_name(const json_t *v)
 {
   switch (json_typeof(v)) {
@@ -371,6 +381,346 @@ static int check_meta(const json_t *meta, uint64_t off, bs_err *err)
   return 0;
 }
 
+/* ---- The streaming parse ----------------------------------------------
+ * A well-formed header is read in one pass over its text, with no JSON tree:
+ * strings are decoded in place (a decoded string is never longer than its
+ * token), entries go straight into the entry array, and nothing is kept but
+ * what the catalog needs. Anything this pass does not accept outright (an
+ * escape it cannot keep, a real number, an unknown field, a duplicate, any
+ * error) sends the whole header to the jansson path above, which gives the
+ * exact verdict and message; the header bytes are then read again, as this
+ * pass changed them. So the fast pass only ever accepts what jansson and
+ * parse_entry would accept, with the same entries in the same order. */
+
+enum fp_result { FP_OK, FP_FALLBACK, FP_NOMEM };
+
+struct fp {
+  char *h; /* the header text, decoded in place */
+  size_t n, i;
+};
+
+static void fp_ws(struct fp *p)
+{
+  while (p->i < p->n && is_space((uint8_t)p->h[p->i]))
+    p->i++;
+}
+
+static bool fp_eat(struct fp *p, char c)
+{
+  fp_ws(p);
+  if (p->i < p->n && p->h[p->i] == c) {
+    p->i++;
+    return true;
+  }
+  return false;
+}
+
+static int hex4(const char *s, uint32_t *v)
+{
+  *v = 0;
+  for (int k = 0; k < 4; k++) {
+    char c = s[k];
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
+    if (d < 0)
+      return -1;
+    *v = *v << 4 | (uint32_t)d;
+  }
+  return 0;
+}
+
+/* Length of the valid UTF-8 sequence at s (at most `left` bytes), 0 if invalid. */
+static size_t utf8_len(const uint8_t *s, size_t left)
+{
+  uint8_t c = s[0];
+  size_t len;
+  uint32_t cp;
+  if (c < 0x80)
+    return 1;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2, cp = c & 0x1F;
+  else if (c >= 0xE0 && c <= 0xEF)
+    len = 3, cp = c & 0x0F;
+  else if (c >= 0xF0 && c <= 0xF4)
+    len = 4, cp = c & 0x07;
+  else
+    return 0;
+  if (len > left)
+    return 0;
+  for (size_t k = 1; k < len; k++) {
+    if ((s[k] & 0xC0) != 0x80)
+      return 0;
+    cp = cp << 6 | (s[k] & 0x3F);
+  }
+  if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+      (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+    return 0;
+  return len;
+}
+
+static char *put_utf8(char *w, uint32_t cp)
+{
+  if (cp < 0x80) {
+    *w++ = (char)cp;
+  } else if (cp < 0x800) {
+    *w++ = (char)(0xC0 | cp >> 6);
+    *w++ = (char)(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    *w++ = (char)(0xE0 | cp >> 12);
+    *w++ = (char)(0x80 | (cp >> 6 & 0x3F));
+    *w++ = (char)(0x80 | (cp & 0x3F));
+  } else {
+    *w++ = (char)(0xF0 | cp >> 18);
+    *w++ = (char)(0x80 | (cp >> 12 & 0x3F));
+    *w++ = (char)(0x80 | (cp >> 6 & 0x3F));
+    *w++ = (char)(0x80 | (cp & 0x3F));
+  }
+  return w;
+}
+
+/* A string token at p->i (after whitespace): decoded in place into a C
+ * string (no NUL inside), *at gets the offset of its opening quote. */
+static bool fp_string(struct fp *p, char **out, size_t *at)
+{
+  fp_ws(p);
+  if (p->i >= p->n || p->h[p->i] != '"')
+    return false;
+  *at = p->i;
+  char *start = p->h + p->i + 1, *w = start;
+  size_t i = p->i + 1;
+  while (i < p->n) {
+    uint8_t c = (uint8_t)p->h[i];
+    if (c == '"') {
+      *w = '\0';
+      *out = start;
+      p->i = i + 1;
+      return true;
+    }
+    if (c < 0x20)
+      return false;
+    if (c == '\\') {
+      if (i + 1 >= p->n)
+        return false;
+      char e = p->h[i + 1];
+      i += 2;
+      switch (e) {
+      case '"': *w++ = '"'; continue;
+      case '\\': *w++ = '\\'; continue;
+      case '/': *w++ = '/'; continue;
+      case 'b': *w++ = '\b'; continue;
+      case 'f': *w++ = '\f'; continue;
+      case 'n': *w++ = '\n'; continue;
+      case 'r': *w++ = '\r'; continue;
+      case 't': *w++ = '\t'; continue;
+      case 'u': break;
+      default: return false;
+      }
+      uint32_t cp;
+      if (i + 4 > p->n || hex4(p->h + i, &cp) != 0 || cp == 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+        return false;
+      i += 4;
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        uint32_t lo;
+        if (i + 6 > p->n || p->h[i] != '\\' || p->h[i + 1] != 'u' || hex4(p->h + i + 2, &lo) ||
+            lo < 0xDC00 || lo > 0xDFFF)
+          return false;
+        i += 6;
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      }
+      w = put_utf8(w, cp);
+      continue;
+    }
+    size_t len = utf8_len((const uint8_t *)p->h + i, p->n - i);
+    if (!len)
+      return false;
+    memmove(w, p->h + i, len);
+    w += len;
+    i += len;
+  }
+  return false;
+}
+
+/* A non-negative integer below 2^63 (no sign, fraction or exponent, no
+ * leading zero). */
+static bool fp_u63(struct fp *p, uint64_t *v)
+{
+  fp_ws(p);
+  size_t i = p->i;
+  if (i >= p->n || p->h[i] < '0' || p->h[i] > '9')
+    return false;
+  if (p->h[i] == '0' && i + 1 < p->n && p->h[i + 1] >= '0' && p->h[i + 1] <= '9')
+    return false;
+  uint64_t x = 0;
+  for (; i < p->n && p->h[i] >= '0' && p->h[i] <= '9'; i++) {
+    if (x > (UINT64_C(0x7FFFFFFFFFFFFFFF) - 9) / 10)
+      return false;
+    x = x * 10 + (uint64_t)(p->h[i] - '0');
+  }
+  if (i < p->n && (p->h[i] == '.' || p->h[i] == 'e' || p->h[i] == 'E'))
+    return false;
+  p->i = i;
+  *v = x;
+  return true;
+}
+
+static enum fp_result fp_entry(struct fp *p, const char *name, uint64_t off, struct entry *e,
+                               struct dims *dims)
+{
+  memset(e, 0, sizeof *e);
+  e->name = name;
+  e->pos = off;
+  if (strlen(name) > BS_MAX_KEY_LEN || !fp_eat(p, '{'))
+    return FP_FALLBACK;
+  bool have_dt = false, have_shape = false, have_offs = false;
+  if (fp_eat(p, '}'))
+    return FP_FALLBACK; /* missing fields */
+  do {
+    char *field;
+    size_t at;
+    if (!fp_string(p, &field, &at) || !fp_eat(p, ':'))
+      return FP_FALLBACK;
+    if (strcmp(field, "dtype") == 0 && !have_dt) {
+      char *dts;
+      bool known = false;
+      if (!fp_string(p, &dts, &at))
+        return FP_FALLBACK;
+      for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0] && !known; i++)
+        known = strcmp(dts, st_dtypes[i]) == 0;
+      if (!known || bs_dtype_from_name(dts, &e->dtype) != 0)
+        return FP_FALLBACK;
+      have_dt = true;
+    } else if (strcmp(field, "shape") == 0 && !have_shape) {
+      if (!fp_eat(p, '['))
+        return FP_FALLBACK;
+      e->dims = dims->n;
+      if (!fp_eat(p, ']')) {
+        do {
+          uint64_t v;
+          if (e->rank >= BS_MAX_RANK || !fp_u63(p, &v))
+            return FP_FALLBACK;
+          if (bs_grow((void **)&dims->v, &dims->cap, dims->n + 1, sizeof *dims->v) != 0)
+            return FP_NOMEM;
+          dims->v[dims->n++] = v;
+          e->rank++;
+        } while (fp_eat(p, ','));
+        if (!fp_eat(p, ']'))
+          return FP_FALLBACK;
+      }
+      have_shape = true;
+    } else if (strcmp(field, "data_offsets") == 0 && !have_offs) {
+      if (!fp_eat(p, '[') || !fp_u63(p, &e->begin) || !fp_eat(p, ',') || !fp_u63(p, &e->end) ||
+          !fp_eat(p, ']'))
+        return FP_FALLBACK;
+      have_offs = true;
+    } else {
+      return FP_FALLBACK; /* an unknown field (to skip) or a duplicate one */
+    }
+  } while (fp_eat(p, ','));
+  if (!fp_eat(p, '}') || !have_dt || !have_shape || !have_offs)
+    return FP_FALLBACK;
+  return FP_OK;
+}
+
+/* __metadata__: null, or an object of strings with distinct keys. */
+static enum fp_result fp_meta(struct fp *p, struct meta_kv **kv, size_t *nkv)
+{
+  fp_ws(p);
+  if (p->n - p->i >= 4 && memcmp(p->h + p->i, "null", 4) == 0) {
+    p->i += 4;
+    return FP_OK;
+  }
+  if (!fp_eat(p, '{'))
+    return FP_FALLBACK;
+  if (fp_eat(p, '}'))
+    return FP_OK;
+  size_t cap = 0;
+  do {
+    char *k, *v;
+    size_t at;
+    if (!fp_string(p, &k, &at) || !fp_eat(p, ':') || !fp_string(p, &v, &at))
+      return FP_FALLBACK;
+    if (*nkv >= 1024)
+      return FP_FALLBACK; /* the duplicate check below is quadratic */
+    for (size_t j = 0; j < *nkv; j++)
+      if (strcmp((*kv)[j].k, k) == 0)
+        return FP_FALLBACK;
+    if (bs_grow((void **)kv, &cap, *nkv + 1, sizeof **kv) != 0)
+      return FP_NOMEM;
+    (*kv)[(*nkv)++] = (struct meta_kv){k, v};
+  } while (fp_eat(p, ','));
+  return fp_eat(p, '}') ? FP_OK : FP_FALLBACK;
+}
+
+/* Two entries of one name? (A hash pass; jansson gives the message.) */
+static enum fp_result fp_unique(const struct entry *ents, size_t n)
+{
+  size_t cap = 16;
+  while (cap < 2 * n)
+    cap *= 2;
+  size_t *slot = bs_calloc(cap, sizeof *slot);
+  if (!slot)
+    return FP_NOMEM;
+  enum fp_result r = FP_OK;
+  for (size_t k = 0; k < n && r == FP_OK; k++) {
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)ents[k].name; *c; c++)
+      h = (h ^ *c) * 1099511628211ull;
+    for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1)) {
+      if (!slot[i]) {
+        slot[i] = k + 1;
+        break;
+      }
+      if (strcmp(ents[slot[i] - 1].name, ents[k].name) == 0) {
+        r = FP_FALLBACK;
+        break;
+      }
+    }
+  }
+  bs_free(slot);
+  return r;
+}
+
+/* The whole header. ents has room for `cap` entries (the top-level key
+ * count of a scan of the text). */
+static enum fp_result fp_header(struct fp *p, struct entry *ents, size_t cap, size_t *nents,
+                                struct dims *dims, struct meta_kv **kv, size_t *nkv,
+                                bool *have_meta)
+{
+  if (!fp_eat(p, '{'))
+    return FP_FALLBACK;
+  if (!fp_eat(p, '}')) {
+    do {
+      char *key;
+      size_t at;
+      if (!fp_string(p, &key, &at) || !fp_eat(p, ':'))
+        return FP_FALLBACK;
+      if (strcmp(key, "__metadata__") == 0) {
+        if (*have_meta)
+          return FP_FALLBACK;
+        *have_meta = true;
+        enum fp_result r = fp_meta(p, kv, nkv);
+        if (r != FP_OK)
+          return r;
+        continue;
+      }
+      if (*nents >= cap)
+        return FP_FALLBACK;
+      enum fp_result r = fp_entry(p, key, PREFIX + at, &ents[*nents], dims);
+      if (r != FP_OK)
+        return r;
+      (*nents)++;
+    } while (fp_eat(p, ','));
+    if (!fp_eat(p, '}'))
+      return FP_FALLBACK;
+  }
+  fp_ws(p);
+  if (p->i != p->n)
+    return FP_FALLBACK;
+  return fp_unique(ents, *nents);
+}
+
 static int cmp_entry(const void *a, const void *b)
 {
   const struct entry *x = *(const struct entry *const *)a, *y = *(const struct entry *const *)b;
@@ -435,18 +785,15 @@ static int check_layout(struct entry **sorted, size_t n, const uint64_t *dims, u
   return 0;
 }
 
-static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const json_t *meta,
-                const struct entry *ents, size_t n, const uint64_t *dims, bs_err *err)
+static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start,
+                const struct meta_kv *meta, size_t nmeta, const struct entry *ents, size_t n,
+                const uint64_t *dims, bs_err *err)
 {
-  if (meta && json_is_object(meta)) {
-    const char *k;
-    const json_t *v;
-    json_object_foreach((json_t *)meta, k, v)
-    {
-      if (bs_catalog_add_meta(cat, k, json_string_value(v), err) != 0)
-        return -1;
-    }
-  }
+  for (size_t i = 0; i < nmeta; i++)
+    if (bs_catalog_add_meta(cat, meta[i].k, meta[i].v, err) != 0)
+      return -1;
+  if (bs_catalog_reserve(cat, n) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   for (size_t i = 0; i < n; i++) {
     const struct entry *e = &ents[i];
     struct bs_tensor *t =
@@ -457,11 +804,6 @@ static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start, const
     t->off = data_start + e->begin; /* <= file size: checked by the caller */
   }
   return 0;
-}
-
-static bool is_space(uint8_t c)
-{
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
 /* YES: a header length of at least 2 that fits in the file, then '{' (after
@@ -481,6 +823,66 @@ enum bs_sniff bs_st_sniff(const uint8_t *head, size_t n, uint64_t size)
     return head[i] != '{' ? BS_SNIFF_NO : fits ? BS_SNIFF_YES : BS_SNIFF_MAYBE;
   /* Only whitespace seen: fine if the header goes on past what we see. */
   return fits && end == n && n - PREFIX < hlen ? BS_SNIFF_YES : BS_SNIFF_NO;
+}
+
+/* The jansson path: the whole header as a tree, every rule checked with
+ * its message. *root (freed by the caller) owns the strings the entries and
+ * *mkv point to. */
+static int json_path(const char *h, size_t n, json_t **rootp, struct entry **entsp, size_t *nents,
+                     struct dims *dims, struct meta_kv **mkv, size_t *nmkv, bs_err *err)
+{
+  json_error_t je;
+  unsigned long failures = bs_json_alloc_failures();
+  json_t *root = *rootp = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+  if (!root)
+    return parse_failure(h, n, &je, bs_json_alloc_failures() != failures, err);
+  if (!json_is_object(root))
+    return bs_fail(err, EINVAL, PREFIX, NULL, "header is %s, not a JSON object", type_name(root));
+
+  size_t nkeys = json_object_size(root);
+  struct scan sc = {0};
+  sc.cap = nkeys;
+  sc.keys = bs_calloc(nkeys, sizeof *sc.keys);
+  struct entry *ents = *entsp = bs_calloc(nkeys, sizeof *ents);
+  if (!sc.keys || !ents) {
+    bs_free(sc.keys);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  scan_text(h, n, &sc);
+  bool have_pos = sc.nkeys == nkeys; /* always, for text jansson accepted */
+
+  int rc = -1;
+  size_t i = 0;
+  const char *key;
+  json_t *val;
+  json_object_foreach(root, key, val)
+  {
+    uint64_t off = have_pos ? PREFIX + sc.keys[i] : PREFIX;
+    i++;
+    if (strcmp(key, "__metadata__") == 0) {
+      if (check_meta(val, off, err) != 0)
+        goto out;
+      size_t cap = 0;
+      const char *k;
+      const json_t *v;
+      json_object_foreach(val, k, v)
+      {
+        if (bs_grow((void **)mkv, &cap, *nmkv + 1, sizeof **mkv) != 0) {
+          bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+          goto out;
+        }
+        (*mkv)[(*nmkv)++] = (struct meta_kv){k, json_string_value(v)};
+      }
+      continue;
+    }
+    if (parse_entry(val, key, off, &ents[*nents], dims, err) != 0)
+      goto out;
+    (*nents)++;
+  }
+  rc = 0;
+out:
+  bs_free(sc.keys);
+  return rc;
 }
 
 int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
@@ -518,53 +920,40 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
   struct scan sc = {0};
   struct entry *ents = NULL, **sorted = NULL;
   struct dims dims = {0};
-  const json_t *meta = NULL;
-  size_t nents = 0;
+  struct meta_kv *mkv = NULL;
+  size_t nents = 0, nmkv = 0;
   if (bs_src_read_alloc(s, PREFIX, n, &hbuf, err) != 0)
     goto out;
   const char *h = (const char *)hbuf;
   if (check_nul_padding(h, n, err) != 0)
     goto out;
 
-  json_error_t je;
-  unsigned long failures = bs_json_alloc_failures();
-  root = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-  if (!root) {
-    parse_failure(h, n, &je, bs_json_alloc_failures() != failures, err);
-    goto out;
-  }
-  if (!json_is_object(root)) {
-    bs_fail(err, EINVAL, PREFIX, NULL, "header is %s, not a JSON object", type_name(root));
-    goto out;
-  }
-
-  size_t nkeys = json_object_size(root);
-  sc.cap = nkeys;
-  sc.keys = bs_calloc(nkeys, sizeof *sc.keys);
-  ents = bs_calloc(nkeys, sizeof *ents);
-  if (!sc.keys || !ents) {
+  /* The streaming pass; the jansson path for whatever it does not accept. */
+  scan_text(h, n, &sc); /* counts the top-level keys: the entry array's exact size */
+  ents = bs_calloc(sc.nkeys ? sc.nkeys : 1, sizeof *ents);
+  if (!ents) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
-  scan_text(h, n, &sc);
-  bool have_pos = sc.nkeys == nkeys; /* always, for text jansson accepted */
-
-  size_t i = 0;
-  const char *key;
-  json_t *val;
-  json_object_foreach(root, key, val)
-  {
-    uint64_t off = have_pos ? PREFIX + sc.keys[i] : PREFIX;
-    i++;
-    if (strcmp(key, "__metadata__") == 0) {
-      if (check_meta(val, off, err) != 0)
-        goto out;
-      meta = val;
-      continue;
-    }
-    if (parse_entry(val, key, off, &ents[nents], &dims, err) != 0)
+  struct fp fp = {(char *)hbuf, n, 0};
+  bool have_meta = false;
+  enum fp_result fr = fp_header(&fp, ents, sc.nkeys, &nents, &dims, &mkv, &nmkv, &have_meta);
+  if (fr == FP_NOMEM) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the header");
+    goto out;
+  }
+  if (fr == FP_FALLBACK) {
+    /* The pass decoded strings in place: read the text again. */
+    nents = dims.n = nmkv = 0;
+    bs_free(ents);
+    ents = NULL;
+    bs_free(hbuf);
+    hbuf = NULL;
+    if (bs_src_read_alloc(s, PREFIX, n, &hbuf, err) != 0)
       goto out;
-    nents++;
+    h = (const char *)hbuf;
+    if (json_path(h, n, &root, &ents, &nents, &dims, &mkv, &nmkv, err) != 0)
+      goto out;
   }
 
   sorted = bs_calloc(nents, sizeof *sorted);
@@ -601,13 +990,14 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
     goto out;
   }
 
-  if (fill(cat, src, data_start, meta, ents, nents, dims.v, err) != 0)
+  if (fill(cat, src, data_start, mkv, nmkv, ents, nents, dims.v, err) != 0)
     goto out;
   rc = 0;
 out:
   if (rc != 0)
     bs_catalog_truncate(cat, count0, nmeta0);
   bs_free(sorted);
+  bs_free(mkv);
   bs_free(dims.v);
   bs_free(ents);
   bs_free(sc.keys);

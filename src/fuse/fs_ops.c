@@ -111,7 +111,10 @@ static void fill_attr_locked(struct fs *fs, fuse_ino_t ino, const struct fs_ref 
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
   }
-  st->st_blksize = 1 << 20;
+  /* glibc sizes its getdents64 buffer by st_blksize, and the kernel
+   * allocates one of that size per READDIR: 4 KiB for directories. Files:
+   * 128 KiB, the size of the kernel's read requests (its read-ahead cap). */
+  st->st_blksize = r->is_dir ? 4096 : 128 << 10;
   if (e && (e->mtime.tv_sec || e->mtime.tv_nsec))
     st->st_mtim = st->st_ctim = e->mtime;
 }
@@ -136,7 +139,7 @@ static void fill_entry(struct fs *fs, fuse_ino_t ino, const struct fs_ref *r,
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-  (void)userdata;
+  struct fs *fs = userdata;
   /* One fd per open staged file, plus the source: give the daemon all the
    * fds the hard limit allows (it runs in the daemon, after the fork). */
   fs_raise_nofile();
@@ -145,6 +148,16 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
     conn->want |= FUSE_CAP_SPLICE_MOVE;
   conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+  /* READDIRPLUS for read-only mounts, where the kernel chooses (AUTO):
+   * plus for a directory whose entries get looked up (ls -l), plain
+   * READDIR for one that is only listed (find). */
+  if (!fs->writable && (conn->capable & FUSE_CAP_READDIRPLUS)) {
+    conn->want |= FUSE_CAP_READDIRPLUS;
+    if (conn->capable & FUSE_CAP_READDIRPLUS_AUTO)
+      conn->want |= FUSE_CAP_READDIRPLUS_AUTO;
+  } else {
+    conn->want &= ~(unsigned)(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
+  }
   if (conn->max_write < (1u << 20))
     conn->max_write = 1u << 20;
 }
@@ -274,9 +287,18 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
     fuse_reply_attr(req, &st, fs->timeout);
 }
 
+/* A read-only mount answers ENOSYS: the kernel then never sends OPENDIR
+ * nor RELEASEDIR again and opens every directory with FOPEN_KEEP_CACHE |
+ * FOPEN_CACHE_DIR (its no-opendir default), so a second listing is served
+ * from its cache without a round trip. Writable mounts open normally and do
+ * not cache (their directories change). */
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
   struct fs *fs = fs_data(req);
+  if (!fs->writable) {
+    fuse_reply_err(req, ENOSYS);
+    return;
+  }
   rdlock(fs);
   struct bs_node *nd = bs_tree_node(&fs->tree, ino);
   int rc = !nd ? ENOENT : !nd->is_dir ? ENOTDIR : 0;
@@ -285,17 +307,17 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     fuse_reply_err(req, rc);
     return;
   }
-  fi->cache_readdir = !fs->writable;
-  fi->keep_cache = !fs->writable;
   fuse_reply_open(req, fi);
 }
 
 /* Directory offsets: 1 is ".", 2 is "..", 3 + i is kids[i]. Removed kids
- * keep their slot, so offsets stay valid while `rm -r` deletes entries. */
-static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                       struct fuse_file_info *fi)
+ * keep their slot, so offsets stay valid while `rm -r` deletes entries.
+ * READDIRPLUS (read-only mounts only: attributes are filled under the tree
+ * lock, and only a read-only mount's need no entry lock) also hands the
+ * kernel each entry's attributes, saving `ls -l` a LOOKUP per name; "." and
+ * ".." go without (ino 0: the kernel links nothing for them). */
+static void reply_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus)
 {
-  (void)fi;
   struct fs *fs = fs_data(req);
   if (size > (1u << 20))
     size = 1u << 20;
@@ -307,24 +329,25 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   size_t used = 0;
   rdlock(fs);
   struct bs_node *nd = bs_tree_node(&fs->tree, ino);
-  if (!nd || !nd->is_dir) {
+  if (!nd || !nd->is_dir || (plus && fs->writable)) {
     unlock(fs);
     bs_free(buf);
-    fuse_reply_err(req, nd ? ENOTDIR : ENOENT);
+    fuse_reply_err(req, !nd ? ENOENT : !nd->is_dir ? ENOTDIR : ENOSYS);
     return;
   }
   for (uint64_t pos = off < 0 ? 0 : (uint64_t)off;; pos++) {
-    struct stat st;
-    memset(&st, 0, sizeof st);
+    struct fuse_entry_param ep;
+    memset(&ep, 0, sizeof ep);
+    struct stat *st = &ep.attr;
     const char *name;
     if (pos == 0) {
       name = ".";
-      st.st_ino = ino;
-      st.st_mode = S_IFDIR;
+      st->st_ino = ino;
+      st->st_mode = S_IFDIR;
     } else if (pos == 1) {
       name = "..";
-      st.st_ino = nd->parent;
-      st.st_mode = S_IFDIR;
+      st->st_ino = nd->parent;
+      st->st_mode = S_IFDIR;
     } else {
       uint64_t k = pos - 2;
       if (k >= nd->nkids)
@@ -334,10 +357,20 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         continue;
       const struct bs_node *kn = &fs->tree.nodes[kid];
       name = kn->name;
-      st.st_ino = kid;
-      st.st_mode = kn->is_dir ? S_IFDIR : S_IFREG;
+      if (plus) {
+        struct fs_ref r;
+        ref_of(kn, &r);
+        ep.ino = kid;
+        ep.attr_timeout = ep.entry_timeout = fs->timeout;
+        fill_attr_locked(fs, kid, &r, st); /* r.e is NULL: read-only */
+      } else {
+        st->st_ino = kid;
+        st->st_mode = kn->is_dir ? S_IFDIR : S_IFREG;
+      }
     }
-    size_t need = fuse_add_direntry(req, buf + used, size - used, name, &st, (off_t)(pos + 1));
+    size_t need =
+        plus ? fuse_add_direntry_plus(req, buf + used, size - used, name, &ep, (off_t)(pos + 1))
+             : fuse_add_direntry(req, buf + used, size - used, name, st, (off_t)(pos + 1));
     if (need > size - used)
       break;
     used += need;
@@ -345,6 +378,20 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   unlock(fs);
   fuse_reply_buf(req, buf, used);
   bs_free(buf);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                       struct fuse_file_info *fi)
+{
+  (void)fi;
+  reply_dir(req, ino, size, off, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           struct fuse_file_info *fi)
+{
+  (void)fi;
+  reply_dir(req, ino, size, off, true);
 }
 
 /* Writable: count the handle, and truncate on O_TRUNC. Opening for writing
@@ -893,6 +940,7 @@ const struct fuse_lowlevel_ops fs_ops = {
     .setattr = op_setattr,
     .opendir = op_opendir,
     .readdir = op_readdir,
+    .readdirplus = op_readdirplus,
     .open = op_open,
     .read = op_read,
     .write = op_write,

@@ -201,12 +201,26 @@ static void reply_xattr(fuse_req_t req, const struct xbuf *b, size_t size)
     fuse_reply_buf(req, b->data ? b->data : "", b->len);
 }
 
+/* Namespaces no file of a mount ever has (only user.* can be set): asked
+ * for, they answer EOPNOTSUPP, not ENODATA. ls -l asks for security.selinux
+ * and the POSIX ACLs of every entry, and coreutils remembers EOPNOTSUPP
+ * per device, so a listing asks once instead of ~2.5 times per entry; the
+ * kernel's per-write check for security.capability gets it too (any error
+ * means "no capability to drop"). */
+static bool foreign_namespace(const char *name)
+{
+  return has_prefix(name, "security.") || has_prefix(name, "system.") ||
+         has_prefix(name, "trusted.");
+}
+
 void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
   struct fs *fs = fs_data(req);
   struct xbuf b = {0};
   struct fs_ref r;
   int rc = fs_ref_get(fs, ino, &r);
+  if (!rc && foreign_namespace(name))
+    rc = EOPNOTSUPP;
   if (!rc)
     rc = get_xattr(fs, ino, &r, name, &b);
   if (rc)

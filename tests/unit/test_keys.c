@@ -305,6 +305,33 @@ Test(keys, contiguous_equal_values_collide_with_error)
   bs_catalog_destroy(&cat);
 }
 
+Test(keys, no_options_share_the_key_string_and_copy_nothing)
+{
+  static const char *const keys[] = {"b.x", "a", "c.d.e"};
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(run(&cat, keys, N(keys), "", &err), 0, "%s", err.msg);
+  for (size_t i = 0; i < cat.count; i++) {
+    cr_expect_eq(cat.tensors[i].name, cat.tensors[i].key, "%s: name is the key's string",
+                 cat.tensors[i].key);
+    cr_expect(!cat.tensors[i].hidden);
+  }
+  bs_catalog_destroy(&cat);
+}
+
+Test(keys, no_options_still_refuse_two_tensors_of_one_name)
+{
+  /* Formats reject duplicate keys themselves; a catalog built otherwise
+   * (several sources) still gets the collision rule, and its message. */
+  static const char *const keys[] = {"q", "a.b", "z", "a.b", "c", "c"};
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(run(&cat, keys, N(keys), "", &err), -1);
+  cr_expect_eq(err.code, EEXIST);
+  cr_expect(strstr(err.msg, "keys 'a.b' and 'a.b' both become 'a.b'"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+}
+
 Test(keys, contiguous_runs_after_remap)
 {
   static const char *const keys[] = {"fc_2.w", "fc_6.w"};

@@ -947,11 +947,10 @@ Test(safetensors, header_of_50k_tensors)
   bs_free(h);
 }
 
-Test(safetensors, out_of_memory_at_every_allocation)
+/* Fail each allocation in turn until the read succeeds; returns how many
+ * allocations the read made. */
+static long oom_loop(const char *h)
 {
-  const char *h = "{\"__metadata__\":{\"format\":\"pt\",\"k\":\"v\"},"
-                  "\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]},"
-                  "\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}";
   size_t len;
   uint8_t *buf = st_build(h, 20, &len);
   long n = 0;
@@ -973,7 +972,128 @@ Test(safetensors, out_of_memory_at_every_allocation)
     bs_catalog_destroy(&cat);
     cr_assert_lt(n, 10000, "never succeeds");
   }
-  /* jansson's allocations are counted too: a header this size takes dozens. */
-  cr_expect_gt(n, 30, "only %ld allocations: is jansson routed through bs_malloc?", n);
   bs_free(buf);
+  return n;
+}
+
+Test(safetensors, out_of_memory_at_every_allocation)
+{
+  /* The streaming pass: a handful of allocations, no JSON tree. */
+  long n = oom_loop("{\"__metadata__\":{\"format\":\"pt\",\"k\":\"v\"},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]},"
+                    "\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}");
+  cr_expect_gt(n, 3, "only %ld allocations", n);
+  cr_expect_lt(n, 20, "%ld allocations: the streaming pass should build no tree", n);
+  /* An unknown field sends the header to jansson, whose allocations are
+   * counted too: a header this size takes dozens. */
+  n = oom_loop("{\"__metadata__\":{\"format\":\"pt\",\"k\":\"v\"},"
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]},"
+               "\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4],\"x\":1}}");
+  cr_expect_gt(n, 30, "only %ld allocations: is jansson routed through bs_malloc?", n);
+}
+
+/* The streaming pass and the jansson path read a header the same: the
+ * second header differs only by an ignored field, which the streaming pass
+ * leaves to jansson. */
+static void expect_same(const char *fast, const char *slow, size_t dlen)
+{
+  struct bs_catalog a, b;
+  size_t la, lb;
+  uint8_t *ba = st_build(fast, dlen, &la), *bb = st_build(slow, dlen, &lb);
+  expect_ok(&a, ba, la);
+  expect_ok(&b, bb, lb);
+  cr_assert_eq(a.count, b.count);
+  for (size_t i = 0; i < a.count; i++) {
+    const struct bs_tensor *x = &a.tensors[i], *y = &b.tensors[i];
+    cr_expect_str_eq(x->key, y->key, "tensor %zu", i);
+    cr_expect_eq(x->dtype, y->dtype, "%s", x->key);
+    cr_expect_eq(x->rank, y->rank, "%s", x->key);
+    for (uint32_t d = 0; d < x->rank && d < y->rank; d++)
+      cr_expect_eq(x->shape[d], y->shape[d], "%s", x->key);
+    cr_expect_eq(x->off - la, y->off - lb, "%s", x->key);
+    cr_expect_eq(x->nbytes, y->nbytes, "%s", x->key);
+  }
+  cr_assert_eq(a.nmeta, b.nmeta);
+  for (size_t i = 0; i < a.nmeta; i++) {
+    cr_expect_str_eq(a.meta[i].key, b.meta[i].key);
+    cr_expect_str_eq(a.meta[i].value, b.meta[i].value);
+  }
+  bs_catalog_destroy(&a);
+  bs_catalog_destroy(&b);
+  bs_free(ba);
+  bs_free(bb);
+}
+
+Test(safetensors, streaming_pass_reads_as_jansson_does)
+{
+  /* Escapes, UTF-8, whitespace, a metadata value holding JSON, header order. */
+  expect_same(" {\"__metadata__\" : {\"cfg\":\"{\\\"a\\\": [1, 2]}\\n\\t\\/\", "
+              "\"\\u00e9t\\u00e9\":\"\\ud83d\\ude00\"},\n"
+              "\"z.caf\xc3\xa9\":{\"dtype\":\"BF16\",\"shape\":[1, 2],\"data_offsets\":[0,4]},"
+              "\"a\\\"q\\u0041\":{\"shape\":[0],\"dtype\":\"U8\",\"data_offsets\":[4,4]},"
+              "\"m\":{\"data_offsets\":[4,12],\"dtype\":\"F64\",\"shape\":[]} } \r\n",
+              " {\"__metadata__\" : {\"cfg\":\"{\\\"a\\\": [1, 2]}\\n\\t\\/\", "
+              "\"\\u00e9t\\u00e9\":\"\\ud83d\\ude00\"},\n"
+              "\"z.caf\xc3\xa9\":{\"dtype\":\"BF16\",\"shape\":[1, 2],\"data_offsets\":[0,4]},"
+              "\"a\\\"q\\u0041\":{\"shape\":[0],\"dtype\":\"U8\",\"data_offsets\":[4,4]},"
+              "\"m\":{\"data_offsets\":[4,12],\"dtype\":\"F64\",\"shape\":[],\"u\":null} } \r\n",
+              12);
+  struct bs_catalog cat;
+  size_t len;
+  uint8_t *buf =
+      st_build("{\"a\\\"q\\u0041\":{\"shape\":[1],\"dtype\":\"U8\",\"data_offsets\":[0,1]},"
+               "\"__metadata__\":null}",
+               1, &len);
+  expect_ok(&cat, buf, len);
+  cr_expect_str_eq(cat.tensors[0].key, "a\"qA");
+  bs_catalog_destroy(&cat);
+  bs_free(buf);
+}
+
+/* A header the streaming pass must not accept: the jansson path's verdict. */
+static void doubt(const char *h, size_t dlen, int code, const char *key, const char *sub)
+{
+  size_t len;
+  uint8_t *buf = st_build(h, dlen, &len);
+  struct bs_catalog cat;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(st_read_mem(&cat, buf, len, &err), -1, "%s: accepted", h);
+  cr_expect_eq(err.code, code, "%s: code %d (%s)", h, err.code, err.msg);
+  cr_expect_not_null(strstr(err.msg, sub), "%s: message '%s' lacks '%s'", h, err.msg, sub);
+  if (key)
+    cr_expect_str_eq(err.key, key, "%s", h);
+  cr_expect_eq(cat.count, 0);
+  bs_catalog_destroy(&cat);
+  bs_free(buf);
+}
+
+Test(safetensors, streaming_pass_leaves_every_doubt_to_jansson)
+{
+  /* Each of these is decided (and worded) by the jansson path. */
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+        8, EINVAL, "a", "duplicate tensor name 'a'");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],"
+        "\"data_offsets\":[0,4]}}",
+        4, EINVAL, NULL, "duplicate key");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4, EINVAL, NULL,
+        "not valid JSON");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4, EINVAL, "a",
+        "real number");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, EINVAL, "a",
+        "not a non-negative integer");
+  doubt("{\"a\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, ENOTSUP, NULL,
+        "\\u0000");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4, EINVAL, NULL,
+        "trailing characters");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},}", 4, EINVAL, NULL,
+        "not valid JSON");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, EINVAL, "a",
+        "missing field \"data_offsets\"");
+  doubt("{\"\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, EINVAL, NULL,
+        "UTF-8");
+  doubt("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"__metadata__\":{\"k\":1}}",
+        4, EINVAL, NULL, "must be strings");
 }

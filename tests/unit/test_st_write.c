@@ -290,8 +290,7 @@ Test(st_write, reserved_duplicate_and_missized_tensors_are_refused)
   mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
   add(&cat, "y", BS_DT_F32, 1, (uint64_t[]){1}, 0);
-  free(cat.tensors[1].name);
-  cat.tensors[1].name = strdup("x");
+  cat.tensors[1].name = strdup("x"); /* was the key's own string */
   bs_err_clear(&err);
   cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
   cr_assert_str_eq(err.key, "x");
