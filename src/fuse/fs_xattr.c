@@ -113,7 +113,9 @@ static int get_root(struct fs *fs, const char *name, struct xbuf *b)
     struct bs_entry *re = root_entry(fs);
     lock_rd(re);
     const char *v = bs_edit_get_meta(&fs->edit, name + strlen(XA_META));
-    int rc = v ? xadds(b, v) : ENODATA;
+    /* Longer than Linux lets an xattr be (a GGUF tokenizer vocabulary):
+     * E2BIG, still listed; `burnstore info FILE --meta KEY` prints it. */
+    int rc = !v ? ENODATA : strlen(v) > BS_MAX_XATTR_VALUE ? E2BIG : xadds(b, v);
     unlock_e(re);
     return rc;
   }
