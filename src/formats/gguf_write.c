@@ -602,3 +602,46 @@ out:
   ctx_destroy(&x);
   return rc;
 }
+
+int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key, const char *value, size_t len,
+                       bs_err *err)
+{
+  static const uint8_t u32_t[2] = {BS_GG_U32, 0};
+  struct bs_gguf g;
+  bool has = false;
+  const uint8_t *types = NULL;
+  uint8_t m[4];
+  if (cat->nsrcs > 0 && cat->srcs[0].size >= 4 && bs_src_read(&cat->srcs[0], 0, m, 4, err) == 0 &&
+      memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
+    if (bs_gguf_parse(&cat->srcs[0], &g, err) != 0)
+      return -1;
+    has = true;
+    for (size_t i = 0; i < g.nkv && !types; i++)
+      if (strcmp(g.kv[i].key, key) == 0)
+        types = g.kv[i].types;
+  }
+  bool align = strcmp(key, "general.alignment") == 0;
+  if (!types && align)
+    types = u32_t;
+  int rc = 0;
+  if (types && types[0] != BS_GG_STRING) {
+    char *text = bs_strndup(value, len);
+    struct bs_buf b = {0};
+    if (!text)
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    else
+      rc = bs_gguf_encode_value(key, text, types, &b, err);
+    if (rc == 0 && align) {
+      uint64_t a = b.len == 4 ? bs_le32(b.data) : 0;
+      if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
+        rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "metadata general.alignment '%.40s' is not a power of two from 1 to %u", text,
+                     BS_GGUF_MAX_ALIGN);
+    }
+    bs_buf_destroy(&b);
+    bs_free(text);
+  }
+  if (has)
+    bs_gguf_free(&g);
+  return rc;
+}

@@ -672,3 +672,23 @@ Test(gguf, new_file_from_another_catalog)
   bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
 }
+
+Test(gguf, check_meta_at_setxattr_time)
+{
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "k.u32", "12", 2, &err), 0, "%s", err.msg);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "k.u32", "12x", 3, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  cr_expect_not_null(strstr(err.msg, "k.u32"), "%s", err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "k.nested", "[[1],[2,3]]", 11, &err), 0, "%s", err.msg);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "general.name", "anything", 8, &err), 0);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "brand.new", "[1", 2, &err), 0, "new keys are strings");
+  cr_expect_eq(bs_gguf_check_meta(&cat, "general.alignment", "64", 2, &err), 0);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "general.alignment", "48", 2, &err), -1);
+  cr_expect_not_null(strstr(err.msg, "power of two"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+}
