@@ -19,6 +19,7 @@ enum bs_format {
   BS_FMT_NONE,
   BS_FMT_BURNPACK,
   BS_FMT_SAFETENSORS,
+  BS_FMT_GGUF, /* llama.cpp / ggml; before PyTorch, whose detection is structural */
   BS_FMT_PYTORCH,
   BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
   BS_FMT_COUNT

@@ -3,6 +3,7 @@
 #ifndef BURNSTORE_DTYPE_H
 #define BURNSTORE_DTYPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,11 +40,41 @@ enum bs_dtype {
   BS_DT_QI8,      /* torch qint8 (raw int8, quantizer params not kept) */
   BS_DT_QU8,      /* torch quint8 */
   BS_DT_QI32,     /* torch qint32 */
+  /* ggml's quantized block types (GGUF): raw blocks of a fixed number of
+   * elements and bytes each (bs_dtype_block); no per-element size. */
+  BS_DT_Q4_0,
+  BS_DT_Q4_1,
+  BS_DT_Q5_0,
+  BS_DT_Q5_1,
+  BS_DT_Q8_0,
+  BS_DT_Q8_1,
+  BS_DT_Q2_K,
+  BS_DT_Q3_K,
+  BS_DT_Q4_K,
+  BS_DT_Q5_K,
+  BS_DT_Q6_K,
+  BS_DT_Q8_K,
+  BS_DT_IQ2_XXS,
+  BS_DT_IQ2_XS,
+  BS_DT_IQ3_XXS,
+  BS_DT_IQ1_S,
+  BS_DT_IQ4_NL,
+  BS_DT_IQ3_S,
+  BS_DT_IQ2_S,
+  BS_DT_IQ4_XS,
+  BS_DT_IQ1_M,
+  BS_DT_TQ1_0,
+  BS_DT_TQ2_0,
+  BS_DT_MXFP4,
   BS_DT_COUNT
 };
 
-/* Bits per element; 0 for BS_DT_QFLOAT (opaque, no per-element size). */
+/* Bits per element; 0 for BS_DT_QFLOAT (opaque, no per-element size) and
+ * for the block types (Q4_0 ... MXFP4: see bs_dtype_block). */
 unsigned bs_dtype_bits(enum bs_dtype dt);
+/* A block type (ggml's quantized types): *elems elements per block of
+ * *bytes bytes (Q8_0: 32 in 34), and true; false for every other dtype. */
+bool bs_dtype_block(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes);
 /* The name shown in user.burnstore.dtype, e.g. "F32". */
 const char *bs_dtype_name(enum bs_dtype dt);
 /* Parse a name as bs_dtype_name spells it. Returns 0, or -1 if unknown. */
@@ -66,6 +97,8 @@ size_t bs_shape_format(char *buf, size_t n, uint32_t rank, const uint64_t *shape
 
 /* Byte size of a dense tensor: product(shape) * bits / 8, every step checked.
  * Sub-byte types need a whole number of bytes (else EINVAL "misaligned").
+ * A block type: the last (fastest) dimension must be a multiple of its block
+ * elements (else EINVAL), and the size is numel / elems * bytes.
  * Fails for QFLOAT (its size comes from the file). `key` names the tensor
  * in the error. */
 BS_NODISCARD int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape,

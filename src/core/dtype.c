@@ -14,6 +14,7 @@ static const struct {
   unsigned bits;
   const char *bpk;      /* Burnpack's plain dtype name, or NULL */
   const char *bpk_bool; /* Burnpack's Bool storage ({"Bool": storage}), or NULL */
+  uint16_t blck, bsize; /* block types: elements and bytes per block (ggml's type traits) */
 } table[] = {
     [BS_DT_F64] = {"F64", 64, "F64", NULL},
     [BS_DT_F32] = {"F32", 32, "F32", NULL},
@@ -45,12 +46,45 @@ static const struct {
     [BS_DT_QI8] = {"QI8", 8, NULL, NULL},
     [BS_DT_QU8] = {"QU8", 8, NULL, NULL},
     [BS_DT_QI32] = {"QI32", 32, NULL, NULL},
+    [BS_DT_Q4_0] = {"Q4_0", 0, NULL, NULL, 32, 18},
+    [BS_DT_Q4_1] = {"Q4_1", 0, NULL, NULL, 32, 20},
+    [BS_DT_Q5_0] = {"Q5_0", 0, NULL, NULL, 32, 22},
+    [BS_DT_Q5_1] = {"Q5_1", 0, NULL, NULL, 32, 24},
+    [BS_DT_Q8_0] = {"Q8_0", 0, NULL, NULL, 32, 34},
+    [BS_DT_Q8_1] = {"Q8_1", 0, NULL, NULL, 32, 36},
+    [BS_DT_Q2_K] = {"Q2_K", 0, NULL, NULL, 256, 84},
+    [BS_DT_Q3_K] = {"Q3_K", 0, NULL, NULL, 256, 110},
+    [BS_DT_Q4_K] = {"Q4_K", 0, NULL, NULL, 256, 144},
+    [BS_DT_Q5_K] = {"Q5_K", 0, NULL, NULL, 256, 176},
+    [BS_DT_Q6_K] = {"Q6_K", 0, NULL, NULL, 256, 210},
+    [BS_DT_Q8_K] = {"Q8_K", 0, NULL, NULL, 256, 292},
+    [BS_DT_IQ2_XXS] = {"IQ2_XXS", 0, NULL, NULL, 256, 66},
+    [BS_DT_IQ2_XS] = {"IQ2_XS", 0, NULL, NULL, 256, 74},
+    [BS_DT_IQ3_XXS] = {"IQ3_XXS", 0, NULL, NULL, 256, 98},
+    [BS_DT_IQ1_S] = {"IQ1_S", 0, NULL, NULL, 256, 50},
+    [BS_DT_IQ4_NL] = {"IQ4_NL", 0, NULL, NULL, 32, 18},
+    [BS_DT_IQ3_S] = {"IQ3_S", 0, NULL, NULL, 256, 110},
+    [BS_DT_IQ2_S] = {"IQ2_S", 0, NULL, NULL, 256, 82},
+    [BS_DT_IQ4_XS] = {"IQ4_XS", 0, NULL, NULL, 256, 136},
+    [BS_DT_IQ1_M] = {"IQ1_M", 0, NULL, NULL, 256, 56},
+    [BS_DT_TQ1_0] = {"TQ1_0", 0, NULL, NULL, 256, 54},
+    [BS_DT_TQ2_0] = {"TQ2_0", 0, NULL, NULL, 256, 66},
+    [BS_DT_MXFP4] = {"MXFP4", 0, NULL, NULL, 32, 17},
 };
 _Static_assert(sizeof table / sizeof table[0] == BS_DT_COUNT, "dtype table incomplete");
 
 unsigned bs_dtype_bits(enum bs_dtype dt)
 {
   return dt < BS_DT_COUNT ? table[dt].bits : 0;
+}
+
+bool bs_dtype_block(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)
+{
+  if (dt >= BS_DT_COUNT || table[dt].blck == 0)
+    return false;
+  *elems = table[dt].blck;
+  *bytes = table[dt].bsize;
+  return true;
 }
 
 const char *bs_dtype_name(enum bs_dtype dt)
@@ -134,10 +168,30 @@ int bs_shape_numel(uint32_t rank, const uint64_t *shape, uint64_t *out)
   return 0;
 }
 
+static int block_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape, uint64_t *out,
+                        const char *key, uint64_t off, bs_err *err)
+{
+  const unsigned blck = table[dt].blck, bsize = table[dt].bsize;
+  if (rank > BS_MAX_RANK)
+    return bs_fail(err, EINVAL, off, key, "rank %u exceeds the limit of %u", rank, BS_MAX_RANK);
+  if (rank == 0 || shape[rank - 1] % blck != 0)
+    return bs_fail(err, EINVAL, off, key,
+                   "%s stores blocks of %u elements: the last dimension (%llu) must be a multiple "
+                   "of %u",
+                   table[dt].name, blck, rank ? (unsigned long long)shape[rank - 1] : 1ull, blck);
+  uint64_t numel, bytes;
+  if (bs_shape_numel(rank, shape, &numel) != 0 || !bs_mul_u64(numel / blck, bsize, &bytes))
+    return bs_fail(err, EINVAL, off, key, "shape overflows: element count times size exceeds 2^64");
+  *out = bytes;
+  return 0;
+}
+
 int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t *shape, uint64_t *out,
                     const char *key, uint64_t off, bs_err *err)
 {
   *out = 0;
+  if (dt < BS_DT_COUNT && table[dt].blck)
+    return block_nbytes(dt, rank, shape, out, key, off, err);
   if (dt >= BS_DT_COUNT || table[dt].bits == 0)
     return bs_fail(err, EINVAL, off, key, "dtype %s has no fixed element size", bs_dtype_name(dt));
   if (rank > BS_MAX_RANK)

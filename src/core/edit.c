@@ -154,7 +154,12 @@ void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, stru
     /* 1-D by size: elements = size * 8 / bits (opaque QFLOAT: bytes). */
     unsigned bits = bs_dtype_bits(eff->dtype);
     uint64_t nbits;
-    if (bits == 0) {
+    uint32_t belems, bbytes;
+    if (bs_dtype_block(eff->dtype, &belems, &bbytes)) {
+      /* ggml blocks: whole blocks of belems elements */
+      eff->dim0 = e->size / bbytes * belems;
+      eff->whole = e->size % bbytes == 0;
+    } else if (bits == 0) {
       eff->dim0 = e->size;
     } else if (bs_mul_u64(e->size, 8, &nbits)) {
       eff->dim0 = nbits / bits;
@@ -594,9 +599,12 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
   bs_entry_effective(ed, e, &eff);
   if (!eff.whole) {
     unsigned bits = bs_dtype_bits(eff.dtype);
-    int rc = bs_fail(err, EINVAL, BS_OFF_NONE, key,
-                     "size %llu bytes is not a whole number of %s elements (%u bits each)",
-                     (unsigned long long)e->size, bs_dtype_name(eff.dtype), bits);
+    int rc = bits ? bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                            "size %llu bytes is not a whole number of %s elements (%u bits each)",
+                            (unsigned long long)e->size, bs_dtype_name(eff.dtype), bits)
+                  : bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                            "size %llu bytes is not a whole number of %s blocks",
+                            (unsigned long long)e->size, bs_dtype_name(eff.dtype));
     bs_free(key);
     return rc;
   }

@@ -13,7 +13,8 @@
  * Order matters only where two layouts can both hold: Burnpack before
  * SafeTensors (a >1 GiB SafeTensors header cannot start with "NRUB"),
  * SafeTensors before PyTorch (a SafeTensors header of 640 bytes starts with
- * 80 02 like a pickle, and its JSON may hold "ustar" at byte 257). */
+ * 80 02 like a pickle, and its JSON may hold "ustar" at byte 257), GGUF's
+ * magic "GGUF" before PyTorch's structural checks. */
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -31,6 +32,7 @@ static const struct bs_format_desc formats[] = {
     [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL},
     [BS_FMT_BURNPACK] = {"burnpack", {".bpk"}, bs_bpk_sniff, bs_bpk_read},
     [BS_FMT_SAFETENSORS] = {"safetensors", {".safetensors"}, bs_st_sniff, bs_st_read},
+    [BS_FMT_GGUF] = {"gguf", {".gguf"}, bs_gguf_sniff, bs_gguf_read},
     [BS_FMT_PYTORCH] = {"pytorch",
                         {".pt", ".pth", ".bin", ".ckpt", ".tar"},
                         bs_pth_sniff,
@@ -112,7 +114,6 @@ static const struct {
      "gzip data (1f 8b), as Burn's NamedMpkGzFileRecorder writes (.mpk.gz); gunzip a "
      "gzipped checkpoint"},
     {"PK\x05\x06", 4, "an empty zip archive"},
-    {"GGUF", 4, "a GGUF file (llama.cpp)"},
     {"\x93NUMPY", 6, "a NumPy .npy array"},
     {"\x89HDF\r\n\x1a\n", 8, "an HDF5 file (Keras .h5)"},
     {"\xfd"
@@ -132,12 +133,11 @@ static const struct {
     {".bin.gz", "Burn's BinGzFileRecorder files (gzip-compressed bincode)"},
     {".bin", "Burn's BinFileRecorder files (bincode)"},
     {".json", "Burn's PrettyJsonFileRecorder files (JSON)"},
-    {".gguf", "GGUF files"},
     {".onnx", "ONNX models"},
 };
 
 static const char *const not_read =
-    "burnstore reads Burnpack, SafeTensors and PyTorch files (Burn: save with burn-store's "
+    "burnstore reads Burnpack, SafeTensors, GGUF and PyTorch files (Burn: save with burn-store's "
     "BurnpackStore)";
 
 static int unknown(const uint8_t *h, size_t n, uint64_t size, const char *name, bs_err *err)

@@ -7,6 +7,7 @@
 #include "burnstore/bpk_write.h"
 #include "burnstore/st_write.h"
 #include "burnstore/writers.h"
+#include "gguf_private.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 {
@@ -16,6 +17,7 @@ static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *er
 static const char *const bpk_ext[] = {".bpk", NULL};
 static const char *const st_ext[] = {".safetensors", NULL};
 static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
+static const char *const gguf_ext[] = {".gguf", NULL};
 
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL},
@@ -23,6 +25,7 @@ const struct bs_writer bs_writers[] = {
      NULL},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_default_meta,
      bs_st_write, bs_st_write_set},
+    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, NULL, bs_gguf_write, NULL},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 

@@ -18,6 +18,7 @@
 
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
+#include "burnstore/formats.h"
 #include "burnstore/st_index.h"
 #include "fs.h"
 
@@ -113,7 +114,9 @@ static int get_root(struct fs *fs, const char *name, struct xbuf *b)
     struct bs_entry *re = root_entry(fs);
     lock_rd(re);
     const char *v = bs_edit_get_meta(&fs->edit, name + strlen(XA_META));
-    int rc = v ? xadds(b, v) : ENODATA;
+    /* Longer than Linux lets an xattr be (a GGUF tokenizer vocabulary):
+     * E2BIG, still listed; `burnstore info FILE --meta KEY` prints it. */
+    int rc = !v ? ENODATA : strlen(v) > BS_MAX_XATTR_VALUE ? E2BIG : xadds(b, v);
     unlock_e(re);
     return rc;
   }
@@ -358,7 +361,14 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
   bs_err_clear(&err);
   lock_wr(r.e);
   if (ino == BS_TREE_ROOT && has_prefix(name, XA_META)) {
-    rc = bs_edit_set_meta(&fs->edit, name + strlen(XA_META), value, size, &err) ? err.code : 0;
+    /* GGUF output: a typed key's new text must parse as its type. */
+    if (fs->writer && fs->writer->format == BS_FMT_GGUF &&
+        bs_gguf_check_meta(&fs->cat, name + strlen(XA_META), value, size, &err) != 0) {
+      rc = err.code;
+      fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s: %s\n", name, err.msg);
+    } else {
+      rc = bs_edit_set_meta(&fs->edit, name + strlen(XA_META), value, size, &err) ? err.code : 0;
+    }
     if (!rc)
       fs_mark_dirty(fs);
   } else {

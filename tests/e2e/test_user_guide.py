@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 from bsmount import (BIN, FIX, SOURCE_DIR, check, finish, force_unmount, read_bpk, tmpdir)
 
@@ -21,6 +22,9 @@ def main():
                     os.path.join(d, "checkpoint.pth"))
         shutil.copy(os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors"),
                     os.path.join(d, "model.safetensors"))
+        sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
+        import gguf_fixture
+        gguf_fixture.write_tiny(os.path.join(d, "model.gguf"))
         bindir = os.path.dirname(os.path.abspath(BIN))
         env = dict(os.environ, PATH=bindir + ":" + os.environ["PATH"])
         try:
@@ -47,6 +51,11 @@ def main():
         if os.path.exists(os.path.join(d, "scratch.bpk")):
             t, meta = read_bpk(os.path.join(d, "scratch.bpk"))
             check(t.get("w", (0, 0))[:2] == ("F32", [2, 3]) and meta.get("author") == "me", "scratch.bpk: %r" % ((t, meta),))
+        g = gguf_fixture.Reader(os.path.join(d, "model.gguf"))
+        check(g.kv["general.name"] == (gguf_fixture.VSTRING, "My fine-tune") and
+              g.kv["tokenizer.chat_template"][1].startswith("{% for m in messages %}<|"),
+              "the GGUF example changed general.name and the chat template: %r" % (g.kv["general.name"],))
+        check(os.path.getsize(os.path.join(d, "token_embd.bin")) == 24, "cp extracted token_embd.weight")
         conv = os.path.join(d, "converted.safetensors")
         check(os.path.exists(conv), "the guide's examples wrote converted.safetensors")
         sh = os.path.join(d, "sharded")

@@ -263,7 +263,6 @@ Test(sniff, unknown_formats_are_named)
   expect_unknown(junk, sizeof junk, "/tmp/model.mpk", "NamedMpkFileRecorder");
   expect_unknown(junk, sizeof junk, "/tmp/model.mpk", "12 34 56 78");
   expect_unknown(junk, sizeof junk, "/tmp/w.dat", "unknown format: first bytes 12 34");
-  expect_unknown("GGUF\x03\0\0\0\0\0", 10, "m", "GGUF");
   expect_unknown("PK\x05\x06\0\0\0\0\0\0", 10, "m.zip", "empty zip");
   expect_unknown("hello world, not a checkpoint\n", 30, "t.txt", "unknown format");
   const char *json = "{\n  \"metadata\": {\n    \"float\": \"f32\"";
@@ -303,7 +302,9 @@ Test(sniff, every_format_has_a_complete_row)
   cr_expect_str_eq(bs_format_name(BS_FMT_SAFETENSORS), "safetensors");
   cr_expect_str_eq(bs_format_name(BS_FMT_PYTORCH), "pytorch");
   cr_expect_eq(bs_format_by_ext("/a/Model.PTH"), BS_FMT_PYTORCH);
-  cr_expect_eq(bs_format_by_ext("m.gguf"), BS_FMT_NONE);
+  cr_expect_eq(bs_format_by_ext("m.gguf"), BS_FMT_GGUF);
+  cr_expect_str_eq(bs_format_name(BS_FMT_GGUF), "gguf");
+  cr_expect_eq(bs_format_by_ext("m.npy"), BS_FMT_NONE);
   cr_expect_eq(bs_format_by_ext("bpk"), BS_FMT_NONE);
 }
 

@@ -83,7 +83,8 @@ Test(writers, list_names_every_extension)
   char buf[256];
   cr_assert_str_eq(
       bs_writer_list(buf, sizeof buf),
-      ".bpk (burnpack), .safetensors (safetensors), .safetensors.index.json (safetensors-sharded)");
+      ".bpk (burnpack), .safetensors (safetensors), .safetensors.index.json (safetensors-sharded), "
+      ".gguf (gguf)");
   char tiny[6];
   bs_writer_list(tiny, sizeof tiny);
   cr_assert_lt(strlen(tiny), sizeof tiny);

@@ -1,0 +1,663 @@
+/* The GGUF reader (llama.cpp / ggml; spec: ggml's docs/gguf.md).
+ *
+ * Layout (little-endian; versions 2 and 3):
+ *   "GGUF", u32 version, u64 tensor_count, u64 kv_count,
+ *   kv_count x { string key, u32 type, value },
+ *   tensor_count x { string name, u32 n_dims, u64 ne[n_dims], u32 ggml_type, u64 offset },
+ *   padding to general.alignment (default 32), then the data section; each
+ *   tensor's offset is relative to it and a multiple of the alignment.
+ * A string is u64 length + bytes; an array is u32 element type, u64 count,
+ * elements (arrays of arrays allowed). ne lists dimensions fastest first: the
+ * catalog shape is ne reversed (row-major). Quantized types keep their raw
+ * blocks; the fastest dimension must be a multiple of the block size.
+ *
+ * Metadata becomes catalog metadata as text: strings as they are, numbers in
+ * decimal (floats with enough digits to round-trip; NaN, Infinity,
+ * -Infinity), bools as true/false, arrays as JSON arrays (strings escaped;
+ * non-finite floats spelled as above). Every count, length and offset is
+ * checked against the bytes left before anything is allocated, and the
+ * rendered text is bounded (BS_GGUF_MAX_META). */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "burnstore/formats.h"
+#include "burnstore/st_write.h" /* bs_st_json_string */
+#include "gguf_private.h"
+
+/* ---- ggml types --------------------------------------------------------------------------- */
+
+#define REMOVED ((enum bs_dtype)BS_DT_COUNT)
+static const struct {
+  enum bs_dtype dt; /* REMOVED: an id ggml no longer has */
+  const char *name; /* removed ids: their old name, for the message */
+} ggml_types[BS_GGUF_NTYPES] = {
+    [0] = {BS_DT_F32, "F32"},          [1] = {BS_DT_F16, "F16"},
+    [2] = {BS_DT_Q4_0, "Q4_0"},        [3] = {BS_DT_Q4_1, "Q4_1"},
+    [4] = {REMOVED, "Q4_2"},           [5] = {REMOVED, "Q4_3"},
+    [6] = {BS_DT_Q5_0, "Q5_0"},        [7] = {BS_DT_Q5_1, "Q5_1"},
+    [8] = {BS_DT_Q8_0, "Q8_0"},        [9] = {BS_DT_Q8_1, "Q8_1"},
+    [10] = {BS_DT_Q2_K, "Q2_K"},       [11] = {BS_DT_Q3_K, "Q3_K"},
+    [12] = {BS_DT_Q4_K, "Q4_K"},       [13] = {BS_DT_Q5_K, "Q5_K"},
+    [14] = {BS_DT_Q6_K, "Q6_K"},       [15] = {BS_DT_Q8_K, "Q8_K"},
+    [16] = {BS_DT_IQ2_XXS, "IQ2_XXS"}, [17] = {BS_DT_IQ2_XS, "IQ2_XS"},
+    [18] = {BS_DT_IQ3_XXS, "IQ3_XXS"}, [19] = {BS_DT_IQ1_S, "IQ1_S"},
+    [20] = {BS_DT_IQ4_NL, "IQ4_NL"},   [21] = {BS_DT_IQ3_S, "IQ3_S"},
+    [22] = {BS_DT_IQ2_S, "IQ2_S"},     [23] = {BS_DT_IQ4_XS, "IQ4_XS"},
+    [24] = {BS_DT_I8, "I8"},           [25] = {BS_DT_I16, "I16"},
+    [26] = {BS_DT_I32, "I32"},         [27] = {BS_DT_I64, "I64"},
+    [28] = {BS_DT_F64, "F64"},         [29] = {BS_DT_IQ1_M, "IQ1_M"},
+    [30] = {BS_DT_BF16, "BF16"},       [31] = {REMOVED, "Q4_0_4_4"},
+    [32] = {REMOVED, "Q4_0_4_8"},      [33] = {REMOVED, "Q4_0_8_8"},
+    [34] = {BS_DT_TQ1_0, "TQ1_0"},     [35] = {BS_DT_TQ2_0, "TQ2_0"},
+    [36] = {REMOVED, "IQ4_NL_4_4"},    [37] = {REMOVED, "IQ4_NL_4_8"},
+    [38] = {REMOVED, "IQ4_NL_8_8"},    [39] = {BS_DT_MXFP4, "MXFP4"},
+};
+
+int bs_gguf_dtype(uint32_t gtype, enum bs_dtype *out)
+{
+  if (gtype >= BS_GGUF_NTYPES || ggml_types[gtype].dt == REMOVED)
+    return -1;
+  *out = ggml_types[gtype].dt;
+  return 0;
+}
+
+bool bs_gguf_type_of(enum bs_dtype dt, uint32_t *gtype)
+{
+  for (uint32_t i = 0; i < BS_GGUF_NTYPES; i++)
+    if (ggml_types[i].dt == dt) {
+      *gtype = i;
+      return true;
+    }
+  return false;
+}
+
+/* ---- A cursor over the source, with a read-ahead window -------------------------------------- */
+
+#define WIN (64u * 1024)
+
+struct cur {
+  const struct bs_src *s;
+  uint64_t pos;
+  uint64_t wstart;
+  size_t wlen;
+  uint64_t meta; /* rendered metadata bytes so far */
+  bs_err *err;
+  uint8_t win[WIN];
+};
+
+static int truncated(struct cur *c, uint64_t n, const char *what)
+{
+  return bs_fail(c->err, EINVAL, c->pos, NULL,
+                 "truncated: %s needs %" PRIu64 " bytes, the file has %" PRIu64 " left", what, n,
+                 c->s->size - (c->pos < c->s->size ? c->pos : c->s->size));
+}
+
+static uint64_t left(const struct cur *c)
+{
+  return c->pos < c->s->size ? c->s->size - c->pos : 0;
+}
+
+static int get(struct cur *c, void *out, size_t n, const char *what)
+{
+  if (!bs_range_ok(c->pos, n, c->s->size))
+    return truncated(c, n, what);
+  if (n > WIN) {
+    if (bs_src_read(c->s, c->pos, out, n, c->err) != 0)
+      return -1;
+  } else {
+    if (c->pos < c->wstart || c->pos - c->wstart + n > c->wlen) {
+      uint64_t l = left(c);
+      c->wstart = c->pos;
+      c->wlen = l < WIN ? (size_t)l : WIN;
+      if (bs_src_read(c->s, c->pos, c->win, c->wlen, c->err) != 0) {
+        c->wlen = 0;
+        return -1;
+      }
+    }
+    memcpy(out, c->win + (c->pos - c->wstart), n);
+  }
+  c->pos += n;
+  return 0;
+}
+
+static int get_u32(struct cur *c, uint32_t *v, const char *what)
+{
+  uint8_t b[4];
+  if (get(c, b, 4, what) != 0)
+    return -1;
+  *v = bs_le32(b);
+  return 0;
+}
+
+static int get_u64(struct cur *c, uint64_t *v, const char *what)
+{
+  uint8_t b[8];
+  if (get(c, b, 8, what) != 0)
+    return -1;
+  *v = bs_le64(b);
+  return 0;
+}
+
+/* A GGUF string of at most `cap` bytes into a new NUL-terminated buffer.
+ * *len gets its length (it may hold NUL bytes). */
+static int get_string(struct cur *c, uint64_t cap, const char *what, char **out, uint64_t *len)
+{
+  uint64_t at = c->pos, n;
+  *out = NULL;
+  if (get_u64(c, &n, what) != 0)
+    return -1;
+  if (n > left(c))
+    return bs_fail(c->err, EINVAL, at, NULL,
+                   "%s: string length %" PRIu64 " exceeds the %" PRIu64 " bytes left in the file",
+                   what, n, left(c));
+  if (n > cap)
+    return bs_fail(c->err, EFBIG, at, NULL,
+                   "%s: string of %" PRIu64 " bytes exceeds the limit of %" PRIu64, what, n, cap);
+  char *s = bs_malloc((size_t)n + 1);
+  if (!s)
+    return bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+  if (get(c, s, (size_t)n, what) != 0) {
+    bs_free(s);
+    return -1;
+  }
+  s[n] = '\0';
+  *out = s;
+  if (len)
+    *len = n;
+  return 0;
+}
+
+/* ---- Rendering metadata ----------------------------------------------------------------- */
+
+static int put(struct cur *c, struct bs_buf *b, const void *d, size_t n)
+{
+  if (n == 0)
+    return 0;
+  if (c->meta + n > BS_GGUF_MAX_META)
+    return bs_fail(c->err, EFBIG, c->pos, NULL,
+                   "the metadata, as text, exceeds the limit of %u MiB", BS_GGUF_MAX_META >> 20);
+  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n + 1, 1) != 0)
+    return bs_fail(c->err, ENOMEM, c->pos, NULL, "out of memory");
+  memcpy(b->data + b->len, d, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+  c->meta += n;
+  return 0;
+}
+
+static int puts_(struct cur *c, struct bs_buf *b, const char *s)
+{
+  return put(c, b, s, strlen(s));
+}
+
+static void fmt_float(char *s, size_t n, double v, int digits)
+{
+  if (isnan(v))
+    snprintf(s, n, "NaN");
+  else if (isinf(v))
+    snprintf(s, n, v < 0 ? "-Infinity" : "Infinity");
+  else
+    snprintf(s, n, "%.*g", digits, v);
+}
+
+static const char *const vtype_names[BS_GG_NTYPES] = {
+    "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
+    "bool",  "string", "array",  "uint64", "int64",  "float64",
+};
+
+/* Size in bytes of a scalar type; 0 for string and array. */
+static unsigned scalar_size(uint32_t t)
+{
+  static const unsigned sz[BS_GG_NTYPES] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  return t < BS_GG_NTYPES ? sz[t] : 0;
+}
+
+/* The fewest bytes one value of type t takes in the file. */
+static unsigned min_size(uint32_t t)
+{
+  return t == BS_GG_STRING ? 8 : t == BS_GG_ARRAY ? 12 : scalar_size(t);
+}
+
+static int render_scalar(struct cur *c, struct bs_buf *b, uint32_t t, const uint8_t *p)
+{
+  char s[40];
+  switch (t) {
+  case BS_GG_U8: snprintf(s, sizeof s, "%u", p[0]); break;
+  case BS_GG_I8: snprintf(s, sizeof s, "%d", (int8_t)p[0]); break;
+  case BS_GG_U16: snprintf(s, sizeof s, "%u", bs_le16(p)); break;
+  case BS_GG_I16: snprintf(s, sizeof s, "%d", (int16_t)bs_le16(p)); break;
+  case BS_GG_U32: snprintf(s, sizeof s, "%" PRIu32, bs_le32(p)); break;
+  case BS_GG_I32: snprintf(s, sizeof s, "%" PRId32, (int32_t)bs_le32(p)); break;
+  case BS_GG_U64: snprintf(s, sizeof s, "%" PRIu64, bs_le64(p)); break;
+  case BS_GG_I64: snprintf(s, sizeof s, "%" PRId64, (int64_t)bs_le64(p)); break;
+  case BS_GG_F32: {
+    uint32_t u = bs_le32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    fmt_float(s, sizeof s, f, 9);
+    break;
+  }
+  case BS_GG_F64: {
+    uint64_t u = bs_le64(p);
+    double d;
+    memcpy(&d, &u, 8);
+    fmt_float(s, sizeof s, d, 17);
+    break;
+  }
+  default: /* BOOL */
+    if (p[0] > 1)
+      return bs_fail(c->err, EINVAL, c->pos - 1, NULL, "bool value %u is neither 0 nor 1", p[0]);
+    snprintf(s, sizeof s, "%s", p[0] ? "true" : "false");
+  }
+  return puts_(c, b, s);
+}
+
+/* One value of type t at the cursor, rendered into b (in_array: strings as
+ * JSON). types[0..] get t and, for arrays, the element types (from the first
+ * inner array when nested). */
+static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_array, unsigned depth,
+                        uint8_t *types, bool set_types)
+{
+  uint64_t at = c->pos;
+  if (set_types)
+    types[0] = (uint8_t)t;
+  if (t >= BS_GG_NTYPES)
+    return bs_fail(c->err, EINVAL, at, NULL, "unknown metadata value type %" PRIu32, t);
+  if (t == BS_GG_STRING) {
+    char *s;
+    uint64_t n;
+    if (get_string(c, BS_GGUF_MAX_META, "a string value", &s, &n) != 0)
+      return -1;
+    int rc;
+    if (in_array) {
+      struct bs_buf tmp = {0};
+      if (bs_st_json_string(&tmp, s) != 0)
+        rc = bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+      else
+        rc = put(c, b, tmp.data, tmp.len);
+      bs_buf_destroy(&tmp);
+    } else {
+      rc = put(c, b, s, strlen(s));
+    }
+    bs_free(s);
+    return rc;
+  }
+  if (t != BS_GG_ARRAY) {
+    uint8_t v[8];
+    if (get(c, v, scalar_size(t), vtype_names[t]) != 0)
+      return -1;
+    return render_scalar(c, b, t, v);
+  }
+  uint32_t et;
+  uint64_t n;
+  if (get_u32(c, &et, "an array's element type") != 0 || get_u64(c, &n, "an array's length") != 0)
+    return -1;
+  if (et >= BS_GG_NTYPES)
+    return bs_fail(c->err, EINVAL, at, NULL, "array of unknown metadata value type %" PRIu32, et);
+  if (et == BS_GG_ARRAY && depth + 1 >= BS_GGUF_MAX_DEPTH)
+    return bs_fail(c->err, EINVAL, at, NULL, "arrays nested more than %u deep", BS_GGUF_MAX_DEPTH);
+  uint64_t need;
+  if (!bs_mul_u64(n, min_size(et), &need) || need > left(c))
+    return bs_fail(c->err, EINVAL, at, NULL,
+                   "array of %" PRIu64 " %s values does not fit in the %" PRIu64
+                   " bytes left in the file",
+                   n, vtype_names[et], left(c));
+  if (set_types) {
+    types[1] = (uint8_t)et;
+    if (et == BS_GG_ARRAY)
+      types[2] = BS_GG_UNKNOWN;
+  }
+  if (put(c, b, "[", 1) != 0)
+    return -1;
+  for (uint64_t i = 0; i < n; i++) {
+    if (i && put(c, b, ",", 1) != 0)
+      return -1;
+    if (et == BS_GG_ARRAY) {
+      if (render_value(c, b, et, true, depth + 1, types + 1, set_types && i == 0) != 0)
+        return -1;
+    } else if (et == BS_GG_STRING) {
+      if (render_value(c, b, et, true, depth + 1, NULL, false) != 0)
+        return -1;
+    } else {
+      uint8_t v[8];
+      if (get(c, v, scalar_size(et), vtype_names[et]) != 0 || render_scalar(c, b, et, v) != 0)
+        return -1;
+    }
+  }
+  return put(c, b, "]", 1);
+}
+
+/* ---- The header ------------------------------------------------------------------------------ */
+
+void bs_gguf_free(struct bs_gguf *g)
+{
+  for (size_t i = 0; i < g->nkv; i++) {
+    bs_free(g->kv[i].key);
+    bs_free(g->kv[i].text);
+  }
+  for (size_t i = 0; i < g->nti; i++)
+    bs_free(g->ti[i].name);
+  bs_free(g->kv);
+  bs_free(g->ti);
+  memset(g, 0, sizeof *g);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Two equal strings among v[0..n) (sorted here)? Their value, or NULL. */
+static const char *duplicate(const char **v, size_t n)
+{
+  qsort(v, n, sizeof *v, cmp_str);
+  for (size_t i = 1; i < n; i++)
+    if (strcmp(v[i - 1], v[i]) == 0)
+      return v[i];
+  return NULL;
+}
+
+static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
+{
+  for (uint64_t i = 0; i < nkv; i++) {
+    struct bs_gguf_kv *kv = &g->kv[g->nkv];
+    memset(kv, 0, sizeof *kv);
+    uint64_t at = c->pos, klen;
+    if (get_string(c, BS_GGUF_MAX_KEY, "a metadata key", &kv->key, &klen) != 0)
+      return -1;
+    g->nkv++;
+    if (klen == 0 || strlen(kv->key) != klen)
+      return bs_fail(c->err, EINVAL, at, NULL, "metadata key %" PRIu64 " is %s", i,
+                     klen ? "not text (it holds a NUL byte)" : "empty");
+    uint32_t t;
+    if (get_u32(c, &t, "a metadata value type") != 0)
+      return -1;
+    kv->off = c->pos;
+    struct bs_buf b = {0};
+    int rc = render_value(c, &b, t, false, 0, kv->types, true);
+    if (rc == 0 && !b.data && !(b.data = bs_calloc(1, 1)))
+      rc = bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+    if (rc != 0) {
+      bs_buf_destroy(&b);
+      bs_fail(c->err, EINVAL, at, NULL, "bad value"); /* kept only if none was set */
+      if (c->err && c->err->key[0] == '\0')
+        snprintf(c->err->key, sizeof c->err->key, "%.120s", kv->key);
+      return -1;
+    }
+    kv->text = (char *)b.data;
+    kv->len = c->pos - kv->off;
+  }
+  return 0;
+}
+
+static int read_alignment(struct cur *c, struct bs_gguf *g)
+{
+  g->alignment = BS_GGUF_DEFAULT_ALIGN;
+  for (size_t i = 0; i < g->nkv; i++) {
+    const struct bs_gguf_kv *kv = &g->kv[i];
+    if (strcmp(kv->key, "general.alignment") != 0)
+      continue;
+    if (kv->types[0] != BS_GG_U32)
+      return bs_fail(c->err, EINVAL, kv->off, "general.alignment",
+                     "general.alignment is a %s, the spec wants a uint32",
+                     vtype_names[kv->types[0]]);
+    uint64_t a = strtoull(kv->text, NULL, 10);
+    if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
+      return bs_fail(c->err, EINVAL, kv->off, "general.alignment",
+                     "general.alignment %" PRIu64 " is not a power of two from 1 to %u", a,
+                     BS_GGUF_MAX_ALIGN);
+    g->alignment = a;
+  }
+  return 0;
+}
+
+static int read_tensor_info(struct cur *c, struct bs_gguf *g, uint64_t i)
+{
+  struct bs_gguf_ti *ti = &g->ti[g->nti];
+  memset(ti, 0, sizeof *ti);
+  uint64_t at = c->pos, nlen;
+  if (get_string(c, BS_MAX_KEY_LEN, "a tensor name", &ti->name, &nlen) != 0)
+    return -1;
+  g->nti++;
+  if (nlen == 0 || strlen(ti->name) != nlen)
+    return bs_fail(c->err, EINVAL, at, NULL, "tensor %" PRIu64 "'s name is %s", i,
+                   nlen ? "not text (it holds a NUL byte)" : "empty");
+  uint32_t nd, gt;
+  if (get_u32(c, &nd, "a tensor's n_dims") != 0)
+    return -1;
+  if (nd > BS_GGUF_MAX_DIMS)
+    return bs_fail(c->err, EINVAL, c->pos - 4, ti->name, "n_dims %" PRIu32 " exceeds ggml's %u", nd,
+                   BS_GGUF_MAX_DIMS);
+  ti->rank = nd;
+  for (uint32_t d = 0; d < nd; d++) {
+    uint64_t ne;
+    if (get_u64(c, &ne, "a tensor dimension") != 0)
+      return -1;
+    if (ne > INT64_MAX)
+      return bs_fail(c->err, EINVAL, c->pos - 8, ti->name, "dimension %" PRIu64 " is negative", ne);
+    ti->shape[nd - 1 - d] = ne; /* ne is fastest first */
+  }
+  if (get_u32(c, &gt, "a tensor's type") != 0)
+    return -1;
+  ti->gtype = gt;
+  if (bs_gguf_dtype(gt, &ti->dtype) != 0) {
+    if (gt < BS_GGUF_NTYPES)
+      return bs_fail(c->err, ENOTSUP, c->pos - 4, ti->name,
+                     "ggml type %" PRIu32 " (%s) was removed from ggml and is not read", gt,
+                     ggml_types[gt].name);
+    return bs_fail(c->err, EINVAL, c->pos - 4, ti->name, "unknown ggml type %" PRIu32, gt);
+  }
+  if (get_u64(c, &ti->off, "a tensor's offset") != 0)
+    return -1;
+  return bs_dtype_nbytes(ti->dtype, ti->rank, ti->shape, &ti->nbytes, ti->name, at, c->err);
+}
+
+static int cmp_off(const void *a, const void *b)
+{
+  const struct bs_gguf_ti *x = *(const struct bs_gguf_ti *const *)a;
+  const struct bs_gguf_ti *y = *(const struct bs_gguf_ti *const *)b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Every tensor aligned, inside the file, none overlapping another; names unique. */
+static int check_tensors(struct cur *c, struct bs_gguf *g)
+{
+  for (size_t i = 0; i < g->nti; i++) {
+    const struct bs_gguf_ti *ti = &g->ti[i];
+    uint64_t abs;
+    if (ti->off % g->alignment != 0)
+      return bs_fail(c->err, EINVAL, g->data_off, ti->name,
+                     "data offset %" PRIu64 " is not a multiple of the alignment %" PRIu64, ti->off,
+                     g->alignment);
+    if (ti->nbytes > BS_MAX_TENSOR_BYTES || !bs_add_u64(g->data_off, ti->off, &abs) ||
+        !bs_range_ok(abs, ti->nbytes, c->s->size))
+      return bs_fail(c->err, EINVAL, g->data_off, ti->name,
+                     "data [%" PRIu64 ", +%" PRIu64 ") of the data section (at %" PRIu64
+                     ") lies outside the file of %" PRIu64 " bytes",
+                     ti->off, ti->nbytes, g->data_off, c->s->size);
+  }
+  size_t n = g->nti;
+  const struct bs_gguf_ti **v = bs_malloc((n ? n : 1) * sizeof *v);
+  const char **names = bs_malloc((n ? n : 1) * sizeof *names);
+  int rc = 0;
+  if (!v || !names) {
+    rc = bs_fail(c->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    v[i] = &g->ti[i];
+    names[i] = g->ti[i].name;
+  }
+  const char *dup = duplicate(names, n);
+  if (dup) {
+    rc = bs_fail(c->err, EINVAL, BS_OFF_NONE, dup, "two tensors have this name");
+    goto out;
+  }
+  qsort(v, n, sizeof *v, cmp_off);
+  const struct bs_gguf_ti *prev = NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i]->nbytes == 0)
+      continue;
+    if (prev && prev->off + prev->nbytes > v[i]->off) {
+      rc = bs_fail(c->err, EINVAL, g->data_off + v[i]->off, v[i]->name,
+                   "its data overlaps tensor '%.60s' (%" PRIu64 " + %" PRIu64 " > %" PRIu64 ")",
+                   prev->name, prev->off, prev->nbytes, v[i]->off);
+      goto out;
+    }
+    prev = v[i];
+  }
+out:
+  bs_free(v);
+  bs_free(names);
+  return rc;
+}
+
+int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+{
+  memset(g, 0, sizeof *g);
+  struct cur *c = bs_malloc(sizeof *c);
+  if (!c)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  memset(c, 0, offsetof(struct cur, win));
+  c->s = s;
+  c->err = err;
+  int rc = -1;
+  uint8_t magic[4];
+  uint32_t version;
+  uint64_t nt, nkv;
+  if (get(c, magic, 4, "the GGUF magic") != 0)
+    goto out;
+  if (memcmp(magic, BS_GGUF_MAGIC, 4) != 0) {
+    bs_fail(err, EINVAL, 0, NULL, "not a GGUF file: no 'GGUF' magic");
+    goto out;
+  }
+  if (get_u32(c, &version, "the version") != 0)
+    goto out;
+  if (version == 0x02000000u || version == 0x03000000u) {
+    bs_fail(err, ENOTSUP, 4, NULL,
+            "a big-endian GGUF file (version %u with its bytes swapped): burnstore reads "
+            "little-endian GGUF only",
+            version >> 24);
+    goto out;
+  }
+  if (version != 2 && version != 3) {
+    bs_fail(err, ENOTSUP, 4, NULL, "GGUF version %" PRIu32 " is not read (versions 2 and 3 are)%s",
+            version, version == 1 ? "; convert a version 1 file with llama.cpp" : "");
+    goto out;
+  }
+  g->version = version;
+  if (get_u64(c, &nt, "the tensor count") != 0 || get_u64(c, &nkv, "the metadata count") != 0)
+    goto out;
+  /* Each key/value takes at least 13 bytes and each tensor info 24. */
+  if (nkv > BS_GGUF_MAX_KV || nkv > left(c) / 13) {
+    bs_fail(err, EINVAL, 16, NULL,
+            "metadata count %" PRIu64 " cannot fit in the file (%" PRIu64 " bytes left)", nkv,
+            left(c));
+    goto out;
+  }
+  if (nt > BS_MAX_TENSORS || nt > left(c) / 24) {
+    bs_fail(err, EINVAL, 8, NULL,
+            "tensor count %" PRIu64 " cannot fit in the file (%" PRIu64 " bytes left)", nt,
+            left(c));
+    goto out;
+  }
+  g->kv = bs_malloc((nkv ? (size_t)nkv : 1) * sizeof *g->kv);
+  g->ti = bs_malloc((nt ? (size_t)nt : 1) * sizeof *g->ti);
+  if (!g->kv || !g->ti) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  if (read_kvs(c, g, nkv) != 0)
+    goto out;
+  {
+    const char **keys = bs_malloc((g->nkv ? g->nkv : 1) * sizeof *keys);
+    if (!keys) {
+      bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+      goto out;
+    }
+    for (size_t i = 0; i < g->nkv; i++)
+      keys[i] = g->kv[i].key;
+    const char *dup = duplicate(keys, g->nkv);
+    if (dup)
+      bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice", dup);
+    bs_free(keys);
+    if (dup)
+      goto out;
+  }
+  if (read_alignment(c, g) != 0)
+    goto out;
+  if (nt > left(c) / 24) {
+    bs_fail(err, EINVAL, 8, NULL,
+            "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes after the metadata", nt,
+            left(c));
+    goto out;
+  }
+  for (uint64_t i = 0; i < nt; i++)
+    if (read_tensor_info(c, g, i) != 0)
+      goto out;
+  if (!bs_align_up(c->pos, g->alignment, &g->data_off)) {
+    bs_fail(err, EINVAL, c->pos, NULL, "the data section's offset overflows");
+    goto out;
+  }
+  if (g->nti && g->data_off > s->size) {
+    bs_fail(err, EINVAL, c->pos, NULL,
+            "the data section (at %" PRIu64 ", after padding to %" PRIu64
+            ") starts past the end of the file (%" PRIu64 " bytes)",
+            g->data_off, g->alignment, s->size);
+    goto out;
+  }
+  if (check_tensors(c, g) != 0)
+    goto out;
+  rc = 0;
+out:
+  bs_free(c);
+  if (rc != 0)
+    bs_gguf_free(g);
+  return rc;
+}
+
+/* ---- The reader ---------------------------------------------------------------------------- */
+
+enum bs_sniff bs_gguf_sniff(const uint8_t *head, size_t n, uint64_t size)
+{
+  (void)size;
+  return n >= 4 && memcmp(head, BS_GGUF_MAGIC, 4) == 0 ? BS_SNIFF_YES : BS_SNIFF_NO;
+}
+
+int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
+{
+  (void)opts;
+  if (src >= cat->nsrcs)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
+  const size_t count0 = cat->count, nmeta0 = cat->nmeta;
+  const size_t notes0 = cat->notes ? cat->notes_len : 0;
+  struct bs_gguf g;
+  if (bs_gguf_parse(&cat->srcs[src], &g, err) != 0)
+    return -1;
+  int rc = 0;
+  for (size_t i = 0; i < g.nkv && !rc; i++)
+    rc = bs_catalog_add_meta(cat, g.kv[i].key, g.kv[i].text, err);
+  for (size_t i = 0; i < g.nti && !rc; i++) {
+    const struct bs_gguf_ti *ti = &g.ti[i];
+    struct bs_tensor *t =
+        bs_catalog_add(cat, ti->name, ti->dtype, ti->rank, ti->shape, g.data_off + ti->off, err);
+    if (!t) {
+      rc = -1;
+      break;
+    }
+    t->src = src;
+    t->off = g.data_off + ti->off;
+  }
+  bs_gguf_free(&g);
+  if (rc != 0) {
+    bs_catalog_truncate(cat, count0, nmeta0);
+    bs_catalog_notes_truncate(cat, notes0);
+  }
+  return rc;
+}

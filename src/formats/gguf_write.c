@@ -1,0 +1,647 @@
+/* The GGUF writer (the ".gguf" row of the writers table).
+ *
+ * What it writes (the layout ggml's gguf_write_to_file writes):
+ *   "GGUF", u32 version (the source's, else 3), u64 tensor count, u64 kv count,
+ *   the key/values in catalog order, the tensor infos, zero padding to the
+ *   alignment, then each tensor's bytes followed by zero padding to the
+ *   alignment; tensor offsets are those running positions.
+ *
+ * Metadata types: when the catalog's first source is a GGUF file (a mount of
+ * a .gguf written back, or extracted to a new .gguf), its header is parsed
+ * again; a key it has keeps its GGUF type: an unchanged value (the text is
+ * the one the reader rendered) is copied byte for byte, a changed one is
+ * parsed as that type (a bad value fails the write with EINVAL naming the
+ * key). Other keys are written as strings, except general.alignment (uint32).
+ * Tensors keep the source's order (those it has, by name), new ones follow in
+ * catalog order. Tensor bytes are streamed in chunks, never held whole. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "burnstore/alloc.h"
+#include "burnstore/checked.h"
+#include "gguf_private.h"
+
+#define CHUNK (1u << 20)
+
+int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
+{
+  uint32_t gt;
+  if (t->unsupported)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
+                   t->unsupported);
+  if (!bs_gguf_type_of(t->dtype, &gt))
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
+                   "GGUF has no type for %s (ggml stores F32, F16, BF16, F64, I8-I64 and its "
+                   "quantized block types)",
+                   bs_dtype_name(t->dtype));
+  if (t->rank > BS_GGUF_MAX_DIMS)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
+                   "rank %" PRIu32 " exceeds the %u dimensions ggml tensors have", t->rank,
+                   BS_GGUF_MAX_DIMS);
+  if (strlen(t->name) > BS_GGUF_MAX_NAME)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
+                   "a name of %zu bytes exceeds the %u llama.cpp reads (rename it, -o remap=)",
+                   strlen(t->name), BS_GGUF_MAX_NAME);
+  return 0;
+}
+
+/* ---- Buffers ------------------------------------------------------------------------------ */
+
+static int bput(struct bs_buf *b, const void *d, size_t n)
+{
+  if (n == 0)
+    return 0;
+  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
+    return -1;
+  memcpy(b->data + b->len, d, n);
+  b->len += n;
+  return 0;
+}
+
+static int bput_u32(struct bs_buf *b, uint32_t v)
+{
+  uint8_t x[4];
+  bs_put_le32(x, v);
+  return bput(b, x, 4);
+}
+
+static int bput_u64(struct bs_buf *b, uint64_t v)
+{
+  uint8_t x[8];
+  bs_put_le64(x, v);
+  return bput(b, x, 8);
+}
+
+static int bput_str(struct bs_buf *b, const char *s, size_t n)
+{
+  return bput_u64(b, n) || bput(b, s, n) ? -1 : 0;
+}
+
+/* ---- Parsing metadata text as a GGUF value --------------------------------------------------- */
+
+struct parse {
+  const char *s;
+  size_t i, n;
+  const char *key;
+  bs_err *err;
+};
+
+static void ws(struct parse *p)
+{
+  while (p->i < p->n &&
+         (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+    p->i++;
+}
+
+static int bad(struct parse *p, const char *what)
+{
+  return bs_fail(p->err, EINVAL, BS_OFF_NONE, NULL,
+                 "metadata '%.100s': %s at character %zu of the new value", p->key, what, p->i);
+}
+
+/* A number token (up to , ] or whitespace) into tok. */
+static int token(struct parse *p, char *tok, size_t cap)
+{
+  size_t st = p->i;
+  while (p->i < p->n && p->s[p->i] != ',' && p->s[p->i] != ']' && p->s[p->i] != ' ' &&
+         p->s[p->i] != '\t' && p->s[p->i] != '\n' && p->s[p->i] != '\r')
+    p->i++;
+  size_t len = p->i - st;
+  if (len == 0 || len >= cap)
+    return bad(p, "expected a value");
+  memcpy(tok, p->s + st, len);
+  tok[len] = '\0';
+  return 0;
+}
+
+static int scalar(struct parse *p, uint8_t t, struct bs_buf *b)
+{
+  char tok[64], *end;
+  if (token(p, tok, sizeof tok) != 0)
+    return -1;
+  uint8_t x[8];
+  errno = 0;
+  switch (t) {
+  case BS_GG_BOOL:
+    if (strcmp(tok, "true") == 0 || strcmp(tok, "1") == 0)
+      x[0] = 1;
+    else if (strcmp(tok, "false") == 0 || strcmp(tok, "0") == 0)
+      x[0] = 0;
+    else
+      return bad(p, "expected true or false");
+    return bput(b, x, 1);
+  case BS_GG_F32:
+  case BS_GG_F64: {
+    double d;
+    if (strcmp(tok, "NaN") == 0)
+      d = NAN;
+    else if (strcmp(tok, "Infinity") == 0)
+      d = INFINITY;
+    else if (strcmp(tok, "-Infinity") == 0)
+      d = -INFINITY;
+    else {
+      d = strtod(tok, &end);
+      if (*end || end == tok || tok[0] == 'n' || tok[0] == 'i' || isnan(d) ||
+          (isinf(d) && errno == ERANGE))
+        return bad(p, "expected a number");
+    }
+    if (t == BS_GG_F64) {
+      uint64_t u;
+      memcpy(&u, &d, 8);
+      bs_put_le64(x, u);
+      return bput(b, x, 8);
+    }
+    if (isfinite(d) && fabs(d) > 3.4028235677973366e38)
+      return bad(p, "the number does not fit a float32");
+    float f = (float)d;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    bs_put_le32(x, u);
+    return bput(b, x, 4);
+  }
+  default: break;
+  }
+  static const struct {
+    unsigned size;
+    bool sign;
+    uint64_t max;
+    int64_t min;
+  } it[] = {
+      [BS_GG_U8] = {1, false, UINT8_MAX, 0},   [BS_GG_I8] = {1, true, INT8_MAX, INT8_MIN},
+      [BS_GG_U16] = {2, false, UINT16_MAX, 0}, [BS_GG_I16] = {2, true, INT16_MAX, INT16_MIN},
+      [BS_GG_U32] = {4, false, UINT32_MAX, 0}, [BS_GG_I32] = {4, true, INT32_MAX, INT32_MIN},
+      [BS_GG_U64] = {8, false, UINT64_MAX, 0}, [BS_GG_I64] = {8, true, INT64_MAX, INT64_MIN},
+  };
+  if (t >= sizeof it / sizeof it[0] || it[t].size == 0)
+    return bad(p, "an element type nothing tells");
+  uint64_t u;
+  if (!((tok[0] >= '0' && tok[0] <= '9') || (it[t].sign && tok[0] == '-')))
+    return bad(p, "expected an integer");
+  if (it[t].sign) {
+    long long v = strtoll(tok, &end, 10);
+    if (*end || errno == ERANGE || v < it[t].min || (v > 0 && (uint64_t)v > it[t].max))
+      return bad(p, "expected an integer in the type's range");
+    u = (uint64_t)v;
+  } else {
+    unsigned long long v = strtoull(tok, &end, 10);
+    if (*end || errno == ERANGE || v > it[t].max)
+      return bad(p, "expected an integer in the type's range");
+    u = v;
+  }
+  for (unsigned k = 0; k < it[t].size; k++)
+    x[k] = (uint8_t)(u >> (8 * k));
+  return bput(b, x, it[t].size);
+}
+
+static int hex4(const char *s, unsigned *v)
+{
+  *v = 0;
+  for (int k = 0; k < 4; k++) {
+    char ch = s[k];
+    unsigned d = ch >= '0' && ch <= '9'   ? (unsigned)(ch - '0')
+                 : ch >= 'a' && ch <= 'f' ? (unsigned)(ch - 'a' + 10)
+                 : ch >= 'A' && ch <= 'F' ? (unsigned)(ch - 'A' + 10)
+                                          : 16u;
+    if (d > 15)
+      return -1;
+    *v = *v * 16 + d;
+  }
+  return 0;
+}
+
+/* A JSON string as a GGUF string (u64 length + UTF-8 bytes). */
+static int jstring(struct parse *p, struct bs_buf *b)
+{
+  if (p->i >= p->n || p->s[p->i] != '"')
+    return bad(p, "expected a JSON string");
+  p->i++;
+  struct bs_buf s = {0};
+  int rc = -1;
+  for (;;) {
+    if (p->i >= p->n) {
+      bad(p, "unterminated string");
+      goto out;
+    }
+    unsigned char ch = (unsigned char)p->s[p->i++];
+    if (ch == '"')
+      break;
+    if (ch != '\\') {
+      if (bput(&s, &ch, 1) != 0)
+        goto oom;
+      continue;
+    }
+    if (p->i >= p->n) {
+      bad(p, "unterminated escape");
+      goto out;
+    }
+    char e = p->s[p->i++];
+    const char *map = strchr("\"\"\\\\//b\bf\fn\nr\rt\t", e);
+    if (e != 'u') {
+      if (!map || ((map - "\"\"\\\\//b\bf\fn\nr\rt\t") % 2) != 0) {
+        bad(p, "bad escape");
+        goto out;
+      }
+      if (bput(&s, map + 1, 1) != 0)
+        goto oom;
+      continue;
+    }
+    unsigned cp, lo;
+    if (p->i + 4 > p->n || hex4(p->s + p->i, &cp) != 0) {
+      bad(p, "bad \\u escape");
+      goto out;
+    }
+    p->i += 4;
+    if (cp >= 0xd800 && cp < 0xdc00) {
+      if (p->i + 6 > p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u' ||
+          hex4(p->s + p->i + 2, &lo) != 0 || lo < 0xdc00 || lo >= 0xe000) {
+        bad(p, "a lone surrogate");
+        goto out;
+      }
+      p->i += 6;
+      cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+    }
+    uint8_t u[4];
+    size_t k;
+    if (cp < 0x80)
+      u[0] = (uint8_t)cp, k = 1;
+    else if (cp < 0x800)
+      u[0] = (uint8_t)(0xc0 | cp >> 6), u[1] = (uint8_t)(0x80 | (cp & 63)), k = 2;
+    else if (cp < 0x10000)
+      u[0] = (uint8_t)(0xe0 | cp >> 12), u[1] = (uint8_t)(0x80 | ((cp >> 6) & 63)),
+      u[2] = (uint8_t)(0x80 | (cp & 63)), k = 3;
+    else
+      u[0] = (uint8_t)(0xf0 | cp >> 18), u[1] = (uint8_t)(0x80 | ((cp >> 12) & 63)),
+      u[2] = (uint8_t)(0x80 | ((cp >> 6) & 63)), u[3] = (uint8_t)(0x80 | (cp & 63)), k = 4;
+    if (bput(&s, u, k) != 0)
+      goto oom;
+  }
+  rc = bput_str(b, s.data ? (const char *)s.data : "", s.len) ? -1 : 0;
+  if (rc == 0)
+    goto out;
+oom:
+  rc = bs_fail(p->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+out:
+  bs_buf_destroy(&s);
+  return rc;
+}
+
+/* An array of types[0] elements (types[1]... for nested arrays). */
+static int array(struct parse *p, const uint8_t *types, unsigned depth, struct bs_buf *b)
+{
+  uint8_t et = types[0];
+  ws(p);
+  if (p->i >= p->n || p->s[p->i] != '[')
+    return bad(p, "expected a JSON array '['");
+  p->i++;
+  if (bput_u32(b, et == BS_GG_UNKNOWN ? BS_GG_U8 : et) != 0)
+    return bs_fail(p->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  size_t count_at = b->len;
+  if (bput_u64(b, 0) != 0)
+    return bs_fail(p->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  uint64_t count = 0;
+  ws(p);
+  if (p->i < p->n && p->s[p->i] == ']') {
+    p->i++;
+  } else {
+    if (et == BS_GG_UNKNOWN)
+      return bad(p, "the old value does not tell this array's element type");
+    for (;;) {
+      ws(p);
+      int rc = et == BS_GG_ARRAY
+                   ? (depth + 1 >= BS_GGUF_MAX_DEPTH ? bad(p, "arrays nested too deep")
+                                                     : array(p, types + 1, depth + 1, b))
+               : et == BS_GG_STRING ? jstring(p, b)
+                                    : scalar(p, et, b);
+      if (rc != 0)
+        return -1;
+      count++;
+      ws(p);
+      if (p->i < p->n && p->s[p->i] == ',') {
+        p->i++;
+        continue;
+      }
+      if (p->i < p->n && p->s[p->i] == ']') {
+        p->i++;
+        break;
+      }
+      return bad(p, "expected ',' or ']'");
+    }
+  }
+  bs_put_le64(b->data + count_at, count);
+  return 0;
+}
+
+int bs_gguf_encode_value(const char *key, const char *text, const uint8_t *types, struct bs_buf *b,
+                         bs_err *err)
+{
+  struct parse p = {text, 0, strlen(text), key, err};
+  uint8_t t = types[0];
+  if (t == BS_GG_STRING)
+    return bput_str(b, text, p.n) ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : 0;
+  if (t == BS_GG_ARRAY) {
+    if (array(&p, types + 1, 0, b) != 0)
+      return -1;
+  } else {
+    ws(&p);
+    if (scalar(&p, t, b) != 0)
+      return -1;
+  }
+  ws(&p);
+  if (p.i != p.n)
+    return bad(&p, "unexpected text after the value");
+  return 0;
+}
+
+/* ---- The file ---------------------------------------------------------------------------------
+ */
+
+struct ctx {
+  const struct bs_catalog *cat;
+  struct bs_gguf orig; /* the source's header, if the first source is GGUF */
+  bool has_orig;
+  size_t *order; /* tensor indices, output order */
+  size_t n;      /* tensors to write */
+  uint64_t align;
+  uint64_t *offs;    /* per output position, relative to the data section */
+  uint64_t data_end; /* relative */
+};
+
+static void ctx_destroy(struct ctx *x)
+{
+  if (x->has_orig)
+    bs_gguf_free(&x->orig);
+  bs_free(x->order);
+  bs_free(x->offs);
+}
+
+static const struct bs_gguf_kv *orig_kv(const struct ctx *x, const char *key)
+{
+  for (size_t i = 0; x->has_orig && i < x->orig.nkv; i++)
+    if (strcmp(x->orig.kv[i].key, key) == 0)
+      return &x->orig.kv[i];
+  return NULL;
+}
+
+struct rank_ent {
+  const char *name;
+  size_t pos;
+};
+
+static int cmp_rank(const void *a, const void *b)
+{
+  return strcmp(((const struct rank_ent *)a)->name, ((const struct rank_ent *)b)->name);
+}
+
+static int cmp_order(const void *a, const void *b, void *c)
+{
+  const size_t *sort_key = c;
+  size_t x = sort_key[*(const size_t *)a], y = sort_key[*(const size_t *)b];
+  if (x != y)
+    return x < y ? -1 : 1;
+  return *(const size_t *)a < *(const size_t *)b ? -1 : *(const size_t *)a > *(const size_t *)b;
+}
+
+static int plan(struct ctx *x, bs_err *err)
+{
+  const struct bs_catalog *cat = x->cat;
+  if (cat->nsrcs > 0 && cat->srcs[0].size >= 4) {
+    uint8_t m[4];
+    if (bs_src_read(&cat->srcs[0], 0, m, 4, err) != 0)
+      return -1;
+    if (memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
+      if (bs_gguf_parse(&cat->srcs[0], &x->orig, err) != 0)
+        return -1;
+      x->has_orig = true;
+    }
+  }
+  /* The alignment: general.alignment as the catalog has it. */
+  x->align = BS_GGUF_DEFAULT_ALIGN;
+  for (size_t i = 0; i < cat->nmeta; i++)
+    if (strcmp(cat->meta[i].key, "general.alignment") == 0) {
+      char *end;
+      errno = 0;
+      unsigned long long a = strtoull(cat->meta[i].value, &end, 10);
+      if (*end || end == cat->meta[i].value || errno || a == 0 || (a & (a - 1)) != 0 ||
+          a > BS_GGUF_MAX_ALIGN)
+        return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                       "metadata general.alignment '%.40s' is not a power of two from 1 to %u",
+                       cat->meta[i].value, BS_GGUF_MAX_ALIGN);
+      x->align = a;
+    }
+  size_t n = 0;
+  for (size_t i = 0; i < cat->count; i++)
+    n += !cat->tensors[i].hidden;
+  x->n = n;
+  x->order = bs_malloc((n ? n : 1) * sizeof *x->order);
+  x->offs = bs_malloc((n ? n : 1) * sizeof *x->offs);
+  size_t *key = bs_malloc((cat->count ? cat->count : 1) * sizeof *key);
+  size_t no = x->has_orig ? x->orig.nti : 0;
+  struct rank_ent *r = bs_malloc((no ? no : 1) * sizeof *r);
+  int rc = -1;
+  if (!x->order || !x->offs || !key || !r) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < no; i++)
+    r[i] = (struct rank_ent){x->orig.ti[i].name, i};
+  qsort(r, no, sizeof *r, cmp_rank);
+  for (size_t i = 0, j = 0; i < cat->count; i++) {
+    if (cat->tensors[i].hidden)
+      continue;
+    struct rank_ent k = {cat->tensors[i].name, 0};
+    struct rank_ent *hit = no ? bsearch(&k, r, no, sizeof *r, cmp_rank) : NULL;
+    key[i] = hit ? hit->pos : SIZE_MAX; /* new tensors after, in catalog order */
+    x->order[j++] = i;
+  }
+  qsort_r(x->order, n, sizeof *x->order, cmp_order, key);
+  uint64_t off = 0;
+  for (size_t j = 0; j < n; j++) {
+    const struct bs_tensor *t = &cat->tensors[x->order[j]];
+    uint64_t want;
+    if (bs_gguf_can_write(t, err) != 0 ||
+        bs_dtype_nbytes(t->dtype, t->rank, t->shape, &want, t->name, BS_OFF_NONE, err) != 0)
+      goto out;
+    if (want != t->nbytes) {
+      bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
+              "holds %" PRIu64 " bytes but its shape and %s need %" PRIu64, t->nbytes,
+              bs_dtype_name(t->dtype), want);
+      goto out;
+    }
+    x->offs[j] = off;
+    if (!bs_add_u64(off, t->nbytes, &off) || !bs_align_up(off, x->align, &off)) {
+      bs_fail(err, EFBIG, BS_OFF_NONE, t->name, "data offsets overflow 64 bits");
+      goto out;
+    }
+  }
+  x->data_end = off;
+  rc = 0;
+out:
+  bs_free(key);
+  bs_free(r);
+  return rc;
+}
+
+/* Copy [off, off+len) of a source into the sink, in chunks. */
+static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, struct bs_sink *k,
+                    bs_err *err)
+{
+  uint8_t *buf = bs_malloc(len < CHUNK ? (size_t)(len ? len : 1) : CHUNK);
+  if (!buf)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  int rc = 0;
+  while (len && !rc) {
+    size_t n = len < CHUNK ? (size_t)len : CHUNK;
+    rc = bs_src_read(s, off, buf, n, err) || bs_sink_put(k, buf, n, err) ? -1 : 0;
+    off += n;
+    len -= n;
+  }
+  bs_free(buf);
+  return rc;
+}
+
+static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
+                       size_t cap, struct bs_sink *k, bs_err *err)
+{
+  uint64_t done = 0;
+  while (done < t->nbytes) {
+    size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
+    long got = bs_tensor_read(cat, t, done, buf, want);
+    if (got < 0)
+      return bs_fail(err, (int)-got, t->off + done, t->name,
+                     "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
+                     t->nbytes, strerror((int)-got));
+    if (got == 0)
+      return bs_fail(err, EIO, t->off + done, t->name,
+                     "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
+                     t->nbytes);
+    if (bs_sink_put(k, buf, (size_t)got, err) != 0)
+      return -1;
+    done += (uint64_t)got;
+  }
+  return 0;
+}
+
+int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
+{
+  struct ctx x;
+  memset(&x, 0, sizeof x);
+  x.cat = cat;
+  struct bs_buf h = {0};
+  uint8_t *chunk = NULL;
+  int rc = -1;
+  if (plan(&x, err) != 0)
+    goto out;
+  /* Header and key/values; unchanged values are copied from the source
+   * after the part of the header built so far. */
+  if (bput(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, x.has_orig ? x.orig.version : 3) ||
+      bput_u64(&h, x.n) || bput_u64(&h, cat->nmeta))
+    goto oom;
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    const struct bs_kv *kv = &cat->meta[i];
+    const struct bs_gguf_kv *o = orig_kv(&x, kv->key);
+    static const uint8_t str_t[2] = {BS_GG_STRING, 0}, u32_t[2] = {BS_GG_U32, 0};
+    const uint8_t *types = o ? o->types : strcmp(kv->key, "general.alignment") == 0 ? u32_t : str_t;
+    if (bput_str(&h, kv->key, strlen(kv->key)) || bput_u32(&h, types[0]))
+      goto oom;
+    if (o && strcmp(o->text, kv->value) == 0) {
+      /* flush and copy the value's bytes as they are */
+      if (bs_sink_put(k, h.data, h.len, err) != 0 ||
+          copy_src(&cat->srcs[0], o->off, o->len, k, err) != 0)
+        goto out;
+      h.len = 0;
+      continue;
+    }
+    if (bs_gguf_encode_value(kv->key, kv->value, types, &h, err) != 0)
+      goto out;
+  }
+  for (size_t j = 0; j < x.n; j++) {
+    const struct bs_tensor *t = &cat->tensors[x.order[j]];
+    uint32_t gt = 0;
+    (void)bs_gguf_type_of(t->dtype, &gt);
+    if (bput_str(&h, t->name, strlen(t->name)) || bput_u32(&h, t->rank))
+      goto oom;
+    for (uint32_t d = t->rank; d-- > 0;)
+      if (bput_u64(&h, t->shape[d]))
+        goto oom;
+    if (bput_u32(&h, gt) || bput_u64(&h, x.offs[j]))
+      goto oom;
+    if (h.len >= CHUNK) {
+      if (bs_sink_put(k, h.data, h.len, err) != 0)
+        goto out;
+      h.len = 0;
+    }
+  }
+  if (bs_sink_put(k, h.data, h.len, err) != 0)
+    goto out;
+  uint64_t data_off;
+  if (!bs_align_up(k->pos, x.align, &data_off) || bs_sink_zeros(k, data_off - k->pos, err) != 0)
+    goto out;
+  if (!(chunk = bs_malloc(CHUNK)))
+    goto oom;
+  for (size_t j = 0; j < x.n; j++) {
+    const struct bs_tensor *t = &cat->tensors[x.order[j]];
+    if (k->pos - data_off != x.offs[j]) {
+      bs_fail(err, EIO, BS_OFF_NONE, t->name, "internal: data written out of place");
+      goto out;
+    }
+    uint64_t end = x.offs[j] + t->nbytes, pad;
+    if (copy_tensor(cat, t, chunk, CHUNK, k, err) != 0 || !bs_align_up(end, x.align, &pad) ||
+        bs_sink_zeros(k, pad - end, err) != 0)
+      goto out;
+  }
+  rc = 0;
+  goto out;
+oom:
+  bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+out:
+  bs_free(chunk);
+  bs_buf_destroy(&h);
+  ctx_destroy(&x);
+  return rc;
+}
+
+int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key, const char *value, size_t len,
+                       bs_err *err)
+{
+  static const uint8_t u32_t[2] = {BS_GG_U32, 0};
+  struct bs_gguf g;
+  bool has = false;
+  const uint8_t *types = NULL;
+  uint8_t m[4];
+  if (cat->nsrcs > 0 && cat->srcs[0].size >= 4 && bs_src_read(&cat->srcs[0], 0, m, 4, err) == 0 &&
+      memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
+    if (bs_gguf_parse(&cat->srcs[0], &g, err) != 0)
+      return -1;
+    has = true;
+    for (size_t i = 0; i < g.nkv && !types; i++)
+      if (strcmp(g.kv[i].key, key) == 0)
+        types = g.kv[i].types;
+  }
+  bool align = strcmp(key, "general.alignment") == 0;
+  if (!types && align)
+    types = u32_t;
+  int rc = 0;
+  if (types && types[0] != BS_GG_STRING) {
+    char *text = bs_strndup(value, len);
+    struct bs_buf b = {0};
+    if (!text)
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    else
+      rc = bs_gguf_encode_value(key, text, types, &b, err);
+    if (rc == 0 && align) {
+      uint64_t a = b.len == 4 ? bs_le32(b.data) : 0;
+      if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
+        rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "metadata general.alignment '%.40s' is not a power of two from 1 to %u", text,
+                     BS_GGUF_MAX_ALIGN);
+    }
+    bs_buf_destroy(&b);
+    bs_free(text);
+  }
+  if (has)
+    bs_gguf_free(&g);
+  return rc;
+}

@@ -1,0 +1,281 @@
+"""GGUF through real mounts (issue 12): files written by the test suite's
+own GGUF writer (tests/support/gguf_fixture.py, from the spec) are mounted
+and compared with its independent reader: bytes, dtype and shape xattrs
+(row-major: ne reversed), metadata xattrs of every type; metadata changed
+with setfattr is written back with its GGUF type and everything else byte
+identical; tensors removed and added; read -> write -> read round trips;
+a new .gguf output; hostile files refused with a one-line error."""
+import errno
+import glob
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+from bsmount import (BIN, SOURCE_DIR, Mount, check, key_to_relpath, run, run_tests, tensor_files,
+                     xattrs)
+
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
+import gguf_fixture as G  # noqa: E402
+
+META = "user.burnstore.meta."
+
+
+def expected_text(vt, v):
+    """The text burnstore shows for a typed value (strings as they are,
+    arrays as JSON)."""
+    import json
+
+    def js(vt, v):
+        if vt == G.VARRAY:
+            et, items = v
+            return "[" + ",".join(js(et, x) for x in items) + "]"
+        if vt == G.VSTRING:
+            return json.dumps(v, ensure_ascii=False)
+        if vt == G.VBOOL:
+            return "true" if v else "false"
+        if vt == G.VF32:
+            return "%.9g" % v
+        if vt == G.VF64:
+            return "%.17g" % v
+        return str(v)
+    return v if vt == G.VSTRING else js(vt, v)
+
+
+def test_mount_matches_the_python_reader(tmp):
+    src = os.path.join(tmp, "tiny.gguf")
+    G.write_tiny(src)
+    ref = G.Reader(src)
+    with Mount(src, os.path.join(tmp, "m")) as m:
+        root = xattrs(m)
+        check(root.get("user.burnstore.format") == "gguf", "format xattr: %r" % root.get("user.burnstore.format"))
+        for k, (vt, v) in ref.kv.items():
+            got = root.get(META + k)
+            check(got == expected_text(vt, v), "meta %s: %r, want %r" % (k, got, expected_text(vt, v)))
+        files = tensor_files(m)
+        check(len(files) == len(ref.tensors), "one file per tensor: %r" % sorted(files))
+        for name, t in ref.tensors.items():
+            p = os.path.join(m, key_to_relpath(name))
+            check(os.path.isfile(p), "%s is a file" % name)
+            if not os.path.isfile(p):
+                continue
+            check(open(p, "rb").read() == t["data"], "%s: bytes" % name)
+            x = xattrs(p)
+            check(x.get("user.burnstore.dtype") == t["type"], "%s: dtype %r" % (name, x.get("user.burnstore.dtype")))
+            check(x.get("user.burnstore.shape") == "[" + ",".join(map(str, t["shape"])) + "]",
+                  "%s: shape %r (row-major, ne reversed)" % (name, x.get("user.burnstore.shape")))
+        # numpy reads an F32 tensor through the mount as the fixture wrote it
+        import numpy as np
+        a = np.fromfile(os.path.join(m, "token_embd/weight"), dtype="<f4").reshape(2, 3)
+        check(a.tolist() == [[0, 1, 2], [3, 4, 5]], "token_embd.weight as numpy: %r" % a)
+        # extract one tensor with cp
+        out = os.path.join(tmp, "q.bin")
+        r = run(["cp", os.path.join(m, "blk/0/attn_q/weight"), out])
+        check(r.returncode == 0 and open(out, "rb").read() == ref.tensors["blk.0.attn_q.weight"]["data"],
+              "cp extracts the Q8_0 blocks")
+
+
+def test_long_values_are_listed_but_E2BIG(tmp):
+    src = os.path.join(tmp, "vocab.gguf")
+    tokens = ["tok%05d" % i for i in range(12000)]  # ~ 130 KB as JSON
+    G.write(src, [("general.name", G.VSTRING, "v"), ("tokenizer.ggml.tokens", G.VARRAY, (G.VSTRING, tokens))],
+            [("w", 0, [2], struct.pack("<2f", 1, 2))])
+    with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
+        names = os.listxattr(m)
+        check(META + "tokenizer.ggml.tokens" in names, "the long value is listed")
+        try:
+            os.getxattr(m, META + "tokenizer.ggml.tokens")
+            check(False, "a value over 64 KiB is E2BIG")
+        except OSError as e:
+            check(e.errno == errno.E2BIG, "E2BIG, got %r" % e)
+        os.setxattr(m, META + "general.name", b"renamed")
+        u = m.unmount()
+    check(u.returncode == 0, "write-back: %s" % u.stderr)
+    ref = G.Reader(src)
+    check(ref.kv["tokenizer.ggml.tokens"] == (G.VARRAY, (G.VSTRING, tokens)), "the vocabulary kept whole")
+    check(ref.kv["general.name"] == (G.VSTRING, "renamed"), "the name changed")
+
+
+def test_setfattr_writes_back_typed_metadata(tmp):
+    src = os.path.join(tmp, "edit.gguf")
+    G.write_tiny(src)
+    before = G.Reader(src)
+    template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}\n"
+    with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
+        r = run(["setfattr", "-n", META + "general.name", "-v", "Renamed Model", m])
+        check(r.returncode == 0, "setfattr general.name: %s" % r.stderr)
+        os.setxattr(m, META + "tokenizer.chat_template", template.encode())
+        os.setxattr(m, META + "t.u32", b"7")
+        os.setxattr(m, META + "a.nested", b"[[9], [8, 7]]")
+        os.setxattr(m, META + "new.note", b"added")
+        r = run(["getfattr", "--only-values", "-n", META + "general.name", m])
+        check(r.stdout == "Renamed Model", "getfattr shows the new name: %r" % r.stdout)
+        u = m.unmount()
+    check(u.returncode == 0, "write-back: %s" % u.stderr)
+    after = G.Reader(src)
+    check(after.kv["general.name"] == (G.VSTRING, "Renamed Model"), "general.name %r" % (after.kv["general.name"],))
+    check(after.kv["tokenizer.chat_template"] == (G.VSTRING, template), "chat template")
+    check(after.kv["t.u32"] == (G.VU32, 7), "t.u32 keeps its type: %r" % (after.kv["t.u32"],))
+    check(after.kv["a.nested"] == (G.VARRAY, (G.VARRAY, [(G.VU8, [9]), (G.VU8, [8, 7])])),
+          "nested array keeps its element types: %r" % (after.kv["a.nested"],))
+    check(after.kv["new.note"] == (G.VSTRING, "added"), "a new key is a string")
+    changed = {"general.name", "tokenizer.chat_template", "t.u32", "a.nested", "new.note"}
+    for k in before.kv:
+        if k not in changed:
+            check(after.kv_raw.get(k) == before.kv_raw[k], "%s byte-identical" % k)
+    check(list(after.kv)[:len(before.kv)] == list(before.kv), "key order kept, new keys last")
+    for name, t in before.tensors.items():
+        check(after.tensors[name]["data"] == t["data"], "%s unchanged" % name)
+    # the whole file is what the spec writer makes of the expected content
+    kvs = [(k, vt, v) for k, (vt, v) in after.kv.items()]
+    tens = [(n, t["gtype"], t["shape"], t["data"]) for n, t in before.tensors.items()]
+    check(open(src, "rb").read() == G.write(os.path.join(tmp, "want.gguf"), kvs, tens),
+          "the written file is the canonical GGUF of its content")
+    check(not glob.glob(os.path.join(tmp, ".edit.gguf*")), "no temp or staging left")
+
+
+def test_bad_typed_value_is_refused_by_setfattr(tmp):
+    src = os.path.join(tmp, "bad.gguf")
+    G.write_tiny(src)
+    with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
+        for k, v in (("t.u32", b"not a number"), ("t.u8", b"256"), ("a.i32", b"[1, 2"),
+                     ("general.alignment", b"48"), ("t.bool", b"maybe")):
+            try:
+                os.setxattr(m, META + k, v)
+                check(False, "setxattr %s=%r is refused" % (k, v))
+            except OSError as e:
+                check(e.errno == errno.EINVAL, "%s=%r: EINVAL, got %r" % (k, v, e))
+        r = run(["setfattr", "-n", META + "t.u32", "-v", "abc", m])
+        check(r.returncode != 0 and "Invalid argument" in r.stderr, "setfattr reports EINVAL: %r" % r.stderr)
+        os.setxattr(m, META + "t.u32", b"12")
+        os.setxattr(m, META + "general.alignment", b"64")
+        check(os.getxattr(m, META + "t.u32") == b"12", "the good value is kept")
+        u = m.unmount()
+    check(u.returncode == 0, "write-back: %s" % u.stderr)
+    ref = G.Reader(src)
+    check(ref.kv["t.u32"] == (G.VU32, 12), "t.u32 written: %r" % (ref.kv["t.u32"],))
+    check(ref.alignment == 64 and ref.data_offset % 64 == 0, "the new alignment is used")
+    check(all(t["offset"] % 64 == 0 for t in ref.tensors.values()), "offsets aligned to 64")
+    check(ref.tensors["blk.0.attn_q.weight"]["data"] == G.q8_0_bytes(4), "data intact after realignment")
+
+
+def test_remove_and_add_tensors(tmp):
+    src = os.path.join(tmp, "t.gguf")
+    G.write_tiny(src)
+    before = G.Reader(src)
+    newq = G.q8_0_bytes(2, 9)
+    with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
+        os.remove(os.path.join(m, "blk/0/ffn_down/weight"))
+        os.makedirs(os.path.join(m, "extra"))
+        p = os.path.join(m, "extra", "q")
+        with open(p, "wb") as f:
+            f.write(newq)
+        os.setxattr(p, "user.burnstore.dtype", b"Q8_0")
+        os.setxattr(p, "user.burnstore.shape", b"[2,32]")
+        # replace the bytes of an F32 tensor
+        with open(os.path.join(m, "token_embd/weight"), "r+b") as f:
+            f.write(struct.pack("<f", 9.5))
+        u = m.unmount()
+    check(u.returncode == 0, "write-back: %s" % u.stderr)
+    after = G.Reader(src)
+    want = [n for n in before.tensors if n != "blk.0.ffn_down.weight"] + ["extra.q"]
+    check(list(after.tensors) == want, "tensor order: %r" % list(after.tensors))
+    q = after.tensors.get("extra.q", {})
+    check(q.get("type") == "Q8_0" and q.get("shape") == [2, 32] and q.get("data") == newq, "the new Q8_0 tensor")
+    emb = after.tensors["token_embd.weight"]["data"]
+    check(emb[:4] == struct.pack("<f", 9.5) and emb[4:] == before.tensors["token_embd.weight"]["data"][4:],
+          "the replaced bytes")
+    for n in want[:-1]:
+        if n != "token_embd.weight":
+            check(after.tensors[n]["data"] == before.tensors[n]["data"], "%s unchanged" % n)
+    for t in after.tensors.values():
+        check(t["offset"] % after.alignment == 0, "aligned offsets")
+
+
+def test_round_trip_and_new_output(tmp):
+    src = os.path.join(tmp, "rt.gguf")
+    data = G.write_tiny(src)
+    out = os.path.join(tmp, "copy.gguf")
+    with Mount(src, os.path.join(tmp, "m"), opts="output=" + out) as m:
+        u = m.unmount()
+    check(u.returncode == 0, "extraction: %s" % u.stderr)
+    check(os.path.exists(out) and open(out, "rb").read() == data, "read -> write is byte-identical")
+    back = os.path.join(tmp, "back.gguf")
+    with Mount(out, os.path.join(tmp, "m2"), opts="output=" + back) as m:
+        u = m.unmount()
+    check(os.path.exists(back) and open(back, "rb").read() == data, "read -> write -> read -> write")
+    # A new .gguf path: the GGUF writer is chosen by the extension.
+    new = os.path.join(tmp, "new.gguf")
+    with Mount(new, os.path.join(tmp, "n")) as m:
+        with open(os.path.join(m, "w"), "wb") as f:
+            f.write(struct.pack("<4f", 1, 2, 3, 4))
+        os.setxattr(os.path.join(m, "w"), "user.burnstore.dtype", b"F32")
+        os.setxattr(os.path.join(m, "w"), "user.burnstore.shape", b"[2,2]")
+        os.setxattr(m, META + "general.name", b"fresh")
+        u = m.unmount()
+    check(u.returncode == 0, "new .gguf: %s" % u.stderr)
+    ref = G.Reader(new) if os.path.exists(new) else None
+    check(ref is not None and ref.tensors["w"]["shape"] == [2, 2] and ref.tensors["w"]["type"] == "F32"
+          and ref.tensors["w"]["data"] == struct.pack("<4f", 1, 2, 3, 4), "new .gguf tensor")
+    check(ref is not None and ref.kv.get("general.name") == (G.VSTRING, "fresh"), "new .gguf metadata")
+    # A U8 file cannot be GGUF: refused in one line naming it.
+    bad = os.path.join(tmp, "u8.gguf")
+    stg = os.path.join(tmp, "stg-u8")
+    os.makedirs(stg)
+    with Mount(bad, os.path.join(tmp, "b"), opts="staging=" + stg) as m:
+        with open(os.path.join(m, "raw"), "wb") as f:
+            f.write(b"abc")
+        u = m.unmount()
+    check(u.returncode != 0 and "raw" in u.stderr and "GGUF has no type for U8" in u.stderr,
+          "a U8 file is refused: %r" % u.stderr)
+    shutil.rmtree(stg, ignore_errors=True)
+
+
+def hostile(tmp):
+    """(name, bytes, message part) of files burnstore must refuse."""
+    def hdr(version=3, nt=0, nkv=0):
+        return b"GGUF" + struct.pack("<IQQ", version, nt, nkv)
+
+    def ti(name, ne, gt, off):
+        return (struct.pack("<Q", len(name)) + name + struct.pack("<I", len(ne))
+                + b"".join(struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", gt, off))
+
+    def padded(b):
+        return b + b"\0" * ((-len(b)) % 32)
+    return [
+        ("huge_count", hdr(nt=2**62), "tensor count"),
+        ("huge_kv", hdr(nkv=2**40), "metadata count"),
+        ("big_endian", b"GGUF" + struct.pack(">IQQ", 3, 0, 0), "big-endian"),
+        ("version1", hdr(version=1), "version 1"),
+        ("misaligned", padded(hdr(nt=1) + ti(b"t", [4], 0, 8)) + bytes(64), "alignment"),
+        ("overlap", padded(hdr(nt=2) + ti(b"a", [16], 0, 0) + ti(b"b", [4], 0, 32)) + bytes(96), "overlaps"),
+        ("unknown_type", padded(hdr(nt=1) + ti(b"t", [4], 77, 0)) + bytes(32), "unknown ggml type 77"),
+        ("removed_type", padded(hdr(nt=1) + ti(b"t", [32], 31, 0)) + bytes(64), "Q4_0_4_4"),
+        ("past_end", padded(hdr(nt=1) + ti(b"t", [1000], 0, 0)) + bytes(32), "outside the file"),
+        ("bad_alignment", hdr(nkv=1) + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 24),
+         "power of two"),
+    ]
+
+
+def test_hostile_files_are_refused(tmp):
+    for name, data, sub in hostile(tmp):
+        p = os.path.join(tmp, name + ".gguf")
+        with open(p, "wb") as f:
+            f.write(data)
+        mnt = os.path.join(tmp, "h")
+        os.makedirs(mnt, exist_ok=True)
+        r = run([BIN, p, mnt])
+        if r.returncode == 0:
+            run(["fusermount3", "-u", mnt])
+        err = r.stderr.strip()
+        check(r.returncode != 0, "%s: refused" % name)
+        check(sub in err, "%s: the message names the problem: %r" % (name, err))
+        check("\n" not in err, "%s: one line: %r" % (name, err))
+
+
+if __name__ == "__main__":
+    run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_listed_but_E2BIG,
+                            test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
+                            test_remove_and_add_tensors, test_round_trip_and_new_output,
+                            test_hostile_files_are_refused], "gguf")
