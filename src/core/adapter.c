@@ -80,7 +80,8 @@ static int rename_last(struct bs_tensor *t, size_t cut, const char *to, bs_err *
     return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
   memcpy(s, t->name, n);
   memcpy(s + n, to, tl + 1);
-  bs_free(t->name);
+  if (t->name != t->key) /* a name shares its key's string until renamed */
+    bs_free(t->name);
   t->name = s;
   return 0;
 }
