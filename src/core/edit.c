@@ -486,9 +486,10 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
   return 0;
 }
 
-/* A staged file named NAME.npy whose bytes start with NumPy's magic and
- * whose dtype and shape were not set: np.save wrote it. It becomes tensor
- * NAME with the header's dtype and shape, the header left out (the tensor
+/* A staged file named NAME.npy whose bytes start with NumPy's magic: np.save
+ * wrote it (or it was copied from a .npy view). It becomes tensor
+ * NAME with the header's dtype and shape (a dtype set on the file of the
+ * same width wins: BF16 copied from a .npy view), the header left out (the tensor
  * starts at the header's end in the staging file). Returns 1 when the file
  * is not such a file (the caller goes on), 0 when it was added, -1 on error
  * (a header that does not parse or does not match the size, a Fortran-order
@@ -497,8 +498,8 @@ static int add_npy(const struct bs_edit *ed, const char *staging, struct bs_cata
                    const struct bs_node *nd, const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
-  if (!e->stage || e->has_dtype || e->has_shape || nd->seg || nl <= 4 ||
-      strcmp(nd->name + nl - 4, ".npy") != 0 || kl <= 4 || e->size < 10)
+  if (!e->stage || nd->seg || nl <= 4 || strcmp(nd->name + nl - 4, ".npy") != 0 || kl <= 4 ||
+      e->size < 10)
     return 1;
   (void)ed;
   char path[PATH_MAX];
@@ -537,7 +538,12 @@ static int add_npy(const struct bs_edit *ed, const char *staging, struct bs_cata
     } else {
       memcpy(name, key, kl - 4);
       name[kl - 4] = '\0';
-      t = bs_catalog_add(out, name, info.dtype, info.rank, info.shape, BS_OFF_NONE, err);
+      /* A dtype set on the file (rsync -aX from an npy view: BF16 behind
+       * its <u2) wins over the header's stand-in of the same width. */
+      enum bs_dtype dt = info.dtype;
+      if (e->has_dtype && bs_dtype_bits(e->dtype) == bs_dtype_bits(info.dtype))
+        dt = e->dtype;
+      t = bs_catalog_add(out, name, dt, info.rank, info.shape, BS_OFF_NONE, err);
     }
     uint32_t idx;
     if (t && bs_catalog_add_src(out, &s, &idx, err) == 0) {

@@ -551,10 +551,9 @@ static int do_unmount(const char *mountpoint, bool verbose)
     bs_free(mnt);
     return 0; /* not one of ours, or already finished */
   }
-  /* Blocks until the daemon has written back and exited. */
-  while (flock(fd, LOCK_EX) != 0)
-    if (errno != EINTR)
-      break;
+  /* Blocks until the daemon has written back and exited (with a progress
+   * line on a terminal, fs_progress.c). */
+  fs_progress_wait(fd, spath);
   /* The status: a few lines, plus one per U8 blob of the report (bounded). */
   struct stat sst;
   size_t cap = fstat(fd, &sst) == 0 && sst.st_size > 0 ? (size_t)sst.st_size + 1 : 4096;
@@ -1197,7 +1196,10 @@ int main(int argc, char **argv)
   if (fs.writable && (fs.dirty || fs.force_write || fs.wopts.max_shard_size)) {
     bs_err err;
     bs_err_clear(&err);
-    if (fs_writeback(&fs, &err) != 0) {
+    fs_progress_begin(&fs, spath);
+    int wrc = fs_writeback(&fs, &err);
+    fs_progress_end();
+    if (wrc != 0) {
       char line[900], msg[PATH_MAX * 2 + 1200];
       bs_err_format(&err, NULL, line, sizeof line);
       snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",

@@ -19,4 +19,12 @@ uint64_t fs_npy_header_len(const struct bs_tensor *t);
 int fs_npy_read(const struct fs *fs, const struct bs_tensor *t, size_t size, uint64_t off,
                 char **out, size_t *n);
 
+/* Write-back progress for `burnstore -u` (fs_progress.c). The daemon:
+ * begin before fs_writeback (status_path: its status file), end after. The
+ * waiter: wait for the daemon's lock on the status file (fd), drawing a
+ * progress line when stderr is a terminal. */
+void fs_progress_begin(struct fs *fs, const char *status_path);
+void fs_progress_end(void);
+void fs_progress_wait(int fd, const char *status_path);
+
 #endif

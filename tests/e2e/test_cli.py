@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import torch
 
-from bsmount import BIN, check, finish, read_bpk, read_safetensors, run, tmpdir
+from bsmount import BIN, Mount, check, finish, force_unmount, read_bpk, read_safetensors, run, tmpdir
 
 NP = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -227,6 +227,50 @@ def test_convert(tmp, sd, pth):
     check(r.returncode == 0 and r.stderr == "", "no progress when piped: %r" % r.stderr)
 
 
+def pty_run(cmd, env):
+    m, s = pty.openpty()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=s, env=env)
+    os.close(s)
+    text = b""
+    while True:
+        try:
+            chunk = os.read(m, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        text += chunk
+    out = p.communicate(timeout=120)[0]
+    os.close(m)
+    return p.returncode, out, text
+
+
+def test_unmount_progress(tmp):
+    env = dict(os.environ, BURNSTORE_PROGRESS_MIN="1000000")
+    for tty in (True, False):
+        out = os.path.join(tmp, "u%d.bpk" % tty)
+        mnt = os.path.join(tmp, "mu%d" % tty)
+        os.makedirs(mnt, exist_ok=True)
+        r = run([BIN, out, mnt], env=env)
+        check(r.returncode == 0, "mount a new .bpk: %r" % r.stderr)
+        try:
+            with open(os.path.join(mnt, "w"), "wb") as f:
+                f.write(os.urandom(8 << 20))
+            os.setxattr(os.path.join(mnt, "w"), "user.burnstore.dtype", b"F32")
+            if tty:
+                rc, stdout, text = pty_run([BIN, "-u", "-v", mnt], env)
+                check(rc == 0 and b"write-back" in text and b"100%" in text and b"8.0 MiB" in text,
+                      "burnstore -u on a terminal shows the write-back's progress: %r" % text[-300:])
+                check(b"wrote " in stdout, "-v prints the report: %r" % stdout)
+            else:
+                r = run([BIN, "-u", mnt], env=env)
+                check(r.returncode == 0 and r.stderr == "", "no progress when not a terminal: %r" % r.stderr)
+        finally:
+            force_unmount(mnt)
+        got, _ = read_bpk(out)
+        check(got.get("w", ("", [0]))[1] == [2 << 20], "the write-back wrote w")
+
+
 def test_help(tmp):
     for cmd in ("ls", "info", "cat", "diff", "convert"):
         r = run([BIN, cmd, "--help"])
@@ -249,7 +293,7 @@ def main():
         torch.save(sd, pth)
         for t in (lambda: test_ls_info_cat(tmp, sd, pth), lambda: test_info_meta(tmp),
                   lambda: test_diff(tmp, sd, pth), lambda: test_convert(tmp, sd, pth),
-                  lambda: test_help(tmp)):
+                  lambda: test_help(tmp), lambda: test_unmount_progress(tmp)):
             try:
                 t()
             except Exception as e:

@@ -173,9 +173,28 @@ def test_npy_in(tmp):
               "a bad .npy header fails the write-back, named: %r" % (r.stderr if r else None))
 
 
+def test_rsync_from_views(tmp):
+    """rsync -aX from an npy=only mount into a new .bpk: every NAME.npy is
+    tensor NAME again, BF16 included (its xattr wins over the <u2 stand-in)."""
+    st = os.path.join(tmp, "rs.safetensors")
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    bf = (np.arange(6, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    write_st(st, {"enc.a": ("F32", [3, 4], a.tobytes()), "enc.bf": ("BF16", [2, 3], bf.tobytes())})
+    out = os.path.join(tmp, "rs.bpk")
+    with Mount(st, os.path.join(tmp, "ma"), "npy=only") as src:
+        with Mount(out, os.path.join(tmp, "mb")) as dst:
+            r = run(["rsync", "-aX", src + "/", dst + "/"])
+            check(r.returncode == 0, "rsync -aX: %r" % r.stderr)
+            r = dst.unmount()
+            check(r is not None and r.returncode == 0, "write-back: %r" % (r.stderr if r else None))
+    got, _ = read_bpk(out)
+    check(got.get("enc.a", (0, 0, b""))[:3] == ("F32", [3, 4], a.tobytes()), "enc.a back: %r" % sorted(got))
+    check(got.get("enc.bf", (0, 0, b""))[:3] == ("BF16", [2, 3], bf.tobytes()), "enc.bf back as BF16")
+
+
 def main():
     with tmpdir("npy") as tmp:
-        for t in (test_numpy_dtypes, test_torch_views, test_refusals, test_npy_in):
+        for t in (test_numpy_dtypes, test_torch_views, test_refusals, test_npy_in, test_rsync_from_views):
             print("--", t.__name__, flush=True)
             try:
                 t(tmp)

@@ -1,0 +1,143 @@
+/* Progress of a write-back, for `burnstore -u` on a terminal. The daemon
+ * writes "DONE TOTAL" into STATUS.progress (beside the status file) at most
+ * ten times a second while its writer runs, for write-backs of 256 MiB or
+ * more (BURNSTORE_PROGRESS_MIN=BYTES changes that, for tests); the waiter
+ * polls it while it waits for the daemon's lock and draws a progress line
+ * (progress.c) when stderr is a terminal, then removes the file, as it
+ * removes the status file. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "burnstore/sink.h"
+#include "fs_views.h"
+#include "progress.h"
+
+static struct {
+  int fd;
+  uint64_t done, total;
+  struct timespec last;
+} wb = {.fd = -1};
+
+static uint64_t threshold(void)
+{
+  const char *env = getenv("BURNSTORE_PROGRESS_MIN");
+  return env && *env ? strtoull(env, NULL, 10) : 256ull << 20;
+}
+
+static void put(void)
+{
+  char line[64];
+  int n = snprintf(line, sizeof line, "%20" PRIu64 " %20" PRIu64 "\n", wb.done, wb.total);
+  if (n > 0 && pwrite(wb.fd, line, (size_t)n, 0) < 0) {
+    /* informative only */
+  }
+}
+
+static void observe(void *ctx, uint64_t n)
+{
+  (void)ctx;
+  wb.done += n;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if ((now.tv_sec - wb.last.tv_sec) * 1000000000L + (now.tv_nsec - wb.last.tv_nsec) < 100000000L)
+    return;
+  wb.last = now;
+  put();
+}
+
+void fs_progress_begin(struct fs *fs, const char *status_path)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s.progress", status_path);
+  unlink(path);
+  uint64_t total = 0;
+  for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
+    const struct bs_node *nd = &fs->tree.nodes[ino];
+    const struct bs_entry *e = nd->user;
+    if (nd->live && !nd->is_dir && e)
+      total += e->size;
+  }
+  if (total < threshold() || total == 0)
+    return;
+  wb.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (wb.fd < 0)
+    return;
+  wb.done = 0;
+  wb.total = total;
+  clock_gettime(CLOCK_MONOTONIC, &wb.last);
+  put();
+  bs_sink_set_observer(observe, NULL);
+}
+
+void fs_progress_end(void)
+{
+  bs_sink_set_observer(NULL, NULL);
+  if (wb.fd < 0)
+    return;
+  if (wb.done < wb.total)
+    wb.done = wb.total; /* headers and padding are not counted: never end below 100% */
+  put();
+  close(wb.fd);
+  wb.fd = -1;
+}
+
+static bool read_progress(const char *path, uint64_t *done, uint64_t *total)
+{
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  char buf[64];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  close(fd);
+  if (n <= 0)
+    return false;
+  buf[n] = '\0';
+  unsigned long long d, t;
+  if (sscanf(buf, "%llu %llu", &d, &t) != 2)
+    return false;
+  *done = d;
+  *total = t;
+  return true;
+}
+
+void fs_progress_wait(int fd, const char *status_path)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s.progress", status_path);
+  bool tty = isatty(2);
+  struct bs_progress p = {0};
+  bool shown = false;
+  for (;;) {
+    if (flock(fd, tty ? LOCK_EX | LOCK_NB : LOCK_EX) == 0)
+      break;
+    if (errno == EINTR)
+      continue;
+    if (errno != EWOULDBLOCK) /* (not a tty: blocked above) */
+      break;
+    uint64_t d, t;
+    if (read_progress(path, &d, &t)) {
+      if (!shown) {
+        bs_progress_start(&p, "write-back", t, 2);
+        shown = true;
+      }
+      bs_progress_set(&p, d);
+    }
+    struct timespec ts = {0, 100000000L};
+    nanosleep(&ts, NULL);
+  }
+  uint64_t d, t;
+  if (tty && read_progress(path, &d, &t)) {
+    if (!shown)
+      bs_progress_start(&p, "write-back", t, 2);
+    bs_progress_set(&p, d);
+    bs_progress_end(&p);
+  }
+  unlink(path);
+}
