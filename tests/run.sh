@@ -61,6 +61,9 @@ cmake --build build -j"$jobs"
 cmake --install build >/dev/null
 ctest --test-dir build --output-on-failure -j1 --timeout 900
 
+step "benchmark, quick mode (checks that every section works; timings are not checked)"
+timeout 300 /usr/bin/python3 tests/bench/bench.py --quick --bin build/burnstore
+
 step "core-only build (BURNSTORE_FUSE=OFF: no FUSE headers)"
 # The core, its headers and the tools must not include FUSE; the build below
 # does not even look for fuse3, so a FUSE include there fails to compile.

@@ -34,26 +34,26 @@ struct bs_kv {
 };
 
 struct bs_tensor {
-  char *key;  /* owned: the key in the source file */
+  char *key;  /* owned (one block with shape): the key in the source file */
   char *name; /* the presented key after options: key itself (the same string) until
                  key options rename it, then owned */
   enum bs_dtype dtype;
   uint32_t rank;
-  uint64_t *shape;        /* owned; rank entries, NULL when rank == 0 */
+  uint64_t *shape;        /* owned with key (one block); rank entries, NULL when rank == 0 */
   uint64_t nbytes;        /* byte length of the contiguous row-major data */
   uint32_t src;           /* index into bs_catalog.srcs */
+  bool has_param_id;      /* (beside src: no padding; 16 bytes less a tensor) */
+  bool hidden;            /* filtered out by key options; not presented */
   uint64_t off;           /* absolute offset in the source: of the data when
                              strides == NULL, else of the storage's first byte */
   int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
   uint64_t storage_off;   /* strided only: element offset into the storage */
   uint64_t storage_bytes; /* strided only: bytes of the storage from off */
-  bool has_param_id;
   uint64_t param_id;
   uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
                          encoded it (QFloat's CBOR scheme map), for round trips */
   size_t dtype_raw_len;
   char *unsupported; /* owned, may be NULL: the tensor cannot be read, and why */
-  bool hidden;       /* filtered out by key options; not presented */
 };
 
 struct bs_catalog {

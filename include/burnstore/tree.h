@@ -32,9 +32,10 @@ struct bs_node {
   char *seg;       /* owned, NULL unless name is shortened: the whole key segment */
   uint64_t parent; /* parent's ino; the root is its own parent */
   bool is_dir;
-  bool live;      /* false once removed */
-  long tensor;    /* index into the catalog, or -1 */
-  uint64_t *kids; /* owned, dirs only: child inos in creation order; 0 = removed slot */
+  bool live;       /* false once removed */
+  bool name_owned; /* name is its own allocation (else it lies in the tree's arena) */
+  long tensor;     /* index into the catalog, or -1 */
+  uint64_t *kids;  /* owned, dirs only: child inos in creation order; 0 = removed slot */
   size_t nkids, kidcap;
   size_t nlive; /* live children */
   void *user;   /* the FUSE layer's per-node data, not owned by the tree */
@@ -45,6 +46,7 @@ struct bs_tree {
   size_t n, cap;
   uint64_t *slots; /* owned: hash of (parent, name) -> ino; 0 empty, UINT64_MAX deleted */
   size_t nslots, nused;
+  struct bs_name_block *names; /* owned: the arena of node names (bs_tree_add) */
 };
 
 BS_NODISCARD int bs_tree_init(struct bs_tree *t, bs_err *err);

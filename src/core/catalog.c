@@ -16,8 +16,8 @@ static void tensor_destroy(struct bs_tensor *t)
 {
   if (t->name != t->key)
     bs_free(t->name);
-  bs_free(t->key);
-  bs_free(t->shape);
+  /* key and shape are one block, the shape first (bs_catalog_add). */
+  bs_free(t->shape ? (void *)t->shape : (void *)t->key);
   bs_free(t->strides);
   bs_free(t->dtype_raw);
   bs_free(t->unsupported);
@@ -103,18 +103,21 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
   }
   struct bs_tensor *t = &cat->tensors[cat->count];
   memset(t, 0, sizeof *t);
-  t->key = bs_strdup(key);
-  t->name = t->key; /* one string until key options rename it */
-  if (rank) {
-    t->shape = bs_malloc(rank * sizeof *shape);
-    if (t->shape)
-      memcpy(t->shape, shape, rank * sizeof *shape);
-  }
-  if (!t->key || !t->name || (rank && !t->shape)) {
-    tensor_destroy(t);
+  /* One allocation for the shape and the key (the shape first, aligned):
+   * two small blocks cost twice the malloc overhead per tensor. */
+  size_t klen = strlen(key), sbytes = (size_t)rank * sizeof *shape;
+  char *block = bs_malloc(sbytes + klen + 1);
+  if (!block) {
     bs_fail(err, ENOMEM, off, key, "out of memory");
     return NULL;
   }
+  if (rank) {
+    t->shape = (uint64_t *)(void *)block;
+    memcpy(t->shape, shape, sbytes);
+  }
+  t->key = block + sbytes;
+  memcpy(t->key, key, klen + 1);
+  t->name = t->key; /* one string until key options rename it */
   t->dtype = dtype;
   t->rank = rank;
   t->nbytes = nbytes;

@@ -62,6 +62,43 @@ static size_t find_slot(const struct bs_tree *t, uint64_t parent, const char *na
   }
 }
 
+/* Node names live in an arena of blocks: one malloc per name cost 16-32
+ * bytes of overhead per tensor. A renamed node's new name is its own
+ * allocation (name_owned); arena names are freed with the tree. */
+struct bs_name_block {
+  struct bs_name_block *next;
+  size_t used, cap;
+  char text[];
+};
+
+#define NAME_BLOCK (64u << 10)
+
+static char *name_dup(struct bs_tree *t, const char *name)
+{
+  size_t len = strlen(name) + 1;
+  struct bs_name_block *b = t->names;
+  if (!b || b->cap - b->used < len) {
+    size_t cap = len > NAME_BLOCK ? len : NAME_BLOCK;
+    b = bs_malloc(sizeof *b + cap);
+    if (!b)
+      return NULL;
+    b->used = 0;
+    b->cap = cap;
+    if (len > NAME_BLOCK && t->names) {
+      /* A long name gets a block of its own, behind the current one. */
+      b->next = t->names->next;
+      t->names->next = b;
+    } else {
+      b->next = t->names;
+      t->names = b;
+    }
+  }
+  char *p = b->text + b->used;
+  memcpy(p, name, len);
+  b->used += len;
+  return p;
+}
+
 int bs_tree_init(struct bs_tree *t, bs_err *err)
 {
   memset(t, 0, sizeof *t);
@@ -72,6 +109,7 @@ int bs_tree_init(struct bs_tree *t, bs_err *err)
   memset(t->nodes, 0, 2 * sizeof *t->nodes);
   struct bs_node *root = &t->nodes[BS_TREE_ROOT];
   root->name = bs_strdup("");
+  root->name_owned = true;
   if (!root->name) {
     bs_tree_destroy(t);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -89,12 +127,18 @@ void bs_tree_destroy(struct bs_tree *t)
   if (!t)
     return;
   for (size_t i = 0; i < t->n; i++) {
-    bs_free(t->nodes[i].name);
+    if (t->nodes[i].name_owned)
+      bs_free(t->nodes[i].name);
     bs_free(t->nodes[i].seg);
     bs_free(t->nodes[i].kids);
   }
   bs_free(t->nodes);
   bs_free(t->slots);
+  while (t->names) {
+    struct bs_name_block *next = t->names->next;
+    bs_free(t->names);
+    t->names = next;
+  }
   memset(t, 0, sizeof *t);
 }
 
@@ -170,7 +214,7 @@ int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_di
   uint64_t id = t->n;
   struct bs_node *nd = &t->nodes[id];
   memset(nd, 0, sizeof *nd);
-  nd->name = bs_strdup(name);
+  nd->name = name_dup(t, name);
   if (!nd->name)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   nd->parent = parent;
@@ -180,8 +224,7 @@ int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_di
   t->n++;
   if (hash_insert(t, id) != 0 || link_kid(t, parent, id) != 0) {
     hash_delete(t, id);
-    bs_free(nd->name);
-    nd->name = NULL;
+    nd->name = NULL; /* (its bytes stay in the arena) */
     nd->live = false;
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
@@ -231,8 +274,10 @@ int bs_tree_move(struct bs_tree *t, uint64_t ino, uint64_t newparent, const char
     bs_free(nd->seg); /* the key now comes from the new name */
     nd->seg = NULL;
   }
-  bs_free(nd->name);
+  if (nd->name_owned)
+    bs_free(nd->name);
   nd->name = name;
+  nd->name_owned = true;
   nd->parent = newparent;
   if (hash_insert(t, ino) != 0 || link_kid(t, newparent, ino) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -517,6 +562,18 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
     bs_free(comp);
     if (rc != 0 || (shortened && set_seg(t, f, seg, len, key, err) != 0))
       return -1;
+  }
+  /* Exact sizes: the child arrays grew by doubling (a failed shrink keeps
+   * the larger block). */
+  for (size_t i = 1; i < t->n; i++) {
+    struct bs_node *nd = &t->nodes[i];
+    if (nd->kids && nd->kidcap > nd->nkids && nd->nkids) {
+      uint64_t *k = bs_realloc(nd->kids, nd->nkids * sizeof *k);
+      if (k) {
+        nd->kids = k;
+        nd->kidcap = nd->nkids;
+      }
+    }
   }
   return 0;
 }

@@ -25,6 +25,16 @@ struct fs {
   struct bs_keyopts keys;
   bool flat;
   bool writable;
+  bool writeback; /* the kernel's write-back cache is on (set at init) */
+  /* Write-back cache: a WRITE that failed (ENOSPC...) is reported to the
+   * writer by failing the next GETATTR of that file once, which the kernel
+   * sends from write(2) when the attributes expire (1 s). Else a writer
+   * that never closes (dd without count=) would fill the page cache
+   * forever, as the kernel only records the error on the mapping. */
+  _Atomic int wb_error;
+  _Atomic fuse_ino_t wb_error_ino;
+  unsigned max_read;        /* -o max_read= (direct_io sets one), 0: libfuse's */
+  bool direct_io;           /* -o direct_io (read-only): files opened FOPEN_DIRECT_IO */
   _Atomic bool dirty;       /* something changed since mount */
   bool force_write;         /* output= differs from source: always write */
   char *source;             /* absolute path of SOURCE */
@@ -96,5 +106,13 @@ int fs_staging_create(struct fs *fs);
 /* Remove the staging directory and its files (after a successful write);
  * only the one this daemon created and holds the lock of. */
 void fs_staging_remove(struct fs *fs);
+
+/* Writable mounts (fs_stop.c): from just before the session loop until just
+ * after it, SIGTERM, SIGINT and SIGHUP flush and unmount the mount while
+ * the loop serves (the kernel then ends the loop), instead of ending the
+ * loop at once. Call begin in the process that runs the loop (after
+ * fuse_daemonize). 0, or -1 (libfuse's handlers stay). */
+int fs_stop_begin(struct fuse_session *se, const char *mnt);
+void fs_stop_end(void);
 
 #endif

@@ -79,6 +79,8 @@ static const char usage_rest[] =
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
     "                         transposed, norm weight/bias named gamma/beta\n"
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
+    "  direct_io              read-only: reads bypass the page cache in ~1 MiB requests\n"
+    "                         (faster first reads; shared mmap of tensor files then fails)\n"
     "  allow_other, default_permissions, nosuid, nodev, noexec, noatime: passed to FUSE\n"
     "\n"
     "See burnstore(1) and docs/user-guide.md.\n";
@@ -102,7 +104,7 @@ struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
   const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
-  bool ro, rw, flat, strict;
+  bool ro, rw, flat, strict, direct_io;
   char *output, *staging;  /* owned */
   uint64_t max_shard_size; /* 0: none */
   char fuse_extra[2048];
@@ -167,6 +169,8 @@ static void parse_opts(struct args *a, const char *optstr)
       a->flat = true;
     } else if (strcmp(it, "strict") == 0) {
       a->strict = true;
+    } else if (strcmp(it, "direct_io") == 0) {
+      a->direct_io = true;
     } else if (strcmp(it, "npy") == 0 || strcmp(it, "npy=only") == 0) {
       a->npy = it[3] ? FS_NPY_ONLY : FS_NPY_BOTH;
     } else if (strncmp(it, "adapter", 7) == 0 && bs_adapter_add_item(&a->adapter, it, &err) <= 0) {
@@ -975,6 +979,11 @@ static int prepare(struct fs *fs, struct args *a)
       fs->force_write = strcmp(fs->output, fs->source) != 0;
     }
   }
+  if (a->direct_io && fs->writable) {
+    fprintf(stderr, PROG ": direct_io applies to read-only mounts\n");
+    return 1;
+  }
+  fs->direct_io = a->direct_io;
   if (a->max_shard_size) {
     /* Shards are a SafeTensors thing: x.safetensors becomes x-0000K-of-0000N + its index. */
     if (fs->writer && fs->writer->format == BS_FMT_SAFETENSORS)
@@ -1140,8 +1149,15 @@ int main(int argc, char **argv)
   }
   *o = '\0';
   char fsname[2 * PATH_MAX + 2048 + 64];
-  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s", esc,
-           fs.writable ? "" : ",ro", a.fuse_extra[0] ? "," : "", a.fuse_extra);
+  /* direct_io: requests just under 1 MiB, so that a reply still fits
+   * libfuse's 1 MiB splice pipe (header included). */
+  const char *mr = strstr(a.fuse_extra, "max_read=");
+  bool dio_max = fs.direct_io && !mr;
+  /* op_init repeats it: libfuse refuses an init that disagrees. */
+  fs.max_read = dio_max ? 1044480u : mr ? (unsigned)strtoul(mr + 9, NULL, 10) : 0;
+  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s%s", esc,
+           fs.writable ? "" : ",ro", dio_max ? ",max_read=1044480" : "", a.fuse_extra[0] ? "," : "",
+           a.fuse_extra);
   char *fargv[8];
   int fargc = 0;
   fargv[fargc++] = argv[0];
@@ -1176,6 +1192,7 @@ int main(int argc, char **argv)
     if (fs.writable)
       update_target_pid(tfd, fs.output, mnt);
   }
+  bool stopper = fs.writable && fs_stop_begin(se, mnt) == 0;
   if (a.single) {
     ret = fuse_session_loop(se);
   } else {
@@ -1185,6 +1202,8 @@ int main(int argc, char **argv)
     ret = fuse_session_loop_mt(se, cfg);
     fuse_loop_cfg_destroy(cfg);
   }
+  if (stopper)
+    fs_stop_end();
   fuse_session_unmount(se);
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);

@@ -147,7 +147,27 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
     conn->want |= FUSE_CAP_SPLICE_MOVE;
+  /* The write-back cache for writable mounts: a write(2) completes in the
+   * page cache and the kernel sends large WRITEs later (at the latest on
+   * close). A signal no longer loses them (fs_stop.c). */
   conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+  if (fs->writable && (conn->capable & FUSE_CAP_WRITEBACK_CACHE)) {
+    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+    fs->writeback = true;
+  }
+#ifdef FUSE_CAP_HANDLE_KILLPRIV_V2
+  /* libfuse >= 3.16: we drop set-id bits on write ourselves (op_write), so
+   * the kernel marks the superblock SB_NOSEC and stops asking for
+   * security.capability before every write(2). libfuse 3.14 cannot ask for
+   * it: there each write(2) costs one GETXATTR (answered EOPNOTSUPP at once,
+   * fs_xattr.c). */
+  if (fs->writable && (conn->capable & FUSE_CAP_HANDLE_KILLPRIV_V2))
+    conn->want |= FUSE_CAP_HANDLE_KILLPRIV_V2;
+#endif
+  /* Lookups and readdir of one directory in parallel: the tree lock is a
+   * rwlock (creates and removes take it exclusive). */
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+    conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   /* READDIRPLUS for read-only mounts, where the kernel chooses (AUTO):
    * plus for a directory whose entries get looked up (ls -l), plain
    * READDIR for one that is only listed (find). */
@@ -158,6 +178,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
   } else {
     conn->want &= ~(unsigned)(FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO);
   }
+  if (fs->max_read)
+    conn->max_read = fs->max_read;
   if (conn->max_write < (1u << 20))
     conn->max_write = 1u << 20;
 }
@@ -195,6 +217,13 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
   struct fs *fs = fs_data(req);
   struct stat st;
   struct fs_ref r;
+  if (atomic_load(&fs->wb_error) && atomic_load(&fs->wb_error_ino) == ino) {
+    int err = atomic_exchange(&fs->wb_error, 0);
+    if (err) {
+      fuse_reply_err(req, err);
+      return;
+    }
+  }
   if (fs_ref_get(fs, ino, &r) != 0) {
     fuse_reply_err(req, ENOENT);
     return;
@@ -443,6 +472,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     return;
   }
   fi->keep_cache = !fs->writable; /* the files of a read-only mount never change */
+  /* -o direct_io: no page cache, requests up to max_read (fs_main.c sets it
+   * just under libfuse's 1 MiB splice pipe). libfuse 3.14 cannot allow
+   * shared mmap of such files (FUSE_DIRECT_IO_ALLOW_MMAP is 3.16): ENODEV. */
+  fi->direct_io = fs->direct_io;
   fuse_reply_open(req, fi);
 }
 
@@ -602,18 +635,26 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
   if (!rc && fd < 0)
     rc = -fd;
   if (!rc) {
-    uint64_t pos = (fi->flags & O_APPEND) ? e->size : (uint64_t)off;
+    /* With the write-back cache the kernel places appends itself. */
+    uint64_t pos = (fi->flags & O_APPEND) && !fs->writeback ? e->size : (uint64_t)off;
     w = pwrite(fd, buf, size, (off_t)pos);
     if (w < 0)
       rc = errno;
     else if (pos + (uint64_t)w > e->size)
       e->size = pos + (uint64_t)w;
+    e->mode &= ~(unsigned)(S_ISUID | S_ISGID); /* a write drops set-id bits */
     fs_mark_dirty(fs);
     clock_gettime(CLOCK_REALTIME, &e->mtime);
   }
   pthread_rwlock_unlock(&e->lock);
   if (tmp >= 0)
     close(tmp);
+  if (fs->writeback && (rc || (size_t)w < size)) {
+    /* A page the kernel already acknowledged to the writer is lost: tell
+     * the writer at its next write(2) (see wb_error in fs.h). */
+    atomic_store(&fs->wb_error_ino, ino);
+    atomic_store(&fs->wb_error, rc ? rc : ENOSPC);
+  }
   if (rc)
     fuse_reply_err(req, rc);
   else

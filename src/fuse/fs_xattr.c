@@ -220,10 +220,12 @@ void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
 {
   struct fs *fs = fs_data(req);
   struct xbuf b = {0};
+  if (foreign_namespace(name)) {
+    fuse_reply_err(req, EOPNOTSUPP); /* no lock, no lookup: once per write(2) */
+    return;
+  }
   struct fs_ref r;
   int rc = fs_ref_get(fs, ino, &r);
-  if (!rc && foreign_namespace(name))
-    rc = EOPNOTSUPP;
   if (!rc)
     rc = get_xattr(fs, ino, &r, name, &b);
   if (rc)

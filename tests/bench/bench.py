@@ -1,102 +1,628 @@
 #!/usr/bin/python3
-"""burnstore benchmark (not a test): figures as ratios against a baseline
-measured in the same run.
+"""burnstore benchmark (not a test): every figure of issue 14 as a median of
+runs and a ratio against a baseline measured in the same run.
 
-  read:  dd bs=1M of a 512 MiB tensor through the mount, against dd of the
-         same byte range of the backing file; the backing file is in the
-         page cache for both. Cold = first read through the mount, warm =
-         again (the mount keeps the kernel's page cache).
-  write: writing 512 MiB into a new mount and `burnstore -u` (write-back,
-         fsync included), against cp of the same bytes plus sync.
+  /usr/bin/python3 tests/bench/bench.py [--quick] [--bin build/burnstore] [--dir DIR] [--json FILE]
 
-usage: /usr/bin/python3 tests/bench/bench.py [--size-mib N] [--bin PATH] [--dir DIR]
+Sections (each prints its rows as it goes; the table is repeated at the end):
+  read      a tensor of --size-mib MiB: native dd of the same byte range of
+            the backing file (in the page cache), burnstore first and
+            repeated reads of a SafeTensors file and of a .pth, -o direct_io,
+            squashfuse_ll on an uncompressed squashfs of the extracted tensor,
+            fuse-zip -r on the .pth; time to the first 4 KiB (mount + read)
+  readers   8 concurrent readers of 8 tensors vs one reader of the same bytes
+  sshfs     the checkpoint on sshfs (a local sshd on a high port, temp keys):
+            read through burnstore vs dd of the same bytes through sshfs
+  list      mount + find of 100,000 tensors, flat and LLM-shaped nesting, vs
+            find on a real tree (warm); second find; both after drop_caches;
+            ls -lR of 20,000 tensors vs a real tree
+  memory    true peak (VmHWM of the daemon in the foreground, -f) for the
+            100k listings; mount time and peak for 1,000,000 tensors
+  write     dd bs=32k and bs=1M into a writable mount vs into a native file;
+            rsync in + burnstore -u vs cp + sync and vs native rsync + sync
+
+--quick shrinks every size (CI runs it: it checks that every section works,
+not its timings) and takes one run of each. Peers that are not installed are
+reported as skipped. Needs root for drop_caches and sshd (skipped otherwise).
 """
 import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+
+ROWS = []  # (section, name, value, unit, baseline, ratio, target, ok)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
 def timed(cmd, **kw):
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
+    run(cmd, **kw)
     return time.perf_counter() - t
 
 
-def dd_range(path, skip, count):
-    return ["dd", "if=" + path, "of=/dev/null", "bs=1M", "iflag=skip_bytes,count_bytes",
-            "skip=%d" % skip, "count=%d" % count]
+def med(xs):
+    return statistics.median(xs)
+
+
+def have(tool):
+    return shutil.which(tool) is not None
+
+
+def mounted(mnt):
+    mnt = os.path.realpath(mnt)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == mnt for line in f)
+
+
+def wait_mounted(mnt, proc=None, timeout=600):
+    end = time.time() + timeout
+    while not mounted(mnt):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("mount of %s failed: %s" % (mnt, proc.stderr.read() if proc.stderr else ""))
+        if time.time() > end:
+            raise RuntimeError("mount of %s timed out" % mnt)
+        time.sleep(0.002)
+
+
+def force_unmount(mnt):
+    for args in (["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt]):
+        if mounted(mnt):
+            subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def drop_caches():
+    subprocess.run(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def row(section, name, value, unit, baseline=None, ratio=None, target=None, ok=None):
+    ROWS.append((section, name, value, unit, baseline, ratio, target, ok))
+    b = "" if baseline is None else "  base %8.3f" % baseline
+    r = "" if ratio is None else "  ratio %6.2f" % ratio
+    t = "" if target is None else "  target %s %s" % (target, "met" if ok else "MISSED")
+    log("  %-46s %10.3f %-5s%s%s%s" % (name, value, unit, b, r, t))
+
+
+# ---- inputs ------------------------------------------------------------
+
+def st_header(entries):
+    """entries: [(key, dtype, shape, nbytes)] in data order."""
+    parts, off = [], 0
+    for k, dt, shape, n in entries:
+        parts.append('"%s":{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}'
+                     % (k, dt, ",".join(map(str, shape)), off, off + n))
+        off += n
+    h = ("{" + ",".join(parts) + "}").encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h, off
+
+
+def write_st_tensors(path, tensors, chunk):
+    """tensors: [(key, nbytes)] of U8 data, filled with chunk repeated."""
+    head, total = st_header([(k, "U8", [n], n) for k, n in tensors])
+    with open(path, "wb") as f:
+        f.write(head)
+        left = total
+        while left:
+            n = min(left, len(chunk))
+            f.write(chunk[:n])
+            left -= n
+    return len(head)
+
+
+def write_many(path, keys):
+    """A SafeTensors file of len(keys) 4-byte tensors (sparse data)."""
+    head, total = st_header([(k, "F32", [1], 4) for k in keys])
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + total)
+
+
+def flat_keys(n):
+    return ["t%d" % i for i in range(n)]
+
+
+def llm_keys(n):
+    """Mixture-of-experts nesting: ~1.09 directories per tensor."""
+    keys, i = [], 0
+    while len(keys) < n:
+        for j in range(12):
+            keys.append("model.layers.%d.mlp.experts.%d.w%d.weight" % (i // 64, i % 64, j))
+        i += 1
+    return keys[:n]
+
+
+def native_tree(root, keys):
+    for k in keys:
+        parts = k.split(".")
+        d = os.path.join(root, *parts[:-1])
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, parts[-1]), "wb") as f:
+            f.write(b"\0\0\0\0")
+
+
+# ---- mounts -----------------------------------------------------------------
+
+class BS:
+    """A burnstore mount (daemonized, or -f to read the daemon's VmHWM)."""
+
+    def __init__(self, binary, src, mnt, opts=None, foreground=False):
+        self.cmd = [binary] + (["-f"] if foreground else []) + [src, mnt] + (["-o", opts] if opts else [])
+        self.bin, self.mnt, self.fg = binary, mnt, foreground
+        self.proc = None
+
+    def __enter__(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        t = time.perf_counter()
+        if self.fg:
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            wait_mounted(self.mnt, self.proc)
+        else:
+            run(self.cmd)
+        self.mount_time = time.perf_counter() - t
+        return self
+
+    def hwm_kb(self):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith("VmHWM"):
+                    return int(line.split()[1])
+
+    def unmount(self):
+        if mounted(self.mnt):
+            t = time.perf_counter()
+            run([self.bin, "-u", self.mnt])
+            self.unmount_time = time.perf_counter() - t
+        if self.proc:
+            self.proc.wait(timeout=600)
+
+    def __exit__(self, *exc):
+        try:
+            self.unmount()
+        finally:
+            force_unmount(self.mnt)
+        return False
+
+
+class Peer:
+    """A FUSE peer: cmd mounts on mnt (daemonizing)."""
+
+    def __init__(self, cmd, mnt):
+        self.cmd, self.mnt = cmd, mnt
+
+    def __enter__(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        t = time.perf_counter()
+        run(self.cmd)
+        wait_mounted(self.mnt, timeout=60)
+        self.mount_time = time.perf_counter() - t
+        return self
+
+    def __exit__(self, *exc):
+        force_unmount(self.mnt)
+        return False
+
+
+def dd_read(path, skip=0, count=None, bs="1M"):
+    cmd = ["dd", "if=" + path, "of=/dev/null", "bs=" + bs]
+    if skip or count is not None:
+        cmd.append("iflag=skip_bytes,count_bytes")
+        cmd += ["skip=%d" % skip] + (["count=%d" % count] if count is not None else [])
+    return timed(cmd)
+
+
+def first_4k(path):
+    with open(path, "rb") as f:
+        return len(f.read(4096))
+
+
+# ---- sections ---------------------------------------------------------------
+
+def sec_read(a, d):
+    log("read: a %d MiB tensor (backing files in the page cache)" % a.size_mib)
+    size = a.size_mib << 20
+    chunk = os.urandom(1 << 20)
+    st = os.path.join(d, "big.safetensors")
+    off = write_st_tensors(st, [("big", size)], chunk)
+    raw = os.path.join(d, "raw")
+    os.makedirs(raw, exist_ok=True)
+    run(["dd", "if=" + st, "of=" + os.path.join(raw, "big"), "bs=1M", "iflag=skip_bytes,count_bytes",
+         "skip=%d" % off, "count=%d" % size])
+    run(["cat", st])
+    base = med([dd_read(st, off, size) for _ in range(a.runs)])
+    row("read", "native dd of the same bytes", base, "s")
+    mnt = os.path.join(d, "m")
+    res = {}
+
+    def bs_reads(label, src, opts=None, path="big"):
+        firsts, agains, t4k = [], [], []
+        for _ in range(a.runs):
+            t = time.perf_counter()
+            with BS(a.bin, src, mnt, opts) as m:
+                first_4k(os.path.join(mnt, path))
+                t4k.append(time.perf_counter() - t)
+            with BS(a.bin, src, mnt, opts) as m:
+                firsts.append(dd_read(os.path.join(mnt, path)))
+                agains.append(med([dd_read(os.path.join(mnt, path)) for _ in range(2)]))
+        res[label] = (med(firsts), med(agains), med(t4k))
+        return res[label]
+
+    f, g, t4 = bs_reads("st", st)
+    row("read", "burnstore first read (SafeTensors)", f, "s", base, base / f)
+    row("read", "burnstore repeated read", g, "s", base, base / g, ">= 0.55", base / g >= 0.55)
+    row("read", "burnstore time to first 4 KiB (mount+read)", t4, "s")
+    f, g, _ = bs_reads("dio", st, "direct_io")
+    row("read", "burnstore -o direct_io first read", f, "s", base, base / f, ">= 0.3", base / f >= 0.3)
+    row("read", "burnstore -o direct_io repeated read", g, "s", base, base / g)
+
+    peers = {}
+    if have("mksquashfs") and have("squashfuse_ll"):
+        sq = os.path.join(d, "big.sqfs")
+        run(["mksquashfs", raw, sq, "-noI", "-noD", "-noF", "-noX", "-quiet", "-no-progress"])
+        run(["cat", sq])
+        fs_, gs, t4s = [], [], []
+        for _ in range(a.runs):
+            t = time.perf_counter()
+            with Peer(["squashfuse_ll", sq, mnt], mnt):
+                first_4k(os.path.join(mnt, "big"))
+                t4s.append(time.perf_counter() - t)
+            with Peer(["squashfuse_ll", sq, mnt], mnt):
+                fs_.append(dd_read(os.path.join(mnt, "big")))
+                gs.append(dd_read(os.path.join(mnt, "big")))
+        peers["squashfuse_ll"] = med(fs_)
+        row("read", "squashfuse_ll first read (uncompressed)", med(fs_), "s", base, base / med(fs_))
+        row("read", "squashfuse_ll repeated read", med(gs), "s", base, base / med(gs))
+        row("read", "squashfuse_ll time to first 4 KiB", med(t4s), "s")
+    else:
+        log("  squashfuse_ll / mksquashfs: skipped (not installed)")
+    pth = os.path.join(d, "big.pth")
+    try:
+        subprocess.run(["/usr/bin/python3", "-c",
+                        "import torch,sys; t=torch.frombuffer(bytearray(open(sys.argv[1],'rb').read()),dtype=torch.uint8);"
+                        "torch.save({'big': t}, sys.argv[2])", os.path.join(raw, "big"), pth],
+                       check=True, stderr=subprocess.PIPE)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        log("  .pth: skipped (torch: %s)" % e)
+        pth = None
+    if pth:
+        run(["cat", pth])
+        f, g, t4 = bs_reads("pth", pth)
+        row("read", "burnstore first read (.pth)", f, "s", res["st"][0], res["st"][0] / f,
+            "~ SafeTensors", f <= res["st"][0] * 1.25)
+        row("read", "burnstore repeated read (.pth)", g, "s", base, base / g)
+        if have("fuse-zip"):
+            member = subprocess.run(["/usr/bin/python3", "-c",
+                                     "import zipfile,sys; print([n for n in zipfile.ZipFile(sys.argv[1]).namelist() if '/data/' in n][0])",
+                                     pth], check=True, capture_output=True, text=True).stdout.strip()
+            fz, gz, t4z = [], [], []
+            for _ in range(a.runs):
+                t = time.perf_counter()
+                with Peer(["fuse-zip", "-r", pth, mnt], mnt):
+                    first_4k(os.path.join(mnt, member))
+                    t4z.append(time.perf_counter() - t)
+                with Peer(["fuse-zip", "-r", pth, mnt], mnt):
+                    fz.append(dd_read(os.path.join(mnt, member)))
+                    gz.append(dd_read(os.path.join(mnt, member)))
+            peers["fuse-zip"] = med(fz)
+            row("read", "fuse-zip -r first read (.pth member)", med(fz), "s", base, base / med(fz))
+            row("read", "fuse-zip -r repeated read", med(gz), "s", base, base / med(gz))
+            row("read", "fuse-zip time to first 4 KiB", med(t4z), "s")
+        else:
+            log("  fuse-zip: skipped (not installed)")
+    if peers:
+        best = min(peers.values())
+        f = res["st"][0]
+        row("read", "burnstore first read vs the faster peer", f, "s", best, best / f,
+            ">= 1.0", f <= best * 1.05)
+    return st, off, size
+
+
+def sec_readers(a, d):
+    log("readers: 8 tensors of %d MiB, one reader vs 8 concurrent readers (first reads)" % (a.size_mib // 8))
+    n = max(1, a.size_mib // 8) << 20
+    src = os.path.join(d, "eight.safetensors")
+    write_st_tensors(src, [("t%d" % i, n) for i in range(8)], os.urandom(1 << 20))
+    run(["cat", src])
+    mnt = os.path.join(d, "m")
+    one, eight = [], []
+    for _ in range(a.runs):
+        with BS(a.bin, src, mnt):
+            t = time.perf_counter()
+            for i in range(8):
+                run(["dd", "if=" + os.path.join(mnt, "t%d" % i), "of=/dev/null", "bs=1M"])
+            one.append(time.perf_counter() - t)
+        with BS(a.bin, src, mnt):
+            t = time.perf_counter()
+            ps = [subprocess.Popen(["dd", "if=" + os.path.join(mnt, "t%d" % i), "of=/dev/null", "bs=1M"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(8)]
+            for p in ps:
+                p.wait()
+            eight.append(time.perf_counter() - t)
+    o, e = med(one), med(eight)
+    row("readers", "one reader, 8 tensors in turn", o, "s")
+    row("readers", "8 concurrent readers", e, "s", o, o / e, ">= 1.5", o / e >= 1.5)
+
+
+def sec_sshfs(a, d, st, off, size):
+    log("sshfs: the checkpoint on sshfs to 127.0.0.1 (local sshd)")
+    if not (have("sshfs") and os.path.exists("/usr/sbin/sshd") and have("ssh-keygen")):
+        log("  skipped (sshfs or openssh-server not installed)")
+        return
+    if os.geteuid() != 0:
+        log("  skipped (needs root for a local sshd)")
+        return
+    sd = os.path.join(d, "ssh")
+    os.makedirs(sd, mode=0o700)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(sd, "host")])
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(sd, "user")])
+    shutil.copy(os.path.join(sd, "user.pub"), os.path.join(sd, "authorized_keys"))
+    port = 20000 + os.getpid() % 20000
+    cfg = os.path.join(sd, "sshd_config")
+    with open(cfg, "w") as f:
+        f.write("Port %d\nListenAddress 127.0.0.1\nHostKey %s\nAuthorizedKeysFile %s\nPermitRootLogin prohibit-password\n"
+                "PasswordAuthentication no\nStrictModes no\nUsePAM no\nPidFile %s\nSubsystem sftp internal-sftp\n"
+                % (port, os.path.join(sd, "host"), os.path.join(sd, "authorized_keys"), os.path.join(sd, "pid")))
+    os.makedirs("/run/sshd", exist_ok=True)
+    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    net = os.path.join(d, "net")
+    mnt = os.path.join(d, "m")
+    try:
+        time.sleep(0.5)
+        os.makedirs(net, exist_ok=True)
+        opts = ("port=%d,IdentityFile=%s,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,ro"
+                % (port, os.path.join(sd, "user")))
+        for i in range(50):
+            r = subprocess.run(["sshfs", "127.0.0.1:" + d, net, "-o", opts], capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            log("  skipped (sshfs failed: %s)" % r.stderr.strip())
+            return
+        remote = os.path.join(net, os.path.basename(st))
+        cat_t, bs_t = [], []
+        for _ in range(a.runs):
+            # Each run: a fresh sshfs view (its own cache is per mount).
+            cat_t.append(dd_read(remote, off, size))
+            force_unmount(net)
+            run(["sshfs", "127.0.0.1:" + d, net, "-o", opts])
+            with BS(a.bin, remote, mnt):
+                bs_t.append(dd_read(os.path.join(mnt, "big")))
+            force_unmount(net)
+            run(["sshfs", "127.0.0.1:" + d, net, "-o", opts])
+        c, b = med(cat_t), med(bs_t)
+        row("sshfs", "dd of the tensor's bytes through sshfs", c, "s")
+        row("sshfs", "burnstore on sshfs, first read", b, "s", c, c / b)
+    finally:
+        force_unmount(mnt)
+        force_unmount(net)
+        sshd.send_signal(signal.SIGTERM)
+        sshd.wait(timeout=30)
+
+
+def find_time(root):
+    t = time.perf_counter()
+    out = subprocess.run(["find", root, "-type", "f"], check=True, capture_output=True).stdout
+    return time.perf_counter() - t, out.count(b"\n")
+
+
+def sec_list(a, d):
+    n, nls = a.tensors, a.ls_tensors
+    mnt = os.path.join(d, "m")
+    can_drop = os.geteuid() == 0
+    for shape, keys in (("flat", flat_keys(n)), ("LLM-shaped", llm_keys(n))):
+        log("list: %d tensors, %s" % (n, shape))
+        src = os.path.join(d, "list-%s.safetensors" % shape[:3])
+        write_many(src, keys)
+        tree = os.path.join(d, "tree-%s" % shape[:3])
+        native_tree(tree, keys)
+        find_time(tree)
+        warm = med([find_time(tree)[0] for _ in range(a.runs)])
+        row("list", "%s: native find (warm)" % shape, warm, "s")
+        firsts, seconds, hwm, mts = [], [], [], []
+        for _ in range(a.runs):
+            run(["cat", src])
+            t = time.perf_counter()
+            with BS(a.bin, src, mnt, foreground=True) as m:
+                f1, cnt = find_time(mnt)
+                firsts.append(time.perf_counter() - t)
+                mts.append(m.mount_time)
+                seconds.append(find_time(mnt)[0])
+                hwm.append(m.hwm_kb())
+                if cnt != len(keys):
+                    raise RuntimeError("find listed %d of %d" % (cnt, len(keys)))
+        lim = 8 if shape == "flat" else 10
+        row("list", "%s: mount" % shape, med(mts), "s")
+        row("list", "%s: mount + first find" % shape, med(firsts), "s", warm, med(firsts) / warm,
+            "<= %dx" % lim, med(firsts) / warm <= lim)
+        row("list", "%s: second find" % shape, med(seconds), "s", warm, med(seconds) / warm,
+            "<= 1.0x", med(seconds) / warm <= 1.0)
+        peak = max(hwm) * 1024
+        budget = 16 * 2**20 + 200 * n
+        row("memory", "%s %d tensors: peak (VmHWM, -f)" % (shape, n), peak / 2**20, "MiB",
+            budget / 2**20, peak / budget, "<= 16 MiB + 200 B/t", peak <= budget)
+        if can_drop:
+            drop_caches()
+            cold = find_time(tree)[0]
+            drop_caches()
+            t = time.perf_counter()
+            with BS(a.bin, src, mnt):
+                find_time(mnt)
+                cold_bs = time.perf_counter() - t
+            row("list", "%s: native find after drop_caches" % shape, cold, "s")
+            row("list", "%s: mount + find after drop_caches" % shape, cold_bs, "s", cold, cold_bs / cold)
+        shutil.rmtree(tree)
+        os.unlink(src)
+
+    log("list: ls -lR of %d tensors" % nls)
+    keys = ["layers.%d.%s" % (i // 10, "w%d" % (i % 10)) for i in range(nls)]
+    src = os.path.join(d, "ls.safetensors")
+    write_many(src, keys)
+    tree = os.path.join(d, "tree-ls")
+    native_tree(tree, keys)
+
+    def lslr(root):
+        t = time.perf_counter()
+        subprocess.run(["ls", "-lR", root], check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - t
+    lslr(tree)
+    nat = med([lslr(tree) for _ in range(a.runs)])
+    got = []
+    for _ in range(a.runs):
+        with BS(a.bin, src, mnt):
+            got.append(lslr(mnt))
+    row("list", "native ls -lR (warm)", nat, "s")
+    row("list", "burnstore ls -lR (first)", med(got), "s", nat, med(got) / nat, "<= 4x", med(got) / nat <= 4)
+    shutil.rmtree(tree)
+
+
+def sec_million(a, d):
+    n = a.million
+    log("memory: %d tensors (grouped by 1000)" % n)
+    src = os.path.join(d, "million.safetensors")
+    write_many(src, ["b%d.t%d" % (i // 1000, i % 1000) for i in range(n)])
+    run(["cat", src])
+    mnt = os.path.join(d, "m")
+    mts, hwm = [], []
+    for _ in range(max(1, min(a.runs, 3))):
+        with BS(a.bin, src, mnt, foreground=True) as m:
+            mts.append(m.mount_time)
+            hwm.append(m.hwm_kb())
+    budget = 16 * 2**20 + 200 * n
+    peak = max(hwm) * 1024
+    row("memory", "%d tensors: mount time" % n, med(mts), "s", None, None, "<= 2 s", med(mts) <= 2)
+    row("memory", "%d tensors: peak (VmHWM, -f)" % n, peak / 2**20, "MiB", budget / 2**20, peak / budget,
+        "<= 16 MiB + 200 B/t", peak <= budget)
+    os.unlink(src)
+
+
+def sec_write(a, d):
+    size = a.size_mib << 20
+    log("write: %d MiB" % a.size_mib)
+    mnt = os.path.join(d, "m")
+    native = os.path.join(d, "native.bin")
+    for bs in ("32k", "1M"):
+        count = size // (32 << 10 if bs == "32k" else 1 << 20)
+        nat, got = [], []
+        for i in range(a.runs):
+            if os.path.exists(native):
+                os.unlink(native)
+            nat.append(timed(["dd", "if=/dev/zero", "of=" + native, "bs=" + bs, "count=%d" % count]))
+            out = os.path.join(d, "w.safetensors")
+            with BS(a.bin, out, mnt):
+                got.append(timed(["dd", "if=/dev/zero", "of=" + os.path.join(mnt, "t"), "bs=" + bs,
+                                  "count=%d" % count]))
+            os.unlink(out)
+        n_, g = med(nat), med(got)
+        ok = n_ / g >= 0.35 if bs == "32k" else None
+        row("write", "dd bs=%s into a writable mount" % bs, g, "s", n_, n_ / g,
+            ">= 0.35" if bs == "32k" else None, ok)
+    # rsync in + burnstore -u vs cp + sync vs rsync + sync.
+    srcdir = os.path.join(d, "wsrc")
+    os.makedirs(srcdir, exist_ok=True)
+    payload = os.path.join(srcdir, "t")
+    with open(payload, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(a.size_mib):
+            f.write(chunk)
+    run(["cat", payload])
+    cp_t, rs_t, bs_t = [], [], []
+    for i in range(a.runs):
+        dst = os.path.join(d, "wdst")
+        shutil.rmtree(dst, ignore_errors=True)
+        os.makedirs(dst)
+        t = time.perf_counter()
+        run(["cp", payload, dst])
+        run(["sync"])
+        cp_t.append(time.perf_counter() - t)
+        shutil.rmtree(dst)
+        os.makedirs(dst)
+        t = time.perf_counter()
+        run(["rsync", "-a", srcdir + "/", dst + "/"])
+        run(["sync"])
+        rs_t.append(time.perf_counter() - t)
+        shutil.rmtree(dst)
+        out = os.path.join(d, "r.safetensors")
+        t = time.perf_counter()
+        with BS(a.bin, out, mnt) as m:
+            run(["rsync", "-a", srcdir + "/", mnt + "/"])
+            m.unmount()
+        bs_t.append(time.perf_counter() - t)
+        os.unlink(out)
+    c, r, b = med(cp_t), med(rs_t), med(bs_t)
+    row("write", "cp + sync", c, "s")
+    row("write", "native rsync + sync", r, "s")
+    row("write", "mount + rsync in + burnstore -u", b, "s", r, b / r, "<= 1.5x", b / r <= 1.5)
+    row("write", "  the same vs cp + sync", b, "s", c, b / c)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mib", type=int, default=512)
-    ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "../../build/burnstore"))
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--runs", type=int, default=5)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one run: checks that it works")
+    ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../build/burnstore"))
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--runs", type=int, default=None)
+    ap.add_argument("--size-mib", type=int, default=None)
+    ap.add_argument("--only", default=None, help="comma-separated sections: read,readers,sshfs,list,million,write")
+    ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args()
-    size = a.size_mib << 20
+    a.bin = os.path.abspath(a.bin)
+    q = a.quick
+    a.runs = a.runs or (1 if q else 3)
+    a.size_mib = a.size_mib or (8 if q else 512)
+    a.tensors = 2000 if q else 100000
+    a.ls_tensors = 500 if q else 20000
+    a.million = 20000 if q else 1000000
+    only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
-    mnt = os.path.join(d, "m")
-    os.makedirs(mnt)
+    t0 = time.time()
     try:
-        src = os.path.join(d, "big.safetensors")
-        header = json.dumps({"__metadata__": {"format": "pt"},
-                             "big": {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}}).encode()
-        header += b" " * (-len(header) % 8)
-        with open(src, "wb") as f:
-            f.write(struct.pack("<Q", len(header)) + header)
-            chunk = os.urandom(1 << 20)
-            for _ in range(a.size_mib):
-                f.write(chunk)
-        off = 8 + len(header)
-        subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # into the page cache
-        base = [timed(dd_range(src, off, size)) for _ in range(a.runs)]
-        subprocess.run([a.bin, src, mnt], check=True)
-        try:
-            cold = timed(["dd", "if=" + os.path.join(mnt, "big"), "of=/dev/null", "bs=1M"])
-            warm = [timed(["dd", "if=" + os.path.join(mnt, "big"), "of=/dev/null", "bs=1M"]) for _ in range(a.runs)]
-        finally:
-            subprocess.run([a.bin, "-u", mnt], check=True)
-        mb = size / 1e6
-        b, w = statistics.median(base), statistics.median(warm)
-        print("read %d MiB (median of %d):" % (a.size_mib, a.runs))
-        print("  backing file, same range : %7.3f s  %7.0f MB/s" % (b, mb / b))
-        print("  mount, first read (cold) : %7.3f s  %7.0f MB/s  ratio %.2fx the baseline time" % (cold, mb / cold, cold / b))
-        print("  mount, again (warm)      : %7.3f s  %7.0f MB/s  ratio %.2fx" % (w, mb / w, w / b))
-
-        # Write-back of the same bytes.
-        plain = os.path.join(d, "plain.bin")
-        t_cp = []
-        for _ in range(3):
-            if os.path.exists(plain):
-                os.unlink(plain)
-            t = time.perf_counter()
-            subprocess.run(["dd", "if=" + src, "of=" + plain, "bs=1M", "iflag=skip_bytes,count_bytes",
-                            "skip=%d" % off, "count=%d" % size], check=True, stderr=subprocess.DEVNULL)
-            subprocess.run(["sync"], check=True)
-            t_cp.append(time.perf_counter() - t)
-        t_w, t_u = [], []
-        for i in range(3):
-            out = os.path.join(d, "out%d.bpk" % i)
-            subprocess.run([a.bin, out, mnt], check=True)
-            t_w.append(timed(["dd", "if=" + plain, "of=" + os.path.join(mnt, "big"), "bs=1M"]))
-            t_u.append(timed([a.bin, "-u", mnt]))
-            os.unlink(out)
-        c, ww, uu = statistics.median(t_cp), statistics.median(t_w), statistics.median(t_u)
-        print("write %d MiB (median of 3):" % a.size_mib)
-        print("  cp + sync (baseline)     : %7.3f s" % c)
-        print("  write into the mount     : %7.3f s" % ww)
-        print("  burnstore -u (write-back): %7.3f s  ratio %.2fx the baseline" % (uu, uu / c))
-        print("  write + write-back       : %7.3f s  ratio %.2fx" % (ww + uu, (ww + uu) / c))
+        st = off = size = None
+        if "read" in only or "sshfs" in only:
+            st, off, size = sec_read(a, d)
+        if "readers" in only:
+            sec_readers(a, d)
+        if "sshfs" in only:
+            sec_sshfs(a, d, st, off, size)
+        if "list" in only:
+            sec_list(a, d)
+        if "million" in only:
+            sec_million(a, d)
+        if "write" in only:
+            sec_write(a, d)
     finally:
-        subprocess.run(["fusermount3", "-uz", mnt], stderr=subprocess.DEVNULL)
+        force_unmount(os.path.join(d, "m"))
+        force_unmount(os.path.join(d, "net"))
         shutil.rmtree(d, ignore_errors=True)
+    log("\n| section | figure | value | baseline | ratio | target |")
+    log("|---|---|---|---|---|---|")
+    for s, name, v, u, b, r, t, ok in ROWS:
+        log("| %s | %s | %.3f %s | %s | %s | %s |" % (
+            s, name.strip(), v, u, "" if b is None else "%.3f" % b, "" if r is None else "%.2f" % r,
+            "" if t is None else "%s: %s" % (t, "met" if ok else "**missed**")))
+    log("(%s; %d run(s) each, medians; %.0f s)" % ("quick" if q else "full", a.runs, time.time() - t0))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([dict(zip(("section", "name", "value", "unit", "baseline", "ratio", "target", "ok"), r))
+                       for r in ROWS], f, indent=1)
+    if q and not ROWS:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

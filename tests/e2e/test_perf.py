@@ -9,11 +9,13 @@ import errno
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, force_unmount, is_mounted, run, run_tests, DEADLINE)
+from bsmount import (BIN, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
+                     DEADLINE)
 
 
 def write_st(path, keys, nbytes=4):
@@ -180,6 +182,121 @@ def test_writable_listing_changes(tmp):
         check(st.st_blksize == 4096, "st_blksize 4 KiB on rw too: %d" % st.st_blksize)
 
 
+def test_writeback_cache_requests(tmp):
+    out = os.path.join(tmp, "wb.safetensors")
+    with DebugMount(out, os.path.join(tmp, "m"), os.path.join(tmp, "wb.log")) as m:
+        b = m.ops()
+        data = os.urandom(1 << 20)
+        fd = os.open(os.path.join(m.mnt, "t"), os.O_WRONLY | os.O_CREAT, 0o644)
+        for i in range(0, len(data), 32 << 10):
+            os.write(fd, data[i:i + (32 << 10)])
+        os.close(fd)
+        got = m.since(b)
+        print("1 MiB in 32 KiB writes:", got)
+        check(0 < got.get("WRITE", 0) <= 16,
+              "the write-back cache sends the 32 writes as a few large WRITEs: %r" % got)
+        with open(os.path.join(m.mnt, "t"), "rb") as f:
+            check(f.read() == data, "read back through the cache")
+        # O_APPEND is placed by the kernel with the cache on.
+        with open(os.path.join(m.mnt, "t"), "ab") as f:
+            f.write(b"tail")
+        with open(os.path.join(m.mnt, "t"), "rb") as f:
+            check(f.read() == data + b"tail", "O_APPEND appends")
+    t = read_safetensors(out)[0]["t"]
+    check(t[2] == data + b"tail", "written back")
+
+
+def test_mmap_and_direct_io(tmp):
+    """Tensor files map (np.memmap, mmap) by default; -o direct_io reads the
+    same bytes, and a shared map then either works or fails with ENODEV
+    (libfuse < 3.16), never with wrong bytes; direct_io is read-only."""
+    import mmap
+    import numpy as np
+    src = os.path.join(tmp, "mm.safetensors")
+    truth = (np.arange(300000, dtype=np.float32) * 0.5).astype("<f4")
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [300000], "data_offsets": [0, truth.nbytes]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + truth.tobytes())
+    with Mount(src, os.path.join(tmp, "m")) as mnt:
+        p = os.path.join(mnt, "w")
+        a = np.memmap(p, dtype="<f4", mode="r")
+        check(a.shape == truth.shape and np.array_equal(a, truth), "np.memmap of a tensor file")
+        del a
+        with open(p, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            check(m[:] == truth.tobytes(), "mmap of a tensor file")
+            check(m[4000:4008] == truth.tobytes()[4000:4008], "mapped slice")
+            m.close()
+    with Mount(src, os.path.join(tmp, "m"), opts="direct_io") as mnt:
+        p = os.path.join(mnt, "w")
+        with open(p, "rb") as f:
+            check(f.read() == truth.tobytes(), "direct_io: read")
+            try:
+                m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+                check(m[:] == truth.tobytes(), "direct_io: a map that works has the bytes")
+                m.close()
+            except OSError as e:
+                check(e.errno == errno.ENODEV, "direct_io: mmap fails with ENODEV: %r" % e)
+    r = run([BIN, src, os.path.join(tmp, "m"), "-o", "rw,direct_io,output=" + os.path.join(tmp, "o.safetensors")])
+    check(r.returncode != 0 and "direct_io applies to read-only mounts" in r.stderr,
+          "direct_io refused on a writable mount: %r" % r.stderr)
+    force_unmount(os.path.join(tmp, "m"))
+
+
+def daemon_pid(mnt):
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"burnstore" and mnt.encode() in argv:
+            return int(p)
+    return None
+
+
+def test_sigterm_keeps_dirty_pages(tmp):
+    """With the write-back cache on, a signal flushes the kernel's dirty
+    pages and waits for open files to close before the loop ends: every
+    byte is written back."""
+    size = 64 << 20
+    pattern = os.urandom(1 << 20)
+    for how, keep_open in (("SIGTERM", True), ("SIGINT", False), ("SIGTERM", False)):
+        out = os.path.join(tmp, "sig-%s-%d.safetensors" % (how, keep_open))
+        mnt = os.path.realpath(os.path.join(tmp, "ms"))
+        with Mount(out, mnt):
+            pid = daemon_pid(mnt)
+            check(pid is not None, "daemon found")
+            f = open(os.path.join(mnt, "big"), "wb")
+            for i in range(size // len(pattern)):
+                f.write(pattern)
+            f.flush()
+            if not keep_open:
+                f.close()
+            os.kill(pid, getattr(signal, how))
+            if keep_open:
+                time.sleep(0.5)  # the daemon must still serve this file
+                f.close()  # its close sends the last dirty pages
+            u = run([BIN, "-u", mnt], timeout=120)
+            check(u.returncode == 0 or "not mounted" in u.stderr,
+                  "%s: burnstore -u waits and reports: %r" % (how, u.stderr))
+            end = time.time() + 60
+            while daemon_pid(mnt) and time.time() < end:
+                time.sleep(0.1)
+        check(os.path.exists(out), "%s (file %s): written back" % (how, "open" if keep_open else "closed"))
+        if os.path.exists(out):
+            t = read_safetensors(out)[0].get("big")
+            got = t[2] if t else b""
+            check(len(got) == size, "%s: %d of %d bytes kept" % (how, len(got), size))
+            bad = next((i for i in range(0, min(len(got), size), len(pattern))
+                        if got[i:i + len(pattern)] != pattern), None)
+            check(bad is None, "%s: every byte kept (first bad MiB at %r)" % (how, bad))
+            os.unlink(out)
+
+
 if __name__ == "__main__":
     run_tests("test_perf", [test_readonly_directory_cache, test_ls_l_requests, test_foreign_xattrs,
-                            test_writable_listing_changes], "perf")
+                            test_writable_listing_changes, test_writeback_cache_requests,
+                            test_sigterm_keeps_dirty_pages, test_mmap_and_direct_io], "perf")
