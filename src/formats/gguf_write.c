@@ -423,6 +423,28 @@ static int cmp_order(const void *a, const void *b, void *c)
   return *(const size_t *)a < *(const size_t *)b ? -1 : *(const size_t *)a > *(const size_t *)b;
 }
 
+static int cmp_meta(const void *a, const void *b)
+{
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* GGUF readers refuse a key that appears twice. */
+static int unique_meta(const struct bs_catalog *cat, bs_err *err)
+{
+  const char **v = bs_malloc((cat->nmeta ? cat->nmeta : 1) * sizeof *v);
+  if (!v)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < cat->nmeta; i++)
+    v[i] = cat->meta[i].key;
+  qsort(v, cat->nmeta, sizeof *v, cmp_meta);
+  int rc = 0;
+  for (size_t i = 1; i < cat->nmeta && !rc; i++)
+    if (strcmp(v[i - 1], v[i]) == 0)
+      rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice", v[i]);
+  bs_free(v);
+  return rc;
+}
+
 static int plan(struct ctx *x, bs_err *err)
 {
   const struct bs_catalog *cat = x->cat;
@@ -456,6 +478,8 @@ static int plan(struct ctx *x, bs_err *err)
                        cat->meta[i].value, BS_GGUF_MAX_ALIGN);
       x->align = a;
     }
+  if (unique_meta(cat, err) != 0)
+    return -1;
   size_t n = 0;
   for (size_t i = 0; i < cat->count; i++)
     n += !cat->tensors[i].hidden;
