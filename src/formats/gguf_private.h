@@ -40,7 +40,7 @@ enum bs_gguf_vtype {
 #define BS_GGUF_MAX_KEY 65535u       /* key length (the spec: up to 2^16 - 1 bytes) */
 #define BS_GGUF_MAX_KV 1000000u      /* key/values in one file */
 #define BS_GGUF_MAX_META (48u << 20) /* bytes of rendered metadata text, all values */
-#define BS_GGUF_MAX_ALIGN (1u << 30) /* general.alignment we accept */
+#define BS_GGUF_MAX_ALIGN (1u << 20) /* general.alignment we accept (ggml: any power of two) */
 #define BS_GGUF_NTYPES 40u           /* ggml type ids 0..39 (MXFP4 = 39) */
 
 struct bs_gguf_kv {

@@ -362,8 +362,9 @@ struct ctx {
   const struct bs_catalog *cat;
   struct bs_gguf orig; /* the source's header, if the first source is GGUF */
   bool has_orig;
-  size_t *order; /* tensor indices, output order */
-  size_t n;      /* tensors to write */
+  size_t *kv_sorted; /* orig.kv indices sorted by key, for lookups */
+  size_t *order;     /* tensor indices, output order */
+  size_t n;          /* tensors to write */
   uint64_t align;
   uint64_t *offs;    /* per output position, relative to the data section */
   uint64_t data_end; /* relative */
@@ -375,13 +376,31 @@ static void ctx_destroy(struct ctx *x)
     bs_gguf_free(&x->orig);
   bs_free(x->order);
   bs_free(x->offs);
+  bs_free(x->kv_sorted);
 }
 
+static int cmp_kv(const void *a, const void *b, void *c)
+{
+  const struct bs_gguf *g = c;
+  return strcmp(g->kv[*(const size_t *)a].key, g->kv[*(const size_t *)b].key);
+}
+
+/* The source's key/value `key`, or NULL: a binary search (a file may hold a
+ * million keys). */
 static const struct bs_gguf_kv *orig_kv(const struct ctx *x, const char *key)
 {
-  for (size_t i = 0; x->has_orig && i < x->orig.nkv; i++)
-    if (strcmp(x->orig.kv[i].key, key) == 0)
-      return &x->orig.kv[i];
+  size_t lo = 0, hi = x->has_orig ? x->orig.nkv : 0;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const struct bs_gguf_kv *kv = &x->orig.kv[x->kv_sorted[mid]];
+    int c = strcmp(kv->key, key);
+    if (c == 0)
+      return kv;
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   return NULL;
 }
 
@@ -404,6 +423,28 @@ static int cmp_order(const void *a, const void *b, void *c)
   return *(const size_t *)a < *(const size_t *)b ? -1 : *(const size_t *)a > *(const size_t *)b;
 }
 
+static int cmp_meta(const void *a, const void *b)
+{
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* GGUF readers refuse a key that appears twice. */
+static int unique_meta(const struct bs_catalog *cat, bs_err *err)
+{
+  const char **v = bs_malloc((cat->nmeta ? cat->nmeta : 1) * sizeof *v);
+  if (!v)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < cat->nmeta; i++)
+    v[i] = cat->meta[i].key;
+  qsort(v, cat->nmeta, sizeof *v, cmp_meta);
+  int rc = 0;
+  for (size_t i = 1; i < cat->nmeta && !rc; i++)
+    if (strcmp(v[i - 1], v[i]) == 0)
+      rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice", v[i]);
+  bs_free(v);
+  return rc;
+}
+
 static int plan(struct ctx *x, bs_err *err)
 {
   const struct bs_catalog *cat = x->cat;
@@ -415,6 +456,12 @@ static int plan(struct ctx *x, bs_err *err)
       if (bs_gguf_parse(&cat->srcs[0], &x->orig, err) != 0)
         return -1;
       x->has_orig = true;
+      x->kv_sorted = bs_malloc((x->orig.nkv ? x->orig.nkv : 1) * sizeof *x->kv_sorted);
+      if (!x->kv_sorted)
+        return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+      for (size_t i = 0; i < x->orig.nkv; i++)
+        x->kv_sorted[i] = i;
+      qsort_r(x->kv_sorted, x->orig.nkv, sizeof *x->kv_sorted, cmp_kv, &x->orig);
     }
   }
   /* The alignment: general.alignment as the catalog has it. */
@@ -431,6 +478,8 @@ static int plan(struct ctx *x, bs_err *err)
                        cat->meta[i].value, BS_GGUF_MAX_ALIGN);
       x->align = a;
     }
+  if (unique_meta(cat, err) != 0)
+    return -1;
   size_t n = 0;
   for (size_t i = 0; i < cat->count; i++)
     n += !cat->tensors[i].hidden;

@@ -13,8 +13,8 @@ import struct
 import subprocess
 import sys
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, key_to_relpath, run, run_tests, tensor_files,
-                     xattrs)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, key_to_relpath,
+                     mem_limit_kb, run, run_tests, tensor_files, xattrs)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -274,8 +274,89 @@ def test_hostile_files_are_refused(tmp):
         check("\n" not in err, "%s: one line: %r" % (name, err))
 
 
+def test_metadata_edit_streams_the_tensors(tmp):
+    """Changing general.name of a model with a 192 MiB tensor: the daemon
+    (in the foreground, so its peak RSS is ours to read) copies the tensor
+    in chunks, never whole."""
+    src = os.path.join(tmp, "big.gguf")
+    n = 48 << 20  # F32 elements: 192 MiB
+    head = bytearray(b"GGUF" + struct.pack("<IQQ", 3, 1, 1))
+    head += struct.pack("<Q", 12) + b"general.name" + struct.pack("<I", G.VSTRING) + struct.pack("<Q", 3) + b"old"
+    head += struct.pack("<Q", 1) + b"w" + struct.pack("<IQIQ", 1, n, 0, 0)
+    head += b"\0" * ((-len(head)) % 32)
+    with open(src, "wb") as f:
+        f.write(head)
+        f.seek(len(head) + 4 * n - 4)
+        f.write(struct.pack("<f", 2.5))  # sparse zeros, then one value at the end
+    mnt = os.path.join(tmp, "big")
+    os.makedirs(mnt, exist_ok=True)
+    p = subprocess.Popen([BIN, "-f", src, mnt, "-o", "rw"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        import time
+        for _ in range(600):
+            if is_mounted(mnt) or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        check(is_mounted(mnt), "foreground mount")
+        os.setxattr(mnt, META + "general.name", b"new name")
+        run(["fusermount3", "-u", mnt], timeout=600)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = status
+    finally:
+        force_unmount(mnt)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(os.waitstatus_to_exitcode(status) == 0, "daemon exit status %r" % status)
+    check(ru.ru_maxrss < mem_limit_kb(64 * 1024),
+          "peak daemon memory %d KiB while rewriting 192 MiB (< 64 MiB)" % ru.ru_maxrss)
+    ref = G.Reader(src)
+    check(ref.kv["general.name"] == (G.VSTRING, "new name"), "the name changed")
+    t = ref.tensors["w"]
+    check(t["nbytes"] == 4 * n and t["data"][-4:] == struct.pack("<f", 2.5) and not any(t["data"][:4096]),
+          "the tensor copied")
+
+
+def test_finish_after_enospc_keeps_types(tmp):
+    """A write-back that fails for lack of space keeps its staging; --finish
+    completes it later, still with the metadata's GGUF types."""
+    small = os.path.join(tmp, "small")
+    os.makedirs(small)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small])
+    if not check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr):
+        return
+    stg = os.path.join(tmp, "stg-finish")
+    os.makedirs(stg)
+    try:
+        src = os.path.join(small, "m.gguf")
+        G.write_tiny(src)
+        with Mount(src, os.path.join(tmp, "f"), opts="rw,staging=" + stg) as m:
+            os.setxattr(m, META + "t.u32", b"99")
+            with open(os.path.join(m, "big"), "wb") as f:
+                f.write(bytes(60000))
+            os.setxattr(os.path.join(m, "big"), "user.burnstore.dtype", b"I8")
+            u = m.unmount()
+        check(u.returncode != 0, "the write-back fails for lack of space: %r" % u.stderr)
+        left = os.listdir(stg)
+        check(len(left) == 1, "staging kept: %r" % left)
+        if left:
+            run(["mount", "-o", "remount,size=4m", small])
+            r = run([BIN, "--finish", os.path.join(stg, left[0])])
+            check(r.returncode == 0, "--finish: %s" % r.stderr)
+            ref = G.Reader(src)
+            check(ref.kv["t.u32"] == (G.VU32, 99), "--finish kept the uint32 type: %r" % (ref.kv["t.u32"],))
+            check(ref.tensors["big"]["type"] == "I8" and ref.tensors["big"]["nbytes"] == 60000, "the new tensor")
+            check(ref.kv["a.nested"][1][0] == G.VARRAY, "other metadata intact")
+    finally:
+        run(["umount", small])
+        if is_mounted(small):
+            run(["umount", "-l", small])
+        shutil.rmtree(stg, ignore_errors=True)
+
+
 if __name__ == "__main__":
     run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_listed_but_E2BIG,
                             test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
                             test_remove_and_add_tensors, test_round_trip_and_new_output,
-                            test_hostile_files_are_refused], "gguf")
+                            test_hostile_files_are_refused, test_metadata_edit_streams_the_tensors,
+                            test_finish_after_enospc_keeps_types], "gguf")

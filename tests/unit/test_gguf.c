@@ -383,6 +383,9 @@ Test(gguf, hostile_headers)
   key(&B, "general.alignment", BS_GG_U32), u32(&B, 0);
   expect_fail("alignment 0", EINVAL, "power of two");
   head(&B, 3, 0, 1);
+  key(&B, "general.alignment", BS_GG_U32), u32(&B, 1u << 21);
+  expect_fail("alignment 2 MiB", EINVAL, "power of two from 1 to");
+  head(&B, 3, 0, 1);
   key(&B, "general.alignment", BS_GG_U8), u8(&B, 32);
   expect_fail("alignment u8", EINVAL, "uint32");
   B.n = 0;
@@ -669,6 +672,13 @@ Test(gguf, new_file_from_another_catalog)
   cat.meta[0].value = bs_strdup("48");
   out = write_mem(&cat, -1, &err);
   cr_expect_not_null(strstr(err.msg, "power of two"), "%s", err.msg);
+  bs_buf_destroy(&out);
+  /* nor does a key twice */
+  bs_free(cat.meta[0].value);
+  cat.meta[0].value = bs_strdup("32");
+  cr_assert_eq(bs_catalog_add_meta(&cat, "format", "again", &err), 0);
+  out = write_mem(&cat, -1, &err);
+  cr_expect_not_null(strstr(err.msg, "appears twice"), "%s", err.msg);
   bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
 }
