@@ -95,6 +95,11 @@ def test_long_values_are_listed_but_E2BIG(tmp):
     ref = G.Reader(src)
     check(ref.kv["tokenizer.ggml.tokens"] == (G.VARRAY, (G.VSTRING, tokens)), "the vocabulary kept whole")
     check(ref.kv["general.name"] == (G.VSTRING, "renamed"), "the name changed")
+    import json
+    r = subprocess.run([BIN, "info", "--meta", "tokenizer.ggml.tokens", src], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode == 0 and json.loads(r.stdout) == tokens,
+          "burnstore info --meta prints the long value in full: %r" % (r.stdout[:200] + r.stderr))
 
 
 def test_setfattr_writes_back_typed_metadata(tmp):
