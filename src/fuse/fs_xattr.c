@@ -105,7 +105,10 @@ static struct bs_entry *root_entry(struct fs *fs)
 static int get_root(struct fs *fs, const char *name, struct xbuf *b)
 {
   if (strcmp(name, XA_FORMAT) == 0)
-    return xadds(b, fs->cat.format == BS_FMT_NONE ? "burnpack" : bs_format_name(fs->cat.format));
+    /* A new mount has no source: it is what its output will be. */
+    return xadds(b, fs->cat.format != BS_FMT_NONE ? bs_format_name(fs->cat.format)
+                    : fs->writer                  ? fs->writer->name
+                                                  : "burnpack");
   if (strcmp(name, XA_VALUES) == 0 && fs->cat.values_json)
     return xadds(b, fs->cat.values_json);
   if (strcmp(name, XA_NOTES) == 0 && fs->cat.notes)

@@ -213,6 +213,8 @@ def test_round_trip_and_new_output(tmp):
     # A new .gguf path: the GGUF writer is chosen by the extension.
     new = os.path.join(tmp, "new.gguf")
     with Mount(new, os.path.join(tmp, "n")) as m:
+        check(os.getxattr(m, "user.burnstore.format") == b"gguf", "a new .gguf mount says gguf: %r"
+              % os.getxattr(m, "user.burnstore.format"))
         with open(os.path.join(m, "w"), "wb") as f:
             f.write(struct.pack("<4f", 1, 2, 3, 4))
         os.setxattr(os.path.join(m, "w"), "user.burnstore.dtype", b"F32")
