@@ -20,11 +20,8 @@ int fs_npy_build(struct fs *fs, int mode, bs_err *err)
     if (!nd || nd->is_dir || nd->tensor < 0)
       continue;
     const struct bs_tensor *t = &fs->cat.tensors[nd->tensor];
-    if (!bs_npy_descr(t->dtype, NULL)) {
-      if (mode == FS_NPY_ONLY) /* no .npy form: it stays as it is */
-        continue;
-      continue;
-    }
+    if (!bs_npy_descr(t->dtype, NULL))
+      continue; /* no .npy form (F4, F6, QFLOAT): the plain file stays, also with npy=only */
     size_t len = strlen(nd->name);
     if (len + 4 > BS_NAME_MAX)
       return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, t->name,
