@@ -682,9 +682,9 @@ static enum fp_result fp_unique(const struct entry *ents, size_t n)
   return r;
 }
 
-/* The whole header. ents has room for `cap` entries (the top-level key
- * count of a scan of the text). */
-static enum fp_result fp_header(struct fp *p, struct entry *ents, size_t cap, size_t *nents,
+/* The whole header; *ents grows as it goes (a large realloc moves pages,
+ * touching only what is used) and is trimmed by the caller. */
+static enum fp_result fp_header(struct fp *p, struct entry **ents, size_t *cap, size_t *nents,
                                 struct dims *dims, struct meta_kv **kv, size_t *nkv,
                                 bool *have_meta)
 {
@@ -705,9 +705,9 @@ static enum fp_result fp_header(struct fp *p, struct entry *ents, size_t cap, si
           return r;
         continue;
       }
-      if (*nents >= cap)
-        return FP_FALLBACK;
-      enum fp_result r = fp_entry(p, key, PREFIX + at, &ents[*nents], dims);
+      if (*nents >= *cap && bs_grow((void **)ents, cap, *nents + 1, sizeof **ents) != 0)
+        return FP_NOMEM;
+      enum fp_result r = fp_entry(p, key, PREFIX + at, &(*ents)[*nents], dims);
       if (r != FP_OK)
         return r;
       (*nents)++;
@@ -718,7 +718,7 @@ static enum fp_result fp_header(struct fp *p, struct entry *ents, size_t cap, si
   fp_ws(p);
   if (p->i != p->n)
     return FP_FALLBACK;
-  return fp_unique(ents, *nents);
+  return fp_unique(*ents, *nents);
 }
 
 static int cmp_entry(const void *a, const void *b)
@@ -929,15 +929,15 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
     goto out;
 
   /* The streaming pass; the jansson path for whatever it does not accept. */
-  scan_text(h, n, &sc); /* counts the top-level keys: the entry array's exact size */
-  ents = bs_calloc(sc.nkeys ? sc.nkeys : 1, sizeof *ents);
-  if (!ents) {
-    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    goto out;
-  }
   struct fp fp = {(char *)hbuf, n, 0};
   bool have_meta = false;
-  enum fp_result fr = fp_header(&fp, ents, sc.nkeys, &nents, &dims, &mkv, &nmkv, &have_meta);
+  size_t entcap = 0;
+  enum fp_result fr = fp_header(&fp, &ents, &entcap, &nents, &dims, &mkv, &nmkv, &have_meta);
+  if (fr == FP_OK && entcap > nents && nents) {
+    struct entry *e = bs_realloc(ents, nents * sizeof *e); /* exact size */
+    if (e)
+      ents = e;
+  }
   if (fr == FP_NOMEM) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the header");
     goto out;

@@ -507,6 +507,19 @@ static void reply_fd(fuse_req_t req, int fd, uint64_t base, uint64_t len, size_t
   }
   if (size > len - (uint64_t)off)
     size = (size_t)(len - (uint64_t)off);
+  if (fs_data(req)->direct_io) {
+    /* direct_io requests are ~1 MiB: spliced, they ran at 80 MB/s here (the
+     * reply needs a pipe grown past 1 MiB and 257 buffers for an unaligned
+     * range); a pread into memory and one copy ran at 500 MB/s. */
+    char *buf = bs_malloc(size);
+    ssize_t n = buf ? pread(fd, buf, size, (off_t)(base + (uint64_t)off)) : -1;
+    if (n < 0)
+      fuse_reply_err(req, buf ? errno : ENOMEM);
+    else
+      fuse_reply_buf(req, buf, (size_t)n);
+    bs_free(buf);
+    return;
+  }
   /* Straight from the backing file: the kernel can splice it. */
   struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
   bv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK | FUSE_BUF_FD_RETRY;
