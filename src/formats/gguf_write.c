@@ -428,9 +428,28 @@ static int cmp_meta(const void *a, const void *b)
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* GGUF readers refuse a key that appears twice. */
+/* A key GGUF can hold (the reader refuses others): 1 to 65535 bytes. */
+static int key_ok(const char *key, bs_err *err)
+{
+  size_t n = strlen(key);
+  if (n == 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "a metadata key is empty (user.burnstore.meta. with nothing after it): GGUF "
+                   "keys are 1 to %u bytes",
+                   BS_GGUF_MAX_KEY);
+  if (n > BS_GGUF_MAX_KEY)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata key '%.100s...' is %zu bytes long: GGUF keys are 1 to %u bytes", key,
+                   n, BS_GGUF_MAX_KEY);
+  return 0;
+}
+
+/* GGUF readers refuse a key that appears twice, or an empty one. */
 static int unique_meta(const struct bs_catalog *cat, bs_err *err)
 {
+  for (size_t i = 0; i < cat->nmeta; i++)
+    if (key_ok(cat->meta[i].key, err) != 0)
+      return -1;
   const char **v = bs_malloc((cat->nmeta ? cat->nmeta : 1) * sizeof *v);
   if (!v)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -660,6 +679,8 @@ int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key, const char
   bool has = false;
   const uint8_t *types = NULL;
   uint8_t m[4];
+  if (key_ok(key, err) != 0)
+    return -1;
   if (cat->nsrcs > 0 && cat->srcs[0].size >= 4 && bs_src_read(&cat->srcs[0], 0, m, 4, err) == 0 &&
       memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
     if (bs_gguf_parse(&cat->srcs[0], &g, err) != 0)
