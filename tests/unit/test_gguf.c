@@ -772,3 +772,24 @@ Test(gguf, writer_refuses_an_empty_key)
   bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
 }
+
+Test(gguf, alignment_the_setxattr_check_accepts_is_written)
+{
+  /* bs_gguf_check_meta parses general.alignment as a uint32 (spaces
+   * around it allowed); the write-back must read it the same way, not fail
+   * at unmount on what setxattr accepted. */
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_gguf_check_meta(&cat, "general.alignment", "64\n", 3, &err), 0, "%s", err.msg);
+  set_meta(&cat, "general.alignment", "64\n");
+  struct bs_buf out = write_mem(&cat, 0, &err);
+  struct bs_catalog back;
+  cr_assert_eq(open_mem(&back, out.data, out.len, &err), 0, "%s", err.msg);
+  cr_expect_str_eq(meta(&back, "general.alignment"), "64");
+  cr_expect_eq(tensor(&back, "blk.0.q8")->off % 64, 0);
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&out);
+  bs_catalog_destroy(&cat);
+}
