@@ -45,6 +45,8 @@ BS_NODISCARD int bs_st_default_meta(struct bs_catalog *cat, bs_err *err);
  * \t, other controls as \u00xx, nothing else), quotes included, appended to
  * b. -1 on out of memory. Shared with the shard index writer. */
 BS_NODISCARD int bs_st_json_string(struct bs_buf *b, const char *s);
+/* The same for n bytes that may hold NUL (as \u0000): GGUF strings. */
+BS_NODISCARD int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t n);
 
 /* Would bs_st_write_some write exactly the file at `path`: the same header
  * bytes, and every tensor's bytes already in that file at the place they

@@ -27,7 +27,7 @@
 #include "burnstore/alloc.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_write.h" /* bs_st_json_string */
+#include "burnstore/st_write.h" /* bs_st_json_string_n */
 #include "gguf_private.h"
 
 /* ---- ggml types --------------------------------------------------------------------------- */
@@ -277,7 +277,7 @@ static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_arr
     int rc;
     if (in_array) {
       struct bs_buf tmp = {0};
-      if (bs_st_json_string(&tmp, s) != 0)
+      if (bs_st_json_string_n(&tmp, s, (size_t)n) != 0)
         rc = bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
       else
         rc = put(c, b, tmp.data, tmp.len);
@@ -386,8 +386,13 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
     if (rc != 0) {
       bs_buf_destroy(&b);
       bs_fail(c->err, EINVAL, at, NULL, "bad value"); /* kept only if none was set */
-      if (c->err && c->err->key[0] == '\0')
-        snprintf(c->err->key, sizeof c->err->key, "%.120s", kv->key);
+      if (c->err && c->err->key[0] == '\0') {
+        /* err->key names a tensor: the metadata key goes in the message */
+        char msg[sizeof c->err->msg + 128];
+        snprintf(msg, sizeof msg, "metadata '%.100s': %s", kv->key, c->err->msg);
+        memcpy(c->err->msg, msg, sizeof c->err->msg - 1);
+        c->err->msg[sizeof c->err->msg - 1] = '\0';
+      }
       return -1;
     }
     kv->text = (char *)b.data;
@@ -404,12 +409,12 @@ static int read_alignment(struct cur *c, struct bs_gguf *g)
     if (strcmp(kv->key, "general.alignment") != 0)
       continue;
     if (kv->types[0] != BS_GG_U32)
-      return bs_fail(c->err, EINVAL, kv->off, "general.alignment",
+      return bs_fail(c->err, EINVAL, kv->off, NULL,
                      "general.alignment is a %s, the spec wants a uint32",
                      vtype_names[kv->types[0]]);
     uint64_t a = strtoull(kv->text, NULL, 10);
     if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
-      return bs_fail(c->err, EINVAL, kv->off, "general.alignment",
+      return bs_fail(c->err, EINVAL, kv->off, NULL,
                      "general.alignment %" PRIu64 " is not a power of two from 1 to %u", a,
                      BS_GGUF_MAX_ALIGN);
     g->alignment = a;

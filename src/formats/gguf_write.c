@@ -428,9 +428,28 @@ static int cmp_meta(const void *a, const void *b)
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* GGUF readers refuse a key that appears twice. */
+/* A key GGUF can hold (the reader refuses others): 1 to 65535 bytes. */
+static int key_ok(const char *key, bs_err *err)
+{
+  size_t n = strlen(key);
+  if (n == 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "a metadata key is empty (user.burnstore.meta. with nothing after it): GGUF "
+                   "keys are 1 to %u bytes",
+                   BS_GGUF_MAX_KEY);
+  if (n > BS_GGUF_MAX_KEY)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata key '%.100s...' is %zu bytes long: GGUF keys are 1 to %u bytes", key,
+                   n, BS_GGUF_MAX_KEY);
+  return 0;
+}
+
+/* GGUF readers refuse a key that appears twice, or an empty one. */
 static int unique_meta(const struct bs_catalog *cat, bs_err *err)
 {
+  for (size_t i = 0; i < cat->nmeta; i++)
+    if (key_ok(cat->meta[i].key, err) != 0)
+      return -1;
   const char **v = bs_malloc((cat->nmeta ? cat->nmeta : 1) * sizeof *v);
   if (!v)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -443,6 +462,26 @@ static int unique_meta(const struct bs_catalog *cat, bs_err *err)
       rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice", v[i]);
   bs_free(v);
   return rc;
+}
+
+/* general.alignment's text as a uint32 (as bs_gguf_encode_value parses
+ * it: the setxattr check and the writer agree), a power of two in range. */
+static int alignment_of(const char *text, uint64_t *align, bs_err *err)
+{
+  static const uint8_t u32_t[2] = {BS_GG_U32, 0};
+  struct bs_buf b = {0};
+  if (bs_gguf_encode_value("general.alignment", text, u32_t, &b, err) != 0) {
+    bs_buf_destroy(&b);
+    return -1;
+  }
+  uint64_t a = b.len == 4 ? bs_le32(b.data) : 0;
+  bs_buf_destroy(&b);
+  if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata general.alignment %" PRIu64 " is not a power of two from 1 to %u", a,
+                   BS_GGUF_MAX_ALIGN);
+  *align = a;
+  return 0;
 }
 
 static int plan(struct ctx *x, bs_err *err)
@@ -467,17 +506,9 @@ static int plan(struct ctx *x, bs_err *err)
   /* The alignment: general.alignment as the catalog has it. */
   x->align = BS_GGUF_DEFAULT_ALIGN;
   for (size_t i = 0; i < cat->nmeta; i++)
-    if (strcmp(cat->meta[i].key, "general.alignment") == 0) {
-      char *end;
-      errno = 0;
-      unsigned long long a = strtoull(cat->meta[i].value, &end, 10);
-      if (*end || end == cat->meta[i].value || errno || a == 0 || (a & (a - 1)) != 0 ||
-          a > BS_GGUF_MAX_ALIGN)
-        return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                       "metadata general.alignment '%.40s' is not a power of two from 1 to %u",
-                       cat->meta[i].value, BS_GGUF_MAX_ALIGN);
-      x->align = a;
-    }
+    if (strcmp(cat->meta[i].key, "general.alignment") == 0 &&
+        alignment_of(cat->meta[i].value, &x->align, err) != 0)
+      return -1;
   if (unique_meta(cat, err) != 0)
     return -1;
   size_t n = 0;
@@ -660,6 +691,8 @@ int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key, const char
   bool has = false;
   const uint8_t *types = NULL;
   uint8_t m[4];
+  if (key_ok(key, err) != 0)
+    return -1;
   if (cat->nsrcs > 0 && cat->srcs[0].size >= 4 && bs_src_read(&cat->srcs[0], 0, m, 4, err) == 0 &&
       memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
     if (bs_gguf_parse(&cat->srcs[0], &g, err) != 0)
@@ -678,14 +711,11 @@ int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key, const char
     struct bs_buf b = {0};
     if (!text)
       rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    else
+    else if (align) {
+      uint64_t a;
+      rc = alignment_of(text, &a, err);
+    } else {
       rc = bs_gguf_encode_value(key, text, types, &b, err);
-    if (rc == 0 && align) {
-      uint64_t a = b.len == 4 ? bs_le32(b.data) : 0;
-      if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
-        rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                     "metadata general.alignment '%.40s' is not a power of two from 1 to %u", text,
-                     BS_GGUF_MAX_ALIGN);
     }
     bs_buf_destroy(&b);
     bs_free(text);

@@ -57,11 +57,17 @@ static int buf_str(struct bs_buf *b, const char *s)
 
 int bs_st_json_string(struct bs_buf *b, const char *s)
 {
+  return bs_st_json_string_n(b, s, strlen(s));
+}
+
+int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t len)
+{
   static const char hex[] = "0123456789abcdef";
   if (buf_put(b, "\"", 1) != 0)
     return -1;
   const char *run = s;
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+  const unsigned char *end = (const unsigned char *)s + len;
+  for (const unsigned char *p = (const unsigned char *)s; p < end; p++) {
     char esc[7];
     size_t n = 0;
     switch (*p) {
@@ -86,7 +92,8 @@ int bs_st_json_string(struct bs_buf *b, const char *s)
       return -1;
     run = (const char *)p + 1;
   }
-  return buf_str(b, run) != 0 || buf_put(b, "\"", 1) != 0 ? -1 : 0;
+  return buf_put(b, run, (size_t)((const char *)end - run)) != 0 || buf_put(b, "\"", 1) != 0 ? -1
+                                                                                             : 0;
 }
 
 static int buf_u64(struct bs_buf *b, uint64_t v)

@@ -702,3 +702,94 @@ Test(gguf, check_meta_at_setxattr_time)
   cr_expect_not_null(strstr(err.msg, "power of two"), "%s", err.msg);
   bs_catalog_destroy(&cat);
 }
+
+/* ---- Review (second pass) ------------------------------------------------------------------ */
+
+Test(gguf, array_strings_keep_their_nul_bytes)
+{
+  /* A string inside an array is JSON: a NUL byte is \u0000, not the end of
+   * the string. Editing another element must not cut it. */
+  head(&B, 3, 0, 2);
+  key(&B, "k.arr", BS_GG_ARRAY), u32(&B, BS_GG_STRING), u64(&B, 2);
+  u64(&B, 3), raw(&B, "x\0y", 3);
+  str(&B, "z");
+  key(&B, "k.s", BS_GG_STRING), u64(&B, 5), raw(&B, "ab\0cd", 5);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  cr_expect_str_eq(meta(&cat, "k.arr"), "[\"x\\u0000y\",\"z\"]");
+  cr_expect_str_eq(meta(&cat, "k.s"), "ab"); /* documented: shown up to the NUL */
+  set_meta(&cat, "k.arr", "[\"x\\u0000y\",\"w\"]");
+  struct bs_buf out = write_mem(&cat, 0, &err);
+  cr_expect_not_null(memmem(out.data, out.len, "\3\0\0\0\0\0\0\0x\0y", 11), "the NUL kept");
+  cr_expect_not_null(memmem(out.data, out.len, "\5\0\0\0\0\0\0\0ab\0cd", 13), "k.s copied");
+  struct bs_catalog back;
+  cr_assert_eq(open_mem(&back, out.data, out.len, &err), 0, "%s", err.msg);
+  cr_expect_str_eq(meta(&back, "k.arr"), "[\"x\\u0000y\",\"w\"]");
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&out);
+  bs_catalog_destroy(&cat);
+}
+
+Test(gguf, metadata_errors_name_the_key_not_a_tensor)
+{
+  /* a bool of 2; general.alignment as a uint8 */
+  static const struct {
+    uint32_t type;
+    uint8_t v;
+  } cases[] = {{BS_GG_BOOL, 2}, {BS_GG_U8, 0}};
+  for (size_t i = 0; i < 2; i++) {
+    head(&B, 3, 0, 1);
+    key(&B, i ? "general.alignment" : "k.flag", cases[i].type), u8(&B, cases[i].v);
+    if (i)
+      u32(&B, 0), u32(&B, 0);
+    struct bs_catalog cat;
+    bs_err err;
+    cr_assert_eq(open_mem(&cat, B.d, B.n, &err), -1);
+    char line[512];
+    bs_err_format(&err, "m.gguf", line, sizeof line);
+    cr_expect_null(strstr(line, "tensor '"), "a metadata key called a tensor: %s", line);
+    cr_expect_not_null(strstr(line, i ? "general.alignment" : "metadata 'k.flag'"), "%s", line);
+    cr_expect_not_null(strstr(line, "offset 0x"), "%s", line);
+    bs_catalog_destroy(&cat);
+  }
+}
+
+Test(gguf, writer_refuses_an_empty_key)
+{
+  /* setfattr -n user.burnstore.meta. gives the key "": the reader refuses a
+   * file holding it, so the writer and the setxattr check refuse it. */
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  cr_expect_eq(bs_gguf_check_meta(&cat, "", "x", 1, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  set_meta(&cat, "", "x");
+  struct bs_buf out = write_mem(&cat, -1, &err);
+  cr_expect_eq(err.code, EINVAL, "%s", err.msg);
+  cr_expect_not_null(strstr(err.msg, "empty"), "%s", err.msg);
+  bs_buf_destroy(&out);
+  bs_catalog_destroy(&cat);
+}
+
+Test(gguf, alignment_the_setxattr_check_accepts_is_written)
+{
+  /* bs_gguf_check_meta parses general.alignment as a uint32 (spaces
+   * around it allowed); the write-back must read it the same way, not fail
+   * at unmount on what setxattr accepted. */
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_gguf_check_meta(&cat, "general.alignment", "64\n", 3, &err), 0, "%s", err.msg);
+  set_meta(&cat, "general.alignment", "64\n");
+  struct bs_buf out = write_mem(&cat, 0, &err);
+  struct bs_catalog back;
+  cr_assert_eq(open_mem(&back, out.data, out.len, &err), 0, "%s", err.msg);
+  cr_expect_str_eq(meta(&back, "general.alignment"), "64");
+  cr_expect_eq(tensor(&back, "blk.0.q8")->off % 64, 0);
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&out);
+  bs_catalog_destroy(&cat);
+}
