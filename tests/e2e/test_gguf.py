@@ -267,6 +267,9 @@ def hostile(tmp):
         ("past_end", padded(hdr(nt=1) + ti(b"t", [1000], 0, 0)) + bytes(32), "outside the file"),
         ("bad_alignment", hdr(nkv=1) + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 24),
          "power of two"),
+        # a newline in a name from the file does not split the error line
+        ("newline_key", hdr(nkv=2) + (struct.pack("<Q", 12) + b"a\nfake: line" + struct.pack("<IB", 0, 1)) * 2,
+         "appears twice"),
     ]
 
 
