@@ -25,7 +25,8 @@ int bs_fail(bs_err *e, int code, uint64_t off, const char *key, const char *fmt,
 void bs_err_clear(bs_err *e);
 
 /* "FILE: offset 0x1a2: tensor 'enc.w': MSG" (parts that are unknown are left
- * out). `file` may be NULL. Returns buf. */
+ * out), one line: control characters (from names in the file) become '?'.
+ * `file` may be NULL. Returns buf. */
 const char *bs_err_format(const bs_err *e, const char *file, char *buf, size_t n);
 
 #endif

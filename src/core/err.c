@@ -48,5 +48,9 @@ const char *bs_err_format(const bs_err *e, const char *file, char *buf, size_t n
     ADD("tensor '%s': ", e->key);
   ADD("%s", e->msg[0] ? e->msg : "unknown error");
 #undef ADD
+  /* One line: a name from a hostile file may hold a newline. */
+  for (char *p = buf; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = '?';
   return buf;
 }

@@ -44,9 +44,9 @@ static const char usage_text[] =
 /* then bs_cli_usage (the subcommands), then: */
 static const char usage_rest[] =
     "\n"
-    "Mount a model checkpoint (Burnpack, SafeTensors, PyTorch) as a directory:\n"
+    "Mount a model checkpoint (Burnpack, SafeTensors, GGUF, PyTorch) as a directory:\n"
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
-    "If SOURCE does not exist and ends in .bpk or .safetensors, MOUNTPOINT is an\n"
+    "If SOURCE does not exist and ends in .bpk, .safetensors or .gguf, MOUNTPOINT is an\n"
     "empty writable directory that is written to SOURCE in that format on unmount.\n"
     "\n"
     "  -f              stay in the foreground\n"
@@ -63,7 +63,7 @@ static const char usage_rest[] =
     "  ro, rw                 read-only (default for an existing SOURCE) or writable\n"
     "  output=PATH            where a writable mount is written (default: SOURCE;\n"
     "                         needed for rw on PyTorch files); the extension\n"
-    "                         names the format: .bpk or .safetensors\n"
+    "                         names the format: .bpk, .safetensors or .gguf\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
     "  max_shard_size=SIZE    write SafeTensors as NAME-0000K-of-0000N.safetensors shards\n"
     "                         + NAME.safetensors.index.json (5GB, 500MB, 2GiB...)\n"

@@ -759,8 +759,9 @@ static int cmd_convert(int argc, char **argv)
 
 static const struct cmd cmds[] = {
     {"ls", "[--json] [-o KEYOPTS] FILE",
-     "List the tensors of a checkpoint (Burnpack, SafeTensors, sharded SafeTensors, PyTorch),\n"
-     "one per line: key, dtype, shape, bytes (tab-separated), as the mount would present them.\n"
+     "List the tensors of a checkpoint (Burnpack, SafeTensors, sharded SafeTensors, GGUF,\n"
+     "PyTorch), one per line: key, dtype, shape, bytes (tab-separated), as the mount would\n"
+     "present them.\n"
      "  --json       a JSON array of {key, dtype, shape, bytes[, source_key, strided]}\n",
      cmd_ls},
     {"info", "[--meta KEY] [-o KEYOPTS] FILE",

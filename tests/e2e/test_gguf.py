@@ -153,8 +153,13 @@ def test_bad_typed_value_is_refused_by_setfattr(tmp):
                 check(e.errno == errno.EINVAL, "%s=%r: EINVAL, got %r" % (k, v, e))
         r = run(["setfattr", "-n", META + "t.u32", "-v", "abc", m])
         check(r.returncode != 0 and "Invalid argument" in r.stderr, "setfattr reports EINVAL: %r" % r.stderr)
+        try:  # an empty key: the reader refuses a file holding one
+            os.setxattr(m, META, b"x")
+            check(False, "setxattr of an empty metadata key is refused")
+        except OSError as e:
+            check(e.errno == errno.EINVAL, "empty key: EINVAL, got %r" % e)
         os.setxattr(m, META + "t.u32", b"12")
-        os.setxattr(m, META + "general.alignment", b"64")
+        os.setxattr(m, META + "general.alignment", b"64\n")  # accepted, so written
         check(os.getxattr(m, META + "t.u32") == b"12", "the good value is kept")
         u = m.unmount()
     check(u.returncode == 0, "write-back: %s" % u.stderr)
@@ -262,6 +267,9 @@ def hostile(tmp):
         ("past_end", padded(hdr(nt=1) + ti(b"t", [1000], 0, 0)) + bytes(32), "outside the file"),
         ("bad_alignment", hdr(nkv=1) + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 24),
          "power of two"),
+        # a newline in a name from the file does not split the error line
+        ("newline_key", hdr(nkv=2) + (struct.pack("<Q", 12) + b"a\nfake: line" + struct.pack("<IB", 0, 1)) * 2,
+         "appears twice"),
     ]
 
 

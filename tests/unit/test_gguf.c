@@ -793,3 +793,31 @@ Test(gguf, alignment_the_setxattr_check_accepts_is_written)
   bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
 }
+
+Test(gguf, an_error_naming_hostile_names_is_one_line)
+{
+  /* Keys and tensor names come from the file: a newline in one must not
+   * split the error line (or forge a second one in a log). */
+  head(&B, 3, 0, 2);
+  key(&B, "a\nfake: line", BS_GG_U8), u8(&B, 1);
+  key(&B, "a\nfake: line", BS_GG_U8), u8(&B, 1);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), -1);
+  char line[512];
+  bs_err_format(&err, "m.gguf", line, sizeof line);
+  cr_expect_null(strchr(line, '\n'), "two lines: %s", line);
+  cr_expect_not_null(strstr(line, "appears twice"), "%s", line);
+  bs_catalog_destroy(&cat);
+  head(&B, 3, 2, 0);
+  tinfo(&B, "x\revil", 1, (uint64_t[]){16}, 0, 0);
+  tinfo(&B, "y", 1, (uint64_t[]){4}, 0, 32);
+  pad(&B, 32);
+  for (int i = 0; i < 128; i++)
+    u8(&B, 0);
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), -1);
+  bs_err_format(&err, "m.gguf", line, sizeof line);
+  cr_expect_null(strpbrk(line, "\r\n"), "two lines: %s", line);
+  cr_expect_not_null(strstr(line, "overlaps"), "%s", line);
+  bs_catalog_destroy(&cat);
+}
