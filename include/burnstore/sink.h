@@ -34,6 +34,13 @@ void bs_sink_init_fd(struct bs_sink *k, int fd, const char *name);
 
 /* Put n bytes. ENOSPC and other write errors name the output and the byte. */
 BS_NODISCARD int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err);
+
+struct bs_catalog;
+struct bs_tensor;
+/* Write tensor t of cat (its bytes as bs_tensor_read gives them, in chunks of
+ * buf[cap]) to k; a short or failed read is an error naming the tensor. */
+BS_NODISCARD int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t,
+                                    uint8_t *buf, size_t cap, struct bs_sink *k, bs_err *err);
 BS_NODISCARD int bs_sink_zeros(struct bs_sink *k, uint64_t n, bs_err *err);
 /* A hint that `n` more bytes follow: a memory sink allocates them now (so
  * ENOMEM comes before any work); an fd sink does nothing. */

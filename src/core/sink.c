@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "burnstore/alloc.h"
+#include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 
 #define TMP_TAG ".burnstore-tmp-"
@@ -418,5 +419,29 @@ int bs_atomic_commit(struct bs_atomic *a, bs_err *err)
 {
   if (bs_atomic_sync(a, err) != 0 || bs_atomic_publish(a, err) != 0)
     return bs_atomic_fail(a, err);
+  return 0;
+}
+
+/* A tensor's bytes (strided views gathered) through buf[cap] into k: what
+ * every writer does for a tensor it does not transform. */
+int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
+                       size_t cap, struct bs_sink *k, bs_err *err)
+{
+  uint64_t done = 0;
+  while (done < t->nbytes) {
+    size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
+    long got = bs_tensor_read(cat, t, done, buf, want);
+    if (got < 0)
+      return bs_fail(err, (int)-got, t->off + done, t->name,
+                     "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
+                     t->nbytes, strerror((int)-got));
+    if (got == 0)
+      return bs_fail(err, EIO, t->off + done, t->name,
+                     "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
+                     t->nbytes);
+    if (bs_sink_put(k, buf, (size_t)got, err) != 0)
+      return -1;
+    done += (uint64_t)got;
+  }
   return 0;
 }

@@ -298,28 +298,6 @@ static int encode_meta(const struct bs_catalog *cat, const struct wplan *w, stru
   return 0;
 }
 
-static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
-                       size_t cap, struct bs_sink *k, bs_err *err)
-{
-  uint64_t done = 0;
-  while (done < t->nbytes) {
-    size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
-    long got = bs_tensor_read(cat, t, done, buf, want);
-    if (got < 0)
-      return bs_fail(err, (int)-got, t->off + done, t->name,
-                     "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
-                     t->nbytes, strerror((int)-got));
-    if (got == 0)
-      return bs_fail(err, EIO, t->off + done, t->name,
-                     "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
-                     t->nbytes);
-    if (bs_sink_put(k, buf, (size_t)got, err) != 0)
-      return -1;
-    done += (uint64_t)got;
-  }
-  return 0;
-}
-
 /* The one serializer behind every sink. */
 int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct bs_sink *k,
                  bs_err *err)
@@ -354,7 +332,7 @@ int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, s
   for (size_t i = 0; i < w.n; i++) {
     const struct bs_tensor *t = &cat->tensors[w.order[i]];
     if (bs_sink_zeros(k, w.start[i] - cursor, err) != 0 ||
-        copy_tensor(cat, t, chunk, cap, k, err) != 0)
+        bs_sink_put_tensor(cat, t, chunk, cap, k, err) != 0)
       goto out;
     cursor = w.start[i] + t->nbytes;
   }

@@ -582,28 +582,6 @@ static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, struct b
   return rc;
 }
 
-static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
-                       size_t cap, struct bs_sink *k, bs_err *err)
-{
-  uint64_t done = 0;
-  while (done < t->nbytes) {
-    size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
-    long got = bs_tensor_read(cat, t, done, buf, want);
-    if (got < 0)
-      return bs_fail(err, (int)-got, t->off + done, t->name,
-                     "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
-                     t->nbytes, strerror((int)-got));
-    if (got == 0)
-      return bs_fail(err, EIO, t->off + done, t->name,
-                     "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
-                     t->nbytes);
-    if (bs_sink_put(k, buf, (size_t)got, err) != 0)
-      return -1;
-    done += (uint64_t)got;
-  }
-  return 0;
-}
-
 int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 {
   struct ctx x;
@@ -668,7 +646,7 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
       goto out;
     }
     uint64_t end = x.offs[j] + t->nbytes, pad;
-    if (copy_tensor(cat, t, chunk, CHUNK, k, err) != 0 || !bs_align_up(end, x.align, &pad) ||
+    if (bs_sink_put_tensor(cat, t, chunk, CHUNK, k, err) != 0 || !bs_align_up(end, x.align, &pad) ||
         bs_sink_zeros(k, pad - end, err) != 0)
       goto out;
   }

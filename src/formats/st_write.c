@@ -310,28 +310,6 @@ out:
   return rc;
 }
 
-static int copy_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
-                       size_t cap, struct bs_sink *k, bs_err *err)
-{
-  uint64_t done = 0;
-  while (done < t->nbytes) {
-    size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
-    long got = bs_tensor_read(cat, t, done, buf, want);
-    if (got < 0)
-      return bs_fail(err, (int)-got, t->off + done, t->name,
-                     "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
-                     t->nbytes, strerror((int)-got));
-    if (got == 0)
-      return bs_fail(err, EIO, t->off + done, t->name,
-                     "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
-                     t->nbytes);
-    if (bs_sink_put(k, buf, (size_t)got, err) != 0)
-      return -1;
-    done += (uint64_t)got;
-  }
-  return 0;
-}
-
 int bs_st_size(const struct bs_catalog *cat, const size_t *which, size_t n, uint64_t *size,
                bs_err *err)
 {
@@ -368,7 +346,7 @@ int bs_st_write_some(const struct bs_catalog *cat, const size_t *which, size_t n
   if (bs_sink_put(k, h, PREFIX, err) != 0 || bs_sink_put(k, p.hdr.data, p.hdr.len, err) != 0)
     goto out;
   for (size_t i = 0; i < p.n; i++)
-    if (copy_tensor(cat, &cat->tensors[p.order[i]], chunk, cap, k, err) != 0)
+    if (bs_sink_put_tensor(cat, &cat->tensors[p.order[i]], chunk, cap, k, err) != 0)
       goto out;
   rc = 0;
 out:
