@@ -219,22 +219,30 @@ static void shape_str(const struct bs_tensor *t, char *buf, size_t n)
   bs_shape_format(buf, n, t->rank, t->shape);
 }
 
+/* The common start of a subcommand that reads checkpoint o->pos[0]: parse
+ * the command line and open it. -1: go on (the caller destroys o and cat);
+ * else the exit status (0 after --help, 2 on a usage error, `bad` when the
+ * checkpoint cannot be opened). */
+static int start(int argc, char **argv, int want, const char *flags, int bad, struct opts *o,
+                 struct bs_catalog *cat)
+{
+  int p = parse(argc, argv, o, want, flags);
+  if (p == 0 && open_ckpt(o->pos[0], o, cat) == 0)
+    return -1;
+  opts_destroy(o);
+  return p > 0 ? 0 : p < 0 ? 2 : bad;
+}
+
 /* ---- ls --------------------------------------------------------------------------------- */
 
 static int cmd_ls(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 1, "j");
-  if (p != 0) {
-    opts_destroy(&o);
-    return p > 0 ? 0 : 2;
-  }
   struct bs_catalog cat;
-  if (open_ckpt(o.pos[0], &o, &cat) != 0) {
-    opts_destroy(&o);
-    return 1;
-  }
-  int rc = 0;
+  int rc = start(argc, argv, 1, "j", 1, &o, &cat);
+  if (rc >= 0)
+    return rc;
+  rc = 0;
   json_t *arr = o.json ? json_array() : NULL;
   for (size_t i = 0; i < cat.count; i++) {
     const struct bs_tensor *t = &cat.tensors[i];
@@ -326,17 +334,11 @@ static void print_escaped(const char *v, size_t max)
 static int cmd_info(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 1, "m");
-  if (p != 0) {
-    opts_destroy(&o);
-    return p > 0 ? 0 : 2;
-  }
   struct bs_catalog cat;
-  if (open_ckpt(o.pos[0], &o, &cat) != 0) {
-    opts_destroy(&o);
-    return 1;
-  }
-  int rc = 0;
+  int rc = start(argc, argv, 1, "m", 1, &o, &cat);
+  if (rc >= 0)
+    return rc;
+  rc = 0;
   if (o.meta) {
     size_t i;
     for (i = 0; i < cat.nmeta; i++)
@@ -449,17 +451,11 @@ static int to_stdout(void *ctx, const uint8_t *p, size_t n)
 static int cmd_cat(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 2, "n");
-  if (p != 0) {
-    opts_destroy(&o);
-    return p > 0 ? 0 : 2;
-  }
   struct bs_catalog cat;
-  if (open_ckpt(o.pos[0], &o, &cat) != 0) {
-    opts_destroy(&o);
-    return 1;
-  }
-  int rc = 1;
+  int rc = start(argc, argv, 2, "n", 1, &o, &cat);
+  if (rc >= 0)
+    return rc;
+  rc = 1;
   const struct bs_tensor *t = find_visible(&cat, o.pos[1]);
   if (!t) {
     fail("%s: no tensor '%s' (burnstore ls lists them)", o.pos[0], o.pos[1]);
@@ -593,23 +589,17 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
 static int cmd_diff(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 2, "q");
-  if (p != 0) {
-    opts_destroy(&o);
-    return p > 0 ? 0 : 2;
-  }
   struct bs_catalog ca, cb;
-  if (open_ckpt(o.pos[0], &o, &ca) != 0) {
-    opts_destroy(&o);
-    return 2;
-  }
+  int rc = start(argc, argv, 2, "q", 2, &o, &ca);
+  if (rc >= 0)
+    return rc;
   if (open_ckpt(o.pos[1], &o, &cb) != 0) {
     bs_catalog_destroy(&ca);
     opts_destroy(&o);
     return 2;
   }
   const char *fa = o.pos[0], *fb = o.pos[1];
-  int rc = 0;
+  rc = 0;
   struct bs_strmap mb = {0};
   for (size_t i = 0; i < cb.count; i++)
     if (!cb.tensors[i].hidden && bs_strmap_put(&mb, cb.tensors[i].name, i) < 0) {
