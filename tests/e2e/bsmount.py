@@ -72,6 +72,27 @@ def is_mounted(path):
         return any(unesc(line.split()[1]) == path for line in f)
 
 
+def daemon_pids(mnt):
+    """PIDs of the burnstore processes whose command line names mnt."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"burnstore" and mnt.encode() in argv:
+            out.append(int(p))
+    return out
+
+
+def daemon_pid(mnt):
+    """The first burnstore process whose command line names mnt, or None."""
+    pids = daemon_pids(mnt)
+    return pids[0] if pids else None
+
+
 def force_unmount(mnt):
     for args in (["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt]):
         if not is_mounted(mnt):

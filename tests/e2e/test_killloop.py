@@ -17,23 +17,10 @@ import signal
 import subprocess
 import time
 
-from bsmount import BIN, Mount, check, finish, force_unmount, is_mounted, read_bpk, run, tmpdir
+from bsmount import BIN, Mount, check, daemon_pid, finish, force_unmount, is_mounted, read_bpk, run, tmpdir
 
 ROUNDS = int(os.environ.get("BS_KILL_ROUNDS", "40"))
 BUDGET = 110  # seconds: stop starting rounds after this
-
-
-def daemon_pid(mnt):
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"burnstore" and mnt.encode() in argv:
-            return int(p)
-    return None
 
 
 def make_base(tmp):

@@ -12,7 +12,7 @@ import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, is_mounted, read_bpk, run,
+from bsmount import (BIN, Mount, check, daemon_pids, finish, force_unmount, is_mounted, read_bpk, run,
                      tmpdir, run_tests)
 
 
@@ -54,21 +54,6 @@ def wait_daemon_gone(mnt, timeout=60):
         finally:
             os.close(fd)
     return False
-
-
-def daemon_pids(mnt):
-    """PIDs of the burnstore processes whose command line names mnt."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"burnstore" and mnt.encode() in argv:
-            out.append(int(p))
-    return out
 
 
 def status_pid(mnt):

@@ -14,7 +14,7 @@ import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
+from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, is_mounted, read_safetensors, run, run_tests,
                      DEADLINE)
 
 
@@ -248,19 +248,6 @@ def test_mmap_and_direct_io(tmp):
     check(r.returncode != 0 and "direct_io applies to read-only mounts" in r.stderr,
           "direct_io refused on a writable mount: %r" % r.stderr)
     force_unmount(os.path.join(tmp, "m"))
-
-
-def daemon_pid(mnt):
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"burnstore" and mnt.encode() in argv:
-            return int(p)
-    return None
 
 
 def test_sigterm_keeps_dirty_pages(tmp):
