@@ -1,4 +1,4 @@
-/* PyTorch checkpoints, three containers (docs: ../shared/docs/pytorch-format.md):
+/* PyTorch checkpoints, three containers (docs/formats.md says how they are detected):
  *
  * ZIP (torch >= 1.6, first bytes "PK\3\4", pth_zip.c): records
  *   <prefix>/data.pkl (the pickle), <prefix>/data/<key> (one storage, raw LE
