@@ -53,6 +53,28 @@ static inline bool bs_range_ok(uint64_t off, uint64_t len, uint64_t size)
   return off <= size && len <= size - off;
 }
 
+/* The value of one hex digit, or -1. */
+static inline int bs_hex_digit(char c)
+{
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+/* Four hex digits at s (a JSON \uXXXX) into *v: 0, or -1 when one is not a digit. */
+static inline int bs_hex4(const char *s, uint32_t *v)
+{
+  *v = 0;
+  for (int k = 0; k < 4; k++) {
+    int d = bs_hex_digit(s[k]);
+    if (d < 0)
+      return -1;
+    *v = *v << 4 | (uint32_t)d;
+  }
+  return 0;
+}
+
 static inline uint16_t bs_le16(const uint8_t *p)
 {
   return (uint16_t)(p[0] | (p[1] << 8));

@@ -19,6 +19,8 @@ struct bs_buf {
   size_t len, cap;
 };
 void bs_buf_destroy(struct bs_buf *b); /* frees data; safe on a zeroed buf, and twice */
+/* Append n bytes (the buffer grows geometrically). 0, or -1 when out of memory. */
+BS_NODISCARD int bs_buf_put(struct bs_buf *b, const void *d, size_t n);
 
 struct bs_sink {
   struct bs_buf *mem; /* borrowed: the memory sink's buffer, or NULL for an fd sink */

@@ -29,6 +29,17 @@ void bs_buf_destroy(struct bs_buf *b)
   b->len = b->cap = 0;
 }
 
+int bs_buf_put(struct bs_buf *b, const void *d, size_t n)
+{
+  if (n == 0)
+    return 0;
+  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
+    return -1;
+  memcpy(b->data + b->len, d, n);
+  b->len += n;
+  return 0;
+}
+
 void bs_sink_init_mem(struct bs_sink *k, struct bs_buf *buf, const char *name)
 {
   k->mem = buf;

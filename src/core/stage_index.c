@@ -279,11 +279,7 @@ static int unescape(char *s)
     }
     unsigned v = 0;
     for (int k = 1; k <= 2; k++) {
-      char c = p[k];
-      int d = c >= '0' && c <= '9'   ? c - '0'
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10
-              : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                     : -1;
+      int d = bs_hex_digit(p[k]);
       if (d < 0)
         return -1;
       v = v * 16 + (unsigned)d;

@@ -358,17 +358,6 @@ bool bs_name_is_shortened(const char *name)
   return true;
 }
 
-static int hexval(char c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  return -1;
-}
-
 char *bs_unescape_component(const char *name)
 {
   if (strcmp(name, "%") == 0)
@@ -384,8 +373,8 @@ char *bs_unescape_component(const char *name)
       *o++ = name[i];
       continue;
     }
-    int hi = i + 2 < len + 1 ? hexval(name[i + 1]) : -1;
-    int lo = hi >= 0 ? hexval(name[i + 2]) : -1;
+    int hi = i + 2 < len + 1 ? bs_hex_digit(name[i + 1]) : -1;
+    int lo = hi >= 0 ? bs_hex_digit(name[i + 2]) : -1;
     if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
       bs_free(out);
       errno = EINVAL;

@@ -30,17 +30,6 @@
 #define HDR_LEN 10u
 #define CHUNK (1u << 20)
 
-static int buf_put(struct bs_buf *b, const void *d, size_t n)
-{
-  if (n == 0)
-    return 0;
-  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
-    return -1;
-  memcpy(b->data + b->len, d, n);
-  b->len += n;
-  return 0;
-}
-
 /* ---- CBOR encoder (the subset Burn emits) ------------------------------------------------ */
 
 struct enc {
@@ -50,7 +39,7 @@ struct enc {
 
 static void put(struct enc *e, const void *d, size_t n)
 {
-  if (!e->oom && buf_put(&e->b, d, n) != 0)
+  if (!e->oom && bs_buf_put(&e->b, d, n) != 0)
     e->oom = true;
 }
 

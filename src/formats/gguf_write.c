@@ -50,34 +50,23 @@ int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
 
 /* ---- Buffers ------------------------------------------------------------------------------ */
 
-static int bput(struct bs_buf *b, const void *d, size_t n)
-{
-  if (n == 0)
-    return 0;
-  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
-    return -1;
-  memcpy(b->data + b->len, d, n);
-  b->len += n;
-  return 0;
-}
-
 static int bput_u32(struct bs_buf *b, uint32_t v)
 {
   uint8_t x[4];
   bs_put_le32(x, v);
-  return bput(b, x, 4);
+  return bs_buf_put(b, x, 4);
 }
 
 static int bput_u64(struct bs_buf *b, uint64_t v)
 {
   uint8_t x[8];
   bs_put_le64(x, v);
-  return bput(b, x, 8);
+  return bs_buf_put(b, x, 8);
 }
 
 static int bput_str(struct bs_buf *b, const char *s, size_t n)
 {
-  return bput_u64(b, n) || bput(b, s, n) ? -1 : 0;
+  return bput_u64(b, n) || bs_buf_put(b, s, n) ? -1 : 0;
 }
 
 /* ---- Parsing metadata text as a GGUF value --------------------------------------------------- */
@@ -132,7 +121,7 @@ static int scalar(struct parse *p, uint8_t t, struct bs_buf *b)
       x[0] = 0;
     else
       return bad(p, "expected true or false");
-    return bput(b, x, 1);
+    return bs_buf_put(b, x, 1);
   case BS_GG_F32:
   case BS_GG_F64: {
     double d;
@@ -152,7 +141,7 @@ static int scalar(struct parse *p, uint8_t t, struct bs_buf *b)
       uint64_t u;
       memcpy(&u, &d, 8);
       bs_put_le64(x, u);
-      return bput(b, x, 8);
+      return bs_buf_put(b, x, 8);
     }
     if (isfinite(d) && fabs(d) > 3.4028235677973366e38)
       return bad(p, "the number does not fit a float32");
@@ -160,7 +149,7 @@ static int scalar(struct parse *p, uint8_t t, struct bs_buf *b)
     uint32_t u;
     memcpy(&u, &f, 4);
     bs_put_le32(x, u);
-    return bput(b, x, 4);
+    return bs_buf_put(b, x, 4);
   }
   default: break;
   }
@@ -193,23 +182,7 @@ static int scalar(struct parse *p, uint8_t t, struct bs_buf *b)
   }
   for (unsigned k = 0; k < it[t].size; k++)
     x[k] = (uint8_t)(u >> (8 * k));
-  return bput(b, x, it[t].size);
-}
-
-static int hex4(const char *s, unsigned *v)
-{
-  *v = 0;
-  for (int k = 0; k < 4; k++) {
-    char ch = s[k];
-    unsigned d = ch >= '0' && ch <= '9'   ? (unsigned)(ch - '0')
-                 : ch >= 'a' && ch <= 'f' ? (unsigned)(ch - 'a' + 10)
-                 : ch >= 'A' && ch <= 'F' ? (unsigned)(ch - 'A' + 10)
-                                          : 16u;
-    if (d > 15)
-      return -1;
-    *v = *v * 16 + d;
-  }
-  return 0;
+  return bs_buf_put(b, x, it[t].size);
 }
 
 /* A JSON string as a GGUF string (u64 length + UTF-8 bytes). */
@@ -229,7 +202,7 @@ static int jstring(struct parse *p, struct bs_buf *b)
     if (ch == '"')
       break;
     if (ch != '\\') {
-      if (bput(&s, &ch, 1) != 0)
+      if (bs_buf_put(&s, &ch, 1) != 0)
         goto oom;
       continue;
     }
@@ -244,19 +217,19 @@ static int jstring(struct parse *p, struct bs_buf *b)
         bad(p, "bad escape");
         goto out;
       }
-      if (bput(&s, map + 1, 1) != 0)
+      if (bs_buf_put(&s, map + 1, 1) != 0)
         goto oom;
       continue;
     }
-    unsigned cp, lo;
-    if (p->i + 4 > p->n || hex4(p->s + p->i, &cp) != 0) {
+    uint32_t cp, lo;
+    if (p->i + 4 > p->n || bs_hex4(p->s + p->i, &cp) != 0) {
       bad(p, "bad \\u escape");
       goto out;
     }
     p->i += 4;
     if (cp >= 0xd800 && cp < 0xdc00) {
       if (p->i + 6 > p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u' ||
-          hex4(p->s + p->i + 2, &lo) != 0 || lo < 0xdc00 || lo >= 0xe000) {
+          bs_hex4(p->s + p->i + 2, &lo) != 0 || lo < 0xdc00 || lo >= 0xe000) {
         bad(p, "a lone surrogate");
         goto out;
       }
@@ -275,7 +248,7 @@ static int jstring(struct parse *p, struct bs_buf *b)
     else
       u[0] = (uint8_t)(0xf0 | cp >> 18), u[1] = (uint8_t)(0x80 | ((cp >> 12) & 63)),
       u[2] = (uint8_t)(0x80 | ((cp >> 6) & 63)), u[3] = (uint8_t)(0x80 | (cp & 63)), k = 4;
-    if (bput(&s, u, k) != 0)
+    if (bs_buf_put(&s, u, k) != 0)
       goto oom;
   }
   rc = bput_str(b, s.data ? (const char *)s.data : "", s.len) ? -1 : 0;
@@ -594,7 +567,7 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
     goto out;
   /* Header and key/values; unchanged values are copied from the source
    * after the part of the header built so far. */
-  if (bput(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, x.has_orig ? x.orig.version : 3) ||
+  if (bs_buf_put(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, x.has_orig ? x.orig.version : 3) ||
       bput_u64(&h, x.n) || bput_u64(&h, cat->nmeta))
     goto oom;
   for (size_t i = 0; i < cat->nmeta; i++) {

@@ -415,22 +415,6 @@ static bool fp_eat(struct fp *p, char c)
   return false;
 }
 
-static int hex4(const char *s, uint32_t *v)
-{
-  *v = 0;
-  for (int k = 0; k < 4; k++) {
-    char c = s[k];
-    int d = c >= '0' && c <= '9'   ? c - '0'
-            : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                   : -1;
-    if (d < 0)
-      return -1;
-    *v = *v << 4 | (uint32_t)d;
-  }
-  return 0;
-}
-
 /* Length of the valid UTF-8 sequence at s (at most `left` bytes), 0 if invalid. */
 static size_t utf8_len(const uint8_t *s, size_t left)
 {
@@ -518,12 +502,12 @@ static bool fp_string(struct fp *p, char **out, size_t *at)
       default: return false;
       }
       uint32_t cp;
-      if (i + 4 > p->n || hex4(p->h + i, &cp) != 0 || cp == 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+      if (i + 4 > p->n || bs_hex4(p->h + i, &cp) != 0 || cp == 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
         return false;
       i += 4;
       if (cp >= 0xD800 && cp <= 0xDBFF) {
         uint32_t lo;
-        if (i + 6 > p->n || p->h[i] != '\\' || p->h[i + 1] != 'u' || hex4(p->h + i + 2, &lo) ||
+        if (i + 6 > p->n || p->h[i] != '\\' || p->h[i + 1] != 'u' || bs_hex4(p->h + i + 2, &lo) ||
             lo < 0xDC00 || lo > 0xDFFF)
           return false;
         i += 6;

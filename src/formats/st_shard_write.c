@@ -68,20 +68,9 @@ int bs_st_parse_size(const char *s, uint64_t *out)
 
 /* ---- JSON as Python's json.dumps writes it (ensure_ascii) -------------------------------- */
 
-static int put(struct bs_buf *b, const void *d, size_t n)
-{
-  if (n == 0)
-    return 0;
-  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
-    return -1;
-  memcpy(b->data + b->len, d, n);
-  b->len += n;
-  return 0;
-}
-
 static int puts_(struct bs_buf *b, const char *s)
 {
-  return put(b, s, strlen(s));
+  return bs_buf_put(b, s, strlen(s));
 }
 
 /* One UTF-8 sequence at p (valid: the catalog's keys are), its code point. */
@@ -100,18 +89,18 @@ static uint32_t utf8_next(const unsigned char **p)
 
 static int py_string(struct bs_buf *b, const char *s)
 {
-  int bad = put(b, "\"", 1);
+  int bad = bs_buf_put(b, "\"", 1);
   for (const unsigned char *p = (const unsigned char *)s; *p && !bad;) {
     unsigned char c = *p;
     char e[16];
     if (c == '"' || c == '\\') {
       e[0] = '\\', e[1] = (char)c;
-      bad |= put(b, e, 2);
+      bad |= bs_buf_put(b, e, 2);
       p++;
       continue;
     }
     if (c >= 0x20 && c < 0x7f) {
-      bad |= put(b, p, 1);
+      bad |= bs_buf_put(b, p, 1);
       p++;
       continue;
     }
@@ -135,7 +124,7 @@ static int py_string(struct bs_buf *b, const char *s)
     }
     bad |= puts_(b, e);
   }
-  return bad | put(b, "\"", 1);
+  return bad | bs_buf_put(b, "\"", 1);
 }
 
 /* ---- The set ------------------------------------------------------------------------------- */

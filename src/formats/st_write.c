@@ -39,20 +39,9 @@ static const unsigned char st_rank[BS_DT_COUNT] = {
     [BS_DT_I64] = 21,    [BS_DT_U64] = 22,
 };
 
-static int buf_put(struct bs_buf *b, const void *d, size_t n)
-{
-  if (n == 0)
-    return 0;
-  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n, 1) != 0)
-    return -1;
-  memcpy(b->data + b->len, d, n);
-  b->len += n;
-  return 0;
-}
-
 static int buf_str(struct bs_buf *b, const char *s)
 {
-  return buf_put(b, s, strlen(s));
+  return bs_buf_put(b, s, strlen(s));
 }
 
 int bs_st_json_string(struct bs_buf *b, const char *s)
@@ -63,7 +52,7 @@ int bs_st_json_string(struct bs_buf *b, const char *s)
 int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t len)
 {
   static const char hex[] = "0123456789abcdef";
-  if (buf_put(b, "\"", 1) != 0)
+  if (bs_buf_put(b, "\"", 1) != 0)
     return -1;
   const char *run = s;
   const unsigned char *end = (const unsigned char *)s + len;
@@ -88,12 +77,13 @@ int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t len)
     }
     if (n == 0)
       continue;
-    if (buf_put(b, run, (size_t)((const char *)p - run)) != 0 || buf_put(b, esc, n) != 0)
+    if (bs_buf_put(b, run, (size_t)((const char *)p - run)) != 0 || bs_buf_put(b, esc, n) != 0)
       return -1;
     run = (const char *)p + 1;
   }
-  return buf_put(b, run, (size_t)((const char *)end - run)) != 0 || buf_put(b, "\"", 1) != 0 ? -1
-                                                                                             : 0;
+  return bs_buf_put(b, run, (size_t)((const char *)end - run)) != 0 || bs_buf_put(b, "\"", 1) != 0
+             ? -1
+             : 0;
 }
 
 static int buf_u64(struct bs_buf *b, uint64_t v)
