@@ -57,7 +57,9 @@ struct fs {
 
   /* The .npy views (fs_npy.c, fs_views.h): -o npy / npy=only. */
   int npy_mode;       /* FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY */
-  uint64_t npy_first; /* FS_NPY_BOTH: the views are the nodes from this ino on */
+  uint32_t *npy_hlen; /* per ino: its header's length if the node is a .npy view, else 0;
+                         NULL without views. Built once at mount */
+  size_t npy_n;       /* entries in npy_hlen */
 };
 enum { FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY };
 

@@ -853,6 +853,7 @@ out:
 
 static void fs_destroy(struct fs *fs)
 {
+  fs_npy_destroy(fs);
   bs_edit_destroy(&fs->edit);
   bs_tree_destroy(&fs->tree);
   bs_catalog_destroy(&fs->cat);

@@ -2,6 +2,8 @@
  * per tensor serving a NumPy header (npy.c) and then the tensor's bytes
  * through the same read path as NAME. The hooks in fs_ops.c call these. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "burnstore/alloc.h"
@@ -11,10 +13,14 @@
 int fs_npy_build(struct fs *fs, int mode, bs_err *err)
 {
   fs->npy_mode = mode;
-  fs->npy_first = fs->tree.n;
   if (mode == FS_NPY_OFF)
     return 0;
   size_t n = fs->tree.n; /* the nodes before the views */
+  /* One entry per node, the views added by npy (at most one a node) included. */
+  size_t cap = mode == FS_NPY_BOTH ? 2 * n : n;
+  if (n > SIZE_MAX / 2 || !(fs->npy_hlen = bs_calloc(cap, sizeof *fs->npy_hlen)))
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  fs->npy_n = cap;
   for (uint64_t ino = BS_TREE_ROOT; ino < n; ino++) {
     struct bs_node *nd = bs_tree_node(&fs->tree, ino);
     if (!nd || nd->is_dir || nd->tensor < 0)
@@ -31,7 +37,7 @@ int fs_npy_build(struct fs *fs, int mode, bs_err *err)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     memcpy(name, nd->name, len);
     memcpy(name + len, ".npy", 5);
-    uint64_t parent = nd->parent, vino;
+    uint64_t parent = nd->parent, vino = 0;
     long tensor = nd->tensor;
     int rc;
     if (mode == FS_NPY_ONLY)
@@ -44,26 +50,22 @@ int fs_npy_build(struct fs *fs, int mode, bs_err *err)
     bs_free(name);
     if (rc != 0)
       return -1;
+    /* The view's node: the moved file (npy=only) or the new one. */
+    uint64_t view = mode == FS_NPY_ONLY ? ino : vino;
+    if (view >= fs->npy_n)
+      return bs_fail(err, EIO, BS_OFF_NONE, t->name,
+                     "internal: .npy view node %" PRIu64 " past %zu", view, fs->npy_n);
+    /* <= BS_NPY_MAX_HEADER: fits; nonzero for every view. */
+    fs->npy_hlen[view] = (uint32_t)bs_npy_header_len(t->dtype, t->rank, t->shape);
   }
   return 0;
 }
 
-bool fs_npy_is_view(const struct fs *fs, uint64_t ino)
+void fs_npy_destroy(struct fs *fs)
 {
-  if (fs->npy_mode == FS_NPY_OFF)
-    return false;
-  if (fs->npy_mode == FS_NPY_ONLY) {
-    const struct bs_node *nd = bs_tree_node(&fs->tree, ino);
-    size_t n = nd && nd->name ? strlen(nd->name) : 0;
-    return n > 4 && memcmp(nd->name + n - 4, ".npy", 4) == 0 && nd->tensor >= 0 &&
-           bs_npy_descr(fs->cat.tensors[nd->tensor].dtype, NULL);
-  }
-  return ino >= fs->npy_first;
-}
-
-uint64_t fs_npy_header_len(const struct bs_tensor *t)
-{
-  return bs_npy_header_len(t->dtype, t->rank, t->shape);
+  bs_free(fs->npy_hlen);
+  fs->npy_hlen = NULL;
+  fs->npy_n = 0;
 }
 
 int fs_npy_read(const struct fs *fs, const struct bs_tensor *t, size_t size, uint64_t off,

@@ -106,8 +106,8 @@ static void fill_attr_locked(struct fs *fs, fuse_ino_t ino, const struct fs_ref 
     st->st_nlink = r->live ? 1 : 0;
     const struct bs_tensor *t = e ? NULL : ro_tensor(fs, r);
     uint64_t size = e ? e->size : t ? t->nbytes : 0;
-    if (t && fs_npy_is_view(fs, ino))
-      size += fs_npy_header_len(t);
+    if (t)
+      size += fs_npy_view_hlen(fs, ino);
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
   }
@@ -577,8 +577,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   }
   if (!e)
     len = t->nbytes;
-  if (!e && fs_npy_is_view(fs, ino)) { /* a .npy view: the header, then the same bytes */
-    uint64_t hl = fs_npy_header_len(t);
+  uint64_t hl = e ? 0 : fs_npy_view_hlen(fs, ino);
+  if (hl) { /* a .npy view: the header, then the same bytes */
     if ((uint64_t)off < hl) {
       char *b;
       size_t n;

@@ -9,10 +9,13 @@
  * (FS_NPY_BOTH), or rename the file to it (FS_NPY_ONLY). After
  * bs_tree_build, before bs_edit_init; read-only mounts only. */
 BS_NODISCARD int fs_npy_build(struct fs *fs, int mode, bs_err *err);
-/* Is node `ino` a .npy view? (Its tensor is the node's.) */
-bool fs_npy_is_view(const struct fs *fs, uint64_t ino);
-/* Bytes of the header before the tensor's data in its view. */
-uint64_t fs_npy_header_len(const struct bs_tensor *t);
+void fs_npy_destroy(struct fs *fs);
+/* The length of node ino's .npy header if it is a view (its tensor is the
+ * node's), else 0: a table lookup, on every GETATTR and READ. */
+static inline uint64_t fs_npy_view_hlen(const struct fs *fs, uint64_t ino)
+{
+  return ino < fs->npy_n ? fs->npy_hlen[ino] : 0;
+}
 /* A read of the view that touches the header: header bytes, then data
  * gathered by bs_tensor_read, into *out (bs_malloc'd, *n bytes; NULL at
  * EOF). 0 or -errno. */
