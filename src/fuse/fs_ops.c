@@ -358,10 +358,10 @@ static void reply_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bo
   size_t used = 0;
   rdlock(fs);
   struct bs_node *nd = bs_tree_node(&fs->tree, ino);
-  if (!nd || !nd->is_dir || (plus && fs->writable)) {
+  if (!nd || !nd->is_dir) {
     unlock(fs);
     bs_free(buf);
-    fuse_reply_err(req, !nd ? ENOENT : !nd->is_dir ? ENOTDIR : ENOSYS);
+    fuse_reply_err(req, !nd ? ENOENT : ENOTDIR);
     return;
   }
   for (uint64_t pos = off < 0 ? 0 : (uint64_t)off;; pos++) {

@@ -25,12 +25,6 @@ static struct {
   struct timespec last;
 } wb = {.fd = -1};
 
-static uint64_t threshold(void)
-{
-  const char *env = getenv("BURNSTORE_PROGRESS_MIN");
-  return env && *env ? strtoull(env, NULL, 10) : 256ull << 20;
-}
-
 static void put(void)
 {
   char line[64];
@@ -64,7 +58,7 @@ void fs_progress_begin(struct fs *fs, const char *status_path)
     if (nd->live && !nd->is_dir && e)
       total += e->size;
   }
-  if (total < threshold() || total == 0)
+  if (total < bs_progress_min() || total == 0)
     return;
   wb.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (wb.fd < 0)

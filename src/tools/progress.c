@@ -23,12 +23,15 @@ static void human(char *buf, size_t n, double b)
   snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
 }
 
+uint64_t bs_progress_min(void)
+{
+  const char *env = getenv("BURNSTORE_PROGRESS_MIN");
+  return env && *env ? strtoull(env, NULL, 10) : 256ull << 20;
+}
+
 void bs_progress_start(struct bs_progress *p, const char *what, uint64_t total, int fd)
 {
-  uint64_t min = 256ull << 20;
-  const char *env = getenv("BURNSTORE_PROGRESS_MIN");
-  if (env && *env)
-    min = strtoull(env, NULL, 10);
+  uint64_t min = bs_progress_min();
   p->what = what;
   p->total = total;
   p->done = 0;

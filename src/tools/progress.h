@@ -15,6 +15,8 @@ struct bs_progress {
   double start, last; /* monotonic seconds */
 };
 
+/* The smallest total shown: 256 MiB, or BURNSTORE_PROGRESS_MIN. */
+uint64_t bs_progress_min(void);
 /* Decide whether to show progress for `total` bytes on fd (2: stderr). */
 void bs_progress_start(struct bs_progress *p, const char *what, uint64_t total, int fd);
 void bs_progress_add(struct bs_progress *p, uint64_t n);
