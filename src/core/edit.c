@@ -494,14 +494,13 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
  * is not such a file (the caller goes on), 0 when it was added, -1 on error
  * (a header that does not parse or does not match the size, a Fortran-order
  * array of rank 2 or more). */
-static int add_npy(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
-                   const struct bs_node *nd, const struct bs_entry *e, const char *key, bs_err *err)
+static int add_npy(const char *staging, struct bs_catalog *out, const struct bs_node *nd,
+                   const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
   if (!e->stage || nd->seg || nl <= 4 || strcmp(nd->name + nl - 4, ".npy") != 0 || kl <= 4 ||
       e->size < 10)
     return 1;
-  (void)ed;
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
   struct bs_src s;
@@ -525,9 +524,11 @@ static int add_npy(const struct bs_edit *ed, const char *staging, struct bs_cata
     rc = bs_fail(err, EINVAL, sub.off, key, "%s%s", sub.code == EAGAIN ? "truncated: " : "",
                  sub.msg);
   } else if (info.header_len + info.nbytes != e->size) {
+    char sh[256];
+    bs_shape_format(sh, sizeof sh, info.rank, info.shape);
     rc = bs_fail(err, EINVAL, BS_OFF_NONE, key,
                  ".npy header says %s %s (%llu bytes of data) but the file holds %llu after it",
-                 bs_dtype_name(info.dtype), "shape", (unsigned long long)info.nbytes,
+                 bs_dtype_name(info.dtype), sh, (unsigned long long)info.nbytes,
                  (unsigned long long)(e->size - info.header_len));
   } else {
     rc = -1;
@@ -595,7 +596,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
                    "cannot turn the file name into a key");
   /* No include/exclude here: the tree holds only what the mount shows, and
    * files the user created or renamed are written whatever their name. */
-  int npy = add_npy(ed, staging, out, nd, e, key, err);
+  int npy = add_npy(staging, out, nd, e, key, err);
   if (npy <= 0) {
     bs_free(key);
     return npy;

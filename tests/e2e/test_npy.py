@@ -5,6 +5,7 @@ with numpy, and torch-made PyTorch files with strided views), stat sizes are
 exact, reads at any offset agree, BF16/F8 come as <u2/|u1 with the true dtype
 in the xattr, and writable mounts refuse the option. `.npy` written INTO a
 writable mount (header stripped, dtype/shape from it) is tested here too."""
+import io
 import json
 import os
 import struct
@@ -12,7 +13,7 @@ import struct
 import numpy as np
 import torch
 
-from bsmount import BIN, Mount, check, finish, force_unmount, is_mounted, read_bpk, run, tmpdir
+from bsmount import BIN, Mount, check, force_unmount, is_mounted, read_bpk, run, run_tests
 
 ST_DT = {np.float64: "F64", np.float32: "F32", np.float16: "F16", np.int64: "I64", np.int32: "I32",
          np.int16: "I16", np.int8: "I8", np.uint64: "U64", np.uint32: "U32", np.uint16: "U16",
@@ -171,6 +172,17 @@ def test_npy_in(tmp):
         r = mnt.unmount()
         check(r is not None and r.returncode != 0 and "x" in r.stderr and "npy" in r.stderr,
               "a bad .npy header fails the write-back, named: %r" % (r.stderr if r else None))
+    # a good header over too few bytes: the message gives dtype and shape
+    out3 = os.path.join(tmp, "short.bpk")
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(9999, "<f4"))
+    short = buf.getvalue()[:-(9999 * 4) + 8]
+    with Mount(out3, os.path.join(tmp, "m7")) as mnt:
+        with open(os.path.join(mnt, "y.npy"), "wb") as f:
+            f.write(short)
+        r = mnt.unmount()
+        check(r is not None and r.returncode != 0 and "F32 [9999]" in r.stderr and "holds 8" in r.stderr,
+              "a .npy shorter than its header says is refused with dtype and shape: %r" % (r.stderr if r else None))
 
 
 def test_rsync_from_views(tmp):
@@ -193,19 +205,8 @@ def test_rsync_from_views(tmp):
 
 
 def main():
-    with tmpdir("npy") as tmp:
-        for t in (test_numpy_dtypes, test_torch_views, test_refusals, test_npy_in, test_rsync_from_views):
-            print("--", t.__name__, flush=True)
-            try:
-                t(tmp)
-            except Exception as e:
-                import traceback
-                traceback.print_exc()
-                check(False, "%s raised %r" % (t.__name__, e))
-        for d in os.listdir(tmp):
-            force_unmount(os.path.join(tmp, d))
-    finish("test_npy")
-
+    run_tests("test_npy", [test_numpy_dtypes, test_torch_views, test_refusals, test_npy_in, test_rsync_from_views],
+              "npy")
 
 if __name__ == "__main__":
     main()
