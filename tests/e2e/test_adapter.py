@@ -110,12 +110,14 @@ def test_refusals(tmp, sd, pth):
     torch.save({"n.weight": torch.ones(3), "n.gamma": torch.zeros(3)}, coll)
     mnt = os.path.join(tmp, "m4")
     os.makedirs(mnt, exist_ok=True)
-    for src, opts, what in ((coll, "adapter=pytorch", "EEXIST"), (pth, "adapter=pytorch,rw,output=%s" % os.path.join(tmp, "x.bpk"), "read-only"),
-                            (pth, "adapter=tensorflow", "pytorch"), (pth, "adapter_linear=fc", "adapter=pytorch")):
+    for src, opts, what in ((coll, "adapter=pytorch", "already has"),
+                            (pth, "adapter=pytorch,rw,output=%s" % os.path.join(tmp, "x.bpk"), "read-only"),
+                            (pth, "adapter=tensorflow", "the one adapter is 'pytorch'"),
+                            (pth, "adapter_linear=fc", "need adapter=pytorch")):
         try:
             r = run([BIN, src, mnt, "-o", opts])
-            check(r.returncode != 0 and not is_mounted(mnt) and len(r.stderr.strip().splitlines()) == 1,
-                  "-o %s refused in one line: %r" % (opts, r.stderr))
+            check(r.returncode != 0 and not is_mounted(mnt) and len(r.stderr.strip().splitlines()) == 1
+                  and what in r.stderr, "-o %s refused in one line saying %r: %r" % (opts, what, r.stderr))
         finally:
             force_unmount(mnt)
     r = run([BIN, "ls", "-o", "adapter=pytorch", coll])

@@ -6,8 +6,10 @@ terminal and none when piped. No mount."""
 import json
 import os
 import pty
+import select
 import struct
 import subprocess
+import time
 
 import numpy as np
 import torch
@@ -205,43 +207,41 @@ def test_convert(tmp, sd, pth):
     os.chmod(ro, 0o700)
     # progress: none when piped (above: stderr empty), a line on a terminal
     env = dict(os.environ, BURNSTORE_PROGRESS_MIN="1")
-    m, s = pty.openpty()
     out = os.path.join(tmp, "tty.safetensors")
-    p = subprocess.Popen([BIN, "convert", pth, out], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=s, env=env)
-    os.close(s)
-    text = b""
-    while True:
-        try:
-            chunk = os.read(m, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        text += chunk
-    p.wait(timeout=60)
-    os.close(m)
-    check(p.returncode == 0 and b"convert" in text and b"100%" in text and b"/s" in text,
+    rc, _, text = pty_run([BIN, "convert", pth, out], env)
+    check(rc == 0 and b"convert" in text and b"100%" in text and b"/s" in text,
           "a progress line on a terminal: %r" % text[-300:])
     r = run([BIN, "convert", pth, out], env=env)
     check(r.returncode == 0 and r.stderr == "", "no progress when piped: %r" % r.stderr)
 
 
-def pty_run(cmd, env):
+def pty_run(cmd, env, deadline=120):
+    """Run cmd with stderr on a pseudo-terminal: (exit status, stdout, what
+    the terminal got). Killed after `deadline` seconds (status then not 0)."""
     m, s = pty.openpty()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=s, env=env)
     os.close(s)
     text = b""
-    while True:
-        try:
-            chunk = os.read(m, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        text += chunk
-    out = p.communicate(timeout=120)[0]
-    os.close(m)
+    end = time.time() + deadline
+    try:
+        while True:
+            left = end - time.time()
+            if left <= 0 or not select.select([m], [], [], left)[0]:
+                p.kill()
+                break
+            try:
+                chunk = os.read(m, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            text += chunk
+        out = p.communicate(timeout=max(1, end - time.time()))[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(m)
     return p.returncode, out, text
 
 
@@ -300,6 +300,8 @@ def main():
                 import traceback
                 traceback.print_exc()
                 check(False, "raised %r" % e)
+        for d in os.listdir(tmp):
+            force_unmount(os.path.join(tmp, d))
     finish("test_cli")
 
 
