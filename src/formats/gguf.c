@@ -573,8 +573,7 @@ int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
     goto out;
   }
   g->kv = bs_malloc((nkv ? (size_t)nkv : 1) * sizeof *g->kv);
-  g->ti = bs_malloc((nt ? (size_t)nt : 1) * sizeof *g->ti);
-  if (!g->kv || !g->ti) {
+  if (!g->kv) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
@@ -601,6 +600,11 @@ int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
     bs_fail(err, EINVAL, 8, NULL,
             "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes after the metadata", nt,
             left(c));
+    goto out;
+  }
+  /* Allocated only now: the count is checked against what the metadata left. */
+  if (!(g->ti = bs_malloc((nt ? (size_t)nt : 1) * sizeof *g->ti))) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
   for (uint64_t i = 0; i < nt; i++)

@@ -538,12 +538,10 @@ out:
 }
 
 /* Copy [off, off+len) of a source into the sink, in chunks. */
-static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, struct bs_sink *k,
-                    bs_err *err)
+/* Copy len bytes of s at off to k, through buf[CHUNK]. */
+static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, uint8_t *buf,
+                    struct bs_sink *k, bs_err *err)
 {
-  uint8_t *buf = bs_malloc(len < CHUNK ? (size_t)(len ? len : 1) : CHUNK);
-  if (!buf)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   int rc = 0;
   while (len && !rc) {
     size_t n = len < CHUNK ? (size_t)len : CHUNK;
@@ -551,7 +549,6 @@ static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, struct b
     off += n;
     len -= n;
   }
-  bs_free(buf);
   return rc;
 }
 
@@ -565,6 +562,8 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
   int rc = -1;
   if (plan(&x, err) != 0)
     goto out;
+  if (!(chunk = bs_malloc(CHUNK)))
+    goto oom;
   /* Header and key/values; unchanged values are copied from the source
    * after the part of the header built so far. */
   if (bs_buf_put(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, x.has_orig ? x.orig.version : 3) ||
@@ -580,7 +579,7 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
     if (o && strcmp(o->text, kv->value) == 0) {
       /* flush and copy the value's bytes as they are */
       if (bs_sink_put(k, h.data, h.len, err) != 0 ||
-          copy_src(&cat->srcs[0], o->off, o->len, k, err) != 0)
+          copy_src(&cat->srcs[0], o->off, o->len, chunk, k, err) != 0)
         goto out;
       h.len = 0;
       continue;
@@ -610,8 +609,6 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
   uint64_t data_off;
   if (!bs_align_up(k->pos, x.align, &data_off) || bs_sink_zeros(k, data_off - k->pos, err) != 0)
     goto out;
-  if (!(chunk = bs_malloc(CHUNK)))
-    goto oom;
   for (size_t j = 0; j < x.n; j++) {
     const struct bs_tensor *t = &cat->tensors[x.order[j]];
     if (k->pos - data_off != x.offs[j]) {

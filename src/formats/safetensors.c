@@ -901,7 +901,6 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
   const size_t n = (size_t)hlen;
   uint8_t *hbuf = NULL;
   json_t *root = NULL;
-  struct scan sc = {0};
   struct entry *ents = NULL, **sorted = NULL;
   struct dims dims = {0};
   struct meta_kv *mkv = NULL;
@@ -984,7 +983,6 @@ out:
   bs_free(mkv);
   bs_free(dims.v);
   bs_free(ents);
-  bs_free(sc.keys);
   json_decref(root);
   bs_free(hbuf);
   return rc;
