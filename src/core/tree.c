@@ -49,9 +49,14 @@ static int rehash(struct bs_tree *t, size_t nslots)
 }
 
 /* Slot holding (parent, name), or the first free slot for it if absent. */
-static size_t find_slot(const struct bs_tree *t, uint64_t parent, const char *name, bool *found)
+/* The slot of (parent, name), or where it would go; *tagp (if not NULL) gets
+ * the name's slot tag, so an insert need not hash again. */
+static size_t find_slot(const struct bs_tree *t, uint64_t parent, const char *name, bool *found,
+                        uint64_t *tagp)
 {
   uint64_t h = hash_name(parent, name), tag = SLOT_TAG(h);
+  if (tagp)
+    *tagp = tag;
   size_t mask = t->nslots - 1, j = h & mask;
   size_t first_free = SIZE_MAX;
   for (;;) {
@@ -162,7 +167,7 @@ struct bs_node *bs_tree_node(const struct bs_tree *t, uint64_t ino)
 uint64_t bs_tree_lookup(const struct bs_tree *t, uint64_t parent, const char *name)
 {
   bool found;
-  size_t j = find_slot(t, parent, name, &found);
+  size_t j = find_slot(t, parent, name, &found, NULL);
   return found ? SLOT_INO(t->slots[j]) : 0;
 }
 
@@ -197,17 +202,18 @@ static int hash_insert(struct bs_tree *t, uint64_t ino)
     return -1;
   bool found;
   const struct bs_node *nd = &t->nodes[ino];
-  size_t j = find_slot(t, nd->parent, nd->name, &found);
+  uint64_t tag;
+  size_t j = find_slot(t, nd->parent, nd->name, &found, &tag);
   if (t->slots[j] == 0)
     t->nused++;
-  t->slots[j] = ino | SLOT_TAG(hash_name(nd->parent, nd->name));
+  t->slots[j] = ino | tag;
   return 0;
 }
 
 static void hash_delete(struct bs_tree *t, uint64_t ino)
 {
   bool found;
-  size_t j = find_slot(t, t->nodes[ino].parent, t->nodes[ino].name, &found);
+  size_t j = find_slot(t, t->nodes[ino].parent, t->nodes[ino].name, &found, NULL);
   if (found)
     t->slots[j] = SLOT_DELETED;
 }
