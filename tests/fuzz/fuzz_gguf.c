@@ -2,7 +2,7 @@
  * reaches the parser rather than the sniffer), read every tensor; on success
  * write the catalog back with bs_gguf_write and read that: same names,
  * dtypes, shapes, bytes and metadata text. */
-#include "../../src/formats/gguf_private.h"
+#include "formats/gguf_private.h"
 #include "fuzz_common.h"
 
 static void check_round_trip(const struct bs_catalog *cat)

@@ -8,13 +8,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../src/formats/gguf_private.h"
 #include "burnstore/alloc.h"
 #include "burnstore/bpk_write.h"
 #include "burnstore/checked.h"
 #include "burnstore/formats.h"
 #include "burnstore/st_write.h"
 #include "burnstore/writers.h"
+#include "formats/gguf_private.h"
 
 /* ---- A GGUF builder --------------------------------------------------------------------- */
 
