@@ -22,8 +22,15 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             rsync in + burnstore -u vs cp + sync and vs native rsync + sync
 
 --quick shrinks every size (CI runs it: it checks that every section works,
-not its timings) and takes one run of each. Peers that are not installed are
-reported as skipped. Needs root for drop_caches and sshd (skipped otherwise).
+not its timings), takes one run of each and prints only the table at the end,
+without target verdicts (it checks none). Peers that are not installed are
+reported as skipped.
+
+Nothing system-wide happens unless --system is given (as root): then the
+"after drop_caches" rows drop the whole machine's page cache, and the sshfs
+section starts a temporary sshd on 127.0.0.1 (its own config and keys in the
+scratch directory, stopped at the end). Without --system those rows are
+skipped, with a line saying so.
 """
 import argparse
 import json
@@ -91,8 +98,15 @@ def drop_caches():
         f.write("3\n")
 
 
+QUIET = False  # --quick: rows only in the final table, no verdicts
+
+
 def row(section, name, value, unit, baseline=None, ratio=None, target=None, ok=None):
+    if QUIET:
+        target = ok = None
     ROWS.append((section, name, value, unit, baseline, ratio, target, ok))
+    if QUIET:
+        return
     b = "" if baseline is None else "  base %8.3f" % baseline
     r = "" if ratio is None else "  ratio %6.2f" % ratio
     t = "" if target is None else "  target %s %s" % (target, "met" if ok else "MISSED")
@@ -364,8 +378,8 @@ def sec_sshfs(a, d, st, off, size):
     if not (have("sshfs") and os.path.exists("/usr/sbin/sshd") and have("ssh-keygen")):
         log("  skipped (sshfs or openssh-server not installed)")
         return
-    if os.geteuid() != 0:
-        log("  skipped (needs root for a local sshd)")
+    if not a.system or os.geteuid() != 0:
+        log("  skipped (starts a local sshd: needs --system, as root)")
         return
     sd = os.path.join(d, "ssh")
     os.makedirs(sd, mode=0o700)
@@ -425,7 +439,9 @@ def find_time(root):
 def sec_list(a, d):
     n, nls = a.tensors, a.ls_tensors
     mnt = os.path.join(d, "m")
-    can_drop = os.geteuid() == 0
+    can_drop = a.system and os.geteuid() == 0
+    if not can_drop:
+        log("  (the after-drop_caches rows need --system, as root: skipped)")
     for shape, keys in (("flat", flat_keys(n)), ("LLM-shaped", llm_keys(n))):
         log("list: %d tensors, %s" % (n, shape))
         src = os.path.join(d, "list-%s.safetensors" % shape[:3])
@@ -581,7 +597,11 @@ def main():
     ap.add_argument("--size-mib", type=int, default=None)
     ap.add_argument("--only", default=None, help="comma-separated sections: read,readers,sshfs,list,million,write")
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--system", action="store_true",
+                    help="allow system-wide actions (root): drop the page cache, start a local sshd")
     a = ap.parse_args()
+    global QUIET
+    QUIET = a.quick
     a.bin = os.path.abspath(a.bin)
     q = a.quick
     a.runs = a.runs or (1 if q else 3)
@@ -592,6 +612,9 @@ def main():
     only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
+    if a.system:
+        log("--system: this run drops the page cache of the whole machine (the after-drop_caches rows)")
+        log("          and starts a temporary sshd on 127.0.0.1 (stopped at the end)")
     try:
         st = off = size = None
         if "read" in only or "sshfs" in only:
