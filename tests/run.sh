@@ -1,30 +1,76 @@
 #!/bin/bash
 # The whole test suite, on Debian 12, as root (or with sudo):
 #     bash tests/run.sh
-# 1. installs the dependencies (.ci/install-deps);
-# 2. checks the formatting of every tracked C file (clang-format-14);
-# 3. release build, installs it (the mount helper goes to /sbin), runs every
-#    unit, end-to-end and fuzz-corpus-replay test with ctest;
-# 4. core-only build (-DBURNSTORE_FUSE=OFF: no FUSE headers at all): the core,
-#    the CLI (burnstore ls ...), the unit tests and the fuzz replays;
-# 5. the suite again under ASan + UBSan;
-# 6. the suite again under ThreadSanitizer.
-# Sanitizer reports also go to files (a daemon's stderr is /dev/null once it
-# forks away): any report fails the run. The exit status is 0 only when all
-# of it passed.
+# What it does to the machine (also printed when it starts):
+#   - installs the Debian packages it lacks (.ci/install-deps; kept);
+#   - builds in build/, build-core/, build-asan/, build-tsan/ inside the clone;
+#   - installs the release build (burnstore into /usr/local, mount.burnstore into
+#     /sbin: the `mount -t burnstore` tests use them) and removes those files again
+#     when it exits;
+#   - mounts only under /tmp (every mount under a deadline, always unmounted), and
+#     keeps lock and status files in /run/burnstore while a test's mount lives.
+# It never drops the page cache or starts a network service (the benchmark does
+# those only with --system, which the suite does not pass).
+# Stages: formatting (clang-format-14), release build + every unit, real-mount
+# end-to-end and fuzz-corpus-replay test, the quick benchmark (works, timings not
+# checked), a core-only build without FUSE, the suite under ASan + UBSan, and
+# under ThreadSanitizer. Each stage prints one line; its output goes to a log
+# file, printed in full only when the stage fails. Any failure or sanitizer
+# report fails the run; the exit status is 0 only when all of it passed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-bash .ci/install-deps
-if [ ! -e /dev/fuse ]; then
-  echo "tests/run.sh: /dev/fuse is missing: the end-to-end tests really mount" >&2
-  exit 1
-fi
 jobs=$(nproc)
 werror=OFF
 [ "${CI:-}" = "true" ] && werror=ON
 t0=$SECONDS
-step() { echo "== $* ($((SECONDS - t0)) s)"; }
+logs=$(mktemp -d /tmp/burnstore-test-logs-XXXXXX)
+installed=""
+finish() {
+  local rc=$?
+  if [ -n "$installed" ] && [ -f "$installed" ]; then
+    # Undo the install: the files it wrote, and nothing else.
+    xargs -r -d '\n' rm -f -- <"$installed"
+    rm -f "$installed"
+  fi
+  if [ $rc -eq 0 ]; then
+    rm -rf "$logs"
+  else
+    echo "tests/run.sh: FAILED (exit $rc); the logs are in $logs" >&2
+  fi
+}
+trap finish EXIT
+
+echo "tests/run.sh: installs missing Debian packages; builds in $here/build*;" \
+  "installs burnstore into /usr/local and /sbin for the run (removed at exit);" \
+  "mounts only under /tmp; lock/status files in /run/burnstore"
+
+# stage NAME CMD...: runs CMD with its output in a log file; one line if it
+# passes, the whole log if it fails (and the run stops).
+n=0
+passed=0
+stage() {
+  local name=$1
+  shift
+  n=$((n + 1))
+  local log start rc=0
+  log=$logs/$(printf '%02d' $n)-${name// /-}.log
+  start=$SECONDS
+  "$@" >"$log" 2>&1 </dev/null || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "== $name: FAILED (exit $rc, $((SECONDS - start)) s); its log ($log):"
+    cat "$log"
+    exit $rc
+  fi
+  # ctest's summary ("100% tests passed, 0 tests failed out of 53") is the one
+  # detail worth a line when all passed.
+  local summary
+  summary=$(grep -E '^[0-9]+% tests passed' "$log" | tail -1 || true)
+  if [[ $summary =~ out\ of\ ([0-9]+) ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+  fi
+  echo "== $name: ok ($((SECONDS - start)) s)${summary:+; $summary}"
+}
 
 # Runs ctest in build dir $1 (more ctest arguments after it) with sanitizer
 # reports going to a fresh directory; fails when ctest fails or any report
@@ -32,73 +78,82 @@ step() { echo "== $* ($((SECONDS - t0)) s)"; }
 ctest_with_reports() {
   local dir=$1
   shift
-  local logs rc=0
-  logs=$(mktemp -d /tmp/bs-sanitizer-XXXXXX)
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:log_path=$logs/asan \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$logs/ubsan \
-  TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1:log_path=$logs/tsan \
+  local rep rc=0
+  rep=$(mktemp -d /tmp/bs-sanitizer-XXXXXX)
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:log_path=$rep/asan \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$rep/ubsan \
+  TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1:log_path=$rep/tsan \
     ctest --test-dir "$dir" --output-on-failure -j1 --timeout 900 "$@" || rc=$?
-  if compgen -G "$logs/*" >/dev/null; then
-    echo "== sanitizer reports ($dir):" >&2
-    cat "$logs"/* >&2
+  if compgen -G "$rep/*" >/dev/null; then
+    echo "== sanitizer reports ($dir):"
+    cat "$rep"/*
     rc=1
   fi
-  rm -rf "$logs"
+  rm -rf "$rep"
   return $rc
 }
 
-step "format check (clang-format-14 --dry-run -Werror)"
-if git -c safe.directory='*' rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git -c safe.directory='*' ls-files -z '*.c' '*.h' | xargs -0 -r clang-format-14 --dry-run -Werror
-else
-  find src include tests -name '*.[ch]' -print0 | xargs -0 -r clang-format-14 --dry-run -Werror
-fi
+format_check() {
+  if git -c safe.directory='*' rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git -c safe.directory='*' ls-files -z '*.c' '*.h' | xargs -0 -r clang-format-14 --dry-run -Werror
+  else
+    find src include tests -name '*.[ch]' -print0 | xargs -0 -r clang-format-14 --dry-run -Werror
+  fi
+}
 
-step "release build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \
-  -DBURNSTORE_WERROR=$werror >/dev/null
-cmake --build build -j"$jobs"
-cmake --install build >/dev/null
-ctest --test-dir build --output-on-failure -j1 --timeout 900
+build() { # build DIR CMAKE-ARGS...
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -DBURNSTORE_WERROR=$werror "$@"
+  cmake --build "$dir" -j"$jobs"
+}
 
-step "benchmark, quick mode (checks that every section works; timings are not checked)"
-timeout 300 /usr/bin/python3 tests/bench/bench.py --quick --bin build/burnstore
+release_install() {
+  cmake --install build
+  installed=$here/build/install_manifest.txt
+}
 
-step "core-only build (BURNSTORE_FUSE=OFF: no FUSE headers)"
-# The core, its headers and the tools must not include FUSE; the build below
-# does not even look for fuse3, so a FUSE include there fails to compile.
-if grep -rnE '#[[:space:]]*include[[:space:]]*[<"]fuse' include src/core src/formats src/tools; then
-  echo "tests/run.sh: the core or a tool includes a FUSE header" >&2
+core_only() {
+  # The core, its headers and the tools must not include FUSE; the build below
+  # does not even look for fuse3, so a FUSE include there fails to compile.
+  if grep -rnE '#[[:space:]]*include[[:space:]]*[<"]fuse' include src/core src/formats src/tools; then
+    echo "tests/run.sh: the core or a tool includes a FUSE header"
+    return 1
+  fi
+  build build-core -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \
+    -DBURNSTORE_FUSE=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
+  if grep -q '^FUSE3_' build-core/CMakeCache.txt || grep -q 'include/fuse3' build-core/compile_commands.json; then
+    echo "tests/run.sh: the core-only build looked for fuse3 or compiles with its headers"
+    return 1
+  fi
+  local ls_out
+  ls_out=$(build-core/burnstore ls tests/fixtures/burn/examples/mnist-inference-web/model.bpk)
+  if [ "$(grep -c F32 <<<"$ls_out")" -ne 18 ]; then
+    echo "tests/run.sh: core-only burnstore ls does not list the 18 F32 tensors of model.bpk:"
+    echo "$ls_out"
+    return 1
+  fi
+}
+
+stage "packages (.ci/install-deps)" bash .ci/install-deps
+if [ ! -e /dev/fuse ]; then
+  echo "tests/run.sh: /dev/fuse is missing: the end-to-end tests really mount" >&2
   exit 1
 fi
-cmake -S . -B build-core -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \
-  -DBURNSTORE_FUSE=OFF -DBURNSTORE_WERROR=$werror -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
-cmake --build build-core -j"$jobs"
-if grep -q '^FUSE3_' build-core/CMakeCache.txt || grep -q 'include/fuse3' build-core/compile_commands.json; then
-  echo "tests/run.sh: the core-only build looked for fuse3 or compiles with its headers" >&2
-  exit 1
-fi
-ls_out=$(build-core/burnstore ls tests/fixtures/burn/examples/mnist-inference-web/model.bpk)
-if [ "$(grep -c F32 <<<"$ls_out")" -ne 18 ]; then
-  echo "tests/run.sh: core-only burnstore ls does not list the 18 F32 tensors of model.bpk:" >&2
-  echo "$ls_out" >&2
-  exit 1
-fi
-ctest --test-dir build-core --output-on-failure -j1 --timeout 900
-
-step "sanitizer build (ASan + UBSan)"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DBURNSTORE_SANITIZE=ON \
-  -DBURNSTORE_WERROR=$werror >/dev/null
-cmake --build build-asan -j"$jobs"
-ctest_with_reports build-asan
-
-step "ThreadSanitizer build"
+stage "format check (clang-format-14)" format_check
+stage "release build" build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF
+stage "release install (undone at exit)" release_install
+stage "release tests" ctest --test-dir build --output-on-failure -j1 --timeout 900
+stage "benchmark, quick mode (works; timings not checked)" \
+  timeout 300 /usr/bin/python3 tests/bench/bench.py --quick --bin build/burnstore
+stage "core-only build (no FUSE)" core_only
+stage "core-only tests" ctest --test-dir build-core --output-on-failure -j1 --timeout 900
+stage "ASan + UBSan build" build build-asan -DCMAKE_BUILD_TYPE=Debug -DBURNSTORE_SANITIZE=ON
+stage "ASan + UBSan tests" ctest_with_reports build-asan
+stage "ThreadSanitizer build" build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=thread
 # Criterion cannot run under TSan, so its executables link an uninstrumented
 # core here (tests/CMakeLists.txt); the daemon (and its CLI) and the fuzz replays
 # they and the script tests start are instrumented.
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=thread \
-  -DBURNSTORE_WERROR=$werror >/dev/null
-cmake --build build-tsan -j"$jobs"
-ctest_with_reports build-tsan
-
-step "all tests passed"
+stage "ThreadSanitizer tests" ctest_with_reports build-tsan
+echo "== all tests passed ($((SECONDS - t0)) s)"
+echo "ctest: $passed passed, 0 failed"
