@@ -104,7 +104,7 @@ format_check() {
 build() { # build DIR CMAKE-ARGS...
   local dir=$1
   shift
-  cmake -S . -B "$dir" -DBURNSTORE_WERROR=$werror "$@"
+  cmake -S . -B "$dir" -DBURNSTORE_WERROR=$werror -DBURNSTORE_TESTS=ON "$@"
   cmake --build "$dir" -j"$jobs"
 }
 

@@ -771,7 +771,7 @@ static const struct cmd cmds[] = {
      cmd_diff},
     {"convert", "[-q] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
-     "(.bpk, .safetensors, .safetensors.index.json), atomically (a temp file beside OUT,\n"
+     "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
      "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
      "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
      "  -q           no progress line, no summary\n"

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from bsmount import BIN, Mount, check, finish, force_unmount, read_bpk, read_safetensors, run, tmpdir
+from bsmount import BIN, SOURCE_DIR, Mount, check, finish, force_unmount, read_bpk, read_safetensors, run, tmpdir
 
 NP = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -280,6 +280,12 @@ def test_help(tmp):
         check(r.returncode == 2 and len(r.stderr.splitlines()) == 1, "%s without arguments: one line, exit 2: %r" % (cmd, r.stderr))
         r = run([BIN, cmd, "--bogus", "x"])
         check(r.returncode == 2 and len(r.stderr.splitlines()) == 1, "%s --bogus: %r" % (cmd, r.stderr))
+    r = run([BIN, "convert", "--help"])
+    check(all(ext in r.stdout for ext in (".bpk", ".safetensors", ".safetensors.index.json", ".gguf")),
+          "convert --help names every output it writes: %r" % r.stdout)
+    man = open(os.path.join(SOURCE_DIR, "docs/burnstore.1")).read()
+    conv = man[man.index(".B convert"):]
+    check("\\fB.gguf\\fR" in conv[:conv.index(".SH")], "burnstore(1) names .gguf among convert's outputs")
     r = run([BIN, "--help"])
     check(all("burnstore %s " % c in r.stdout for c in ("ls", "info", "cat", "diff", "convert")), "burnstore --help lists the subcommands")
     r = run([BIN, "ls", "/nonexistent.pth"])
