@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "pickle_vm.h"
 
 /* ---- arena ---------------------------------------------------------------------------------- */

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define EOCD_LEN 22u
 #define CDH_LEN 46u
