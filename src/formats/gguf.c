@@ -25,9 +25,9 @@
 #include <string.h>
 
 #include "burnstore/formats.h"
-#include "burnstore/st_write.h" /* bs_st_json_string_n */
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/st_write.h" /* bs_st_json_string_n */
 #include "gguf_private.h"
 
 /* ---- ggml types --------------------------------------------------------------------------- */

@@ -17,7 +17,7 @@
  * Nothing named by a GLOBAL is ever imported or called. This file is the
  * generic machine; what a name means (tensor rebuilds, OrderedDict, storages
  * as persistent ids) is torch_pickle.c, behind the pk_* calls of pickle_vm.h. */
-#include "burnstore/pickle.h"
+#include "formats/pickle.h"
 
 #include <errno.h>
 #include <inttypes.h>

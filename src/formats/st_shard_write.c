@@ -23,11 +23,11 @@
 #include <unistd.h>
 
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
-#include "burnstore/st_write.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/strmap.h"
+#include "formats/st_index.h"
+#include "formats/st_write.h"
 
 #define IDX_SUFFIX ".safetensors.index.json"
 #define ST_SUFFIX ".safetensors"

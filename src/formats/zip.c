@@ -1,7 +1,7 @@
-/* The zip reader: see include/burnstore/zip.h for the layout. Every field is
+/* The zip reader: see include/formats/zip.h for the layout. Every field is
  * a claim: offsets and sizes are checked against the source before anything
  * is read or allocated, and inflated output against the claimed size. */
-#include "burnstore/zip.h"
+#include "formats/zip.h"
 
 #include <errno.h>
 #include <inttypes.h>

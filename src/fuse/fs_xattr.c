@@ -17,9 +17,9 @@
 #include <sys/xattr.h>
 
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/st_index.h"
 #include "fs.h"
 
 #define XA_PREFIX "user.burnstore."

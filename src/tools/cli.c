@@ -15,8 +15,6 @@
 #include "burnstore/adapter.h"
 #include "burnstore/formats.h"
 #include "burnstore/keys.h"
-#include "burnstore/st_index.h"
-#include "burnstore/st_write.h"
 #include "burnstore/version.h"
 #include "burnstore/writers.h"
 #include "cli.h"
@@ -24,6 +22,8 @@
 #include "core/checked.h"
 #include "core/npy.h"
 #include "core/strmap.h"
+#include "formats/st_index.h"
+#include "formats/st_write.h"
 #include "progress.h"
 
 #define PROG "burnstore"
