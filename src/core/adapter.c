@@ -3,8 +3,8 @@
 #include <string.h>
 
 #include "burnstore/adapter.h"
-#include "burnstore/alloc.h"
-#include "burnstore/strmap.h"
+#include "core/alloc.h"
+#include "core/strmap.h"
 
 void bs_adapter_init(struct bs_adapter *a)
 {

@@ -1,4 +1,4 @@
-#include "burnstore/alloc.h"
+#include "core/alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>

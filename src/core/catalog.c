@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 void bs_catalog_init(struct bs_catalog *cat)
 {

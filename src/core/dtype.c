@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
+#include "core/alloc.h"
 
-#include "burnstore/checked.h"
+#include "core/checked.h"
 
 static const struct {
   const char *name;

@@ -1,6 +1,6 @@
 /* The editable catalog of a writable mount (see edit.h). */
-#include "burnstore/edit.h"
-#include "burnstore/npy.h"
+#include "core/edit.h"
+#include "core/npy.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define XATTR_CREATE_FLAG 1
 #define XATTR_REPLACE_FLAG 2

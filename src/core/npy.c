@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/npy.h"
+#include "core/npy.h"
 
 static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 

@@ -13,9 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "core/alloc.h"
 
 #define TMP_TAG ".burnstore-tmp-"
 #define TMP_RAND 6 /* random characters after the tag */

@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 static void zero(struct bs_src *s)
 {

@@ -1,6 +1,6 @@
 /* The INDEX of a staging directory (see stage_index.h): serialize an output
  * catalog, save it durably, parse it back and reopen its byte sources. */
-#include "burnstore/stage_index.h"
+#include "core/stage_index.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define MAGIC "burnstore-staging-index"
 

@@ -1,11 +1,11 @@
-#include "burnstore/tree.h"
+#include "core/tree.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define SLOT_DELETED UINT64_MAX
 

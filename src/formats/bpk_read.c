@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define HDR_LEN 10u
 

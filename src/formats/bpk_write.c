@@ -22,10 +22,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/bpk_write.h"
-#include "burnstore/checked.h"
 #include "burnstore/version.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/bpk_write.h"
 
 #define HDR_LEN 10u
 #define CHUNK (1u << 20)

@@ -24,10 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_write.h" /* bs_st_json_string_n */
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/st_write.h" /* bs_st_json_string_n */
 #include "gguf_private.h"
 
 /* ---- ggml types --------------------------------------------------------------------------- */

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "gguf_private.h"
 
 #define CHUNK (1u << 20)

@@ -17,7 +17,7 @@
  * Nothing named by a GLOBAL is ever imported or called. This file is the
  * generic machine; what a name means (tensor rebuilds, OrderedDict, storages
  * as persistent ids) is torch_pickle.c, behind the pk_* calls of pickle_vm.h. */
-#include "burnstore/pickle.h"
+#include "formats/pickle.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "pickle_vm.h"
 
 /* ---- arena ---------------------------------------------------------------------------------- */

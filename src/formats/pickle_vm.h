@@ -11,8 +11,8 @@
 #include <stdint.h>
 
 #include "burnstore/err.h"
-#include "burnstore/pickle.h"
-#include "burnstore/torch_pickle.h"
+#include "formats/pickle.h"
+#include "formats/torch_pickle.h"
 
 #define MAX_NOTES 1000u
 #define MAX_LINE 1024u         /* GLOBAL module/name, INT/LONG/FLOAT text lines */

@@ -19,8 +19,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "pth_private.h"
 
 static void ctx_destroy(struct pth_ctx *c)

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/checked.h"
+#include "core/checked.h"
 #include "pth_private.h"
 
 static const struct bs_pv *dict_get(const struct bs_pv *d, const char *key)

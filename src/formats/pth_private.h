@@ -8,10 +8,10 @@
 #include <stdint.h>
 
 #include "burnstore/formats.h"
-#include "burnstore/pickle.h"
-#include "burnstore/strmap.h"
-#include "burnstore/torch_pickle.h"
-#include "burnstore/zip.h"
+#include "core/strmap.h"
+#include "formats/pickle.h"
+#include "formats/torch_pickle.h"
+#include "formats/zip.h"
 
 /* Flattening bounds (bytes and work, not counts). */
 #define PTH_VALUES_BUDGET (16u << 20) /* bytes of user.burnstore.values text (+ per-value cost) */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/checked.h"
+#include "core/checked.h"
 #include "pth_private.h"
 
 #define TAR_BLOCK 512u

@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "pth_private.h"
 
 #define VALUE_COST 64u /* bytes charged per value beyond its text (key map, bookkeeping) */

@@ -13,8 +13,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "pth_private.h"
 
 static const struct bs_zip_entry *zfind(struct pth_ctx *c, const char *rel)

@@ -22,11 +22,11 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/alloc.h"
 #include "burnstore/catalog.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/st_index.h"
 
 static const struct bs_format_desc formats[] = {
     [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL},

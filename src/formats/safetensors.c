@@ -26,9 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define PREFIX 8u
 

@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
-#include "burnstore/st_index.h"
-#include "burnstore/strmap.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/strmap.h"
+#include "formats/st_index.h"
 
 #define INDEX_SUFFIX ".safetensors.index.json"
 #define MAX_NOTES 100

@@ -22,12 +22,12 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
-#include "burnstore/st_write.h"
-#include "burnstore/strmap.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/strmap.h"
+#include "formats/st_index.h"
+#include "formats/st_write.h"
 
 #define IDX_SUFFIX ".safetensors.index.json"
 #define ST_SUFFIX ".safetensors"

@@ -21,9 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
-#include "burnstore/st_write.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/st_write.h"
 
 #define PREFIX 8u
 #define CHUNK (1u << 20)

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/checked.h"
+#include "core/checked.h"
 #include "pickle_vm.h"
 
 /* ---- GLOBAL resolution ---------------------------------------------------------------------- */

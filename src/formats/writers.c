@@ -4,9 +4,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/bpk_write.h"
-#include "burnstore/st_write.h"
 #include "burnstore/writers.h"
+#include "formats/bpk_write.h"
+#include "formats/st_write.h"
 #include "gguf_private.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)

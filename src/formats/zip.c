@@ -1,15 +1,15 @@
-/* The zip reader: see include/burnstore/zip.h for the layout. Every field is
+/* The zip reader: see include/formats/zip.h for the layout. Every field is
  * a claim: offsets and sizes are checked against the source before anything
  * is read or allocated, and inflated output against the claimed size. */
-#include "burnstore/zip.h"
+#include "formats/zip.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
 #include <zlib.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define EOCD_LEN 22u
 #define CDH_LEN 46u

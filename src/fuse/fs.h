@@ -12,10 +12,10 @@
 #include <time.h>
 
 #include "burnstore/catalog.h"
-#include "burnstore/edit.h"
 #include "burnstore/keys.h"
-#include "burnstore/tree.h"
 #include "burnstore/writers.h"
+#include "core/edit.h"
+#include "core/tree.h"
 
 struct fs {
   struct bs_catalog cat; /* the source checkpoint (empty for a new file) */

@@ -23,15 +23,15 @@
 #include <unistd.h>
 
 #include "burnstore/adapter.h"
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
-#include "burnstore/st_write.h"
-#include "burnstore/stage_index.h"
-#include "burnstore/strmap.h"
 #include "burnstore/version.h"
 #include "cli.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/stage_index.h"
+#include "core/strmap.h"
+#include "formats/st_index.h"
+#include "formats/st_write.h"
 #include "fs.h"
 #include "fs_views.h"
 

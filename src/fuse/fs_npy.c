@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/npy.h"
+#include "core/alloc.h"
+#include "core/npy.h"
 #include "fs_views.h"
 
 int fs_npy_build(struct fs *fs, int mode, bs_err *err)

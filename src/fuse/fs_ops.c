@@ -34,8 +34,8 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "fs.h"
 #include "fs_views.h"
 

@@ -9,7 +9,7 @@
  * file is (bs_entry.fd), other uses open it for the call.
  *
  * The model (which bytes, dtype, shape) is the core's editable catalog
- * (burnstore/edit.h); this file does the staging I/O. Locks: see fs_ops.c. */
+ * (core/edit.h); this file does the staging I/O. Locks: see fs_ops.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -21,10 +21,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
-#include "burnstore/stage_index.h"
 #include "burnstore/writers.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/stage_index.h"
 #include "fs.h"
 
 /* fs->staging is a template ending in XXXXXX until the directory exists:

@@ -1,7 +1,7 @@
 /* The xattr ops: user.burnstore.* shows a file's dtype, shape, key and
  * param_id and the root's format, values, notes and meta.*; other user.*
  * xattrs of a writable mount are kept as set (within the editable
- * catalog's budget). The model is the core's (burnstore/edit.h); locks as
+ * catalog's budget). The model is the core's (core/edit.h); locks as
  * described at the top of fs_ops.c (the tree lock only to find the node or
  * its key, then the file's own lock; the root's lock guards the metadata).
  *
@@ -16,10 +16,10 @@
 #include <string.h>
 #include <sys/xattr.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/st_index.h"
 #include "fs.h"
 
 #define XA_PREFIX "user.burnstore."

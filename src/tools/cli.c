@@ -13,17 +13,17 @@
 #include <unistd.h>
 
 #include "burnstore/adapter.h"
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
 #include "burnstore/keys.h"
-#include "burnstore/npy.h"
-#include "burnstore/st_index.h"
-#include "burnstore/st_write.h"
-#include "burnstore/strmap.h"
 #include "burnstore/version.h"
 #include "burnstore/writers.h"
 #include "cli.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/npy.h"
+#include "core/strmap.h"
+#include "formats/st_index.h"
+#include "formats/st_write.h"
 #include "progress.h"
 
 #define PROG "burnstore"

@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
 #include "burnstore/catalog.h"
-#include "burnstore/checked.h"
 #include "burnstore/dtype.h"
 #include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 #define FUZZ_CHECK(c)                                                                              \
   do {                                                                                             \

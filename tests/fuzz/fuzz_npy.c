@@ -4,7 +4,7 @@
  * shape parses back to the same; a failure has a message. */
 #include "fuzz_common.h"
 
-#include "burnstore/npy.h"
+#include "core/npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -3,7 +3,7 @@
  * result is walked (bounded: memo GETs can make cycles). */
 #include "fuzz_common.h"
 
-#include "burnstore/pickle.h"
+#include "formats/pickle.h"
 
 static size_t budget;
 

@@ -3,7 +3,7 @@
  * built tree (nested and flat) every file's key leads back to its tensor. */
 #include "fuzz_common.h"
 
-#include "burnstore/tree.h"
+#include "core/tree.h"
 
 #define MAX_KEYS 256
 

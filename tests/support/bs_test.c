@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
 #include "burnstore/formats.h"
+#include "core/alloc.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
 {

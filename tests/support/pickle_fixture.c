@@ -3,8 +3,8 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
 #include "burnstore/src.h"
+#include "core/alloc.h"
 
 static struct bs_pickle *P;
 static struct bs_src SRC;

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "burnstore/err.h"
-#include "burnstore/pickle.h"
+#include "formats/pickle.h"
 
 void pickle_fixture_teardown(void);
 /* The unpickler of the last load (its notes, for instance). */

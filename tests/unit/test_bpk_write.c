@@ -10,10 +10,10 @@
 
 #include "bpk_fixture.h"
 #include "bs_test.h"
-#include "burnstore/alloc.h"
-#include "burnstore/bpk_write.h"
 #include "burnstore/formats.h"
 #include "burnstore/version.h"
+#include "core/alloc.h"
+#include "formats/bpk_write.h"
 
 #define MNIST BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 

@@ -4,9 +4,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "burnstore/alloc.h"
 #include "burnstore/catalog.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 static bs_err err;
 static void reset(void)

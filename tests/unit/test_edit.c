@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/alloc.h"
-#include "burnstore/edit.h"
+#include "core/alloc.h"
+#include "core/edit.h"
 
 static bs_err err;
 static struct bs_catalog cat;

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "burnstore/adapter.h"
-#include "burnstore/alloc.h"
-#include "burnstore/npy.h"
+#include "core/alloc.h"
+#include "core/npy.h"
 
 static bs_err err;
 static void reset(void)

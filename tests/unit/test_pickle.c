@@ -4,9 +4,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
-#include "burnstore/pickle.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/pickle.h"
 #include "pickle_fixture.h"
 
 TestSuite(pickle, .fini = pickle_fixture_teardown);

@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
 #include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 #include "st_fixture.h"
 
 static const char tensor_json[] = "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}";

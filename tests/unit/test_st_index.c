@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/alloc.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_index.h"
+#include "core/alloc.h"
+#include "formats/st_index.h"
 #include "st_fixture.h"
 
 static int parse(const char *s, struct bs_st_index *ix, bs_err *err)

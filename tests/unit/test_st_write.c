@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "bs_test.h"
-#include "burnstore/alloc.h"
 #include "burnstore/formats.h"
-#include "burnstore/st_write.h"
 #include "burnstore/writers.h"
+#include "core/alloc.h"
+#include "formats/st_write.h"
 #include "st_fixture.h"
 
 static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)

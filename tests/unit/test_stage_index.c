@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/alloc.h"
-#include "burnstore/bpk_write.h"
-#include "burnstore/stage_index.h"
+#include "core/alloc.h"
+#include "core/stage_index.h"
+#include "formats/bpk_write.h"
 
 static bs_err err;
 static void reset(void)

@@ -5,10 +5,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
-#include "burnstore/pickle.h"
-#include "burnstore/torch_pickle.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/pickle.h"
+#include "formats/torch_pickle.h"
 #include "pickle_fixture.h"
 
 TestSuite(torch_pickle, .fini = pickle_fixture_teardown);

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/tree.h"
+#include "core/alloc.h"
+#include "core/tree.h"
 
 static bs_err err;
 static struct bs_catalog cat;

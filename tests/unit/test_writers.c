@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/alloc.h"
-#include "burnstore/bpk_write.h"
 #include "burnstore/writers.h"
+#include "core/alloc.h"
+#include "formats/bpk_write.h"
 
 static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
 {

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
-#include "burnstore/zip.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "formats/zip.h"
 
 struct member {
   const char *name;

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 
 #include "burnstore/dtype.h"
-#include "burnstore/pickle.h"
+#include "formats/pickle.h"
 
 /* What a GLOBAL resolved to. */
 enum bs_pg {

@@ -17,8 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/bpk_write.h"
 #include "burnstore/catalog.h"
+#include "formats/bpk_write.h"
 
 #define BS_STAGE_INDEX_NAME "INDEX"
 #define BS_STAGE_LOCK_NAME "lock"

@@ -26,7 +26,7 @@
 
 #include "burnstore/err.h"
 #include "burnstore/src.h"
-#include "burnstore/strmap.h"
+#include "core/strmap.h"
 
 #define BS_ZIP_STORED 0
 #define BS_ZIP_DEFLATED 8

@@ -1,10 +1,10 @@
-#include "burnstore/strmap.h"
+#include "core/strmap.h"
 
 #include <stdint.h>
 #include <string.h>
 
-#include "burnstore/alloc.h"
-#include "burnstore/checked.h"
+#include "core/alloc.h"
+#include "core/checked.h"
 
 static uint64_t hash_str(const char *s)
 {

@@ -24,7 +24,7 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/err.h"
-#include "burnstore/tree.h"
+#include "core/tree.h"
 
 /* The bound on the user xattrs (names + values, every file and the root
  * metadata together) that one writable mount holds in memory. */
