@@ -54,7 +54,8 @@ stage() {
   shift
   n=$((n + 1))
   local log start rc=0
-  log=$logs/$(printf '%02d' $n)-${name// /-}.log
+  local slug=${name//[^A-Za-z0-9.+-]/-}
+  log=$logs/$(printf '%02d' $n)-$slug.log
   start=$SECONDS
   "$@" >"$log" 2>&1 </dev/null || rc=$?
   if [ $rc -ne 0 ]; then
