@@ -45,8 +45,9 @@ struct fs {
   char *report;             /* owned: the last write-back's report lines, or NULL */
   unsigned long next_stage; /* lock: `stage_lock` */
   struct timespec mtime;    /* timestamps of the read-only view */
-  uid_t uid;
-  gid_t gid;
+  /* -o uid=, gid= (default: the mounting user's); the modes of SOURCE's
+   * files and directories: its own less umask= (fs_main.c: prepare) */
+  struct bs_owner owner;
   double timeout;             /* entry/attr cache timeout */
   pthread_rwlock_t lock;      /* the tree lock: names only (fs_ops.c) */
   pthread_mutex_t stage_lock; /* staging directory and ids */
