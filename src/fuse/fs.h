@@ -110,6 +110,12 @@ int fs_staging_create(struct fs *fs);
  * only the one this daemon created and holds the lock of. */
 void fs_staging_remove(struct fs *fs);
 
+/* After a failed mount by a user other than root (fs_mount_diag.c): the
+ * cause, in one line into out, if it is /dev/fuse's mode, fusermount3 not
+ * setuid root, or allow_other/allow_root (in the FUSE option string `opts`)
+ * without user_allow_other in /etc/fuse.conf. false (out "") otherwise. */
+bool fs_mount_diagnose(const char *opts, char *out, size_t n);
+
 /* Writable mounts (fs_stop.c): from just before the session loop until just
  * after it, SIGTERM, SIGINT and SIGHUP flush and unmount the mount while
  * the loop serves (the kernel then ends the loop), instead of ending the

@@ -1238,8 +1238,12 @@ int main(int argc, char **argv)
   if (fuse_set_signal_handlers(se) != 0)
     goto out_session;
   if (fuse_session_mount(se, mnt) != 0) {
-    fprintf(stderr, PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n",
-            mnt);
+    char why[PATH_MAX + 256];
+    if (fs_mount_diagnose(fsname, why, sizeof why))
+      fprintf(stderr, PROG ": cannot mount on %s: %s\n", mnt, why);
+    else
+      fprintf(stderr,
+              PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n", mnt);
     goto out_signals;
   }
   bool daemonized = !a.foreground;

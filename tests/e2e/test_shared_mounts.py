@@ -6,13 +6,14 @@ what the modes allow, and root's write-back is unchanged by the attempts; a
 read-only allow_other mount serves reads only. uid=/gid=/umask= set what is
 shown and enforced; chmod and chown hold for the life of the mount; a file
 another user creates is theirs. Staging and status files keep other users
-out."""
+out. An unprivileged mount that the system does not allow says why."""
 import hashlib
 import json
 import os
+import shutil
 import stat
 
-from bsmount import (BIN, Mount, check, force_unmount, read_safetensors, run, run_tests,
+from bsmount import (BIN, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
                      write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -328,7 +329,57 @@ def test_private_modes(tmp):
     check(stat.S_IMODE(os.stat(src).st_mode) == 0o600, "the output keeps its 0600")
 
 
+def test_unprivileged_mount(tmp):
+    """nobody mounts where the system allows it; else the message names the
+    cause (/dev/fuse's mode, fusermount3 not setuid, user_allow_other)."""
+    d = shared_dir(tmp, "unpriv")
+    src = os.path.join(d, "model.safetensors")
+    write_safetensors(src, {"a": A})
+    mnt = os.path.join(d, "mnt")
+    os.makedirs(mnt)
+    os.chown(mnt, NOBODY_UID, NOBODY_UID)
+    # nobody runs a copy: the build tree may be out of its reach.
+    binary = os.path.join(d, "burnstore")
+    shutil.copy(shutil.which(BIN) or BIN, binary)
+    os.chmod(binary, 0o755)
+    dev = os.stat("/dev/fuse")
+    fm = "/usr/bin/fusermount3"
+    fst = os.stat(fm)
+    dev_ok = dev.st_mode & 0o006 == 0o006
+    setuid_ok = fst.st_uid == 0 and fst.st_mode & stat.S_ISUID
+    conf_ok = False
+    if os.path.exists("/etc/fuse.conf"):
+        conf_ok = any(l.split("#")[0].strip() == "user_allow_other" for l in open("/etc/fuse.conf"))
+    for opts in ("", "allow_other"):
+        cmd = NOBODY + [binary, src, mnt] + (["-o", opts] if opts else [])
+        try:
+            r = run(cmd, env=ENV)
+            mounted = is_mounted(mnt)
+            if mounted:
+                got = as_nobody(["read", os.path.join(mnt, "a")])
+                check(got == [sha(A)], "nobody's mount serves reads: %s" % got)
+                u = run(NOBODY + ["fusermount3", "-u", mnt], env=ENV)
+                check(u.returncode == 0, "nobody unmounts with fusermount3 -u: %s" % u.stderr)
+        finally:
+            force_unmount(mnt)
+        if not dev_ok:
+            want = "read and write /dev/fuse"
+        elif not setuid_ok:
+            want = "not setuid root"
+        elif opts and not conf_ok:
+            want = "user_allow_other"
+        else:
+            want = None
+        if want is None:
+            check(r.returncode == 0 and mounted, "nobody mounts (-o %r): %d %s" % (opts, r.returncode, r.stderr))
+        else:
+            line = [l for l in r.stderr.splitlines() if l.startswith("burnstore: cannot mount")]
+            check(r.returncode == 1 and not mounted, "nobody's mount (-o %r) fails: %d" % (opts, r.returncode))
+            check(len(line) == 1 and want in line[0], "the failure (-o %r) names %r: %r" % (opts, want, r.stderr))
+        print("  unprivileged mount -o %r: %s" % (opts, (r.stderr.strip().splitlines() or ["mounted"])[-1]))
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
-                                     test_chmod_chown_created, test_private_modes],
+                                     test_chmod_chown_created, test_private_modes, test_unprivileged_mount],
               "shared")
