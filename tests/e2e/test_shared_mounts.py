@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 
-from bsmount import (BIN, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
+from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
                      write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -24,6 +24,7 @@ ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/", "LC_ALL": "C"}
 # results ("ok", the sha256 of what was read, a listing, or an errno name).
 HELPER = r"""
 import errno, hashlib, json, os, sys
+os.umask(0o022)
 def do(op, a):
     if op == "read":
         with open(a[0], "rb") as f:
@@ -225,6 +226,32 @@ def test_owner_options(tmp):
         force_unmount(mnt)
 
 
+def test_fstab_options(tmp):
+    """The options of an fstab line (through mount.burnstore, which mount(8)
+    runs with rw added): allow_other with uid=, gid=, umask=."""
+    d = shared_dir(tmp, "fstab")
+    src = os.path.join(d, "model.safetensors")
+    write_safetensors(src, {"a": A})
+    mnt = os.path.join(d, "mnt")
+    os.makedirs(mnt)
+    helper = os.path.join(SOURCE_DIR, "mount-helpers/mount.burnstore")
+    try:
+        r = run(["sh", helper, src, mnt, "-o", "rw,nofail,allow_other,uid=nobody,gid=nogroup,umask=077"],
+                env=dict(os.environ, BURNSTORE_BIN=BIN))
+        check(r.returncode == 0 and is_mounted(mnt), "mount.burnstore with fstab options: %s" % r.stderr)
+        if is_mounted(mnt):
+            st = os.stat(os.path.join(mnt, "a"))
+            check((st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY_UID, NOBODY_UID, 0o400),
+                  "fstab: %d:%d %o" % (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+            check("default_permissions" in mount_opts(mnt), "fstab: default_permissions")
+            got = as_nobody(["read", os.path.join(mnt, "a")], ["write", os.path.join(mnt, "a"), "00"])
+            expect("fstab", got, [("read", sha(A)), ("write", "EROFS")])
+        r = run([BIN, "-u", mnt])
+        check(r.returncode == 0, "burnstore -u: %s" % r.stderr)
+    finally:
+        force_unmount(mnt)
+
+
 def test_chmod_chown_created(tmp):
     """chmod and chown hold for the life of the mount (files and directories),
     the kernel checks them, and a file another user creates is theirs."""
@@ -381,5 +408,5 @@ def test_unprivileged_mount(tmp):
 
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
-                                     test_chmod_chown_created, test_private_modes, test_unprivileged_mount],
-              "shared")
+                                     test_fstab_options, test_chmod_chown_created, test_private_modes,
+                                     test_unprivileged_mount], "shared")
