@@ -86,7 +86,8 @@ static const char usage_rest[] =
     "  uid=ID, gid=ID         owner and group of SOURCE's files (number or name;\n"
     "                         default: the mounting user's)\n"
     "  umask=OOO              mode bits (octal) taken off SOURCE's files and directories,\n"
-    "                         which show SOURCE's own bits (read-only: no w; dirs: +x)\n"
+    "                         which show SOURCE's read bits (rw: and the owner's w;\n"
+    "                         directories: x where r)\n"
     "  allow_other, allow_root, nosuid, nodev, noexec, noatime: passed to FUSE; the\n"
     "                         kernel checks the modes shown on every mount\n"
     "                         (default_permissions is always on)\n"
@@ -992,7 +993,7 @@ static int prepare(struct fs *fs, struct args *a)
     bs_free(fs->source);
     fs->source = index;
   }
-  uint32_t bits = 0644; /* a new checkpoint's */
+  uint32_t bits = 0444; /* a new checkpoint's */
   if (stat(fs->source, &st) != 0) {
     if (errno != ENOENT) {
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -1014,7 +1015,7 @@ static int prepare(struct fs *fs, struct args *a)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
-    bits = st.st_mode & 0666;
+    bits = st.st_mode & 0444;
     struct bs_src src;
     struct bs_open_opts oo = {.strict = a->strict};
     if (bs_src_open(&src, fs->source, &err) != 0)
@@ -1033,9 +1034,10 @@ static int prepare(struct fs *fs, struct args *a)
       fs->force_write = strcmp(fs->output, fs->source) != 0;
     }
   }
-  /* The files show SOURCE's permission bits, so a private checkpoint stays
-   * private under allow_other; write bits only on a writable mount. */
-  bits &= (fs->writable ? 0666u : 0444u) & ~a->umask;
+  /* The files show SOURCE's read bits, so a private checkpoint stays
+   * private under allow_other; on a writable mount the owner may write (the
+   * source's write bits are about the source, not about this mount). */
+  bits = (bits | (fs->writable ? 0200u : 0u)) & ~a->umask;
   fs->owner.file_mode = bits;
   fs->owner.dir_mode = (bits | (bits & 0444) >> 2) & ~a->umask;
   if (a->direct_io && fs->writable) {

@@ -218,6 +218,17 @@ def test_owner_options(tmp):
         check(r.returncode == 0, "rw uid=: burnstore -u: %s" % r.stderr)
     out, _ = read_safetensors(src)
     check(out["a"][2] == b"\xca\xfe" + A[2:], "rw uid=: nobody's write is written back")
+    # The source's write bits are about the source: a 0444 file mounted
+    # writable is its owner's to edit (0644), as before.
+    os.chmod(src, 0o444)
+    with Mount(src, mnt, "rw,allow_other,uid=nobody") as m:
+        st = os.stat(os.path.join(m, "a"))
+        check(stat.S_IMODE(st.st_mode) == 0o644, "rw of a 0444 source: %o" % stat.S_IMODE(st.st_mode))
+        got = as_nobody(["write", os.path.join(m, "a"), "beef"])
+        expect("rw of a 0444 source", got, [("write", "ok")])
+        r = m.unmount()
+        check(r.returncode == 0, "rw of a 0444 source: burnstore -u: %s" % r.stderr)
+    os.chmod(src, 0o644)
     for bad, needle in (("uid=no-such-user-xyz", "uid=no-such-user-xyz"), ("umask=0999", "umask=0999"),
                         ("gid=-1", "gid=-1"), ("uid=4294967295", "uid=4294967295")):
         r = run([BIN, src, mnt, "-o", bad])
