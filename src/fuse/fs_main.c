@@ -9,8 +9,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <malloc.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -81,7 +83,14 @@ static const char usage_rest[] =
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
     "  direct_io              read-only: reads bypass the page cache in ~1 MiB requests\n"
     "                         (faster first reads; shared mmap of tensor files then fails)\n"
-    "  allow_other, default_permissions, nosuid, nodev, noexec, noatime: passed to FUSE\n"
+    "  uid=ID, gid=ID         owner and group of SOURCE's files (number or name;\n"
+    "                         default: the mounting user's)\n"
+    "  umask=OOO              mode bits (octal) taken off SOURCE's files and directories,\n"
+    "                         which show SOURCE's read bits (rw: and the owner's w;\n"
+    "                         directories: x where r)\n"
+    "  allow_other, allow_root, nosuid, nodev, noexec, noatime: passed to FUSE; the\n"
+    "                         kernel checks the modes shown on every mount\n"
+    "                         (default_permissions is always on)\n"
     "\n"
     "See burnstore(1) and docs/user-guide.md.\n";
 
@@ -105,8 +114,10 @@ struct args {
   bool foreground, debug, single, unmount, verbose;
   const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
   bool ro, rw, flat, strict, direct_io;
-  char *output, *staging;  /* owned */
-  uint64_t max_shard_size; /* 0: none */
+  bool has_uid, has_gid;
+  uint32_t uid, gid, umask; /* -o uid=, gid=, umask= */
+  char *output, *staging;   /* owned */
+  uint64_t max_shard_size;  /* 0: none */
   char fuse_extra[2048];
   struct bs_keyopts keys;
   int npy;                   /* FS_NPY_*: -o npy, npy=only */
@@ -142,6 +153,34 @@ static void add_fuse_opt(struct args *a, const char *opt)
   if (used)
     strcat(a->fuse_extra, ",");
   strcat(a->fuse_extra, opt);
+}
+
+/* uid=/gid= (a number, or a user or group name), umask= (octal, <= 0777). */
+static uint32_t parse_owner_opt(const char *opt, const char *val)
+{
+  char *end;
+  errno = 0;
+  bool octal = opt[0] == 'u' && opt[1] == 'm';
+  unsigned long v = strtoul(val, &end, octal ? 8 : 10);
+  bool num = *val >= '0' && *val <= '9' && *end == '\0' && errno == 0;
+  if (octal) {
+    if (!num || v > 0777)
+      die_usage("umask=%s: not octal mode bits (0 to 0777, e.g. 022 or 077)", val);
+    return (uint32_t)v;
+  }
+  if (num && v < (uid_t)-1)
+    return (uint32_t)v;
+  if (!num && opt[0] == 'u') {
+    struct passwd *pw = *val ? getpwnam(val) : NULL;
+    if (pw)
+      return pw->pw_uid;
+  } else if (!num) {
+    struct group *gr = *val ? getgrnam(val) : NULL;
+    if (gr)
+      return gr->gr_gid;
+  }
+  die_usage("%s=%s: not a %s (a number below %lu, or a name)", opt, val,
+            opt[0] == 'u' ? "user" : "group", (unsigned long)(uid_t)-1);
 }
 
 static void parse_opts(struct args *a, const char *optstr)
@@ -182,6 +221,19 @@ static void parse_opts(struct args *a, const char *optstr)
     } else if (eq && nlen == 14 && strncmp(it, "max_shard_size", 14) == 0) {
       if (bs_st_parse_size(val, &a->max_shard_size) != 0)
         die_usage("max_shard_size=%s: not a size (5GB, 500MB, 2GiB, bytes...)", val);
+    } else if (eq && ((nlen == 3 && (strncmp(it, "uid", 3) == 0 || strncmp(it, "gid", 3) == 0)) ||
+                      (nlen == 5 && strncmp(it, "umask", 5) == 0))) {
+      *eq = '\0';
+      uint32_t v = parse_owner_opt(it, val);
+      if (it[0] == 'g') {
+        a->gid = v;
+        a->has_gid = true;
+      } else if (it[1] == 'i') {
+        a->uid = v;
+        a->has_uid = true;
+      } else {
+        a->umask = v;
+      }
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
       bs_free(a->staging);
       a->staging = bs_strdup(val);
@@ -923,8 +975,8 @@ static int prepare(struct fs *fs, struct args *a)
   fs->staging_fd = -1;
   fs->staging_lock = -1;
   fs->flat = a->flat;
-  fs->uid = getuid();
-  fs->gid = getgid();
+  fs->owner.uid = a->has_uid ? a->uid : getuid();
+  fs->owner.gid = a->has_gid ? a->gid : getgid();
   pthread_rwlock_init(&fs->lock, NULL);
   pthread_mutex_init(&fs->stage_lock, NULL);
   bs_catalog_init(&fs->cat);
@@ -941,6 +993,7 @@ static int prepare(struct fs *fs, struct args *a)
     bs_free(fs->source);
     fs->source = index;
   }
+  uint32_t bits = 0444; /* a new checkpoint's */
   if (stat(fs->source, &st) != 0) {
     if (errno != ENOENT) {
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -962,6 +1015,7 @@ static int prepare(struct fs *fs, struct args *a)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
+    bits = st.st_mode & 0444;
     struct bs_src src;
     struct bs_open_opts oo = {.strict = a->strict};
     if (bs_src_open(&src, fs->source, &err) != 0)
@@ -980,6 +1034,12 @@ static int prepare(struct fs *fs, struct args *a)
       fs->force_write = strcmp(fs->output, fs->source) != 0;
     }
   }
+  /* The files show SOURCE's read bits, so a private checkpoint stays
+   * private under allow_other; on a writable mount the owner may write (the
+   * source's write bits are about the source, not about this mount). */
+  bits = (bits | (fs->writable ? 0200u : 0u)) & ~a->umask;
+  fs->owner.file_mode = bits;
+  fs->owner.dir_mode = (bits | (bits & 0444) >> 2) & ~a->umask;
   if (a->direct_io && fs->writable) {
     fprintf(stderr, PROG ": direct_io applies to read-only mounts\n");
     return 1;
@@ -1037,7 +1097,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs_npy_build(fs, a->npy, &err) != 0)
     return fail_line(a->source, &err);
   if (bs_edit_init(&fs->edit, &fs->cat, &fs->tree, fs->flat, &err) != 0 ||
-      (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &err) != 0))
+      (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &fs->owner, &err) != 0))
     return fail_line(a->source, &err);
   fs->keys = a->keys;
   memset(&a->keys, 0, sizeof a->keys);
@@ -1149,14 +1209,17 @@ int main(int argc, char **argv)
     *o++ = *p;
   }
   *o = '\0';
-  char fsname[2 * PATH_MAX + 2048 + 64];
+  char fsname[2 * PATH_MAX + 2048 + 96];
   /* direct_io: requests just under 1 MiB, so that a reply still fits
    * libfuse's 1 MiB splice pipe (header included). */
   const char *mr = strstr(a.fuse_extra, "max_read=");
   bool dio_max = fs.direct_io && !mr;
   /* op_init repeats it: libfuse refuses an init that disagrees. */
   fs.max_read = dio_max ? 1044480u : mr ? (unsigned)strtoul(mr + 9, NULL, 10) : 0;
-  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s%s", esc,
+  /* The kernel checks the modes it is shown, on every mount (the ops check
+   * nothing themselves): what `ls -l` says is what holds, also for other
+   * users under allow_other. */
+  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore,default_permissions%s%s%s%s", esc,
            fs.writable ? "" : ",ro", dio_max ? ",max_read=1044480" : "", a.fuse_extra[0] ? "," : "",
            a.fuse_extra);
   char *fargv[8];
@@ -1177,8 +1240,12 @@ int main(int argc, char **argv)
   if (fuse_set_signal_handlers(se) != 0)
     goto out_session;
   if (fuse_session_mount(se, mnt) != 0) {
-    fprintf(stderr, PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n",
-            mnt);
+    char why[PATH_MAX + 256];
+    if (fs_mount_diagnose(fsname, why, sizeof why))
+      fprintf(stderr, PROG ": cannot mount on %s: %s\n", mnt, why);
+    else
+      fprintf(stderr,
+              PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n", mnt);
     goto out_signals;
   }
   bool daemonized = !a.foreground;
