@@ -30,6 +30,7 @@
 #include "core/checked.h"
 #include "core/stage_index.h"
 #include "core/strmap.h"
+#include "core/target.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "fs.h"
@@ -276,130 +277,12 @@ static void parse_args(struct args *a, int argc, char **argv)
   }
 }
 
-/* An absolute path without stat-ing the last component (which may be a
- * mount whose daemon hangs): realpath of the parent + the base name. */
-static char *abs_path(const char *p)
-{
-  char buf[PATH_MAX], parent[PATH_MAX];
-  snprintf(buf, sizeof buf, "%s", p);
-  size_t len = strlen(buf);
-  while (len > 1 && buf[len - 1] == '/')
-    buf[--len] = '\0';
-  char *slash = strrchr(buf, '/');
-  const char *base;
-  if (!slash) {
-    snprintf(parent, sizeof parent, ".");
-    base = buf;
-  } else {
-    *slash = '\0';
-    snprintf(parent, sizeof parent, "%s", slash == buf ? "/" : buf);
-    base = slash + 1;
-  }
-  char *rp = realpath(parent, NULL);
-  if (!rp)
-    return NULL;
-  char *out = bs_malloc(strlen(rp) + strlen(base) + 2);
-  if (out) {
-    if (strcmp(base, ".") == 0 || base[0] == '\0')
-      strcpy(out, rp);
-    else if (strcmp(base, "..") == 0) {
-      char *r2 = realpath(p, NULL);
-      strcpy(out, r2 ? r2 : rp);
-      free(r2);
-    } else
-      sprintf(out, "%s%s%s", rp, strcmp(rp, "/") == 0 ? "" : "/", base);
-  }
-  free(rp);
-  return out;
-}
-
-/* /run/burnstore/<FNV-1a of `key`><suffix> (per-user elsewhere for non-root). */
-static void run_path(const char *key, const char *suffix, char *out, size_t n)
-{
-  const char *base = "/run/burnstore";
-  char alt[PATH_MAX];
-  if (geteuid() != 0) {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (xdg && *xdg)
-      snprintf(alt, sizeof alt, "%s/burnstore", xdg);
-    else
-      snprintf(alt, sizeof alt, "/tmp/burnstore-%u", (unsigned)geteuid());
-    base = alt;
-  }
-  mkdir(base, 0700);
-  uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
-  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
-    out[0] = '\0';
-}
-
 static void status_path(const char *mnt, char *out, size_t n)
 {
-  run_path(mnt, ".status", out, n);
+  bs_run_path(mnt, ".status", out, n);
 }
 
-static void update_target_pid(int fd, const char *target, const char *mnt);
-static bool is_mounted(const char *mnt);
 static void write_status(int fd, const char *text);
-
-/* The target lock: one writable mount (or --finish) per output file. An
- * exclusive flock on /run/burnstore/<hash of the target>.target, held until
- * the daemon has written back and exits; the file names the holder. Returns
- * the fd, or -1 after printing who holds it. */
-static int lock_target(const char *target, const char *mnt)
-{
-  char path[PATH_MAX];
-  char *real = realpath(target, NULL); /* one lock whatever symlink names it */
-  run_path(real ? real : target, ".target", path, sizeof path);
-  free(real);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    fprintf(stderr, PROG ": cannot lock the target %s (%s: %s)\n", target, path, strerror(errno));
-    return -1;
-  }
-  /* A daemon that was just unmounted may still be writing back: wait a bit. */
-  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
-    if (i >= 50) {
-      char buf[PATH_MAX + 128] = {0};
-      ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
-      buf[r > 0 ? r : 0] = '\0';
-      long pid = 0;
-      const char *m = strstr(buf, "mountpoint ");
-      const char *pp = strstr(buf, "pid ");
-      if (pp)
-        pid = strtol(pp + 4, NULL, 10);
-      char holder[PATH_MAX + 16] = "?";
-      if (m)
-        snprintf(holder, sizeof holder, "%.*s", (int)strcspn(m + 11, "\n"), m + 11);
-      if (m && strncmp(m + 11, "--finish ", 9) == 0)
-        fprintf(stderr, PROG ": %s is being written by burnstore %s (pid %ld)\n", target, holder,
-                pid);
-      else if (m && !is_mounted(holder))
-        fprintf(stderr,
-                PROG ": %s is still being written back by the daemon of %s (burnstore pid %ld, "
-                     "already unmounted): wait for it\n",
-                target, holder, pid);
-      else
-        fprintf(stderr,
-                PROG ": %s is already the target of a writable mount on %s (burnstore pid %ld): "
-                     "unmount that first (burnstore -u %s)\n",
-                target, holder, pid, holder);
-      close(fd);
-      return -1;
-    }
-    usleep(20000);
-  }
-  update_target_pid(fd, target, mnt);
-  return fd;
-}
-
-static void update_target_pid(int fd, const char *target, const char *mnt)
-{
-  if (fd < 0)
-    return;
-  char text[PATH_MAX * 2 + 128];
-  snprintf(text, sizeof text, "pid %ld\nmountpoint %s\ntarget %s\n", (long)getpid(), mnt, target);
-  write_status(fd, text); /* informative only */
-}
 
 static void write_status(int fd, const char *text)
 {
@@ -490,42 +373,9 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* /proc/self/mounts writes space, tab, newline and backslash in a path as
- * \ooo; decode the mountpoint field in place (it ends at the next space). */
-static char *mounts_field(char *p)
-{
-  char *o = p, *start = p;
-  for (; *p && *p != ' '; p++) {
-    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
-        p[3] <= '7') {
-      *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
-      p += 3;
-    } else {
-      *o++ = *p;
-    }
-  }
-  *o = '\0';
-  return start;
-}
-
-static bool is_mounted(const char *mnt)
-{
-  FILE *f = fopen("/proc/self/mounts", "r");
-  if (!f)
-    return true;
-  char line[PATH_MAX * 2 + 256];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f)) {
-    char *a = strchr(line, ' ');
-    found = a && strcmp(mounts_field(a + 1), mnt) == 0;
-  }
-  fclose(f);
-  return found;
-}
-
 static int do_unmount(const char *mountpoint, bool verbose)
 {
-  char *mnt = abs_path(mountpoint);
+  char *mnt = bs_abs_path(mountpoint);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
     return 1;
@@ -535,13 +385,13 @@ static int do_unmount(const char *mountpoint, bool verbose)
   int fd = open(spath, O_RDWR | O_CLOEXEC);
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
-  if (fd < 0 && !is_mounted(mnt)) {
+  if (fd < 0 && !bs_is_mounted(mnt)) {
     fprintf(stderr, PROG ": %s is not mounted\n", mnt);
     bs_free(mnt);
     return 1;
   }
-  int rc = is_mounted(mnt) ? run_fusermount_u(mnt) : 0;
-  if (rc != 0 && fd >= 0 && !is_mounted(mnt))
+  int rc = bs_is_mounted(mnt) ? run_fusermount_u(mnt) : 0;
+  if (rc != 0 && fd >= 0 && !bs_is_mounted(mnt))
     rc = 0; /* the daemon unmounted by itself meanwhile (SIGTERM) */
   if (rc != 0) {
     if (fd >= 0)
@@ -809,8 +659,10 @@ static int do_finish(const char *arg)
   }
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = lock_target(idx.target, who)) < 0)
+  if ((tfd = bs_target_lock(idx.target, who, &err)) < 0) {
+    fail_line(NULL, &err);
     goto out;
+  }
   if (bs_stage_index_attach(&idx, dir, &err) != 0) {
     if (err.code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
         target_is_result(&idx, dir)) {
@@ -928,7 +780,7 @@ static int prepare(struct fs *fs, struct args *a)
   pthread_rwlock_init(&fs->lock, NULL);
   pthread_mutex_init(&fs->stage_lock, NULL);
   bs_catalog_init(&fs->cat);
-  fs->source = abs_path(a->source);
+  fs->source = bs_abs_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
     return 1;
@@ -954,7 +806,7 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = a->output ? abs_path(a->output) : bs_strdup(fs->source);
+    fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
     if (!fs->output) {
       fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
       return 1;
@@ -972,7 +824,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      fs->output = a->output ? abs_path(a->output) : bs_strdup(fs->source);
+      fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
       if (!fs->output) {
         fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
         return 1;
@@ -1004,7 +856,7 @@ static int prepare(struct fs *fs, struct args *a)
     char buf[PATH_MAX];
     /* A mkdtemp template: created in fs_staging_create, exclusively. */
     if (a->staging) {
-      char *d = abs_path(a->staging);
+      char *d = bs_abs_path(a->staging);
       if (!d) {
         fprintf(stderr, PROG ": staging=%s: %s\n", a->staging, strerror(errno));
         return 1;
@@ -1073,7 +925,7 @@ int main(int argc, char **argv)
     args_destroy(&a);
     return 1;
   }
-  char *mnt = abs_path(a.mountpoint);
+  char *mnt = bs_abs_path(a.mountpoint);
   struct stat mst;
   if (!mnt || stat(mnt, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
     fprintf(stderr, PROG ": mountpoint %s: %s\n", a.mountpoint,
@@ -1105,7 +957,7 @@ int main(int argc, char **argv)
   int sfd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   /* A daemon that was just unmounted may still be on its way out. */
   for (int i = 0; sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0 && i < 1500; i++) {
-    if (is_mounted(mnt))
+    if (bs_is_mounted(mnt))
       break;
     usleep(20000);
   }
@@ -1122,7 +974,11 @@ int main(int argc, char **argv)
    * here and not after the daemon has detached. */
   int tfd = -1;
   if (fs.writable) {
-    tfd = lock_target(fs.output, mnt);
+    bs_err err;
+    bs_err_clear(&err);
+    tfd = bs_target_lock(fs.output, mnt, &err);
+    if (tfd < 0)
+      fail_line(NULL, &err);
     int sc = tfd < 0 ? -1 : fs_staging_create(&fs);
     if (sc != 0) {
       if (sc < 0 && tfd >= 0)
@@ -1191,7 +1047,7 @@ int main(int argc, char **argv)
     /* The real daemon PID, everywhere (status file, target lock). */
     status_running(sfd, &fs, mnt);
     if (fs.writable)
-      update_target_pid(tfd, fs.output, mnt);
+      bs_target_lock_update(tfd, fs.output, mnt);
   }
   bool stopper = fs.writable && fs_stop_begin(se, mnt) == 0;
   if (a.single) {

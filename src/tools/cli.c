@@ -22,6 +22,7 @@
 #include "core/checked.h"
 #include "core/npy.h"
 #include "core/strmap.h"
+#include "core/target.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "progress.h"
@@ -723,8 +724,11 @@ static int cmd_convert(int argc, char **argv)
   bs_progress_start(&pr, "convert", total, 2);
   if (o.quiet)
     pr.on = false;
+  int lk = -1;
   if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
     fail_err(in, &err);
+  else if ((lk = bs_target_lock(out, "convert", &err)) < 0) /* one writer per target */
+    fail_err(NULL, &err);
   else {
     if (pr.on)
       bs_sink_set_observer(progress_observer, &pr);
@@ -733,6 +737,7 @@ static int cmd_convert(int argc, char **argv)
     else
       rc = 0;
     bs_sink_set_observer(NULL, NULL);
+    close(lk);
   }
   if (rc == 0)
     bs_progress_end(&pr);
