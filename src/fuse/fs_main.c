@@ -28,9 +28,8 @@
 #include "cli.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "core/stage_index.h"
-#include "core/strmap.h"
 #include "core/target.h"
+#include "core/writeback.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "fs.h"
@@ -38,10 +37,8 @@
 
 #define PROG "burnstore"
 
-static const char usage_text[] =
-    "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
-    "       burnstore -u [-v] MOUNTPOINT\n"
-    "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
+static const char usage_text[] = "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
+                                 "       burnstore -u [-v] MOUNTPOINT\n";
 /* then bs_cli_usage (the subcommands), then: */
 static const char usage_rest[] =
     "\n"
@@ -104,7 +101,6 @@ static const char *const fuse_opts[] = {"allow_other", "allow_root",  "default_p
 struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
-  const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
   bool ro, rw, flat, strict, direct_io;
   char *output, *staging;  /* owned */
   uint64_t max_shard_size; /* 0: none */
@@ -239,15 +235,8 @@ static void parse_args(struct args *a, int argc, char **argv)
       a->unmount = true;
     } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
       a->verbose = true;
-    } else if (strcmp(s, "--finish") == 0 || strcmp(s, "--list-staging") == 0) {
-      if (++i >= argc)
-        die_usage("%s needs a STAGING_DIR", s);
-      if (a->finish || a->list_staging)
-        die_usage("--finish and --list-staging take one STAGING_DIR, once");
-      if (s[2] == 'f')
-        a->finish = argv[i];
-      else
-        a->list_staging = argv[i];
+    } else if (s[0] == '-' && bs_cli_is_command(s)) { /* --finish, --list-staging */
+      die_usage("%s comes first: burnstore %s ...", s, s);
     } else if (strcmp(s, "-o") == 0) {
       if (++i >= argc)
         die_usage("-o needs an argument");
@@ -264,10 +253,7 @@ static void parse_args(struct args *a, int argc, char **argv)
       die_usage("too many arguments ('%s')", s);
     }
   }
-  if (a->finish || a->list_staging) {
-    if (a->source || a->unmount)
-      die_usage("%s takes only a STAGING_DIR", a->finish ? "--finish" : "--list-staging");
-  } else if (a->unmount) {
+  if (a->unmount) {
     if (!a->source || a->mountpoint)
       die_usage("-u takes exactly one MOUNTPOINT");
     a->mountpoint = a->source;
@@ -455,254 +441,6 @@ static int do_unmount(const char *mountpoint, bool verbose)
 
 static int fail_line(const char *file, const bs_err *err);
 
-/* ---- --list-staging and --finish ------------------------------------- */
-
-/* Take the staging directory's lock: fails while its daemon lives. Returns
- * the fd, or -1 with a message printed. */
-static int lock_staging(const char *dir, int dfd, const struct bs_stage_index *idx)
-{
-  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lk < 0) {
-    fprintf(stderr, PROG ": %s: cannot open its lock file: %s\n", dir, strerror(errno));
-    return -1;
-  }
-  if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
-    fprintf(stderr,
-            PROG ": %s belongs to a running burnstore daemon (pid %ld): unmount its mount "
-                 "(burnstore -u) and let it write back instead\n",
-            dir, idx ? idx->pid : 0L);
-    close(lk);
-    return -1;
-  }
-  return lk;
-}
-
-static bool staging_alive(int dfd)
-{
-  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CLOEXEC);
-  if (lk < 0)
-    return false;
-  bool alive = flock(lk, LOCK_EX | LOCK_NB) != 0;
-  close(lk);
-  return alive;
-}
-
-static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
-{
-  char buf[BS_MAX_RANK * 21 + 3];
-  if (has)
-    bs_shape_format(buf, sizeof buf, rank, shape);
-  fputs(has ? buf : "-", f);
-}
-
-/* A staging directory without an INDEX (its daemon died while mounted or
- * before its write-back saved one): name its files, which hold raw bytes. */
-static int list_raw_staging(const char *dir)
-{
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-  if (!d) {
-    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
-    if (dfd >= 0)
-      close(dfd);
-    return 1;
-  }
-  bool alive = staging_alive(dfd);
-  printf("staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
-         "use them)\n",
-         dir,
-         alive ? "its daemon is running and has not started a write-back"
-               : "the daemon died before its write-back described them");
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    struct stat st;
-    if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
-      continue;
-    printf("-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
-  }
-  closedir(d);
-  return 1;
-}
-
-static int do_list_staging(const char *dir)
-{
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_stage_index idx;
-  if (bs_stage_index_load(dir, &idx, &err) != 0) {
-    if (err.code != ENOENT)
-      return fail_line(NULL, &err);
-    return list_raw_staging(dir);
-  }
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  bool alive = dfd >= 0 && staging_alive(dfd);
-  if (dfd >= 0)
-    close(dfd);
-  printf("staging %s\ntarget %s (%s)\ndaemon pid %ld (%s)\n", dir, idx.target,
-         bs_format_name(idx.format), idx.pid, alive ? "running: do not --finish" : "gone");
-  if (idx.ck.path)
-    printf("checkpoint %s (%llu bytes)\n", idx.ck.path, (unsigned long long)idx.ck.size);
-  if (idx.incomplete)
-    printf("incomplete: %s\n", idx.incomplete);
-  for (size_t i = 0; i < idx.cat.count; i++) {
-    const struct bs_tensor *t = &idx.cat.tensors[i];
-    printf("%s\t%s\t", t->name, bs_dtype_name(t->dtype));
-    print_shape(stdout, true, t->rank, t->shape);
-    printf("\t%llu\t", (unsigned long long)t->nbytes);
-    if (t->src == UINT32_MAX)
-      printf("empty\n");
-    else if (idx.srcs[t->src].stage)
-      printf("staged %s/%s\n", dir, idx.srcs[t->src].file);
-    else
-      printf("checkpoint source %u at %llu%s\n", t->src, (unsigned long long)t->off,
-             t->strides ? " (strided)" : "");
-  }
-  for (size_t i = 0; i < idx.nfiles; i++) {
-    const struct bs_stage_file *f = &idx.files[i];
-    printf("%s\t%s\t", f->key, bs_dtype_name(f->dtype));
-    print_shape(stdout, f->has_shape, f->rank, f->shape);
-    struct stat st;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, f->file);
-    printf("\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
-  }
-  bs_stage_index_destroy(&idx);
-  return 0;
-}
-
-/* After a kill between the rename and the removal of the staging directory,
- * the target already is the result: every tensor of the INDEX is in it with
- * its dtype and shape, and the staged ones with their bytes. */
-static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
-{
-  struct bs_catalog cat;
-  bs_catalog_init(&cat);
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_src src;
-  struct bs_open_opts oo = {0};
-  if (bs_src_open(&src, idx->target, &err) != 0 || bs_open_any(&cat, &src, &oo, &err) != 0)
-    return false;
-  bool same = cat.count == idx->cat.count;
-  enum { CHUNK = 1 << 20 };
-  char *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
-  same = same && a && b;
-  /* The target's tensors by key: one look-up each, not a scan each. */
-  struct bs_strmap keys = {0};
-  for (size_t i = 0; same && i < cat.count; i++)
-    same = bs_strmap_put(&keys, cat.tensors[i].key, i) == 0;
-  for (size_t i = 0; same && i < idx->cat.count; i++) {
-    const struct bs_tensor *t = &idx->cat.tensors[i];
-    size_t k;
-    const struct bs_tensor *u = bs_strmap_get(&keys, t->name, &k) ? &cat.tensors[k] : NULL;
-    same = u && u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes &&
-           (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
-    if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
-      continue;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[t->src].file);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    same = fd >= 0;
-    for (uint64_t off = 0; same && off < t->nbytes;) {
-      size_t n = t->nbytes - off < CHUNK ? (size_t)(t->nbytes - off) : CHUNK;
-      same = pread(fd, a, n, (off_t)(t->off + off)) == (ssize_t)n &&
-             bs_tensor_read(&cat, u, off, b, n) == (long)n && memcmp(a, b, n) == 0;
-      off += n;
-    }
-    if (fd >= 0)
-      close(fd);
-  }
-  bs_strmap_destroy(&keys);
-  bs_free(a);
-  bs_free(b);
-  bs_catalog_destroy(&cat);
-  return same;
-}
-
-static int do_finish(const char *arg)
-{
-  char *dir = realpath(arg, NULL);
-  if (!dir) {
-    fprintf(stderr, PROG ": %s: %s\n", arg, strerror(errno));
-    return 1;
-  }
-  bs_err err;
-  bs_err_clear(&err);
-  int ret = 1, lk = -1, tfd = -1;
-  struct bs_stage_index idx;
-  bs_stage_index_init(&idx);
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
-    goto out;
-  }
-  if (staging_alive(dfd)) {
-    fprintf(stderr,
-            PROG ": %s belongs to a running burnstore daemon: unmount its mount (burnstore -u) "
-                 "and let it write back instead\n",
-            dir);
-    goto out;
-  }
-  if (bs_stage_index_load(dir, &idx, &err) != 0) {
-    fail_line(NULL, &err);
-    goto out;
-  }
-  if ((lk = lock_staging(dir, dfd, &idx)) < 0)
-    goto out;
-  if (idx.incomplete) {
-    fprintf(stderr,
-            PROG ": %s: the write-back stopped before it could describe the output (%s); the "
-                 "staged files are listed by burnstore --list-staging, fix them in a new mount\n",
-            dir, idx.incomplete);
-    goto out;
-  }
-  char who[PATH_MAX + 16];
-  snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = bs_target_lock(idx.target, who, &err)) < 0) {
-    fail_line(NULL, &err);
-    goto out;
-  }
-  if (bs_stage_index_attach(&idx, dir, &err) != 0) {
-    if (err.code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
-        target_is_result(&idx, dir)) {
-      printf(PROG ": %s already holds the result of this write-back; removed %s\n", idx.target,
-             dir);
-      bs_stage_dir_remove(dfd, dir);
-      ret = 0;
-      goto out;
-    }
-    fail_line(dir, &err);
-    goto out;
-  }
-  const struct bs_writer *w = bs_writer_for_format(idx.format);
-  if (!w) {
-    fprintf(stderr, PROG ": %s: the INDEX names format %s, which burnstore does not write\n", dir,
-            bs_format_name(idx.format));
-    goto out;
-  }
-  struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
-  if (bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, &err) != 0) {
-    fail_line(NULL, &err);
-    fprintf(stderr, PROG ": %s is kept\n", dir);
-    goto out;
-  }
-  bs_stage_dir_remove(dfd, dir);
-  printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", idx.target, idx.cat.count, dir);
-  syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", idx.target, idx.cat.count, dir);
-  ret = 0;
-out:
-  bs_stage_index_destroy(&idx);
-  if (tfd >= 0)
-    close(tfd);
-  if (lk >= 0)
-    close(lk);
-  if (dfd >= 0)
-    close(dfd);
-  free(dir);
-  return ret;
-}
-
 static void fs_destroy(struct fs *fs)
 {
   fs_npy_destroy(fs);
@@ -742,28 +480,26 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
             a->source, exts);
     return NULL;
   }
+  bs_err err;
+  bs_err_clear(&err);
+  const struct bs_writer *w;
   if (a->output) {
-    const struct bs_writer *w = bs_writer_for_path(a->output);
-    const char *ext = bs_path_extension(a->output);
-    if (!w && !*ext)
-      fprintf(stderr,
-              PROG ": output=%s: no extension names the format to write (burnstore writes %s)\n",
-              a->output, exts);
-    else if (!w)
-      fprintf(stderr,
-              PROG ": output=%s: burnstore cannot write %s files (it writes %s, and never writes "
-                   "one format under another's extension)\n",
-              a->output, ext, exts);
-    return w;
-  }
-  if (is_new)
-    return bs_writer_for_path(fs->source);
-  const struct bs_writer *w = bs_writer_for_format(fs->cat.format);
-  if (!w)
+    char label[PATH_MAX + 8];
+    snprintf(label, sizeof label, "output=%s", a->output);
+    w = bs_wb_writer(a->output, label, a->max_shard_size, &err);
+  } else if (is_new) {
+    w = bs_wb_writer(fs->source, a->source, a->max_shard_size, &err);
+  } else if (!(w = bs_writer_for_format(fs->cat.format))) {
     fprintf(stderr,
             PROG ": %s: a writable mount of a %s file needs -o output=PATH naming a format "
                  "burnstore writes: %s; it never overwrites a %s file\n",
             a->source, bs_format_name(fs->cat.format), exts, bs_format_name(fs->cat.format));
+    return NULL;
+  } else {
+    w = bs_wb_sharded(w, a->max_shard_size, &err);
+  }
+  if (!w)
+    fail_line(NULL, &err);
   return w;
 }
 
@@ -837,17 +573,12 @@ static int prepare(struct fs *fs, struct args *a)
     return 1;
   }
   fs->direct_io = a->direct_io;
-  if (a->max_shard_size) {
-    /* Shards are a SafeTensors thing: x.safetensors becomes x-0000K-of-0000N + its index. */
-    if (fs->writer && fs->writer->format == BS_FMT_SAFETENSORS)
-      fs->writer = bs_writer_for_format(BS_FMT_ST_SHARDED);
-    if (!fs->writer || fs->writer->format != BS_FMT_ST_SHARDED) {
-      fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
-                           "(.safetensors or .safetensors.index.json)\n");
-      return 1;
-    }
-    fs->wopts.max_shard_size = a->max_shard_size;
+  if (a->max_shard_size && !fs->writer) {
+    fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
+                         "(.safetensors or .safetensors.index.json)\n");
+    return 1;
   }
+  fs->wopts.max_shard_size = a->max_shard_size;
   if (fs->writable && !fs->output) {
     fprintf(stderr, PROG ": out of memory\n");
     return 1;
@@ -909,12 +640,6 @@ int main(int argc, char **argv)
   if (a.unmount) {
     args_destroy(&a);
     return do_unmount(a.mountpoint, a.verbose);
-  }
-  if (a.finish || a.list_staging) {
-    const char *dir = a.finish ? a.finish : a.list_staging;
-    bool fin = a.finish != NULL;
-    args_destroy(&a);
-    return fin ? do_finish(dir) : do_list_staging(dir);
   }
 
   struct fs fs;

@@ -1,5 +1,5 @@
 /* `burnstore` of a core-only build (-DBURNSTORE_FUSE=OFF): the checkpoint
- * subcommands without the mount. */
+ * subcommands, --finish and --list-staging, without the mount. */
 #include <stdio.h>
 #include <string.h>
 
