@@ -22,12 +22,12 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/npy.h"
+#include "core/progress.h"
 #include "core/strmap.h"
 #include "core/target.h"
 #include "core/writeback.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
-#include "progress.h"
 
 #define PROG "burnstore"
 #define CHUNK (1u << 20)
