@@ -25,7 +25,6 @@
 #include "burnstore/adapter.h"
 #include "burnstore/formats.h"
 #include "burnstore/version.h"
-#include "cli.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/target.h"
@@ -34,12 +33,13 @@
 #include "formats/st_write.h"
 #include "fs.h"
 #include "fs_views.h"
+#include "main/mount.h"
 
 #define PROG "burnstore"
 
 static const char usage_text[] = "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
                                  "       burnstore -u [-v] MOUNTPOINT\n";
-/* then bs_cli_usage (the subcommands), then: */
+/* then the CLI's usage (the subcommands), then: */
 static const char usage_rest[] =
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, GGUF, PyTorch) as a directory:\n"
@@ -210,7 +210,7 @@ static void args_destroy(struct args *a)
   a->output = a->staging = NULL;
 }
 
-static void parse_args(struct args *a, int argc, char **argv)
+static void parse_args(struct args *a, int argc, char **argv, const char *cli_usage)
 {
   memset(a, 0, sizeof *a);
   bs_keyopts_init(&a->keys);
@@ -219,7 +219,7 @@ static void parse_args(struct args *a, int argc, char **argv)
     const char *s = argv[i];
     if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
       fputs(usage_text, stdout);
-      fputs(bs_cli_usage, stdout);
+      fputs(cli_usage, stdout);
       fputs(usage_rest, stdout);
       exit(0);
     } else if (strcmp(s, "-V") == 0 || strcmp(s, "--version") == 0) {
@@ -235,7 +235,7 @@ static void parse_args(struct args *a, int argc, char **argv)
       a->unmount = true;
     } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
       a->verbose = true;
-    } else if (s[0] == '-' && bs_cli_is_command(s)) { /* --finish, --list-staging */
+    } else if (strcmp(s, "--finish") == 0 || strcmp(s, "--list-staging") == 0) {
       die_usage("%s comes first: burnstore %s ...", s, s);
     } else if (strcmp(s, "-o") == 0) {
       if (++i >= argc)
@@ -631,55 +631,43 @@ static int prepare(struct fs *fs, struct args *a)
   return 0;
 }
 
-int main(int argc, char **argv)
-{
-  if (argc >= 2 && bs_cli_is_command(argv[1]))
-    return bs_cli_main(argc - 1, argv + 1);
-  struct args a;
-  parse_args(&a, argc, argv);
-  if (a.unmount) {
-    args_destroy(&a);
-    return do_unmount(a.mountpoint, a.verbose);
-  }
-
+/* One mount's session-level state, from the claim to the exit. */
+struct run {
   struct fs fs;
-  memset(&fs, 0, sizeof fs);
-  fs.staging_fd = fs.staging_lock = -1;
-  if (prepare(&fs, &a) != 0) {
-    fs_destroy(&fs);
-    args_destroy(&a);
-    return 1;
-  }
-  char *mnt = bs_abs_path(a.mountpoint);
+  struct args a;
+  char *mnt; /* absolute mountpoint, owned */
+  char spath[PATH_MAX];
+  int sfd, tfd; /* status file, target lock */
+  bool daemonized;
+};
+
+/* Before mounting: the mountpoint, the status file's lock, the target lock
+ * and the staging directory (exclusive, locked), so that a failure is
+ * reported here and not after the daemon has detached. 0, or 1 (printed). */
+static int claim(struct run *r)
+{
+  struct fs *fs = &r->fs;
+  char *mnt = r->mnt = bs_abs_path(r->a.mountpoint);
   struct stat mst;
   if (!mnt || stat(mnt, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
-    fprintf(stderr, PROG ": mountpoint %s: %s\n", a.mountpoint,
+    fprintf(stderr, PROG ": mountpoint %s: %s\n", r->a.mountpoint,
             strerror(mnt && stat(mnt, &mst) == 0 ? ENOTDIR : errno));
-    fs_destroy(&fs);
-    args_destroy(&a);
-    bs_free(mnt);
     return 1;
   }
-
   /* Staging inside the mount would have the daemon call into its own mount
    * while serving it: a deadlock no signal ends. */
   size_t mlen = strlen(mnt);
-  if (fs.staging && strncmp(fs.staging, mnt, mlen) == 0 &&
-      (fs.staging[mlen] == '/' || strcmp(mnt, "/") == 0)) {
+  if (fs->staging && strncmp(fs->staging, mnt, mlen) == 0 &&
+      (fs->staging[mlen] == '/' || strcmp(mnt, "/") == 0)) {
     fprintf(stderr,
             PROG ": the staging directory %s would be inside the mountpoint %s: put the output "
                  "elsewhere or use -o staging=DIR outside it\n",
-            fs.staging, mnt);
-    fs_destroy(&fs);
-    args_destroy(&a);
-    bs_free(mnt);
+            fs->staging, mnt);
     return 1;
   }
-
   /* The status file, locked before mounting (see the top of this file). */
-  char spath[PATH_MAX];
-  status_path(mnt, spath, sizeof spath);
-  int sfd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  status_path(mnt, r->spath, sizeof r->spath);
+  int sfd = r->sfd = open(r->spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   /* A daemon that was just unmounted may still be on its way out. */
   for (int i = 0; sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0 && i < 1500; i++) {
     if (bs_is_mounted(mnt))
@@ -689,42 +677,36 @@ int main(int argc, char **argv)
   if (sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0) {
     fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
     close(sfd);
-    fs_destroy(&fs);
-    args_destroy(&a);
-    bs_free(mnt);
+    r->sfd = -1;
     return 1;
   }
-  /* One writable mount per target, and its staging directory created
-   * (exclusively, locked) before mounting, so that a failure is reported
-   * here and not after the daemon has detached. */
-  int tfd = -1;
-  if (fs.writable) {
-    bs_err err;
-    bs_err_clear(&err);
-    tfd = bs_target_lock(fs.output, mnt, &err);
-    if (tfd < 0)
-      fail_line(NULL, &err);
-    int sc = tfd < 0 ? -1 : fs_staging_create(&fs);
-    if (sc != 0) {
-      if (sc < 0 && tfd >= 0)
-        fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs.staging,
-                strerror(-sc));
-      if (tfd >= 0)
-        close(tfd);
-      close(sfd);
-      unlink(spath);
-      fs_destroy(&fs);
-      args_destroy(&a);
-      bs_free(mnt);
-      return 1;
-    }
+  if (!fs->writable)
+    return 0;
+  /* One writer per target (target.h). */
+  bs_err err;
+  bs_err_clear(&err);
+  r->tfd = bs_target_lock(fs->output, mnt, &err);
+  if (r->tfd < 0)
+    fail_line(NULL, &err);
+  int sc = r->tfd < 0 ? -1 : fs_staging_create(fs);
+  if (sc != 0) {
+    if (sc < 0 && r->tfd >= 0)
+      fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs->staging,
+              strerror(-sc));
+    unlink(r->spath);
+    return 1;
   }
-  char text[3 * PATH_MAX + 256];
-  status_running(sfd, &fs, mnt);
+  return 0;
+}
 
+/* Mount, detach (without -f) and serve until unmounted. 0 once served, 1 if
+ * the loop failed, -1 if nothing was mounted (printed). */
+static int serve(struct run *r, char *argv0)
+{
+  struct fs *fs = &r->fs;
   /* libfuse splits -o at commas; one in the source path is escaped "\,". */
   char esc[2 * PATH_MAX], *o = esc;
-  for (const char *p = fs.source; *p && o < esc + sizeof esc - 2; p++) {
+  for (const char *p = fs->source; *p && o < esc + sizeof esc - 2; p++) {
     if (*p == ',' || *p == '\\')
       *o++ = '\\';
     *o++ = *p;
@@ -733,49 +715,49 @@ int main(int argc, char **argv)
   char fsname[2 * PATH_MAX + 2048 + 64];
   /* direct_io: requests just under 1 MiB, so that a reply still fits
    * libfuse's 1 MiB splice pipe (header included). */
-  const char *mr = strstr(a.fuse_extra, "max_read=");
-  bool dio_max = fs.direct_io && !mr;
+  const char *mr = strstr(r->a.fuse_extra, "max_read=");
+  bool dio_max = fs->direct_io && !mr;
   /* op_init repeats it: libfuse refuses an init that disagrees. */
-  fs.max_read = dio_max ? 1044480u : mr ? (unsigned)strtoul(mr + 9, NULL, 10) : 0;
+  fs->max_read = dio_max ? 1044480u : mr ? (unsigned)strtoul(mr + 9, NULL, 10) : 0;
   snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s%s", esc,
-           fs.writable ? "" : ",ro", dio_max ? ",max_read=1044480" : "", a.fuse_extra[0] ? "," : "",
-           a.fuse_extra);
+           fs->writable ? "" : ",ro", dio_max ? ",max_read=1044480" : "",
+           r->a.fuse_extra[0] ? "," : "", r->a.fuse_extra);
   char *fargv[8];
   int fargc = 0;
-  fargv[fargc++] = argv[0];
+  fargv[fargc++] = argv0;
   fargv[fargc++] = "-o";
   fargv[fargc++] = fsname;
-  if (a.debug)
+  if (r->a.debug)
     fargv[fargc++] = "-d";
   fargv[fargc] = NULL;
   struct fuse_args fargs = FUSE_ARGS_INIT(fargc, fargv);
-  int ret = 1;
-  struct fuse_session *se = fuse_session_new(&fargs, &fs_ops, sizeof fs_ops, &fs);
+  int ret = -1;
+  struct fuse_session *se = fuse_session_new(&fargs, &fs_ops, sizeof fs_ops, fs);
   if (!se) {
     fprintf(stderr, PROG ": cannot create the FUSE session\n");
-    goto out_status;
+    goto out;
   }
   if (fuse_set_signal_handlers(se) != 0)
     goto out_session;
-  if (fuse_session_mount(se, mnt) != 0) {
+  if (fuse_session_mount(se, r->mnt) != 0) {
     fprintf(stderr, PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n",
-            mnt);
+            r->mnt);
     goto out_signals;
   }
-  bool daemonized = !a.foreground;
+  r->daemonized = !r->a.foreground;
   openlog(PROG, LOG_PID, LOG_USER);
-  if (daemonized) {
+  if (r->daemonized) {
     if (fuse_daemonize(0) != 0) {
       fuse_session_unmount(se);
       goto out_signals;
     }
     /* The real daemon PID, everywhere (status file, target lock). */
-    status_running(sfd, &fs, mnt);
-    if (fs.writable)
-      bs_target_lock_update(tfd, fs.output, mnt);
+    status_running(r->sfd, fs, r->mnt);
+    if (fs->writable)
+      bs_target_lock_update(r->tfd, fs->output, r->mnt);
   }
-  bool stopper = fs.writable && fs_stop_begin(se, mnt) == 0;
-  if (a.single) {
+  bool stopper = fs->writable && fs_stop_begin(se, r->mnt) == 0;
+  if (r->a.single) {
     ret = fuse_session_loop(se);
   } else {
     struct fuse_loop_config *cfg = fuse_loop_cfg_create();
@@ -787,59 +769,80 @@ int main(int argc, char **argv)
   if (stopper)
     fs_stop_end();
   fuse_session_unmount(se);
-  fuse_remove_signal_handlers(se);
-  fuse_session_destroy(se);
-  se = NULL;
   ret = ret < 0 ? 1 : 0;
-
-  /* Write-back, after the kernel has let go of the mount. */
-  /* (A reshard is a write, even with nothing changed.) */
-  if (fs.writable && (fs.dirty || fs.force_write || fs.wopts.max_shard_size)) {
-    bs_err err;
-    bs_err_clear(&err);
-    fs_progress_begin(&fs, spath);
-    int wrc = fs_writeback(&fs, &err);
-    fs_progress_end();
-    if (wrc != 0) {
-      char line[900], msg[PATH_MAX * 2 + 1200];
-      bs_err_format(&err, NULL, line, sizeof line);
-      snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
-               fs.output, mnt, fs.output, line,
-               fs.staging_fd >= 0 ? "; the written data is kept in " : "",
-               fs.staging_fd >= 0 ? fs.staging : "",
-               fs.staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
-      report(daemonized, LOG_ERR, msg);
-      snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
-      write_status(sfd, text);
-      ret = 1;
-      goto out_fs;
-    }
-    fs_staging_remove(&fs);
-    status_ok(sfd, &fs, mnt, daemonized, true);
-  } else {
-    if (fs.writable)
-      fs_staging_remove(&fs);
-    status_ok(sfd, &fs, mnt, daemonized, false);
-  }
-  goto out_fs;
-
 out_signals:
   fuse_remove_signal_handlers(se);
 out_session:
   fuse_session_destroy(se);
-out_status:
-  fs_staging_remove(&fs);
-  write_status(sfd, "error\nthe mount failed\n");
-  if (sfd >= 0)
-    unlink(spath);
-out_fs:
+out:
   fuse_opt_free_args(&fargs);
-  fs_destroy(&fs);
-  args_destroy(&a);
-  bs_free(mnt);
-  if (sfd >= 0)
-    close(sfd);
-  if (tfd >= 0)
-    close(tfd);
+  return ret;
+}
+
+/* After the kernel has let go of the mount: the write-back (a reshard is a
+ * write, even with nothing changed), its result into the status file and
+ * syslog. 0, or 1. */
+static int write_back(struct run *r)
+{
+  struct fs *fs = &r->fs;
+  if (!fs->writable || !(fs->dirty || fs->force_write || fs->wopts.max_shard_size)) {
+    if (fs->writable)
+      fs_staging_remove(fs);
+    status_ok(r->sfd, fs, r->mnt, r->daemonized, false);
+    return 0;
+  }
+  bs_err err;
+  bs_err_clear(&err);
+  fs_progress_begin(fs, r->spath);
+  int wrc = fs_writeback(fs, &err);
+  fs_progress_end();
+  if (wrc != 0) {
+    char line[900], msg[PATH_MAX * 2 + 1200], text[3 * PATH_MAX + 1400];
+    bs_err_format(&err, NULL, line, sizeof line);
+    snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
+             fs->output, r->mnt, fs->output, line,
+             fs->staging_fd >= 0 ? "; the written data is kept in " : "",
+             fs->staging_fd >= 0 ? fs->staging : "",
+             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
+    report(r->daemonized, LOG_ERR, msg);
+    snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
+    write_status(r->sfd, text);
+    return 1;
+  }
+  fs_staging_remove(fs);
+  status_ok(r->sfd, fs, r->mnt, r->daemonized, true);
+  return 0;
+}
+
+int bs_mount_main(int argc, char **argv, const char *cli_usage)
+{
+  struct run r;
+  memset(&r, 0, sizeof r);
+  r.fs.staging_fd = r.fs.staging_lock = r.sfd = r.tfd = -1;
+  parse_args(&r.a, argc, argv, cli_usage);
+  if (r.a.unmount) {
+    args_destroy(&r.a);
+    return do_unmount(r.a.mountpoint, r.a.verbose);
+  }
+  int ret = prepare(&r.fs, &r.a) != 0 || claim(&r) != 0 ? 1 : -1;
+  if (ret < 0) {
+    status_running(r.sfd, &r.fs, r.mnt);
+    ret = serve(&r, argv[0]);
+    if (ret < 0) { /* nothing mounted */
+      fs_staging_remove(&r.fs);
+      write_status(r.sfd, "error\nthe mount failed\n");
+      unlink(r.spath);
+      ret = 1;
+    } else if (write_back(&r) != 0) {
+      ret = 1;
+    }
+  }
+  fs_destroy(&r.fs);
+  args_destroy(&r.a);
+  bs_free(r.mnt);
+  if (r.sfd >= 0)
+    close(r.sfd);
+  if (r.tfd >= 0)
+    close(r.tfd);
   return ret;
 }
