@@ -746,7 +746,8 @@ static int cmd_convert(int argc, char **argv)
 
 /* ---- --finish, --list-staging ----------------------------------------------------------- */
 
-static int staging_dir_arg(int argc, char **argv, const char **dir)
+/* --finish DIR and --list-staging DIR (argv[0] says which). */
+static int cmd_staging(int argc, char **argv)
 {
   if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
     const struct cmd *c = find_cmd(argv[0]);
@@ -757,34 +758,17 @@ static int staging_dir_arg(int argc, char **argv, const char **dir)
     fail("%s takes one STAGING_DIR (see burnstore %s --help)", argv[0], argv[0]);
     return 2;
   }
-  *dir = argv[1];
-  return -1;
-}
-
-static int cmd_list_staging(int argc, char **argv)
-{
-  const char *dir;
-  int rc = staging_dir_arg(argc, argv, &dir);
-  if (rc >= 0)
-    return rc;
+  const char *dir = argv[1];
   bs_err err;
   bs_err_clear(&err);
-  rc = bs_wb_list(dir, stdout, &err);
-  if (rc < 0)
-    fail_err(NULL, &err);
-  return rc == 0 ? 0 : 1;
-}
-
-static int cmd_finish(int argc, char **argv)
-{
-  const char *dir;
-  int rc = staging_dir_arg(argc, argv, &dir);
-  if (rc >= 0)
-    return rc;
-  bs_err err;
-  bs_err_clear(&err);
+  if (strcmp(argv[0], "--list-staging") == 0) {
+    int rc = bs_wb_list(dir, stdout, &err);
+    if (rc < 0)
+      fail_err(NULL, &err);
+    return rc == 0 ? 0 : 1;
+  }
   struct bs_wb_finished res;
-  rc = bs_wb_finish(dir, &res, &err);
+  int rc = bs_wb_finish(dir, &res, &err);
   if (rc != 0) {
     fail_err(res.err_dir, &err);
     if (res.kept)
@@ -835,11 +819,11 @@ static const struct cmd cmds[] = {
      "Finish the write-back a writable mount left in STAGING_DIR (its daemon was killed, or\n"
      "its writer failed): write the target from the INDEX, under the target's lock, and remove\n"
      "the directory. Refused while the daemon lives or another writer holds the target.\n",
-     cmd_finish},
+     cmd_staging},
     {"--list-staging", "STAGING_DIR",
      "List what STAGING_DIR holds: target, format, daemon pid, then one line per tensor: key,\n"
      "dtype, shape, bytes, where (tab-separated). Exit 1 when it has no INDEX.\n",
-     cmd_list_staging},
+     cmd_staging},
 };
 
 static const struct cmd *find_cmd(const char *name)

@@ -217,17 +217,35 @@ Test(writeback, run_creates_its_staging_from_the_template)
   cr_assert(stg_fd >= 0 && stg_lock >= 0 && has_index(), "created for the INDEX: %s", stg);
 }
 
-Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
+/* A write-back whose writer fails: its target's directory (sub) is missing. */
+static void fail_writer(char *sub, size_t nsub, char *out, size_t nout)
 {
   stage_a();
-  char sub[128], out[160];
-  snprintf(sub, sizeof sub, "%s/later", dir);
-  snprintf(out, sizeof out, "%s/out.bpk", sub);
+  snprintf(sub, nsub, "%s/later", dir);
+  snprintf(out, nout, "%s/out.bpk", sub);
   struct bs_wb wb = job(out, 0);
   char *report = NULL;
   cr_assert_eq(bs_wb_run(&wb, &report, &err), -1, "no directory for the target");
   cr_assert_null(report);
   cr_assert(!exists(out) && has_index() && exists(stg));
+}
+
+/* bs_wb_list's text (owned: free) and status. */
+static char *list(int want)
+{
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_wb_list(stg, f, &err), want, "%s", err.msg);
+  fclose(f);
+  return text;
+}
+
+Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
+{
+  char sub[128], out[160];
+  fail_writer(sub, sizeof sub, out, sizeof out);
   /* While its daemon lives, --finish is refused. */
   struct bs_wb_finished res;
   bs_err_clear(&err);
@@ -236,12 +254,7 @@ Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
   bs_free(res.target);
   /* The daemon dies; the list names the staged file; finish writes the target. */
   kill_owner();
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  bs_err_clear(&err);
-  cr_assert_eq(bs_wb_list(stg, f, &err), 0, "%s", err.msg);
-  fclose(f);
+  char *text = list(0);
   cr_assert(strstr(text, "daemon pid") && strstr(text, "(gone)") && strstr(text, "a\tF32\t[4]\t16"),
             "%s", text);
   free(text);
@@ -351,12 +364,7 @@ Test(writeback, bad_file_leaves_an_incomplete_index_finish_refuses)
   cr_assert_eq(bs_wb_run(&wb, &report, &err), -1);
   cr_assert(!exists(out) && has_index());
   kill_owner();
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  bs_err_clear(&err);
-  cr_assert_eq(bs_wb_list(stg, f, &err), 0, "%s", err.msg);
-  fclose(f);
+  char *text = list(0);
   cr_assert(strstr(text, "incomplete: ") && strstr(text, "a\tF32\t[3]\t16\tstaged "), "%s", text);
   free(text);
   struct bs_wb_finished res;
@@ -370,11 +378,7 @@ Test(writeback, no_index_lists_raw_files)
 {
   stage_a();
   kill_owner();
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
-  cr_assert_eq(bs_wb_list(stg, f, &err), 1);
-  fclose(f);
+  char *text = list(1);
   cr_assert(strstr(text, "no INDEX: the daemon died") && strstr(text, "\t16\tstaged "), "%s", text);
   free(text);
   struct bs_wb_finished res;
@@ -427,13 +431,8 @@ static int run_bin(const char *args, char **out)
 
 Test(writeback, the_binary_lists_and_finishes_without_a_mount)
 {
-  stage_a();
   char sub[128], out[160];
-  snprintf(sub, sizeof sub, "%s/later", dir);
-  snprintf(out, sizeof out, "%s/out.bpk", sub);
-  struct bs_wb wb = job(out, 0);
-  char *report = NULL;
-  cr_assert_eq(bs_wb_run(&wb, &report, &err), -1, "no directory for the target");
+  fail_writer(sub, sizeof sub, out, sizeof out);
   char args[256], *text;
   snprintf(args, sizeof args, "--finish '%s'", stg);
   cr_assert_eq(run_bin(args, &text), 1);
