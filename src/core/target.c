@@ -172,7 +172,10 @@ void bs_target_lock_update(int fd, const char *target, const char *holder)
     record(fd, target, holder);
 }
 
-/* The refusal: who holds it, from the record it wrote. */
+/* The refusal: who holds it, from the record it wrote. bs_err's message is
+ * short (256 bytes): when the full sentence does not fit, the target is named
+ * by its base name and the hint drops the mountpoint, so that the holder's
+ * mountpoint and pid always survive. */
 static int refuse(int fd, const char *target, bs_err *err)
 {
   char buf[PATH_MAX * 2 + 128];
@@ -186,19 +189,27 @@ static int refuse(int fd, const char *target, bs_err *err)
   const char *h = strstr(buf, "holder ");
   if (h)
     snprintf(holder, sizeof holder, "%.*s", (int)strcspn(h + 7, "\n"), h + 7);
-  if (holder[0] != '/')
-    return bs_fail(err, EBUSY, BS_OFF_NONE, NULL,
-                   "%s is being written by burnstore %s (pid %ld): wait for it to end", target,
-                   holder, pid);
-  if (!bs_is_mounted(holder))
-    return bs_fail(err, EBUSY, BS_OFF_NONE, NULL,
-                   "%s is still being written back by the daemon of %s (burnstore pid %ld, "
-                   "already unmounted): wait for it",
-                   target, holder, pid);
-  return bs_fail(err, EBUSY, BS_OFF_NONE, NULL,
-                 "%s is already the target of a writable mount on %s (burnstore pid %ld): "
-                 "unmount that first (burnstore -u %s)",
-                 target, holder, pid, holder);
+  const char *slash = strrchr(target, '/');
+  char msg[2 * PATH_MAX + 256];
+  for (int pass = 0; pass < 2; pass++) {
+    const char *t = pass == 0 || !slash ? target : slash + 1;
+    if (holder[0] != '/')
+      snprintf(msg, sizeof msg, "%s is being written by burnstore %s (pid %ld): wait for it to end",
+               t, holder, pid);
+    else if (!bs_is_mounted(holder))
+      snprintf(msg, sizeof msg,
+               "%s is still being written back by the daemon of %s (burnstore pid %ld, already "
+               "unmounted): wait for it",
+               t, holder, pid);
+    else
+      snprintf(msg, sizeof msg,
+               "%s is already the target of a writable mount on %s (burnstore pid %ld): unmount "
+               "that first (burnstore -u %s)",
+               t, holder, pid, pass == 0 ? holder : "MOUNTPOINT");
+    if (strlen(msg) < sizeof err->msg)
+      break;
+  }
+  return bs_fail(err, EBUSY, BS_OFF_NONE, NULL, "%s", msg);
 }
 
 int bs_target_lock(const char *target, const char *holder, bs_err *err)

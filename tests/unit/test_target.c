@@ -109,3 +109,24 @@ Test(target, second_writer_refused_naming_the_holder)
   cr_assert_geq(fd2, 0, "free once the holder let go: %s", err.msg);
   close(fd2);
 }
+
+Test(target, refusal_of_a_long_path_keeps_holder_and_pid)
+{
+  char t[PATH_MAX];
+  int n = snprintf(t, sizeof t, "%s/", dir);
+  memset(t + n, 'd', 150); /* a long directory name */
+  t[n + 150] = '\0';
+  cr_assert_eq(mkdir(t, 0700), 0);
+  strcat(t, "/model.bpk");
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_target_lock(t, "/mnt/a-mountpoint-with-a-rather-long-name-too", &err);
+  cr_assert_geq(fd, 0, "%s", err.msg);
+  cr_assert_eq(bs_target_lock(t, "convert", &err), -1);
+  char pid[32];
+  snprintf(pid, sizeof pid, "pid %ld", (long)getpid());
+  cr_assert(strstr(err.msg, "/mnt/a-mountpoint-with-a-rather-long-name-too") &&
+                strstr(err.msg, pid) && strstr(err.msg, "model.bpk"),
+            "%s", err.msg);
+  close(fd);
+}
