@@ -4,6 +4,7 @@ index, by a shard or by NAME.safetensors), `burnstore convert` onto a mounted
 target and `burnstore --finish` of a staging directory whose target is
 mounted are all refused with one line naming the holder (its mountpoint and
 pid), and the first mount's write-back is intact."""
+import fcntl
 import glob
 import json
 import os
@@ -105,6 +106,42 @@ def test_shard_set(tmp):
     check({k: v[2] for k, v in got.items()} == want, "the set holds the mount's write-back: %r" % sorted(got))
 
 
+def lock_path(key):
+    """/run/burnstore/<FNV-1a 64 of the target's key>.target (we run as root)."""
+    h = 1469598103934665603
+    for c in key.encode():
+        h = ((h ^ c) * 1099511628211) % 2 ** 64
+    return "/run/burnstore/%016x.target" % h
+
+
+def test_mount_while_convert_writes(tmp):
+    """A writer that is not a mount (convert, --finish) holds the lock: a
+    writable mount of its target is refused naming it. The lock is held here
+    as convert holds it, with convert's record; a real convert is too quick
+    to be caught."""
+    out = os.path.join(tmp, "conv.safetensors")
+    mnt = os.path.join(tmp, "conv-m")
+    os.makedirs(mnt)
+    # Every name of the set is the one key DIR/NAME.safetensors.
+    fd = os.open(lock_path(os.path.join(os.path.realpath(tmp), "conv.safetensors")), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, b"pid 4242\nholder convert\ntarget %s\n" % out.encode())
+        for target in (out, os.path.join(tmp, "conv.safetensors.index.json")):
+            r = run([BIN, target, mnt])
+            check(r.returncode != 0 and r.stderr.count("\n") == 1 and "burnstore convert (pid 4242)" in r.stderr,
+                  "a mount of %s while convert writes it: %r" % (target, r.stderr))
+        check(not os.path.exists(out), "nothing written")
+    finally:
+        force_unmount(mnt)
+        os.close(fd)
+    with Mount(out, mnt) as m:
+        with open(os.path.join(mnt, "x"), "wb") as f:
+            f.write(b"12")
+        check(m.unmount().returncode == 0, "mounted once convert let go")
+    check(os.path.exists(out), "the mount wrote its target")
+
+
 def test_finish_while_mounted(tmp):
     """A staging directory left for target T (its write-back failed) cannot be
     finished while a new mount of T lives: it would replace that mount's
@@ -142,4 +179,5 @@ def test_finish_while_mounted(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_target_lock", [test_single_file, test_shard_set, test_finish_while_mounted], "lock")
+    run_tests("test_target_lock", [test_single_file, test_shard_set, test_mount_while_convert_writes,
+                                   test_finish_while_mounted], "lock")
