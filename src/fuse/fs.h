@@ -100,8 +100,9 @@ int fs_stage_open(struct fs *fs, const struct bs_entry *e, int flags);
 void fs_stage_free(struct fs *fs, struct bs_entry *e);
 /* Raise the soft RLIMIT_NOFILE to the hard limit. */
 void fs_raise_nofile(void);
-/* Serialize the tree to fs->output (atomic). Returns 0, or -1 with err set;
- * on failure the staged data is kept and err names where it is. */
+/* Serialize the tree to fs->output (atomic) through the core's write-back
+ * (core/writeback.h: output catalog, INDEX, writer). Returns 0, or -1 with
+ * err set; on failure the staged data is kept for `burnstore --finish`. */
 int fs_writeback(struct fs *fs, bs_err *err);
 /* Create the staging directory exclusively from the template in
  * fs->staging (mkdtemp) and lock it for the life of the daemon. 0 or -errno. */
