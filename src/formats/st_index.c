@@ -22,6 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/set_journal.h"
 #include "core/strmap.h"
 #include "formats/st_index.h"
 
@@ -361,11 +362,38 @@ out:
   return rc;
 }
 
+/* A write of this set that a kill interrupted is completed or rolled back
+ * before the set is read (so no half set is ever mounted or listed); when
+ * that changed the directory, the index is opened again. */
+static int recover_first(struct bs_catalog *cat, uint32_t src, bs_err *err)
+{
+  struct bs_src *s = &cat->srcs[src];
+  if (s->fd < 0 && !s->lazy)
+    return 0; /* a memory source has no directory */
+  bool did = false;
+  bs_err sub;
+  bs_err_clear(&sub);
+  if (bs_set_recover(s->name, &did, &sub) != 0)
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL,
+                   "a write of this shard set was interrupted and cannot be completed now: %s",
+                   sub.msg);
+  struct bs_src fresh;
+  if (!did)
+    return 0;
+  if (bs_src_open(&fresh, s->name, err) != 0)
+    return -1;
+  bs_src_destroy(s);
+  *s = fresh;
+  return 0;
+}
+
 int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                      bs_err *err)
 {
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
+  if (recover_first(cat, src, err) != 0)
+    return -1;
   const struct bs_src *s = &cat->srcs[src];
   if (s->size > BS_ST_INDEX_MAX)
     return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,

@@ -809,7 +809,8 @@ static int do_finish(const char *arg)
   }
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = lock_target(idx.target, who)) < 0)
+  if ((tfd = lock_target(idx.target, who)) < 0 ||
+      (bs_writer_recover(idx.target, &err) != 0 && fail_line(NULL, &err)))
     goto out;
   if (bs_stage_index_attach(&idx, dir, &err) != 0) {
     if (err.code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&

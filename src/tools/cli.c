@@ -191,7 +191,10 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   struct bs_src src;
   struct bs_open_opts oo = {.strict = o->strict};
   int rc = -1;
-  if (bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
+  /* A set whose write a kill interrupted completes or rolls back first
+   * (also one with no index yet: its temp files and journal go). */
+  if (bs_writer_recover(index ? index : path, &err) != 0 ||
+      bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
     fail_err(path, &err);
   else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
     fail_err(path, &err);
