@@ -376,6 +376,28 @@ def test_kill_writeback(tmp):
     kill_loop("write-back", counts, setup, session, recover, d, old, new, may_finish=True)
 
 
+def test_mount_recovers_first(tmp):
+    """A set left mid-commit (killed after its first shard's rename) is
+    completed by a read-only mount before it is read: the mount shows the
+    new set, and the directory holds only it."""
+    from bsmount import Mount, key_to_relpath, tensor_files
+    d = os.path.join(tmp, "mnt-rec")
+    idx = os.path.join(d, "model.safetensors.index.json")
+    old = set_files(d)
+    cmd = [BIN, "convert", "-q", "-o", "max_shard_size=60", idx, idx]
+    subprocess.run(cmd, check=True, capture_output=True)
+    new = snapshot(d)
+    write_files(d, old)
+    r = subprocess.run(strace_cmd(cmd, "renameat", 2), capture_output=True, text=True, timeout=60)
+    check(r.returncode in (-9, 137), "killed after the first rename: %d %s" % (r.returncode, r.stderr))
+    check(any(f.endswith(".burnstore-journal") for f in os.listdir(d)), "a journal is pending")
+    with Mount(idx, os.path.join(tmp, "mnt-rec-m")) as m:
+        check(set(tensor_files(m)) == {key_to_relpath(k) for k in tensors()}, "the mount shows every tensor")
+        for k, (_, _, raw) in tensors().items():
+            check(open(os.path.join(m, key_to_relpath(k)), "rb").read() == raw, "%s: bytes" % k)
+    check(snapshot(d) == new, "the mount completed the set: %s" % sorted(snapshot(d)))
+
+
 def test_refuses_what_it_does_not_own(tmp):
     base = os.path.join(tmp, "own")
     src = os.path.join(tmp, "own-src.safetensors")
@@ -411,7 +433,8 @@ def test_refuses_what_it_does_not_own(tmp):
 def main():
     if not shutil.which("strace"):
         check(False, "strace is needed (apt-get install strace)")
-    run_tests("test_set_commit", [test_refuses_what_it_does_not_own, test_kill_convert_single,
+    run_tests("test_set_commit", [test_refuses_what_it_does_not_own, test_mount_recovers_first,
+                                  test_kill_convert_single,
                                   test_kill_convert_new_set, test_kill_reshard, test_kill_set_replaces_file,
                                   test_kill_keep_shards,
                                   test_kill_finish, test_kill_writeback], "setcommit")
