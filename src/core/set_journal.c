@@ -251,24 +251,12 @@ static int roll_forward(struct bs_set *s, const struct parsed *p, bs_err *err)
   return drop_journal(s, err);
 }
 
-static char *join(const char *dir, const char *name)
-{
-  size_t a = strlen(dir), b = strlen(name);
-  char *p = bs_malloc(a + b + 2);
-  if (p) {
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-  }
-  return p;
-}
-
 /* Nothing was renamed: the dead temp files of the new names go (a live
  * writer's are locked, so never removed), then the journal. */
 static int roll_back(struct bs_set *s, const struct parsed *p, bs_err *err)
 {
   for (size_t i = 0; i < p->nnew; i++) {
-    char *path = join(s->dir, p->newf[i]);
+    char *path = bs_path_join(s->dir, p->newf[i]);
     if (!path)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     bs_atomic_clean_stale(path);

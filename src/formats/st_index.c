@@ -225,18 +225,6 @@ enum bs_sniff bs_st_index_sniff(const uint8_t *head, size_t n, uint64_t size)
 
 /* ---- The reader ---------------------------------------------------------------------------- */
 
-static char *join(const char *dir, const char *rel)
-{
-  size_t a = strlen(dir), b = strlen(rel);
-  char *p = bs_malloc(a + b + 2);
-  if (p) {
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, rel, b + 1);
-  }
-  return p;
-}
-
 /* The directory part of a path ("." for a bare name). */
 static char *dir_of(const char *path)
 {
@@ -266,7 +254,7 @@ static int open_shards(struct bs_catalog *cat, const struct bs_st_index *ix, con
                        const struct bs_open_opts *opts, uint32_t *srcof, bs_err *err)
 {
   for (size_t i = 0; i < ix->nshards; i++) {
-    char *path = join(dir, ix->shards[i]);
+    char *path = bs_path_join(dir, ix->shards[i]);
     if (!path)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_src s;
@@ -461,7 +449,7 @@ int bs_st_index_find(const char *dir, char **path, bs_err *err)
     rc = bs_fail(err, ENOENT, BS_OFF_NONE, NULL,
                  "a directory without a *" INDEX_SUFFIX
                  "; burnstore mounts a directory only when it holds one sharded checkpoint");
-  if (rc == 0 && !(*path = join(dir, found)))
+  if (rc == 0 && !(*path = bs_path_join(dir, found)))
     rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   bs_free(found);
   return rc;

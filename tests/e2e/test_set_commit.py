@@ -245,6 +245,33 @@ def hardlink_tree(src, dst):
             os.link(os.path.join(root, f), os.path.join(dst, rel, f))
 
 
+def rw_session(mount, mnt, log, call=None, n=None):
+    """Mount (rw) under strace, killed at the n-th call; rename lm_head.weight
+    and change model.norm.weight; unmount. Whether a process was killed."""
+    import numpy as np
+    p = subprocess.Popen(strace_cmd(mount, call, n, out=log), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        end = time.time() + 30
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.01)
+        try:
+            os.rename(os.path.join(mnt, "lm_head", "weight"), os.path.join(mnt, "lm_head", "renamed"))
+            with open(os.path.join(mnt, "model", "norm", "weight"), "r+b") as f:
+                f.write(np.array([5], dtype="<f2").tobytes())
+        except OSError:
+            pass  # killed while mounted: the edits never happen
+        if is_mounted(mnt):
+            run([BIN, "-u", mnt], timeout=120)
+        p.wait(timeout=60)
+    finally:
+        force_unmount(mnt)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return "killed by SIGKILL" in open(log).read()
+
+
 def test_kill_finish(tmp):
     """A writable mount of a set (a tensor renamed, one changed) whose
     daemon is killed in the middle of its commit (first shard rename), then
@@ -256,25 +283,9 @@ def test_kill_finish(tmp):
     os.makedirs(stg)
     old = set_files(d)
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen(strace_cmd([BIN, idx, mnt, "-o", "rw,staging=" + stg], "renameat", 2),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        end = time.time() + 30
-        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-            time.sleep(0.02)
-        if not check(is_mounted(mnt), "the rw mount under strace"):
-            return
-        os.rename(os.path.join(mnt, "lm_head", "weight"), os.path.join(mnt, "lm_head", "renamed"))
-        with open(os.path.join(mnt, "model", "norm", "weight"), "r+b") as f:
-            f.write(np.array([5], dtype="<f2").tobytes())
-        u = run([BIN, "-u", mnt], timeout=120)
-        check(u.returncode != 0, "the daemon died in its write-back: %s" % u.stderr)
-        p.wait(timeout=60)
-    finally:
-        force_unmount(mnt)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    killed = rw_session([BIN, idx, mnt, "-o", "rw,staging=" + stg], mnt, os.path.join(tmp, "fin.log"),
+                        "renameat", 2)
+    check(killed, "the daemon died in its write-back (after the INDEX's rename, at the first shard's)")
     staged = [os.path.join(stg, f) for f in os.listdir(stg)]
     if not check(len(staged) == 1 and os.path.exists(os.path.join(staged[0], "INDEX")),
                  "a staging directory with an INDEX: %r" % staged):
@@ -322,7 +333,6 @@ def test_kill_writeback(tmp):
     one changed) killed at every call its daemon makes from mount to exit;
     recovery: `--finish` of its staging directory when it has an INDEX,
     else a reader."""
-    import numpy as np
     d, stg, mnt = os.path.join(tmp, "wb"), os.path.join(tmp, "wb-stg"), os.path.join(tmp, "wb-m")
     idx = os.path.join(d, "model.safetensors.index.json")
     old = set_files(d)
@@ -336,28 +346,7 @@ def test_kill_writeback(tmp):
         os.makedirs(stg)
 
     def session(call=None, n=None):
-        """Mount, edit, unmount under strace; whether a process was killed."""
-        p = subprocess.Popen(strace_cmd(mount, call, n, out=log), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        try:
-            end = time.time() + 30
-            while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-                time.sleep(0.01)
-            try:
-                os.rename(os.path.join(mnt, "lm_head", "weight"), os.path.join(mnt, "lm_head", "renamed"))
-                with open(os.path.join(mnt, "model", "norm", "weight"), "r+b") as f:
-                    f.write(np.array([5], dtype="<f2").tobytes())
-            except OSError:
-                pass  # killed while mounted: the edits never happen
-            if is_mounted(mnt):
-                run([BIN, "-u", mnt], timeout=120)
-            p.wait(timeout=60)
-        finally:
-            force_unmount(mnt)
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        return "killed by SIGKILL" in open(log).read(), "strace log %s" % log
+        return rw_session(mount, mnt, log, call, n), "strace log %s" % log
 
     def recover(tag):
         staged = [os.path.join(stg, f) for f in os.listdir(stg)]
