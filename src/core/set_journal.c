@@ -407,9 +407,16 @@ int bs_set_recover(const char *index_path, bool *did, bs_err *err)
   if (set_open_dir(&s, index_path, &sub) !=
       0) /* no directory we can open: no journal we could see */
     return sub.code == ENOMEM ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : 0;
-  int rc = recover_open(&s, false, did, err);
+  bs_err_clear(&sub);
+  int rc = recover_open(&s, false, did, &sub);
   set_close(&s);
-  return rc;
+  if (rc != 0 && sub.code == EBUSY)
+    return bs_fail(err, EBUSY, BS_OFF_NONE, NULL, "%s", sub.msg);
+  if (rc != 0)
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL,
+                   "a write of this shard set was interrupted and cannot be completed now: %s",
+                   sub.msg);
+  return 0;
 }
 
 static int put_rec(struct bs_buf *b, const char *tag, const char *a, const char *c)

@@ -359,12 +359,8 @@ static int recover_first(struct bs_catalog *cat, uint32_t src, bs_err *err)
   if (s->fd < 0 && !s->lazy)
     return 0; /* a memory source has no directory */
   bool did = false;
-  bs_err sub;
-  bs_err_clear(&sub);
-  if (bs_set_recover(s->name, &did, &sub) != 0)
-    return bs_fail(err, sub.code, BS_OFF_NONE, NULL,
-                   "a write of this shard set was interrupted and cannot be completed now: %s",
-                   sub.msg);
+  if (bs_set_recover(s->name, &did, err) != 0)
+    return -1;
   struct bs_src fresh;
   if (!did)
     return 0;
