@@ -253,14 +253,14 @@ static int load_old(struct set *s, bs_err *err)
   const char *ibase = strrchr(s->index, '/') + 1;
   for (size_t k = 0; s->have_old && k < s->old.nshards; k++) {
     const char *name = s->old.shards[k];
-    struct stat st;
-    char *p = strchr(name, '/') ? NULL : str_printf("%s/%s", s->dir, name);
     if (strcmp(name, ibase) == 0)
       return not_owned(s, k, "the index itself", err);
     if (strchr(name, '/'))
       return not_owned(s, k, "not a file of the index's own directory", err);
     if (!bs_set_is_shard_name(name))
       return not_owned(s, k, "not a shard file name (NAME.safetensors)", err);
+    struct stat st;
+    char *p = bs_path_join(s->dir, name);
     if (!p)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     int r = lstat(p, &st);
