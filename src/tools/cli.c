@@ -775,8 +775,11 @@ static const struct cmd cmds[] = {
     {"convert", "[-q] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
-     "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
-     "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
+     "fsync, rename): OUT is complete or untouched. A shard set commits through a journal\n"
+     "beside its index: a convert killed midway is completed or rolled back by the next\n"
+     "access, and an old index naming files that are not its shards is refused. Streams:\n"
+     "memory does not grow with the checkpoint. On a terminal, outputs over 256 MiB show a\n"
+     "progress line.\n"
      "  -q           no progress line, no summary\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert},
