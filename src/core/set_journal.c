@@ -285,6 +285,7 @@ static void set_close(struct bs_set *s)
     close(s->dirfd);
   bs_free(s->dir);
   bs_free(s->jname);
+  bs_free(s->index);
   bs_buf_destroy(&s->jb);
   memset(s, 0, sizeof *s);
   s->fd = s->dirfd = -1;
@@ -301,7 +302,8 @@ static int set_open_dir(struct bs_set *s, const char *index_path, bs_err *err)
   s->dir = slash ? bs_strndup(index_path, slash == index_path ? 1 : (size_t)(slash - index_path))
                  : bs_strdup(".");
   s->jname = bs_malloc(1 + (blen < room ? blen : room) + sizeof TAG);
-  if (!s->dir || !s->jname) {
+  s->index = bs_strdup(base);
+  if (!s->dir || !s->jname || !s->index) {
     set_close(s);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
@@ -451,13 +453,10 @@ static int write_journal(struct bs_set *s, size_t from, bs_err *err)
   return 0;
 }
 
-int bs_set_begin(struct bs_set *s, const char *index_path, const char *const *newf, size_t nnew,
-                 const char *const *oldf, size_t nold, bs_err *err)
+int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
 {
   if (set_open_dir(s, index_path, err) != 0)
     return -1;
-  const char *slash = strrchr(index_path, '/');
-  const char *index = slash ? slash + 1 : index_path;
   for (int tries = 0; s->fd < 0; tries++) {
     if (tries == 100 || recover_open(s, true, NULL, err) != 0)
       goto fail;
@@ -473,25 +472,29 @@ int bs_set_begin(struct bs_set *s, const char *index_path, const char *const *ne
       s->fd = -1;
     }
   }
-  s->jb.len = 0; /* it held the journal recovered above, if any */
-  int bad = bs_buf_put(&s->jb, MAGIC, sizeof MAGIC - 1) | put_rec(&s->jb, "index", index, NULL);
+  return 0;
+fail:
+  set_close(s);
+  return -1;
+}
+
+int bs_set_prepare(struct bs_set *s, const char *const *newf, size_t nnew, const char *const *oldf,
+                   size_t nold, bs_err *err)
+{
+  s->jb.len = 0; /* it held the journal recovered by bs_set_begin, if any */
+  int bad = bs_buf_put(&s->jb, MAGIC, sizeof MAGIC - 1) | put_rec(&s->jb, "index", s->index, NULL);
   for (size_t i = 0; i < nnew; i++)
     bad |= put_rec(&s->jb, "new", newf[i], NULL);
   for (size_t i = 0; i < nold; i++)
     bad |= put_rec(&s->jb, "old", oldf[i], NULL);
   bad |= put_rec(&s->jb, "prepared", NULL, NULL);
-  if (bad) {
+  if (bad)
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    goto fail_file;
+  if (bad || write_journal(s, 0, err) != 0 || sync_dir(s, err) != 0) {
+    bs_set_abort(s);
+    return -1;
   }
-  if (write_journal(s, 0, err) != 0 || sync_dir(s, err) != 0)
-    goto fail_file;
   return 0;
-fail_file:
-  unlinkat(s->dirfd, s->jname, 0);
-fail:
-  set_close(s);
-  return -1;
 }
 
 static const char *base_of(const char *path)

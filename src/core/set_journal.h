@@ -30,6 +30,7 @@ struct bs_set {
   int fd;           /* the journal, flock'd while the set is written */
   char *dir;        /* owned: the directory, for messages and paths */
   char *jname;      /* owned: the journal's name in dir */
+  char *index;      /* owned: the index's name in dir */
   struct bs_buf jb; /* what the journal holds so far */
 };
 
@@ -42,11 +43,15 @@ struct bs_set {
 BS_NODISCARD int bs_set_recover(const char *index_path, bool *did, bs_err *err);
 
 /* Start writing a set: recover a pending journal (EBUSY while another writer
- * holds it), then create and lock the journal recording the new files
- * `newf` (names in the index's directory; the index among them) and the old
- * files `oldf` to remove once the index is in; fsynced. */
-BS_NODISCARD int bs_set_begin(struct bs_set *s, const char *index_path, const char *const *newf,
-                              size_t nnew, const char *const *oldf, size_t nold, bs_err *err);
+ * holds it), then create and lock an empty journal, which keeps other writers
+ * of the set out until commit or abort (read the old index after this). */
+BS_NODISCARD int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err);
+/* Record the new files `newf` (names in the index's directory, the index
+ * among them) and the old files `oldf` to remove once the index is in;
+ * fsynced with the directory before the caller creates any temp file. On
+ * failure the set is aborted. */
+BS_NODISCARD int bs_set_prepare(struct bs_set *s, const char *const *newf, size_t nnew,
+                                const char *const *oldf, size_t nold, bs_err *err);
 /* The commit: `files` are synced atomic files (bs_atomic_sync) of targets in
  * the directory, the index last. Records their renames, fsyncs the commit
  * record, then renames them (the index last, after a directory fsync),

@@ -479,8 +479,9 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   for (size_t i = 0; i < cat->count; i++)
     s.shard_of[i] = SIZE_MAX;
   /* An interrupted write of this set first completes or rolls back, so the
-   * old index read next is a whole set's. */
-  if (bs_set_recover(s.index, NULL, err) != 0 || load_old(&s, err) != 0)
+   * old index read next is a whole set's; the journal's lock keeps other
+   * writers of the set out from here. */
+  if (bs_set_begin(&js, s.index, err) != 0 || load_old(&s, err) != 0)
     goto out;
   if (o->max_shard_size == 0 && s.have_old && s.old.nshards > 0) {
     if (keep_shards(&s, cat, err) != 0)
@@ -493,7 +494,7 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
         add_to(&s.shards[s.shard_of[i]], i, cat->tensors[i].nbytes, err) != 0)
       goto out;
   if (journal_names(&s, path, &newf, &nnew, &oldf, &nold, err) != 0 ||
-      bs_set_begin(&js, s.index, newf, nnew, oldf, nold, err) != 0)
+      bs_set_prepare(&js, newf, nnew, oldf, nold, err) != 0)
     goto out;
 
   /* The shards' catalog: the same tensors and sources, their metadata. */

@@ -174,6 +174,16 @@ Test(set_journal, cut_before_prepared_removes_only_the_journal)
   expect("m-00001-of-00002.safetensors", "old 1");
 }
 
+Test(set_journal, an_empty_journal_of_a_dead_writer_goes)
+{
+  old_set();
+  put(JOURNAL, ""); /* killed between bs_set_begin and bs_set_prepare */
+  bs_err err;
+  cr_assert_eq(recover(&err), 0, "%s", err.msg);
+  expect_gone(JOURNAL);
+  expect("m.safetensors.index.json", "old index");
+}
+
 Test(set_journal, hostile_records_are_refused_and_the_journal_kept)
 {
   const char *bad[] = {
@@ -236,13 +246,13 @@ Test(set_journal, write_through_the_journal)
   struct bs_set s;
   bs_err err;
   bs_err_clear(&err);
-  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), newf, 2, oldf, 2, &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_set_prepare(&s, newf, 2, oldf, 2, &err), 0, "%s", err.msg);
   struct stat st;
   cr_assert_eq(lstat(at(JOURNAL), &st), 0, "the journal exists before any temp file");
   /* A second writer of the same set is refused while the first holds it. */
   struct bs_set s2;
-  cr_assert_neq(bs_set_begin(&s2, at("m.safetensors.index.json"), newf, 2, oldf, 2, &err), 0);
+  cr_assert_neq(bs_set_begin(&s2, at("m.safetensors.index.json"), &err), 0);
   cr_assert_eq(err.code, EBUSY, "%s", err.msg);
   bs_err_clear(&err);
   struct bs_atomic a[2];
@@ -269,8 +279,8 @@ Test(set_journal, abort_before_the_commit_leaves_the_old_set)
   struct bs_set s;
   bs_err err;
   bs_err_clear(&err);
-  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), newf, 1, NULL, 0, &err), 0, "%s",
-               err.msg);
+  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_set_prepare(&s, newf, 1, NULL, 0, &err), 0, "%s", err.msg);
   bs_set_abort(&s);
   bs_set_abort(&s);
   expect("m.safetensors.index.json", "old index");
