@@ -44,21 +44,7 @@ bool bs_set_is_shard_name(const char *name)
 
 /* ---- The journal's text --------------------------------------------------------------------- */
 
-struct ren {
-  const char *tmp, *final;
-};
-
-struct parsed {
-  char *copy; /* owned: the text, cut into the names below */
-  const char *index;
-  const char **newf, **oldf;
-  size_t nnew, nold, cnew, cold;
-  struct ren *ren;
-  size_t nren, cren;
-  bool prepared, committed;
-};
-
-static void parsed_destroy(struct parsed *p)
+void bs_set_plan_destroy(struct bs_set_plan *p)
 {
   bs_free(p->copy);
   bs_free(p->newf);
@@ -67,16 +53,19 @@ static void parsed_destroy(struct parsed *p)
   memset(p, 0, sizeof *p);
 }
 
-static int jfail(bs_err *err, int code, const struct bs_set *s, size_t line, const char *what)
+static int jfail(bs_err *err, const char *where, size_t line, const char *what)
 {
-  return bs_fail(err, code, BS_OFF_NONE, NULL, "%s/%s: line %zu: %s", s->dir, s->jname, line, what);
+  return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s: line %zu: %s", where, line, what);
 }
 
-/* Parse text[0..n). A journal cut before its "prepared" record has created
- * nothing: p->prepared is false and parsing stops there without an error. */
-static int parse(const struct bs_set *s, const char *text, size_t n, struct parsed *p, bs_err *err)
+int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_set_plan *p,
+                      bs_err *err)
 {
+  const char *text = bytes;
   memset(p, 0, sizeof *p);
+  if (n > BS_SET_JOURNAL_MAX)
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "%s: a journal of %zu bytes (limit %u)", where, n,
+                   BS_SET_JOURNAL_MAX);
   if (!(p->copy = bs_malloc(n + 1)))
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   memcpy(p->copy, text, n);
@@ -105,7 +94,7 @@ static int parse(const struct bs_set *s, const char *text, size_t n, struct pars
       continue;
     }
     if (p->committed) {
-      jfail(err, EINVAL, s, line, "a record after the commit");
+      jfail(err, where, line, "a record after the commit");
       goto out;
     }
     bool ok = true;
@@ -142,7 +131,7 @@ static int parse(const struct bs_set *s, const char *text, size_t n, struct pars
         goto out;
       }
       if (ok)
-        p->ren[p->nren++] = (struct ren){f[1], f[2]};
+        p->ren[p->nren++] = (struct bs_set_rename){f[1], f[2]};
     } else if (p->prepared && strcmp(f[0], "commit") == 0 && nf == 2) {
       char want[17];
       snprintf(want, sizeof want, "%016" PRIx64, bs_fnv1a(BS_FNV1A_INIT, text, start));
@@ -157,7 +146,7 @@ static int parse(const struct bs_set *s, const char *text, size_t n, struct pars
     if (!ok) {
       if (!p->prepared)
         break; /* cut or bad before "prepared": nothing was created */
-      jfail(err, EINVAL, s, line, "a record burnstore does not write; fix or remove the journal");
+      jfail(err, where, line, "a record burnstore does not write; fix or remove the journal");
       goto out;
     }
   }
@@ -165,7 +154,7 @@ static int parse(const struct bs_set *s, const char *text, size_t n, struct pars
 out:
   bs_strmap_destroy(&news);
   if (rc != 0)
-    parsed_destroy(p);
+    bs_set_plan_destroy(p);
   return rc;
 }
 
@@ -197,11 +186,11 @@ static int drop_journal(struct bs_set *s, bs_err *err)
   return sync_dir(s, err);
 }
 
-static int roll_forward(struct bs_set *s, const struct parsed *p, bs_err *err)
+static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bs_err *err)
 {
   bool synced = false;
   for (size_t i = 0; i < p->nren; i++) {
-    const struct ren *r = &p->ren[i];
+    const struct bs_set_rename *r = &p->ren[i];
     bool is_index = strcmp(r->final, p->index) == 0;
     if (is_index && !synced) { /* every shard in place before the index names them */
       if (sync_dir(s, err) != 0)
@@ -253,7 +242,7 @@ static int roll_forward(struct bs_set *s, const struct parsed *p, bs_err *err)
 
 /* Nothing was renamed: the dead temp files of the new names go (a live
  * writer's are locked, so never removed), then the journal. */
-static int roll_back(struct bs_set *s, const struct parsed *p, bs_err *err)
+static int roll_back(struct bs_set *s, const struct bs_set_plan *p, bs_err *err)
 {
   for (size_t i = 0; i < p->nnew; i++) {
     char *path = bs_path_join(s->dir, p->newf[i]);
@@ -265,13 +254,25 @@ static int roll_back(struct bs_set *s, const struct parsed *p, bs_err *err)
   return drop_journal(s, err);
 }
 
+/* Parse the journal's text (messages name it). */
+static int plan(const struct bs_set *s, const void *text, size_t n, struct bs_set_plan *p,
+                bs_err *err)
+{
+  char *where = bs_path_join(s->dir, s->jname);
+  if (!where)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  int rc = bs_set_plan_parse(where, text, n, p, err);
+  bs_free(where);
+  return rc;
+}
+
 static int apply(struct bs_set *s, const char *text, size_t n, bs_err *err)
 {
-  struct parsed p;
-  if (parse(s, text, n, &p, err) != 0)
+  struct bs_set_plan p;
+  if (plan(s, text, n, &p, err) != 0)
     return -1;
   int rc = p.committed ? roll_forward(s, &p, err) : roll_back(s, &p, err);
-  parsed_destroy(&p);
+  bs_set_plan_destroy(&p);
   return rc;
 }
 
@@ -348,11 +349,11 @@ static bool still_ours(const struct bs_set *s)
 
 static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
 {
-  struct parsed p;
+  struct bs_set_plan p;
   bs_err sub;
   bs_err_clear(&sub);
-  bool c = parse(s, (const char *)b->data, b->len, &p, &sub) == 0 && p.committed;
-  parsed_destroy(&p);
+  bool c = plan(s, b->data, b->len, &p, &sub) == 0 && p.committed;
+  bs_set_plan_destroy(&p);
   return c;
 }
 

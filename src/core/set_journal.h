@@ -63,6 +63,31 @@ BS_NODISCARD int bs_set_commit(struct bs_set *s, struct bs_atomic *files, size_t
  * removes the journal. Safe on a zeroed, committed or aborted bs_set. */
 void bs_set_abort(struct bs_set *s);
 
+/* A journal's records. Names point into `copy` (owned); every one is a plain
+ * name (no '/', not "." or "..", no control characters), old ones shard
+ * names, renames' temps ".NAME.burnstore-tmp-..." and finals among newf. */
+struct bs_set_rename {
+  const char *tmp, *final;
+};
+struct bs_set_plan {
+  char *copy;
+  const char *index; /* NULL until the "index" record */
+  const char **newf, **oldf;
+  size_t nnew, nold, cnew, cold;
+  struct bs_set_rename *ren;
+  size_t nren, cren;
+  bool prepared;  /* its "prepared" record is there: temp files may exist */
+  bool committed; /* a valid commit record: roll forward */
+};
+/* Parse a journal's bytes (untrusted). A journal cut or malformed before its
+ * "prepared" record created nothing: 0 with prepared false. After it, a
+ * record burnstore does not write is EINVAL naming `where` and the line, and
+ * p is empty; a commit record cut or with a wrong checksum leaves committed
+ * false. */
+BS_NODISCARD int bs_set_plan_parse(const char *where, const void *text, size_t n,
+                                   struct bs_set_plan *p, bs_err *err);
+void bs_set_plan_destroy(struct bs_set_plan *p); /* safe on a zeroed or destroyed plan */
+
 /* A name the set may own: a plain file name (no '/', not hidden, no control
  * characters) ending in ".safetensors". */
 bool bs_set_is_shard_name(const char *name);
