@@ -100,7 +100,7 @@ int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_
     bool ok = true;
     if (!p->prepared && strcmp(f[0], "index") == 0 && nf == 2) {
       ok = !p->index && plain_name(f[1]);
-      p->index = f[1];
+      p->index = ok ? f[1] : NULL;
     } else if (!p->prepared && strcmp(f[0], "new") == 0 && nf == 2) {
       ok = plain_name(f[1]) && bs_set_is_shard_name(f[1]) != (p->index && !strcmp(f[1], p->index));
       if (ok && (bs_grow((void **)&p->newf, &p->cnew, p->nnew + 1, sizeof *p->newf) != 0 ||
