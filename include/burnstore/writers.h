@@ -60,4 +60,9 @@ BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const stru
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
 
+/* Before reading or rewriting `path`: complete or roll back a write of it
+ * that a kill interrupted (a shard set's journal, docs/robustness.md). A
+ * single-file target needs nothing (its dead temp files are never read). */
+BS_NODISCARD int bs_writer_recover(const char *path, bs_err *err);
+
 #endif

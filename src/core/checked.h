@@ -25,6 +25,7 @@
 #define BS_PICKLE_MAX_BYTES (1u << 30)   /* pickle stream we are willing to load */
 #define BS_PICKLE_MAX_ALLOC (4ull << 30) /* bytes of values one unpickler may build */
 #define BS_MAX_XATTR_VALUE 65536u
+#define BS_SET_JOURNAL_MAX (128u << 20) /* bytes of a shard set's commit journal */
 
 static inline bool bs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 {

@@ -427,7 +427,8 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
   }
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = bs_target_lock(idx.target, who, err)) < 0)
+  /* A set whose commit a kill interrupted is rolled forward or back first. */
+  if ((tfd = bs_target_lock(idx.target, who, err)) < 0 || bs_writer_recover(idx.target, err) != 0)
     goto out;
   if (bs_stage_index_attach(&idx, dir, err) != 0) {
     if (err->code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&

@@ -22,6 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/set_journal.h"
 #include "core/strmap.h"
 #include "formats/st_index.h"
 
@@ -224,18 +225,6 @@ enum bs_sniff bs_st_index_sniff(const uint8_t *head, size_t n, uint64_t size)
 
 /* ---- The reader ---------------------------------------------------------------------------- */
 
-static char *join(const char *dir, const char *rel)
-{
-  size_t a = strlen(dir), b = strlen(rel);
-  char *p = bs_malloc(a + b + 2);
-  if (p) {
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, rel, b + 1);
-  }
-  return p;
-}
-
 /* The directory part of a path ("." for a bare name). */
 static char *dir_of(const char *path)
 {
@@ -265,7 +254,7 @@ static int open_shards(struct bs_catalog *cat, const struct bs_st_index *ix, con
                        const struct bs_open_opts *opts, uint32_t *srcof, bs_err *err)
 {
   for (size_t i = 0; i < ix->nshards; i++) {
-    char *path = join(dir, ix->shards[i]);
+    char *path = bs_path_join(dir, ix->shards[i]);
     if (!path)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_src s;
@@ -361,11 +350,34 @@ out:
   return rc;
 }
 
+/* A write of this set that a kill interrupted is completed or rolled back
+ * before the set is read (so no half set is ever mounted or listed); when
+ * that changed the directory, the index is opened again. */
+static int recover_first(struct bs_catalog *cat, uint32_t src, bs_err *err)
+{
+  struct bs_src *s = &cat->srcs[src];
+  if (s->fd < 0 && !s->lazy)
+    return 0; /* a memory source has no directory */
+  bool did = false;
+  if (bs_set_recover(s->name, &did, err) != 0)
+    return -1;
+  struct bs_src fresh;
+  if (!did)
+    return 0;
+  if (bs_src_open(&fresh, s->name, err) != 0)
+    return -1;
+  bs_src_destroy(s);
+  *s = fresh;
+  return 0;
+}
+
 int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                      bs_err *err)
 {
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
+  if (recover_first(cat, src, err) != 0)
+    return -1;
   const struct bs_src *s = &cat->srcs[src];
   if (s->size > BS_ST_INDEX_MAX)
     return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
@@ -433,7 +445,7 @@ int bs_st_index_find(const char *dir, char **path, bs_err *err)
     rc = bs_fail(err, ENOENT, BS_OFF_NONE, NULL,
                  "a directory without a *" INDEX_SUFFIX
                  "; burnstore mounts a directory only when it holds one sharded checkpoint");
-  if (rc == 0 && !(*path = join(dir, found)))
+  if (rc == 0 && !(*path = bs_path_join(dir, found)))
     rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   bs_free(found);
   return rc;

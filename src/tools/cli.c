@@ -195,7 +195,10 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   struct bs_src src;
   struct bs_open_opts oo = {.strict = o->strict};
   int rc = -1;
-  if (bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
+  /* A set whose write a kill interrupted completes or rolls back first
+   * (also one with no index yet: its temp files and journal go). */
+  if (bs_writer_recover(index ? index : path, &err) != 0 ||
+      bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
     fail_err(path, &err);
   else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
     fail_err(path, &err);
@@ -810,8 +813,11 @@ static const struct cmd cmds[] = {
     {"convert", "[-q] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
-     "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
-     "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
+     "fsync, rename): OUT is complete or untouched. A shard set commits through a journal\n"
+     "beside its index: a convert killed midway is completed or rolled back by the next\n"
+     "access, and an old index naming files that are not its shards is refused. Streams:\n"
+     "memory does not grow with the checkpoint. On a terminal, outputs over 256 MiB show a\n"
+     "progress line.\n"
      "  -q           no progress line, no summary\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert},
