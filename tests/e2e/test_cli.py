@@ -290,6 +290,16 @@ def test_help(tmp):
     check(all("burnstore %s " % c in r.stdout for c in ("ls", "info", "cat", "diff", "convert")), "burnstore --help lists the subcommands")
     r = run([BIN, "ls", "/nonexistent.pth"])
     check(r.returncode == 1 and r.stderr.count("\n") == 1 and "/nonexistent.pth" in r.stderr, "ls of a missing file: %r" % r.stderr)
+    # The version is written once, in CMakeLists.txt's project(); the man
+    # pages, which are not configured, must say the same.
+    cmake = open(os.path.join(SOURCE_DIR, "CMakeLists.txt")).read()
+    version = cmake[cmake.index("project(burnstore VERSION ") + 26:].split()[0]
+    r = run([BIN, "--version"])
+    check(r.returncode == 0 and r.stdout.startswith("burnstore %s " % version),
+          "--version says CMakeLists.txt's %s: %r" % (version, r.stdout))
+    for page in ("burnstore.1", "mount.burnstore.8"):
+        th = open(os.path.join(SOURCE_DIR, "docs", page)).readline()
+        check('"burnstore %s"' % version in th, "docs/%s says version %s: %r" % (page, version, th))
 
 
 def main():
