@@ -13,6 +13,8 @@
 
 #include "burnstore/catalog.h" /* enum bs_format (one value per row), bs_format_name */
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 struct bs_open_opts {
   bool strict; /* PyTorch: refuse unknown pickle GLOBALs instead of skipping them */
 };
@@ -99,5 +101,7 @@ BS_NODISCARD int bs_pth_container(const struct bs_src *s, enum bs_pth_container 
 /* torch's legacy magic number 0x1950a86a20f9469cfc6c, little-endian: the
  * first pickle of a legacy (< 1.6) checkpoint. */
 extern const uint8_t bs_pth_legacy_magic[10];
+
+#pragma GCC visibility pop
 
 #endif

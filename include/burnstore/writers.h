@@ -9,6 +9,8 @@
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 /* Options of one write-back (recorded in the staging INDEX). */
 struct bs_write_opts {
   uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
@@ -59,5 +61,7 @@ BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif
