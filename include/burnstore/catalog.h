@@ -12,6 +12,8 @@
 #include "burnstore/err.h"
 #include "burnstore/src.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 /* The formats: one value per row of the format registry (formats.h,
  * src/formats/registry.c), in detection order. NONE is a catalog that was
  * not read from a file (a new, empty mount). */
@@ -121,5 +123,7 @@ bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t,
 /* Validate a strided view against its storage (strides >= 0, max element
  * within storage_bytes). Called by readers that set strides. */
 BS_NODISCARD int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif

@@ -14,6 +14,8 @@
 
 #include "burnstore/err.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 struct bs_buf {
   uint8_t *data; /* owned (bs_malloc) */
   size_t len, cap;
@@ -89,5 +91,7 @@ int bs_atomic_fail(struct bs_atomic *a, bs_err *err);
 /* Remove the temp files of `path` left by writers that died. Returns how many
  * were removed (errors are skipped: cleaning is best effort). */
 int bs_atomic_clean_stale(const char *path);
+
+#pragma GCC visibility pop
 
 #endif

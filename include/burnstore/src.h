@@ -10,6 +10,8 @@
 
 #include "burnstore/err.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 struct bs_src {
   int fd;             /* -1 for a memory source */
   bool owns_fd;       /* close(fd) in bs_src_destroy */
@@ -64,5 +66,7 @@ bool bs_src_changed(const struct bs_src *s, char *why, size_t n);
  * so bs_src_changed keeps comparing with the file as first opened. Fails
  * (EIO, naming what changed) if the file already changed. */
 BS_NODISCARD int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *from, bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif

@@ -991,6 +991,16 @@ enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size)
   return BS_SNIFF_NO;
 }
 
+void bs_bpk_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)
+{
+  uint8_t h[6];
+  char v[8];
+  if (bs_src_pread(&cat->srcs[0], 0, h, sizeof h) != (long)sizeof h)
+    return;
+  snprintf(v, sizeof v, "%u", (unsigned)bs_le16(h + 4));
+  detail(ctx, "version", v);
+}
+
 int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
 {
   (void)opts;

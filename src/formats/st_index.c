@@ -451,6 +451,13 @@ int bs_st_index_find(const char *dir, char **path, bs_err *err)
   return rc;
 }
 
+void bs_st_index_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)
+{
+  char v[24];
+  snprintf(v, sizeof v, "%zu", cat->nsrcs - 1); /* srcs[0] is the index */
+  detail(ctx, "shards", v);
+}
+
 const char *bs_st_index_shard_of(const struct bs_catalog *cat, const struct bs_tensor *t)
 {
   if (cat->format != BS_FMT_ST_SHARDED || cat->nsrcs == 0 || t->src >= cat->nsrcs || t->src == 0)

@@ -295,26 +295,11 @@ static int cmd_ls(int argc, char **argv)
 
 /* ---- info ------------------------------------------------------------------------------- */
 
-static void print_version(const struct bs_catalog *cat)
+/* The format's own details (bs_format_describe), one "key: value" line each. */
+static void print_detail(void *ctx, const char *key, const char *value)
 {
-  if (cat->nsrcs == 0)
-    return;
-  const struct bs_src *s = &cat->srcs[0];
-  if (cat->format == BS_FMT_BURNPACK) {
-    uint8_t h[6];
-    if (bs_src_pread(s, 0, h, 6) == 6)
-      printf("version: %u\n", bs_le16(h + 4));
-  } else if (cat->format == BS_FMT_PYTORCH) {
-    enum bs_pth_container c;
-    bs_err err;
-    bs_err_clear(&err);
-    if (bs_pth_container(s, &c, &err) == 0)
-      printf("version: %s\n", c == BS_PTH_ZIP      ? "zip (torch >= 1.6)"
-                              : c == BS_PTH_LEGACY ? "legacy pickle (torch < 1.6)"
-                                                   : "tar (torch < 0.4)");
-  } else if (cat->format == BS_FMT_ST_SHARDED) {
-    printf("shards: %zu\n", cat->nsrcs > 0 ? cat->nsrcs - 1 : 0);
-  }
+  (void)ctx;
+  printf("%s: %s\n", key, value);
 }
 
 /* A value on one line: control characters shown as \n, \t, \xNN; cut at
@@ -376,7 +361,7 @@ static int cmd_info(int argc, char **argv)
       nunsup += t->unsupported != NULL;
     }
     printf("file: %s\nformat: %s\n", o.pos[0], bs_format_name(cat.format));
-    print_version(&cat);
+    bs_format_describe(&cat, print_detail, NULL);
     printf("tensors: %" PRIu64 "\n", count);
     if (nhidden)
       printf("hidden by key options: %zu\n", nhidden);
