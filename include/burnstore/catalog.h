@@ -113,10 +113,13 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
 
-/* If the tensor's bytes are one range of an fd-backed source, give the fd and
- * the absolute offset of byte 0 (for splicing reads) and return true. */
+/* If the tensor's bytes are one range of a source that has an fd now, give
+ * the fd and the absolute offset of byte 0 (for splicing reads) and return
+ * true; the fd stays open until bs_tensor_fd_put. False: read with
+ * bs_tensor_read (a memory or network source, a strided view). */
 bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t, int *fd,
                         uint64_t *abs_off);
+void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, int fd);
 
 /* Validate a strided view against its storage (strides >= 0, max element
  * within storage_bytes). Called by readers that set strides. */

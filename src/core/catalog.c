@@ -58,7 +58,6 @@ int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx
   }
   cat->srcs[cat->nsrcs] = *src;
   memset(src, 0, sizeof *src);
-  src->fd = -1;
   *idx = (uint32_t)cat->nsrcs++;
   return 0;
 }
@@ -185,12 +184,17 @@ bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t,
 {
   if (t->strides || t->unsupported || t->src >= cat->nsrcs)
     return false;
-  const struct bs_src *s = &cat->srcs[t->src];
-  if (s->fd < 0)
+  *fd = bs_src_fd_get(&cat->srcs[t->src]);
+  if (*fd < 0)
     return false;
-  *fd = s->fd;
   *abs_off = t->off;
   return true;
+}
+
+void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, int fd)
+{
+  if (t->src < cat->nsrcs)
+    bs_src_fd_put(&cat->srcs[t->src], fd);
 }
 
 int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)

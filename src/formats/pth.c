@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -26,6 +27,8 @@
 static void ctx_destroy(struct pth_ctx *c)
 {
   bs_zip_close(&c->zip);
+  if (c->has_tmp)
+    close(c->tmp_fd);
   bs_free(c->prefix);
   for (size_t i = 0; i < c->nrecs; i++)
     bs_free(c->recs[i].key);

@@ -236,21 +236,6 @@ static char *join(const char *dir, const char *rel)
   return p;
 }
 
-/* The directory part of a path ("." for a bare name). */
-static char *dir_of(const char *path)
-{
-  const char *slash = strrchr(path, '/');
-  if (!slash)
-    return bs_strdup(".");
-  size_t n = slash == path ? 1 : (size_t)(slash - path);
-  char *d = bs_malloc(n + 1);
-  if (d) {
-    memcpy(d, path, n);
-    d[n] = '\0';
-  }
-  return d;
-}
-
 /* Re-raise a shard's error with the shard named, keeping the tensor key. */
 static int shard_fail(bs_err *err, const bs_err *sub, const char *shard)
 {
@@ -261,19 +246,15 @@ static int shard_fail(bs_err *err, const bs_err *sub, const char *shard)
                  shard, sub->msg);
 }
 
-static int open_shards(struct bs_catalog *cat, const struct bs_st_index *ix, const char *dir,
+static int open_shards(struct bs_catalog *cat, uint32_t src, const struct bs_st_index *ix,
                        const struct bs_open_opts *opts, uint32_t *srcof, bs_err *err)
 {
   for (size_t i = 0; i < ix->nshards; i++) {
-    char *path = join(dir, ix->shards[i]);
-    if (!path)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_src s;
     bs_err sub;
     bs_err_clear(&sub);
-    int rc = bs_src_open(&s, path, &sub);
-    bs_free(path);
-    if (rc != 0)
+    /* (cat->srcs moves as shards are added: looked up each time) */
+    if (bs_src_open_sibling(&cat->srcs[src], ix->shards[i], &s, &sub) != 0)
       return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "shard %.200s: cannot open it: %s",
                      ix->shards[i], strerror(sub.code));
     if (bs_catalog_add_src(cat, &s, &srcof[i], err) != 0)
@@ -373,7 +354,6 @@ int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_
                    BS_ST_INDEX_MAX);
   size_t count0 = cat->count, nmeta0 = cat->nmeta;
   uint8_t *buf = NULL;
-  char *dir = NULL;
   uint32_t *srcof = NULL;
   struct bs_st_index ix = {0};
   int rc = -1;
@@ -382,12 +362,11 @@ int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_
     goto out;
   bs_free(buf);
   buf = NULL;
-  if (!(dir = dir_of(cat->srcs[src].name)) ||
-      !(srcof = bs_calloc(ix.nshards ? ix.nshards : 1, sizeof *srcof))) {
+  if (!(srcof = bs_calloc(ix.nshards ? ix.nshards : 1, sizeof *srcof))) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
-  if (open_shards(cat, &ix, dir, opts, srcof, err) != 0 ||
+  if (open_shards(cat, src, &ix, opts, srcof, err) != 0 ||
       check_map(cat, count0, &ix, srcof, err) != 0)
     goto out;
   for (size_t i = 0; i < ix.nmeta; i++)
@@ -398,7 +377,6 @@ out:
   if (rc != 0)
     bs_catalog_truncate(cat, count0, nmeta0);
   bs_free(buf);
-  bs_free(dir);
   bs_free(srcof);
   bs_st_index_destroy(&ix);
   return rc;

@@ -169,15 +169,15 @@ static int index_head(struct fs *fs, struct bs_stage_index *idx, bs_err *err)
   idx->max_shard_size = fs->wopts.max_shard_size;
   idx->ncksrcs = fs->cat.nsrcs;
   if (fs->cat.nsrcs) {
-    struct stat st;
-    if (fs->cat.srcs[0].fd < 0 || fstat(fs->cat.srcs[0].fd, &st) != 0)
+    struct bs_src_ident id;
+    if (!bs_src_ident(&fs->cat.srcs[0], &id))
       return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: cannot stat the checkpoint", fs->source);
     idx->ck.path = fs->source;
-    idx->ck.size = (uint64_t)st.st_size;
-    idx->ck.dev = (uint64_t)st.st_dev;
-    idx->ck.ino = (uint64_t)st.st_ino;
-    idx->ck.mtime_sec = (int64_t)st.st_mtim.tv_sec;
-    idx->ck.mtime_nsec = st.st_mtim.tv_nsec;
+    idx->ck.size = id.size;
+    idx->ck.dev = id.dev;
+    idx->ck.ino = id.ino;
+    idx->ck.mtime_sec = id.mtime_sec;
+    idx->ck.mtime_nsec = id.mtime_nsec;
   }
   return 0;
 }

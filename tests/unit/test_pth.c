@@ -1155,7 +1155,10 @@ Test(pth, deflated_storage_is_inflated_to_an_unlinked_file_in_tmpdir)
   const struct bs_tensor *t = get(&cat, "w");
   cr_assert_gt(t->src, 0);
   char link[64], target[4096];
-  snprintf(link, sizeof link, "/proc/self/fd/%d", cat.srcs[t->src].fd);
+  int fd = bs_src_fd_get(&cat.srcs[t->src]);
+  cr_assert_geq(fd, 0, "the copy is a file");
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  bs_src_fd_put(&cat.srcs[t->src], fd);
   ssize_t n = readlink(link, target, sizeof target - 1);
   cr_assert_gt(n, 0);
   target[n] = '\0';
