@@ -4,9 +4,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -229,10 +231,15 @@ static char *beside(const char *path, const char *rel)
 
 /* ---- a file, fd held ---- */
 
+struct pool;
+static int shard_open(struct pool **pool, const char *path, struct bs_src *out, bs_err *err);
+static void pool_unref(struct pool *p);
+
 struct fd_src {
   int fd;
   bool owns;
   struct stamp st;
+  struct pool *pool; /* of the files opened beside it (shards), once there is one */
 };
 
 static long fd_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
@@ -264,7 +271,8 @@ static int fd_sibling(const struct bs_src *s, const char *rel, struct bs_src *ou
   char *path = beside(s->name, rel);
   if (!path)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  int rc = bs_src_open(out, path, err);
+  struct fd_src *f = s->impl;
+  int rc = shard_open(&f->pool, path, out, err);
   bs_free(path);
   return rc;
 }
@@ -274,6 +282,8 @@ static void fd_release(struct bs_src *s)
   struct fd_src *f = s->impl;
   if (f && f->owns && f->fd >= 0)
     close(f->fd);
+  if (f)
+    pool_unref(f->pool);
   bs_free(f);
 }
 
@@ -325,6 +335,273 @@ int bs_src_open(struct bs_src *s, const char *path, bs_err *err)
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot open: %s", strerror(e));
   }
   return bs_src_init_fd(s, fd, BS_SRC_OWN_FD, path, err);
+}
+
+/* ---- a shard: a file beside its index, fd from a bounded pool ----
+ *
+ * A set of thousands of shards must not hold an fd each (RLIMIT_NOFILE is
+ * often 1024). The shards of one index share a pool of at most `cap` open
+ * fds, least recently used closed first; an fd in use (pinned: a read, a
+ * splice) is never closed, so the pool may go over cap by the number of
+ * concurrent readers. A shard reopened must be the file stamped at its
+ * first open (device, inode, size, mtime, ctime), else it counts as
+ * changed: its reads fail with EIO. */
+
+struct shard;
+
+struct pool {
+  pthread_mutex_t lock;
+  size_t refs;               /* sources holding it: shards and the index */
+  size_t cap, nopen;         /* (under lock) */
+  struct shard *head, *tail; /* open shards, most recently used first (under lock) */
+};
+
+struct shard {
+  struct pool *pool;
+  struct stamp st;
+  /* under pool->lock: */
+  int fd; /* -1: closed */
+  unsigned pins;
+  struct shard *prev, *next;
+  bool gone;     /* reopened and found another file: changed for good */
+  char why[128]; /* (when gone) */
+};
+
+static size_t pool_cap(void)
+{
+  struct rlimit rl;
+  size_t cap = BS_SHARD_FDS;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 8 < cap)
+    cap = (size_t)(rl.rlim_cur / 8);
+  return cap ? cap : 1;
+}
+
+static void pool_unref(struct pool *p)
+{
+  if (!p)
+    return;
+  pthread_mutex_lock(&p->lock);
+  bool last = --p->refs == 0;
+  pthread_mutex_unlock(&p->lock);
+  if (last) {
+    pthread_mutex_destroy(&p->lock);
+    bs_free(p);
+  }
+}
+
+static void lru_unlink(struct pool *p, struct shard *h)
+{
+  *(h->prev ? &h->prev->next : &p->head) = h->next;
+  *(h->next ? &h->next->prev : &p->tail) = h->prev;
+  h->prev = h->next = NULL;
+}
+
+static void lru_push(struct pool *p, struct shard *h)
+{
+  h->prev = NULL;
+  h->next = p->head;
+  *(p->head ? &p->head->prev : &p->tail) = h;
+  p->head = h;
+}
+
+/* Close least recently used fds not in use until one more fits (under lock). */
+static void pool_make_room(struct pool *p)
+{
+  struct shard *h = p->tail;
+  while (p->nopen >= p->cap && h) {
+    struct shard *prev = h->prev;
+    if (!h->pins) {
+      lru_unlink(p, h);
+      close(h->fd);
+      h->fd = -1;
+      p->nopen--;
+    }
+    h = prev;
+  }
+}
+
+/* Open the shard's file, checked against its stamp (under lock); -errno. */
+static int shard_reopen(const struct bs_src *s, struct shard *h)
+{
+  if (h->gone)
+    return -EIO;
+  pool_make_room(h->pool);
+  int fd = open(s->name, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(h->why, sizeof h->why, "cannot reopen it: %s", strerror(errno));
+    h->gone = true;
+    return -EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    snprintf(h->why, sizeof h->why, "cannot stat it: %s", strerror(errno));
+    h->gone = true;
+  } else if ((uint64_t)st.st_dev != h->st.dev || (uint64_t)st.st_ino != h->st.ino) {
+    snprintf(h->why, sizeof h->why, "another file has its name now");
+    h->gone = true;
+  } else if (stamp_differs(&h->st, &st, h->why, sizeof h->why)) {
+    h->gone = true;
+  }
+  if (h->gone) {
+    close(fd);
+    return -EIO;
+  }
+  h->fd = fd;
+  h->pool->nopen++;
+  lru_push(h->pool, h);
+  return 0;
+}
+
+/* The shard's fd, open and pinned until shard_put; -errno. */
+static int shard_get(const struct bs_src *s)
+{
+  struct shard *h = s->impl;
+  struct pool *p = h->pool;
+  pthread_mutex_lock(&p->lock);
+  int rc = 0;
+  if (h->fd < 0) {
+    rc = shard_reopen(s, h);
+  } else if (p->head != h) {
+    lru_unlink(p, h);
+    lru_push(p, h);
+  }
+  if (rc == 0) {
+    h->pins++;
+    rc = h->fd;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return rc;
+}
+
+static void shard_put(const struct bs_src *s, int fd)
+{
+  (void)fd;
+  struct shard *h = s->impl;
+  pthread_mutex_lock(&h->pool->lock);
+  h->pins--;
+  pthread_mutex_unlock(&h->pool->lock);
+}
+
+static long shard_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  int fd = shard_get(s);
+  if (fd < 0)
+    return fd;
+  long r = pread_full(fd, off, buf, n);
+  shard_put(s, fd);
+  return r;
+}
+
+static bool shard_changed(const struct bs_src *s, char *why, size_t n)
+{
+  struct shard *h = s->impl;
+  int fd = shard_get(s);
+  if (fd < 0) {
+    pthread_mutex_lock(&h->pool->lock);
+    snprintf(why, n, "%s", h->gone ? h->why : strerror(-fd));
+    pthread_mutex_unlock(&h->pool->lock);
+    return true;
+  }
+  bool ch = fd_differs(&h->st, fd, why, n);
+  shard_put(s, fd);
+  return ch;
+}
+
+static int shard_fd_get(const struct bs_src *s)
+{
+  int fd = shard_get(s);
+  return fd < 0 ? -1 : fd;
+}
+
+static bool shard_ident(const struct bs_src *s, struct bs_src_ident *id)
+{
+  stamp_ident(&((const struct shard *)s->impl)->st, id);
+  return true;
+}
+
+static int shard_sibling(const struct bs_src *s, const char *rel, struct bs_src *out, bs_err *err)
+{
+  struct shard *h = s->impl;
+  char *path = beside(s->name, rel);
+  if (!path)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  int rc = shard_open(&h->pool, path, out, err);
+  bs_free(path);
+  return rc;
+}
+
+static void shard_release(struct bs_src *s)
+{
+  struct shard *h = s->impl;
+  if (!h)
+    return;
+  struct pool *p = h->pool;
+  pthread_mutex_lock(&p->lock);
+  if (h->fd >= 0) {
+    lru_unlink(p, h);
+    close(h->fd);
+    p->nopen--;
+  }
+  pthread_mutex_unlock(&p->lock);
+  pool_unref(p);
+  bs_free(h);
+}
+
+static const struct bs_src_ops shard_ops = {
+    .pread = shard_pread,
+    .changed = shard_changed,
+    .open_sibling = shard_sibling,
+    .fd_get = shard_fd_get,
+    .fd_put = shard_put,
+    .ident = shard_ident,
+    .release = shard_release,
+};
+
+/* A shard at path in *pool (created on first use, held by the caller),
+ * open and stamped now. */
+static int shard_open(struct pool **pool, const char *path, struct bs_src *out, bs_err *err)
+{
+  memset(out, 0, sizeof *out);
+  if (!*pool) {
+    struct pool *p = bs_calloc(1, sizeof *p);
+    if (!p)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+      bs_free(p);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "cannot create a lock");
+    }
+    p->refs = 1; /* the caller's */
+    p->cap = pool_cap();
+    *pool = p;
+  }
+  struct shard *h = bs_calloc(1, sizeof *h);
+  if (!h)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  /* Opened and stamped as a held file, then its fd moves into the pool. */
+  struct bs_src probe;
+  if (bs_src_open(&probe, path, err) != 0) {
+    bs_free(h);
+    return -1;
+  }
+  struct fd_src *f = probe.impl;
+  if (!f->st.on) {
+    bs_src_destroy(&probe);
+    bs_free(h);
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a regular file");
+  }
+  h->fd = f->fd;
+  f->owns = false;
+  h->st = f->st;
+  uint64_t size = probe.size;
+  bs_src_destroy(&probe);
+  struct pool *p = h->pool = *pool;
+  pthread_mutex_lock(&p->lock);
+  p->refs++;
+  pool_make_room(p);
+  p->nopen++;
+  lru_push(p, h);
+  pthread_mutex_unlock(&p->lock);
+  return src_make(out, &shard_ops, h, size, path, err);
 }
 
 /* ---- a file opened for each read ---- */
