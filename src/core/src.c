@@ -229,6 +229,43 @@ static char *beside(const char *path, const char *rel)
   return p;
 }
 
+static const char *file_kind(mode_t m)
+{
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+                       : "no regular file";
+}
+
+/* Open a regular file read-only: the fd, or -errno; -EINVAL when it is
+ * something else (st_mode says what). A FIFO or a device is refused by stat
+ * before open can block on it (or rewind a tape), and again by fstat of an
+ * O_NONBLOCK open in case it was swapped in between. */
+static int open_regular(const char *path, struct stat *st)
+{
+  if (stat(path, st) != 0)
+    return -errno;
+  if (!S_ISREG(st->st_mode))
+    return -EINVAL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0)
+    return -errno;
+  int fl;
+  if (fstat(fd, st) != 0 || (fl = fcntl(fd, F_GETFL)) < 0 ||
+      fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  if (!S_ISREG(st->st_mode)) {
+    close(fd);
+    return -EINVAL;
+  }
+  return fd;
+}
+
 /* ---- a file, fd held ---- */
 
 struct pool;
@@ -329,11 +366,13 @@ int bs_src_init_fd(struct bs_src *s, int fd, unsigned flags, const char *name, b
 int bs_src_open(struct bs_src *s, const char *path, bs_err *err)
 {
   zero(s);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot open: %s", strerror(e));
-  }
+  struct stat st;
+  int fd = open_regular(path, &st);
+  if (fd == -EINVAL)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "is %s, not a regular file: not opened",
+                   file_kind(st.st_mode));
+  if (fd < 0)
+    return bs_fail(err, -fd, BS_OFF_NONE, NULL, "cannot open it: %s", strerror(-fd));
   return bs_src_init_fd(s, fd, BS_SRC_OWN_FD, path, err);
 }
 
@@ -426,17 +465,19 @@ static int shard_reopen(const struct bs_src *s, struct shard *h)
   if (h->gone)
     return -EIO;
   pool_make_room(h->pool);
-  int fd = open(s->name, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    snprintf(h->why, sizeof h->why, "cannot reopen it: %s", strerror(errno));
+  struct stat st;
+  int fd = open_regular(s->name, &st);
+  if (fd == -EINVAL || fd == -ENOENT) {
+    if (fd == -EINVAL)
+      snprintf(h->why, sizeof h->why, "it is %s now", file_kind(st.st_mode));
+    else
+      snprintf(h->why, sizeof h->why, "it was removed");
     h->gone = true;
     return -EIO;
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    snprintf(h->why, sizeof h->why, "cannot stat it: %s", strerror(errno));
-    h->gone = true;
-  } else if ((uint64_t)st.st_dev != h->st.dev || (uint64_t)st.st_ino != h->st.ino) {
+  if (fd < 0)
+    return fd; /* (EMFILE, EACCES...: maybe not for good) */
+  if ((uint64_t)st.st_dev != h->st.dev || (uint64_t)st.st_ino != h->st.ino) {
     snprintf(h->why, sizeof h->why, "another file has its name now");
     h->gone = true;
   } else if (stamp_differs(&h->st, &st, h->why, sizeof h->why)) {
@@ -583,12 +624,7 @@ static int shard_open(struct pool **pool, const char *path, struct bs_src *out, 
     bs_free(h);
     return -1;
   }
-  struct fd_src *f = probe.impl;
-  if (!f->st.on) {
-    bs_src_destroy(&probe);
-    bs_free(h);
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a regular file");
-  }
+  struct fd_src *f = probe.impl; /* (a regular file: bs_src_open refuses others) */
   h->fd = f->fd;
   f->owns = false;
   h->st = f->st;

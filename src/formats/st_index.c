@@ -255,8 +255,7 @@ static int open_shards(struct bs_catalog *cat, uint32_t src, const struct bs_st_
     bs_err_clear(&sub);
     /* (cat->srcs moves as shards are added: looked up each time) */
     if (bs_src_open_sibling(&cat->srcs[src], ix->shards[i], &s, &sub) != 0)
-      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "shard %.200s: cannot open it: %s",
-                     ix->shards[i], strerror(sub.code));
+      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "shard %.200s: %s", ix->shards[i], sub.msg);
     if (bs_catalog_add_src(cat, &s, &srcof[i], err) != 0)
       return -1;
     size_t nmeta = cat->nmeta;

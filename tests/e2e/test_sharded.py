@@ -10,6 +10,7 @@ note; and a mount of 8 GiB of sparse shards in well under a second per GiB
 import json
 import os
 import struct
+import subprocess
 import time
 
 from bsmount import (BIN, Mount, check, daemon_pid, finish, force_unmount, is_mounted, key_to_relpath, run,
@@ -367,10 +368,39 @@ def test_many_shards_few_fds(tmp):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_not_regular_files(tmp):
+    """A FIFO, a device or a directory, as the source or as a shard (issue 18): refused in one
+    line naming what it is, before open can block on it; every command under a deadline."""
+    fifo = os.path.join(tmp, "pipe.safetensors")
+    os.mkfifo(fifo)
+    cases = [("fifo-source", fifo, None, "is a FIFO"), ("device-source", "/dev/zero", None, "is a character device")]
+    for kind, make, needle in (("fifo", os.mkfifo, "is a FIFO"),
+                               ("device", lambda p: os.symlink("/dev/zero", p), "is a character device"),
+                               ("directory", os.mkdir, "is a directory")):
+        idx, files = make_set(os.path.join(tmp, kind))
+        p = os.path.join(tmp, kind, files[2])
+        os.remove(p)
+        make(p)
+        cases.append((kind + "-shard", idx, files[2], needle))
+    for name, src, shard, needle in cases:
+        try:
+            r = run([BIN, "ls", src], timeout=20)
+        except subprocess.TimeoutExpired:
+            check(False, "%s: ls hangs" % name)
+            continue
+        err = r.stderr.strip()
+        check(r.returncode != 0 and len(err.splitlines()) == 1 and needle in err and (not shard or shard in err),
+              "%s: ls refuses in one line (rc %d): %r" % (name, r.returncode, err))
+        try:
+            refused(tmp, name, src, needle, *([shard] if shard else []))
+        except subprocess.TimeoutExpired:
+            check(False, "%s: the mount hangs" % name)
+
+
 def main():
     with tmpdir("shard") as tmp:
         for t in (test_mount_by_index_and_dir, test_errors, test_mount_reads_headers_only, test_sharded_out,
-                  test_set_commit_is_atomic, test_many_shards_few_fds):
+                  test_set_commit_is_atomic, test_many_shards_few_fds, test_not_regular_files):
             d = os.path.join(tmp, t.__name__)
             os.makedirs(d)
             try:

@@ -182,3 +182,30 @@ Test(src_pool, memory_has_no_siblings)
   cr_assert_null(s.ops);
   bs_src_destroy(&m);
 }
+
+Test(src_pool, a_shard_turned_fifo_while_closed_is_refused_without_blocking, .timeout = 10)
+{
+  for (int i = 1; i < NSHARDS; i++)
+    expect(i);
+  char p[128];
+  snprintf(p, sizeof p, "%s/s0", dir);
+  cr_assert_eq(unlink(p), 0);
+  cr_assert_eq(mkfifo(p, 0644), 0);
+  char why[128] = "";
+  cr_assert(bs_src_changed(&shards[0], why, sizeof why));
+  cr_assert_not_null(strstr(why, "a FIFO"), "%s", why);
+}
+
+Test(src_pool, a_fifo_is_not_opened, .timeout = 10)
+{
+  char p[128];
+  snprintf(p, sizeof p, "%s/fifo", dir);
+  cr_assert_eq(mkfifo(p, 0644), 0);
+  struct bs_src s;
+  cr_assert_eq(bs_src_open_sibling(&idx, "fifo", &s, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  cr_assert_not_null(strstr(err.msg, "is a FIFO, not a regular file"), "%s", err.msg);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_open(&s, dir, &err), -1);
+  cr_assert_not_null(strstr(err.msg, "is a directory"), "%s", err.msg);
+}
