@@ -34,6 +34,27 @@ void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
   }
 }
 
+struct bs_catalog_mark bs_catalog_mark(const struct bs_catalog *cat)
+{
+  return (struct bs_catalog_mark){.count = cat->count,
+                                  .nmeta = cat->nmeta,
+                                  .nsrcs = cat->nsrcs,
+                                  .notes_len = cat->notes ? cat->notes_len : 0,
+                                  .had_values = cat->values_json != NULL};
+}
+
+void bs_catalog_rollback(struct bs_catalog *cat, const struct bs_catalog_mark *m)
+{
+  bs_catalog_truncate(cat, m->count, m->nmeta);
+  while (cat->nsrcs > m->nsrcs)
+    bs_src_destroy(&cat->srcs[--cat->nsrcs]);
+  bs_catalog_notes_truncate(cat, m->notes_len);
+  if (!m->had_values) {
+    bs_free(cat->values_json);
+    cat->values_json = NULL;
+  }
+}
+
 void bs_catalog_destroy(struct bs_catalog *cat)
 {
   if (!cat)

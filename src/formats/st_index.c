@@ -93,6 +93,12 @@ int bs_st_index_parse(const uint8_t *buf, size_t n, struct bs_st_index *ix, bs_e
   json_t *root = json_loadb((const char *)buf, n, JSON_REJECT_DUPLICATES, &je);
   struct bs_strmap shards = {0};
   int rc = -1;
+  /* (jansson's lexer ignores a failed growth of its string buffer: a shard
+   * name would lose bytes, silently) */
+  if (root && bs_json_alloc_failures() != failures) {
+    json_decref(root);
+    root = NULL;
+  }
   if (!root) {
     if (bs_json_alloc_failures() != failures)
       bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the index");
@@ -351,7 +357,8 @@ int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_
     return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
                    "index of %" PRIu64 " bytes exceeds the limit of %u bytes", s->size,
                    BS_ST_INDEX_MAX);
-  size_t count0 = cat->count, nmeta0 = cat->nmeta;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
+  const size_t count0 = cat->count;
   uint8_t *buf = NULL;
   uint32_t *srcof = NULL;
   struct bs_st_index ix = {0};
@@ -374,7 +381,7 @@ int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_
   rc = 0;
 out:
   if (rc != 0)
-    bs_catalog_truncate(cat, count0, nmeta0);
+    bs_catalog_rollback(cat, &mark); /* with the shards opened and the notes added */
   bs_free(buf);
   bs_free(srcof);
   bs_st_index_destroy(&ix);

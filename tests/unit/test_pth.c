@@ -1495,3 +1495,24 @@ Test(pth, failing_allocations_give_enomem_and_no_leak)
   cr_assert(ok, "never succeeded");
   bs_free(b);
 }
+
+/* Every allocation that fails leaves the catalog as it was: the tensors, the
+ * temporary source of the deflated storage, the note of the skipped global
+ * and the values. */
+Test(pth, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
+{
+  static const char pk[] =
+      W_PICKLE("X\x03\x00\x00\x00"
+               "badctorch._utils\n_rebuild_tensor_v2\n"
+               "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+               "0X\x03\x00\x00\x00"
+               "cpuK\x08tQK\x00K\x01\x85K\x01\x85\x89"
+               "ccollections\nOrderedDict\n)RtRX\x04\x00\x00\x00"
+               "evilcposix\nsystem\nX\x01\x00\x00\x00x\x85R");
+  struct zbe ents[] = {{"arch/data.pkl", pk, sizeof pk - 1},
+                       {"arch/data/0", STORE8, sizeof STORE8, true}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 2, &len);
+  cr_assert_gt(bs_test_rollback_sweep_mem(z, len, "mem.pt", bs_pth_read), 0);
+  bs_free(z);
+}
