@@ -537,11 +537,13 @@ static bool shard_changed(const struct bs_src *s, char *why, size_t n)
 {
   struct shard *h = s->impl;
   int fd = shard_get(s);
-  if (fd < 0) {
+  if (fd < 0) { /* gone, or a failure that may pass (EMFILE): the read reports that */
     pthread_mutex_lock(&h->pool->lock);
-    snprintf(why, n, "%s", h->gone ? h->why : strerror(-fd));
+    bool gone = h->gone;
+    if (gone)
+      snprintf(why, n, "%s", h->why);
     pthread_mutex_unlock(&h->pool->lock);
-    return true;
+    return gone;
   }
   bool ch = fd_differs(&h->st, fd, why, n);
   shard_put(s, fd);
