@@ -364,14 +364,20 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
   }
   bs_err err;
   bs_err_clear(&err);
-  /* GGUF output: a typed key's new text must parse as its type (this
-   * reads only the source catalog, so it runs before the lock). */
-  if (ino == BS_TREE_ROOT && has_prefix(name, XA_META) && fs->writer &&
-      fs->writer->format == BS_FMT_GGUF &&
-      bs_gguf_check_meta(&fs->cat, name + strlen(XA_META), value, size, &err) != 0) {
-    fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s: %s\n", name, err.msg);
-    fuse_reply_err(req, err.code);
-    return;
+  /* The output format's rules for the value (this reads only the source
+   * catalog, so it runs before the lock). */
+  if (ino == BS_TREE_ROOT && has_prefix(name, XA_META) && fs->writer) {
+    struct bs_meta_rules *rules = NULL;
+    rc = bs_writer_meta_rules(fs->writer, &fs->cat, &rules, &err) ||
+                 bs_writer_check_meta(fs->writer, rules, name + strlen(XA_META), value, size, &err)
+             ? err.code
+             : 0;
+    bs_writer_meta_rules_free(fs->writer, rules);
+    if (rc) {
+      fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s: %s\n", name, err.msg);
+      fuse_reply_err(req, rc);
+      return;
+    }
   }
   lock_wr(r.e);
   if (ino == BS_TREE_ROOT && has_prefix(name, XA_META)) {
