@@ -90,8 +90,9 @@ BS_NODISCARD int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, 
  * only are kept). The check: a key is 1 to 65535 bytes of UTF-8; a key the
  * rules have must parse as its GGUF type (uint32 "7", JSON arrays of the
  * element type...; strings UTF-8); general.alignment must be a power of two;
- * any other key becomes a string (UTF-8). Without rules only the key is
- * checked (the writer checks values as it encodes them). */
+ * any other key becomes a string (UTF-8). Without rules (a write) only the
+ * key's length is checked: the writer checks changed values as it encodes
+ * them, and copies unchanged ones. */
 BS_NODISCARD int bs_gguf_meta_rules(const struct bs_catalog *src, struct bs_meta_rules **out,
                                     bs_err *err);
 void bs_gguf_meta_rules_free(struct bs_meta_rules *rules);

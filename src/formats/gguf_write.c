@@ -426,10 +426,6 @@ static int key_ok(const char *key, bs_err *err)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
                    "metadata key '%.100s...' is %zu bytes long: GGUF keys are 1 to %u bytes", key,
                    n, BS_GGUF_MAX_KEY);
-  size_t at;
-  if (!bs_utf8_valid(key, n, &at))
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "metadata key '%.100s' is not UTF-8 (byte %zu): GGUF keys are UTF-8", key, at);
   return 0;
 }
 
@@ -719,7 +715,11 @@ int bs_gguf_check_meta(const struct bs_meta_rules *rules, const char *key, const
   if (key_ok(key, err) != 0)
     return -1;
   if (!rules)
-    return 0;
+    return 0; /* a write: unchanged keys of the source are written as they are */
+  size_t at;
+  if (!bs_utf8_valid(key, strlen(key), &at))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata key '%.100s' is not UTF-8 (byte %zu): GGUF keys are UTF-8", key, at);
   struct gg_rule k = {(char *)key, {0}};
   const struct gg_rule *hit =
       rules->n ? bsearch(&k, rules->v, rules->n, sizeof *rules->v, cmp_rule) : NULL;

@@ -772,6 +772,10 @@ Test(gguf, check_meta_refuses_nul_and_non_utf8)
   cr_expect_eq(check_meta(&cat, "caf\xe9", "x", 1, &err), -1);
   cr_expect_not_null(strstr(err.msg, "key"), "%s", err.msg);
   bs_err_clear(&err);
+  /* a write (no rules) copies what a source had: our reader takes it */
+  cr_expect_eq(
+      bs_writer_check_meta(bs_writer_for_format(BS_FMT_GGUF), NULL, "caf\xe9", "x", 1, &err), 0,
+      "%s", err.msg);
   cr_expect_eq(check_meta(&cat, "general.name", "caf\xc3\xa9", 5, &err), 0, "%s", err.msg);
   /* In a JSON array of strings, a raw byte that is not UTF-8 is refused
    * too (by the writer as well: the check is its encoder). */
