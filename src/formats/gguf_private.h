@@ -76,6 +76,10 @@ struct bs_gguf {
 /* Parse and validate the header of a GGUF file: key/values (rendered),
  * tensor infos, alignment, every tensor's range. On failure *g is empty. */
 BS_NODISCARD int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
+/* Only the key/values' keys, types and byte ranges (a string value is
+ * skipped, not read: its text is empty), and no tensor infos: what the
+ * metadata rules keep, in memory of the order of the keys, not the values. */
+BS_NODISCARD int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
 void bs_gguf_free(struct bs_gguf *g);
 
 /* ggml type id <-> dtype. -1 / false when there is none. */

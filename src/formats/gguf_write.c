@@ -685,7 +685,7 @@ int bs_gguf_meta_rules(const struct bs_catalog *src, struct bs_meta_rules **out,
     return 0;
   }
   struct bs_gguf g;
-  if (bs_gguf_parse(&src->srcs[0], &g, err) != 0) {
+  if (bs_gguf_parse_types(&src->srcs[0], &g, err) != 0) {
     bs_free(r);
     return -1;
   }

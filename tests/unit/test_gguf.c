@@ -737,6 +737,36 @@ Test(gguf, check_meta_keeps_types_not_the_header)
   bs_writer_meta_rules_free(w, r);
 }
 
+Test(gguf, parse_types_keeps_keys_and_types_without_the_strings)
+{
+  build_ref(&B);
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_init_mem(&s, B.d, B.n, "mem", &err), 0);
+  struct bs_gguf full, types;
+  cr_assert_eq(bs_gguf_parse(&s, &full, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_gguf_parse_types(&s, &types, &err), 0, "%s", err.msg);
+  cr_assert_eq(types.nkv, full.nkv);
+  cr_expect_eq(types.nti, 0, "no tensor infos");
+  for (size_t i = 0; i < full.nkv; i++) {
+    cr_expect_str_eq(types.kv[i].key, full.kv[i].key);
+    cr_expect_arr_eq(types.kv[i].types, full.kv[i].types, sizeof full.kv[i].types);
+    if (full.kv[i].types[0] == BS_GG_STRING)
+      cr_expect_str_eq(types.kv[i].text, "", "%s: not read", full.kv[i].key);
+  }
+  bs_gguf_free(&full);
+  bs_gguf_free(&types);
+  bs_src_destroy(&s);
+  /* a string that claims more than the file holds is still refused */
+  head(&B, 3, 0, 1);
+  key(&B, "k", BS_GG_STRING), u64(&B, 1000);
+  cr_assert_eq(bs_src_init_mem(&s, B.d, B.n, "mem", &err), 0);
+  cr_expect_eq(bs_gguf_parse_types(&s, &types, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  bs_src_destroy(&s);
+}
+
 Test(gguf, check_meta_of_a_new_file_has_no_typed_keys)
 {
   /* A new .gguf mount: no source, every key a string but general.alignment. */
