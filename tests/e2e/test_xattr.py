@@ -92,6 +92,23 @@ def test_reserved_names(tmp):
         check(open(src, "rb").read() == before, "%s: nothing to write back, the file is untouched" % fmt)
 
 
+def test_root_into_a_subdirectory(tmp):
+    """The guide: a root copied into a subdirectory of another mount is
+    refused its root names (rsync exits 23) unless they are filtered out;
+    with the filter the files keep their dtype and shape."""
+    fmt, src, f = sources(tmp)[1]
+    with Mount(src, os.path.join(tmp, "ra")) as a, Mount(os.path.join(tmp, "sub.bpk"), os.path.join(tmp, "rb")) as b:
+        r = run(["rsync", "-aX", a + "/", os.path.join(b, "plain") + "/"])
+        check(r.returncode == 23 and "user.burnstore.format" in r.stderr, "unfiltered: %r" % r.stderr[-300:])
+        r = run(["rsync", "-aX", "--filter=-x user.burnstore.[fmnv]*", a + "/", os.path.join(b, "sub") + "/"])
+        check(r.returncode == 0, "filtered rsync: %r" % r.stderr[-300:])
+        x = xattrs(os.path.join(b, "sub", f))
+        check(x.get(X + "dtype") == "F32" and x.get(X + "shape") == "[2,2]", "dtype and shape copied: %r" % x)
+        check(X + "format" not in xattrs(os.path.join(b, "sub")), "no root name on the subdirectory")
+        u = b.unmount()
+        check(u.returncode == 0, "write-back: %r" % u.stderr)
+
+
 def test_metadata_values_checked_at_the_edge(tmp):
     """A value the target's reader would refuse is refused at setxattr
     (EINVAL), so the write-back never writes an unreadable checkpoint."""
@@ -186,5 +203,5 @@ def test_root_with_5000_keys(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_xattr", [test_reserved_names, test_metadata_values_checked_at_the_edge,
+    run_tests("test_xattr", [test_reserved_names, test_root_into_a_subdirectory, test_metadata_values_checked_at_the_edge,
                              test_gguf_edits_cost_memory_of_the_edit, test_root_with_5000_keys], "xattr")
