@@ -115,6 +115,7 @@ def test_metadata_values_checked_at_the_edge(tmp):
     for fmt, src, f in sources(tmp):
         mnt = os.path.join(tmp, "e-" + fmt)
         key, old = {"gguf": ("general.name", "tiny"), "sharded": ("author", None)}.get(fmt, ("author", "me"))
+        before = open(src, "rb").read()
         with Mount(src, mnt, opts="rw") as m:
             cases = [(key, b"a\0b", "a NUL"), (key, b"caf\xe9", "not UTF-8"), ("new", b"\xff", "not UTF-8, new key")]
             if fmt == "gguf":
@@ -125,6 +126,10 @@ def test_metadata_values_checked_at_the_edge(tmp):
             check(errno_of(os.setxattr, m, X + "meta.caf\udce9", b"v") == errno.EINVAL,
                   "%s: a key that is not UTF-8 refused" % fmt)
             check(errno_of(os.getxattr, m, X + "meta.new") == errno.ENODATA, "%s: nothing kept" % fmt)
+            u = m.unmount()
+            check(u.returncode == 0, "%s: unmount: %r" % (fmt, u.stderr))
+        check(open(src, "rb").read() == before, "%s: refused values leave the target untouched" % fmt)
+        with Mount(src, mnt, opts="rw") as m:
             os.setxattr(m, X + "meta.k2", "café".encode())  # UTF-8 is fine
             check(os.getxattr(m, X + "meta.k2") == "café".encode(), "%s: UTF-8 kept" % fmt)
             u = m.unmount()
