@@ -98,15 +98,6 @@ enum bs_sniff bs_st_sniff(const uint8_t *head, size_t n, uint64_t size);
 BS_NODISCARD int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                               bs_err *err);
 enum bs_sniff bs_gguf_sniff(const uint8_t *head, size_t n, uint64_t size);
-/* Would metadata `key` = value (len bytes) be written back to GGUF? A key
- * the catalog's GGUF source (srcs[0]) has must parse as its GGUF type
- * (uint32 "7", JSON arrays of the element type...); general.alignment must
- * be a power of two; anything else becomes a string. 0, or -1 with err
- * (EINVAL) naming the key and what is wrong. Parses the source's header
- * once per call. */
-BS_NODISCARD int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key,
-                                    const char *value, size_t len, bs_err *err);
-
 /* PyTorch: one format, three containers. Which container a file is, is the
  * PyTorch reader's own business: it asks bs_pth_container. */
 BS_NODISCARD int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,

@@ -16,6 +16,11 @@ struct bs_write_opts {
   uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
 };
 
+/* A format's metadata rules prepared once from a source catalog (GGUF: the
+ * type of each key the source has), so that checking one value costs
+ * O(value), never a re-parse of the source. Opaque; the row's. */
+struct bs_meta_rules;
+
 struct bs_writer {
   const char *name;              /* "burnpack" (as bs_format_name spells it) */
   enum bs_format format;         /* what a reader reports for the output */
@@ -32,6 +37,16 @@ struct bs_writer {
    * target `path`, atomically as a set. NULL: one file, through write(). */
   int (*write_set)(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
                    bs_err *err);
+  /* The format's rules for one metadata entry: may `key` = value (len bytes,
+   * NUL-free text) be written? 0, or -1 with err (EINVAL) saying what rule
+   * it breaks. rules: from meta_rules, or NULL (no source known: only the
+   * rules that need none; write() checks the rest). NULL column: any text. */
+  int (*check_meta)(const struct bs_meta_rules *rules, const char *key, const char *value,
+                    size_t len, bs_err *err);
+  /* Prepare the rules from the source catalog (*out NULL: none needed), and
+   * free them. NULL columns: the format needs no source to check. */
+  int (*meta_rules)(const struct bs_catalog *src, struct bs_meta_rules **out, bs_err *err);
+  void (*meta_rules_free)(struct bs_meta_rules *rules);
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */
@@ -53,11 +68,26 @@ const char *bs_writer_list(char *buf, size_t n);
  * with a hint to leave the tensor out (exclude=). */
 BS_NODISCARD int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat,
                                  bs_err *err);
+/* The metadata rules of w for a mount of `src` (*out may be NULL: none
+ * needed); free them with bs_writer_meta_rules_free (NULL is a no-op). */
+BS_NODISCARD int bs_writer_meta_rules(const struct bs_writer *w, const struct bs_catalog *src,
+                                      struct bs_meta_rules **out, bs_err *err);
+void bs_writer_meta_rules_free(const struct bs_writer *w, struct bs_meta_rules *rules);
+/* Would w write metadata `key` = value (len bytes)? The edge's check (a
+ * setxattr on a writable mount), with rules from bs_writer_meta_rules: the
+ * text is NUL-free (the catalog's metadata is C text: a NUL is refused,
+ * never cut) and the row's check_meta accepts it. 0, or -1 with err
+ * (EINVAL) naming the key. */
+BS_NODISCARD int bs_writer_check_meta(const struct bs_writer *w, const struct bs_meta_rules *rules,
+                                      const char *key, const char *value, size_t len, bs_err *err);
+
 /* write() into an atomic file at path (see sink.h): on failure `path` is
  * untouched, no temp file is left, and err names path. */
 BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat,
                                       const char *path, bs_err *err);
-/* The same with options (o may be NULL); a row with write_set writes its set. */
+/* The same with options (o may be NULL); a row with write_set writes its set.
+ * Every metadata entry is first checked (bs_writer_check_meta without
+ * rules): what the format's reader would refuse is never written. */
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);

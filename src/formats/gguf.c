@@ -86,7 +86,8 @@ struct cur {
   uint64_t pos;
   uint64_t wstart;
   size_t wlen;
-  uint64_t meta; /* rendered metadata bytes so far */
+  uint64_t meta;   /* rendered metadata bytes so far */
+  bool types_only; /* bs_gguf_parse_types: strings are skipped, not rendered */
   bs_err *err;
   uint8_t win[WIN];
 };
@@ -269,6 +270,18 @@ static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_arr
     types[0] = (uint8_t)t;
   if (t >= BS_GG_NTYPES)
     return bs_fail(c->err, EINVAL, at, NULL, "unknown metadata value type %" PRIu32, t);
+  if (t == BS_GG_STRING && c->types_only) {
+    uint64_t n;
+    if (get_u64(c, &n, "a string value") != 0)
+      return -1;
+    if (n > left(c))
+      return bs_fail(c->err, EINVAL, at, NULL,
+                     "a string value: string length %" PRIu64 " exceeds the %" PRIu64
+                     " bytes left in the file",
+                     n, left(c));
+    c->pos += n;
+    return 0;
+  }
   if (t == BS_GG_STRING) {
     char *s;
     uint64_t n;
@@ -523,13 +536,14 @@ out:
   return rc;
 }
 
-int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_err *err)
 {
   memset(g, 0, sizeof *g);
   struct cur *c = bs_malloc(sizeof *c);
   if (!c)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   memset(c, 0, offsetof(struct cur, win));
+  c->types_only = types_only;
   c->s = s;
   c->err = err;
   int rc = -1;
@@ -579,6 +593,10 @@ int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
   }
   if (read_kvs(c, g, nkv) != 0)
     goto out;
+  if (types_only) {
+    rc = 0;
+    goto out;
+  }
   {
     const char **keys = bs_malloc((g->nkv ? g->nkv : 1) * sizeof *keys);
     if (!keys) {
@@ -629,6 +647,16 @@ out:
   if (rc != 0)
     bs_gguf_free(g);
   return rc;
+}
+
+int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+{
+  return parse(s, g, false, err);
+}
+
+int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+{
+  return parse(s, g, true, err);
 }
 
 /* ---- The reader ---------------------------------------------------------------------------- */

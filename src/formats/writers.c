@@ -5,6 +5,7 @@
 #include <strings.h>
 
 #include "burnstore/writers.h"
+#include "core/checked.h"
 #include "formats/bpk_write.h"
 #include "formats/st_write.h"
 #include "gguf_private.h"
@@ -14,18 +15,38 @@ static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *er
   return bs_bpk_write(cat, NULL, k, err);
 }
 
+/* Burnpack (CBOR text) and SafeTensors (JSON strings): keys and values are
+ * UTF-8 text, which their readers (and Burn's, and the safetensors crate's)
+ * refuse otherwise. */
+static int utf8_meta(const struct bs_meta_rules *rules, const char *key, const char *value,
+                     size_t len, bs_err *err)
+{
+  (void)rules;
+  size_t at;
+  if (!bs_utf8_valid(key, strlen(key), &at))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata key '%.100s' is not UTF-8 (byte %zu): keys are UTF-8 text", key, at);
+  if (!bs_utf8_valid(value, len, &at))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata '%.100s': the value is not UTF-8 (byte %zu): values are UTF-8 text",
+                   key, at);
+  return 0;
+}
+
 static const char *const bpk_ext[] = {".bpk", NULL};
 static const char *const st_ext[] = {".safetensors", NULL};
 static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
 static const char *const gguf_ext[] = {".gguf", NULL};
 
 const struct bs_writer bs_writers[] = {
-    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL},
+    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL,
+     utf8_meta, NULL, NULL},
     {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_default_meta, bs_st_write,
-     NULL},
+     NULL, utf8_meta, NULL, NULL},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_default_meta,
-     bs_st_write, bs_st_write_set},
-    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, NULL, bs_gguf_write, NULL},
+     bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL},
+    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, NULL, bs_gguf_write, NULL,
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -94,6 +115,31 @@ int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_
   return 0;
 }
 
+int bs_writer_meta_rules(const struct bs_writer *w, const struct bs_catalog *src,
+                         struct bs_meta_rules **out, bs_err *err)
+{
+  *out = NULL;
+  return w->meta_rules ? w->meta_rules(src, out, err) : 0;
+}
+
+void bs_writer_meta_rules_free(const struct bs_writer *w, struct bs_meta_rules *rules)
+{
+  if (rules && w->meta_rules_free)
+    w->meta_rules_free(rules);
+}
+
+int bs_writer_check_meta(const struct bs_writer *w, const struct bs_meta_rules *rules,
+                         const char *key, const char *value, size_t len, bs_err *err)
+{
+  const char *nul = memchr(value, '\0', len);
+  if (nul)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata '%.100s': the value holds a NUL byte at %zu: metadata values are "
+                   "text, and would be cut there",
+                   key, (size_t)(nul - value));
+  return w->check_meta ? w->check_meta(rules, key, value, len, err) : 0;
+}
+
 int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
                          bs_err *err)
 {
@@ -104,6 +150,13 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
   static const struct bs_write_opts none = {0};
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    const struct bs_kv *kv = &cat->meta[i];
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (bs_writer_check_meta(w, NULL, kv->key, kv->value, strlen(kv->value), &sub) != 0)
+      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s: not written: %s", path, sub.msg);
+  }
   if (w->write_set)
     return w->write_set(cat, path, o ? o : &none, err);
   struct bs_atomic a;

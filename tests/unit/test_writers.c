@@ -227,3 +227,47 @@ Test(writers, failed_write_keeps_the_old_file_and_names_it)
   free(dir);
   bs_catalog_destroy(&cat);
 }
+
+Test(writers, metadata_the_reader_would_refuse_is_never_written)
+{
+  /* A value that is not UTF-8 (Burnpack's CBOR text, SafeTensors' JSON
+   * strings): refused by the row's check (the setxattr edge) and by the
+   * write itself, which leaves the old file; a NUL is refused by every row. */
+  static const char *const exts[] = {".bpk", ".safetensors", ".safetensors.index.json", ".gguf"};
+  uint8_t mem[8] = {0};
+  char *dir = bs_test_tmpdir("writersmeta");
+  for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/x%s", dir, exts[i]);
+    const struct bs_writer *w = bs_writer_for_path(path);
+    cr_assert_not_null(w);
+    bs_err err;
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "k", "a\0b", 3, &err), -1, "%s", w->name);
+    cr_expect_eq(err.code, EINVAL);
+    cr_expect(strstr(err.msg, "NUL byte at 1") && strstr(err.msg, "'k'"), "%s", err.msg);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "k", "caf\xc3\xa9", 5, &err), 0, "%s", err.msg);
+    if (w->format == BS_FMT_GGUF)
+      continue; /* its values' rules need the source's types: test_gguf.c */
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "k", "caf\xe9", 4, &err), -1, "%s", w->name);
+    cr_expect_eq(err.code, EINVAL);
+    cr_expect_not_null(strstr(err.msg, "not UTF-8 (byte 3)"), "%s", err.msg);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "\xff", "v", 1, &err), -1, "%s", w->name);
+    cr_expect_not_null(strstr(err.msg, "key"), "%s", err.msg);
+
+    struct bs_catalog cat;
+    mem_catalog(&cat, mem, sizeof mem);
+    add(&cat, "a", BS_DT_F32, 2, 0);
+    cr_assert_eq(bs_catalog_add_meta(&cat, "note", "caf\xe9", &err), 0);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_write_file(w, &cat, path, &err), -1, "%s", w->name);
+    cr_expect_eq(err.code, EINVAL);
+    cr_expect(strstr(err.msg, path) && strstr(err.msg, "'note'"), "%s", err.msg);
+    cr_expect_eq(access(path, F_OK), -1, "nothing written");
+    bs_catalog_destroy(&cat);
+  }
+  bs_test_rmrf(dir);
+  free(dir);
+}
