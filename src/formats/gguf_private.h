@@ -83,6 +83,8 @@ bool bs_gguf_type_of(enum bs_dtype dt, uint32_t *gtype);
 
 /* The writer (gguf_write.c): its writers[] row. */
 BS_NODISCARD int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err);
+/* GGUF tensor names: UTF-8 (the spec's strings), 1 to BS_GGUF_MAX_NAME bytes. */
+BS_NODISCARD int bs_gguf_name_ok(const char *name, bs_err *err);
 BS_NODISCARD int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
 /* Encode metadata text as a GGUF value of the given types (types[0] the
  * value's type): the value's bytes, appended to b. 0, or -1 with err

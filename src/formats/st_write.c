@@ -93,15 +93,23 @@ static int buf_u64(struct bs_buf *b, uint64_t v)
   return buf_str(b, s);
 }
 
+int bs_st_name_ok(const char *name, bs_err *err)
+{
+  if (strcmp(name, "__metadata__") == 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, name,
+                   "__metadata__ is the name SafeTensors reserves for the file's metadata; "
+                   "rename the tensor (-o remap=)");
+  return bs_writer_name_text(name, BS_MAX_KEY_LEN, true,
+                             "SafeTensors names are JSON strings (UTF-8)", err);
+}
+
 int bs_st_can_write(const struct bs_tensor *t, bs_err *err)
 {
+  if (bs_st_name_ok(t->name, err) != 0)
+    return -1;
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);
-  if (strcmp(t->name, "__metadata__") == 0)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
-                   "__metadata__ is the name SafeTensors reserves for the file's metadata; "
-                   "rename the tensor (-o remap=)");
   if (t->dtype < BS_DT_COUNT && st_rank[t->dtype])
     return 0;
   const char *hint = "";

@@ -26,6 +26,9 @@
  * source, not named __metadata__)? 0, or -1 with err naming the tensor and
  * why (with a hint where a same-bytes dtype exists: Flex32 -> F32). */
 BS_NODISCARD int bs_st_can_write(const struct bs_tensor *t, bs_err *err);
+/* SafeTensors names are JSON strings: UTF-8, at most BS_MAX_KEY_LEN bytes
+ * (what our reader takes), never __metadata__. */
+BS_NODISCARD int bs_st_name_ok(const char *name, bs_err *err);
 
 /* Serialize the tensors `which` (catalog indices, any order; NULL: every
  * tensor that is not hidden) with cat->meta into k. */
