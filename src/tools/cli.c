@@ -45,6 +45,7 @@ static const char keyopts_help[] =
 struct cmd {
   const char *name, *args, *help;
   int (*run)(int argc, char **argv);
+  int trouble; /* the exit status of a failure (diff: 2, like diff(1)) */
 };
 
 /* ---- Common options and opening --------------------------------------------------------- */
@@ -279,8 +280,6 @@ static int cmd_ls(int argc, char **argv)
     if (rc)
       fail("ls: out of memory");
   }
-  if (fflush(stdout) != 0)
-    rc = 1;
   bs_catalog_destroy(&cat);
   opts_destroy(&o);
   return rc;
@@ -406,8 +405,6 @@ static int cmd_info(int argc, char **argv)
       }
     }
   }
-  if (fflush(stdout) != 0)
-    rc = 1;
   bs_catalog_destroy(&cat);
   opts_destroy(&o);
   return rc;
@@ -440,12 +437,11 @@ static int stream(const char *file, const struct bs_catalog *cat, const struct b
   return rc;
 }
 
+/* A failed write stops the stream; bs_cli_main reports it in one line. */
 static int to_stdout(void *ctx, const uint8_t *p, size_t n)
 {
   (void)ctx;
-  if (fwrite(p, 1, n, stdout) != n)
-    return fail("cat: write to stdout failed: %s", strerror(errno));
-  return 0;
+  return fwrite(p, 1, n, stdout) == n ? 0 : -1;
 }
 
 static int cmd_cat(int argc, char **argv)
@@ -473,7 +469,7 @@ static int cmd_cat(int argc, char **argv)
     if (to_stdout(NULL, (const uint8_t *)hdr, hl) != 0)
       goto out;
   }
-  if (stream(o.pos[0], &cat, t, to_stdout, NULL) == 0 && fflush(stdout) == 0)
+  if (stream(o.pos[0], &cat, t, to_stdout, NULL) == 0)
     rc = 0;
 out:
   bs_catalog_destroy(&cat);
@@ -664,8 +660,6 @@ static int cmd_diff(int argc, char **argv)
     }
   bs_free(seen);
 out:
-  if (fflush(stdout) != 0 && rc < 2)
-    rc = 2;
   bs_strmap_destroy(&mb);
   bs_catalog_destroy(&ca);
   bs_catalog_destroy(&cb);
@@ -753,22 +747,22 @@ static const struct cmd cmds[] = {
      "PyTorch), one per line: key, dtype, shape, bytes (tab-separated), as the mount would\n"
      "present them.\n"
      "  --json       a JSON array of {key, dtype, shape, bytes[, source_key, strided]}\n",
-     cmd_ls},
+     cmd_ls, 1},
     {"info", "[--meta KEY] [-o KEYOPTS] FILE",
      "Describe a checkpoint: format, version, tensor count, total bytes, dtype breakdown,\n"
      "metadata (long values cut at 200 bytes), non-tensor values and the reader's notes.\n"
      "  --meta KEY   print only the metadata value KEY, in full (exit 1 if missing)\n",
-     cmd_info},
+     cmd_info, 1},
     {"cat", "[--npy] [-o KEYOPTS] FILE KEY",
      "Write one tensor's raw little-endian row-major bytes to stdout.\n"
      "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n",
-     cmd_cat},
+     cmd_cat, 1},
     {"diff", "[-q] [-o KEYOPTS] A B",
      "Compare two checkpoints: keys only in one, dtype or shape changes, and tensors whose\n"
      "bytes differ (elements and bytes that differ, the max abs difference for float types).\n"
      "Exit status: 0 the same, 1 different, 2 trouble.\n"
      "  -q           compare keys, dtypes and shapes only, not the bytes\n",
-     cmd_diff},
+     cmd_diff, 2},
     {"convert", "[-q] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
@@ -776,7 +770,7 @@ static const struct cmd cmds[] = {
      "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
      "  -q           no progress line, no summary\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
-     cmd_convert},
+     cmd_convert, 1},
 };
 
 static const struct cmd *find_cmd(const char *name)
@@ -800,5 +794,14 @@ int bs_cli_main(int argc, char **argv)
     return 2;
   }
   bs_formats_init();
-  return c->run(argc, argv);
+  int rc = c->run(argc, argv);
+  /* Output that did not reach stdout (a full disk, a closed pipe) fails
+   * the command, in one line: also where the command itself succeeded. */
+  errno = 0;
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fail("%s: cannot write to standard output: %s", c->name,
+         errno ? strerror(errno) : "write error");
+    return rc > c->trouble ? rc : c->trouble;
+  }
+  return rc;
 }
