@@ -524,7 +524,7 @@ static bool as_double(enum bs_dtype dt, const uint8_t *p, double *out)
 }
 
 struct cmp {
-  uint64_t diff_bytes, diff_elems;
+  uint64_t diff_bytes, diff_elems; /* diff_elems: blocks, for a block type */
   double maxabs;
   bool nan;
 };
@@ -543,7 +543,12 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
     return fail("out of memory");
   }
   unsigned bits = bs_dtype_bits(ta->dtype);
-  size_t esz = bits >= 8 && bits % 8 == 0 ? bits / 8 : 1;
+  uint32_t belems, bbytes;
+  /* A block type (ggml's quantized types) is compared block by block: its
+   * elements have no bytes of their own. */
+  size_t esz = bs_dtype_block(ta->dtype, &belems, &bbytes) ? bbytes
+               : bits >= 8 && bits % 8 == 0                ? bits / 8
+                                                           : 1;
   size_t chunk = CHUNK / esz * esz;
   for (uint64_t off = 0; off < ta->nbytes;) {
     size_t want = (size_t)(ta->nbytes - off < chunk ? ta->nbytes - off : chunk);
@@ -645,8 +650,13 @@ static int cmd_diff(int argc, char **argv)
     if (c.diff_elems) {
       double x;
       uint8_t zero[8] = {0};
-      printf("differs: %s: %" PRIu64 " elements, %" PRIu64 " bytes", ta->name, c.diff_elems,
-             c.diff_bytes);
+      uint32_t be, bb;
+      if (bs_dtype_block(ta->dtype, &be, &bb))
+        printf("differs: %s: %" PRIu64 " block%s of %" PRIu32 " elements, %" PRIu64 " bytes",
+               ta->name, c.diff_elems, c.diff_elems == 1 ? "" : "s", be, c.diff_bytes);
+      else
+        printf("differs: %s: %" PRIu64 " elements, %" PRIu64 " bytes", ta->name, c.diff_elems,
+               c.diff_bytes);
       if (as_double(ta->dtype, zero, &x))
         printf(", max abs difference %s%.9g", c.nan ? "nan; else " : "", c.maxabs);
       printf("\n");
@@ -759,7 +769,8 @@ static const struct cmd cmds[] = {
      cmd_cat, 1},
     {"diff", "[-q] [-o KEYOPTS] A B",
      "Compare two checkpoints: keys only in one, dtype or shape changes, and tensors whose\n"
-     "bytes differ (elements and bytes that differ, the max abs difference for float types).\n"
+     "bytes differ (elements, or blocks of ggml's quantized types, and bytes that differ, the\n"
+     "max abs difference for float types).\n"
      "Exit status: 0 the same, 1 different, 2 trouble.\n"
      "  -q           compare keys, dtypes and shapes only, not the bytes\n",
      cmd_diff, 2},

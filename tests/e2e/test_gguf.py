@@ -376,9 +376,28 @@ def test_finish_after_enospc_keeps_types(tmp):
         shutil.rmtree(stg, ignore_errors=True)
 
 
+def test_diff_counts_blocks_of_quantized_tensors(tmp):
+    """diff of two Q8_0 tensors counts the blocks that differ (32 elements,
+    34 bytes each), never bytes as elements."""
+    a, b = os.path.join(tmp, "qa.gguf"), os.path.join(tmp, "qb.gguf")
+    qa = G.q8_0_bytes(3)
+    qb = bytearray(qa)
+    for i in range(34, 68):  # every byte of the second block
+        qb[i] ^= 0xFF
+    qb[70] ^= 1  # one byte of the third
+    G.write(a, [], [("q", G.TYPE_ID["Q8_0"], [96], qa), ("f", 0, [2], struct.pack("<2f", 1, 2))])
+    G.write(b, [], [("q", G.TYPE_ID["Q8_0"], [96], bytes(qb)), ("f", 0, [2], struct.pack("<2f", 1, 3))])
+    r = run([BIN, "diff", a, b])
+    lines = r.stdout.splitlines()
+    check(r.returncode == 1, "diff exits 1: %d %s" % (r.returncode, r.stderr))
+    check("differs: q: 2 blocks of 32 elements, 35 bytes" in lines, "Q8_0 counted in blocks: %r" % lines)
+    check(any(l.startswith("differs: f: 1 elements, ") for l in lines), "F32 still in elements: %r" % lines)
+
+
 if __name__ == "__main__":
     run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_listed_but_E2BIG,
                             test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
                             test_remove_and_add_tensors, test_round_trip_and_new_output,
                             test_hostile_files_are_refused, test_metadata_edit_streams_the_tensors,
-                            test_finish_after_enospc_keeps_types], "gguf")
+                            test_finish_after_enospc_keeps_types, test_diff_counts_blocks_of_quantized_tensors],
+              "gguf")
