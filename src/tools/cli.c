@@ -778,7 +778,8 @@ static const struct cmd cmds[] = {
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
      "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
-     "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
+     "checkpoint. On a terminal, outputs over 256 MiB show a progress line. A key OUT's format\n"
+     "cannot hold (not UTF-8; over 63 bytes for GGUF) is refused before anything is written.\n"
      "  -q           no progress line, no summary\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert, 1},
