@@ -5,16 +5,26 @@
 
 #include "core/alloc.h"
 
+/* Lookups one check may spend under the tree lock. The walk below visits
+ * each node whose key is a prefix of the key at most once, trying each dot
+ * after it, so only a tree of many dotted names (mkdir a.a, a.a.a...) comes
+ * near; past the budget the answer is "free", and the write-back still
+ * refuses two files for one key. */
+#define TAKEN_BUDGET 20000u
+
 /* Is key k[0..n) the key of a live file under dir (a file, or a directory's
  * %% file), other than the nodes skip1 and skip2? Tries each split of k at
  * its dots against the names that exist, so the walk stays within the
- * tree. 1 yes, 0 no, -1 out of memory. */
+ * tree. 1 yes, 0 no (or the budget spent), -1 out of memory. */
 static int taken(const struct bs_tree *t, uint64_t dir, const char *k, size_t n, uint64_t skip1,
-                 uint64_t skip2)
+                 uint64_t skip2, unsigned *budget)
 {
   for (size_t i = 0; i <= n; i++) {
     if (i < n && k[i] != '.')
       continue;
+    if (*budget == 0)
+      return 0;
+    --*budget;
     bool shortened;
     char *comp = bs_component_name(k, i, &shortened);
     if (!comp)
@@ -29,7 +39,7 @@ static int taken(const struct bs_tree *t, uint64_t dir, const char *k, size_t n,
       if (self && self != skip1 && self != skip2)
         return 1;
     } else if (nd->is_dir) {
-      int r = taken(t, c, k + i + 1, n - i - 1, skip1, skip2);
+      int r = taken(t, c, k + i + 1, n - i - 1, skip1, skip2, budget);
       if (r != 0)
         return r;
     }
@@ -93,7 +103,8 @@ int bs_name_check(const struct bs_tree *t, bool flat, const struct bs_writer *w,
   if (npy)
     key[kl - 4] = '.';
   if (!flat && !is_dir) {
-    int r = taken(t, BS_TREE_ROOT, key, kl, moving, bs_tree_lookup(t, parent, name));
+    unsigned budget = TAKEN_BUDGET;
+    int r = taken(t, BS_TREE_ROOT, key, kl, moving, bs_tree_lookup(t, parent, name), &budget);
     if (r < 0) {
       bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
       goto out;
