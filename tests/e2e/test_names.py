@@ -13,7 +13,11 @@ import shutil
 import struct
 import sys
 
-from bsmount import BIN, SOURCE_DIR, Mount, check, read_bpk, read_safetensors, run, run_tests
+import subprocess
+import time
+
+from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk,
+                     read_safetensors, run, run_tests)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -216,6 +220,31 @@ def test_convert_refuses_a_key_the_target_cannot_hold(tmp):
     check(r.returncode != 0 and "caf\\xe9" in r.stderr, "rw mount refused: %r" % r.stderr)
 
 
+def test_refusal_is_logged(tmp):
+    """The daemon says why, in one line of its log (stderr with -f)."""
+    mnt = os.path.join(tmp, "log-mnt")
+    os.makedirs(mnt)
+    p = subprocess.Popen([BIN, "-f", os.path.join(tmp, "log.safetensors"), mnt],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + DEADLINE
+        while not is_mounted(mnt) and p.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        check(is_mounted(mnt), "foreground mount")
+        expect(lambda: tensor(os.path.join(os.fsencode(mnt), b"caf\xe9")), errno.EINVAL, "create caf\\xe9")
+        run(["fusermount3", "-u", mnt])
+        _, err = p.communicate(timeout=DEADLINE)
+    finally:
+        force_unmount(mnt)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    lines = [l for l in err.decode(errors="replace").splitlines() if "refused" in l]
+    check(len(lines) == 1 and "create 'caf\\xe9' refused" in lines[0] and "not valid UTF-8" in lines[0],
+          "one log line says why: %r" % err)
+
+
 if __name__ == "__main__":
     run_tests("test_names", [test_matrix, test_writeback_refuses_before_replacing,
-                             test_convert_refuses_a_key_the_target_cannot_hold], "names")
+                             test_convert_refuses_a_key_the_target_cannot_hold, test_refusal_is_logged],
+              "names")
