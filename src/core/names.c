@@ -79,6 +79,11 @@ int bs_name_check(const struct bs_tree *t, bool flat, const struct bs_writer *w,
             bs_name_printable(canon, pcanon, sizeof pcanon));
     goto out;
   }
+  const struct bs_node *pn = bs_tree_node(t, parent);
+  if (!pn || !pn->is_dir) {
+    rc = 0; /* no key to check: bs_tree_add / bs_tree_move refuse it */
+    goto out;
+  }
   /* The key the node stands for: its parent's key, a dot, its segment. */
   if (!flat && parent != BS_TREE_ROOT && !(pkey = bs_tree_key(t, parent, false))) {
     bs_fail(err, errno == ENOMEM ? ENOMEM : EINVAL, BS_OFF_NONE, NULL,

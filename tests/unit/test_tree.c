@@ -428,6 +428,9 @@ Test(names, escapes_are_spelled_one_way)
   cr_expect(strstr(err.msg, "%25"), "%s", err.msg);
   /* Hidden temporaries and %% pass; they are renamed before they matter. */
   cr_expect_eq(check(NULL, BS_TREE_ROOT, ".caf\xe9.XXXX", false, 0), 0);
+  /* A parent that is no directory: bs_tree_add says so, not the name check. */
+  cr_expect_eq(check(NULL, bs_tree_lookup(&tree, BS_TREE_ROOT, "head"), "y", false, 0), 0);
+  cr_expect_eq(check(NULL, 9999, "y", false, 0), 0);
   cr_expect_eq(check(NULL, BS_TREE_ROOT, BS_SELF_NAME, false, 0), 0);
   char big[300];
   memset(big, 'a', 256), big[256] = '\0';
