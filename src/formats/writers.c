@@ -112,8 +112,8 @@ int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char 
                    "the name is not valid UTF-8 (byte %zu is 0x%02x): %s", bad,
                    (unsigned char)name[bad], why);
   if (len > max)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, key, "a name of %zu bytes, over the %zu %s", len, max,
-                   why);
+    return bs_fail(err, EINVAL, BS_OFF_NONE, key, "a name of %zu bytes, over the limit of %zu: %s",
+                   len, max, why);
   return 0;
 }
 

@@ -281,7 +281,7 @@ Test(writers, name_ok_follows_each_formats_readers)
   cr_expect_eq(gg->name_ok(n63, &err), 0, "%s", err.msg);
   bs_err_clear(&err);
   cr_expect_eq(gg->name_ok(n64, &err), -1, "ggml's GGML_MAX_NAME counts the NUL");
-  cr_expect(strstr(err.msg, "64 bytes, over the 63"), "%s", err.msg);
+  cr_expect(strstr(err.msg, "64 bytes, over the limit of 63"), "%s", err.msg);
   bs_err_clear(&err);
   cr_expect_eq(st->name_ok(big, &err), -1, "over what our SafeTensors reader takes");
   big[4096] = '\0';
