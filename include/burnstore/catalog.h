@@ -90,6 +90,9 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
 
 BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value,
                                      bs_err *err);
+/* The same, taking ownership of key and value (bs_malloc'd; freed when it
+ * fails): a reader hands over a long value without a copy. */
+BS_NODISCARD int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err);
 /* Append one line to cat->notes (amortized: in time linear in the line). */
 BS_NODISCARD int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err);
 /* Cut cat->notes back to its first len bytes (a reader's rollback); 0 frees them. */

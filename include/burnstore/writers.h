@@ -4,6 +4,7 @@
 #ifndef BURNSTORE_WRITERS_H
 #define BURNSTORE_WRITERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "burnstore/catalog.h"
@@ -28,6 +29,10 @@ struct bs_writer {
   /* Can the format store tensor t (dtype, encoding)? 0, or -1 with err
    * naming the tensor and why. Sizes are checked by write(). */
   int (*can_write)(const struct bs_tensor *t, bs_err *err);
+  /* Can the format hold `name` as a tensor name (what its readers accept:
+   * UTF-8 text, length, reserved names)? 0, or -1 with err (EINVAL) naming
+   * it (non-UTF-8 bytes shown as \xNN) and why. can_write applies it too. */
+  int (*name_ok)(const char *name, bs_err *err);
   /* Add the metadata every file of the format carries, unless the catalog
    * has those keys (format, producer...). NULL: none. */
   int (*default_meta)(struct bs_catalog *cat, bs_err *err);
@@ -64,6 +69,15 @@ const char *bs_path_extension(const char *path);
 /* ".bpk (burnpack)" for every writer, ", "-separated, for messages. Returns buf. */
 const char *bs_writer_list(char *buf, size_t n);
 
+/* The rule the name_ok of every row shares: `name` is valid UTF-8 of at
+ * most `max` bytes, and not empty unless empty_ok. `why` ends the message
+ * ("SafeTensors names are JSON strings"). 0, or -1 with err (EINVAL). */
+BS_NODISCARD int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why,
+                                     bs_err *err);
+/* `name` for a message: bytes that are not valid UTF-8 as \xNN, cut to fit
+ * n. Returns buf. */
+const char *bs_name_printable(const char *name, char *buf, size_t n);
+
 /* can_write on every tensor that is not hidden: the first it refuses fails,
  * with a hint to leave the tensor out (exclude=). */
 BS_NODISCARD int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat,
@@ -82,7 +96,8 @@ BS_NODISCARD int bs_writer_check_meta(const struct bs_writer *w, const struct bs
                                       const char *key, const char *value, size_t len, bs_err *err);
 
 /* write() into an atomic file at path (see sink.h): on failure `path` is
- * untouched, no temp file is left, and err names path. */
+ * untouched, no temp file is left, and err names path. The last guard:
+ * every name that is not hidden passes name_ok before anything is opened. */
 BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat,
                                       const char *path, bs_err *err);
 /* The same with options (o may be NULL); a row with write_set writes its set.

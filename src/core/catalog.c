@@ -147,17 +147,23 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
 
 int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value, bs_err *err)
 {
-  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  struct bs_kv *kv = &cat->meta[cat->nmeta];
-  kv->key = bs_strdup(key);
-  kv->value = bs_strdup(value);
-  if (!kv->key || !kv->value) {
-    bs_free(kv->key);
-    bs_free(kv->value);
+  char *k = bs_strdup(key), *v = bs_strdup(value);
+  if (!k || !v) {
+    bs_free(k);
+    bs_free(v);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  cat->nmeta++;
+  return bs_catalog_take_meta(cat, k, v, err);
+}
+
+int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err)
+{
+  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0) {
+    bs_free(key);
+    bs_free(value);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, value};
   return 0;
 }
 

@@ -77,53 +77,6 @@ static inline int bs_hex4(const char *s, uint32_t *v)
   return 0;
 }
 
-/* Length of the valid UTF-8 sequence at s (at most `left` bytes, left > 0),
- * 0 if invalid (overlong, a surrogate, past U+10FFFF, truncated). */
-static inline size_t bs_utf8_len(const uint8_t *s, size_t left)
-{
-  uint8_t c = s[0];
-  size_t len;
-  uint32_t cp;
-  if (c < 0x80)
-    return 1;
-  if (c >= 0xC2 && c <= 0xDF)
-    len = 2, cp = c & 0x1F;
-  else if (c >= 0xE0 && c <= 0xEF)
-    len = 3, cp = c & 0x0F;
-  else if (c >= 0xF0 && c <= 0xF4)
-    len = 4, cp = c & 0x07;
-  else
-    return 0;
-  if (len > left)
-    return 0;
-  for (size_t k = 1; k < len; k++) {
-    if ((s[k] & 0xC0) != 0x80)
-      return 0;
-    cp = cp << 6 | (s[k] & 0x3F);
-  }
-  if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-      (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-    return 0;
-  return len;
-}
-
-/* Is s[0..n) valid UTF-8? If not, *bad (may be NULL) gets the offset of the
- * first byte that is not. */
-static inline bool bs_utf8_valid(const void *s, size_t n, size_t *bad)
-{
-  const uint8_t *p = s;
-  for (size_t i = 0; i < n;) {
-    size_t k = bs_utf8_len(p + i, n - i);
-    if (k == 0) {
-      if (bad)
-        *bad = i;
-      return false;
-    }
-    i += k;
-  }
-  return true;
-}
-
 static inline uint16_t bs_le16(const uint8_t *p)
 {
   return (uint16_t)(p[0] | (p[1] << 8));

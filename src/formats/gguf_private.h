@@ -88,6 +88,8 @@ bool bs_gguf_type_of(enum bs_dtype dt, uint32_t *gtype);
 
 /* The writer (gguf_write.c): its writers[] row. */
 BS_NODISCARD int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err);
+/* GGUF tensor names: UTF-8 (the spec's strings), 1 to BS_GGUF_MAX_NAME bytes. */
+BS_NODISCARD int bs_gguf_name_ok(const char *name, bs_err *err);
 BS_NODISCARD int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
 /* The writers table's metadata columns. The rules: each key of the source's
  * GGUF header (srcs[0], if GGUF) with its type, parsed once (keys and types

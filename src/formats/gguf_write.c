@@ -20,15 +20,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 #include "gguf_private.h"
 
 #define CHUNK (1u << 20)
 
+int bs_gguf_name_ok(const char *name, bs_err *err)
+{
+  return bs_writer_name_text(name, BS_GGUF_MAX_NAME, false,
+                             "GGUF tensor names are UTF-8 strings of at most 63 bytes (ggml's "
+                             "GGML_MAX_NAME less its NUL; rename it, -o remap=)",
+                             err);
+}
+
 int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
 {
   uint32_t gt;
+  if (bs_gguf_name_ok(t->name, err) != 0)
+    return -1;
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);
@@ -41,10 +53,6 @@ int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                    "rank %" PRIu32 " exceeds the %u dimensions ggml tensors have", t->rank,
                    BS_GGUF_MAX_DIMS);
-  if (strlen(t->name) > BS_GGUF_MAX_NAME)
-    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
-                   "a name of %zu bytes exceeds the %u llama.cpp reads (rename it, -o remap=)",
-                   strlen(t->name), BS_GGUF_MAX_NAME);
   return 0;
 }
 

@@ -28,6 +28,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 #include "pth_private.h"
 
 #define VALUE_COST 64u /* bytes charged per value beyond its text (key map, bookkeeping) */

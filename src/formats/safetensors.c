@@ -29,6 +29,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 
 #define PREFIX 8u
 

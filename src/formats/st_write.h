@@ -26,6 +26,9 @@
  * source, not named __metadata__)? 0, or -1 with err naming the tensor and
  * why (with a hint where a same-bytes dtype exists: Flex32 -> F32). */
 BS_NODISCARD int bs_st_can_write(const struct bs_tensor *t, bs_err *err);
+/* SafeTensors names are JSON strings: UTF-8, at most BS_MAX_KEY_LEN bytes
+ * (what our reader takes), never __metadata__. */
+BS_NODISCARD int bs_st_name_ok(const char *name, bs_err *err);
 
 /* Serialize the tensors `which` (catalog indices, any order; NULL: every
  * tensor that is not hidden) with cat->meta into k. */
@@ -47,6 +50,8 @@ BS_NODISCARD int bs_st_default_meta(struct bs_catalog *cat, bs_err *err);
 BS_NODISCARD int bs_st_json_string(struct bs_buf *b, const char *s);
 /* The same for n bytes that may hold NUL (as \u0000): GGUF strings. */
 BS_NODISCARD int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t n);
+/* The bytes bs_st_json_string_n appends for s[0..n), quotes included. */
+size_t bs_st_json_len_n(const char *s, size_t n);
 
 /* Would bs_st_write_some write exactly the file at `path`: the same header
  * bytes, and every tensor's bytes already in that file at the place they

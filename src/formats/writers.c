@@ -6,6 +6,7 @@
 
 #include "burnstore/writers.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 #include "formats/bpk_write.h"
 #include "formats/st_write.h"
 #include "gguf_private.h"
@@ -39,13 +40,13 @@ static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
 static const char *const gguf_ext[] = {".gguf", NULL};
 
 const struct bs_writer bs_writers[] = {
-    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL,
-     utf8_meta, NULL, NULL},
-    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_default_meta, bs_st_write,
-     NULL, utf8_meta, NULL, NULL},
-    {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_default_meta,
-     bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL},
-    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, NULL, bs_gguf_write, NULL,
+    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
+     bpk_write, NULL, utf8_meta, NULL, NULL},
+    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
+     bs_st_write, NULL, utf8_meta, NULL, NULL},
+    {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
+     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL},
+    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
      bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
@@ -99,6 +100,43 @@ const char *bs_writer_list(char *buf, size_t n)
   return buf;
 }
 
+const char *bs_name_printable(const char *name, char *buf, size_t n)
+{
+  size_t len = strlen(name), o = 0;
+  for (size_t i = 0; i < len && n > 0;) {
+    size_t l = bs_utf8_len((const uint8_t *)name + i, len - i);
+    if (l == 0 && o + 4 < n) {
+      snprintf(buf + o, n - o, "\\x%02x", (unsigned char)name[i]);
+      o += 4, i++;
+    } else if (l > 0 && o + l < n) {
+      memcpy(buf + o, name + i, l);
+      o += l, i += l;
+    } else {
+      break;
+    }
+  }
+  if (n > 0)
+    buf[o < n ? o : n - 1] = '\0';
+  return buf;
+}
+
+int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why, bs_err *err)
+{
+  size_t len = strlen(name), bad;
+  char key[sizeof err->key];
+  bs_name_printable(name, key, sizeof key);
+  if (len == 0 && !empty_ok)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "an empty name: %s", why);
+  if (!bs_utf8_valid(name, len, &bad))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                   "the name is not valid UTF-8 (byte %zu is 0x%02x): %s", bad,
+                   (unsigned char)name[bad], why);
+  if (len > max)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, key, "a name of %zu bytes, over the limit of %zu: %s",
+                   len, max, why);
+  return 0;
+}
+
 int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_err *err)
 {
   for (size_t i = 0; i < cat->count; i++) {
@@ -108,7 +146,7 @@ int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_
     bs_err sub;
     bs_err_clear(&sub);
     if (w->can_write(t, &sub) != 0)
-      return bs_fail(err, sub.code, BS_OFF_NONE, t->name,
+      return bs_fail(err, sub.code, BS_OFF_NONE, sub.key[0] ? sub.key : t->name,
                      "cannot be written as %s: %s (leave it out with -o exclude=REGEX)", w->name,
                      sub.msg);
   }
@@ -150,6 +188,13 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
   static const struct bs_write_opts none = {0};
+  for (size_t i = 0; i < cat->count; i++) {
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (!cat->tensors[i].hidden && w->name_ok(cat->tensors[i].name, &sub) != 0)
+      return bs_fail(err, sub.code, BS_OFF_NONE, sub.key[0] ? sub.key : NULL,
+                     "%s: not written (%s cannot hold this name): %s", path, w->name, sub.msg);
+  }
   for (size_t i = 0; i < cat->nmeta; i++) {
     const struct bs_kv *kv = &cat->meta[i];
     bs_err sub;

@@ -166,6 +166,31 @@ def test_diff(tmp, sd, pth):
     check(r.returncode == 2 and len(r.stderr.splitlines()) == 1, "diff with a missing file: exit 2, one line: %r" % r.stderr)
 
 
+def test_stdout_write_errors(tmp, pth):
+    """Output that cannot be written (a full device, a closed stdout) fails
+    the command in one line on stderr: 1 for ls, info, cat; 2 for diff."""
+    other = os.path.join(tmp, "other.safetensors")
+    write_st(other, {"w": ("F32", [2], struct.pack("<2f", 1, 2))}, {})
+    cases = [(["ls", pth], 1), (["ls", "--json", pth], 1), (["info", pth], 1),
+             (["info", "--meta", "format", other], None), (["cat", pth, "f16"], 1),
+             (["cat", "--npy", pth, "f16"], 1), (["diff", pth, other], 2)]
+    for args, want in cases:
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([BIN] + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+        if want is None:  # no such key: its own one-line error, not a write error
+            check(r.returncode == 1 and len(r.stderr.splitlines()) == 1, "%s: %r" % (args, r.stderr))
+            continue
+        lines = r.stderr.splitlines()
+        check(r.returncode == want and len(lines) == 1 and "standard output" in lines[0]
+              and "No space left" in lines[0],
+              "%s > /dev/full: exit %d (want %d), stderr %r" % (" ".join(args[:2]), r.returncode, want, r.stderr))
+    r = subprocess.run([BIN, "ls", pth], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=60, preexec_fn=lambda: os.close(1))
+    check(r.returncode == 1 and "standard output" in r.stderr, "ls with stdout closed: %r" % r.stderr)
+    r = run([BIN, "diff", pth, pth])
+    check(r.returncode == 0 and r.stderr == "", "diff with nothing to print still exits 0")
+
+
 def test_convert(tmp, sd, pth):
     for ext, reader in ((".bpk", read_bpk), (".safetensors", read_safetensors)):
         out = os.path.join(tmp, "conv" + ext)
@@ -330,8 +355,9 @@ def main():
         pth = os.path.join(tmp, "a.pth")
         torch.save(sd, pth)
         for t in (lambda: test_ls_info_cat(tmp, sd, pth), lambda: test_info_meta(tmp),
-                  lambda: test_diff(tmp, sd, pth), lambda: test_convert(tmp, sd, pth),
-                  lambda: test_info_details(tmp, pth), lambda: test_help(tmp), lambda: test_unmount_progress(tmp)):
+                  lambda: test_diff(tmp, sd, pth), lambda: test_stdout_write_errors(tmp, pth),
+                  lambda: test_convert(tmp, sd, pth), lambda: test_info_details(tmp, pth),
+                  lambda: test_help(tmp), lambda: test_unmount_progress(tmp)):
             try:
                 t()
             except Exception as e:
