@@ -33,6 +33,7 @@
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "fs.h"
+#include "fs_run.h"
 #include "fs_views.h"
 
 #define PROG "burnstore"
@@ -40,6 +41,7 @@
 static const char usage_text[] =
     "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
     "       burnstore -u [-v] MOUNTPOINT\n"
+    "       burnstore status MOUNTPOINT\n"
     "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
 /* then bs_cli_usage (the subcommands), then: */
 static const char usage_rest[] =
@@ -53,7 +55,8 @@ static const char usage_rest[] =
     "  -d              debug output (implies -f)\n"
     "  -s              single-threaded\n"
     "  -u, --unmount   unmount, wait for the write-back, exit 0 only if it succeeded\n"
-    "                  (-v: print the write-back's report)\n"
+    "                  (-v: print the write-back's report and the mount's log)\n"
+    "  status MNT      the daemon serving MNT and what it logged (refusals and why)\n"
     "  --finish DIR    finish the write-back a killed daemon left in staging DIR\n"
     "  --list-staging DIR  list what staging DIR holds (key, dtype, shape, bytes, where)\n"
     "  -h, --help      this text\n"
@@ -313,28 +316,9 @@ static char *abs_path(const char *p)
   return out;
 }
 
-/* /run/burnstore/<FNV-1a of `key`><suffix> (per-user elsewhere for non-root). */
-static void run_path(const char *key, const char *suffix, char *out, size_t n)
-{
-  const char *base = "/run/burnstore";
-  char alt[PATH_MAX];
-  if (geteuid() != 0) {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (xdg && *xdg)
-      snprintf(alt, sizeof alt, "%s/burnstore", xdg);
-    else
-      snprintf(alt, sizeof alt, "/tmp/burnstore-%u", (unsigned)geteuid());
-    base = alt;
-  }
-  mkdir(base, 0700);
-  uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
-  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
-    out[0] = '\0';
-}
-
 static void status_path(const char *mnt, char *out, size_t n)
 {
-  run_path(mnt, ".status", out, n);
+  fs_run_path(mnt, ".status", out, n);
 }
 
 static void update_target_pid(int fd, const char *target, const char *mnt);
@@ -342,25 +326,28 @@ static bool is_mounted(const char *mnt);
 static void write_status(int fd, const char *text);
 
 /* The target lock: one writable mount (or --finish) per output file. An
- * exclusive flock on /run/burnstore/<hash of the target>.target, held until
- * the daemon has written back and exits; the file names the holder. Returns
- * the fd, or -1 after printing who holds it. */
-static int lock_target(const char *target, const char *mnt)
+ * exclusive flock on /run/burnstore/<hash of the target>.target (its path
+ * into path[]), held until the daemon has written back and exits, which
+ * removes the file (fs_run_unlink) before closing it; the file names the
+ * holder. Returns the fd, or -1 after printing who holds it. */
+static int lock_target(const char *target, const char *mnt, char path[PATH_MAX])
 {
-  char path[PATH_MAX];
   char *real = realpath(target, NULL); /* one lock whatever symlink names it */
-  run_path(real ? real : target, ".target", path, sizeof path);
+  fs_run_path(real ? real : target, ".target", path, PATH_MAX);
   free(real);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    fprintf(stderr, PROG ": cannot lock the target %s (%s: %s)\n", target, path, strerror(errno));
-    return -1;
-  }
+  int fd;
   /* A daemon that was just unmounted may still be writing back: wait a bit. */
-  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+  for (int i = 0; (fd = fs_run_lock(path)) < 0; i++) {
+    if (errno != EWOULDBLOCK) {
+      fprintf(stderr, PROG ": cannot lock the target %s (%s: %s)\n", target, path, strerror(errno));
+      return -1;
+    }
     if (i >= 50) {
       char buf[PATH_MAX + 128] = {0};
-      ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+      int rfd = open(path, O_RDONLY | O_CLOEXEC);
+      ssize_t r = rfd >= 0 ? pread(rfd, buf, sizeof buf - 1, 0) : -1;
+      if (rfd >= 0)
+        close(rfd);
       buf[r > 0 ? r : 0] = '\0';
       long pid = 0;
       const char *m = strstr(buf, "mountpoint ");
@@ -383,7 +370,6 @@ static int lock_target(const char *target, const char *mnt)
                 PROG ": %s is already the target of a writable mount on %s (burnstore pid %ld): "
                      "unmount that first (burnstore -u %s)\n",
                 target, holder, pid, holder);
-      close(fd);
       return -1;
     }
     usleep(20000);
@@ -530,9 +516,13 @@ static int do_unmount(const char *mountpoint, bool verbose)
     fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
     return 1;
   }
-  char spath[PATH_MAX];
+  char spath[PATH_MAX], lpath[PATH_MAX];
   status_path(mnt, spath, sizeof spath);
+  fs_run_path(mnt, ".log", lpath, sizeof lpath);
   int fd = open(spath, O_RDWR | O_CLOEXEC);
+  /* The daemon removes both as it exits: read them through these fds. */
+  int lfd = fd >= 0 ? open(lpath, O_RDONLY | O_CLOEXEC) : -1;
+  int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
   if (fd < 0 && !is_mounted(mnt)) {
@@ -546,6 +536,10 @@ static int do_unmount(const char *mountpoint, bool verbose)
   if (rc != 0) {
     if (fd >= 0)
       close(fd);
+    if (lfd >= 0)
+      close(lfd);
+    if (pfd >= 0)
+      close(pfd);
     fprintf(stderr, PROG ": cannot unmount %s (fusermount3 -u failed%s)\n", mnt,
             rc == 127 ? ": not installed" : "; busy?");
     bs_free(mnt);
@@ -557,7 +551,9 @@ static int do_unmount(const char *mountpoint, bool verbose)
   }
   /* Blocks until the daemon has written back and exited (with a progress
    * line on a terminal, fs_progress.c). */
-  fs_progress_wait(fd, spath);
+  fs_progress_wait(fd, pfd);
+  if (pfd >= 0)
+    close(pfd);
   /* The status: a few lines, plus one per U8 blob of the report (bounded). */
   struct stat sst;
   size_t cap = fstat(fd, &sst) == 0 && sst.st_size > 0 ? (size_t)sst.st_size + 1 : 4096;
@@ -567,6 +563,8 @@ static int do_unmount(const char *mountpoint, bool verbose)
   if (!buf) {
     fprintf(stderr, PROG ": out of memory\n");
     close(fd);
+    if (lfd >= 0)
+      close(lfd);
     bs_free(mnt);
     return 1;
   }
@@ -595,8 +593,19 @@ static int do_unmount(const char *mountpoint, bool verbose)
             PROG ": the daemon of %s exited without finishing its write-back (killed?)%s%s\n", mnt,
             buf[0] ? "; its last status:\n" : "", buf);
     ret = 1;
+    /* What it could not remove itself. */
+    if (fs_run_unlink(spath, fd)) {
+      char ppath[PATH_MAX + 16];
+      snprintf(ppath, sizeof ppath, "%s.progress", spath);
+      unlink(lpath);
+      unlink(ppath);
+    }
   }
-  unlink(spath);
+  /* The refusals of the session (its log), with the report. */
+  if (verbose)
+    fs_log_print(lfd, stdout, PROG ": log: ");
+  if (lfd >= 0)
+    close(lfd);
   close(fd);
   bs_free(buf);
   bs_free(mnt);
@@ -645,6 +654,18 @@ static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
   fputs(has ? buf : "-", f);
 }
 
+/* The log a failed write-back left in its staging directory: why it failed. */
+static void print_stage_log(const char *dir)
+{
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s", dir, BS_STAGE_LOG_NAME);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    fs_log_print(fd, stdout, "log: ");
+    close(fd);
+  }
+}
+
 /* A staging directory without an INDEX (its daemon died while mounted or
  * before its write-back saved one): name its files, which hold raw bytes. */
 static int list_raw_staging(const char *dir)
@@ -667,11 +688,13 @@ static int list_raw_staging(const char *dir)
   while ((de = readdir(d)) != NULL) {
     struct stat st;
     if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
+        strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 || fstatat(dfd, de->d_name, &st, 0) != 0 ||
+        !S_ISREG(st.st_mode))
       continue;
     printf("-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
   }
   closedir(d);
+  print_stage_log(dir);
   return 1;
 }
 
@@ -717,6 +740,7 @@ static int do_list_staging(const char *dir)
     snprintf(path, sizeof path, "%s/%s", dir, f->file);
     printf("\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
   }
+  print_stage_log(dir);
   bs_stage_index_destroy(&idx);
   return 0;
 }
@@ -780,6 +804,7 @@ static int do_finish(const char *arg)
   bs_err err;
   bs_err_clear(&err);
   int ret = 1, lk = -1, tfd = -1;
+  char tpath[PATH_MAX] = "";
   struct bs_stage_index idx;
   bs_stage_index_init(&idx);
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -809,7 +834,7 @@ static int do_finish(const char *arg)
   }
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = lock_target(idx.target, who)) < 0)
+  if ((tfd = lock_target(idx.target, who, tpath)) < 0)
     goto out;
   if (bs_stage_index_attach(&idx, dir, &err) != 0) {
     if (err.code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
@@ -841,8 +866,10 @@ static int do_finish(const char *arg)
   ret = 0;
 out:
   bs_stage_index_destroy(&idx);
-  if (tfd >= 0)
+  if (tfd >= 0) {
+    fs_run_unlink(tpath, tfd);
     close(tfd);
+  }
   if (lk >= 0)
     close(lk);
   if (dfd >= 0)
@@ -1048,10 +1075,91 @@ static int prepare(struct fs *fs, struct args *a)
   return 0;
 }
 
+/* burnstore status MOUNTPOINT: which daemon serves it, for what, and what
+ * it logged (refusals, changed sources). Exit 0 while a daemon serves it. */
+static int do_status(int argc, char **argv)
+{
+  if (argc == 3 && (strcmp(argv[2], "-h") == 0 || strcmp(argv[2], "--help") == 0)) {
+    fputs("usage: burnstore status MOUNTPOINT\n"
+          "The daemon serving MOUNTPOINT (pid, staging directory, target) and every line it\n"
+          "logged: refusals (a setfattr or write it refused, and why), changed sources, signals.\n"
+          "Exit status 0 while a burnstore daemon serves it, 1 otherwise.\n",
+          stdout);
+    return 0;
+  }
+  if (argc != 3 || argv[2][0] == '-')
+    die_usage("status takes one MOUNTPOINT");
+  char *mnt = abs_path(argv[2]);
+  if (!mnt) {
+    fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
+    return 1;
+  }
+  char spath[PATH_MAX], lpath[PATH_MAX];
+  status_path(mnt, spath, sizeof spath);
+  fs_run_path(mnt, ".log", lpath, sizeof lpath);
+  int fd = open(spath, O_RDONLY | O_CLOEXEC);
+  bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
+  char buf[3 * PATH_MAX + 256] = "";
+  ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
+  buf[n > 0 ? n : 0] = '\0';
+  if (fd >= 0)
+    close(fd);
+  if (!alive) {
+    fprintf(stderr, PROG ": %s: no burnstore daemon serves it%s\n", mnt,
+            is_mounted(mnt) ? " (it is mounted, but not by a burnstore daemon of this user)" : "");
+    bs_free(mnt);
+    return 1;
+  }
+  long pid = 0;
+  const char *pp = strstr(buf, "\npid ");
+  if (pp)
+    pid = strtol(pp + 5, NULL, 10);
+  printf("%s: served by burnstore pid %ld (%s)\n", mnt, pid,
+         strncmp(buf, "running", 7) == 0 ? "mounted" : "writing back or exiting");
+  for (char *line = buf, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
+    *nl = '\0';
+    if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
+        strcmp(strchr(line, ' ') + 1, "-") != 0)
+      printf("%s\n", line);
+  }
+  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
+  printf("log %s:\n", lpath);
+  if (fs_log_print(lfd, stdout, "  ") == 0)
+    printf("  (nothing logged)\n");
+  if (lfd >= 0)
+    close(lfd);
+  bs_free(mnt);
+  return 0;
+}
+
+/* A daemon's runtime files, removed as it exits: the log, the progress
+ * file, the target lock, and last the status file, whose lock it lets go
+ * last. The fds are closed. */
+static void run_files_remove(const char *spath, int sfd, const char *lpath, const char *tpath,
+                             int tfd)
+{
+  char ppath[PATH_MAX + 16];
+  if (lpath && lpath[0])
+    unlink(lpath);
+  snprintf(ppath, sizeof ppath, "%s.progress", spath);
+  if (sfd >= 0)
+    unlink(ppath);
+  if (tfd >= 0) {
+    fs_run_unlink(tpath, tfd);
+    close(tfd);
+  }
+  if (sfd >= 0) {
+    fs_run_unlink(spath, sfd);
+    close(sfd);
+  }
+}
+
 int main(int argc, char **argv)
 {
   if (argc >= 2 && bs_cli_is_command(argv[1]))
     return bs_cli_main(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "status") == 0)
+    return do_status(argc, argv);
   struct args a;
   parse_args(&a, argc, argv);
   if (a.unmount) {
@@ -1099,45 +1207,45 @@ int main(int argc, char **argv)
     return 1;
   }
 
-  /* The status file, locked before mounting (see the top of this file). */
-  char spath[PATH_MAX];
+  /* The status file, locked before mounting (see the top of this file);
+   * the files of daemons that are gone are removed first. */
+  fs_run_sweep();
+  char spath[PATH_MAX], lpath[PATH_MAX], tpath[PATH_MAX] = "";
   status_path(mnt, spath, sizeof spath);
-  int sfd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  fs_run_path(mnt, ".log", lpath, sizeof lpath);
+  int sfd;
   /* A daemon that was just unmounted may still be on its way out. */
-  for (int i = 0; sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0 && i < 1500; i++) {
-    if (is_mounted(mnt))
-      break;
+  for (int i = 0; (sfd = fs_run_lock(spath)) < 0 && errno == EWOULDBLOCK; i++) {
+    if (i >= 1500 || is_mounted(mnt)) {
+      fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
+      fs_destroy(&fs);
+      args_destroy(&a);
+      bs_free(mnt);
+      return 1;
+    }
     usleep(20000);
-  }
-  if (sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0) {
-    fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
-    close(sfd);
-    fs_destroy(&fs);
-    args_destroy(&a);
-    bs_free(mnt);
-    return 1;
   }
   /* One writable mount per target, and its staging directory created
    * (exclusively, locked) before mounting, so that a failure is reported
    * here and not after the daemon has detached. */
   int tfd = -1;
   if (fs.writable) {
-    tfd = lock_target(fs.output, mnt);
+    tfd = lock_target(fs.output, mnt, tpath);
     int sc = tfd < 0 ? -1 : fs_staging_create(&fs);
     if (sc != 0) {
       if (sc < 0 && tfd >= 0)
         fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs.staging,
                 strerror(-sc));
-      if (tfd >= 0)
-        close(tfd);
-      close(sfd);
-      unlink(spath);
+      run_files_remove(spath, sfd, NULL, tpath, tfd);
       fs_destroy(&fs);
       args_destroy(&a);
       bs_free(mnt);
       return 1;
     }
   }
+  if (fs_log_open(lpath, a.foreground) != 0)
+    lpath[0] = '\0';
+  fs_progress_init(spath);
   char text[3 * PATH_MAX + 256];
   status_running(sfd, &fs, mnt);
 
@@ -1182,7 +1290,6 @@ int main(int argc, char **argv)
     goto out_signals;
   }
   bool daemonized = !a.foreground;
-  openlog(PROG, LOG_PID, LOG_USER);
   if (daemonized) {
     if (fuse_daemonize(0) != 0) {
       fuse_session_unmount(se);
@@ -1228,6 +1335,10 @@ int main(int argc, char **argv)
                fs.staging_fd >= 0 ? fs.staging : "",
                fs.staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
       report(daemonized, LOG_ERR, msg);
+      /* Kept with the staged data, for when nobody waits and there is no
+       * syslog: the session's log, then this. */
+      if (fs.staging_fd >= 0)
+        (void)fs_log_save(fs.staging_fd, BS_STAGE_LOG_NAME, msg);
       snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
       write_status(sfd, text);
       ret = 1;
@@ -1249,16 +1360,14 @@ out_session:
 out_status:
   fs_staging_remove(&fs);
   write_status(sfd, "error\nthe mount failed\n");
-  if (sfd >= 0)
-    unlink(spath);
 out_fs:
+  fs_log_close();
   fuse_opt_free_args(&fargs);
   fs_destroy(&fs);
   args_destroy(&a);
   bs_free(mnt);
-  if (sfd >= 0)
-    close(sfd);
-  if (tfd >= 0)
-    close(tfd);
+  /* Last (a `burnstore -u` waiting has the status and log files open, and
+   * returns when the status lock is let go). */
+  run_files_remove(spath, sfd, lpath, tpath, tfd);
   return ret;
 }

@@ -31,7 +31,6 @@
 #include <string.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
-#include <syslog.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -480,7 +479,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 }
 
 /* Bytes of a source that changed since the mount are never served: EIO,
- * and one log line per source (syslog, and stderr in the foreground). */
+ * and one log line per source (fs_log.c: the mount's log, syslog, and
+ * stderr in the foreground). */
 static bool source_changed(struct fs *fs, const struct bs_tensor *t)
 {
   if (t->src >= fs->cat.nsrcs)
@@ -490,8 +490,6 @@ static bool source_changed(struct fs *fs, const struct bs_tensor *t)
   if (!bs_src_changed(s, why, sizeof why))
     return false;
   if (!__atomic_exchange_n(&s->change_logged, true, __ATOMIC_RELAXED)) {
-    syslog(LOG_USER | LOG_ERR, "%s changed since it was mounted (%s): reads fail with EIO", s->name,
-           why);
     fuse_log(FUSE_LOG_ERR, "burnstore: %s changed since it was mounted (%s): reads fail with EIO\n",
              s->name, why);
   }

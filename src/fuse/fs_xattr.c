@@ -315,10 +315,8 @@ static bool computed(fuse_ino_t ino, const struct fs_ref *r, const char *name)
 }
 
 static int set_file(struct fs *fs, struct bs_entry *e, const struct fs_ref *r, const char *name,
-                    const char *value, size_t len, int flags)
+                    const char *value, size_t len, int flags, bs_err *err)
 {
-  bs_err err;
-  bs_err_clear(&err);
   int rc = 0;
   bool model = !r->is_dir && (strcmp(name, XA_DTYPE) == 0 || strcmp(name, XA_SHAPE) == 0 ||
                               strcmp(name, XA_PARAM_ID) == 0);
@@ -330,18 +328,33 @@ static int set_file(struct fs *fs, struct bs_entry *e, const struct fs_ref *r, c
       return rc;
   }
   if (strcmp(name, XA_DTYPE) == 0 && !r->is_dir)
-    rc = bs_entry_set_dtype(&fs->edit, e, value, len, &err);
+    rc = bs_entry_set_dtype(&fs->edit, e, value, len, err);
   else if (strcmp(name, XA_SHAPE) == 0 && !r->is_dir)
-    rc = bs_entry_set_shape(e, value, len, &err);
+    rc = bs_entry_set_shape(e, value, len, err);
   else if (strcmp(name, XA_PARAM_ID) == 0 && !r->is_dir)
-    rc = bs_entry_set_param_id(e, value, len, &err);
+    rc = bs_entry_set_param_id(e, value, len, err);
   else
-    rc = bs_entry_set_xattr(&fs->edit, e, name, value, len, flags, &err);
+    rc = bs_entry_set_xattr(&fs->edit, e, name, value, len, flags, err);
   if (rc)
-    return err.code;
+    return err->code;
   if (model)
     fs_mark_dirty(fs);
   return 0;
+}
+
+/* A refused setxattr's reason, for the user who only got the errno: the
+ * mount's log (fs_log.c), syslog, stderr in the foreground. */
+static void log_refusal(struct fs *fs, fuse_ino_t ino, const char *name, int rc, const bs_err *err)
+{
+  pthread_rwlock_rdlock(&fs->lock);
+  char *key = ino == BS_TREE_ROOT ? NULL : bs_tree_key(&fs->tree, ino, fs->flat);
+  pthread_rwlock_unlock(&fs->lock);
+  fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s on %s refused (%s): %s\n", name,
+           ino == BS_TREE_ROOT ? "the mount's root"
+           : key               ? key
+                               : "a file",
+           strerror(rc), err->msg[0] ? err->msg : strerror(rc));
+  bs_free(key);
 }
 
 void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
@@ -369,7 +382,7 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
   if (ino == BS_TREE_ROOT && has_prefix(name, XA_META) && fs->writer &&
       fs->writer->format == BS_FMT_GGUF &&
       bs_gguf_check_meta(&fs->cat, name + strlen(XA_META), value, size, &err) != 0) {
-    fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s: %s\n", name, err.msg);
+    log_refusal(fs, ino, name, err.code, &err);
     fuse_reply_err(req, err.code);
     return;
   }
@@ -379,11 +392,11 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
     if (!rc)
       fs_mark_dirty(fs);
   } else {
-    rc = set_file(fs, r.e, &r, name, value, size, flags);
+    rc = set_file(fs, r.e, &r, name, value, size, flags, &err);
   }
   unlock_e(r.e);
-  if (rc == ENOSPC)
-    fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s: %s\n", name, err.msg[0] ? err.msg : "no space");
+  if (rc)
+    log_refusal(fs, ino, name, rc, &err);
   fuse_reply_err(req, rc);
 }
 
