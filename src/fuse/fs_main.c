@@ -35,12 +35,13 @@
 #include "fs.h"
 #include "fs_run.h"
 #include "fs_views.h"
+#include "progress.h"
 
 #define PROG "burnstore"
 
 static const char usage_text[] =
     "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
-    "       burnstore -u [-v] MOUNTPOINT\n"
+    "       burnstore -u [-v] [--progress|--no-progress] MOUNTPOINT\n"
     "       burnstore status MOUNTPOINT\n"
     "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
 /* then bs_cli_usage (the subcommands), then: */
@@ -55,7 +56,9 @@ static const char usage_rest[] =
     "  -d              debug output (implies -f)\n"
     "  -s              single-threaded\n"
     "  -u, --unmount   unmount, wait for the write-back, exit 0 only if it succeeded\n"
-    "                  (-v: print the write-back's report and the mount's log)\n"
+    "                  (-v: print the write-back's report and the mount's log;\n"
+    "                  --progress / --no-progress: the progress line of a write-back over\n"
+    "                  256 MiB also when stderr is not a terminal / not even on one)\n"
     "  status MNT      the daemon serving MNT and what it logged (refusals and why)\n"
     "  --finish DIR    finish the write-back a killed daemon left in staging DIR\n"
     "  --list-staging DIR  list what staging DIR holds (key, dtype, shape, bytes, where)\n"
@@ -106,6 +109,7 @@ static const char *const fuse_opts[] = {"allow_other", "allow_root",  "default_p
 struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
+  int progress;                      /* BS_PROGRESS_*: -u --progress, --no-progress */
   const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
   bool ro, rw, flat, strict, direct_io;
   char *output, *staging;  /* owned */
@@ -241,6 +245,8 @@ static void parse_args(struct args *a, int argc, char **argv)
       a->unmount = true;
     } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
       a->verbose = true;
+    } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO) {
+      a->progress = bs_progress_flag(s);
     } else if (strcmp(s, "--finish") == 0 || strcmp(s, "--list-staging") == 0) {
       if (++i >= argc)
         die_usage("%s needs a STAGING_DIR", s);
@@ -266,6 +272,8 @@ static void parse_args(struct args *a, int argc, char **argv)
       die_usage("too many arguments ('%s')", s);
     }
   }
+  if (a->progress && !a->unmount)
+    die_usage("--progress and --no-progress go with -u (convert takes them too)");
   if (a->finish || a->list_staging) {
     if (a->source || a->unmount)
       die_usage("%s takes only a STAGING_DIR", a->finish ? "--finish" : "--list-staging");
@@ -509,7 +517,7 @@ static bool is_mounted(const char *mnt)
   return found;
 }
 
-static int do_unmount(const char *mountpoint, bool verbose)
+static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
   char *mnt = abs_path(mountpoint);
   if (!mnt) {
@@ -551,7 +559,7 @@ static int do_unmount(const char *mountpoint, bool verbose)
   }
   /* Blocks until the daemon has written back and exited (with a progress
    * line on a terminal, fs_progress.c). */
-  fs_progress_wait(fd, pfd);
+  fs_progress_wait(fd, pfd, progress);
   if (pfd >= 0)
     close(pfd);
   /* The status: a few lines, plus one per U8 blob of the report (bounded). */
@@ -1164,7 +1172,7 @@ int main(int argc, char **argv)
   parse_args(&a, argc, argv);
   if (a.unmount) {
     args_destroy(&a);
-    return do_unmount(a.mountpoint, a.verbose);
+    return do_unmount(a.mountpoint, a.verbose, a.progress);
   }
   if (a.finish || a.list_staging) {
     const char *dir = a.finish ? a.finish : a.list_staging;

@@ -115,9 +115,9 @@ static bool read_progress(int fd, uint64_t *done, uint64_t *total)
   return true;
 }
 
-void fs_progress_wait(int fd, int pfd)
+void fs_progress_wait(int fd, int pfd, int mode)
 {
-  bool tty = isatty(2);
+  bool tty = mode == BS_PROGRESS_AUTO ? isatty(2) : mode == BS_PROGRESS_ON;
   struct bs_progress p = {0};
   bool shown = false;
   for (;;) {
@@ -125,12 +125,12 @@ void fs_progress_wait(int fd, int pfd)
       break;
     if (errno == EINTR)
       continue;
-    if (errno != EWOULDBLOCK) /* (not a tty: blocked above) */
+    if (errno != EWOULDBLOCK) /* (no progress shown: blocked above) */
       break;
     uint64_t d, t;
     if (read_progress(pfd, &d, &t)) {
       if (!shown) {
-        bs_progress_start(&p, "write-back", t, 2);
+        bs_progress_start(&p, "write-back", t, 2, tty ? BS_PROGRESS_ON : BS_PROGRESS_OFF);
         shown = true;
       }
       bs_progress_set(&p, d);
@@ -141,7 +141,7 @@ void fs_progress_wait(int fd, int pfd)
   uint64_t d, t;
   if (tty && read_progress(pfd, &d, &t)) {
     if (!shown)
-      bs_progress_start(&p, "write-back", t, 2);
+      bs_progress_start(&p, "write-back", t, 2, tty ? BS_PROGRESS_ON : BS_PROGRESS_OFF);
     bs_progress_set(&p, d);
     bs_progress_end(&p);
   }

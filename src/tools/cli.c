@@ -53,6 +53,7 @@ struct opts {
   struct bs_keyopts keys;
   struct bs_adapter adapter;
   bool strict, json, npy, quiet;
+  int progress; /* BS_PROGRESS_*: --progress, --no-progress */
   const char *meta;
   uint64_t max_shard_size;
   const char *pos[3];
@@ -113,6 +114,8 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
       o->npy = true;
     } else if ((strcmp(s, "-q") == 0 || strcmp(s, "--quiet") == 0) && strchr(flags, 'q')) {
       o->quiet = true;
+    } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO && strchr(flags, 'p')) {
+      o->progress = bs_progress_flag(s);
     } else if (strcmp(s, "--meta") == 0 && strchr(flags, 'm')) {
       if (++i >= argc) {
         fail("%s: --meta needs a KEY", argv[0]);
@@ -683,7 +686,7 @@ static void progress_observer(void *ctx, uint64_t n)
 static int cmd_convert(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 2, "qs");
+  int p = parse(argc, argv, &o, 2, "qsp");
   if (p != 0) {
     opts_destroy(&o);
     return p > 0 ? 0 : 2;
@@ -720,9 +723,7 @@ static int cmd_convert(int argc, char **argv)
       total += cat.tensors[i].nbytes, n++;
   struct bs_write_opts wo = {.max_shard_size = o.max_shard_size};
   struct bs_progress pr;
-  bs_progress_start(&pr, "convert", total, 2);
-  if (o.quiet)
-    pr.on = false;
+  bs_progress_start(&pr, "convert", total, 2, o.quiet ? BS_PROGRESS_OFF : o.progress);
   if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
     fail_err(in, &err);
   else {
@@ -736,7 +737,7 @@ static int cmd_convert(int argc, char **argv)
   }
   if (rc == 0)
     bs_progress_end(&pr);
-  else if (pr.on)
+  else if (pr.on && pr.tty)
     fputc('\n', stderr);
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
@@ -769,12 +770,15 @@ static const struct cmd cmds[] = {
      "Exit status: 0 the same, 1 different, 2 trouble.\n"
      "  -q           compare keys, dtypes and shapes only, not the bytes\n",
      cmd_diff},
-    {"convert", "[-q] [-o KEYOPTS] IN OUT",
+    {"convert", "[-q] [--progress|--no-progress] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
      "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
-     "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
+     "checkpoint. Outputs over 256 MiB show a progress line (bytes, rate, ETA, until the\n"
+     "data is on disk) when stderr is a terminal.\n"
      "  -q           no progress line, no summary\n"
+     "  --progress   the progress line also when stderr is not a terminal (a line a second)\n"
+     "  --no-progress  no progress line, also on a terminal\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert},
 };
