@@ -11,14 +11,17 @@
  * it inferred. Removing a computed name (key, format, ...) succeeds and
  * changes nothing, as rsync -X removes what its source lacks. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/npy.h"
 #include "formats/st_index.h"
 #include "fs.h"
 
@@ -161,6 +164,27 @@ static int get_file(struct fs *fs, const struct fs_ref *r, const struct bs_entry
 }
 
 /* The key of a file: the source key in a read-only mount, else its path's. */
+/* A staged NAME.npy that numpy wrote (its bytes start with NumPy's magic)
+ * is written back as tensor NAME (core/edit.c, add_npy). */
+static bool staged_npy(struct fs *fs, const struct fs_ref *r, const char *key)
+{
+  size_t kl = strlen(key);
+  if (!r->e || kl <= 4 || strcmp(key + kl - 4, ".npy") != 0)
+    return false;
+  bool npy = false;
+  lock_rd(r->e);
+  if (r->e->stage && r->e->size >= 10) {
+    int fd = fs_stage_open(fs, r->e, O_RDONLY);
+    uint8_t head[10];
+    npy = fd >= 0 && pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+          bs_npy_is_npy(head, sizeof head);
+    if (fd >= 0)
+      close(fd);
+  }
+  unlock_e(r->e);
+  return npy;
+}
+
 static int get_key(struct fs *fs, fuse_ino_t ino, const struct fs_ref *r, struct xbuf *b)
 {
   if (!r->e) {
@@ -174,6 +198,8 @@ static int get_key(struct fs *fs, fuse_ino_t ino, const struct fs_ref *r, struct
   pthread_rwlock_unlock(&fs->lock);
   if (!key)
     return ENODATA;
+  if (staged_npy(fs, r, key))
+    key[strlen(key) - 4] = '\0';
   int rc = xadds(b, key);
   bs_free(key);
   return rc;
