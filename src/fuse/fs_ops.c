@@ -778,6 +778,21 @@ static int check_name(const char *name)
   return 0;
 }
 
+/* The refusals of a new name that only the log can explain (after the tree
+ * lock is let go: no I/O under it). */
+static void log_name_refusal(struct fs *fs, const char *what, const char *name, int rc)
+{
+  if (rc == EINVAL)
+    fuse_log(
+        FUSE_LOG_ERR,
+        "burnstore: %s %s refused: a %% in a name starts an escape (%%2F, %%25, %%2E) or is the "
+        "whole name\n",
+        what, name);
+  else if (rc == EPERM && fs->flat)
+    fuse_log(FUSE_LOG_ERR, "burnstore: %s %s refused: a flat mount has no directories\n", what,
+             name);
+}
+
 /* A new file or directory (tree lock held exclusive). A new file has no
  * bytes and no staging file until it is written. */
 static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode, bool dir,
@@ -818,6 +833,7 @@ static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mo
   int rc = do_mknode(fs, parent, name, mode, dir, fi != NULL, &ino, &r);
   unlock(fs);
   if (rc) {
+    log_name_refusal(fs, dir ? "mkdir" : "create", name, rc);
     fuse_reply_err(req, rc);
     return;
   }
@@ -839,9 +855,14 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
   (void)rdev;
-  if (!S_ISREG(mode))
+  if (!S_ISREG(mode)) {
+    if (fs_data(req)->writable)
+      fuse_log(FUSE_LOG_ERR,
+               "burnstore: mknod %s refused: a checkpoint holds regular files only (no devices, "
+               "fifos or sockets)\n",
+               name);
     fuse_reply_err(req, fs_data(req)->writable ? EPERM : EROFS);
-  else
+  } else
     reply_mknode(req, parent, name, mode, false, NULL);
 }
 
@@ -981,6 +1002,11 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
   wrlock(fs);
   int rc = do_rename(fs, parent, name, newparent, newname, flags, &gone);
   unlock(fs);
+  if (rc == EINVAL && (flags & ~(unsigned)RENAME_NOREPLACE))
+    fuse_log(FUSE_LOG_ERR, "burnstore: rename %s refused: only plain renames (and noreplace)\n",
+             name);
+  else
+    log_name_refusal(fs, "rename to", newname, rc);
   forget_entry(fs, gone);
   fuse_reply_err(req, rc);
 }

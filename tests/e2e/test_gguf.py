@@ -188,6 +188,17 @@ def test_refusal_reason_reaches_the_user_without_syslog(tmp):
         line = [l for l in st.stdout.splitlines() if META + "t.u32" in l]
         check(len(line) == 1 and "refused" in line[0] and "expected an integer" in line[0],
               "burnstore status shows the refusal and its reason: %r" % st.stdout)
+        # refusals of names and file types, explained in the same log
+        for what, call in (("mkdir a%zz", lambda: os.mkdir(os.path.join(m, "a%zz"))),
+                           ("mknod fifo", lambda: os.mkfifo(os.path.join(m, "fifo")))):
+            try:
+                call()
+                check(False, "%s is refused" % what)
+            except OSError:
+                pass
+        st = run([BIN, "status", m]).stdout
+        check("mkdir a%zz refused: a % in a name starts an escape" in st and "mknod fifo refused" in st,
+              "the log explains the refused mkdir and mknod: %r" % st)
         u = run([BIN, "-u", "-v", m])
         check(u.returncode == 0, "-u -v: %s" % u.stderr)
         check(any(META + "t.u32" in l and l.startswith("burnstore: log: ") for l in u.stdout.splitlines()),
