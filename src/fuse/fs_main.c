@@ -1239,6 +1239,8 @@ int main(int argc, char **argv)
   int tfd = -1;
   if (fs.writable) {
     tfd = lock_target(fs.output, mnt, tpath);
+    if (tfd >= 0)
+      fs_run_sweep_staging(fs.staging);
     int sc = tfd < 0 ? -1 : fs_staging_create(&fs);
     if (sc != 0) {
       if (sc < 0 && tfd >= 0)

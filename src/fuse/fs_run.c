@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/checked.h"
+#include "core/stage_index.h"
 #include "fs_run.h"
 
 void fs_run_dir(char *out, size_t n)
@@ -91,6 +92,59 @@ static bool remove_if_free(int dfd, const char *name)
     gone = unlinkat(dfd, name, 0) == 0;
   close(fd);
   return gone;
+}
+
+/* dir/name is a dead daemon's staging directory holding only its lock:
+ * remove it (under that lock, so no daemon or --finish can be using it). */
+static void remove_empty_staging(int pfd, const char *name)
+{
+  int dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return;
+  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  DIR *d = NULL;
+  if (lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0) {
+    int dup_fd = dup(dfd);
+    d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+    if (!d && dup_fd >= 0)
+      close(dup_fd);
+  }
+  bool empty = d != NULL;
+  for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
+    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+            strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0;
+  if (d)
+    closedir(d);
+  if (empty && unlinkat(dfd, BS_STAGE_LOCK_NAME, 0) == 0)
+    unlinkat(pfd, name, AT_REMOVEDIR);
+  if (lk >= 0)
+    close(lk);
+  close(dfd);
+}
+
+void fs_run_sweep_staging(const char *template)
+{
+  const char *slash = strrchr(template, '/');
+  size_t tl = strlen(template);
+  if (!slash || tl < 6 || strcmp(template + tl - 6, "XXXXXX") != 0)
+    return;
+  char dir[PATH_MAX], prefix[NAME_MAX + 1];
+  snprintf(dir, sizeof dir, "%.*s", (int)(slash == template ? 1 : slash - template), template);
+  snprintf(prefix, sizeof prefix, "%.*s", (int)(tl - 6 - (size_t)(slash + 1 - template)),
+           slash + 1);
+  size_t pl = strlen(prefix);
+  int pfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dup_fd = pfd >= 0 ? dup(pfd) : -1;
+  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  if (!d && dup_fd >= 0)
+    close(dup_fd);
+  for (struct dirent *de; d && (de = readdir(d)) != NULL;)
+    if (strncmp(de->d_name, prefix, pl) == 0 && strlen(de->d_name) == pl + 6)
+      remove_empty_staging(pfd, de->d_name);
+  if (d)
+    closedir(d);
+  if (pfd >= 0)
+    close(pfd);
 }
 
 void fs_run_sweep(void)

@@ -29,6 +29,12 @@ bool fs_run_unlink(const char *path, int fd);
  * logs and progress files, and target locks that nobody holds. */
 void fs_run_sweep(void);
 
+/* Remove the staging directories of dead daemons that hold nothing (only
+ * their lock file: no staged data, no INDEX, no log) among the siblings
+ * named like `template` (a mkdtemp template, DIR/PREFIXXXXXXX). Directories
+ * with data are kept for --list-staging / --finish. */
+void fs_run_sweep_staging(const char *template);
+
 /* ---- The per-mount log (fs_log.c) ----
  * Every fuse_log line of the daemon (refusals, changed sources, signals)
  * goes to stderr in the foreground, to syslog, and is appended to the log

@@ -31,18 +31,23 @@
  * mkdtemp makes a fresh one (never one another daemon uses, whatever PIDs
  * are reused), and an flock on its "lock" file, held until the daemon exits,
  * tells `burnstore --finish` and other daemons that it is alive. */
-int fs_staging_create(struct fs *fs)
+static int staging_try(struct fs *fs)
 {
-  if (fs->staging_fd >= 0)
-    return 0;
   if (!mkdtemp(fs->staging))
     return -errno;
   int fd = open(fs->staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
     return -errno;
   int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (lk < 0 || flock(lk, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
+  struct stat held, now;
+  /* Another daemon removing dead daemons' empty staging directories
+   * (fs_run_sweep_staging) may take or remove this one between the create
+   * and the lock: then try a new one. */
+  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &held) == 0 &&
+            fstatat(fd, BS_STAGE_LOCK_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            held.st_ino == now.st_ino;
+  if (!ok) {
+    int e = lk >= 0 ? EAGAIN : errno;
     if (lk >= 0)
       close(lk);
     unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
@@ -53,6 +58,21 @@ int fs_staging_create(struct fs *fs)
   fs->staging_fd = fd;
   fs->staging_lock = lk;
   return 0;
+}
+
+int fs_staging_create(struct fs *fs)
+{
+  if (fs->staging_fd >= 0)
+    return 0;
+  size_t len = strlen(fs->staging);
+  if (len < 6)
+    return -EINVAL;
+  int rc = -EAGAIN;
+  for (int tries = 0; rc == -EAGAIN && tries < 5; tries++) {
+    memcpy(fs->staging + len - 6, "XXXXXX", 6);
+    rc = staging_try(fs);
+  }
+  return rc;
 }
 
 static void stage_name(const struct bs_entry *e, char *name, size_t n)

@@ -216,24 +216,37 @@ def test_runtime_files_live_with_their_daemon(tmp):
             check(r.returncode == 0 and wait_daemon_gone(mnt), "fusermount3 -u (%s)" % opts)
         check(runtime_files(mnt, src) == [], "nothing left after fusermount3 -u (%s): %r"
               % (opts, runtime_files(mnt, src)))
-    # A killed daemon cannot remove its files: the next start does.
-    with Mount(src, mnt, "rw"):
-        sh("printf 1234 > k", mnt)
-        pid = daemon_pid(os.path.realpath(mnt))
-        if check(pid is not None, "the daemon's pid"):
-            os.kill(pid, 9)
-            end = time.time() + 30
-            while os.path.exists("/proc/%d" % pid) and time.time() < end:
-                time.sleep(0.05)
-        force_unmount(mnt)
+    # A killed daemon cannot remove its files: the next start does, and the
+    # next mount of its target removes its staging directory if it holds
+    # nothing (one with staged data is kept for --finish).
+    def killed(write):
+        with Mount(src, mnt, "rw"):
+            if write:
+                sh("printf 1234 > k", mnt)
+            pid = daemon_pid(os.path.realpath(mnt))
+            if check(pid is not None, "the daemon's pid"):
+                os.kill(pid, 9)
+                end = time.time() + 30
+                while os.path.exists("/proc/%d" % pid) and time.time() < end:
+                    time.sleep(0.05)
+            force_unmount(mnt)
         left = runtime_files(mnt, src)
         check(len(left) >= 2, "a killed daemon leaves its files: %r" % left)
+    stg = lambda: set(glob.glob(os.path.join(tmp, ".rt.bpk.staging-*")))
+    killed(write=True)
+    with_data = stg()
+    killed(write=False)
     other = os.path.join(tmp, "rt2")
     with Mount(src, other, "ro") as m2:
         check(runtime_files(mnt, src) == [], "the next start removed them: %r" % runtime_files(mnt, src))
         m2.unmount()
+    check(len(with_data) == 1 and len(stg()) == 2, "two dead staging directories: %r" % stg())
+    with Mount(src, other, "rw") as m2:
+        m2.unmount()
+    check(stg() == with_data, "the next mount of the target removed the empty one, kept the other: %r"
+          % (stg(),))
     check(runtime_files(mnt, src, other) == [], "nothing left at the end: %r" % runtime_files(mnt, src, other))
-    for d in glob.glob(os.path.join(tmp, ".rt.bpk.staging-*")):
+    for d in stg():
         run(["rm", "-rf", d])
 
 
