@@ -153,8 +153,8 @@ leftovers() {
     esac
   done
   find /tmp /var/tmp -maxdepth 3 -type d \( -name '.*.staging-??????' -o -name 'burnstore-??????' \) \
-    -printf 'staging directory %p\n' 2>/dev/null
-  awk '$3 == "fuse.burnstore" { print "mount " $2 }' /proc/mounts
+    -printf 'staging directory %p\n' 2>/dev/null || true
+  awk '$3 == "fuse.burnstore" { print "mount " $2 }' /proc/mounts || true
   for p in /proc/[0-9]*; do
     e=$(readlink "$p/exe" 2>/dev/null) || continue
     case $e in
