@@ -370,12 +370,13 @@ static int set_file(struct fs *fs, struct bs_entry *e, const struct fs_ref *r, c
 
 /* A refused setxattr's reason, for the user who only got the errno: the
  * mount's log (fs_log.c), syslog, stderr in the foreground. */
-static void log_refusal(struct fs *fs, fuse_ino_t ino, const char *name, int rc, const bs_err *err)
+static void log_refusal(struct fs *fs, const char *op, fuse_ino_t ino, const char *name, int rc,
+                        const bs_err *err)
 {
   pthread_rwlock_rdlock(&fs->lock);
   char *key = ino == BS_TREE_ROOT ? NULL : bs_tree_key(&fs->tree, ino, fs->flat);
   pthread_rwlock_unlock(&fs->lock);
-  fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s on %s refused (%s): %s\n", name,
+  fuse_log(FUSE_LOG_ERR, "burnstore: %s %s on %s refused (%s): %s\n", op, name,
            ino == BS_TREE_ROOT ? "the mount's root"
            : key               ? key
                                : "a file",
@@ -408,7 +409,7 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
   if (ino == BS_TREE_ROOT && has_prefix(name, XA_META) && fs->writer &&
       fs->writer->format == BS_FMT_GGUF &&
       bs_gguf_check_meta(&fs->cat, name + strlen(XA_META), value, size, &err) != 0) {
-    log_refusal(fs, ino, name, err.code, &err);
+    log_refusal(fs, "setxattr", ino, name, err.code, &err);
     fuse_reply_err(req, err.code);
     return;
   }
@@ -422,7 +423,7 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
   }
   unlock_e(r.e);
   if (rc)
-    log_refusal(fs, ino, name, rc, &err);
+    log_refusal(fs, "setxattr", ino, name, rc, &err);
   fuse_reply_err(req, rc);
 }
 
@@ -463,5 +464,7 @@ void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
     rc = bs_entry_remove_xattr(&fs->edit, e, name, &err) ? err.code : 0;
   }
   unlock_e(e);
+  if (rc && rc != ENODATA)
+    log_refusal(fs, "removexattr", ino, name, rc, &err);
   fuse_reply_err(req, rc);
 }
