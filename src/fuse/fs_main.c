@@ -1123,7 +1123,7 @@ static int do_status(int argc, char **argv)
   if (pp)
     pid = strtol(pp + 5, NULL, 10);
   printf("%s: served by burnstore pid %ld (%s)\n", mnt, pid,
-         strncmp(buf, "running", 7) == 0 ? "mounted" : "writing back or exiting");
+         is_mounted(mnt) ? "mounted" : "unmounted, writing back or exiting");
   for (char *line = buf, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
     *nl = '\0';
     if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
