@@ -57,7 +57,8 @@ stage() {
   shift
   n=$((n + 1))
   local log start rc=0
-  log=$logs/$(printf '%02d' $n)-${name// /-}.log
+  local slug=${name//[^A-Za-z0-9.+-]/-}
+  log=$logs/$(printf '%02d' $n)-$slug.log
   start=$SECONDS
   "$@" >"$log" 2>&1 </dev/null || rc=$?
   if [ $rc -ne 0 ]; then
@@ -119,7 +120,7 @@ release_install() {
 core_only() {
   # The core, its headers and the tools must not include FUSE; the build below
   # does not even look for fuse3, so a FUSE include there fails to compile.
-  if grep -rnE '#[[:space:]]*include[[:space:]]*[<"]fuse' include src/core src/formats src/tools; then
+  if grep -rnE '#[[:space:]]*include[[:space:]]*[<"]fuse' include src/core src/formats src/tools src/main; then
     echo "tests/run.sh: the core or a tool includes a FUSE header"
     return 1
   fi

@@ -89,8 +89,12 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
   return 0;
 }
 
-int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, bs_err *err)
+int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struct bs_owner *own,
+                   bs_err *err)
 {
+  static const struct bs_owner none = {0, 0, 0644, 0755};
+  if (!own)
+    own = &none;
   struct bs_tree *t = ed->tree;
   for (uint64_t ino = BS_TREE_ROOT; ino < t->n; ino++) {
     struct bs_node *nd = &t->nodes[ino];
@@ -98,9 +102,12 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, bs_err *err
       continue;
     long ti = nd->is_dir ? -1 : nd->tensor;
     uint64_t size = ti >= 0 && (size_t)ti < ed->src->count ? ed->src->tensors[ti].nbytes : 0;
-    struct bs_entry *e = bs_entry_new(ti, size, nd->is_dir, nd->is_dir ? 0755 : 0644);
+    struct bs_entry *e =
+        bs_entry_new(ti, size, nd->is_dir, nd->is_dir ? own->dir_mode : own->file_mode);
     if (!e)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    e->uid = own->uid;
+    e->gid = own->gid;
     if (mtime)
       e->mtime = *mtime;
     nd->user = e;

@@ -48,7 +48,8 @@ struct bs_entry {
   uint64_t param_id;
   struct bs_xattr *xattrs; /* owned: other user.* xattrs, kept as set */
   size_t nxattrs;
-  uint32_t mode; /* permission bits */
+  uint32_t mode;     /* permission bits */
+  uint32_t uid, gid; /* owner, for the life of the mount (chown) */
   struct timespec mtime;
   unsigned nopen;        /* open handles (the FUSE layer counts them) */
   int fd;                /* the caller's: the staging file, open while nopen > 0; else -1 */
@@ -69,8 +70,16 @@ struct bs_edit {
 /* Take a copy of src's metadata (read-only mounts use this much too). */
 BS_NODISCARD int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src,
                               struct bs_tree *tree, bool flat, bs_err *err);
-/* Attach an entry to every live node of the tree that has none (writable). */
-BS_NODISCARD int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, bs_err *err);
+/* Who owns the files a mount shows from its source, and their permission
+ * bits (directories: file_mode plus x where r is). */
+struct bs_owner {
+  uint32_t uid, gid;
+  uint32_t file_mode, dir_mode;
+};
+/* Attach an entry to every live node of the tree that has none (writable),
+ * owned as `own` says (NULL: uid 0, gid 0, 0644 and 0755). */
+BS_NODISCARD int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime,
+                                const struct bs_owner *own, bs_err *err);
 /* Frees every entry (also of removed nodes) and the metadata. */
 void bs_edit_destroy(struct bs_edit *ed);
 

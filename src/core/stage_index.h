@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "burnstore/catalog.h"
-#include "formats/bpk_write.h"
+#include "burnstore/sink.h"
 
 #define BS_STAGE_INDEX_NAME "INDEX"
 #define BS_STAGE_LOCK_NAME "lock"

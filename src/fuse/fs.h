@@ -45,8 +45,9 @@ struct fs {
   char *report;             /* owned: the last write-back's report lines, or NULL */
   unsigned long next_stage; /* lock: `stage_lock` */
   struct timespec mtime;    /* timestamps of the read-only view */
-  uid_t uid;
-  gid_t gid;
+  /* -o uid=, gid= (default: the mounting user's); the modes of SOURCE's
+   * files and directories: its own less umask= (fs_main.c: prepare) */
+  struct bs_owner owner;
   double timeout;             /* entry/attr cache timeout */
   pthread_rwlock_t lock;      /* the tree lock: names only (fs_ops.c) */
   pthread_mutex_t stage_lock; /* staging directory and ids */
@@ -99,8 +100,9 @@ int fs_stage_open(struct fs *fs, const struct bs_entry *e, int flags);
 void fs_stage_free(struct fs *fs, struct bs_entry *e);
 /* Raise the soft RLIMIT_NOFILE to the hard limit. */
 void fs_raise_nofile(void);
-/* Serialize the tree to fs->output (atomic). Returns 0, or -1 with err set;
- * on failure the staged data is kept and err names where it is. */
+/* Serialize the tree to fs->output (atomic) through the core's write-back
+ * (core/writeback.h: output catalog, INDEX, writer). Returns 0, or -1 with
+ * err set; on failure the staged data is kept for `burnstore --finish`. */
 int fs_writeback(struct fs *fs, bs_err *err);
 /* Create the staging directory exclusively from the template in
  * fs->staging (mkdtemp) and lock it for the life of the daemon. 0 or -errno. */
@@ -108,6 +110,12 @@ int fs_staging_create(struct fs *fs);
 /* Remove the staging directory and its files (after a successful write);
  * only the one this daemon created and holds the lock of. */
 void fs_staging_remove(struct fs *fs);
+
+/* After a failed mount by a user other than root (fs_mount_diag.c): the
+ * cause, in one line into out, if it is /dev/fuse's mode, fusermount3 not
+ * setuid root, or allow_other/allow_root (in the FUSE option string `opts`)
+ * without user_allow_other in /etc/fuse.conf. false (out "") otherwise. */
+bool fs_mount_diagnose(const char *opts, char *out, size_t n);
 
 /* Writable mounts (fs_stop.c): from just before the session loop until just
  * after it, SIGTERM, SIGINT and SIGHUP flush and unmount the mount while

@@ -1,4 +1,4 @@
-/* The per-mount log (see fs_run.h): fuse_log lines to stderr in the
+/* The per-mount log (see fs_log.h): fuse_log lines to stderr in the
  * foreground, to syslog, and to a file in the runtime directory, so a
  * refusal reaches the user also where there is no syslog (containers). */
 #include <errno.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "fs.h"
-#include "fs_run.h"
+#include "fs_log.h"
 
 /* The log file grows to at most this; then one last line says so. */
 #define LOG_CAP (1u << 20)

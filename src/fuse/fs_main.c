@@ -9,8 +9,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <malloc.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,26 +27,25 @@
 #include "burnstore/adapter.h"
 #include "burnstore/formats.h"
 #include "burnstore/version.h"
-#include "cli.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/progress.h"
 #include "core/stage_index.h"
-#include "core/strmap.h"
+#include "core/target.h"
+#include "core/writeback.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "fs.h"
-#include "fs_run.h"
+#include "fs_log.h"
 #include "fs_views.h"
-#include "progress.h"
+#include "main/mount.h"
 
 #define PROG "burnstore"
 
-static const char usage_text[] =
-    "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
-    "       burnstore -u [-v] [--progress|--no-progress] MOUNTPOINT\n"
-    "       burnstore status MOUNTPOINT\n"
-    "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
-/* then bs_cli_usage (the subcommands), then: */
+static const char usage_text[] = "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
+                                 "       burnstore -u [-v] [--progress|--no-progress] MOUNTPOINT\n"
+                                 "       burnstore status MOUNTPOINT\n";
+/* then the CLI's usage (the subcommands), then: */
 static const char usage_rest[] =
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, GGUF, PyTorch) as a directory:\n"
@@ -87,7 +88,14 @@ static const char usage_rest[] =
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
     "  direct_io              read-only: reads bypass the page cache in ~1 MiB requests\n"
     "                         (faster first reads; shared mmap of tensor files then fails)\n"
-    "  allow_other, default_permissions, nosuid, nodev, noexec, noatime: passed to FUSE\n"
+    "  uid=ID, gid=ID         owner and group of SOURCE's files (number or name;\n"
+    "                         default: the mounting user's)\n"
+    "  umask=OOO              mode bits (octal) taken off SOURCE's files and directories,\n"
+    "                         which show SOURCE's read bits (rw: and the owner's w;\n"
+    "                         directories: x where r)\n"
+    "  allow_other, allow_root, nosuid, nodev, noexec, noatime: passed to FUSE; the\n"
+    "                         kernel checks the modes shown on every mount\n"
+    "                         (default_permissions is always on)\n"
     "\n"
     "See burnstore(1) and docs/user-guide.md.\n";
 
@@ -109,11 +117,12 @@ static const char *const fuse_opts[] = {"allow_other", "allow_root",  "default_p
 struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
-  int progress;                      /* BS_PROGRESS_*: -u --progress, --no-progress */
-  const char *finish, *list_staging; /* --finish DIR, --list-staging DIR */
+  int progress; /* BS_PROGRESS_*: -u --progress, --no-progress */
   bool ro, rw, flat, strict, direct_io;
-  char *output, *staging;  /* owned */
-  uint64_t max_shard_size; /* 0: none */
+  bool has_uid, has_gid;
+  uint32_t uid, gid, umask; /* -o uid=, gid=, umask= */
+  char *output, *staging;   /* owned */
+  uint64_t max_shard_size;  /* 0: none */
   char fuse_extra[2048];
   struct bs_keyopts keys;
   int npy;                   /* FS_NPY_*: -o npy, npy=only */
@@ -149,6 +158,34 @@ static void add_fuse_opt(struct args *a, const char *opt)
   if (used)
     strcat(a->fuse_extra, ",");
   strcat(a->fuse_extra, opt);
+}
+
+/* uid=/gid= (a number, or a user or group name), umask= (octal, <= 0777). */
+static uint32_t parse_owner_opt(const char *opt, const char *val)
+{
+  char *end;
+  errno = 0;
+  bool octal = opt[0] == 'u' && opt[1] == 'm';
+  unsigned long v = strtoul(val, &end, octal ? 8 : 10);
+  bool num = *val >= '0' && *val <= '9' && *end == '\0' && errno == 0;
+  if (octal) {
+    if (!num || v > 0777)
+      die_usage("umask=%s: not octal mode bits (0 to 0777, e.g. 022 or 077)", val);
+    return (uint32_t)v;
+  }
+  if (num && v < (uid_t)-1)
+    return (uint32_t)v;
+  if (!num && opt[0] == 'u') {
+    struct passwd *pw = *val ? getpwnam(val) : NULL;
+    if (pw)
+      return pw->pw_uid;
+  } else if (!num) {
+    struct group *gr = *val ? getgrnam(val) : NULL;
+    if (gr)
+      return gr->gr_gid;
+  }
+  die_usage("%s=%s: not a %s (a number below %lu, or a name)", opt, val,
+            opt[0] == 'u' ? "user" : "group", (unsigned long)(uid_t)-1);
 }
 
 static void parse_opts(struct args *a, const char *optstr)
@@ -189,6 +226,19 @@ static void parse_opts(struct args *a, const char *optstr)
     } else if (eq && nlen == 14 && strncmp(it, "max_shard_size", 14) == 0) {
       if (bs_st_parse_size(val, &a->max_shard_size) != 0)
         die_usage("max_shard_size=%s: not a size (5GB, 500MB, 2GiB, bytes...)", val);
+    } else if (eq && ((nlen == 3 && (strncmp(it, "uid", 3) == 0 || strncmp(it, "gid", 3) == 0)) ||
+                      (nlen == 5 && strncmp(it, "umask", 5) == 0))) {
+      *eq = '\0';
+      uint32_t v = parse_owner_opt(it, val);
+      if (it[0] == 'g') {
+        a->gid = v;
+        a->has_gid = true;
+      } else if (it[1] == 'i') {
+        a->uid = v;
+        a->has_uid = true;
+      } else {
+        a->umask = v;
+      }
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
       bs_free(a->staging);
       a->staging = bs_strdup(val);
@@ -220,7 +270,7 @@ static void args_destroy(struct args *a)
   a->output = a->staging = NULL;
 }
 
-static void parse_args(struct args *a, int argc, char **argv)
+static void parse_args(struct args *a, int argc, char **argv, const char *cli_usage)
 {
   memset(a, 0, sizeof *a);
   bs_keyopts_init(&a->keys);
@@ -229,7 +279,7 @@ static void parse_args(struct args *a, int argc, char **argv)
     const char *s = argv[i];
     if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
       fputs(usage_text, stdout);
-      fputs(bs_cli_usage, stdout);
+      fputs(cli_usage, stdout);
       fputs(usage_rest, stdout);
       exit(0);
     } else if (strcmp(s, "-V") == 0 || strcmp(s, "--version") == 0) {
@@ -248,14 +298,7 @@ static void parse_args(struct args *a, int argc, char **argv)
     } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO) {
       a->progress = bs_progress_flag(s);
     } else if (strcmp(s, "--finish") == 0 || strcmp(s, "--list-staging") == 0) {
-      if (++i >= argc)
-        die_usage("%s needs a STAGING_DIR", s);
-      if (a->finish || a->list_staging)
-        die_usage("--finish and --list-staging take one STAGING_DIR, once");
-      if (s[2] == 'f')
-        a->finish = argv[i];
-      else
-        a->list_staging = argv[i];
+      die_usage("%s comes first: burnstore %s ...", s, s);
     } else if (strcmp(s, "-o") == 0) {
       if (++i >= argc)
         die_usage("-o needs an argument");
@@ -274,10 +317,7 @@ static void parse_args(struct args *a, int argc, char **argv)
   }
   if (a->progress && !a->unmount)
     die_usage("--progress and --no-progress go with -u (convert takes them too)");
-  if (a->finish || a->list_staging) {
-    if (a->source || a->unmount)
-      die_usage("%s takes only a STAGING_DIR", a->finish ? "--finish" : "--list-staging");
-  } else if (a->unmount) {
+  if (a->unmount) {
     if (!a->source || a->mountpoint)
       die_usage("-u takes exactly one MOUNTPOINT");
     a->mountpoint = a->source;
@@ -287,113 +327,12 @@ static void parse_args(struct args *a, int argc, char **argv)
   }
 }
 
-/* An absolute path without stat-ing the last component (which may be a
- * mount whose daemon hangs): realpath of the parent + the base name. */
-static char *abs_path(const char *p)
-{
-  char buf[PATH_MAX], parent[PATH_MAX];
-  snprintf(buf, sizeof buf, "%s", p);
-  size_t len = strlen(buf);
-  while (len > 1 && buf[len - 1] == '/')
-    buf[--len] = '\0';
-  char *slash = strrchr(buf, '/');
-  const char *base;
-  if (!slash) {
-    snprintf(parent, sizeof parent, ".");
-    base = buf;
-  } else {
-    *slash = '\0';
-    snprintf(parent, sizeof parent, "%s", slash == buf ? "/" : buf);
-    base = slash + 1;
-  }
-  char *rp = realpath(parent, NULL);
-  if (!rp)
-    return NULL;
-  char *out = bs_malloc(strlen(rp) + strlen(base) + 2);
-  if (out) {
-    if (strcmp(base, ".") == 0 || base[0] == '\0')
-      strcpy(out, rp);
-    else if (strcmp(base, "..") == 0) {
-      char *r2 = realpath(p, NULL);
-      strcpy(out, r2 ? r2 : rp);
-      free(r2);
-    } else
-      sprintf(out, "%s%s%s", rp, strcmp(rp, "/") == 0 ? "" : "/", base);
-  }
-  free(rp);
-  return out;
-}
-
 static void status_path(const char *mnt, char *out, size_t n)
 {
-  fs_run_path(mnt, ".status", out, n);
+  bs_run_path(mnt, ".status", out, n);
 }
 
-static void update_target_pid(int fd, const char *target, const char *mnt);
-static bool is_mounted(const char *mnt);
 static void write_status(int fd, const char *text);
-
-/* The target lock: one writable mount (or --finish) per output file. An
- * exclusive flock on /run/burnstore/<hash of the target>.target (its path
- * into path[]), held until the daemon has written back and exits, which
- * removes the file (fs_run_unlink) before closing it; the file names the
- * holder. Returns the fd, or -1 after printing who holds it. */
-static int lock_target(const char *target, const char *mnt, char path[PATH_MAX])
-{
-  char *real = realpath(target, NULL); /* one lock whatever symlink names it */
-  fs_run_path(real ? real : target, ".target", path, PATH_MAX);
-  free(real);
-  int fd;
-  /* A daemon that was just unmounted may still be writing back: wait a bit. */
-  for (int i = 0; (fd = fs_run_lock(path)) < 0; i++) {
-    if (errno != EWOULDBLOCK) {
-      fprintf(stderr, PROG ": cannot lock the target %s (%s: %s)\n", target, path, strerror(errno));
-      return -1;
-    }
-    if (i >= 50) {
-      char buf[PATH_MAX + 128] = {0};
-      int rfd = open(path, O_RDONLY | O_CLOEXEC);
-      ssize_t r = rfd >= 0 ? pread(rfd, buf, sizeof buf - 1, 0) : -1;
-      if (rfd >= 0)
-        close(rfd);
-      buf[r > 0 ? r : 0] = '\0';
-      long pid = 0;
-      const char *m = strstr(buf, "mountpoint ");
-      const char *pp = strstr(buf, "pid ");
-      if (pp)
-        pid = strtol(pp + 4, NULL, 10);
-      char holder[PATH_MAX + 16] = "?";
-      if (m)
-        snprintf(holder, sizeof holder, "%.*s", (int)strcspn(m + 11, "\n"), m + 11);
-      if (m && strncmp(m + 11, "--finish ", 9) == 0)
-        fprintf(stderr, PROG ": %s is being written by burnstore %s (pid %ld)\n", target, holder,
-                pid);
-      else if (m && !is_mounted(holder))
-        fprintf(stderr,
-                PROG ": %s is still being written back by the daemon of %s (burnstore pid %ld, "
-                     "already unmounted): wait for it\n",
-                target, holder, pid);
-      else
-        fprintf(stderr,
-                PROG ": %s is already the target of a writable mount on %s (burnstore pid %ld): "
-                     "unmount that first (burnstore -u %s)\n",
-                target, holder, pid, holder);
-      return -1;
-    }
-    usleep(20000);
-  }
-  update_target_pid(fd, target, mnt);
-  return fd;
-}
-
-static void update_target_pid(int fd, const char *target, const char *mnt)
-{
-  if (fd < 0)
-    return;
-  char text[PATH_MAX * 2 + 128];
-  snprintf(text, sizeof text, "pid %ld\nmountpoint %s\ntarget %s\n", (long)getpid(), mnt, target);
-  write_status(fd, text); /* informative only */
-}
 
 static void write_status(int fd, const char *text)
 {
@@ -484,62 +423,29 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* /proc/self/mounts writes space, tab, newline and backslash in a path as
- * \ooo; decode the mountpoint field in place (it ends at the next space). */
-static char *mounts_field(char *p)
-{
-  char *o = p, *start = p;
-  for (; *p && *p != ' '; p++) {
-    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
-        p[3] <= '7') {
-      *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
-      p += 3;
-    } else {
-      *o++ = *p;
-    }
-  }
-  *o = '\0';
-  return start;
-}
-
-static bool is_mounted(const char *mnt)
-{
-  FILE *f = fopen("/proc/self/mounts", "r");
-  if (!f)
-    return true;
-  char line[PATH_MAX * 2 + 256];
-  bool found = false;
-  while (!found && fgets(line, sizeof line, f)) {
-    char *a = strchr(line, ' ');
-    found = a && strcmp(mounts_field(a + 1), mnt) == 0;
-  }
-  fclose(f);
-  return found;
-}
-
 static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
-  char *mnt = abs_path(mountpoint);
+  char *mnt = bs_abs_path(mountpoint);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
     return 1;
   }
   char spath[PATH_MAX], lpath[PATH_MAX];
   status_path(mnt, spath, sizeof spath);
-  fs_run_path(mnt, ".log", lpath, sizeof lpath);
+  bs_run_path(mnt, ".log", lpath, sizeof lpath);
   int fd = open(spath, O_RDWR | O_CLOEXEC);
-  /* The daemon removes both as it exits: read them through these fds. */
+  /* The daemon removes them as it exits: read them through these fds. */
   int lfd = fd >= 0 ? open(lpath, O_RDONLY | O_CLOEXEC) : -1;
   int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
-  if (fd < 0 && !is_mounted(mnt)) {
+  if (fd < 0 && !bs_is_mounted(mnt)) {
     fprintf(stderr, PROG ": %s is not mounted\n", mnt);
     bs_free(mnt);
     return 1;
   }
-  int rc = is_mounted(mnt) ? run_fusermount_u(mnt) : 0;
-  if (rc != 0 && fd >= 0 && !is_mounted(mnt))
+  int rc = bs_is_mounted(mnt) ? run_fusermount_u(mnt) : 0;
+  if (rc != 0 && fd >= 0 && !bs_is_mounted(mnt))
     rc = 0; /* the daemon unmounted by itself meanwhile (SIGTERM) */
   if (rc != 0) {
     if (fd >= 0)
@@ -602,7 +508,7 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
             buf[0] ? "; its last status:\n" : "", buf);
     ret = 1;
     /* What it could not remove itself. */
-    if (fs_run_unlink(spath, fd)) {
+    if (bs_run_unlink(spath, fd)) {
       char ppath[PATH_MAX + 16];
       snprintf(ppath, sizeof ppath, "%s.progress", spath);
       unlink(lpath);
@@ -620,271 +526,65 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
   return ret;
 }
 
-static int fail_line(const char *file, const bs_err *err);
-
-/* ---- --list-staging and --finish ------------------------------------- */
-
-/* Take the staging directory's lock: fails while its daemon lives. Returns
- * the fd, or -1 with a message printed. */
-static int lock_staging(const char *dir, int dfd, const struct bs_stage_index *idx)
+/* burnstore status MOUNTPOINT: which daemon serves it, for what, and what
+ * it logged (refusals, changed sources). Exit 0 while a daemon serves it. */
+static int do_status(int argc, char **argv)
 {
-  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lk < 0) {
-    fprintf(stderr, PROG ": %s: cannot open its lock file: %s\n", dir, strerror(errno));
-    return -1;
+  if (argc == 3 && (strcmp(argv[2], "-h") == 0 || strcmp(argv[2], "--help") == 0)) {
+    fputs("usage: burnstore status MOUNTPOINT\n"
+          "The daemon serving MOUNTPOINT (pid, staging directory, target) and every line it\n"
+          "logged: refusals (a setfattr or write it refused, and why), changed sources, signals.\n"
+          "Exit status 0 while a burnstore daemon serves it, 1 otherwise.\n",
+          stdout);
+    return 0;
   }
-  if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
-    fprintf(stderr,
-            PROG ": %s belongs to a running burnstore daemon (pid %ld): unmount its mount "
-                 "(burnstore -u) and let it write back instead\n",
-            dir, idx ? idx->pid : 0L);
-    close(lk);
-    return -1;
-  }
-  return lk;
-}
-
-static bool staging_alive(int dfd)
-{
-  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CLOEXEC);
-  if (lk < 0)
-    return false;
-  bool alive = flock(lk, LOCK_EX | LOCK_NB) != 0;
-  close(lk);
-  return alive;
-}
-
-static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
-{
-  char buf[BS_MAX_RANK * 21 + 3];
-  if (has)
-    bs_shape_format(buf, sizeof buf, rank, shape);
-  fputs(has ? buf : "-", f);
-}
-
-/* The log a failed write-back left in its staging directory: why it failed. */
-static void print_stage_log(const char *dir)
-{
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", dir, BS_STAGE_LOG_NAME);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    fs_log_print(fd, stdout, "log: ");
-    close(fd);
-  }
-}
-
-/* A staging directory without an INDEX (its daemon died while mounted or
- * before its write-back saved one): name its files, which hold raw bytes. */
-static int list_raw_staging(const char *dir)
-{
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-  if (!d) {
-    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
-    if (dfd >= 0)
-      close(dfd);
+  if (argc != 3 || argv[2][0] == '-')
+    die_usage("status takes one MOUNTPOINT");
+  char *mnt = bs_abs_path(argv[2]);
+  if (!mnt) {
+    fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
     return 1;
   }
-  bool alive = staging_alive(dfd);
-  printf("staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
-         "use them)\n",
-         dir,
-         alive ? "its daemon is running and has not started a write-back"
-               : "the daemon died before its write-back described them");
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL) {
-    struct stat st;
-    if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-        strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 || fstatat(dfd, de->d_name, &st, 0) != 0 ||
-        !S_ISREG(st.st_mode))
-      continue;
-    printf("-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
+  char spath[PATH_MAX], lpath[PATH_MAX];
+  status_path(mnt, spath, sizeof spath);
+  bs_run_path(mnt, ".log", lpath, sizeof lpath);
+  int fd = open(spath, O_RDONLY | O_CLOEXEC);
+  bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
+  char buf[3 * PATH_MAX + 256] = "";
+  ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
+  buf[n > 0 ? n : 0] = '\0';
+  if (fd >= 0)
+    close(fd);
+  if (!alive) {
+    fprintf(stderr, PROG ": %s: no burnstore daemon serves it%s\n", mnt,
+            bs_is_mounted(mnt) ? " (it is mounted, but not by a burnstore daemon of this user)"
+                               : "");
+    bs_free(mnt);
+    return 1;
   }
-  closedir(d);
-  print_stage_log(dir);
-  return 1;
-}
-
-static int do_list_staging(const char *dir)
-{
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_stage_index idx;
-  if (bs_stage_index_load(dir, &idx, &err) != 0) {
-    if (err.code != ENOENT)
-      return fail_line(NULL, &err);
-    return list_raw_staging(dir);
+  long pid = 0;
+  const char *pp = strstr(buf, "\npid ");
+  if (pp)
+    pid = strtol(pp + 5, NULL, 10);
+  printf("%s: served by burnstore pid %ld (%s)\n", mnt, pid,
+         bs_is_mounted(mnt) ? "mounted" : "unmounted, writing back or exiting");
+  for (char *line = buf, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
+    *nl = '\0';
+    if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
+        strcmp(strchr(line, ' ') + 1, "-") != 0)
+      printf("%s\n", line);
   }
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  bool alive = dfd >= 0 && staging_alive(dfd);
-  if (dfd >= 0)
-    close(dfd);
-  printf("staging %s\ntarget %s (%s)\ndaemon pid %ld (%s)\n", dir, idx.target,
-         bs_format_name(idx.format), idx.pid, alive ? "running: do not --finish" : "gone");
-  if (idx.ck.path)
-    printf("checkpoint %s (%llu bytes)\n", idx.ck.path, (unsigned long long)idx.ck.size);
-  if (idx.incomplete)
-    printf("incomplete: %s\n", idx.incomplete);
-  for (size_t i = 0; i < idx.cat.count; i++) {
-    const struct bs_tensor *t = &idx.cat.tensors[i];
-    printf("%s\t%s\t", t->name, bs_dtype_name(t->dtype));
-    print_shape(stdout, true, t->rank, t->shape);
-    printf("\t%llu\t", (unsigned long long)t->nbytes);
-    if (t->src == UINT32_MAX)
-      printf("empty\n");
-    else if (idx.srcs[t->src].stage)
-      printf("staged %s/%s\n", dir, idx.srcs[t->src].file);
-    else
-      printf("checkpoint source %u at %llu%s\n", t->src, (unsigned long long)t->off,
-             t->strides ? " (strided)" : "");
-  }
-  for (size_t i = 0; i < idx.nfiles; i++) {
-    const struct bs_stage_file *f = &idx.files[i];
-    printf("%s\t%s\t", f->key, bs_dtype_name(f->dtype));
-    print_shape(stdout, f->has_shape, f->rank, f->shape);
-    struct stat st;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, f->file);
-    printf("\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
-  }
-  print_stage_log(dir);
-  bs_stage_index_destroy(&idx);
+  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
+  printf("log %s:\n", lpath);
+  if (fs_log_print(lfd, stdout, "  ") == 0)
+    printf("  (nothing logged)\n");
+  if (lfd >= 0)
+    close(lfd);
+  bs_free(mnt);
   return 0;
 }
 
-/* After a kill between the rename and the removal of the staging directory,
- * the target already is the result: every tensor of the INDEX is in it with
- * its dtype and shape, and the staged ones with their bytes. */
-static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
-{
-  struct bs_catalog cat;
-  bs_catalog_init(&cat);
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_src src;
-  struct bs_open_opts oo = {0};
-  if (bs_src_open(&src, idx->target, &err) != 0 || bs_open_any(&cat, &src, &oo, &err) != 0)
-    return false;
-  bool same = cat.count == idx->cat.count;
-  enum { CHUNK = 1 << 20 };
-  char *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
-  same = same && a && b;
-  /* The target's tensors by key: one look-up each, not a scan each. */
-  struct bs_strmap keys = {0};
-  for (size_t i = 0; same && i < cat.count; i++)
-    same = bs_strmap_put(&keys, cat.tensors[i].key, i) == 0;
-  for (size_t i = 0; same && i < idx->cat.count; i++) {
-    const struct bs_tensor *t = &idx->cat.tensors[i];
-    size_t k;
-    const struct bs_tensor *u = bs_strmap_get(&keys, t->name, &k) ? &cat.tensors[k] : NULL;
-    same = u && u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes &&
-           (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
-    if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
-      continue;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[t->src].file);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    same = fd >= 0;
-    for (uint64_t off = 0; same && off < t->nbytes;) {
-      size_t n = t->nbytes - off < CHUNK ? (size_t)(t->nbytes - off) : CHUNK;
-      same = pread(fd, a, n, (off_t)(t->off + off)) == (ssize_t)n &&
-             bs_tensor_read(&cat, u, off, b, n) == (long)n && memcmp(a, b, n) == 0;
-      off += n;
-    }
-    if (fd >= 0)
-      close(fd);
-  }
-  bs_strmap_destroy(&keys);
-  bs_free(a);
-  bs_free(b);
-  bs_catalog_destroy(&cat);
-  return same;
-}
-
-static int do_finish(const char *arg)
-{
-  char *dir = realpath(arg, NULL);
-  if (!dir) {
-    fprintf(stderr, PROG ": %s: %s\n", arg, strerror(errno));
-    return 1;
-  }
-  bs_err err;
-  bs_err_clear(&err);
-  int ret = 1, lk = -1, tfd = -1;
-  char tpath[PATH_MAX] = "";
-  struct bs_stage_index idx;
-  bs_stage_index_init(&idx);
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    fprintf(stderr, PROG ": %s: %s\n", dir, strerror(errno));
-    goto out;
-  }
-  if (staging_alive(dfd)) {
-    fprintf(stderr,
-            PROG ": %s belongs to a running burnstore daemon: unmount its mount (burnstore -u) "
-                 "and let it write back instead\n",
-            dir);
-    goto out;
-  }
-  if (bs_stage_index_load(dir, &idx, &err) != 0) {
-    fail_line(NULL, &err);
-    goto out;
-  }
-  if ((lk = lock_staging(dir, dfd, &idx)) < 0)
-    goto out;
-  if (idx.incomplete) {
-    fprintf(stderr,
-            PROG ": %s: the write-back stopped before it could describe the output (%s); the "
-                 "staged files are listed by burnstore --list-staging, fix them in a new mount\n",
-            dir, idx.incomplete);
-    goto out;
-  }
-  char who[PATH_MAX + 16];
-  snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = lock_target(idx.target, who, tpath)) < 0)
-    goto out;
-  if (bs_stage_index_attach(&idx, dir, &err) != 0) {
-    if (err.code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
-        target_is_result(&idx, dir)) {
-      printf(PROG ": %s already holds the result of this write-back; removed %s\n", idx.target,
-             dir);
-      bs_stage_dir_remove(dfd, dir);
-      ret = 0;
-      goto out;
-    }
-    fail_line(dir, &err);
-    goto out;
-  }
-  const struct bs_writer *w = bs_writer_for_format(idx.format);
-  if (!w) {
-    fprintf(stderr, PROG ": %s: the INDEX names format %s, which burnstore does not write\n", dir,
-            bs_format_name(idx.format));
-    goto out;
-  }
-  struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
-  if (bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, &err) != 0) {
-    fail_line(NULL, &err);
-    fprintf(stderr, PROG ": %s is kept\n", dir);
-    goto out;
-  }
-  bs_stage_dir_remove(dfd, dir);
-  printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", idx.target, idx.cat.count, dir);
-  syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", idx.target, idx.cat.count, dir);
-  ret = 0;
-out:
-  bs_stage_index_destroy(&idx);
-  if (tfd >= 0) {
-    fs_run_unlink(tpath, tfd);
-    close(tfd);
-  }
-  if (lk >= 0)
-    close(lk);
-  if (dfd >= 0)
-    close(dfd);
-  free(dir);
-  return ret;
-}
+static int fail_line(const char *file, const bs_err *err);
 
 static void fs_destroy(struct fs *fs)
 {
@@ -925,28 +625,26 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
             a->source, exts);
     return NULL;
   }
+  bs_err err;
+  bs_err_clear(&err);
+  const struct bs_writer *w;
   if (a->output) {
-    const struct bs_writer *w = bs_writer_for_path(a->output);
-    const char *ext = bs_path_extension(a->output);
-    if (!w && !*ext)
-      fprintf(stderr,
-              PROG ": output=%s: no extension names the format to write (burnstore writes %s)\n",
-              a->output, exts);
-    else if (!w)
-      fprintf(stderr,
-              PROG ": output=%s: burnstore cannot write %s files (it writes %s, and never writes "
-                   "one format under another's extension)\n",
-              a->output, ext, exts);
-    return w;
-  }
-  if (is_new)
-    return bs_writer_for_path(fs->source);
-  const struct bs_writer *w = bs_writer_for_format(fs->cat.format);
-  if (!w)
+    char label[PATH_MAX + 8];
+    snprintf(label, sizeof label, "output=%s", a->output);
+    w = bs_wb_writer(a->output, label, a->max_shard_size, &err);
+  } else if (is_new) {
+    w = bs_wb_writer(fs->source, a->source, a->max_shard_size, &err);
+  } else if (!(w = bs_writer_for_format(fs->cat.format))) {
     fprintf(stderr,
             PROG ": %s: a writable mount of a %s file needs -o output=PATH naming a format "
                  "burnstore writes: %s; it never overwrites a %s file\n",
             a->source, bs_format_name(fs->cat.format), exts, bs_format_name(fs->cat.format));
+    return NULL;
+  } else {
+    w = bs_wb_sharded(w, a->max_shard_size, &err);
+  }
+  if (!w)
+    fail_line(NULL, &err);
   return w;
 }
 
@@ -958,12 +656,12 @@ static int prepare(struct fs *fs, struct args *a)
   fs->staging_fd = -1;
   fs->staging_lock = -1;
   fs->flat = a->flat;
-  fs->uid = getuid();
-  fs->gid = getgid();
+  fs->owner.uid = a->has_uid ? a->uid : getuid();
+  fs->owner.gid = a->has_gid ? a->gid : getgid();
   pthread_rwlock_init(&fs->lock, NULL);
   pthread_mutex_init(&fs->stage_lock, NULL);
   bs_catalog_init(&fs->cat);
-  fs->source = abs_path(a->source);
+  fs->source = bs_abs_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
     return 1;
@@ -976,6 +674,7 @@ static int prepare(struct fs *fs, struct args *a)
     bs_free(fs->source);
     fs->source = index;
   }
+  uint32_t bits = 0444; /* a new checkpoint's */
   if (stat(fs->source, &st) != 0) {
     if (errno != ENOENT) {
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -989,7 +688,7 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = a->output ? abs_path(a->output) : bs_strdup(fs->source);
+    fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
     if (!fs->output) {
       fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
       return 1;
@@ -997,6 +696,7 @@ static int prepare(struct fs *fs, struct args *a)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
+    bits = st.st_mode & 0444;
     struct bs_src src;
     struct bs_open_opts oo = {.strict = a->strict};
     if (bs_src_open(&src, fs->source, &err) != 0)
@@ -1007,7 +707,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      fs->output = a->output ? abs_path(a->output) : bs_strdup(fs->source);
+      fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
       if (!fs->output) {
         fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
         return 1;
@@ -1015,22 +715,23 @@ static int prepare(struct fs *fs, struct args *a)
       fs->force_write = strcmp(fs->output, fs->source) != 0;
     }
   }
+  /* The files show SOURCE's read bits, so a private checkpoint stays
+   * private under allow_other; on a writable mount the owner may write (the
+   * source's write bits are about the source, not about this mount). */
+  bits = (bits | (fs->writable ? 0200u : 0u)) & ~a->umask;
+  fs->owner.file_mode = bits;
+  fs->owner.dir_mode = (bits | (bits & 0444) >> 2) & ~a->umask;
   if (a->direct_io && fs->writable) {
     fprintf(stderr, PROG ": direct_io applies to read-only mounts\n");
     return 1;
   }
   fs->direct_io = a->direct_io;
-  if (a->max_shard_size) {
-    /* Shards are a SafeTensors thing: x.safetensors becomes x-0000K-of-0000N + its index. */
-    if (fs->writer && fs->writer->format == BS_FMT_SAFETENSORS)
-      fs->writer = bs_writer_for_format(BS_FMT_ST_SHARDED);
-    if (!fs->writer || fs->writer->format != BS_FMT_ST_SHARDED) {
-      fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
-                           "(.safetensors or .safetensors.index.json)\n");
-      return 1;
-    }
-    fs->wopts.max_shard_size = a->max_shard_size;
+  if (a->max_shard_size && !fs->writer) {
+    fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
+                         "(.safetensors or .safetensors.index.json)\n");
+    return 1;
   }
+  fs->wopts.max_shard_size = a->max_shard_size;
   if (fs->writable && !fs->output) {
     fprintf(stderr, PROG ": out of memory\n");
     return 1;
@@ -1039,7 +740,7 @@ static int prepare(struct fs *fs, struct args *a)
     char buf[PATH_MAX];
     /* A mkdtemp template: created in fs_staging_create, exclusively. */
     if (a->staging) {
-      char *d = abs_path(a->staging);
+      char *d = bs_abs_path(a->staging);
       if (!d) {
         fprintf(stderr, PROG ": staging=%s: %s\n", a->staging, strerror(errno));
         return 1;
@@ -1072,7 +773,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs_npy_build(fs, a->npy, &err) != 0)
     return fail_line(a->source, &err);
   if (bs_edit_init(&fs->edit, &fs->cat, &fs->tree, fs->flat, &err) != 0 ||
-      (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &err) != 0))
+      (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &fs->owner, &err) != 0))
     return fail_line(a->source, &err);
   fs->keys = a->keys;
   memset(&a->keys, 0, sizeof a->keys);
@@ -1083,235 +784,139 @@ static int prepare(struct fs *fs, struct args *a)
   return 0;
 }
 
-/* burnstore status MOUNTPOINT: which daemon serves it, for what, and what
- * it logged (refusals, changed sources). Exit 0 while a daemon serves it. */
-static int do_status(int argc, char **argv)
-{
-  if (argc == 3 && (strcmp(argv[2], "-h") == 0 || strcmp(argv[2], "--help") == 0)) {
-    fputs("usage: burnstore status MOUNTPOINT\n"
-          "The daemon serving MOUNTPOINT (pid, staging directory, target) and every line it\n"
-          "logged: refusals (a setfattr or write it refused, and why), changed sources, signals.\n"
-          "Exit status 0 while a burnstore daemon serves it, 1 otherwise.\n",
-          stdout);
-    return 0;
-  }
-  if (argc != 3 || argv[2][0] == '-')
-    die_usage("status takes one MOUNTPOINT");
-  char *mnt = abs_path(argv[2]);
-  if (!mnt) {
-    fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
-    return 1;
-  }
-  char spath[PATH_MAX], lpath[PATH_MAX];
-  status_path(mnt, spath, sizeof spath);
-  fs_run_path(mnt, ".log", lpath, sizeof lpath);
-  int fd = open(spath, O_RDONLY | O_CLOEXEC);
-  bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
-  char buf[3 * PATH_MAX + 256] = "";
-  ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
-  buf[n > 0 ? n : 0] = '\0';
-  if (fd >= 0)
-    close(fd);
-  if (!alive) {
-    fprintf(stderr, PROG ": %s: no burnstore daemon serves it%s\n", mnt,
-            is_mounted(mnt) ? " (it is mounted, but not by a burnstore daemon of this user)" : "");
-    bs_free(mnt);
-    return 1;
-  }
-  long pid = 0;
-  const char *pp = strstr(buf, "\npid ");
-  if (pp)
-    pid = strtol(pp + 5, NULL, 10);
-  printf("%s: served by burnstore pid %ld (%s)\n", mnt, pid,
-         is_mounted(mnt) ? "mounted" : "unmounted, writing back or exiting");
-  for (char *line = buf, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
-    *nl = '\0';
-    if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
-        strcmp(strchr(line, ' ') + 1, "-") != 0)
-      printf("%s\n", line);
-  }
-  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
-  printf("log %s:\n", lpath);
-  if (fs_log_print(lfd, stdout, "  ") == 0)
-    printf("  (nothing logged)\n");
-  if (lfd >= 0)
-    close(lfd);
-  bs_free(mnt);
-  return 0;
-}
-
-/* A daemon's runtime files, removed as it exits: the log, the progress
- * file, the target lock, and last the status file, whose lock it lets go
- * last. The fds are closed. */
-static void run_files_remove(const char *spath, int sfd, const char *lpath, const char *tpath,
-                             int tfd)
-{
-  char ppath[PATH_MAX + 16];
-  if (lpath && lpath[0])
-    unlink(lpath);
-  snprintf(ppath, sizeof ppath, "%s.progress", spath);
-  if (sfd >= 0)
-    unlink(ppath);
-  if (tfd >= 0) {
-    fs_run_unlink(tpath, tfd);
-    close(tfd);
-  }
-  if (sfd >= 0) {
-    fs_run_unlink(spath, sfd);
-    close(sfd);
-  }
-}
-
-int main(int argc, char **argv)
-{
-  if (argc >= 2 && bs_cli_is_command(argv[1]))
-    return bs_cli_main(argc - 1, argv + 1);
-  if (argc >= 2 && strcmp(argv[1], "status") == 0)
-    return do_status(argc, argv);
-  struct args a;
-  parse_args(&a, argc, argv);
-  if (a.unmount) {
-    args_destroy(&a);
-    return do_unmount(a.mountpoint, a.verbose, a.progress);
-  }
-  if (a.finish || a.list_staging) {
-    const char *dir = a.finish ? a.finish : a.list_staging;
-    bool fin = a.finish != NULL;
-    args_destroy(&a);
-    return fin ? do_finish(dir) : do_list_staging(dir);
-  }
-
+/* One mount's session-level state, from the claim to the exit. */
+struct run {
   struct fs fs;
-  memset(&fs, 0, sizeof fs);
-  fs.staging_fd = fs.staging_lock = -1;
-  if (prepare(&fs, &a) != 0) {
-    fs_destroy(&fs);
-    args_destroy(&a);
-    return 1;
-  }
-  char *mnt = abs_path(a.mountpoint);
+  struct args a;
+  char *mnt;                             /* absolute mountpoint, owned */
+  char spath[PATH_MAX], lpath[PATH_MAX]; /* status file, log */
+  int sfd, tfd;                          /* status file, target lock */
+  bool daemonized;
+};
+
+/* Before mounting: the mountpoint, the status file's lock, the target lock
+ * and the staging directory (exclusive, locked), so that a failure is
+ * reported here and not after the daemon has detached. 0, or 1 (printed). */
+static int claim(struct run *r)
+{
+  struct fs *fs = &r->fs;
+  char *mnt = r->mnt = bs_abs_path(r->a.mountpoint);
   struct stat mst;
   if (!mnt || stat(mnt, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
-    fprintf(stderr, PROG ": mountpoint %s: %s\n", a.mountpoint,
+    fprintf(stderr, PROG ": mountpoint %s: %s\n", r->a.mountpoint,
             strerror(mnt && stat(mnt, &mst) == 0 ? ENOTDIR : errno));
-    fs_destroy(&fs);
-    args_destroy(&a);
-    bs_free(mnt);
     return 1;
   }
-
   /* Staging inside the mount would have the daemon call into its own mount
    * while serving it: a deadlock no signal ends. */
   size_t mlen = strlen(mnt);
-  if (fs.staging && strncmp(fs.staging, mnt, mlen) == 0 &&
-      (fs.staging[mlen] == '/' || strcmp(mnt, "/") == 0)) {
+  if (fs->staging && strncmp(fs->staging, mnt, mlen) == 0 &&
+      (fs->staging[mlen] == '/' || strcmp(mnt, "/") == 0)) {
     fprintf(stderr,
             PROG ": the staging directory %s would be inside the mountpoint %s: put the output "
                  "elsewhere or use -o staging=DIR outside it\n",
-            fs.staging, mnt);
-    fs_destroy(&fs);
-    args_destroy(&a);
-    bs_free(mnt);
+            fs->staging, mnt);
     return 1;
   }
-
   /* The status file, locked before mounting (see the top of this file);
-   * the files of daemons that are gone are removed first. */
-  fs_run_sweep();
-  char spath[PATH_MAX], lpath[PATH_MAX], tpath[PATH_MAX] = "";
-  status_path(mnt, spath, sizeof spath);
-  fs_run_path(mnt, ".log", lpath, sizeof lpath);
-  int sfd;
+   * the runtime files of daemons that are gone are removed first. */
+  bs_run_sweep();
+  status_path(mnt, r->spath, sizeof r->spath);
+  bs_run_path(mnt, ".log", r->lpath, sizeof r->lpath);
   /* A daemon that was just unmounted may still be on its way out. */
-  for (int i = 0; (sfd = fs_run_lock(spath)) < 0 && errno == EWOULDBLOCK; i++) {
-    if (i >= 1500 || is_mounted(mnt)) {
+  for (int i = 0; (r->sfd = bs_run_lock(r->spath)) < 0 && errno == EWOULDBLOCK; i++) {
+    if (i >= 1500 || bs_is_mounted(mnt)) {
       fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
-      fs_destroy(&fs);
-      args_destroy(&a);
-      bs_free(mnt);
       return 1;
     }
     usleep(20000);
   }
-  /* One writable mount per target, and its staging directory created
-   * (exclusively, locked) before mounting, so that a failure is reported
-   * here and not after the daemon has detached. */
-  int tfd = -1;
-  if (fs.writable) {
-    tfd = lock_target(fs.output, mnt, tpath);
-    if (tfd >= 0)
-      fs_run_sweep_staging(fs.staging);
-    int sc = tfd < 0 ? -1 : fs_staging_create(&fs);
-    if (sc != 0) {
-      if (sc < 0 && tfd >= 0)
-        fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs.staging,
-                strerror(-sc));
-      run_files_remove(spath, sfd, NULL, tpath, tfd);
-      fs_destroy(&fs);
-      args_destroy(&a);
-      bs_free(mnt);
-      return 1;
-    }
+  if (!fs->writable)
+    return 0;
+  /* One writer per target (target.h). */
+  bs_err err;
+  bs_err_clear(&err);
+  r->tfd = bs_target_lock(fs->output, mnt, &err);
+  if (r->tfd < 0)
+    fail_line(NULL, &err);
+  else
+    bs_staging_sweep(fs->staging); /* dead daemons' empty staging directories */
+  int sc = r->tfd < 0 ? -1 : fs_staging_create(fs);
+  if (sc != 0) {
+    if (sc < 0 && r->tfd >= 0)
+      fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs->staging,
+              strerror(-sc));
+    return 1;
   }
-  if (fs_log_open(lpath, a.foreground) != 0)
-    lpath[0] = '\0';
-  fs_progress_init(spath);
-  char text[3 * PATH_MAX + 256];
-  status_running(sfd, &fs, mnt);
+  return 0;
+}
 
+/* Mount, detach (without -f) and serve until unmounted. 0 once served, 1 if
+ * the loop failed, -1 if nothing was mounted (printed). */
+static int serve(struct run *r, char *argv0)
+{
+  struct fs *fs = &r->fs;
   /* libfuse splits -o at commas; one in the source path is escaped "\,". */
   char esc[2 * PATH_MAX], *o = esc;
-  for (const char *p = fs.source; *p && o < esc + sizeof esc - 2; p++) {
+  for (const char *p = fs->source; *p && o < esc + sizeof esc - 2; p++) {
     if (*p == ',' || *p == '\\')
       *o++ = '\\';
     *o++ = *p;
   }
   *o = '\0';
-  char fsname[2 * PATH_MAX + 2048 + 64];
+  char fsname[2 * PATH_MAX + 2048 + 96];
   /* direct_io: requests just under 1 MiB, so that a reply still fits
    * libfuse's 1 MiB splice pipe (header included). */
-  const char *mr = strstr(a.fuse_extra, "max_read=");
-  bool dio_max = fs.direct_io && !mr;
+  const char *mr = strstr(r->a.fuse_extra, "max_read=");
+  bool dio_max = fs->direct_io && !mr;
   /* op_init repeats it: libfuse refuses an init that disagrees. */
-  fs.max_read = dio_max ? 1044480u : mr ? (unsigned)strtoul(mr + 9, NULL, 10) : 0;
-  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore%s%s%s%s", esc,
-           fs.writable ? "" : ",ro", dio_max ? ",max_read=1044480" : "", a.fuse_extra[0] ? "," : "",
-           a.fuse_extra);
+  fs->max_read = dio_max ? 1044480u : mr ? (unsigned)strtoul(mr + 9, NULL, 10) : 0;
+  /* The kernel checks the modes it is shown, on every mount (the ops check
+   * nothing themselves): what `ls -l` says is what holds, also for other
+   * users under allow_other. */
+  snprintf(fsname, sizeof fsname, "fsname=%s,subtype=burnstore,default_permissions%s%s%s%s", esc,
+           fs->writable ? "" : ",ro", dio_max ? ",max_read=1044480" : "",
+           r->a.fuse_extra[0] ? "," : "", r->a.fuse_extra);
   char *fargv[8];
   int fargc = 0;
-  fargv[fargc++] = argv[0];
+  fargv[fargc++] = argv0;
   fargv[fargc++] = "-o";
   fargv[fargc++] = fsname;
-  if (a.debug)
+  if (r->a.debug)
     fargv[fargc++] = "-d";
   fargv[fargc] = NULL;
   struct fuse_args fargs = FUSE_ARGS_INIT(fargc, fargv);
-  int ret = 1;
-  struct fuse_session *se = fuse_session_new(&fargs, &fs_ops, sizeof fs_ops, &fs);
+  int ret = -1;
+  struct fuse_session *se = fuse_session_new(&fargs, &fs_ops, sizeof fs_ops, fs);
   if (!se) {
     fprintf(stderr, PROG ": cannot create the FUSE session\n");
-    goto out_status;
+    goto out;
   }
   if (fuse_set_signal_handlers(se) != 0)
     goto out_session;
-  if (fuse_session_mount(se, mnt) != 0) {
-    fprintf(stderr, PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n",
-            mnt);
+  if (fuse_session_mount(se, r->mnt) != 0) {
+    char why[PATH_MAX + 256];
+    if (fs_mount_diagnose(fsname, why, sizeof why))
+      fprintf(stderr, PROG ": cannot mount on %s: %s\n", r->mnt, why);
+    else
+      fprintf(stderr,
+              PROG ": cannot mount on %s (is /dev/fuse available, and the directory free?)\n",
+              r->mnt);
     goto out_signals;
   }
-  bool daemonized = !a.foreground;
-  if (daemonized) {
+  r->daemonized = !r->a.foreground;
+  if (r->daemonized) {
     if (fuse_daemonize(0) != 0) {
       fuse_session_unmount(se);
       goto out_signals;
     }
     /* The real daemon PID, everywhere (status file, target lock). */
-    status_running(sfd, &fs, mnt);
-    if (fs.writable)
-      update_target_pid(tfd, fs.output, mnt);
+    status_running(r->sfd, fs, r->mnt);
+    if (fs->writable)
+      bs_target_lock_update(r->tfd, fs->output, r->mnt);
   }
-  bool stopper = fs.writable && fs_stop_begin(se, mnt) == 0;
-  if (a.single) {
+  bool stopper = fs->writable && fs_stop_begin(se, r->mnt) == 0;
+  if (r->a.single) {
     ret = fuse_session_loop(se);
   } else {
     struct fuse_loop_config *cfg = fuse_loop_cfg_create();
@@ -1323,61 +928,112 @@ int main(int argc, char **argv)
   if (stopper)
     fs_stop_end();
   fuse_session_unmount(se);
-  fuse_remove_signal_handlers(se);
-  fuse_session_destroy(se);
-  se = NULL;
   ret = ret < 0 ? 1 : 0;
-
-  /* Write-back, after the kernel has let go of the mount. */
-  /* (A reshard is a write, even with nothing changed.) */
-  if (fs.writable && (fs.dirty || fs.force_write || fs.wopts.max_shard_size)) {
-    bs_err err;
-    bs_err_clear(&err);
-    fs_progress_begin(&fs, spath);
-    int wrc = fs_writeback(&fs, &err);
-    fs_progress_end();
-    if (wrc != 0) {
-      char line[900], msg[PATH_MAX * 2 + 1200];
-      bs_err_format(&err, NULL, line, sizeof line);
-      snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
-               fs.output, mnt, fs.output, line,
-               fs.staging_fd >= 0 ? "; the written data is kept in " : "",
-               fs.staging_fd >= 0 ? fs.staging : "",
-               fs.staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
-      report(daemonized, LOG_ERR, msg);
-      /* Kept with the staged data, for when nobody waits and there is no
-       * syslog: the session's log, then this. */
-      if (fs.staging_fd >= 0)
-        (void)fs_log_save(fs.staging_fd, BS_STAGE_LOG_NAME, msg);
-      snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
-      write_status(sfd, text);
-      ret = 1;
-      goto out_fs;
-    }
-    fs_staging_remove(&fs);
-    status_ok(sfd, &fs, mnt, daemonized, true);
-  } else {
-    if (fs.writable)
-      fs_staging_remove(&fs);
-    status_ok(sfd, &fs, mnt, daemonized, false);
-  }
-  goto out_fs;
-
 out_signals:
   fuse_remove_signal_handlers(se);
 out_session:
   fuse_session_destroy(se);
-out_status:
-  fs_staging_remove(&fs);
-  write_status(sfd, "error\nthe mount failed\n");
-out_fs:
-  fs_log_close();
+out:
   fuse_opt_free_args(&fargs);
-  fs_destroy(&fs);
-  args_destroy(&a);
-  bs_free(mnt);
-  /* Last (a `burnstore -u` waiting has the status and log files open, and
-   * returns when the status lock is let go). */
-  run_files_remove(spath, sfd, lpath, tpath, tfd);
+  return ret;
+}
+
+/* After the kernel has let go of the mount: the write-back (a reshard is a
+ * write, even with nothing changed), its result into the status file and
+ * syslog. 0, or 1. */
+static int write_back(struct run *r)
+{
+  struct fs *fs = &r->fs;
+  if (!fs->writable || !(fs->dirty || fs->force_write || fs->wopts.max_shard_size)) {
+    if (fs->writable)
+      fs_staging_remove(fs);
+    status_ok(r->sfd, fs, r->mnt, r->daemonized, false);
+    return 0;
+  }
+  bs_err err;
+  bs_err_clear(&err);
+  fs_progress_begin(fs, r->spath);
+  int wrc = fs_writeback(fs, &err);
+  fs_progress_end();
+  if (wrc != 0) {
+    char line[900], msg[PATH_MAX * 2 + 1200], text[3 * PATH_MAX + 1400];
+    bs_err_format(&err, NULL, line, sizeof line);
+    snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
+             fs->output, r->mnt, fs->output, line,
+             fs->staging_fd >= 0 ? "; the written data is kept in " : "",
+             fs->staging_fd >= 0 ? fs->staging : "",
+             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
+    report(r->daemonized, LOG_ERR, msg);
+    /* Kept with the staged data, for when nobody waits and there is no
+     * syslog: the session's log, then this. */
+    if (fs->staging_fd >= 0)
+      (void)fs_log_save(fs->staging_fd, BS_STAGE_LOG_NAME, msg);
+    snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
+    write_status(r->sfd, text);
+    return 1;
+  }
+  fs_staging_remove(fs);
+  status_ok(r->sfd, fs, r->mnt, r->daemonized, true);
+  return 0;
+}
+
+/* A daemon's runtime files, removed as it exits: the log, the progress
+ * file, the target lock, and last the status file, whose lock it lets go
+ * last (a `burnstore -u` waiting has the status and log files open, and
+ * returns when that lock is let go). The fds are closed. */
+static void run_files_remove(struct run *r)
+{
+  char ppath[PATH_MAX + 16];
+  if (r->lpath[0])
+    unlink(r->lpath);
+  snprintf(ppath, sizeof ppath, "%s.progress", r->spath);
+  if (r->sfd >= 0)
+    unlink(ppath);
+  if (r->tfd >= 0)
+    bs_target_unlock(r->tfd, r->fs.output ? r->fs.output : "");
+  if (r->sfd >= 0) {
+    bs_run_unlink(r->spath, r->sfd);
+    close(r->sfd);
+  }
+  r->sfd = r->tfd = -1;
+}
+
+int bs_mount_main(int argc, char **argv, const char *cli_usage)
+{
+  if (argc >= 2 && strcmp(argv[1], "status") == 0)
+    return do_status(argc, argv);
+  struct run r;
+  memset(&r, 0, sizeof r);
+  r.fs.staging_fd = r.fs.staging_lock = r.sfd = r.tfd = -1;
+  parse_args(&r.a, argc, argv, cli_usage);
+  if (r.a.unmount) {
+    args_destroy(&r.a);
+    return do_unmount(r.a.mountpoint, r.a.verbose, r.a.progress);
+  }
+  int ret = prepare(&r.fs, &r.a) != 0 || claim(&r) != 0 ? 1 : -1;
+  if (ret < 0) {
+    if (fs_log_open(r.lpath, r.a.foreground) != 0)
+      r.lpath[0] = '\0';
+    fs_progress_init(r.spath);
+    status_running(r.sfd, &r.fs, r.mnt);
+    ret = serve(&r, argv[0]);
+    if (ret < 0) { /* nothing mounted */
+      fs_staging_remove(&r.fs);
+      write_status(r.sfd, "error\nthe mount failed\n");
+      ret = 1;
+    } else if (write_back(&r) != 0) {
+      ret = 1;
+    }
+    fs_log_close();
+  }
+  /* The output path outlives fs_destroy for the target lock's removal. */
+  char *output = r.fs.output;
+  r.fs.output = NULL;
+  fs_destroy(&r.fs);
+  r.fs.output = output;
+  args_destroy(&r.a);
+  bs_free(r.mnt);
+  run_files_remove(&r);
+  bs_free(output);
   return ret;
 }

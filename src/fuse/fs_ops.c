@@ -93,15 +93,15 @@ static void fill_attr_locked(struct fs *fs, fuse_ino_t ino, const struct fs_ref 
 {
   memset(st, 0, sizeof *st);
   st->st_ino = ino;
-  st->st_uid = fs->uid;
-  st->st_gid = fs->gid;
   st->st_atim = st->st_mtim = st->st_ctim = fs->mtime;
   const struct bs_entry *e = r->e;
+  st->st_uid = e ? e->uid : fs->owner.uid;
+  st->st_gid = e ? e->gid : fs->owner.gid;
   if (r->is_dir) {
-    st->st_mode = S_IFDIR | (e ? e->mode : 0555);
+    st->st_mode = S_IFDIR | (e ? e->mode : fs->owner.dir_mode);
     st->st_nlink = 2;
   } else {
-    st->st_mode = S_IFREG | (e ? e->mode : 0444);
+    st->st_mode = S_IFREG | (e ? e->mode : fs->owner.file_mode);
     st->st_nlink = r->live ? 1 : 0;
     const struct bs_tensor *t = e ? NULL : ro_tensor(fs, r);
     uint64_t size = e ? e->size : t ? t->nbytes : 0;
@@ -289,13 +289,20 @@ static int do_setattr(struct fs *fs, fuse_ino_t ino, struct stat *attr, int to_s
   if (to_set & FUSE_SET_ATTR_SIZE)
     rc = truncate_entry(fs, e, (uint64_t)attr->st_size);
   if (!rc) {
+    /* The kernel has checked who may chmod and chown (default_permissions,
+     * always on: fs_main.c); they hold until unmount, the output keeps no
+     * owner nor mode. */
     if (to_set & FUSE_SET_ATTR_MODE)
       e->mode = attr->st_mode & 07777;
+    if (to_set & FUSE_SET_ATTR_UID)
+      e->uid = attr->st_uid;
+    if (to_set & FUSE_SET_ATTR_GID)
+      e->gid = attr->st_gid;
     if (to_set & FUSE_SET_ATTR_MTIME)
       e->mtime = attr->st_mtim;
     if (to_set & FUSE_SET_ATTR_MTIME_NOW)
       clock_gettime(CLOCK_REALTIME, &e->mtime);
-    /* uid/gid and atime: accepted, not kept (the file has one owner). */
+    /* atime: accepted, not kept (reads do not change it either). */
     fill_attr_locked(fs, ino, &r, out);
   }
   pthread_rwlock_unlock(&e->lock);
@@ -793,10 +800,11 @@ static void log_name_refusal(struct fs *fs, const char *what, const char *name, 
              name);
 }
 
-/* A new file or directory (tree lock held exclusive). A new file has no
- * bytes and no staging file until it is written. */
+/* A new file or directory (tree lock held exclusive), owned by `who`, or in
+ * a set-group-ID directory by its group (a directory inherits the bit). A
+ * new file has no bytes and no staging file until it is written. */
 static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode, bool dir,
-                     bool opened, uint64_t *ino, struct fs_ref *r)
+                     const struct fuse_ctx *who, bool opened, uint64_t *ino, struct fs_ref *r)
 {
   if (!fs->writable)
     return EROFS;
@@ -805,9 +813,24 @@ static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t 
     return rc;
   if (fs->flat && dir)
     return EPERM; /* a flat mount has no directories */
+  struct bs_node *pn = bs_tree_node(&fs->tree, parent);
+  if (!pn || !pn->is_dir)
+    return !pn ? ENOENT : ENOTDIR;
+  struct bs_entry *pe = pn->user;
   struct bs_entry *e = bs_entry_new(-1, 0, dir, mode & 07777);
   if (!e)
     return ENOMEM;
+  e->uid = who->uid;
+  e->gid = who->gid;
+  if (pe) {
+    pthread_rwlock_rdlock(&pe->lock);
+    if (pe->mode & S_ISGID) {
+      e->gid = pe->gid;
+      if (dir)
+        e->mode |= S_ISGID;
+    }
+    pthread_rwlock_unlock(&pe->lock);
+  }
   e->nopen = opened ? 1 : 0;
   clock_gettime(CLOCK_REALTIME, &e->mtime);
   bs_err err;
@@ -830,7 +853,7 @@ static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mo
   uint64_t ino = 0;
   struct fs_ref r;
   wrlock(fs);
-  int rc = do_mknode(fs, parent, name, mode, dir, fi != NULL, &ino, &r);
+  int rc = do_mknode(fs, parent, name, mode, dir, fuse_req_ctx(req), fi != NULL, &ino, &r);
   unlock(fs);
   if (rc) {
     log_name_refusal(fs, dir ? "mkdir" : "create", name, rc);

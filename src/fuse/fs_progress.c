@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "burnstore/sink.h"
+#include "core/progress.h"
 #include "fs_views.h"
-#include "progress.h"
 
 static struct {
   int fd;

@@ -1,12 +1,13 @@
-/* Writable mounts: staging on disk and the write-back on unmount.
+/* Writable mounts: staging on disk, and the call of the write-back on unmount.
  *
  * A file's bytes stay in the source checkpoint until it is first written;
  * then they move to a staging file (one per tensor) in a staging directory
- * beside the output. At unmount the tree becomes a catalog whose tensors
- * point either at the source or at staging files, and the writer chosen at
- * mount (fs->writer) serializes it atomically. Nothing is held whole in memory, and no
- * fd is held per staged file: a file's staging fd is open only while the
- * file is (bs_entry.fd), other uses open it for the call.
+ * beside the output. At unmount the core's write-back (core/writeback.h)
+ * turns the tree into a catalog whose tensors point either at the source or
+ * at staging files, saves its INDEX and runs the writer chosen at mount
+ * (fs->writer). Nothing is held whole in memory, and no fd is held per staged
+ * file: a file's staging fd is open only while the file is (bs_entry.fd),
+ * other uses open it for the call.
  *
  * The model (which bytes, dtype, shape) is the core's editable catalog
  * (core/edit.h); this file does the staging I/O. Locks: see fs_ops.c. */
@@ -16,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,55 +24,18 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "core/stage_index.h"
+#include "core/writeback.h"
 #include "fs.h"
 
 /* fs->staging is a template ending in XXXXXX until the directory exists:
  * mkdtemp makes a fresh one (never one another daemon uses, whatever PIDs
  * are reused), and an flock on its "lock" file, held until the daemon exits,
  * tells `burnstore --finish` and other daemons that it is alive. */
-static int staging_try(struct fs *fs)
-{
-  if (!mkdtemp(fs->staging))
-    return -errno;
-  int fd = open(fs->staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return -errno;
-  int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  struct stat held, now;
-  /* Another daemon removing dead daemons' empty staging directories
-   * (fs_run_sweep_staging) may take or remove this one between the create
-   * and the lock: then try a new one. */
-  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &held) == 0 &&
-            fstatat(fd, BS_STAGE_LOCK_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-            held.st_ino == now.st_ino;
-  if (!ok) {
-    int e = lk >= 0 ? EAGAIN : errno;
-    if (lk >= 0)
-      close(lk);
-    unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
-    close(fd);
-    rmdir(fs->staging);
-    return -e;
-  }
-  fs->staging_fd = fd;
-  fs->staging_lock = lk;
-  return 0;
-}
-
 int fs_staging_create(struct fs *fs)
 {
   if (fs->staging_fd >= 0)
     return 0;
-  size_t len = strlen(fs->staging);
-  if (len < 6)
-    return -EINVAL;
-  int rc = -EAGAIN;
-  for (int tries = 0; rc == -EAGAIN && tries < 5; tries++) {
-    memcpy(fs->staging + len - 6, "XXXXXX", 6);
-    rc = staging_try(fs);
-  }
-  return rc;
+  return bs_staging_create(fs->staging, &fs->staging_fd, &fs->staging_lock);
 }
 
 static void stage_name(const struct bs_entry *e, char *name, size_t n)
@@ -169,140 +132,23 @@ void fs_raise_nofile(void)
 
 void fs_staging_remove(struct fs *fs)
 {
-  /* Only a directory this daemon created and still holds the lock of. */
-  if (fs->staging_fd < 0 || fs->staging_lock < 0)
-    return;
-  bs_stage_dir_remove(fs->staging_fd, fs->staging);
-  close(fs->staging_fd);
-  fs->staging_fd = -1;
-  close(fs->staging_lock);
-  fs->staging_lock = -1;
-}
-
-/* What the INDEX says besides the catalog: target, pid, checkpoint. */
-static int index_head(struct fs *fs, struct bs_stage_index *idx, bs_err *err)
-{
-  bs_stage_index_init(idx);
-  idx->pid = (long)getpid();
-  idx->target = fs->output;
-  idx->format = fs->writer->format;
-  idx->max_shard_size = fs->wopts.max_shard_size;
-  idx->ncksrcs = fs->cat.nsrcs;
-  if (fs->cat.nsrcs) {
-    struct stat st;
-    if (fs->cat.srcs[0].fd < 0 || fstat(fs->cat.srcs[0].fd, &st) != 0)
-      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: cannot stat the checkpoint", fs->source);
-    idx->ck.path = fs->source;
-    idx->ck.size = (uint64_t)st.st_size;
-    idx->ck.dev = (uint64_t)st.st_dev;
-    idx->ck.ino = (uint64_t)st.st_ino;
-    idx->ck.mtime_sec = (int64_t)st.st_mtim.tv_sec;
-    idx->ck.mtime_nsec = st.st_mtim.tv_nsec;
-  }
-  return 0;
-}
-
-/* Serialize and save the INDEX (the borrowed fields of idx are not freed). */
-static int save_index(struct fs *fs, struct bs_stage_index *idx, const struct bs_catalog *out,
-                      bs_err *err)
-{
-  struct bs_buf buf = {0};
-  int rc = bs_stage_index_format(idx, out, fs->staging, &buf, err);
-  if (rc == 0)
-    rc = bs_stage_index_save(fs->staging_fd, &buf, err);
-  bs_buf_destroy(&buf);
-  return rc;
-}
-
-/* When the output catalog cannot be built (a file is inconsistent), an INDEX
- * marked incomplete still names every staged file (key, dtype, shape), so a
- * user can recover the bytes by hand; --finish refuses it. It walks the
- * tree, not the output catalog, which stops at the first bad file. */
-static void write_staging_index(struct fs *fs, const char *why)
-{
-  if (fs->staging_fd < 0)
-    return;
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_stage_index idx;
-  if (index_head(fs, &idx, &err) != 0)
-    return;
-  idx.ncksrcs = 0;
-  idx.incomplete = (char *)why;
-  size_t cap = 0;
-  for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
-    const struct bs_node *nd = &fs->tree.nodes[ino];
-    const struct bs_entry *e = nd->user;
-    if (!nd->live || nd->is_dir || !e || !e->stage)
-      continue;
-    if (bs_grow((void **)&idx.files, &cap, idx.nfiles + 1, sizeof *idx.files) != 0)
-      break;
-    struct bs_stage_file *sf = &idx.files[idx.nfiles];
-    struct bs_eff eff;
-    bs_entry_effective(&fs->edit, e, &eff);
-    char name[32];
-    stage_name(e, name, sizeof name);
-    sf->file = bs_strdup(name);
-    sf->key = bs_tree_key(&fs->tree, ino, fs->flat);
-    if (!sf->key)
-      sf->key = bs_strdup(nd->name);
-    sf->dtype = eff.dtype;
-    /* "-" (not set: 1-D if the size allows) unless explicit or the origin's. */
-    sf->has_shape = !eff.shape_inferred;
-    sf->rank = eff.shape_inferred ? 0 : eff.rank;
-    sf->shape = eff.shape_inferred ? NULL : (uint64_t *)eff.shape; /* borrowed, never freed */
-    if (!sf->file || !sf->key) { /* out of memory: list the files so far */
-      bs_free(sf->file);
-      bs_free(sf->key);
-      break;
-    }
-    idx.nfiles++;
-  }
-  (void)save_index(fs, &idx, NULL, &err);
-  for (size_t i = 0; i < idx.nfiles; i++) {
-    bs_free(idx.files[i].file);
-    bs_free(idx.files[i].key);
-  }
-  bs_free(idx.files);
+  bs_staging_remove(fs->staging, &fs->staging_fd, &fs->staging_lock);
 }
 
 int fs_writeback(struct fs *fs, bs_err *err)
 {
-  struct bs_catalog out;
-  bs_catalog_init(&out);
-  out.format = fs->writer->format;
-  int rc = -1;
-  bool built = false;
   bs_free(fs->report);
   fs->report = NULL;
   /* A filter on a checkpoint written back in place restricts the view; it
    * never deletes what it hides. An extraction writes what the mount shows. */
-  bool keep_hidden = fs->cat.format != BS_FMT_NONE && !fs->force_write;
-  if (bs_edit_catalog(&fs->edit, fs->staging, keep_hidden, &out, err) != 0)
-    goto out;
-  if (fs->writer->default_meta && fs->writer->default_meta(&out, err) != 0)
-    goto out;
-  built = true;
-  /* The INDEX, on disk and fsynced before the writer starts: a daemon
-   * killed from here on leaves a staging directory `burnstore --finish`
-   * completes. An INDEX that cannot be saved fails the write-back. */
-  int sc = fs_staging_create(fs);
-  if (sc != 0) {
-    bs_fail(err, -sc, BS_OFF_NONE, NULL, "cannot create the staging directory for the INDEX: %s",
-            strerror(-sc));
-    goto out;
-  }
-  struct bs_stage_index sidx;
-  if (index_head(fs, &sidx, err) != 0 || save_index(fs, &sidx, &out, err) != 0)
-    goto out;
-  rc = bs_writer_write_file_opts(fs->writer, &out, fs->output, &fs->wopts, err);
-  if (rc == 0 && out.notes)
-    fs->report = out.notes, out.notes = NULL;
-out:
-  if (rc != 0 && !built) {
-    char line[700];
-    write_staging_index(fs, bs_err_format(err, NULL, line, sizeof line));
-  }
-  bs_catalog_destroy(&out);
-  return rc;
+  struct bs_wb wb = {.target = fs->output,
+                     .writer = fs->writer,
+                     .opts = fs->wopts,
+                     .source = fs->source,
+                     .edit = &fs->edit,
+                     .keep_hidden = fs->cat.format != BS_FMT_NONE && !fs->force_write,
+                     .staging = fs->staging,
+                     .staging_fd = &fs->staging_fd,
+                     .staging_lock = &fs->staging_lock};
+  return bs_wb_run(&wb, &fs->report, err);
 }

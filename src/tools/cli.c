@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include "burnstore/adapter.h"
@@ -21,10 +22,12 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/npy.h"
+#include "core/progress.h"
 #include "core/strmap.h"
+#include "core/target.h"
+#include "core/writeback.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
-#include "progress.h"
 
 #define PROG "burnstore"
 #define CHUNK (1u << 20)
@@ -33,7 +36,8 @@ const char bs_cli_usage[] = "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
                             "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
                             "       burnstore cat [--npy] [-o KEYOPTS] FILE KEY\n"
                             "       burnstore diff [-q] [-o KEYOPTS] A B\n"
-                            "       burnstore convert [-q] [-o KEYOPTS] IN OUT\n";
+                            "       burnstore convert [-q] [-o KEYOPTS] IN OUT\n"
+                            "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
 
 static const char keyopts_help[] =
     "  -o OPTIONS   key options as for a mount, comma-separated: include=REGEX,\n"
@@ -692,18 +696,11 @@ static int cmd_convert(int argc, char **argv)
     return p > 0 ? 0 : 2;
   }
   const char *in = o.pos[0], *out = o.pos[1];
-  const struct bs_writer *w = bs_writer_for_path(out);
-  if (w && o.max_shard_size && w->format == BS_FMT_SAFETENSORS)
-    w = bs_writer_for_format(BS_FMT_ST_SHARDED);
+  bs_err err;
+  bs_err_clear(&err);
+  const struct bs_writer *w = bs_wb_writer(out, out, o.max_shard_size, &err);
   if (!w) {
-    char list[256];
-    fail("%s: no writer for '%s' files; burnstore writes %s", out, bs_path_extension(out),
-         bs_writer_list(list, sizeof list));
-    opts_destroy(&o);
-    return 2;
-  }
-  if (o.max_shard_size && w->format != BS_FMT_ST_SHARDED) {
-    fail("max_shard_size= applies to SafeTensors outputs");
+    fail_err(NULL, &err);
     opts_destroy(&o);
     return 2;
   }
@@ -713,8 +710,6 @@ static int cmd_convert(int argc, char **argv)
     return 1;
   }
   int rc = 1;
-  bs_err err;
-  bs_err_clear(&err);
   cat.format = w->format;
   uint64_t total = 0;
   size_t n = 0;
@@ -724,8 +719,11 @@ static int cmd_convert(int argc, char **argv)
   struct bs_write_opts wo = {.max_shard_size = o.max_shard_size};
   struct bs_progress pr;
   bs_progress_start(&pr, "convert", total, 2, o.quiet ? BS_PROGRESS_OFF : o.progress);
+  int lk = -1;
   if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
     fail_err(in, &err);
+  else if ((lk = bs_target_lock(out, "convert", &err)) < 0) /* one writer per target */
+    fail_err(NULL, &err);
   else {
     if (pr.on)
       bs_sink_set_observer(progress_observer, &pr);
@@ -734,6 +732,7 @@ static int cmd_convert(int argc, char **argv)
     else
       rc = 0;
     bs_sink_set_observer(NULL, NULL);
+    bs_target_unlock(lk, out);
   }
   if (rc == 0)
     bs_progress_end(&pr);
@@ -744,6 +743,45 @@ static int cmd_convert(int argc, char **argv)
   bs_catalog_destroy(&cat);
   opts_destroy(&o);
   return rc;
+}
+
+/* ---- --finish, --list-staging ----------------------------------------------------------- */
+
+/* --finish DIR and --list-staging DIR (argv[0] says which). */
+static int cmd_staging(int argc, char **argv)
+{
+  if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+    const struct cmd *c = find_cmd(argv[0]);
+    printf("usage: burnstore %s %s\n\n%s", c->name, c->args, c->help);
+    return 0;
+  }
+  if (argc != 2 || argv[1][0] == '\0') {
+    fail("%s takes one STAGING_DIR (see burnstore %s --help)", argv[0], argv[0]);
+    return 2;
+  }
+  const char *dir = argv[1];
+  bs_err err;
+  bs_err_clear(&err);
+  if (strcmp(argv[0], "--list-staging") == 0) {
+    int rc = bs_wb_list(dir, stdout, &err);
+    if (rc < 0)
+      fail_err(NULL, &err);
+    return rc == 0 ? 0 : 1;
+  }
+  struct bs_wb_finished res;
+  int rc = bs_wb_finish(dir, &res, &err);
+  if (rc != 0) {
+    fail_err(res.err_dir, &err);
+    if (res.kept)
+      fail("%s is kept", dir);
+  } else if (res.already) {
+    printf(PROG ": %s already holds the result of this write-back; removed %s\n", res.target, dir);
+  } else {
+    printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", res.target, res.tensors, dir);
+    syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", res.target, res.tensors, dir);
+  }
+  bs_free(res.target);
+  return rc == 0 ? 0 : 1;
 }
 
 /* ---- Dispatch ---------------------------------------------------------------------------- */
@@ -781,6 +819,15 @@ static const struct cmd cmds[] = {
      "  --no-progress  no progress line, also on a terminal\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert},
+    {"--finish", "STAGING_DIR",
+     "Finish the write-back a writable mount left in STAGING_DIR (its daemon was killed, or\n"
+     "its writer failed): write the target from the INDEX, under the target's lock, and remove\n"
+     "the directory. Refused while the daemon lives or another writer holds the target.\n",
+     cmd_staging},
+    {"--list-staging", "STAGING_DIR",
+     "List what STAGING_DIR holds: target, format, daemon pid, then one line per tensor: key,\n"
+     "dtype, shape, bytes, where (tab-separated). Exit 1 when it has no INDEX.\n",
+     cmd_staging},
 };
 
 static const struct cmd *find_cmd(const char *name)

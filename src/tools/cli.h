@@ -1,6 +1,6 @@
-/* The checkpoint CLI on the core, no FUSE: `burnstore ls|info|cat|diff|convert`.
- * Linked into the mount binary (fs_main.c hands these subcommands over) and,
- * in a core-only build, into a `burnstore` of its own (cli_main.c). */
+/* The checkpoint CLI on the core, no FUSE: `burnstore ls|info|cat|diff|convert`,
+ * `--finish`, `--list-staging`. burnstore's one main (src/main/main.c) hands
+ * these subcommands here, in the FUSE build and in a core-only one. */
 #ifndef BURNSTORE_CLI_H
 #define BURNSTORE_CLI_H
 

@@ -289,6 +289,19 @@ def read_safetensors(path):
     return out, meta
 
 
+def write_safetensors(path, ts, pad=0):
+    """A SafeTensors file of U8 tensors {key: bytes}, its header padded by pad spaces."""
+    header, off, blob = {}, 0, []
+    for k, raw in ts.items():
+        header[k] = {"dtype": "U8", "shape": [len(raw)], "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blob.append(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8 + pad)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blob))
+
+
 def compare_tree(mnt, expected, meta, fmt, name):
     """Every expected tensor is a file with the right bytes and xattrs, and
     there are no other files; the root carries format and metadata."""

@@ -5,14 +5,12 @@ with EIO and one log line naming the file, never return wrong or short
 bytes; deleting it or renaming another file over it keeps serving the old
 bytes. A writable mount whose source changed refuses its write-back."""
 import errno
-import json
 import os
-import struct
 import subprocess
 import time
 
 from bsmount import (BIN, DEADLINE, Mount, check, finish, force_unmount, is_mounted, read_bpk, run,
-                     tmpdir, run_tests)
+                     tmpdir, run_tests, write_safetensors)
 
 MIB = 1 << 20
 NAMES = ("a", "b", "c", "d")
@@ -22,18 +20,6 @@ def tensors(fill):
     """Four 1 MiB U8 tensors; byte values depend on fill."""
     return {k: bytes([(fill + i * 7 + j) & 0xFF for j in range(256)]) * (MIB // 256)
             for i, k in enumerate(NAMES)}
-
-
-def write_safetensors(path, ts, pad=0):
-    header, off, blob = {}, 0, []
-    for k, raw in ts.items():
-        header[k] = {"dtype": "U8", "shape": [len(raw)], "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-        blob.append(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8 + pad)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blob))
 
 
 def read_errno(path):

@@ -54,7 +54,7 @@ static void setup(void)
   cr_assert_eq(bs_tree_init(&tree, &err), 0);
   cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
   cr_assert_eq(bs_edit_init(&ed, &cat, &tree, false, &err), 0);
-  cr_assert_eq(bs_edit_attach(&ed, NULL, &err), 0);
+  cr_assert_eq(bs_edit_attach(&ed, NULL, NULL, &err), 0);
 }
 
 static void teardown(void)
@@ -384,4 +384,23 @@ Test(edit, shape_json)
   j = bs_shape_json(0, NULL);
   cr_assert_str_eq(j, "[]");
   bs_free(j);
+}
+
+Test(edit, attach_owns_as_told)
+{
+  /* Detach the fixture's entries, then attach again with an owner. */
+  for (uint64_t i = BS_TREE_ROOT; i < tree.n; i++) {
+    bs_entry_free(tree.nodes[i].user);
+    tree.nodes[i].user = NULL;
+  }
+  struct bs_owner own = {.uid = 1234, .gid = 567, .file_mode = 0640, .dir_mode = 0750};
+  cr_assert_eq(bs_edit_attach(&ed, NULL, &own, &err), 0);
+  struct bs_entry *w = entry("enc", "w");
+  cr_assert_eq(w->uid, 1234);
+  cr_assert_eq(w->gid, 567);
+  cr_assert_eq(w->mode, 0640, "%o", w->mode);
+  cr_assert_eq(entry("enc", "q")->mode, 0640);
+  struct bs_entry *root = tree.nodes[BS_TREE_ROOT].user;
+  cr_assert_eq(root->mode, 0750, "%o", root->mode);
+  cr_assert_eq(root->uid, 1234);
 }

@@ -1,15 +1,13 @@
-/* `burnstore` of a core-only build (-DBURNSTORE_FUSE=OFF): the checkpoint
- * subcommands without the mount. */
+/* The mount half of a core-only build (-DBURNSTORE_FUSE=OFF): it cannot
+ * mount; -V and -h say so, anything else is a usage error. */
 #include <stdio.h>
 #include <string.h>
 
 #include "burnstore/version.h"
-#include "cli.h"
+#include "main/mount.h"
 
-int main(int argc, char **argv)
+int bs_mount_main(int argc, char **argv, const char *cli_usage)
 {
-  if (argc >= 2 && bs_cli_is_command(argv[1]))
-    return bs_cli_main(argc - 1, argv + 1);
   if (argc >= 2 && (strcmp(argv[1], "-V") == 0 || strcmp(argv[1], "--version") == 0)) {
     printf("burnstore %s (built without FUSE)\n", BURNSTORE_VERSION);
     return 0;
@@ -19,6 +17,6 @@ int main(int argc, char **argv)
   fprintf(f,
           "usage:\n%s\nThis burnstore was built without FUSE: it cannot mount.\n"
           "burnstore COMMAND --help describes each command.\n",
-          bs_cli_usage);
+          cli_usage);
   return f == stdout ? 0 : 2;
 }

@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "progress.h"
+#include "core/progress.h"
 
 static double now(void)
 {

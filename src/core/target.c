@@ -1,0 +1,351 @@
+/* Output targets and the one target lock of every writer (target.h). */
+#include "core/target.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/checked.h"
+
+char *bs_abs_path(const char *p)
+{
+  char buf[PATH_MAX], parent[PATH_MAX];
+  if (snprintf(buf, sizeof buf, "%s", p) >= (int)sizeof buf) {
+    errno = ENAMETOOLONG;
+    return NULL;
+  }
+  size_t len = strlen(buf);
+  while (len > 1 && buf[len - 1] == '/')
+    buf[--len] = '\0';
+  char *slash = strrchr(buf, '/');
+  const char *base;
+  if (!slash) {
+    snprintf(parent, sizeof parent, ".");
+    base = buf;
+  } else {
+    *slash = '\0';
+    snprintf(parent, sizeof parent, "%s", slash == buf ? "/" : buf);
+    base = slash + 1;
+  }
+  char *rp = realpath(parent, NULL);
+  if (!rp)
+    return NULL;
+  char *out = bs_malloc(strlen(rp) + strlen(base) + 2);
+  if (out) {
+    if (strcmp(base, ".") == 0 || base[0] == '\0')
+      strcpy(out, rp);
+    else if (strcmp(base, "..") == 0) {
+      char *r2 = realpath(p, NULL);
+      strcpy(out, r2 ? r2 : rp);
+      free(r2);
+    } else
+      sprintf(out, "%s%s%s", rp, strcmp(rp, "/") == 0 ? "" : "/", base);
+  } else {
+    errno = ENOMEM;
+  }
+  free(rp);
+  return out;
+}
+
+void bs_run_dir(char *out, size_t n)
+{
+  if (geteuid() == 0) {
+    snprintf(out, n, "/run/burnstore");
+  } else {
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (xdg && *xdg)
+      snprintf(out, n, "%s/burnstore", xdg);
+    else
+      snprintf(out, n, "/tmp/burnstore-%u", (unsigned)geteuid());
+  }
+  mkdir(out, 0700);
+}
+
+void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
+{
+  char base[PATH_MAX];
+  bs_run_dir(base, sizeof base);
+  uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
+  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
+    out[0] = '\0';
+}
+
+static bool names_fd(const char *path, int fd)
+{
+  struct stat held, now;
+  return fstat(fd, &held) == 0 && lstat(path, &now) == 0 && held.st_dev == now.st_dev &&
+         held.st_ino == now.st_ino;
+}
+
+int bs_run_lock(const char *path)
+{
+  /* A holder removes its file before it lets the lock go: whoever got the
+   * lock on a removed file opens the new one. */
+  for (int tries = 0; tries < 100; tries++) {
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+      return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    if (names_fd(path, fd))
+      return fd;
+    close(fd);
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+bool bs_run_unlink(const char *path, int fd)
+{
+  return fd >= 0 && path[0] && names_fd(path, fd) && unlink(path) == 0;
+}
+
+static bool has_suffix(const char *s, const char *suf)
+{
+  size_t a = strlen(s), b = strlen(suf);
+  return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* dir/name: removed if nobody holds its lock (taken without creating it). */
+static void remove_if_free(int dfd, const char *name)
+{
+  int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  struct stat held, now;
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 &&
+      fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && held.st_ino == now.st_ino &&
+      held.st_dev == now.st_dev)
+    unlinkat(dfd, name, 0);
+  close(fd);
+}
+
+void bs_run_sweep(void)
+{
+  char dir[PATH_MAX];
+  bs_run_dir(dir, sizeof dir);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    if (dfd >= 0)
+      close(dfd);
+    return;
+  }
+  /* Pass 1: the lock files of dead holders. Pass 2: logs and progress files
+   * whose status file is gone (a daemon creates its status file first and
+   * removes it last). */
+  for (int pass = 1; pass <= 2; pass++) {
+    rewinddir(d);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+      const char *n = de->d_name;
+      if (pass == 1 && (has_suffix(n, ".status") || has_suffix(n, ".target"))) {
+        remove_if_free(dfd, n);
+      } else if (pass == 2 && (has_suffix(n, ".log") || has_suffix(n, ".status.progress"))) {
+        char status[NAME_MAX + 1];
+        size_t stem = strcspn(n, ".");
+        snprintf(status, sizeof status, "%.*s.status", (int)stem, n);
+        struct stat st;
+        if (fstatat(dfd, status, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+          unlinkat(dfd, n, 0);
+      }
+    }
+  }
+  closedir(d);
+}
+
+/* /proc/self/mounts writes space, tab, newline and backslash in a path as
+ * \ooo; decode the mountpoint field in place (it ends at the next space). */
+static char *mounts_field(char *p)
+{
+  char *o = p, *start = p;
+  for (; *p && *p != ' '; p++) {
+    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
+        p[3] <= '7') {
+      *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
+      p += 3;
+    } else {
+      *o++ = *p;
+    }
+  }
+  *o = '\0';
+  return start;
+}
+
+bool bs_is_mounted(const char *mnt)
+{
+  FILE *f = fopen("/proc/self/mounts", "r");
+  if (!f)
+    return true;
+  char line[PATH_MAX * 2 + 256];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) {
+    char *a = strchr(line, ' ');
+    found = a && strcmp(mounts_field(a + 1), mnt) == 0;
+  }
+  fclose(f);
+  return found;
+}
+
+static bool ends_with(const char *s, size_t n, const char *suffix)
+{
+  size_t m = strlen(suffix);
+  return n >= m && strncasecmp(s + n - m, suffix, m) == 0;
+}
+
+/* The length of NAME when base is NAME-<digits>-of-<digits>.safetensors, else 0. */
+static size_t shard_stem(const char *base, size_t n)
+{
+  static const char st[] = ".safetensors";
+  if (!ends_with(base, n, st))
+    return 0;
+  size_t i = n - (sizeof st - 1), d = i;
+  while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
+    d--;
+  if (d == i || d < 4 || strncmp(base + d - 4, "-of-", 4) != 0)
+    return 0;
+  i = d - 4;
+  d = i;
+  while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
+    d--;
+  if (d == i || d < 2 || base[d - 1] != '-')
+    return 0;
+  return d - 1;
+}
+
+char *bs_target_key(const char *target, bs_err *err)
+{
+  char *real = realpath(target, NULL); /* one lock whatever symlink names it */
+  char *abs = real ? bs_strdup(real) : bs_abs_path(target);
+  int e = errno;
+  free(real);
+  if (!abs) {
+    bs_fail(err, e ? e : ENOMEM, BS_OFF_NONE, NULL, "%s: %s", target, strerror(e ? e : ENOMEM));
+    return NULL;
+  }
+  char *slash = strrchr(abs, '/');
+  char *base = slash ? slash + 1 : abs;
+  size_t n = strlen(base), stem = 0;
+  if (ends_with(base, n, ".safetensors.index.json"))
+    stem = n - strlen(".safetensors.index.json");
+  else
+    stem = shard_stem(base, n);
+  if (stem > 0) /* the set: NAME.safetensors (shorter than what it replaces) */
+    memmove(base + stem, ".safetensors", sizeof ".safetensors");
+  return abs;
+}
+
+static void record(int fd, const char *target, const char *holder)
+{
+  char text[PATH_MAX * 2 + 128];
+  int n = snprintf(text, sizeof text, "pid %ld\nholder %s\ntarget %s\n", (long)getpid(), holder,
+                   target);
+  if (n < 0 || n >= (int)sizeof text)
+    return;
+  /* informative only */
+  if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)n, 0) == n)
+    fsync(fd);
+}
+
+void bs_target_lock_update(int fd, const char *target, const char *holder)
+{
+  if (fd >= 0)
+    record(fd, target, holder);
+}
+
+/* The refusal: who holds it, from the record it wrote. bs_err's message is
+ * short (256 bytes): when the full sentence does not fit, the target is named
+ * by its base name and the hint drops the mountpoint, so that the holder's
+ * mountpoint and pid always survive. */
+static int refuse(int fd, const char *target, bs_err *err)
+{
+  char buf[PATH_MAX * 2 + 128];
+  ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+  buf[r > 0 ? r : 0] = '\0';
+  long pid = 0;
+  const char *pp = strstr(buf, "pid ");
+  if (pp)
+    pid = strtol(pp + 4, NULL, 10);
+  char holder[PATH_MAX] = "?";
+  const char *h = strstr(buf, "holder ");
+  if (h)
+    snprintf(holder, sizeof holder, "%.*s", (int)strcspn(h + 7, "\n"), h + 7);
+  const char *slash = strrchr(target, '/');
+  char msg[2 * PATH_MAX + 256];
+  for (int pass = 0; pass < 2; pass++) {
+    const char *t = pass == 0 || !slash ? target : slash + 1;
+    if (holder[0] != '/')
+      snprintf(msg, sizeof msg, "%s is being written by burnstore %s (pid %ld): wait for it to end",
+               t, holder, pid);
+    else if (!bs_is_mounted(holder))
+      snprintf(msg, sizeof msg,
+               "%s is still being written back by the daemon of %s (burnstore pid %ld, already "
+               "unmounted): wait for it",
+               t, holder, pid);
+    else
+      snprintf(msg, sizeof msg,
+               "%s is already the target of a writable mount on %s (burnstore pid %ld): unmount "
+               "that first (burnstore -u %s)",
+               t, holder, pid, pass == 0 ? holder : "MOUNTPOINT");
+    if (strlen(msg) < sizeof err->msg)
+      break;
+  }
+  return bs_fail(err, EBUSY, BS_OFF_NONE, NULL, "%s", msg);
+}
+
+int bs_target_lock(const char *target, const char *holder, bs_err *err)
+{
+  char *key = bs_target_key(target, err);
+  if (!key)
+    return -1;
+  char path[PATH_MAX];
+  bs_run_path(key, ".target", path, sizeof path);
+  bs_free(key);
+  errno = ENAMETOOLONG;
+  int fd;
+  /* A daemon that was just unmounted may still be writing back: wait a bit. */
+  for (int i = 0; (fd = path[0] ? bs_run_lock(path) : -1) < 0; i++) {
+    if (errno != EWOULDBLOCK)
+      return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot lock the target %s (%s: %s)", target,
+                     path, strerror(errno));
+    if (i >= 50) {
+      int rfd = open(path, O_RDONLY | O_CLOEXEC);
+      refuse(rfd, target, err);
+      if (rfd >= 0)
+        close(rfd);
+      return -1;
+    }
+    usleep(20000);
+  }
+  record(fd, target, holder);
+  return fd;
+}
+
+void bs_target_unlock(int fd, const char *target)
+{
+  if (fd < 0)
+    return;
+  bs_err err;
+  bs_err_clear(&err);
+  char *key = bs_target_key(target, &err);
+  if (key) {
+    char path[PATH_MAX];
+    bs_run_path(key, ".target", path, sizeof path);
+    bs_run_unlink(path, fd);
+  }
+  bs_free(key);
+  close(fd);
+}

@@ -1,0 +1,560 @@
+/* The write-back and its recovery, without FUSE (writeback.h). */
+#include "core/writeback.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/stage_index.h"
+#include "core/strmap.h"
+#include "core/target.h"
+
+/* ---- output -> writer ---------------------------------------------------------------------- */
+
+const struct bs_writer *bs_wb_sharded(const struct bs_writer *w, uint64_t max_shard_size,
+                                      bs_err *err)
+{
+  if (!max_shard_size)
+    return w;
+  /* Shards are a SafeTensors thing: x.safetensors becomes x-0000K-of-0000N + its index. */
+  if (w && w->format == BS_FMT_SAFETENSORS)
+    w = bs_writer_for_format(BS_FMT_ST_SHARDED);
+  if (!w || w->format != BS_FMT_ST_SHARDED) {
+    bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+            "max_shard_size= applies to outputs written as SafeTensors (.safetensors or "
+            ".safetensors.index.json)");
+    return NULL;
+  }
+  return w;
+}
+
+const struct bs_writer *bs_wb_writer(const char *path, const char *label, uint64_t max_shard_size,
+                                     bs_err *err)
+{
+  const struct bs_writer *w = bs_writer_for_path(path);
+  if (!w) {
+    char exts[256];
+    bs_writer_list(exts, sizeof exts);
+    const char *ext = bs_path_extension(path);
+    if (!*ext)
+      bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+              "%s: no extension names the format to write (burnstore writes %s)", label, exts);
+    else
+      bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+              "%s: burnstore cannot write %s files (it writes %s, and never writes one format "
+              "under another's extension)",
+              label, ext, exts);
+    return NULL;
+  }
+  return bs_wb_sharded(w, max_shard_size, err);
+}
+
+/* ---- The staging directory ----------------------------------------------------------------- */
+
+static int staging_try(char *tmpl, int *dirfd, int *lock)
+{
+  if (!mkdtemp(tmpl))
+    return -errno;
+  int fd = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    rmdir(tmpl);
+    return -e;
+  }
+  int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  struct stat held, now;
+  /* Another writer removing dead daemons' empty staging directories
+   * (bs_staging_sweep) may take or remove this one between the create and
+   * the lock: then try a new one. */
+  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &held) == 0 &&
+            fstatat(fd, BS_STAGE_LOCK_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            held.st_ino == now.st_ino;
+  if (!ok) {
+    int e = lk >= 0 ? EAGAIN : errno;
+    if (lk >= 0)
+      close(lk);
+    unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
+    close(fd);
+    rmdir(tmpl);
+    return -e;
+  }
+  *dirfd = fd;
+  *lock = lk;
+  return 0;
+}
+
+int bs_staging_create(char *tmpl, int *dirfd, int *lock)
+{
+  size_t len = strlen(tmpl);
+  if (len < 6)
+    return -EINVAL;
+  int rc = -EAGAIN;
+  for (int tries = 0; rc == -EAGAIN && tries < 5; tries++) {
+    memcpy(tmpl + len - 6, "XXXXXX", 6);
+    rc = staging_try(tmpl, dirfd, lock);
+  }
+  return rc;
+}
+
+/* dir/name is a dead daemon's staging directory holding only its lock:
+ * remove it (under that lock, so no daemon or --finish can be using it). */
+static void remove_empty_staging(int pfd, const char *name)
+{
+  int dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return;
+  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  DIR *d = NULL;
+  if (lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0) {
+    int dup_fd = dup(dfd);
+    d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+    if (!d && dup_fd >= 0)
+      close(dup_fd);
+  }
+  bool empty = d != NULL;
+  for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
+    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+            strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0;
+  if (d)
+    closedir(d);
+  if (empty && unlinkat(dfd, BS_STAGE_LOCK_NAME, 0) == 0)
+    unlinkat(pfd, name, AT_REMOVEDIR);
+  if (lk >= 0)
+    close(lk);
+  close(dfd);
+}
+
+void bs_staging_sweep(const char *tmpl)
+{
+  const char *slash = strrchr(tmpl, '/');
+  size_t tl = strlen(tmpl);
+  if (!slash || tl < 6 || strcmp(tmpl + tl - 6, "XXXXXX") != 0)
+    return;
+  char dir[PATH_MAX], prefix[NAME_MAX + 1];
+  snprintf(dir, sizeof dir, "%.*s", (int)(slash == tmpl ? 1 : slash - tmpl), tmpl);
+  snprintf(prefix, sizeof prefix, "%.*s", (int)(tl - 6 - (size_t)(slash + 1 - tmpl)), slash + 1);
+  size_t pl = strlen(prefix);
+  int pfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dup_fd = pfd >= 0 ? dup(pfd) : -1;
+  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  if (!d && dup_fd >= 0)
+    close(dup_fd);
+  for (struct dirent *de; d && (de = readdir(d)) != NULL;)
+    if (strncmp(de->d_name, prefix, pl) == 0 && strlen(de->d_name) == pl + 6)
+      remove_empty_staging(pfd, de->d_name);
+  if (d)
+    closedir(d);
+  if (pfd >= 0)
+    close(pfd);
+}
+
+void bs_staging_remove(const char *dir, int *dirfd, int *lock)
+{
+  /* Only a directory the caller created and still holds the lock of. */
+  if (*dirfd < 0 || *lock < 0)
+    return;
+  bs_stage_dir_remove(*dirfd, dir);
+  close(*dirfd);
+  *dirfd = -1;
+  close(*lock);
+  *lock = -1;
+}
+
+/* ---- One write-back ------------------------------------------------------------------------ */
+
+/* What the INDEX says besides the catalog: target, pid, checkpoint. */
+static int index_head(const struct bs_wb *wb, struct bs_stage_index *idx, bs_err *err)
+{
+  const struct bs_catalog *src = wb->edit->src;
+  bs_stage_index_init(idx);
+  idx->pid = (long)getpid();
+  idx->target = (char *)wb->target; /* borrowed, never freed */
+  idx->format = wb->writer->format;
+  idx->max_shard_size = wb->opts.max_shard_size;
+  idx->ncksrcs = src->nsrcs;
+  if (src->nsrcs) {
+    struct stat st;
+    if (!wb->source || src->srcs[0].fd < 0 || fstat(src->srcs[0].fd, &st) != 0)
+      return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: cannot stat the checkpoint",
+                     wb->source ? wb->source : "?");
+    idx->ck.path = (char *)wb->source; /* borrowed */
+    idx->ck.size = (uint64_t)st.st_size;
+    idx->ck.dev = (uint64_t)st.st_dev;
+    idx->ck.ino = (uint64_t)st.st_ino;
+    idx->ck.mtime_sec = (int64_t)st.st_mtim.tv_sec;
+    idx->ck.mtime_nsec = st.st_mtim.tv_nsec;
+  }
+  return 0;
+}
+
+/* Serialize and save the INDEX (the borrowed fields of idx are not freed). */
+static int save_index(const struct bs_wb *wb, const struct bs_stage_index *idx,
+                      const struct bs_catalog *out, bs_err *err)
+{
+  struct bs_buf buf = {0};
+  int rc = bs_stage_index_format(idx, out, wb->staging, &buf, err);
+  if (rc == 0)
+    rc = bs_stage_index_save(*wb->staging_fd, &buf, err);
+  bs_buf_destroy(&buf);
+  return rc;
+}
+
+/* When the output catalog cannot be built (a file is inconsistent), an INDEX
+ * marked incomplete still names every staged file (key, dtype, shape), so a
+ * user can recover the bytes by hand; --finish refuses it. It walks the
+ * tree, not the output catalog, which stops at the first bad file. */
+static void save_incomplete_index(const struct bs_wb *wb, const char *why)
+{
+  const struct bs_edit *ed = wb->edit;
+  if (*wb->staging_fd < 0)
+    return;
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_stage_index idx;
+  if (index_head(wb, &idx, &err) != 0)
+    return;
+  idx.ncksrcs = 0;
+  idx.incomplete = (char *)why;
+  size_t cap = 0;
+  for (uint64_t ino = BS_TREE_ROOT; ino < ed->tree->n; ino++) {
+    const struct bs_node *nd = &ed->tree->nodes[ino];
+    const struct bs_entry *e = nd->user;
+    if (!nd->live || nd->is_dir || !e || !e->stage)
+      continue;
+    if (bs_grow((void **)&idx.files, &cap, idx.nfiles + 1, sizeof *idx.files) != 0)
+      break;
+    struct bs_stage_file *sf = &idx.files[idx.nfiles];
+    struct bs_eff eff;
+    bs_entry_effective(ed, e, &eff);
+    char name[32];
+    snprintf(name, sizeof name, "%llu", (unsigned long long)e->stage);
+    sf->file = bs_strdup(name);
+    sf->key = bs_tree_key(ed->tree, ino, ed->flat);
+    if (!sf->key)
+      sf->key = bs_strdup(nd->name);
+    sf->dtype = eff.dtype;
+    /* "-" (not set: 1-D if the size allows) unless explicit or the origin's. */
+    sf->has_shape = !eff.shape_inferred;
+    sf->rank = eff.shape_inferred ? 0 : eff.rank;
+    sf->shape = eff.shape_inferred ? NULL : (uint64_t *)eff.shape; /* borrowed, never freed */
+    if (!sf->file || !sf->key) { /* out of memory: list the files so far */
+      bs_free(sf->file);
+      bs_free(sf->key);
+      break;
+    }
+    idx.nfiles++;
+  }
+  (void)save_index(wb, &idx, NULL, &err);
+  for (size_t i = 0; i < idx.nfiles; i++) {
+    bs_free(idx.files[i].file);
+    bs_free(idx.files[i].key);
+  }
+  bs_free(idx.files);
+}
+
+int bs_wb_run(const struct bs_wb *wb, char **report, bs_err *err)
+{
+  *report = NULL;
+  struct bs_catalog out;
+  bs_catalog_init(&out);
+  out.format = wb->writer->format;
+  int rc = -1;
+  bool built = false;
+  if (bs_edit_catalog(wb->edit, wb->staging, wb->keep_hidden, &out, err) != 0)
+    goto out;
+  if (wb->writer->default_meta && wb->writer->default_meta(&out, err) != 0)
+    goto out;
+  built = true;
+  if (*wb->staging_fd < 0) {
+    int sc = bs_staging_create(wb->staging, wb->staging_fd, wb->staging_lock);
+    if (sc != 0) {
+      bs_fail(err, -sc, BS_OFF_NONE, NULL, "cannot create the staging directory for the INDEX: %s",
+              strerror(-sc));
+      goto out;
+    }
+  }
+  /* The INDEX, on disk and fsynced before the writer starts: a write-back
+   * killed from here on leaves a staging directory `burnstore --finish`
+   * completes. An INDEX that cannot be saved fails the write-back. */
+  struct bs_stage_index sidx;
+  if (index_head(wb, &sidx, err) != 0 || save_index(wb, &sidx, &out, err) != 0)
+    goto out;
+  rc = bs_writer_write_file_opts(wb->writer, &out, wb->target, &wb->opts, err);
+  if (rc == 0 && out.notes)
+    *report = out.notes, out.notes = NULL;
+out:
+  if (rc != 0 && !built) {
+    char line[700];
+    save_incomplete_index(wb, bs_err_format(err, NULL, line, sizeof line));
+  }
+  bs_catalog_destroy(&out);
+  return rc;
+}
+
+/* ---- --list-staging ------------------------------------------------------------------------ */
+
+static bool staging_alive(int dfd)
+{
+  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CLOEXEC);
+  if (lk < 0)
+    return false;
+  bool alive = flock(lk, LOCK_EX | LOCK_NB) != 0;
+  close(lk);
+  return alive;
+}
+
+static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
+{
+  char buf[BS_MAX_RANK * 21 + 3];
+  if (has)
+    bs_shape_format(buf, sizeof buf, rank, shape);
+  fputs(has ? buf : "-", f);
+}
+
+/* The log a failed write-back left in its staging directory (why it
+ * failed), each line after "log: ". */
+static void print_stage_log(const char *dir, FILE *out)
+{
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s", dir, BS_STAGE_LOG_NAME);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return;
+  char line[1300];
+  while (fgets(line, sizeof line, f))
+    fprintf(out, "log: %s%s", line, strchr(line, '\n') ? "" : "\n");
+  fclose(f);
+}
+
+/* A staging directory without an INDEX (its daemon died while mounted or
+ * before its write-back saved one): name its files, which hold raw bytes. */
+static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
+{
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    int e = errno;
+    if (dfd >= 0)
+      close(dfd);
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(e));
+  }
+  bool alive = staging_alive(dfd);
+  fprintf(out,
+          "staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
+          "use them)\n",
+          dir,
+          alive ? "its daemon is running and has not started a write-back"
+                : "the daemon died before its write-back described them");
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    struct stat st;
+    if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
+        strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 || fstatat(dfd, de->d_name, &st, 0) != 0 ||
+        !S_ISREG(st.st_mode))
+      continue;
+    fprintf(out, "-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
+  }
+  closedir(d);
+  print_stage_log(dir, out);
+  return 1;
+}
+
+int bs_wb_list(const char *dir, FILE *out, bs_err *err)
+{
+  struct bs_stage_index idx;
+  if (bs_stage_index_load(dir, &idx, err) != 0) {
+    if (err->code != ENOENT)
+      return -1;
+    bs_err_clear(err);
+    return list_raw_staging(dir, out, err);
+  }
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  bool alive = dfd >= 0 && staging_alive(dfd);
+  if (dfd >= 0)
+    close(dfd);
+  fprintf(out, "staging %s\ntarget %s (%s)\ndaemon pid %ld (%s)\n", dir, idx.target,
+          bs_format_name(idx.format), idx.pid, alive ? "running: do not --finish" : "gone");
+  if (idx.ck.path)
+    fprintf(out, "checkpoint %s (%llu bytes)\n", idx.ck.path, (unsigned long long)idx.ck.size);
+  if (idx.incomplete)
+    fprintf(out, "incomplete: %s\n", idx.incomplete);
+  for (size_t i = 0; i < idx.cat.count; i++) {
+    const struct bs_tensor *t = &idx.cat.tensors[i];
+    fprintf(out, "%s\t%s\t", t->name, bs_dtype_name(t->dtype));
+    print_shape(out, true, t->rank, t->shape);
+    fprintf(out, "\t%llu\t", (unsigned long long)t->nbytes);
+    if (t->src == UINT32_MAX)
+      fprintf(out, "empty\n");
+    else if (idx.srcs[t->src].stage)
+      fprintf(out, "staged %s/%s\n", dir, idx.srcs[t->src].file);
+    else
+      fprintf(out, "checkpoint source %u at %llu%s\n", t->src, (unsigned long long)t->off,
+              t->strides ? " (strided)" : "");
+  }
+  for (size_t i = 0; i < idx.nfiles; i++) {
+    const struct bs_stage_file *f = &idx.files[i];
+    fprintf(out, "%s\t%s\t", f->key, bs_dtype_name(f->dtype));
+    print_shape(out, f->has_shape, f->rank, f->shape);
+    struct stat st;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, f->file);
+    fprintf(out, "\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
+  }
+  print_stage_log(dir, out);
+  bs_stage_index_destroy(&idx);
+  return 0;
+}
+
+/* ---- --finish ------------------------------------------------------------------------------ */
+
+/* After a kill between the rename and the removal of the staging directory,
+ * the target already is the result: every tensor of the INDEX is in it with
+ * its dtype and shape, and the staged ones with their bytes. */
+static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
+{
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_src src;
+  struct bs_open_opts oo = {0};
+  if (bs_src_open(&src, idx->target, &err) != 0 || bs_open_any(&cat, &src, &oo, &err) != 0)
+    return false;
+  bool same = cat.count == idx->cat.count;
+  enum { CHUNK = 1 << 20 };
+  char *a = bs_malloc(CHUNK), *b = bs_malloc(CHUNK);
+  same = same && a && b;
+  /* The target's tensors by key: one look-up each, not a scan each. */
+  struct bs_strmap keys = {0};
+  for (size_t i = 0; same && i < cat.count; i++)
+    same = bs_strmap_put(&keys, cat.tensors[i].key, i) == 0;
+  for (size_t i = 0; same && i < idx->cat.count; i++) {
+    const struct bs_tensor *t = &idx->cat.tensors[i];
+    size_t k;
+    const struct bs_tensor *u = bs_strmap_get(&keys, t->name, &k) ? &cat.tensors[k] : NULL;
+    same = u && u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes &&
+           (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
+    if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
+      continue;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[t->src].file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    same = fd >= 0;
+    for (uint64_t off = 0; same && off < t->nbytes;) {
+      size_t n = t->nbytes - off < CHUNK ? (size_t)(t->nbytes - off) : CHUNK;
+      same = pread(fd, a, n, (off_t)(t->off + off)) == (ssize_t)n &&
+             bs_tensor_read(&cat, u, off, b, n) == (long)n && memcmp(a, b, n) == 0;
+      off += n;
+    }
+    if (fd >= 0)
+      close(fd);
+  }
+  bs_strmap_destroy(&keys);
+  bs_free(a);
+  bs_free(b);
+  bs_catalog_destroy(&cat);
+  return same;
+}
+
+static int refuse_alive(const char *dir, long pid, bs_err *err)
+{
+  char p[32] = "";
+  if (pid > 0)
+    snprintf(p, sizeof p, " (pid %ld)", pid);
+  return bs_fail(err, EBUSY, BS_OFF_NONE, NULL,
+                 "%s belongs to a running burnstore daemon%s: unmount its mount (burnstore -u) "
+                 "and let it write back instead",
+                 dir, p);
+}
+
+int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
+{
+  memset(res, 0, sizeof *res);
+  char *dir = realpath(arg, NULL);
+  if (!dir)
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", arg, strerror(errno));
+  int ret = -1, lk = -1, tfd = -1;
+  struct bs_stage_index idx;
+  bs_stage_index_init(&idx);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(errno));
+    goto out;
+  }
+  if (staging_alive(dfd)) {
+    refuse_alive(dir, 0, err);
+    goto out;
+  }
+  if (bs_stage_index_load(dir, &idx, err) != 0)
+    goto out;
+  /* Held until the directory is removed: a second --finish waits its turn. */
+  lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lk < 0) {
+    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: cannot open its lock file: %s", dir,
+            strerror(errno));
+    goto out;
+  }
+  if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
+    refuse_alive(dir, idx.pid, err);
+    goto out;
+  }
+  if (idx.incomplete) {
+    bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+            "%s: the write-back stopped before it could describe the output (%s); the staged "
+            "files are listed by burnstore --list-staging, fix them in a new mount",
+            dir, idx.incomplete);
+    goto out;
+  }
+  char who[PATH_MAX + 16];
+  snprintf(who, sizeof who, "--finish %s", dir);
+  if ((tfd = bs_target_lock(idx.target, who, err)) < 0)
+    goto out;
+  if (bs_stage_index_attach(&idx, dir, err) != 0) {
+    if (err->code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
+        target_is_result(&idx, dir)) {
+      bs_err_clear(err);
+      bs_stage_dir_remove(dfd, dir);
+      res->already = true;
+      res->target = bs_strdup(idx.target);
+      ret = 0;
+      goto out;
+    }
+    res->err_dir = arg;
+    goto out;
+  }
+  const struct bs_writer *w = bs_writer_for_format(idx.format);
+  if (!w) {
+    bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+            "%s: the INDEX names format %s, which burnstore does not write", dir,
+            bs_format_name(idx.format));
+    goto out;
+  }
+  struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
+  if (bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, err) != 0) {
+    res->kept = true;
+    goto out;
+  }
+  bs_stage_dir_remove(dfd, dir);
+  res->target = bs_strdup(idx.target);
+  res->tensors = idx.cat.count;
+  ret = 0;
+out:
+  bs_target_unlock(tfd, idx.target ? idx.target : "");
+  bs_stage_index_destroy(&idx);
+  if (lk >= 0)
+    close(lk);
+  if (dfd >= 0)
+    close(dfd);
+  free(dir);
+  return ret;
+}
