@@ -210,6 +210,10 @@ def test_runtime_files_live_with_their_daemon(tmp):
         u = m.unmount()
         check(u.returncode == 0, "-u: %s" % u.stderr)
     check(runtime_files(mnt, src) == [], "nothing left after -u: %r" % runtime_files(mnt, src))
+    conv = os.path.join(tmp, "rt-conv.safetensors")
+    r = run([BIN, "convert", src, conv])
+    check(r.returncode == 0 and runtime_files(conv) == [],
+          "convert lets its target lock go and removes it: %r %r" % (r.stderr, runtime_files(conv)))
     for opts in ("rw", "ro"):
         with Mount(src, mnt, opts):
             r = run(["fusermount3", "-u", mnt])
