@@ -9,6 +9,8 @@
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 /* Options of one write-back (recorded in the staging INDEX). */
 struct bs_write_opts {
   uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
@@ -59,5 +61,12 @@ BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
+
+/* Before reading or rewriting `path`: complete or roll back a write of it
+ * that a kill interrupted (a shard set's journal, docs/robustness.md). A
+ * single-file target needs nothing (its dead temp files are never read). */
+BS_NODISCARD int bs_writer_recover(const char *path, bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif

@@ -34,6 +34,27 @@ void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
   }
 }
 
+struct bs_catalog_mark bs_catalog_mark(const struct bs_catalog *cat)
+{
+  return (struct bs_catalog_mark){.count = cat->count,
+                                  .nmeta = cat->nmeta,
+                                  .nsrcs = cat->nsrcs,
+                                  .notes_len = cat->notes ? cat->notes_len : 0,
+                                  .had_values = cat->values_json != NULL};
+}
+
+void bs_catalog_rollback(struct bs_catalog *cat, const struct bs_catalog_mark *m)
+{
+  bs_catalog_truncate(cat, m->count, m->nmeta);
+  while (cat->nsrcs > m->nsrcs)
+    bs_src_destroy(&cat->srcs[--cat->nsrcs]);
+  bs_catalog_notes_truncate(cat, m->notes_len);
+  if (!m->had_values) {
+    bs_free(cat->values_json);
+    cat->values_json = NULL;
+  }
+}
+
 void bs_catalog_destroy(struct bs_catalog *cat)
 {
   if (!cat)
@@ -58,7 +79,6 @@ int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx
   }
   cat->srcs[cat->nsrcs] = *src;
   memset(src, 0, sizeof *src);
-  src->fd = -1;
   *idx = (uint32_t)cat->nsrcs++;
   return 0;
 }
@@ -185,12 +205,17 @@ bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t,
 {
   if (t->strides || t->unsupported || t->src >= cat->nsrcs)
     return false;
-  const struct bs_src *s = &cat->srcs[t->src];
-  if (s->fd < 0)
+  *fd = bs_src_fd_get(&cat->srcs[t->src]);
+  if (*fd < 0)
     return false;
-  *fd = s->fd;
   *abs_off = t->off;
   return true;
+}
+
+void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, int fd)
+{
+  if (t->src < cat->nsrcs)
+    bs_src_fd_put(&cat->srcs[t->src], fd);
 }
 
 int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)

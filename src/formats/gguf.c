@@ -644,8 +644,7 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
   (void)opts;
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
-  const size_t count0 = cat->count, nmeta0 = cat->nmeta;
-  const size_t notes0 = cat->notes ? cat->notes_len : 0;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   struct bs_gguf g;
   if (bs_gguf_parse(&cat->srcs[src], &g, err) != 0)
     return -1;
@@ -664,9 +663,7 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
     t->off = g.data_off + ti->off;
   }
   bs_gguf_free(&g);
-  if (rc != 0) {
-    bs_catalog_truncate(cat, count0, nmeta0);
-    bs_catalog_notes_truncate(cat, notes0);
-  }
+  if (rc != 0)
+    bs_catalog_rollback(cat, &mark);
   return rc;
 }

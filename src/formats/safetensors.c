@@ -820,6 +820,10 @@ static int json_path(const char *h, size_t n, json_t **rootp, struct entry **ent
   json_t *root = *rootp = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
   if (!root)
     return parse_failure(h, n, &je, bs_json_alloc_failures() != failures, err);
+  /* jansson's lexer ignores a failed growth of its string buffer: the text
+   * parses, with bytes silently dropped from a string. */
+  if (bs_json_alloc_failures() != failures)
+    return bs_fail(err, ENOMEM, PREFIX, NULL, "out of memory parsing the header");
   if (!json_is_object(root))
     return bs_fail(err, EINVAL, PREFIX, NULL, "header is %s, not a JSON object", type_name(root));
 
@@ -897,7 +901,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
                    hlen, hlen, s->size);
 
   int rc = -1;
-  size_t count0 = cat->count, nmeta0 = cat->nmeta;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   const size_t n = (size_t)hlen;
   uint8_t *hbuf = NULL;
   json_t *root = NULL;
@@ -978,7 +982,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
   rc = 0;
 out:
   if (rc != 0)
-    bs_catalog_truncate(cat, count0, nmeta0);
+    bs_catalog_rollback(cat, &mark);
   bs_free(sorted);
   bs_free(mkv);
   bs_free(dims.v);

@@ -353,8 +353,8 @@ int bs_st_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 /* The same file as an fd source's (device and inode)? */
 static bool same_file(const struct bs_src *s, const struct stat *st)
 {
-  struct stat a;
-  return s->fd >= 0 && fstat(s->fd, &a) == 0 && a.st_dev == st->st_dev && a.st_ino == st->st_ino;
+  struct bs_src_ident id;
+  return bs_src_ident(s, &id) && id.dev == (uint64_t)st->st_dev && id.ino == (uint64_t)st->st_ino;
 }
 
 int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size_t n,

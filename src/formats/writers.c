@@ -113,3 +113,11 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
     return bs_atomic_fail(&a, err);
   return bs_atomic_commit(&a, err);
 }
+
+int bs_writer_recover(const char *path, bs_err *err)
+{
+  const struct bs_writer *w = bs_writer_for_path(path);
+  if (w && (w->format == BS_FMT_ST_SHARDED || w->format == BS_FMT_SAFETENSORS))
+    return bs_st_set_recover(path, err);
+  return 0;
+}

@@ -601,6 +601,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   uint64_t base;
   if (bs_tensor_fd_range(&fs->cat, t, &fd, &base)) {
     reply_fd(req, fd, base, len, size, off);
+    bs_tensor_fd_put(&fs->cat, t, fd);
     return;
   }
   if ((uint64_t)off >= len) {

@@ -198,7 +198,10 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   struct bs_src src;
   struct bs_open_opts oo = {.strict = o->strict};
   int rc = -1;
-  if (bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
+  /* A set whose write a kill interrupted completes or rolls back first
+   * (also one with no index yet: its temp files and journal go). */
+  if (bs_writer_recover(index ? index : path, &err) != 0 ||
+      bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
     fail_err(path, &err);
   else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
     fail_err(path, &err);
@@ -295,26 +298,11 @@ static int cmd_ls(int argc, char **argv)
 
 /* ---- info ------------------------------------------------------------------------------- */
 
-static void print_version(const struct bs_catalog *cat)
+/* The format's own details (bs_format_describe), one "key: value" line each. */
+static void print_detail(void *ctx, const char *key, const char *value)
 {
-  if (cat->nsrcs == 0)
-    return;
-  const struct bs_src *s = &cat->srcs[0];
-  if (cat->format == BS_FMT_BURNPACK) {
-    uint8_t h[6];
-    if (bs_src_pread(s, 0, h, 6) == 6)
-      printf("version: %u\n", bs_le16(h + 4));
-  } else if (cat->format == BS_FMT_PYTORCH) {
-    enum bs_pth_container c;
-    bs_err err;
-    bs_err_clear(&err);
-    if (bs_pth_container(s, &c, &err) == 0)
-      printf("version: %s\n", c == BS_PTH_ZIP      ? "zip (torch >= 1.6)"
-                              : c == BS_PTH_LEGACY ? "legacy pickle (torch < 1.6)"
-                                                   : "tar (torch < 0.4)");
-  } else if (cat->format == BS_FMT_ST_SHARDED) {
-    printf("shards: %zu\n", cat->nsrcs > 0 ? cat->nsrcs - 1 : 0);
-  }
+  (void)ctx;
+  printf("%s: %s\n", key, value);
 }
 
 /* A value on one line: control characters shown as \n, \t, \xNN; cut at
@@ -376,7 +364,7 @@ static int cmd_info(int argc, char **argv)
       nunsup += t->unsupported != NULL;
     }
     printf("file: %s\nformat: %s\n", o.pos[0], bs_format_name(cat.format));
-    print_version(&cat);
+    bs_format_describe(&cat, print_detail, NULL);
     printf("tensors: %" PRIu64 "\n", count);
     if (nhidden)
       printf("hidden by key options: %zu\n", nhidden);
@@ -811,9 +799,11 @@ static const struct cmd cmds[] = {
     {"convert", "[-q] [--progress|--no-progress] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
-     "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
-     "checkpoint. Outputs over 256 MiB show a progress line (bytes, rate, ETA, until the\n"
-     "data is on disk) when stderr is a terminal.\n"
+     "fsync, rename): OUT is complete or untouched. A shard set commits through a journal\n"
+     "beside its index: a convert killed midway is completed or rolled back by the next\n"
+     "access, and an old index naming files that are not its shards is refused. Streams:\n"
+     "memory does not grow with the checkpoint. Outputs over 256 MiB show a progress line\n"
+     "(bytes, rate, ETA, until the data is on disk) when stderr is a terminal.\n"
      "  -q           no progress line, no summary\n"
      "  --progress   the progress line also when stderr is not a terminal (a line a second)\n"
      "  --no-progress  no progress line, also on a terminal\n"

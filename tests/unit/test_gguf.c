@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "burnstore/writers.h"
 #include "core/alloc.h"
@@ -820,4 +821,10 @@ Test(gguf, an_error_naming_hostile_names_is_one_line)
   cr_expect_null(strpbrk(line, "\r\n"), "two lines: %s", line);
   cr_expect_not_null(strstr(line, "overlaps"), "%s", line);
   bs_catalog_destroy(&cat);
+}
+
+Test(gguf, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
+{
+  build_ref(&B);
+  cr_assert_gt(bs_test_rollback_sweep_mem(B.d, B.n, "m.gguf", bs_gguf_read), 0);
 }
