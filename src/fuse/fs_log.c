@@ -20,7 +20,7 @@
 /* fuse_set_log_func takes no context pointer: the one log of the process. */
 static struct {
   int fd;
-  bool foreground;
+  bool to_stderr; /* until the daemon detaches (always with -f) */
   _Atomic unsigned long used;
 } lg = {.fd = -1};
 
@@ -33,7 +33,7 @@ static void log_func(enum fuse_log_level level, const char *fmt, va_list ap)
   va_copy(ap2, ap);
   vsnprintf(msg, sizeof msg, fmt, ap2);
   va_end(ap2);
-  if (lg.foreground)
+  if (lg.to_stderr)
     fputs(msg, stderr);
   if (level > FUSE_LOG_INFO)
     return; /* libfuse's debug lines: stderr only */
@@ -64,9 +64,9 @@ static void log_func(enum fuse_log_level level, const char *fmt, va_list ap)
   }
 }
 
-int fs_log_open(const char *path, bool foreground)
+int fs_log_open(const char *path)
 {
-  lg.foreground = foreground;
+  lg.to_stderr = true;
   openlog("burnstore", LOG_PID, LOG_USER);
   if (path[0]) {
     lg.fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -79,6 +79,11 @@ int fs_log_open(const char *path, bool foreground)
   atomic_store(&lg.used, 0);
   fuse_set_log_func(log_func);
   return 0;
+}
+
+void fs_log_detach(void)
+{
+  lg.to_stderr = false;
 }
 
 void fs_log_close(void)

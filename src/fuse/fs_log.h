@@ -8,12 +8,15 @@
 #include <stdio.h>
 
 /* Every fuse_log line of the daemon (refusals, changed sources, signals)
- * goes to stderr in the foreground, to syslog, and is appended to the log
- * file (bounded), where `burnstore status MNT` and `burnstore -u -v MNT`
- * read it. */
+ * goes to stderr until the daemon detaches (always with -f), to syslog, and
+ * is appended to the log file (bounded), where `burnstore status MNT` and
+ * `burnstore -u -v MNT` read it. */
 
 /* Create (truncate) the log file and route fuse_log to it. 0 or -errno. */
-int fs_log_open(const char *path, bool foreground);
+int fs_log_open(const char *path);
+/* The daemon has detached (its stderr is /dev/null): the log file and
+ * syslog only. */
+void fs_log_detach(void);
 /* Stop writing to the log file (fuse_log goes back to stderr only). */
 void fs_log_close(void);
 /* Copy the log's lines, then `last` (a line without its newline, or NULL),

@@ -910,6 +910,7 @@ static int serve(struct run *r, char *argv0)
       fuse_session_unmount(se);
       goto out_signals;
     }
+    fs_log_detach();
     /* The real daemon PID, everywhere (status file, target lock). */
     status_running(r->sfd, fs, r->mnt);
     if (fs->writable)
@@ -1012,7 +1013,7 @@ int bs_mount_main(int argc, char **argv, const char *cli_usage)
   }
   int ret = prepare(&r.fs, &r.a) != 0 || claim(&r) != 0 ? 1 : -1;
   if (ret < 0) {
-    if (fs_log_open(r.lpath, r.a.foreground) != 0)
+    if (fs_log_open(r.lpath) != 0)
       r.lpath[0] = '\0';
     fs_progress_init(r.spath);
     status_running(r.sfd, &r.fs, r.mnt);
