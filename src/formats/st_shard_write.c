@@ -178,10 +178,11 @@ static char *str_printf(const char *fmt, ...)
   return p;
 }
 
+/* s is NAME + suffix with a NAME of at least one byte. */
 static bool ends_with(const char *s, const char *suffix)
 {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n > k && strcasecmp(s + n - k, suffix) == 0;
+  size_t n = strlen(s);
+  return n > strlen(suffix) && bs_ends_with(s, n, suffix, true);
 }
 
 static int names(struct set *s, const char *path, bs_err *err)

@@ -146,7 +146,7 @@ int fs_writeback(struct fs *fs, bs_err *err)
                      .opts = fs->wopts,
                      .source = fs->source,
                      .edit = &fs->edit,
-                     .keep_hidden = fs->cat.format != BS_FMT_NONE && !fs->force_write,
+                     .keep_hidden = fs->cat.nsrcs > 0 && !fs->force_write, /* a source */
                      .staging = fs->staging,
                      .staging_fd = &fs->staging_fd,
                      .staging_lock = &fs->staging_lock};
