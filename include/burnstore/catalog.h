@@ -10,7 +10,7 @@
 
 #include "burnstore/dtype.h"
 #include "burnstore/err.h"
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 
 #pragma GCC visibility push(default) /* the API (err.h) */
 
