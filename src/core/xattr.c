@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 
 /* What a row works on: the mount, the node and the entry that describes it
  * (its own, or for a read-only mount a clean one over its tensor). */

@@ -26,7 +26,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 
 static const struct bs_format_desc formats[] = {
     [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL, NULL},

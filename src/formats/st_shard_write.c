@@ -28,7 +28,7 @@
 #include "core/checked.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 #include "formats/st_write.h"
 
 #define IDX_SUFFIX ".safetensors.index.json"

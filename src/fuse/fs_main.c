@@ -33,7 +33,7 @@
 #include "core/stage_index.h"
 #include "core/target.h"
 #include "core/writeback.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 #include "formats/st_write.h"
 #include "fs.h"
 #include "fs_log.h"

@@ -26,7 +26,7 @@
 #include "core/strmap.h"
 #include "core/target.h"
 #include "core/writeback.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 #include "formats/st_write.h"
 
 #define PROG "burnstore"
