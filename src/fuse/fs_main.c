@@ -34,7 +34,7 @@
 #include "core/target.h"
 #include "core/writeback.h"
 #include "formats/safetensors_sharded.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 #include "fs.h"
 #include "fs_log.h"
 #include "fs_views.h"

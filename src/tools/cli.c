@@ -27,7 +27,7 @@
 #include "core/target.h"
 #include "core/writeback.h"
 #include "formats/safetensors_sharded.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 
 #define PROG "burnstore"
 #define CHUNK (1u << 20)

@@ -15,7 +15,7 @@
 #include "core/checked.h"
 #include "formats/bpk_write.h"
 #include "formats/gguf_private.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 
 /* ---- A GGUF builder --------------------------------------------------------------------- */
 

@@ -23,7 +23,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 
 #define PREFIX 8u
 

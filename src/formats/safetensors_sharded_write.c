@@ -1,5 +1,5 @@
 /* Sharded SafeTensors output: NAME-0000K-of-0000N.safetensors shards and
- * NAME.safetensors.index.json, written atomically as a set (st_write.h).
+ * NAME.safetensors.index.json, written atomically as a set (safetensors_write.h).
  *
  * Index layout written (transformers: json.dumps(index, indent=2,
  * sort_keys=True) + "\n", ASCII only):
@@ -29,7 +29,7 @@
 #include "core/set_journal.h"
 #include "core/strmap.h"
 #include "formats/safetensors_sharded.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 
 #define IDX_SUFFIX ".safetensors.index.json"
 #define ST_SUFFIX ".safetensors"
