@@ -7,7 +7,7 @@
 #include "burnstore/writers.h"
 #include "core/checked.h"
 #include "core/utf8.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 #include "formats/safetensors_write.h"
 #include "gguf_private.h"
 

@@ -13,7 +13,7 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 #include "formats/gguf_private.h"
 #include "formats/safetensors_write.h"
 

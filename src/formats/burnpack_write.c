@@ -26,7 +26,7 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 
 #define HDR_LEN 10u
 
