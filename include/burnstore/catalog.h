@@ -26,9 +26,6 @@ enum bs_format {
   BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
   BS_FMT_COUNT
 };
-/* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
- * BS_FMT_NONE, "?" out of range. */
-const char *bs_format_name(enum bs_format f);
 
 struct bs_kv {
   char *key;   /* owned */

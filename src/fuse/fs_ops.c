@@ -35,7 +35,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "core/names.h"
+#include "policy/names.h"
 #include "fs.h"
 #include "fs_views.h"
 

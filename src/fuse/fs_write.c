@@ -24,7 +24,7 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "core/writeback.h"
+#include "policy/writeback.h"
 #include "fs.h"
 
 /* fs->staging is a template ending in XXXXXX until the directory exists:

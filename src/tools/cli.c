@@ -25,7 +25,7 @@
 #include "core/progress.h"
 #include "core/strmap.h"
 #include "core/target.h"
-#include "core/writeback.h"
+#include "policy/writeback.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
 

@@ -10,7 +10,7 @@
 
 #include "bs_test.h"
 #include "core/alloc.h"
-#include "core/stage_index.h"
+#include "policy/stage_index.h"
 #include "formats/burnpack_write.h"
 
 static bs_err err;

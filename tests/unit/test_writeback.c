@@ -18,9 +18,9 @@
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "core/stage_index.h"
+#include "policy/stage_index.h"
 #include "core/target.h"
-#include "core/writeback.h"
+#include "policy/writeback.h"
 
 static char dir[64];       /* the test's directory */
 static char src_path[128]; /* the checkpoint: a (F32 [4]) b (U8 [4]) */

@@ -1,10 +1,11 @@
 /* The xattr table (see xattr.h). */
-#include "core/xattr.h"
+#include "policy/xattr.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/safetensors_sharded.h"
