@@ -132,6 +132,14 @@ core_only() {
     echo "tests/run.sh: the core or a tool includes a FUSE header"
     return 1
   fi
+  # The library's layers call downward only (docs/architecture.md): the core
+  # knows no format, the formats know no policy, and no layer calls the mount or the CLI.
+  if grep -nE '#[[:space:]]*include[[:space:]]*"(formats/|policy/|burnstore/(formats|writers)\.h)' src/core/* ||
+    grep -nE '#[[:space:]]*include[[:space:]]*"policy/' src/formats/* ||
+    grep -nE '#[[:space:]]*include[[:space:]]*"(fs|cli|mount)\.h"' src/core/* src/formats/* src/policy/*; then
+    echo "tests/run.sh: an include above runs against the library's layers"
+    return 1
+  fi
   build build-core -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \
     -DBURNSTORE_FUSE=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
   if grep -q '^FUSE3_' build-core/CMakeCache.txt || grep -q 'include/fuse3' build-core/compile_commands.json; then
