@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "burnstore/catalog.h"
+#include "burnstore/src.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 
@@ -71,6 +73,16 @@ void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
   uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
   if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
     out[0] = '\0';
+}
+
+unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode)
+{
+  struct bs_src_ident id;
+  struct stat st;
+  for (size_t i = 0; i < n && i < cat->nsrcs; i++)
+    if (bs_src_ident(&cat->srcs[i], &id) && cat->srcs[i].name && stat(cat->srcs[i].name, &st) == 0)
+      mode &= st.st_mode | ~07777u;
+  return mode;
 }
 
 /* /proc/self/mounts writes space, tab, newline and backslash in a path as

@@ -20,6 +20,8 @@
 
 #include "burnstore/err.h"
 
+struct bs_catalog;
+
 /* An absolute path without stat-ing the last component (which may be a mount
  * whose daemon hangs): realpath of the parent + the base name. Owned
  * (bs_free); NULL with errno set. */
@@ -28,6 +30,11 @@ char *bs_abs_path(const char *p);
 /* RUN/<FNV-1a 64 of key, hex><suffix> into out (RUN is created; "" if it does
  * not fit). */
 void bs_run_path(const char *key, const char *suffix, char *out, size_t n);
+
+/* `mode` with only the permission bits every file among the first n
+ * sources of cat grants (a sharded checkpoint: its index and each shard),
+ * stat'ed by name now; a source that is no file, or is gone, is skipped. */
+unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode);
 
 /* Is `mnt` (absolute) a mountpoint in /proc/self/mounts? (true if unreadable) */
 bool bs_is_mounted(const char *mnt);

@@ -621,6 +621,9 @@ static int prepare(struct fs *fs, struct args *a)
         return 1;
       }
       fs->force_write = strcmp(fs->output, fs->source) != 0;
+      /* A new output is as private as its source (cp keeps the mode). */
+      fs->wopts.has_mode = true;
+      fs->wopts.mode = bs_sources_mode(&fs->cat, fs->cat.nsrcs, st.st_mode) & 0666;
     }
   }
   /* The files show SOURCE's read bits, so a private checkpoint stays

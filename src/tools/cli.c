@@ -705,7 +705,10 @@ static int cmd_convert(int argc, char **argv)
   for (size_t i = 0; i < cat.count; i++)
     if (!cat.tensors[i].hidden)
       total += cat.tensors[i].nbytes, n++;
-  struct bs_write_opts wo = {.max_shard_size = o.max_shard_size};
+  /* A new output is as private as its source (cp keeps the mode). */
+  struct bs_write_opts wo = {.max_shard_size = o.max_shard_size,
+                             .has_mode = true,
+                             .mode = bs_sources_mode(&cat, cat.nsrcs, 0666)};
   struct bs_progress pr;
   bs_progress_start(&pr, "convert", total, 2);
   if (o.quiet)
@@ -808,7 +811,8 @@ static const struct cmd cmds[] = {
      "access, and an old index naming files that are not its shards is refused. Streams:\n"
      "memory does not grow with the checkpoint. On a terminal, outputs over 256 MiB show a\n"
      "progress line. A key OUT's format cannot hold (not UTF-8; over 63 bytes for GGUF) is\n"
-     "refused before anything is written.\n"
+     "refused before anything is written. A new OUT gets IN's permission bits less the umask\n"
+     "(as cp: a private IN gives a private OUT); an existing OUT keeps its own.\n"
      "  -q           no progress line, no summary\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert, 1},

@@ -13,8 +13,8 @@ import os
 import shutil
 import stat
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
-                     write_safetensors)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk, read_safetensors,
+                     run, run_tests, write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY_UID = 65534
@@ -417,7 +417,125 @@ def test_unprivileged_mount(tmp):
         print("  unprivileged mount -o %r: %s" % (opts, (r.stderr.strip().splitlines() or ["mounted"])[-1]))
 
 
+def mode_of(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_new_output_modes(tmp):
+    """A new output is as private as its source (cp keeps the mode, filtered
+    by the umask): convert, -o output=, a new shard set. An existing target
+    keeps its own mode; a new checkpoint (no source) is 0644 & ~umask."""
+    old_umask = os.umask(0o022)
+    try:
+        d = shared_dir(tmp, "newmodes")
+        # convert of a private .pth, and of a 0640 source into a shard set.
+        pth = os.path.join(d, "private.pth")
+        shutil.copyfile(os.path.join(SOURCE_DIR, "tests/fixtures/complex_nested.pt"), pth)
+        os.chmod(pth, 0o600)
+        out = os.path.join(d, "out.safetensors")
+        r = run([BIN, "convert", "-q", pth, out])
+        check(r.returncode == 0, "convert: %s" % r.stderr)
+        check(mode_of(out) == 0o600, "convert of a 0600 .pth: %o" % mode_of(out))
+        os.chmod(out, 0o604)
+        r = run([BIN, "convert", "-q", pth, out])
+        check(r.returncode == 0 and mode_of(out) == 0o604, "an existing output keeps its 0604: %o" % mode_of(out))
+        src = os.path.join(d, "model.safetensors")
+        write_safetensors(src, {"a": A, "b": B, "c": C})
+        os.chmod(src, 0o640)
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", src, os.path.join(d, "cs.safetensors.index.json")])
+        check(r.returncode == 0, "convert to a shard set: %s" % r.stderr)
+        files = sorted(f for f in os.listdir(d) if f.startswith("cs"))
+        check(len(files) >= 3, "a set of shards and an index: %s" % files)
+        for f in files:
+            check(mode_of(os.path.join(d, f)) == 0o640, "convert's new set: %s is %o" % (f, mode_of(os.path.join(d, f))))
+        # A mount's new output= and a new shard set: the source's mode.
+        os.chmod(src, 0o600)
+        mnt = os.path.join(d, "mnt")
+        outb = os.path.join(d, "out.bpk")
+        with Mount(src, mnt, "output=" + outb) as m:
+            r = m.unmount()
+            check(r.returncode == 0, "output=: burnstore -u: %s" % r.stderr)
+        check(mode_of(outb) == 0o600, "output= of a 0600 source: %o" % mode_of(outb))
+        os.chmod(src, 0o664)
+        with Mount(src, mnt, "max_shard_size=4096,output=" + os.path.join(d, "ms.safetensors.index.json")) as m:
+            r = m.unmount()
+            check(r.returncode == 0, "shard set: burnstore -u: %s" % r.stderr)
+        files = sorted(f for f in os.listdir(d) if f.startswith("ms"))
+        check(len(files) >= 3, "the mount wrote a set: %s" % files)
+        for f in files:
+            check(mode_of(os.path.join(d, f)) == 0o644, "the mount's new set (0664 source, umask 022): %s is %o"
+                  % (f, mode_of(os.path.join(d, f))))
+        # A new checkpoint has no source: 0644 & ~umask.
+        newck = os.path.join(d, "fresh.bpk")
+        with Mount(newck, mnt) as m:
+            with open(os.path.join(m, "w"), "wb") as f:
+                f.write(B)
+            r = m.unmount()
+            check(r.returncode == 0, "new checkpoint: burnstore -u: %s" % r.stderr)
+        check(mode_of(newck) == 0o644, "a new checkpoint: %o" % mode_of(newck))
+    finally:
+        os.umask(old_umask)
+
+
+def finish_after_failed_writeback(d, src, outdir, name, change):
+    """Mount src with output=outdir/name (src None: a new checkpoint there),
+    change the tree, make the write-back fail (outdir a read-only tmpfs),
+    then --finish it with outdir writable again: the output's path, or None."""
+    stg = os.path.join(d, "stg-" + name)
+    os.makedirs(stg)
+    mnt = os.path.join(d, "mnt-" + name)
+    out = os.path.join(outdir, name)
+    opts = "staging=%s,output=%s" % (stg, out) if src else "staging=" + stg
+    with Mount(src or out, mnt, opts) as m:
+        change(m)
+        run(["mount", "-o", "remount,ro", outdir])
+        u = m.unmount()
+    run(["mount", "-o", "remount,rw", outdir])
+    check(u is not None and u.returncode != 0, "%s: the write-back fails on a read-only directory" % name)
+    left = os.listdir(stg)
+    if not check(len(left) == 1, "%s: the staging is kept: %s" % (name, left)):
+        return None
+    r = run([BIN, "--finish", os.path.join(stg, left[0])])
+    check(r.returncode == 0, "%s: --finish: %s" % (name, r.stderr))
+    return out
+
+
+def test_finish_modes(tmp):
+    """--finish gives a new target its checkpoint's mode (the checkpoint
+    is there: --finish reads its clean tensors); a new checkpoint (no
+    source) gets 0644 & ~umask, as the write-back would have given it."""
+    old_umask = os.umask(0o022)
+    d = shared_dir(tmp, "finishmodes")
+    outdir = os.path.join(d, "out")
+    os.makedirs(outdir)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", outdir])
+    if not check(r.returncode == 0, "mount a tmpfs: %s" % r.stderr):
+        os.umask(old_umask)
+        return
+    try:
+        src = os.path.join(d, "model.safetensors")
+        write_safetensors(src, {"a": A, "c": C})
+        os.chmod(src, 0o640)
+
+        def add_one(m):
+            with open(os.path.join(m, "n"), "wb") as f:
+                f.write(B)
+
+        out = finish_after_failed_writeback(d, src, outdir, "kept.bpk", add_one)
+        if out:
+            check(mode_of(out) == 0o640, "--finish of a 0640 checkpoint: %o" % mode_of(out))
+            check(sorted(read_bpk(out)[0]) == ["a", "c", "n"], "--finish wrote the tensors")
+        out = finish_after_failed_writeback(d, None, outdir, "fresh.bpk", add_one)
+        if out:
+            check(mode_of(out) == 0o644, "--finish of a new checkpoint: %o" % mode_of(out))
+            check(sorted(read_bpk(out)[0]) == ["n"], "--finish wrote the new checkpoint")
+    finally:
+        os.umask(old_umask)
+        run(["umount", "-l", outdir])
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
-                                     test_unprivileged_mount], "shared")
+                                     test_unprivileged_mount, test_new_output_modes, test_finish_modes],
+             "shared")
