@@ -57,7 +57,43 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
+/* The checks of bs_run_path on its directory. */
+static int run_dir_ok(const char *dir, bs_err *err)
+{
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the run directory %s: %s", dir,
+                   strerror(errno));
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) {
+    int e = errno;
+    struct stat lst;
+    if ((e == ELOOP || e == ENOTDIR) && lstat(dir, &lst) == 0)
+      return bs_fail(err, ENOTDIR, BS_OFF_NONE, NULL,
+                     "the run directory %s is %s (owner uid %u), not a directory: another user "
+                     "may have planted it; remove it",
+                     dir, S_ISLNK(lst.st_mode) ? "a symbolic link" : "not a directory",
+                     (unsigned)lst.st_uid);
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "the run directory %s: %s", dir, strerror(e));
+  }
+  int rc = fstat(fd, &st);
+  int e = errno;
+  close(fd);
+  if (rc != 0)
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "the run directory %s: %s", dir, strerror(e));
+  if (st.st_uid != geteuid())
+    return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                   "the run directory %s belongs to uid %u, not to uid %u: another user may have "
+                   "made it; remove it (or set XDG_RUNTIME_DIR)",
+                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+  if (st.st_mode & 022)
+    return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                   "the run directory %s is writable by others (mode %04o): chmod go-w it", dir,
+                   (unsigned)(st.st_mode & 07777));
+  return 0;
+}
+
+int bs_run_path(const char *key, const char *suffix, char *out, size_t n, bs_err *err)
 {
   const char *base = "/run/burnstore";
   char alt[PATH_MAX];
@@ -69,10 +105,15 @@ void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
       snprintf(alt, sizeof alt, "/tmp/burnstore-%u", (unsigned)geteuid());
     base = alt;
   }
-  mkdir(base, 0700);
+  out[0] = '\0';
+  if (run_dir_ok(base, err) != 0)
+    return -1;
   uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
-  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
+  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n) {
     out[0] = '\0';
+    return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, NULL, "%s: %s", base, strerror(ENAMETOOLONG));
+  }
+  return 0;
 }
 
 unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode)
@@ -230,13 +271,17 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
   if (!key)
     return -1;
   char path[PATH_MAX];
-  bs_run_path(key, ".target", path, sizeof path);
+  bs_err sub;
+  bs_err_clear(&sub);
+  int rc = bs_run_path(key, ".target", path, sizeof path, &sub);
   bs_free(key);
-  int fd = path[0] ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600) : -1;
+  if (rc != 0)
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot lock the target %s: %s", target,
+                   sub.msg);
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
-    return bs_fail(err, errno ? errno : ENAMETOOLONG, BS_OFF_NONE, NULL,
-                   "cannot lock the target %s (%s: %s)", target, path,
-                   strerror(errno ? errno : ENAMETOOLONG));
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot lock the target %s (%s: %s)", target,
+                   path, strerror(errno));
   /* A daemon that was just unmounted may still be writing back: wait a bit. */
   for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
     if (i >= 50) {

@@ -27,9 +27,12 @@ struct bs_catalog;
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
-/* RUN/<FNV-1a 64 of key, hex><suffix> into out (RUN is created; "" if it does
- * not fit). */
-void bs_run_path(const char *key, const char *suffix, char *out, size_t n);
+/* RUN/<FNV-1a 64 of key, hex><suffix> into out. RUN: /run/burnstore for
+ * root, else $XDG_RUNTIME_DIR/burnstore or /tmp/burnstore-EUID; created 0700
+ * if missing, and used only if it is a real directory (not a symlink) of
+ * the effective user that no one else may write to. 0, or -1 with err
+ * naming RUN and what is wrong with it (or ENAMETOOLONG). */
+BS_NODISCARD int bs_run_path(const char *key, const char *suffix, char *out, size_t n, bs_err *err);
 
 /* `mode` with only the permission bits every file among the first n
  * sources of cat grants (a sharded checkpoint: its index and each shard),

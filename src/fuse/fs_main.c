@@ -315,9 +315,15 @@ static void parse_args(struct args *a, int argc, char **argv, const char *cli_us
   }
 }
 
-static void status_path(const char *mnt, char *out, size_t n)
+/* 0, or -1 having printed why the run directory cannot be used. */
+static int status_path(const char *mnt, char *out, size_t n)
 {
-  bs_run_path(mnt, ".status", out, n);
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_run_path(mnt, ".status", out, n, &err) == 0)
+    return 0;
+  fprintf(stderr, PROG ": %s\n", err.msg);
+  return -1;
 }
 
 static void write_status(int fd, const char *text);
@@ -419,8 +425,11 @@ static int do_unmount(const char *mountpoint, bool verbose)
     return 1;
   }
   char spath[PATH_MAX];
-  status_path(mnt, spath, sizeof spath);
-  int fd = open(spath, O_RDWR | O_CLOEXEC);
+  if (status_path(mnt, spath, sizeof spath) != 0) {
+    bs_free(mnt);
+    return 1;
+  }
+  int fd = open(spath, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
   if (fd < 0 && !bs_is_mounted(mnt)) {
@@ -732,8 +741,9 @@ static int claim(struct run *r)
     return 1;
   }
   /* The status file, locked before mounting (see the top of this file). */
-  status_path(mnt, r->spath, sizeof r->spath);
-  int sfd = r->sfd = open(r->spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (status_path(mnt, r->spath, sizeof r->spath) != 0)
+    return 1;
+  int sfd = r->sfd = open(r->spath, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   /* A daemon that was just unmounted may still be on its way out. */
   for (int i = 0; sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0 && i < 1500; i++) {
     if (bs_is_mounted(mnt))

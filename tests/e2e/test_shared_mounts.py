@@ -534,8 +534,72 @@ def test_finish_modes(tmp):
         run(["umount", "-l", outdir])
 
 
+def test_run_dir_checked(tmp):
+    """The run directory of a user other than root ($XDG_RUNTIME_DIR/burnstore
+    or /tmp/burnstore-UID, for the target lock and the status files) is used
+    only if it is a real directory of that user that no one else may write
+    to: a symlink, another user's directory or a group/world-writable one is
+    refused in one line naming it (nobody's convert takes the target lock)."""
+    d = shared_dir(tmp, "rundir")
+    src = os.path.join(d, "model.safetensors")
+    write_safetensors(src, {"a": A})
+    outd = os.path.join(d, "out")
+    os.makedirs(outd)
+    os.chown(outd, NOBODY_UID, NOBODY_UID)
+    victim = os.path.join(d, "victim")
+    os.makedirs(victim)
+    os.chmod(victim, 0o777)
+
+    def xdg(name, plant):
+        x = os.path.join(d, name)
+        os.makedirs(x)
+        os.chmod(x, 0o1777)  # as /tmp: anyone may plant a name in it
+        if plant:
+            plant(os.path.join(x, "burnstore"))
+        return x
+
+    def symlink(p):
+        os.symlink(victim, p)
+
+    def others(p):
+        os.makedirs(p)
+        os.chmod(p, 0o777)
+
+    def writable(p):
+        os.makedirs(p)
+        os.chown(p, NOBODY_UID, NOBODY_UID)
+        os.chmod(p, 0o770)
+
+    def afile(p):
+        open(p, "w").close()
+
+    cases = [("xok", None, None), ("xlink", symlink, "a symbolic link"), ("xother", others, "belongs to uid 0"),
+             ("xwrite", writable, "writable by others (mode 0770)"), ("xfile", afile, "not a directory")]
+    for name, plant, want in cases:
+        x = xdg(name, plant)
+        out = os.path.join(outd, name + ".bpk")
+        r = run(NOBODY + [BIN, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
+        run_dir = os.path.join(x, "burnstore")
+        if want is None:
+            check(r.returncode == 0 and os.path.exists(out), "nobody's convert with a fresh run directory: %s" % r.stderr)
+            st = os.lstat(run_dir)
+            check(stat.S_ISDIR(st.st_mode) and st.st_uid == NOBODY_UID and stat.S_IMODE(st.st_mode) == 0o700,
+                  "the run directory is nobody's 0700: %o uid %d" % (st.st_mode, st.st_uid))
+            # Used again as it is: nobody's, 0700.
+            r = run(NOBODY + [BIN, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
+            check(r.returncode == 0, "nobody's second convert: %s" % r.stderr)
+            continue
+        check(r.returncode != 0 and not os.path.exists(out), "%s: nobody's convert is refused (%d)" % (name, r.returncode))
+        lines = r.stderr.strip().splitlines()
+        check(len(lines) == 1 and run_dir in lines[0] and want in lines[0],
+              "%s: one line naming %s and %r: %r" % (name, run_dir, want, r.stderr))
+        planted = os.listdir(run_dir) if os.path.isdir(run_dir) else []
+        check(planted == [], "%s: nothing was created in the planted directory: %s" % (name, planted))
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
-                                     test_unprivileged_mount, test_new_output_modes, test_finish_modes],
+                                     test_unprivileged_mount, test_new_output_modes, test_finish_modes,
+                                     test_run_dir_checked],
              "shared")
