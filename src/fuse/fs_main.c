@@ -84,8 +84,9 @@ static const char usage_rest[] =
     "  uid=ID, gid=ID         owner and group of SOURCE's files (number or name;\n"
     "                         default: the mounting user's)\n"
     "  umask=OOO              mode bits (octal) taken off SOURCE's files and directories,\n"
-    "                         which show SOURCE's read bits (rw: and the owner's w;\n"
-    "                         directories: x where r)\n"
+    "                         which show SOURCE's read bits (of a shard set: those all\n"
+    "                         its files grant; rw: and the owner's w; directories: x\n"
+    "                         where r)\n"
     "  allow_other, allow_root, nosuid, nodev, noexec, noatime: passed to FUSE; the\n"
     "                         kernel checks the modes shown on every mount\n"
     "                         (default_permissions is always on)\n"
@@ -613,13 +614,16 @@ static int prepare(struct fs *fs, struct args *a)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
-    bits = st.st_mode & 0444;
     struct bs_src src;
     struct bs_open_opts oo = {.strict = a->strict};
     if (bs_src_open(&src, fs->source, &err) != 0)
       return fail_line(a->source, &err);
     if (bs_open_any(&fs->cat, &src, &oo, &err) != 0)
       return fail_line(a->source, &err);
+    /* The bits every file of the checkpoint grants: a sharded one's index
+     * and each of its shards (a 0600 shard keeps the set private). */
+    unsigned mode = bs_sources_mode(&fs->cat, fs->cat.nsrcs, st.st_mode);
+    bits = mode & 0444;
     if (a->rw || a->output) {
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
@@ -632,7 +636,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs->force_write = strcmp(fs->output, fs->source) != 0;
       /* A new output is as private as its source (cp keeps the mode). */
       fs->wopts.has_mode = true;
-      fs->wopts.mode = bs_sources_mode(&fs->cat, fs->cat.nsrcs, st.st_mode) & 0666;
+      fs->wopts.mode = mode & 0666;
     }
   }
   /* The files show SOURCE's read bits, so a private checkpoint stays

@@ -597,9 +597,47 @@ def test_run_dir_checked(tmp):
         check(planted == [], "%s: nothing was created in the planted directory: %s" % (name, planted))
 
 
+def test_sharded_modes(tmp):
+    """A sharded checkpoint shows the read bits every file of the set grants
+    (its index and each shard): a 0600 shard in a set whose index is 0644
+    keeps every tensor private, and a new output= gets those bits too."""
+    old_umask = os.umask(0o022)
+    try:
+        d = shared_dir(tmp, "shardmodes")
+        one = os.path.join(d, "one.safetensors")
+        write_safetensors(one, {"a": A, "b": B, "c": C})
+        index = os.path.join(d, "model.safetensors.index.json")
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", one, index])
+        check(r.returncode == 0, "convert to a set: %s" % r.stderr)
+        shards = sorted(f for f in os.listdir(d) if f.startswith("model-"))
+        check(len(shards) >= 2, "a set of several shards: %s" % shards)
+        for f in [index] + [os.path.join(d, x) for x in shards]:
+            os.chmod(f, 0o644)
+        os.chmod(os.path.join(d, shards[-1]), 0o600)
+        mnt = os.path.join(d, "mnt")
+        with Mount(index, mnt, "allow_other") as m:
+            st, sd = os.stat(os.path.join(m, "a")), os.stat(m)
+            check((stat.S_IMODE(st.st_mode), stat.S_IMODE(sd.st_mode)) == (0o400, 0o500),
+                  "a set with a 0600 shard shows %o files in a %o root"
+                  % (stat.S_IMODE(st.st_mode), stat.S_IMODE(sd.st_mode)))
+            got = as_nobody(["read", os.path.join(m, "a")], ["list", m])
+            expect("a set with a 0600 shard", got, [("read", "EACCES"), ("list", "EACCES")])
+        os.chmod(os.path.join(d, shards[-1]), 0o640)
+        with Mount(index, mnt, "allow_other") as m:
+            st = os.stat(os.path.join(m, "a"))
+            check(stat.S_IMODE(st.st_mode) == 0o440, "a set with a 0640 shard: %o" % stat.S_IMODE(st.st_mode))
+        out = os.path.join(d, "out.bpk")
+        with Mount(d, mnt, "output=" + out) as m:
+            r = m.unmount()
+            check(r.returncode == 0, "output= of the set: %s" % r.stderr)
+        check(mode_of(out) == 0o640, "output= of a set with a 0640 shard: %o" % mode_of(out))
+    finally:
+        os.umask(old_umask)
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
                                      test_unprivileged_mount, test_new_output_modes, test_finish_modes,
-                                     test_run_dir_checked],
+                                     test_run_dir_checked, test_sharded_modes],
              "shared")
