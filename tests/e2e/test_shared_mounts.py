@@ -367,19 +367,26 @@ def test_private_modes(tmp):
     check(stat.S_IMODE(os.stat(src).st_mode) == 0o600, "the output keeps its 0600")
 
 
-def test_unprivileged_mount(tmp):
-    """nobody mounts where the system allows it; else the message names the
-    cause (/dev/fuse's mode, fusermount3 not setuid, user_allow_other)."""
-    d = shared_dir(tmp, "unpriv")
+def nobody_dir(tmp, name, own):
+    """A shared directory `name` with model.safetensors ({"a": A}), a
+    directory `own` of nobody's in it, and a copy of burnstore nobody runs
+    (the build tree may be out of its reach): (dir, source, own, binary)."""
+    d = shared_dir(tmp, name)
     src = os.path.join(d, "model.safetensors")
     write_safetensors(src, {"a": A})
-    mnt = os.path.join(d, "mnt")
-    os.makedirs(mnt)
-    os.chown(mnt, NOBODY_UID, NOBODY_UID)
-    # nobody runs a copy: the build tree may be out of its reach.
+    own = os.path.join(d, own)
+    os.makedirs(own)
+    os.chown(own, NOBODY_UID, NOBODY_UID)
     binary = os.path.join(d, "burnstore")
     shutil.copy(shutil.which(BIN) or BIN, binary)
     os.chmod(binary, 0o755)
+    return d, src, own, binary
+
+
+def test_unprivileged_mount(tmp):
+    """nobody mounts where the system allows it; else the message names the
+    cause (/dev/fuse's mode, fusermount3 not setuid, user_allow_other)."""
+    d, src, mnt, binary = nobody_dir(tmp, "unpriv", "mnt")
     dev = os.stat("/dev/fuse")
     fm = "/usr/bin/fusermount3"
     fst = os.stat(fm)
@@ -540,12 +547,7 @@ def test_run_dir_checked(tmp):
     only if it is a real directory of that user that no one else may write
     to: a symlink, another user's directory or a group/world-writable one is
     refused in one line naming it (nobody's convert takes the target lock)."""
-    d = shared_dir(tmp, "rundir")
-    src = os.path.join(d, "model.safetensors")
-    write_safetensors(src, {"a": A})
-    outd = os.path.join(d, "out")
-    os.makedirs(outd)
-    os.chown(outd, NOBODY_UID, NOBODY_UID)
+    d, src, outd, binary = nobody_dir(tmp, "rundir", "out")
     victim = os.path.join(d, "victim")
     os.makedirs(victim)
     os.chmod(victim, 0o777)
@@ -578,7 +580,7 @@ def test_run_dir_checked(tmp):
     for name, plant, want in cases:
         x = xdg(name, plant)
         out = os.path.join(outd, name + ".bpk")
-        r = run(NOBODY + [BIN, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
+        r = run(NOBODY + [binary, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
         run_dir = os.path.join(x, "burnstore")
         if want is None:
             check(r.returncode == 0 and os.path.exists(out), "nobody's convert with a fresh run directory: %s" % r.stderr)
@@ -586,7 +588,7 @@ def test_run_dir_checked(tmp):
             check(stat.S_ISDIR(st.st_mode) and st.st_uid == NOBODY_UID and stat.S_IMODE(st.st_mode) == 0o700,
                   "the run directory is nobody's 0700: %o uid %d" % (st.st_mode, st.st_uid))
             # Used again as it is: nobody's, 0700.
-            r = run(NOBODY + [BIN, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
+            r = run(NOBODY + [binary, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
             check(r.returncode == 0, "nobody's second convert: %s" % r.stderr)
             continue
         check(r.returncode != 0 and not os.path.exists(out), "%s: nobody's convert is refused (%d)" % (name, r.returncode))
