@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
@@ -438,7 +439,15 @@ int bs_atomic_commit(struct bs_atomic *a, bs_err *err)
 int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
                        size_t cap, struct bs_sink *k, bs_err *err)
 {
+  return bs_sink_put_tensor_crc(cat, t, buf, cap, k, NULL, err);
+}
+
+int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
+                           size_t cap, struct bs_sink *k, uint32_t *crc, bs_err *err)
+{
   uint64_t done = 0;
+  if (cap > UINT32_MAX)
+    cap = UINT32_MAX;
   while (done < t->nbytes) {
     size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
     long got = bs_tensor_read(cat, t, done, buf, want);
@@ -450,6 +459,8 @@ int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, 
       return bs_fail(err, EIO, t->off + done, t->name,
                      "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
                      t->nbytes);
+    if (crc)
+      *crc = (uint32_t)crc32(*crc, buf, (uInt)got);
     if (bs_sink_put(k, buf, (size_t)got, err) != 0)
       return -1;
     done += (uint64_t)got;

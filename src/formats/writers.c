@@ -6,6 +6,7 @@
 
 #include "burnstore/writers.h"
 #include "formats/bpk_write.h"
+#include "formats/pth_write.h"
 #include "formats/st_write.h"
 #include "gguf_private.h"
 
@@ -18,6 +19,7 @@ static const char *const bpk_ext[] = {".bpk", NULL};
 static const char *const st_ext[] = {".safetensors", NULL};
 static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
 static const char *const gguf_ext[] = {".gguf", NULL};
+static const char *const pth_ext[] = {".pth", ".pt", ".bin", NULL};
 
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL},
@@ -26,6 +28,7 @@ const struct bs_writer bs_writers[] = {
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_default_meta,
      bs_st_write, bs_st_write_set},
     {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, NULL, bs_gguf_write, NULL},
+    {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, NULL, bs_pth_write, NULL},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 

@@ -929,6 +929,19 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
+/* The PyTorch writer writes a flat state dict, so what else a .pth's pickle
+ * held would be lost if it replaced its source: refused (printing why). */
+static bool pth_in_place(const struct fs *fs, const struct args *a, const char *out)
+{
+  if (fs->cat.format != BS_FMT_PYTORCH || !out || strcmp(out, fs->source) != 0)
+    return false;
+  fprintf(stderr,
+          PROG ": %s: a PyTorch file is not rewritten in place (its pickle may hold more than "
+               "tensors); mount it rw with -o output=NEW.pth\n",
+          a->source);
+  return true;
+}
+
 /* The writer of a writable mount, from the output's extension (an rw mount
  * in place keeps the format the file holds). NULL after printing why. */
 static const struct bs_writer *choose_writer(const struct fs *fs, const struct args *a, bool is_new)
@@ -954,11 +967,20 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
               PROG ": output=%s: burnstore cannot write %s files (it writes %s, and never writes "
                    "one format under another's extension)\n",
               a->output, ext, exts);
+    if (w && w->format == BS_FMT_PYTORCH) {
+      char *out = abs_path(a->output);
+      bool refuse = pth_in_place(fs, a, out);
+      bs_free(out);
+      if (refuse)
+        return NULL;
+    }
     return w;
   }
   if (is_new)
     return bs_writer_for_path(fs->source);
   const struct bs_writer *w = bs_writer_for_format(fs->cat.format);
+  if (w && pth_in_place(fs, a, fs->source))
+    return NULL;
   if (!w)
     fprintf(stderr,
             PROG ": %s: a writable mount of a %s file needs -o output=PATH naming a format "

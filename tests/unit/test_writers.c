@@ -45,8 +45,13 @@ Test(writers, chosen_by_the_extension_of_the_base_name)
   cr_assert_eq(bs_writer_for_path("m.bpk"), bpk);
   cr_assert_eq(bs_writer_for_path("/a/b.c/model.v2.bpk"), bpk);
   cr_assert_eq(bs_writer_for_path("MODEL.BPK"), bpk, "case does not matter");
-  cr_assert_null(bs_writer_for_path("m.pth"));
-  cr_assert_null(bs_writer_for_path("m.pt"));
+  const struct bs_writer *pth = bs_writer_for_format(BS_FMT_PYTORCH);
+  cr_assert_not_null(pth);
+  cr_assert_str_eq(pth->name, "pytorch");
+  cr_assert_eq(bs_writer_for_path("m.pth"), pth);
+  cr_assert_eq(bs_writer_for_path("m.PT"), pth);
+  cr_assert_eq(bs_writer_for_path("pytorch_model.bin"), pth);
+  cr_assert_null(bs_writer_for_path("m.ckpt"));
   const struct bs_writer *st = bs_writer_for_format(BS_FMT_SAFETENSORS);
   cr_assert_not_null(st);
   cr_assert_eq(bs_writer_for_path("x.safetensors"), st);
@@ -65,7 +70,6 @@ Test(writers, chosen_by_the_extension_of_the_base_name)
 
 Test(writers, formats_without_a_writer_have_none)
 {
-  cr_assert_null(bs_writer_for_format(BS_FMT_PYTORCH));
   cr_assert_null(bs_writer_for_format(BS_FMT_NONE));
 }
 
@@ -84,7 +88,7 @@ Test(writers, list_names_every_extension)
   cr_assert_str_eq(
       bs_writer_list(buf, sizeof buf),
       ".bpk (burnpack), .safetensors (safetensors), .safetensors.index.json (safetensors-sharded), "
-      ".gguf (gguf)");
+      ".gguf (gguf), .pth (pytorch), .pt (pytorch), .bin (pytorch)");
   char tiny[6];
   bs_writer_list(tiny, sizeof tiny);
   cr_assert_lt(strlen(tiny), sizeof tiny);
