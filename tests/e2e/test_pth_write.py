@@ -1,0 +1,332 @@
+"""PyTorch out (issue 21): every fixture converted to .pth and loaded by real
+torch with torch.load(weights_only=True): same keys in the same order, dtypes,
+shapes and bytes as burnstore reads the source (and as torch reads it, for
+flat torch-made sources); every member's data 64-byte aligned as torch's own
+writer aligns it; the .pth outputs of mounts (output=, a new model.pth path);
+dtypes torch cannot store refused naming the tensor; a .pth never rewritten
+in place. (torch 1.13 here: its torch.load has no mmap=, so the alignment is
+checked on the bytes.)"""
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import time
+import zipfile
+
+from bsmount import (BIN, FIX, Mount, check, daemon_pid, finish, force_unmount, is_mounted, run,
+                     tmpdir)
+
+import torch
+
+FIXTURES = os.path.dirname(FIX)
+DT = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+      "BOOL": torch.bool, "C64": torch.complex64, "C128": torch.complex128}
+
+
+def write_st(path, ts, meta=None):
+    """A SafeTensors file of {key: (dtype, shape, bytes)}."""
+    header, off, blob = ({"__metadata__": meta} if meta else {}), 0, []
+    for k, (dt, shape, b) in ts.items():
+        header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blob.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blob))
+
+
+def raw(t):
+    """A tensor's row-major little-endian bytes."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def aligned(path):
+    """Every member's data offset (from its local header) is a multiple of 64."""
+    bad = []
+    with open(path, "rb") as f, zipfile.ZipFile(path) as z:
+        for i in z.infolist():
+            f.seek(i.header_offset)
+            h = f.read(30)
+            nlen, xlen = struct.unpack("<HH", h[26:30])
+            if (i.header_offset + 30 + nlen + xlen) % 64:
+                bad.append(i.filename)
+        check(z.testzip() is None, "%s: every CRC right" % path)
+    return bad
+
+
+def ls(path):
+    r = run([BIN, "ls", "--json", path])
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def cat_bytes(path, key):
+    r = subprocess.run([BIN, "cat", path, key], capture_output=True, timeout=60)
+    return r.stdout if r.returncode == 0 else None
+
+
+def compare(name, out, want, src=None):
+    """torch loads `out` with weights_only=True and finds exactly `want`
+    (list of ls entries); bytes equal burnstore's reading of src."""
+    try:
+        sd = torch.load(out, weights_only=True)
+    except Exception as e:
+        check(False, "%s: torch.load(weights_only=True) fails: %r" % (name, e))
+        return False
+    check(type(sd).__name__ == "OrderedDict", "%s: a state dict" % name)
+    check(list(sd.keys()) == [w["key"] for w in want], "%s: keys in the source's order" % name)
+    for w in want:
+        t = sd.get(w["key"])
+        if t is None:
+            continue
+        check(t.dtype == DT[w["dtype"]] and list(t.shape) == w["shape"],
+              "%s: %s is %s %s, torch has %s %s" % (name, w["key"], w["dtype"], w["shape"], t.dtype,
+                                                   list(t.shape)))
+        if src is not None:
+            check(raw(t) == cat_bytes(src, w["key"]), "%s: %s bytes equal the source's" % (name, w["key"]))
+    bad = aligned(out)
+    check(not bad, "%s: member data 64-byte aligned: %s" % (name, bad))
+    return True
+
+
+def test_every_fixture(tmp):
+    srcs = sorted(p for p in glob.glob(os.path.join(FIXTURES, "**/*"), recursive=True)
+                  if os.path.isfile(p) and p.rsplit(".", 1)[-1] in ("pt", "pth", "bin", "safetensors",
+                                                                     "bpk", "tar", "gguf"))
+    converted = refused = 0
+    for i, src in enumerate(srcs):
+        want = ls(src)
+        if want is None:  # a fixture burnstore refuses to read (hostile cases)
+            continue
+        name = os.path.relpath(src, FIXTURES)
+        out = os.path.join(tmp, "f%d.pth" % i)
+        r = run([BIN, "convert", "-q", src, out])
+        lacking = [w["key"] for w in want if w["dtype"] not in DT]
+        if lacking:
+            check(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+                  and "cannot be written as pytorch" in r.stderr
+                  and any("'%s'" % k in r.stderr for k in lacking) and not os.path.exists(out),
+                  "%s: a dtype torch cannot store is refused naming the tensor: %r" % (name, r.stderr))
+            refused += 1
+            continue
+        if not check(r.returncode == 0, "%s: convert: %r" % (name, r.stderr)):
+            continue
+        if compare(name, out, want, src):
+            converted += 1
+        # A flat state dict torch wrote: torch reads both files to equal tensors.
+        if src.endswith((".pt", ".pth")):
+            try:
+                orig = torch.load(src, weights_only=True)
+            except Exception:
+                orig = None
+            if isinstance(orig, dict) and orig and all(torch.is_tensor(v) for v in orig.values()):
+                back = torch.load(out, weights_only=True)
+                check(list(back) == list(orig) and all(back[k].dtype == orig[k].dtype and raw(back[k]) == raw(orig[k])
+                                                       for k in orig),
+                      "%s: torch sees the same tensors in both files" % name)
+        # The written file reads back through burnstore as the same checkpoint.
+        r = run([BIN, "diff", src, out])
+        check(r.returncode == 0, "%s: burnstore diff with its .pth: %r" % (name, r.stdout[-300:]))
+    check(converted >= 40, "converted %d fixtures (refused %d)" % (converted, refused))
+
+
+def test_torch_dtypes_and_views(tmp):
+    """Every dtype torch 1.13 saves, views, shared storages, a 0-d and an
+    empty tensor: torch's own file through burnstore and back."""
+    src = os.path.join(tmp, "dtypes.pt")
+    sd = {}
+    for n, dt in DT.items():
+        x = torch.arange(24, dtype=torch.float64).reshape(2, 3, 4)
+        sd["t." + n] = (x % 2 == 1) if dt == torch.bool else (x * 1.5 - 7).to(dt)
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    sd["view.t"] = base.t()
+    sd["view.slice"] = base[:, ::2]
+    sd["view.expand"] = torch.arange(3.0).reshape(3, 1).expand(3, 4)
+    sd["shared.a"] = base
+    sd["shared.b"] = base[1]
+    sd["scalar"] = torch.tensor(5, dtype=torch.int64)
+    sd["empty"] = torch.zeros(0, 3)
+    torch.save(sd, src)
+    out = os.path.join(tmp, "dtypes-out.pth")
+    r = run([BIN, "convert", "-q", src, out])
+    if not check(r.returncode == 0, "convert: %r" % r.stderr):
+        return
+    back = torch.load(out, weights_only=True)
+    check(list(back) == list(sd), "keys in order")
+    for k, v in sd.items():
+        check(back[k].dtype == v.dtype and torch.equal(back[k], v), "%s: torch sees the same tensor" % k)
+        check(back[k].is_contiguous(), "%s: written contiguous" % k)
+    check(not aligned(out), "aligned")
+    # the prefix torch.save would use for this path
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+    check(names[0] == "dtypes-out/data.pkl" and "dtypes-out/byteorder" in names
+          and names[-1] == "dtypes-out/version", "records as torch.save writes them: %s" % names[:3])
+
+
+def test_mount_outputs(tmp):
+    """output=x.pth of a writable mount, and a new model.pth path."""
+    st = os.path.join(tmp, "in.safetensors")
+    write_st(st, {"a.w": ("F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+                           "a.b": ("I64", [2], struct.pack("<2q", -1, 7))})
+    out = os.path.join(tmp, "out.pth")
+    mnt = os.path.join(tmp, "m")
+    with Mount(st, mnt, opts="output=" + out) as m:
+        with open(os.path.join(mnt, "a", "w"), "r+b") as f:
+            f.write(struct.pack("<f", 9))
+        with open(os.path.join(mnt, "extra"), "wb") as f:
+            f.write(struct.pack("<3h", 1, 2, 3))
+        os.setxattr(os.path.join(mnt, "extra"), "user.burnstore.dtype", b"I16")
+        u = m.unmount()
+    check(u.returncode == 0, "output=out.pth: %s" % u.stderr)
+    if os.path.exists(out):
+        sd = torch.load(out, weights_only=True)
+        check(list(sd) == ["a.w", "a.b", "extra"], "keys: %s" % list(sd))
+        check(torch.equal(sd["a.w"], torch.tensor([[9.0, 2], [3, 4]])), "the edit is in the file")
+        check(torch.equal(sd["a.b"], torch.tensor([-1, 7])), "unchanged tensor kept")
+        check(torch.equal(sd["extra"], torch.tensor([1, 2, 3], dtype=torch.int16)), "new tensor")
+        check(not aligned(out), "aligned")
+    new = os.path.join(tmp, "model.pth")
+    with Mount(new, os.path.join(tmp, "n"), opts="rw") as m:
+        os.makedirs(os.path.join(m, "enc"))
+        p = os.path.join(m, "enc", "w")
+        with open(p, "wb") as f:
+            f.write(struct.pack("<6e", 1, 2, 3, 4, 5, 6))
+        os.setxattr(p, "user.burnstore.dtype", b"F16")
+        os.setxattr(p, "user.burnstore.shape", b"[2,3]")
+        u = m.unmount()
+    check(u.returncode == 0, "new model.pth: %s" % u.stderr)
+    if os.path.exists(new):
+        sd = torch.load(new, weights_only=True)
+        check(list(sd) == ["enc.w"] and torch.equal(sd["enc.w"], torch.arange(1, 7, dtype=torch.float16).reshape(2, 3)),
+              "a new .pth mount is a state dict torch loads: %s" % sd)
+
+
+def test_refusals(tmp):
+    st = os.path.join(tmp, "f8.safetensors")
+    write_st(st, {"ok": ("F32", [1], b"\0" * 4), "q.f8": ("F8_E4M3", [4], b"\1" * 4)})
+    out = os.path.join(tmp, "f8.pth")
+    mnt = os.path.join(tmp, "m")
+    os.makedirs(mnt)
+    r = run([BIN, st, mnt, "-o", "output=" + out])
+    mounted = is_mounted(mnt)
+    force_unmount(mnt)
+    check(r.returncode == 1 and not mounted and len(r.stderr.strip().splitlines()) == 1
+          and "'q.f8'" in r.stderr and "F8_E4M3" in r.stderr and "exclude=" in r.stderr,
+          "an F8 tensor is refused at mount time, naming it: %r" % r.stderr)
+    check(not os.path.exists(out), "nothing written")
+    r = run([BIN, "convert", "-q", "-o", r"exclude=\.f8$", st, out])
+    check(r.returncode == 0 and list(torch.load(out, weights_only=True)) == ["ok"],
+          "leaving it out converts the rest: %r" % r.stderr)
+    # File metadata has no place in a torch file: convert says it drops it.
+    st2 = os.path.join(tmp, "meta.safetensors")
+    write_st(st2, {"w": ("F32", [1], b"\0" * 4)}, meta={"format": "pt", "note": "x"})
+    out2 = os.path.join(tmp, "meta.pth")
+    r = run([BIN, "convert", "-q", st2, out2])
+    check(r.returncode == 0 and "2 metadata entries not written" in r.stderr
+          and len(r.stderr.splitlines()) == 1, "convert notes the dropped metadata: %r" % r.stderr)
+
+
+def test_enospc_and_finish(tmp):
+    """The write-back's guarantees hold for .pth outputs: a full disk fails it
+    with the reason, no partial file, staging kept; --finish completes it."""
+    stg = os.path.join(tmp, "stg")
+    os.makedirs(stg)
+    small = os.path.join(tmp, "small")
+    os.makedirs(small)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small])
+    if not check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr):
+        return
+    try:
+        out = os.path.join(small, "big.pth")
+        data = bytes(range(256)) * 1024  # 256 KiB > 64 KiB
+        with Mount(out, os.path.join(tmp, "f"), opts="staging=" + stg) as m:
+            with open(os.path.join(m, "big"), "wb") as f:
+                f.write(data)
+            os.setxattr(os.path.join(m, "big"), "user.burnstore.dtype", b"U8")
+            u = m.unmount()
+        check(u.returncode != 0 and "no space" in u.stderr.lower(), "write-back fails on ENOSPC: %r" % u.stderr)
+        check(os.listdir(small) == [], "no partial output, no temp file: %s" % os.listdir(small))
+        left = os.listdir(stg)
+        check(len(left) == 1, "staging kept: %r" % left)
+        if left:
+            check("pytorch" in open(os.path.join(stg, left[0], "INDEX")).read(), "the INDEX records the format")
+            run(["mount", "-o", "remount,size=4m", small])
+            r = run([BIN, "--finish", os.path.join(stg, left[0])])
+            check(r.returncode == 0, "--finish: %s" % r.stderr)
+            if os.path.exists(out):
+                sd = torch.load(out, weights_only=True)
+                check(list(sd) == ["big"] and raw(sd["big"]) == data, "--finish wrote the .pth")
+                check(not aligned(out), "aligned")
+    finally:
+        run(["umount", small])
+        if is_mounted(small):
+            run(["umount", "-l", small])
+
+
+def test_kill_during_writeback(tmp):
+    """kill -9 while the .pth is streamed: the old file stays whole under its
+    name; --finish writes the new one."""
+    target = os.path.join(tmp, "t.pth")
+    src = os.path.join(tmp, "src.safetensors")
+    big = bytes(range(256)) * (1 << 18)  # 64 MiB
+    write_st(src, {"w": ("U8", [len(big)], big)})
+    r = run([BIN, "convert", "-q", os.path.join(tmp, "src.safetensors"), target])
+    check(r.returncode == 0, "first version: %r" % r.stderr)
+    old = open(target, "rb").read()
+    stg = os.path.join(tmp, "stg")
+    os.makedirs(stg)
+    mnt = os.path.join(tmp, "k")
+    hit = False
+    with Mount(src, mnt, opts="output=%s,staging=%s" % (target, stg)) as m:
+        with open(os.path.join(m, "w"), "r+b") as f:
+            f.write(b"\xff" * 16)
+        pid = daemon_pid(mnt)
+        subprocess.run(["fusermount3", "-u", mnt], capture_output=True, timeout=60)
+        deadline = time.time() + 30
+        while time.time() < deadline and pid:
+            if [f for f in os.listdir(tmp) if ".burnstore-tmp-" in f]:
+                os.kill(pid, signal.SIGKILL)
+                hit = True
+                break
+            time.sleep(0.001)
+    deadline = time.time() + 30
+    while pid and os.path.exists("/proc/%d" % pid) and time.time() < deadline:
+        time.sleep(0.01)
+    if not hit:
+        check(False, "the kill did not land during the write-back (machine too fast?)")
+        return
+    check(open(target, "rb").read() == old, "the old file is intact after kill -9")
+    left = os.listdir(stg)
+    check(len(left) == 1, "staging kept: %r" % left)
+    if left:
+        r = run([BIN, "--finish", os.path.join(stg, left[0])], timeout=300)
+        check(r.returncode == 0, "--finish: %s" % r.stderr)
+        sd = torch.load(target, weights_only=True)
+        check(raw(sd["w"]) == b"\xff" * 16 + big[16:], "--finish wrote the edit")
+        check(not [f for f in os.listdir(tmp) if ".burnstore-tmp-" in f], "no temp file left")
+
+
+def main():
+    with tmpdir("pthw") as tmp:
+        for t in (test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals,
+                  test_enospc_and_finish, test_kill_during_writeback):
+            d = os.path.join(tmp, t.__name__)
+            os.makedirs(d)
+            try:
+                t(d)
+            except Exception as e:  # a crash in one test is a failure, not an abort
+                check(False, "%s raised %r" % (t.__name__, e))
+    finish("test_pth_write")
+
+
+if __name__ == "__main__":
+    main()
