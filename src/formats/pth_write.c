@@ -36,9 +36,12 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/pickle.h"
 #include "formats/pth_write.h"
+#include "formats/zip.h"
 
 #define CHUNK (1u << 20)
 #define Z32 0xFFFFFFFFu
@@ -124,7 +127,8 @@ struct pk {
   bool bad;
   uint32_t memo;                         /* next memo index */
   uint32_t odict, rebuild, storage, cpu; /* memo indices of what every tensor repeats */
-  uint32_t class_memo[BS_DT_COUNT];      /* storage class's memo index + 1; 0: not yet */
+  bool has_odict;
+  uint32_t class_memo[BS_DT_COUNT]; /* storage class's memo index + 1; 0: not yet */
 };
 
 static void put(struct pk *p, const void *d, size_t n)
@@ -187,9 +191,8 @@ static void pk_int(struct pk *p, uint64_t v)
   }
 }
 
-static void pk_str(struct pk *p, const char *s)
+static void pk_strn(struct pk *p, const char *s, size_t n)
 {
-  size_t n = strlen(s);
   uint8_t b[5] = {'X'};
   if (n > UINT32_MAX) {
     p->bad = true;
@@ -200,6 +203,11 @@ static void pk_str(struct pk *p, const char *s)
   put(p, s, n);
 }
 
+static void pk_str(struct pk *p, const char *s)
+{
+  pk_strn(p, s, strlen(s));
+}
+
 static void pk_global(struct pk *p, const char *mod, const char *name)
 {
   op(p, 'c');
@@ -207,6 +215,37 @@ static void pk_global(struct pk *p, const char *mod, const char *name)
   op(p, '\n');
   put(p, name, strlen(name));
   op(p, '\n');
+}
+
+/* collections.OrderedDict, from the memo after its first use. */
+static void pk_odict(struct pk *p)
+{
+  if (p->has_odict) {
+    memo_get(p, p->odict);
+    return;
+  }
+  pk_global(p, "collections", "OrderedDict");
+  p->odict = p->memo;
+  p->has_odict = true;
+  memo_put(p);
+}
+
+/* Signed ints: as Python writes them, LONG1 with 8 bytes past 32 bits. */
+static void pk_sint(struct pk *p, int64_t v)
+{
+  if (v >= 0) {
+    pk_int(p, (uint64_t)v);
+    return;
+  }
+  uint8_t b[10];
+  if (v >= INT32_MIN) {
+    b[0] = 'J', bs_put_le32(b + 1, (uint32_t)v);
+    put(p, b, 5);
+    return;
+  }
+  b[0] = 0x8A, b[1] = 8;
+  bs_put_le64(b + 2, (uint64_t)v);
+  put(p, b, 10);
 }
 
 /* A tuple of n ints. */
@@ -281,7 +320,7 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   pk_tuple(p, t->shape, t->rank);
   pk_tuple(p, st, t->rank);
   op(p, 0x89); /* requires_grad: NEWFALSE */
-  memo_get(p, p->odict);
+  pk_odict(p);
   op(p, ')');
   op(p, 'R'); /* backward hooks: OrderedDict() */
   op(p, 't');
@@ -289,9 +328,10 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   return 0;
 }
 
-/* The pickle of the state dict of the n tensors order[] into p->b. */
-static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t n, struct pk *p,
-                       bs_err *err)
+/* The pickle of the state dict of the n tensors order[] into p->b, with
+ * what keep says (the dict's type, its BUILD state). */
+static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t n,
+                       const struct bs_pth_keep *keep, struct pk *p, bs_err *err)
 {
   uint32_t maxrank = 0;
   for (size_t i = 0; i < n; i++)
@@ -302,11 +342,12 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   static const uint8_t head[] = {0x80, 2};
   put(p, head, sizeof head);
-  pk_global(p, "collections", "OrderedDict");
-  p->odict = p->memo;
-  memo_put(p);
-  op(p, ')');
-  op(p, 'R');
+  if (keep->ordered) {
+    pk_odict(p);
+    op(p, ')');
+    op(p, 'R');
+  } else
+    op(p, '}');
   if (n)
     op(p, '(');
   int rc = 0;
@@ -319,10 +360,174 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
   }
   if (n)
     op(p, 'u');
+  if (keep->state.len) {
+    put(p, keep->state.data, keep->state.len);
+    op(p, 'b');
+  }
   op(p, '.');
   bs_free(st);
   if (rc == 0 && p->bad)
     rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory encoding data.pkl");
+  return rc;
+}
+
+/* ---- what a rewrite in place keeps -------------------------------------------------------- */
+
+void bs_pth_keep_destroy(struct bs_pth_keep *keep)
+{
+  bs_buf_destroy(&keep->state);
+}
+
+/* A plain value (None, bool, int, float, str and tuples, lists and dicts of
+ * them) into p, without the memo; else -1 naming it (at `where`). */
+static int pk_value(struct pk *p, const struct bs_pv *v, unsigned depth, const char *where,
+                    bs_err *err)
+{
+  if (depth > 64)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "%s nests values deeper than 64", where);
+  uint8_t b[9];
+  switch (v->kind) {
+  case BS_PV_NONE: op(p, 'N'); return 0;
+  case BS_PV_BOOL: op(p, v->u.b ? 0x88 : 0x89); return 0;
+  case BS_PV_INT: pk_sint(p, v->u.i); return 0;
+  case BS_PV_FLOAT: {
+    uint64_t u;
+    memcpy(&u, &v->u.f, sizeof u);
+    b[0] = 'G';
+    for (int i = 0; i < 8; i++) /* big-endian */
+      b[1 + i] = (uint8_t)(u >> (56 - 8 * i));
+    put(p, b, 9);
+    return 0;
+  }
+  case BS_PV_STR: pk_strn(p, v->u.str.s, v->u.str.len); return 0;
+  case BS_PV_TUPLE:
+  case BS_PV_LIST:
+    if (v->kind == BS_PV_LIST)
+      op(p, ']');
+    if (v->u.seq.n)
+      op(p, '(');
+    for (size_t i = 0; i < v->u.seq.n; i++)
+      if (pk_value(p, v->u.seq.items[i], depth + 1, where, err) != 0)
+        return -1;
+    if (v->kind == BS_PV_LIST) {
+      if (v->u.seq.n)
+        op(p, 'e');
+    } else
+      op(p, v->u.seq.n ? 't' : ')');
+    return 0;
+  case BS_PV_DICT:
+    if (v->u.dict.ordered) {
+      pk_global(p, "collections", "OrderedDict");
+      op(p, ')');
+      op(p, 'R');
+    } else
+      op(p, '}');
+    if (v->u.dict.keys.n)
+      op(p, '(');
+    for (size_t i = 0; i < v->u.dict.keys.n; i++)
+      if (pk_value(p, v->u.dict.keys.items[i], depth + 1, where, err) != 0 ||
+          pk_value(p, v->u.dict.vals.items[i], depth + 1, where, err) != 0)
+        return -1;
+    if (v->u.dict.keys.n)
+      op(p, 'u');
+    if (v->u.dict.attrs) {
+      if (pk_value(p, v->u.dict.attrs, depth + 1, where, err) != 0)
+        return -1;
+      op(p, 'b');
+    }
+    return 0;
+  default:
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "%s holds a %s, which is not written back",
+                   where, bs_pv_kind_name(v->kind));
+  }
+}
+
+static int keep_root(const struct bs_pv *root, struct bs_pth_keep *keep, bs_err *err)
+{
+  if (root->kind != BS_PV_DICT)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                   "its pickle holds a %s, not a state dict of tensors",
+                   bs_pv_kind_name(root->kind));
+  for (size_t i = 0; i < root->u.dict.keys.n; i++) {
+    const struct bs_pv *k = root->u.dict.keys.items[i], *v = root->u.dict.vals.items[i];
+    if (k->kind != BS_PV_STR)
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                     "its state dict has a key that is a %s, not a string",
+                     bs_pv_kind_name(k->kind));
+    if (v->kind != BS_PV_TENSOR)
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                     "key '%.100s' holds a %s, not a tensor (only a flat state dict is rewritten "
+                     "in place)",
+                     k->u.str.s, bs_pv_kind_name(v->kind));
+  }
+  keep->ordered = root->u.dict.ordered;
+  if (!root->u.dict.attrs)
+    return 0;
+  struct pk p;
+  memset(&p, 0, sizeof p);
+  if (pk_value(&p, root->u.dict.attrs, 0, "the state dict's attributes (_metadata)", err) != 0) {
+    bs_buf_destroy(&p.b);
+    return -1;
+  }
+  if (p.bad) {
+    bs_buf_destroy(&p.b);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  keep->state = p.b;
+  return 0;
+}
+
+int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err)
+{
+  memset(keep, 0, sizeof *keep);
+  enum bs_pth_container kind;
+  if (bs_pth_container(src, &kind, err) != 0)
+    return -1;
+  if (kind != BS_PTH_ZIP)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                   "only torch.save's zip files (torch >= 1.6) are rewritten in place, not the "
+                   "legacy formats");
+  struct bs_zip z;
+  struct bs_src ms;
+  struct bs_pickle *pp = NULL;
+  uint8_t *pkl = NULL;
+  int rc = -1;
+  memset(&z, 0, sizeof z);
+  memset(&ms, 0, sizeof ms);
+  ms.fd = -1;
+  if (bs_zip_open(&z, src, err) != 0)
+    goto out;
+  const char *first = z.ents[0].name, *slash = strchr(first, '/');
+  char name[600];
+  if (!slash || slash == first || (size_t)(slash - first) > 500) {
+    bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "zip entry '%.100s' is not inside a directory", first);
+    goto out;
+  }
+  snprintf(name, sizeof name, "%.*s/data.pkl", (int)(slash - first), first);
+  const struct bs_zip_entry *e = bs_zip_find(&z, name);
+  if (!e) {
+    bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no '%.100s' in the zip", name);
+    goto out;
+  }
+  bs_formats_init();
+  struct bs_pickle_opts o = {.strict = false, .base_off = BS_OFF_NONE};
+  struct bs_pv *root;
+  if (bs_zip_extract_mem(src, e, BS_PICKLE_MAX_BYTES, &pkl, err) != 0 ||
+      bs_src_init_mem(&ms, pkl, (size_t)e->usize, "data.pkl", err) != 0)
+    goto out;
+  if (!(pp = bs_pickle_new())) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  if (bs_pickle_load(pp, &ms, 0, e->usize, &o, &root, NULL, err) != 0 ||
+      keep_root(root, keep, err) != 0)
+    goto out;
+  rc = 0;
+out:
+  bs_pickle_free(pp);
+  bs_src_destroy(&ms);
+  bs_free(pkl);
+  bs_zip_close(&z);
   return rc;
 }
 
@@ -572,10 +777,16 @@ int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
   uint8_t *chunk = NULL;
   struct pk p;
   struct zw z = {.k = k, .prefix = prefix};
+  struct bs_pth_keep keep = {.ordered = true};
   int rc = -1;
   memset(&p, 0, sizeof p);
   archive_prefix(k->name, prefix, sizeof prefix);
-  if (plan(cat, &order, &n, err) != 0 || make_pickle(cat, order, n, &p, err) != 0)
+  /* in place: the target is the checkpoint file the tensors come from */
+  bool in_place = cat->nsrcs && !cat->srcs[0].mem && k->name && cat->srcs[0].name &&
+                  strcmp(k->name, cat->srcs[0].name) == 0;
+  if (in_place && bs_pth_keep_check(&cat->srcs[0], &keep, err) != 0)
+    goto out;
+  if (plan(cat, &order, &n, err) != 0 || make_pickle(cat, order, n, &keep, &p, err) != 0)
     goto out;
   uint64_t biggest = 0;
   for (size_t i = 0; i < n; i++)
@@ -609,5 +820,6 @@ out:
   bs_free(order);
   bs_free(z.m);
   bs_buf_destroy(&p.b);
+  bs_pth_keep_destroy(&keep);
   return rc;
 }

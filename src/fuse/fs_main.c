@@ -32,6 +32,7 @@
 #include "core/checked.h"
 #include "core/stage_index.h"
 #include "core/strmap.h"
+#include "formats/pth_write.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "fs.h"
@@ -65,7 +66,8 @@ static const char usage_rest[] =
     "Options (-o, comma-separated; a comma inside a value is written \\,):\n"
     "  ro, rw                 read-only (default for an existing SOURCE) or writable\n"
     "  output=PATH            where a writable mount is written (default: SOURCE;\n"
-    "                         needed for rw on PyTorch files); the extension\n"
+    "                         needed for rw on a PyTorch file that holds more\n"
+    "                         than a flat state dict); the extension\n"
     "                         names the format: .bpk, .safetensors, .gguf or\n"
     "                         .pth/.pt/.bin (a flat torch.save state dict)\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
@@ -931,16 +933,24 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
-/* The PyTorch writer writes a flat state dict, so what else a .pth's pickle
- * held would be lost if it replaced its source: refused (printing why). */
+/* The PyTorch writer writes a flat state dict: a .pth rewritten in place
+ * (output = source) must be one, else what else its pickle held would be
+ * lost. true after printing why it is refused. */
 static bool pth_in_place(const struct fs *fs, const struct args *a, const char *out)
 {
-  if (fs->cat.format != BS_FMT_PYTORCH || !out || strcmp(out, fs->source) != 0)
+  if (fs->cat.format != BS_FMT_PYTORCH || !out || strcmp(out, fs->source) != 0 || !fs->cat.nsrcs)
+    return false;
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_pth_keep keep;
+  int rc = bs_pth_keep_check(&fs->cat.srcs[0], &keep, &err);
+  bs_pth_keep_destroy(&keep);
+  if (rc == 0)
     return false;
   fprintf(stderr,
-          PROG ": %s: a PyTorch file is not rewritten in place (its pickle may hold more than "
-               "tensors); mount it rw with -o output=NEW.pth\n",
-          a->source);
+          PROG ": %s: cannot be rewritten in place without losing what it holds: %s; write the "
+               "edit to a new file with -o output=NEW.pth\n",
+          a->source, err.msg);
   return true;
 }
 

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "burnstore/formats.h"
@@ -369,4 +370,63 @@ Test(pth_write, out_of_memory_at_every_step)
   }
   cr_assert(ok);
   bs_catalog_destroy(&cat);
+}
+
+Test(pth_write, a_flat_state_dict_can_be_rewritten_in_place)
+{
+  uint8_t mem[16] = {1, 2, 3, 4};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){2}, 0);
+  struct bs_buf b = write_mem(&cat, "flat.pth");
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_init_mem(&s, b.data, b.len, "flat.pth", &err), 0);
+  struct bs_pth_keep keep;
+  cr_assert_eq(bs_pth_keep_check(&s, &keep, &err), 0, "%s", err.msg);
+  cr_assert(keep.ordered);
+  cr_assert_eq(keep.state.len, 0);
+  bs_pth_keep_destroy(&keep);
+  /* In place (the sink names the source file): the same bytes. */
+  char path[] = "/tmp/bs-pthw-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, b.data, b.len), (ssize_t)b.len);
+  close(fd);
+  struct bs_catalog back;
+  struct bs_src fs;
+  bs_catalog_init(&back);
+  uint32_t idx;
+  cr_assert_eq(bs_src_open(&fs, path, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_catalog_add_src(&back, &fs, &idx, &err), 0);
+  cr_assert_eq(bs_pth_read(&back, 0, NULL, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(back.srcs[0].name, path);
+  struct bs_buf again = write_mem(&back, path);
+  unlink(path);
+  struct bs_catalog third;
+  cr_assert_eq(read_mem(&third, again.data, again.len, &err), 0, "%s", err.msg);
+  cr_assert_eq(third.count, 1);
+  cr_assert_str_eq(third.tensors[0].key, "w");
+  bs_catalog_destroy(&third);
+  bs_buf_destroy(&again);
+  bs_catalog_destroy(&back);
+  bs_src_destroy(&s);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+Test(pth_write, only_torch_zip_files_are_checked_for_in_place)
+{
+  static const uint8_t legacy[] = {0x80, 0x02, 0x8A, 0x0A, 0x6C, 0xFC, 0x9C, 0x46, 0xF9, 0x20, 0x6A,
+                                   0xA8, 0x50, 0x19, 0x2E, 0x80, 0x02, 0x4D, 0xE9, 0x03, 0x2E};
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_init_mem(&s, legacy, sizeof legacy, "l.pth", &err), 0);
+  struct bs_pth_keep keep;
+  cr_assert_eq(bs_pth_keep_check(&s, &keep, &err), -1);
+  cr_assert(strstr(err.msg, "legacy"), "%s", err.msg);
+  bs_pth_keep_destroy(&keep);
+  bs_src_destroy(&s);
 }
