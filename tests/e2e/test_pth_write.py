@@ -402,10 +402,66 @@ def test_kill_during_writeback(tmp):
         check(not [f for f in os.listdir(tmp) if ".burnstore-tmp-" in f], "no temp file left")
 
 
+def test_beyond_4gib(tmp):
+    """A member over 4 GiB and members whose headers start past 4 GiB: zip64
+    extras as torch writes them, 64-byte alignment kept, and torch loads it.
+    The source is sparse; the .pth is written in full."""
+    src = os.path.join(tmp, "big.safetensors")
+    n = (1 << 32) + 4096 + 3
+    header = {"before": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+              "big": {"dtype": "U8", "shape": [n], "data_offsets": [8, 8 + n]},
+              "after": {"dtype": "I64", "shape": [2], "data_offsets": [8 + n, 24 + n]}}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + struct.pack("<2f", 1.5, -2))
+        f.seek(8 + len(h) + 8 + 12345)
+        f.write(b"\x07")
+        f.seek(8 + len(h) + 8 + n - 1)
+        f.write(b"\x09" + struct.pack("<2q", 1 << 40, -5))
+    out = os.path.join(tmp, "big.pth")
+    r = run([BIN, "convert", "-q", src, out], timeout=1200)
+    if not check(r.returncode == 0, "convert beyond 4 GiB: %r" % r.stderr):
+        return
+    check(not aligned(out), "every member aligned, also past 4 GiB")
+    with open(out, "rb") as f, zipfile.ZipFile(out) as z:
+        info = {i.filename: i for i in z.infolist()}
+        check(info["big/data/1"].file_size == n, "the 4 GiB member's size from the zip64 extra")
+        check(info["big/data/2"].header_offset > 1 << 32 and info["big/version"].header_offset > 1 << 32,
+              "header offsets past 4 GiB from the zip64 extra")
+        f.seek(info["big/data/1"].header_offset)
+        lh = f.read(30)
+        nlen, xlen = struct.unpack("<HH", lh[26:30])
+        f.seek(info["big/data/1"].header_offset + 30 + nlen)
+        x = f.read(xlen)
+        check(x[:4] == b"\x01\x00\x10\x00" and struct.unpack("<QQ", x[4:20]) == (n, n)
+              and x[20:22] == b"FB", "local zip64 extra with both sizes, then torch's padding: %r" % x[:24])
+        data = info["big/data/1"].header_offset + 30 + nlen + xlen
+        f.seek(data + 12345)
+        check(f.read(1) == b"\x07", "a byte inside the big member")
+        f.seek(data + n - 1)
+        check(f.read(1) == b"\x09", "its last byte")
+        f.seek(data + n)
+        dd = f.read(24)
+        check(dd[:4] == b"PK\x07\x08" and struct.unpack("<QQ", dd[8:24]) == (n, n), "24-byte data descriptor")
+    r = run(["/usr/bin/python3", "-c", """
+import sys, torch
+sd = torch.load(sys.argv[1], weights_only=True)
+b = sd['big']
+assert list(sd) == ['before', 'big', 'after'], list(sd)
+assert b.dtype == torch.uint8 and b.shape == (%d,)
+assert int(b[12345]) == 7 and int(b[-1]) == 9 and int(b[:12345].sum()) == 0
+assert sd['before'].tolist() == [1.5, -2.0] and sd['after'].tolist() == [1 << 40, -5]
+print('ok')
+""" % n, out], timeout=1200)
+    check(r.returncode == 0 and r.stdout.strip() == "ok", "torch loads the > 4 GiB file: %s" % r.stderr[-500:])
+    os.unlink(out)
+
+
 def main():
     with tmpdir("pthw") as tmp:
         for t in (test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals,
-                  test_rw_in_place, test_enospc_and_finish, test_kill_during_writeback):
+                  test_rw_in_place, test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib):
             d = os.path.join(tmp, t.__name__)
             os.makedirs(d)
             try:
