@@ -47,6 +47,11 @@ const char *bs_path_extension(const char *path);
 /* ".bpk (burnpack)" for every writer, ", "-separated, for messages. Returns buf. */
 const char *bs_writer_list(char *buf, size_t n);
 
+/* For a refusal: how to write a Burn dtype whose bytes are those of a
+ * common one ("; its bytes are F32: set user.burnstore.dtype to F32 to write
+ * them" for FLEX32, the same with BOOL for BOOL_U8), "" for any other. */
+const char *bs_writer_alias_hint(enum bs_dtype dt);
+
 /* can_write on every tensor that is not hidden: the first it refuses fails,
  * with a hint to leave the tensor out (exclude=). */
 BS_NODISCARD int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat,

@@ -81,6 +81,15 @@ const char *bs_writer_list(char *buf, size_t n)
   return buf;
 }
 
+const char *bs_writer_alias_hint(enum bs_dtype dt)
+{
+  switch (dt) {
+  case BS_DT_FLEX32: return "; its bytes are F32: set user.burnstore.dtype to F32 to write them";
+  case BS_DT_BOOL_U8: return "; its bytes are BOOL: set user.burnstore.dtype to BOOL to write them";
+  default: return "";
+  }
+}
+
 int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_err *err)
 {
   for (size_t i = 0; i < cat->count; i++) {

@@ -49,3 +49,27 @@ int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err
     return -1;
   return bs_open_any(cat, &src, NULL, err);
 }
+
+void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
+{
+  struct bs_src src;
+  uint32_t idx;
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(cat);
+  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
+  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
+  cr_assert_eq(idx, 0);
+}
+
+struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
+                              uint32_t rank, const uint64_t *shape, uint64_t off)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_tensor *t = bs_catalog_add(cat, key, dt, rank, shape, off, &err);
+  cr_assert_not_null(t, "%s", err.msg);
+  t->src = 0;
+  t->off = off;
+  return t;
+}

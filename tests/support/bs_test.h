@@ -16,4 +16,10 @@ void bs_test_rmrf(const char *path);
 /* Open a memory buffer as a catalog (cr_assert on nothing; returns rc). */
 int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err);
 
+/* A catalog whose only source is `mem` (borrowed, named "mem"). */
+void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n);
+/* bs_catalog_add of a tensor at `off` of source 0 (cr_assert on failure). */
+struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
+                              uint32_t rank, const uint64_t *shape, uint64_t off);
+
 #endif

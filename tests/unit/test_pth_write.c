@@ -10,34 +10,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/pth_write.h"
-
-static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_err err;
-  bs_err_clear(&err);
-  bs_catalog_init(cat);
-  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
-}
-
-static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
-                             uint32_t rank, const uint64_t *shape, uint64_t off)
-{
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_tensor *t = bs_catalog_add(cat, key, dt, rank, shape, off, &err);
-  cr_assert_not_null(t, "%s", err.msg);
-  t->src = 0;
-  t->off = off;
-  return t;
-}
 
 static struct bs_buf write_mem(const struct bs_catalog *cat, const char *name)
 {
@@ -52,7 +30,7 @@ static struct bs_buf write_mem(const struct bs_catalog *cat, const char *name)
 
 static int read_mem(struct bs_catalog *cat, const void *d, size_t n, bs_err *err)
 {
-  mem_catalog(cat, d, n);
+  bs_test_mem_catalog(cat, d, n);
   return bs_pth_read(cat, 0, NULL, err);
 }
 
@@ -71,15 +49,15 @@ Test(pth_write, every_torch_dtype_round_trips_in_key_order)
       for (size_t j = 0; j < 256; j++)
         mem[i * 256 + j] &= 1;
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   for (size_t i = 0; i < N; i++) {
     char name[32]; /* names not in sorted order: the catalog's order is kept */
     snprintf(name, sizeof name, "%c.layer.%s", (char)('z' - i), bs_dtype_name(all[i]));
-    add(&cat, name, all[i], 3, (uint64_t[]){2, 1, 4}, i * 256);
+    bs_test_add(&cat, name, all[i], 3, (uint64_t[]){2, 1, 4}, i * 256);
   }
-  add(&cat, "scalar", BS_DT_I64, 0, NULL, 0);
-  add(&cat, "empty", BS_DT_F32, 2, (uint64_t[]){0, 3}, 0);
-  add(&cat, "rank5", BS_DT_U8, 5, (uint64_t[]){1, 2, 1, 2, 3}, 7);
+  bs_test_add(&cat, "scalar", BS_DT_I64, 0, NULL, 0);
+  bs_test_add(&cat, "empty", BS_DT_F32, 2, (uint64_t[]){0, 3}, 0);
+  bs_test_add(&cat, "rank5", BS_DT_U8, 5, (uint64_t[]){1, 2, 1, 2, 3}, 7);
   struct bs_buf b = write_mem(&cat, "/some/dir/model.v1.pth");
   bs_err err;
   bs_err_clear(&err);
@@ -171,10 +149,10 @@ Test(pth_write, zip_layout_is_torchs)
   for (size_t i = 0; i < sizeof mem; i++)
     mem[i] = (uint8_t)i;
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "a", BS_DT_F32, 1, (uint64_t[]){3}, 0);
-  add(&cat, "bb", BS_DT_U8, 1, (uint64_t[]){77}, 13);
-  add(&cat, "c", BS_DT_F16, 0, NULL, 2);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "a", BS_DT_F32, 1, (uint64_t[]){3}, 0);
+  bs_test_add(&cat, "bb", BS_DT_U8, 1, (uint64_t[]){77}, 13);
+  bs_test_add(&cat, "c", BS_DT_F16, 0, NULL, 2);
   struct bs_buf b = write_mem(&cat, "/tmp/x/pytorch_model.bin");
   char names[8][64];
   size_t n = check_zip(&b, "pytorch_model", names, 8);
@@ -205,7 +183,7 @@ Test(pth_write, zip_layout_is_torchs)
 Test(pth_write, an_empty_state_dict_is_a_valid_file)
 {
   struct bs_catalog cat;
-  mem_catalog(&cat, "", 0);
+  bs_test_mem_catalog(&cat, "", 0);
   struct bs_buf b = write_mem(&cat, "e.pth");
   char names[4][64];
   cr_assert_eq(check_zip(&b, "e", names, 4), 3);
@@ -226,11 +204,11 @@ Test(pth_write, many_tensors_use_long_memo_and_batched_setitems)
   for (size_t i = 0; i < sizeof mem; i++)
     mem[i] = (uint8_t)(i * 7);
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   for (size_t i = 0; i < M; i++) {
     char name[32];
     snprintf(name, sizeof name, "layers.%zu.w", i);
-    add(&cat, name, i % 2 ? BS_DT_F32 : BS_DT_I32, 1, (uint64_t[]){1}, i * 4);
+    bs_test_add(&cat, name, i % 2 ? BS_DT_F32 : BS_DT_I32, 1, (uint64_t[]){1}, i * 4);
   }
   struct bs_buf b = write_mem(&cat, "big.pth");
   bs_err err;
@@ -253,8 +231,8 @@ Test(pth_write, strided_views_are_written_contiguous)
   /* a (2,3) F32 storage, its transpose as (3,2) with strides (1,3) */
   float s[6] = {0, 1, 2, 3, 4, 5};
   struct bs_catalog cat;
-  mem_catalog(&cat, s, sizeof s);
-  struct bs_tensor *t = add(&cat, "t", BS_DT_F32, 2, (uint64_t[]){3, 2}, 0);
+  bs_test_mem_catalog(&cat, s, sizeof s);
+  struct bs_tensor *t = bs_test_add(&cat, "t", BS_DT_F32, 2, (uint64_t[]){3, 2}, 0);
   t->strides = bs_malloc(2 * sizeof *t->strides);
   cr_assert_not_null(t->strides);
   t->strides[0] = 1, t->strides[1] = 3;
@@ -277,9 +255,9 @@ static void expect_refused(enum bs_dtype dt, const char *words)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
-  struct bs_tensor *t = add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  struct bs_tensor *t = bs_test_add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
   if (dt == BS_DT_QFLOAT)
     t->nbytes = 8;
   const struct bs_writer *w = bs_writer_for_path("o.pth");
@@ -317,8 +295,8 @@ Test(pth_write, bad_names_and_sizes_are_refused)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "a\xff", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "a\xff", BS_DT_F32, 1, (uint64_t[]){1}, 0);
   struct bs_buf b = {0};
   struct bs_sink k;
   bs_sink_init_mem(&k, &b, "mem");
@@ -328,15 +306,15 @@ Test(pth_write, bad_names_and_sizes_are_refused)
   cr_assert_eq(err.code, EINVAL);
   cr_assert(strstr(err.msg, "UTF-8"), "%s", err.msg);
   bs_catalog_destroy(&cat);
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){1}, 0);
-  add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){1}, 4);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){1}, 4);
   bs_err_clear(&err);
   cr_assert_eq(bs_pth_write(&cat, &k, &err), -1);
   cr_assert(strstr(err.msg, "unique"), "%s", err.msg);
   bs_catalog_destroy(&cat);
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){2}, 0)->nbytes = 4;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){2}, 0)->nbytes = 4;
   bs_err_clear(&err);
   cr_assert_eq(bs_pth_write(&cat, &k, &err), -1);
   cr_assert_str_eq(err.key, "w");
@@ -349,9 +327,9 @@ Test(pth_write, out_of_memory_at_every_step)
 {
   uint8_t mem[64] = {1, 2, 3};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "a", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
-  add(&cat, "b", BS_DT_BF16, 1, (uint64_t[]){3}, 16);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "a", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
+  bs_test_add(&cat, "b", BS_DT_BF16, 1, (uint64_t[]){3}, 16);
   bool ok = false;
   for (long n = 0; n < 200 && !ok; n++) {
     struct bs_buf b = {0};
@@ -376,8 +354,8 @@ Test(pth_write, a_flat_state_dict_can_be_rewritten_in_place)
 {
   uint8_t mem[16] = {1, 2, 3, 4};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){2}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){2}, 0);
   struct bs_buf b = write_mem(&cat, "flat.pth");
   struct bs_src s;
   bs_err err;

@@ -14,17 +14,6 @@
 #include "core/alloc.h"
 #include "formats/bpk_write.h"
 
-static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_err err;
-  bs_err_clear(&err);
-  bs_catalog_init(cat);
-  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
-}
-
 static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
                              uint64_t dim0, uint64_t off)
 {
@@ -121,7 +110,7 @@ Test(writers, check_refuses_a_dtype_the_format_cannot_store_naming_the_tensor)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "ok", BS_DT_F32, 2, 0);
   add(&cat, "z", BS_DT_C64, 1, 8);
   const struct bs_writer *w = bs_writer_for_format(BS_FMT_BURNPACK);
@@ -144,7 +133,7 @@ Test(writers, check_refuses_unreadable_tensors_and_qfloat_without_scheme)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   struct bs_tensor *t = add(&cat, "u", BS_DT_F32, 2, 0);
   t->unsupported = bs_strdup("storage class FooStorage is not supported");
   const struct bs_writer *w = bs_writer_for_format(BS_FMT_BURNPACK);
@@ -155,7 +144,7 @@ Test(writers, check_refuses_unreadable_tensors_and_qfloat_without_scheme)
   cr_assert(strstr(err.msg, "FooStorage"), "%s", err.msg);
   bs_catalog_destroy(&cat);
 
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   uint64_t d = 4;
   bs_err_clear(&err);
   t = bs_catalog_add(&cat, "q", BS_DT_QFLOAT, 1, &d, 0, &err);
@@ -174,7 +163,7 @@ Test(writers, write_file_through_the_row_equals_the_memory_serialization)
   for (int i = 0; i < 16; i++)
     mem[i] = (uint8_t)i;
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "a.w", BS_DT_F32, 2, 0);
   add(&cat, "b", BS_DT_U8, 8, 8);
   bs_err err;
@@ -202,7 +191,7 @@ Test(writers, failed_write_keeps_the_old_file_and_names_it)
 {
   uint8_t mem[4] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "short", BS_DT_F32, 4, 0); /* 16 bytes from a 4-byte source */
   char *dir = bs_test_tmpdir("writersfail");
   char path[4200];
