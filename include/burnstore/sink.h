@@ -43,8 +43,8 @@ struct bs_tensor;
  * buf[cap]) to k; a short or failed read is an error naming the tensor. */
 BS_NODISCARD int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t,
                                     uint8_t *buf, size_t cap, struct bs_sink *k, bs_err *err);
-/* The same, and *crc (a zlib crc32 running value, start with 0) takes in
- * every byte written; crc may be NULL. */
+/* The same, and *crc (a running CRC-32 as zlib's crc32 computes it; start
+ * with 0) takes in every byte written; crc may be NULL. */
 BS_NODISCARD int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor *t,
                                         uint8_t *buf, size_t cap, struct bs_sink *k, uint32_t *crc,
                                         bs_err *err);

@@ -12,11 +12,11 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 #include "core/alloc.h"
+#include "core/crc32.h"
 
 #define TMP_TAG ".burnstore-tmp-"
 #define TMP_RAND 6 /* random characters after the tag */
@@ -446,8 +446,6 @@ int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor 
                            size_t cap, struct bs_sink *k, uint32_t *crc, bs_err *err)
 {
   uint64_t done = 0;
-  if (cap > UINT32_MAX)
-    cap = UINT32_MAX;
   while (done < t->nbytes) {
     size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
     long got = bs_tensor_read(cat, t, done, buf, want);
@@ -460,7 +458,7 @@ int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor 
                      "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
                      t->nbytes);
     if (crc)
-      *crc = (uint32_t)crc32(*crc, buf, (uInt)got);
+      *crc = bs_crc32(*crc, buf, (size_t)got);
     if (bs_sink_put(k, buf, (size_t)got, err) != 0)
       return -1;
     done += (uint64_t)got;

@@ -26,7 +26,7 @@
  *  3. the zip64 end record (56 bytes), its locator (20), the classic end record
  *     (22), always, as torch writes them.
  * Tensor bytes are streamed from their source (checkpoint or staging file) in
- * chunks, CRC-32 computed on the way; the pickle and the central directory
+ * chunks, CRC-32 computed on the way (core/crc32.h); the pickle and the central directory
  * (O(tensors)) are the only things built in memory.
  */
 #include <errno.h>
@@ -34,11 +34,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 #include "burnstore/formats.h"
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/crc32.h"
 #include "formats/pickle.h"
 #include "formats/pth_write.h"
 #include "formats/zip.h"
@@ -92,14 +93,8 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
                    "the name is not UTF-8, and torch's keys are Python strings");
   if (t->dtype < BS_DT_COUNT && storage_class[t->dtype])
     return 0;
-  const char *hint = "";
+  const char *hint = bs_writer_alias_hint(t->dtype);
   switch (t->dtype) {
-  case BS_DT_FLEX32:
-    hint = "; its bytes are F32: set user.burnstore.dtype to F32 to write them";
-    break;
-  case BS_DT_BOOL_U8:
-    hint = "; its bytes are BOOL: set user.burnstore.dtype to BOOL to write them";
-    break;
   case BS_DT_U16:
   case BS_DT_U32:
   case BS_DT_U64:
@@ -633,7 +628,7 @@ static int small_member(struct zw *z, const char *name, const void *d, size_t n,
 {
   if (local_header(z, name, strlen(name), n, err) != 0 || bs_sink_put(z->k, d, n, err) != 0)
     return -1;
-  return finish_member(z, (uint32_t)crc32(0, d, (uInt)n), err);
+  return finish_member(z, bs_crc32(0, d, n), err);
 }
 
 static int central(struct zw *z, size_t ntensors, bs_err *err)
