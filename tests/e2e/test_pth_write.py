@@ -18,7 +18,7 @@ import time
 import zipfile
 
 from bsmount import (BIN, FIX, Mount, check, daemon_pid, finish, force_unmount, is_mounted, run,
-                     tmpdir)
+                     small_tmpfs, tmpdir)
 
 import torch
 
@@ -329,11 +329,9 @@ def test_enospc_and_finish(tmp):
     stg = os.path.join(tmp, "stg")
     os.makedirs(stg)
     small = os.path.join(tmp, "small")
-    os.makedirs(small)
-    r = run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small])
-    if not check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr):
-        return
-    try:
+    with small_tmpfs(small, "64k") as ok:
+        if not ok:
+            return
         out = os.path.join(small, "big.pth")
         data = bytes(range(256)) * 1024  # 256 KiB > 64 KiB
         with Mount(out, os.path.join(tmp, "f"), opts="staging=" + stg) as m:
@@ -354,10 +352,6 @@ def test_enospc_and_finish(tmp):
                 sd = torch.load(out, weights_only=True)
                 check(list(sd) == ["big"] and raw(sd["big"]) == data, "--finish wrote the .pth")
                 check(not aligned(out), "aligned")
-    finally:
-        run(["umount", small])
-        if is_mounted(small):
-            run(["umount", "-l", small])
 
 
 def test_kill_during_writeback(tmp):
