@@ -7,18 +7,16 @@ dtypes torch cannot store refused naming the tensor; a .pth never rewritten
 in place. (torch 1.13 here: its torch.load has no mmap=, so the alignment is
 checked on the bytes.)"""
 import glob
-import hashlib
 import json
 import os
-import shutil
 import signal
 import struct
 import subprocess
 import time
 import zipfile
 
-from bsmount import (BIN, FIX, Mount, check, daemon_pid, finish, force_unmount, is_mounted, run,
-                     small_tmpfs, tmpdir)
+from bsmount import (BIN, FIX, Mount, check, daemon_pid, force_unmount, is_mounted, run, run_tests,
+                     small_tmpfs)
 
 import torch
 
@@ -452,17 +450,20 @@ print('ok')
     os.unlink(out)
 
 
+def in_own_dir(t):
+    """t run in a directory of its own under the scratch directory."""
+    def run_it(tmp):
+        d = os.path.join(tmp, t.__name__)
+        os.makedirs(d)
+        t(d)
+    run_it.__name__ = t.__name__
+    return run_it
+
+
 def main():
-    with tmpdir("pthw") as tmp:
-        for t in (test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals,
-                  test_rw_in_place, test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib):
-            d = os.path.join(tmp, t.__name__)
-            os.makedirs(d)
-            try:
-                t(d)
-            except Exception as e:  # a crash in one test is a failure, not an abort
-                check(False, "%s raised %r" % (t.__name__, e))
-    finish("test_pth_write")
+    run_tests("test_pth_write", [in_own_dir(t) for t in (
+        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_rw_in_place,
+        test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib)], "pthw")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 #include "bs_test.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "burnstore/formats.h"
+#include "burnstore/sink.h"
 #include "core/alloc.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
@@ -72,4 +74,26 @@ struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_d
   t->src = 0;
   t->off = off;
   return t;
+}
+
+void bs_test_write_survives_oom(int (*write)(const struct bs_catalog *, struct bs_sink *, bs_err *),
+                                const struct bs_catalog *cat)
+{
+  bool ok = false;
+  for (long n = 0; n < 200 && !ok; n++) {
+    struct bs_buf b = {0};
+    struct bs_sink k;
+    bs_sink_init_mem(&k, &b, "mem");
+    bs_err err;
+    bs_err_clear(&err);
+    bs_alloc_fail_after(n);
+    int rc = write(cat, &k, &err);
+    bs_alloc_fail_after(-1);
+    if (rc == 0)
+      ok = true;
+    else
+      cr_assert_eq(err.code, ENOMEM, "n=%ld: %s", n, err.msg);
+    bs_buf_destroy(&b);
+  }
+  cr_assert(ok, "the write succeeds once allocations do");
 }

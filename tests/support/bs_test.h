@@ -22,4 +22,10 @@ void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n);
 struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
                               uint32_t rank, const uint64_t *shape, uint64_t off);
 
+struct bs_sink;
+/* write(cat, sink) with the Nth allocation failing, N = 0, 1, ...: ENOMEM
+ * every time (no leak: ASan) until it succeeds, within 200 tries. */
+void bs_test_write_survives_oom(int (*write)(const struct bs_catalog *, struct bs_sink *, bs_err *),
+                                const struct bs_catalog *cat);
+
 #endif
