@@ -277,7 +277,6 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   unsigned esize = bs_dtype_bits(t->dtype) / 8;
   if (row_major(t, st, err) != 0)
     return -1;
-  pk_str(p, t->name);
   if (idx == 0) {
     pk_global(p, "torch._utils", "_rebuild_tensor_v2");
     p->rebuild = p->memo;
@@ -323,10 +322,9 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   return 0;
 }
 
-/* The pickle of the state dict of the n tensors order[] into p->b, with
- * what keep says (the dict's type, its BUILD state). */
-static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t n,
-                       const struct bs_pth_keep *keep, struct pk *p, bs_err *err)
+/* The pickle of the state dict (an OrderedDict) of the n tensors order[] into p->b. */
+static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t n, struct pk *p,
+                       bs_err *err)
 {
   uint32_t maxrank = 0;
   for (size_t i = 0; i < n; i++)
@@ -337,12 +335,9 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   static const uint8_t head[] = {0x80, 2};
   put(p, head, sizeof head);
-  if (keep->ordered) {
-    pk_odict(p);
-    op(p, ')');
-    op(p, 'R');
-  } else
-    op(p, '}');
+  pk_odict(p);
+  op(p, ')');
+  op(p, 'R');
   if (n)
     op(p, '(');
   int rc = 0;
@@ -351,14 +346,11 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
       op(p, 'u');
       op(p, '(');
     }
+    pk_str(p, cat->tensors[order[i]].name);
     rc = pk_tensor(p, &cat->tensors[order[i]], i, st, err);
   }
   if (n)
     op(p, 'u');
-  if (keep->state.len) {
-    put(p, keep->state.data, keep->state.len);
-    op(p, 'b');
-  }
   op(p, '.');
   bs_free(st);
   if (rc == 0 && p->bad)
@@ -370,7 +362,9 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
 
 void bs_pth_keep_destroy(struct bs_pth_keep *keep)
 {
-  bs_buf_destroy(&keep->state);
+  bs_pickle_free(keep->p);
+  bs_free(keep->pkl);
+  memset(keep, 0, sizeof *keep);
 }
 
 /* A plain value (None, bool, int, float, str and tuples, lists and dicts of
@@ -432,46 +426,328 @@ static int pk_value(struct pk *p, const struct bs_pv *v, unsigned depth, const c
     }
     return 0;
   default:
-    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "%s holds a %s, which is not written back",
-                   where, bs_pv_kind_name(v->kind));
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                   "%s holds a value of type %s, which is not written back", where,
+                   bs_pv_kind_name(v->kind));
   }
 }
 
-static int keep_root(const struct bs_pv *root, struct bs_pth_keep *keep, bs_err *err)
+/* A walk of the source's value tree. Pass 1 (`p` NULL) names every tensor
+ * by its path as the reader does (dict keys and list indices joined by
+ * dots), counts which of cat's tensors each path names and records the
+ * paths of the dicts; pass 2 pickles the tree with cat's tensors in place
+ * of the source's, a tensor cat lacks left out of its dict, and each tensor
+ * no path names added to the deepest dict whose path prefixes its name. */
+struct tw {
+  const struct bs_catalog *cat;
+  size_t *byname; /* cat's tensors that are not hidden, sorted by name */
+  size_t nby;
+  uint32_t *hits; /* per cat tensor: the tree paths that name it */
+  struct bs_buf path;
+  char **dicts; /* pass 1: every dict's path */
+  size_t ndicts, dictcap;
+  const char **home; /* pass 2: per cat tensor no path names, its dict's path */
+  struct pk *p;
+  size_t *order; /* pass 2: cat's tensors in the order they are pickled */
+  size_t n, ocap;
+  uint64_t *st;
+  bs_err *err;
+};
+
+static int cmp_byname(const void *a, const void *b, void *c)
 {
-  if (root->kind != BS_PV_DICT)
-    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
-                   "its pickle holds a %s, not a state dict of tensors",
-                   bs_pv_kind_name(root->kind));
-  for (size_t i = 0; i < root->u.dict.keys.n; i++) {
-    const struct bs_pv *k = root->u.dict.keys.items[i], *v = root->u.dict.vals.items[i];
-    if (k->kind != BS_PV_STR)
-      return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
-                     "its state dict has a key that is a %s, not a string",
-                     bs_pv_kind_name(k->kind));
-    if (v->kind != BS_PV_TENSOR)
-      return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
-                     "key '%.100s' holds a %s, not a tensor (only a flat state dict is rewritten "
-                     "in place)",
-                     k->u.str.s, bs_pv_kind_name(v->kind));
+  const struct bs_catalog *cat = c;
+  return strcmp(cat->tensors[*(const size_t *)a].name, cat->tensors[*(const size_t *)b].name);
+}
+
+/* The cat tensor named `name`, or -1. */
+static long tw_find(const struct tw *w, const char *name)
+{
+  size_t lo = 0, hi = w->nby;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(w->cat->tensors[w->byname[mid]].name, name);
+    if (c == 0)
+      return (long)w->byname[mid];
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
-  keep->ordered = root->u.dict.ordered;
-  if (!root->u.dict.attrs)
-    return 0;
-  struct pk p;
-  memset(&p, 0, sizeof p);
-  if (pk_value(&p, root->u.dict.attrs, 0, "the state dict's attributes (_metadata)", err) != 0) {
-    bs_buf_destroy(&p.b);
-    return -1;
-  }
-  if (p.bad) {
-    bs_buf_destroy(&p.b);
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  }
-  keep->state = p.b;
+  return -1;
+}
+
+static const char *tw_path(const struct tw *w)
+{
+  return w->path.len ? (const char *)w->path.data : "";
+}
+
+/* Append ".seg" (no dot at the root) to the path; the old length in *old. */
+static int tw_push(struct tw *w, const char *seg, size_t sl, size_t *old)
+{
+  *old = w->path.len;
+  if ((w->path.len && bs_buf_put(&w->path, ".", 1) != 0) || bs_buf_put(&w->path, seg, sl) != 0 ||
+      bs_buf_put(&w->path, "", 1) != 0)
+    return bs_fail(w->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  w->path.len--; /* NUL-terminated, the NUL not counted */
   return 0;
 }
 
+static void tw_pop(struct tw *w, size_t old)
+{
+  w->path.len = old;
+  if (w->path.data)
+    w->path.data[old] = '\0';
+}
+
+/* A dict key as the reader names it (str() of str, int, bool, None). */
+static int tw_key(struct tw *w, const struct bs_pv *k, size_t *old)
+{
+  char b[32];
+  switch (k->kind) {
+  case BS_PV_STR:
+    if (strlen(k->u.str.s) != k->u.str.len)
+      break;
+    return tw_push(w, k->u.str.s, k->u.str.len, old);
+  case BS_PV_INT: snprintf(b, sizeof b, "%" PRId64, k->u.i); return tw_push(w, b, strlen(b), old);
+  case BS_PV_BOOL: return tw_push(w, k->u.b ? "True" : "False", k->u.b ? 4 : 5, old);
+  case BS_PV_NONE: return tw_push(w, "None", 4, old);
+  default: break;
+  }
+  return bs_fail(w->err, ENOTSUP, BS_OFF_NONE, NULL,
+                 "a dict at '%.100s' has a key that is a %s, which is not written back", tw_path(w),
+                 bs_pv_kind_name(k->kind));
+}
+
+static bool is_plain(const struct bs_pv *v)
+{
+  return v->kind == BS_PV_NONE || v->kind == BS_PV_BOOL || v->kind == BS_PV_INT ||
+         v->kind == BS_PV_FLOAT || v->kind == BS_PV_STR;
+}
+
+static int tw_tensor(struct tw *w, bool in_list)
+{
+  long i = tw_find(w, tw_path(w));
+  if (i < 0 && in_list)
+    return bs_fail(w->err, ENOTSUP, BS_OFF_NONE, NULL,
+                   "tensor '%.100s' is an item of a list: it cannot be left out or renamed in a "
+                   "rewrite in place",
+                   tw_path(w));
+  if (i < 0)
+    return 0; /* left out of its dict */
+  if (!w->p) {
+    w->hits[i]++;
+    return 0;
+  }
+  if (w->n == w->ocap && bs_grow((void **)&w->order, &w->ocap, w->n + 1, sizeof *w->order) != 0)
+    return bs_fail(w->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  w->order[w->n] = (size_t)i;
+  return pk_tensor(w->p, &w->cat->tensors[i], w->n++, w->st, w->err);
+}
+
+static int tw_value(struct tw *w, const struct bs_pv *v, unsigned depth, bool in_list);
+
+static int tw_dict(struct tw *w, const struct bs_pv *v, unsigned depth)
+{
+  struct pk *p = w->p;
+  if (!p) {
+    if (bs_grow((void **)&w->dicts, &w->dictcap, w->ndicts + 1, sizeof *w->dicts) != 0 ||
+        !(w->dicts[w->ndicts] = bs_strdup(tw_path(w))))
+      return bs_fail(w->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    w->ndicts++;
+  } else if (v->u.dict.ordered) {
+    pk_odict(p);
+    op(p, ')');
+    op(p, 'R');
+  } else
+    op(p, '}');
+  bool open = false;
+  for (size_t i = 0; i < v->u.dict.keys.n; i++) {
+    const struct bs_pv *k = v->u.dict.keys.items[i], *x = v->u.dict.vals.items[i];
+    size_t old;
+    if (tw_key(w, k, &old) != 0)
+      return -1;
+    bool left_out = x->kind == BS_PV_TENSOR && tw_find(w, tw_path(w)) < 0;
+    if (p && !left_out) {
+      if (!open)
+        op(p, '(');
+      open = true;
+      if (pk_value(p, k, 0, tw_path(w), w->err) != 0)
+        return -1;
+    }
+    if (!(p && left_out) && tw_value(w, x, depth + 1, false) != 0)
+      return -1;
+    tw_pop(w, old);
+  }
+  if (p) {
+    const char *here = tw_path(w);
+    size_t hl = strlen(here);
+    for (size_t i = 0; i < w->cat->count; i++) {
+      const char *name = w->cat->tensors[i].name;
+      if (!w->home[i] || strcmp(w->home[i], here) != 0)
+        continue;
+      if (!open)
+        op(p, '(');
+      open = true;
+      pk_str(p, name + hl + (hl ? 1 : 0));
+      if (w->n == w->ocap && bs_grow((void **)&w->order, &w->ocap, w->n + 1, sizeof *w->order) != 0)
+        return bs_fail(w->err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+      w->order[w->n] = i;
+      if (pk_tensor(p, &w->cat->tensors[i], w->n++, w->st, w->err) != 0)
+        return -1;
+    }
+    if (open)
+      op(p, 'u');
+  }
+  if (v->u.dict.attrs) { /* BUILD state: plain values (a module's _metadata) */
+    struct pk scratch;
+    memset(&scratch, 0, sizeof scratch);
+    int rc =
+        pk_value(p ? p : &scratch, v->u.dict.attrs, 0, "the attributes of a state dict", w->err);
+    bs_buf_destroy(&scratch.b);
+    if (rc != 0)
+      return -1;
+    if (p)
+      op(p, 'b');
+  }
+  return 0;
+}
+
+static int tw_value(struct tw *w, const struct bs_pv *v, unsigned depth, bool in_list)
+{
+  if (depth > 100)
+    return bs_fail(w->err, ENOTSUP, BS_OFF_NONE, NULL, "values nested deeper than 100 at '%.100s'",
+                   tw_path(w));
+  struct pk *p = w->p;
+  switch (v->kind) {
+  case BS_PV_TENSOR: return tw_tensor(w, in_list);
+  case BS_PV_DICT: return tw_dict(w, v, depth);
+  case BS_PV_LIST:
+  case BS_PV_TUPLE:
+    if (p && v->kind == BS_PV_LIST)
+      op(p, ']');
+    if (p && v->u.seq.n)
+      op(p, '(');
+    for (size_t i = 0; i < v->u.seq.n; i++) {
+      char b[24];
+      size_t old;
+      snprintf(b, sizeof b, "%zu", i);
+      if (tw_push(w, b, strlen(b), &old) != 0 || tw_value(w, v->u.seq.items[i], depth + 1, true))
+        return -1;
+      tw_pop(w, old);
+    }
+    if (p && v->kind == BS_PV_LIST && v->u.seq.n)
+      op(p, 'e');
+    if (p && v->kind == BS_PV_TUPLE)
+      op(p, v->u.seq.n ? 't' : ')');
+    return 0;
+  default:
+    if (!is_plain(v))
+      return bs_fail(w->err, ENOTSUP, BS_OFF_NONE, NULL,
+                     "key '%.100s' holds a value of type %s, which is not written back", tw_path(w),
+                     bs_pv_kind_name(v->kind));
+    return p ? pk_value(p, v, 0, tw_path(w), w->err) : 0;
+  }
+}
+
+static void tw_destroy(struct tw *w)
+{
+  bs_free(w->byname);
+  bs_free(w->hits);
+  bs_buf_destroy(&w->path);
+  for (size_t i = 0; i < w->ndicts; i++)
+    bs_free(w->dicts[i]);
+  bs_free(w->dicts);
+  bs_free((void *)w->home);
+  bs_free(w->order);
+  bs_free(w->st);
+}
+
+/* Pass 1 of root against cat (hidden tensors ignored). */
+static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_pv *root,
+                   bs_err *err)
+{
+  memset(w, 0, sizeof *w);
+  w->cat = cat;
+  w->err = err;
+  size_t n = cat->count ? cat->count : 1;
+  uint32_t maxrank = 1;
+  w->byname = bs_malloc(n * sizeof *w->byname);
+  w->hits = bs_malloc(n * sizeof *w->hits);
+  w->home = bs_malloc(n * sizeof *w->home);
+  for (size_t i = 0; i < cat->count; i++)
+    if (cat->tensors[i].rank > maxrank)
+      maxrank = cat->tensors[i].rank;
+  w->st = bs_malloc(maxrank * sizeof *w->st);
+  if (!w->byname || !w->hits || !w->home || !w->st)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < cat->count; i++) {
+    w->hits[i] = 0;
+    w->home[i] = NULL;
+    if (!cat->tensors[i].hidden)
+      w->byname[w->nby++] = i;
+  }
+  qsort_r(w->byname, w->nby, sizeof *w->byname, cmp_byname, (void *)cat);
+  if (root->kind != BS_PV_DICT)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                   "its pickle holds a %s, not a dict (a state dict or a checkpoint)",
+                   bs_pv_kind_name(root->kind));
+  return tw_value(w, root, 0, false);
+}
+
+/* Does the reader name the tensors of root exactly as the walk does (each of
+ * src_cat's tensors by one path, and every path one of them)? */
+static int tw_same_names(const struct bs_catalog *src_cat, const struct bs_pv *root, bs_err *err)
+{
+  struct tw w;
+  int rc = tw_init(&w, src_cat, root, err);
+  for (size_t i = 0; rc == 0 && i < src_cat->count; i++)
+    if (w.hits[i] != 1)
+      rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                   "tensor '%.100s' is %s (shared references or colliding names): it is not "
+                   "rewritten in place",
+                   src_cat->tensors[i].name,
+                   w.hits[i] ? "under several keys" : "not under the key the reader gives it");
+  tw_destroy(&w);
+  return rc;
+}
+
+/* Pass 2: the pickle of the tree with cat's tensors, and their order. */
+static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, struct pk *p,
+                     size_t **order, size_t *n, bs_err *err)
+{
+  struct tw w;
+  int rc = tw_init(&w, cat, root, err);
+  for (size_t i = 0; rc == 0 && i < w.nby; i++) { /* the tensors no path names: their dicts */
+    size_t t = w.byname[i], best = 0;
+    const char *name = cat->tensors[t].name;
+    if (w.hits[t])
+      continue;
+    for (size_t d = 0; d < w.ndicts; d++) {
+      size_t dl = strlen(w.dicts[d]);
+      if ((dl == 0 || (strncmp(name, w.dicts[d], dl) == 0 && name[dl] == '.' && name[dl + 1])) &&
+          (!w.home[t] || dl > best)) {
+        w.home[t] = w.dicts[d];
+        best = dl;
+      }
+    }
+  }
+  if (rc == 0) {
+    static const uint8_t head[] = {0x80, 2};
+    w.p = p;
+    put(p, head, sizeof head);
+    rc = tw_value(&w, root, 0, false);
+    op(p, '.');
+    if (rc == 0 && p->bad)
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory encoding data.pkl");
+  }
+  if (rc == 0) {
+    *order = w.order, *n = w.n;
+    w.order = NULL;
+  }
+  tw_destroy(&w);
+  return rc;
+}
 int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err)
 {
   memset(keep, 0, sizeof *keep);
@@ -483,13 +759,13 @@ int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err
                    "only torch.save's zip files (torch >= 1.6) are rewritten in place, not the "
                    "legacy formats");
   struct bs_zip z;
-  struct bs_src ms;
-  struct bs_pickle *pp = NULL;
-  uint8_t *pkl = NULL;
+  struct bs_src ms, bs;
+  struct bs_catalog sc;
   int rc = -1;
   memset(&z, 0, sizeof z);
   memset(&ms, 0, sizeof ms);
   ms.fd = -1;
+  bs_catalog_init(&sc);
   if (bs_zip_open(&z, src, err) != 0)
     goto out;
   const char *first = z.ents[0].name, *slash = strchr(first, '/');
@@ -507,21 +783,31 @@ int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err
   bs_formats_init();
   struct bs_pickle_opts o = {.strict = false, .base_off = BS_OFF_NONE};
   struct bs_pv *root;
-  if (bs_zip_extract_mem(src, e, BS_PICKLE_MAX_BYTES, &pkl, err) != 0 ||
-      bs_src_init_mem(&ms, pkl, (size_t)e->usize, "data.pkl", err) != 0)
+  uint32_t idx;
+  if (bs_zip_extract_mem(src, e, BS_PICKLE_MAX_BYTES, &keep->pkl, err) != 0 ||
+      bs_src_init_mem(&ms, keep->pkl, (size_t)e->usize, "data.pkl", err) != 0)
     goto out;
-  if (!(pp = bs_pickle_new())) {
+  if (!(keep->p = bs_pickle_new())) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
-  if (bs_pickle_load(pp, &ms, 0, e->usize, &o, &root, NULL, err) != 0 ||
-      keep_root(root, keep, err) != 0)
+  /* the tensors as the reader names them, to check the walk's names against */
+  if (bs_pickle_load(keep->p, &ms, 0, e->usize, &o, &root, NULL, err) != 0 ||
+      bs_src_init_borrowed(&bs, src, err) != 0)
     goto out;
+  if (bs_catalog_add_src(&sc, &bs, &idx, err) != 0) {
+    bs_src_destroy(&bs);
+    goto out;
+  }
+  if (bs_pth_read(&sc, idx, NULL, err) != 0 || tw_same_names(&sc, root, err) != 0)
+    goto out;
+  keep->root = root;
   rc = 0;
 out:
-  bs_pickle_free(pp);
+  if (rc != 0)
+    bs_pth_keep_destroy(keep);
+  bs_catalog_destroy(&sc);
   bs_src_destroy(&ms);
-  bs_free(pkl);
   bs_zip_close(&z);
   return rc;
 }
@@ -772,7 +1058,7 @@ int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
   uint8_t *chunk = NULL;
   struct pk p;
   struct zw z = {.k = k, .prefix = prefix};
-  struct bs_pth_keep keep = {.ordered = true};
+  struct bs_pth_keep keep = {0};
   int rc = -1;
   memset(&p, 0, sizeof p);
   archive_prefix(k->name, prefix, sizeof prefix);
@@ -781,7 +1067,14 @@ int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
                   strcmp(k->name, cat->srcs[0].name) == 0;
   if (in_place && bs_pth_keep_check(&cat->srcs[0], &keep, err) != 0)
     goto out;
-  if (plan(cat, &order, &n, err) != 0 || make_pickle(cat, order, n, &keep, &p, err) != 0)
+  if (plan(cat, &order, &n, err) != 0)
+    goto out;
+  if (in_place) { /* the source's pickle, its tensors replaced: another order */
+    bs_free(order);
+    order = NULL;
+    if (tw_pickle(cat, keep.root, &p, &order, &n, err) != 0)
+      goto out;
+  } else if (make_pickle(cat, order, n, &p, err) != 0)
     goto out;
   uint64_t biggest = 0;
   for (size_t i = 0; i < n; i++)

@@ -14,18 +14,23 @@
 /* Can a torch.save file store this tensor (a dtype with a storage class
  * torch 1.13 knows, a readable source, a UTF-8 name)? 0, or -1 with err. */
 BS_NODISCARD int bs_pth_can_write(const struct bs_tensor *t, bs_err *err);
-/* What a PyTorch file rewritten in place keeps besides its tensors: whether
- * its state dict was an OrderedDict, and the pickled state of its BUILD
- * (a module's `_metadata`), re-emitted as it was. */
+/* What a PyTorch file rewritten in place keeps besides its tensors: its
+ * whole pickled value (dicts and their type, a module's `_metadata`, lists,
+ * tuples, ints, floats, strings, bools, None), re-pickled with the new
+ * tensors in place of the old ones. */
+struct bs_pickle;
+struct bs_pv;
 struct bs_pth_keep {
-  bool ordered;
-  struct bs_buf state; /* empty: no BUILD */
+  struct bs_pickle *p;      /* owns root */
+  const struct bs_pv *root; /* the source's data.pkl value */
+  uint8_t *pkl;             /* owned: its bytes */
 };
-void bs_pth_keep_destroy(struct bs_pth_keep *keep);
+void bs_pth_keep_destroy(struct bs_pth_keep *keep); /* safe on a zeroed or failed keep */
 /* Can the PyTorch file in src be rewritten in place without losing anything?
- * Only a flat state dict can: a torch.save zip whose pickle is one dict of
- * string keys and tensors (a BUILD state of plain values kept). 0 and *keep,
- * or -1 with err naming the first value it cannot keep. */
+ * It can if it is a torch.save zip whose pickle is a dict holding only
+ * tensors, plain values and lists, tuples and dicts of them, and the
+ * reader names each tensor by its path (no shared tensor, no colliding
+ * names). 0 and *keep, or -1 with err naming the first value it cannot keep. */
 BS_NODISCARD int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err);
 
 /* Serialize every tensor that is not hidden, in catalog order, into k. The
@@ -33,7 +38,10 @@ BS_NODISCARD int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep 
  * torch.save names it), "archive" when that is empty or not plain ASCII.
  * cat->meta is not written (torch has no place for it). When k->name is
  * the path of cat->srcs[0], a file (a rewrite in place, also by --finish),
- * that file must pass bs_pth_keep_check, and what it keeps is written. */
+ * that file must pass bs_pth_keep_check, and its pickle is written with
+ * cat's tensors in place of its own: a tensor cat lacks is left out of its
+ * dict, one its pickle lacks goes to the deepest dict whose path (dotted
+ * keys) prefixes its name, after the dict's items. */
 BS_NODISCARD int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
 
 #endif

@@ -66,8 +66,8 @@ static const char usage_rest[] =
     "Options (-o, comma-separated; a comma inside a value is written \\,):\n"
     "  ro, rw                 read-only (default for an existing SOURCE) or writable\n"
     "  output=PATH            where a writable mount is written (default: SOURCE;\n"
-    "                         needed for rw on a PyTorch file that holds more\n"
-    "                         than a flat state dict); the extension\n"
+    "                         needed for rw on a PyTorch file whose pickle holds\n"
+    "                         objects or sets); the extension\n"
     "                         names the format: .bpk, .safetensors, .gguf or\n"
     "                         .pth/.pt/.bin (a flat torch.save state dict)\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
@@ -933,9 +933,9 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
-/* The PyTorch writer writes a flat state dict: a .pth rewritten in place
- * (output = source) must be one, else what else its pickle held would be
- * lost. true after printing why it is refused. */
+/* A .pth rewritten in place (output = source) must hold only what the
+ * PyTorch writer re-pickles, else something would be lost at unmount.
+ * true after printing why it is refused. */
 static bool pth_in_place(const struct fs *fs, const struct args *a, const char *out)
 {
   if (fs->cat.format != BS_FMT_PYTORCH || !out || strcmp(out, fs->source) != 0 || !fs->cat.nsrcs)

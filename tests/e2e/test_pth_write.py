@@ -247,8 +247,11 @@ def make_sources(tmp):
     opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
     m(torch.randn(2, 3)).sum().backward()
     opt.step()
-    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": 7},
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": 7, "best": 0.25,
+                "note": "run 3", "shape": (3, 4), "flags": [True, None], 5: "int key"},
                os.path.join(tmp, "nested.pth"))
+    import argparse
+    torch.save({"model": m.state_dict(), "args": argparse.Namespace(lr=0.5)}, os.path.join(tmp, "args.pth"))
     torch.save(m.state_dict(), os.path.join(tmp, "legacy.pth"), _use_new_zipfile_serialization=False)
     return m.state_dict(), views
 
@@ -300,8 +303,39 @@ def test_rw_in_place(tmp):
         for k, v in views.items():
             want = torch.tensor([3.0, 1], dtype=torch.float16) if k == "half" else v
             check(torch.equal(got[k], want), "%s: torch sees the edit and nothing else" % k)
+    # A nested checkpoint (model, optimizer state, epoch, floats, strings,
+    # tuples, lists, an int key): an edit inside the model, a tensor added
+    # there; everything else as torch had it.
+    path = os.path.join(tmp, "nested.pth")
+    orig = torch.load(path)
+    with Mount(path, os.path.join(tmp, "m3"), opts="rw") as m:
+        with open(os.path.join(m, "model", "0", "bias"), "r+b") as f:
+            f.write(struct.pack("<f", 42))
+        os.makedirs(os.path.join(m, "model", "9"))
+        with open(os.path.join(m, "model", "9", "new"), "wb") as f:
+            f.write(struct.pack("<2i", 1, 2))
+        os.setxattr(os.path.join(m, "model", "9", "new"), "user.burnstore.dtype", b"I32")
+        os.unlink(os.path.join(m, "model", "1", "running_var"))
+        u = m.unmount()
+    if check(u.returncode == 0, "rw in place, nested: %s" % u.stderr):
+        got = torch.load(path)  # torch 1.13's weights_only has no BINFLOAT (the source's floats)
+        check(list(got) == list(orig), "the checkpoint's keys: %s" % list(got))
+        for k in orig:
+            if k not in ("model", "optimizer"):
+                check(got[k] == orig[k] and type(got[k]) is type(orig[k]), "%r kept: %r" % (k, got[k]))
+        want = [k for k in orig["model"] if k != "1.running_var"] + ["9.new"]
+        check(list(got["model"]) == want, "the model's keys: %s" % list(got["model"]))
+        check(got["model"]["0.bias"][0] == 42 and torch.equal(got["model"]["0.bias"][1:], orig["model"]["0.bias"][1:]),
+              "the edit")
+        check(torch.equal(got["model"]["9.new"], torch.tensor([1, 2], dtype=torch.int32)), "the new tensor in the model")
+        check(got["model"]._metadata == orig["model"]._metadata, "the model's _metadata")
+        check(got["optimizer"]["param_groups"] == orig["optimizer"]["param_groups"], "the optimizer's param_groups")
+        st, ost = got["optimizer"]["state"], orig["optimizer"]["state"]
+        check(list(st) == list(ost) and all(torch.equal(st[i]["momentum_buffer"], ost[i]["momentum_buffer"]) for i in ost),
+              "the optimizer's state (int keys, tensors)")
+        check(not aligned(path), "aligned")
     # What cannot be kept is refused up front, naming it; the file untouched.
-    for name, needle in (("nested.pth", "'model' holds a dict"), ("legacy.pth", "legacy")):
+    for name, needle in (("args.pth", "'args' holds a value of type object"), ("legacy.pth", "legacy")):
         path = os.path.join(tmp, name)
         before = open(path, "rb").read()
         mnt = os.path.join(tmp, "r-" + name)
@@ -314,8 +348,8 @@ def test_rw_in_place(tmp):
               "%s: rw in place refused up front: %r" % (name, r.stderr))
         check(open(path, "rb").read() == before, "%s untouched" % name)
     # ... and with output= a new file it is a conversion of the tensors.
-    out = os.path.join(tmp, "nested-flat.pth")
-    with Mount(os.path.join(tmp, "nested.pth"), os.path.join(tmp, "m3"), opts="output=" + out) as m:
+    out = os.path.join(tmp, "args-flat.pth")
+    with Mount(os.path.join(tmp, "args.pth"), os.path.join(tmp, "m4"), opts="output=" + out) as m:
         u = m.unmount()
     check(u.returncode == 0 and "model.0.weight" in torch.load(out, weights_only=True),
           "output= a new .pth: the flat state dict of every tensor")

@@ -59,22 +59,22 @@ def test_outputs_that_name_no_writable_format(tmp):
         out = opts.split("=", 1)[1] % tmp
         refused(tmp, "output-" + name, PT, opts % tmp, "output=", needle, "cannot write", ".bpk",
                 absent=[out])
-    # The trap of issue 9: output= the source itself. A .pth is written as a
-    # flat state dict, so it never replaces a .pth whose pickle holds more.
+    # The trap of issue 9: output= the source itself. A .pth is rewritten in
+    # place only if the writer keeps everything its pickle holds (not a set).
     work = os.path.join(tmp, "m.pth")
     r = run(["/usr/bin/python3", "-c",
-             "import torch, sys; torch.save({'model': {'w': torch.ones(2)}, 'epoch': 3}, sys.argv[1])",
+             "import torch, sys; torch.save({'model': {'w': torch.ones(2)}, 'tags': {1, 2}}, sys.argv[1])",
              work], timeout=300)
     check(r.returncode == 0, "torch.save: %s" % r.stderr)
     before = open(work, "rb").read()
     refused(tmp, "output-over-source", work, "output=" + work, "m.pth", "rewritten in place",
-            "'model' holds a dict", "output=NEW.pth")
+            "'tags' holds a value of type set", "output=NEW.pth")
     check(open(work, "rb").read() == before, "the .pth source is untouched")
     # No extension: nothing says which format to write.
     refused(tmp, "output-noext", ST, "output=%s/converted" % tmp, "no extension", ".bpk",
             absent=[os.path.join(tmp, "converted")])
-    # rw in place on a .pth that is not a flat state dict.
-    refused(tmp, "rw-pth", work, "rw", "output=NEW.pth", "'model'")
+    # rw in place on a .pth holding what the writer cannot keep.
+    refused(tmp, "rw-pth", work, "rw", "output=NEW.pth", "'tags'")
     check(open(work, "rb").read() == before, "the .pth source is untouched")
 
 
