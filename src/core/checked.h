@@ -22,8 +22,9 @@
 #define BS_ST_MAX_SHARDS 100000u     /* shards one index may name */
 #define BS_PICKLE_MAX_DEPTH 1000u    /* nesting of pickled containers */
 #define BS_PICKLE_MAX_MEMO 10000000u
-#define BS_PICKLE_MAX_BYTES (1u << 30)   /* pickle stream we are willing to load */
-#define BS_PICKLE_MAX_ALLOC (4ull << 30) /* bytes of values one unpickler may build */
+#define BS_PICKLE_MAX_BYTES (1u << 30)       /* pickle stream we are willing to load */
+#define BS_PTH_REPICKLE_MAX_NODES (1u << 22) /* values re-pickled by a .pth rewrite in place */
+#define BS_PICKLE_MAX_ALLOC (4ull << 30)     /* bytes of values one unpickler may build */
 #define BS_MAX_XATTR_VALUE 65536u
 
 static inline bool bs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

@@ -123,6 +123,7 @@ struct pk {
   uint32_t memo;                         /* next memo index */
   uint32_t odict, rebuild, storage, cpu; /* memo indices of what every tensor repeats */
   bool has_odict;
+  uint64_t work;                    /* values pk_value wrote: shared references can multiply them */
   uint32_t class_memo[BS_DT_COUNT]; /* storage class's memo index + 1; 0: not yet */
 };
 
@@ -374,6 +375,10 @@ static int pk_value(struct pk *p, const struct bs_pv *v, unsigned depth, const c
 {
   if (depth > 64)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "%s nests values deeper than 64", where);
+  if (++p->work > BS_PTH_REPICKLE_MAX_NODES)
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                   "%s: more than %u values to re-pickle (shared references multiply them)", where,
+                   BS_PTH_REPICKLE_MAX_NODES);
   uint8_t b[9];
   switch (v->kind) {
   case BS_PV_NONE: op(p, 'N'); return 0;
@@ -451,6 +456,7 @@ struct tw {
   size_t *order; /* pass 2: cat's tensors in the order they are pickled */
   size_t n, ocap;
   uint64_t *st;
+  uint64_t work; /* values visited: shared references can multiply them */
   bs_err *err;
 };
 
@@ -618,6 +624,11 @@ static int tw_value(struct tw *w, const struct bs_pv *v, unsigned depth, bool in
   if (depth > 100)
     return bs_fail(w->err, ENOTSUP, BS_OFF_NONE, NULL, "values nested deeper than 100 at '%.100s'",
                    tw_path(w));
+  if (++w->work > BS_PTH_REPICKLE_MAX_NODES)
+    return bs_fail(w->err, EFBIG, BS_OFF_NONE, NULL,
+                   "more than %u values to re-pickle at '%.100s' (shared references multiply "
+                   "them)",
+                   BS_PTH_REPICKLE_MAX_NODES, tw_path(w));
   struct pk *p = w->p;
   switch (v->kind) {
   case BS_PV_TENSOR: return tw_tensor(w, in_list);

@@ -252,6 +252,13 @@ def make_sources(tmp):
                os.path.join(tmp, "nested.pth"))
     import argparse
     torch.save({"model": m.state_dict(), "args": argparse.Namespace(lr=0.5)}, os.path.join(tmp, "args.pth"))
+    bomb = [1]
+    for _ in range(60):  # 2**60 paths through 60 shared lists
+        bomb = [bomb, bomb]
+    torch.save({"w": torch.ones(1), "bomb": bomb}, os.path.join(tmp, "bomb.pth"))
+    cyc = {"v": 1}
+    cyc["self"] = cyc
+    torch.save({"w": torch.ones(1), "cyc": cyc}, os.path.join(tmp, "cyc.pth"))
     torch.save(m.state_dict(), os.path.join(tmp, "legacy.pth"), _use_new_zipfile_serialization=False)
     return m.state_dict(), views
 
@@ -335,12 +342,13 @@ def test_rw_in_place(tmp):
               "the optimizer's state (int keys, tensors)")
         check(not aligned(path), "aligned")
     # What cannot be kept is refused up front, naming it; the file untouched.
-    for name, needle in (("args.pth", "'args' holds a value of type object"), ("legacy.pth", "legacy")):
+    for name, needle in (("args.pth", "'args' holds a value of type object"), ("legacy.pth", "legacy"),
+                         ("bomb.pth", "more than 4194304 values"), ("cyc.pth", "deeper than 100")):
         path = os.path.join(tmp, name)
         before = open(path, "rb").read()
         mnt = os.path.join(tmp, "r-" + name)
         os.makedirs(mnt)
-        r = run([BIN, path, mnt, "-o", "rw"])
+        r = run([BIN, path, mnt, "-o", "rw"], timeout=30)
         mounted = is_mounted(mnt)
         force_unmount(mnt)
         check(r.returncode == 1 and not mounted and len(r.stderr.strip().splitlines()) == 1
