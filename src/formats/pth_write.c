@@ -1064,26 +1064,36 @@ static int plan(const struct bs_catalog *cat, size_t **order, size_t *n, bs_err 
 
 int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 {
+  /* in place: the target is the checkpoint file the tensors come from */
+  bool in_place = cat->nsrcs && !cat->srcs[0].mem && k->name && cat->srcs[0].name &&
+                  strcmp(k->name, cat->srcs[0].name) == 0;
+  if (!in_place)
+    return bs_pth_write_kept(cat, NULL, k, err);
+  struct bs_pth_keep keep;
+  int rc = bs_pth_keep_check(&cat->srcs[0], &keep, err);
+  if (rc == 0)
+    rc = bs_pth_write_kept(cat, &keep, k, err);
+  bs_pth_keep_destroy(&keep);
+  return rc;
+}
+
+int bs_pth_write_kept(const struct bs_catalog *cat, const struct bs_pth_keep *keep,
+                      struct bs_sink *k, bs_err *err)
+{
   char prefix[256], name[512];
   size_t *order = NULL, n = 0;
   uint8_t *chunk = NULL;
   struct pk p;
   struct zw z = {.k = k, .prefix = prefix};
-  struct bs_pth_keep keep = {0};
   int rc = -1;
   memset(&p, 0, sizeof p);
   archive_prefix(k->name, prefix, sizeof prefix);
-  /* in place: the target is the checkpoint file the tensors come from */
-  bool in_place = cat->nsrcs && !cat->srcs[0].mem && k->name && cat->srcs[0].name &&
-                  strcmp(k->name, cat->srcs[0].name) == 0;
-  if (in_place && bs_pth_keep_check(&cat->srcs[0], &keep, err) != 0)
-    goto out;
   if (plan(cat, &order, &n, err) != 0)
     goto out;
-  if (in_place) { /* the source's pickle, its tensors replaced: another order */
+  if (keep) { /* the source's pickle, its tensors replaced: another order */
     bs_free(order);
     order = NULL;
-    if (tw_pickle(cat, keep.root, &p, &order, &n, err) != 0)
+    if (tw_pickle(cat, keep->root, &p, &order, &n, err) != 0)
       goto out;
   } else if (make_pickle(cat, order, n, &p, err) != 0)
     goto out;
@@ -1119,6 +1129,5 @@ out:
   bs_free(order);
   bs_free(z.m);
   bs_buf_destroy(&p.b);
-  bs_pth_keep_destroy(&keep);
   return rc;
 }

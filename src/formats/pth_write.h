@@ -44,4 +44,9 @@ BS_NODISCARD int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep 
  * keys) prefixes its name, after the dict's items. */
 BS_NODISCARD int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
 
+/* bs_pth_write with what keep kept (from bs_pth_keep_check of the source),
+ * or as a flat state dict when keep is NULL, whatever k names. */
+BS_NODISCARD int bs_pth_write_kept(const struct bs_catalog *cat, const struct bs_pth_keep *keep,
+                                   struct bs_sink *k, bs_err *err);
+
 #endif
