@@ -8,6 +8,7 @@
 
 #include "burnstore/formats.h"
 #include "burnstore/sink.h"
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
@@ -96,4 +97,35 @@ void bs_test_write_survives_oom(int (*write)(const struct bs_catalog *, struct b
     bs_buf_destroy(&b);
   }
   cr_assert(ok, "the write succeeds once allocations do");
+}
+
+void bs_test_writer_refuses(const char *out, enum bs_dtype dt, const char *words)
+{
+  const struct bs_writer *w = bs_writer_for_path(out);
+  cr_assert_not_null(w, "%s", out);
+  uint8_t mem[64] = {0};
+  struct bs_catalog cat;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  struct bs_tensor *t = bs_test_add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
+  if (dt == BS_DT_QFLOAT)
+    t->nbytes = 8;
+  char what[64];
+  snprintf(what, sizeof what, "cannot be written as %s", w->name);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_writer_check(w, &cat, &err), -1, "%s", bs_dtype_name(dt));
+  cr_assert_eq(err.code, ENOTSUP);
+  cr_assert_str_eq(err.key, "layer.bad");
+  cr_assert(strstr(err.msg, what), "%s", err.msg);
+  cr_assert(strstr(err.msg, words), "%s: %s", words, err.msg);
+  /* And at write time too (a dtype set by setxattr after the mount). */
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  bs_err_clear(&err);
+  cr_assert_eq(w->write(&cat, &k, &err), -1);
+  cr_assert_str_eq(err.key, "layer.bad");
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
 }

@@ -27,5 +27,8 @@ struct bs_sink;
  * every time (no leak: ASan) until it succeeds, within 200 tries. */
 void bs_test_write_survives_oom(int (*write)(const struct bs_catalog *, struct bs_sink *, bs_err *),
                                 const struct bs_catalog *cat);
+/* The writer of `out`'s extension refuses a tensor of dtype dt at check
+ * and at write time, naming it, its message holding `words`. */
+void bs_test_writer_refuses(const char *out, enum bs_dtype dt, const char *words);
 
 #endif

@@ -210,30 +210,7 @@ Test(st_write, every_safetensors_dtype_round_trips)
 
 static void expect_refused(enum bs_dtype dt, const char *words)
 {
-  uint8_t mem[64] = {0};
-  struct bs_catalog cat;
-  bs_test_mem_catalog(&cat, mem, sizeof mem);
-  struct bs_tensor *t = bs_test_add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
-  t = bs_test_add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
-  if (dt == BS_DT_QFLOAT)
-    t->nbytes = 8;
-  const struct bs_writer *w = bs_writer_for_path("o.safetensors");
-  bs_err err;
-  bs_err_clear(&err);
-  cr_assert_eq(bs_writer_check(w, &cat, &err), -1, "%s", bs_dtype_name(dt));
-  cr_assert_eq(err.code, ENOTSUP);
-  cr_assert_str_eq(err.key, "layer.bad");
-  cr_assert(strstr(err.msg, "cannot be written as safetensors"), "%s", err.msg);
-  cr_assert(strstr(err.msg, words), "%s: %s", words, err.msg);
-  /* And at write time too (a dtype set by setxattr after the mount). */
-  struct bs_buf b = {0};
-  struct bs_sink k;
-  bs_sink_init_mem(&k, &b, "mem");
-  bs_err_clear(&err);
-  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
-  cr_assert_str_eq(err.key, "layer.bad");
-  bs_buf_destroy(&b);
-  bs_catalog_destroy(&cat);
+  bs_test_writer_refuses("o.safetensors", dt, words);
 }
 
 Test(st_write, dtypes_safetensors_lacks_are_refused_naming_the_tensor)
