@@ -58,6 +58,11 @@ uint8_t *bs_sink_chunk(uint64_t biggest, size_t *cap, bs_err *err);
  * buf[cap]) to k; a short or failed read is an error naming the tensor. */
 BS_NODISCARD int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t,
                                     uint8_t *buf, size_t cap, struct bs_sink *k, bs_err *err);
+/* The same, and *crc (a running CRC-32 as zlib's crc32 computes it; start
+ * with 0) takes in every byte written; crc may be NULL. */
+BS_NODISCARD int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor *t,
+                                        uint8_t *buf, size_t cap, struct bs_sink *k, uint32_t *crc,
+                                        bs_err *err);
 BS_NODISCARD int bs_sink_zeros(struct bs_sink *k, uint64_t n, bs_err *err);
 /* A hint that `n` more bytes follow: a memory sink allocates them now (so
  * ENOMEM comes before any work); an fd sink does nothing. */

@@ -60,6 +60,10 @@ struct bs_writer {
    * free them. NULL columns: the format needs no source to check. */
   int (*meta_rules)(const struct bs_catalog *src, struct bs_meta_rules **out, bs_err *err);
   void (*meta_rules_free)(struct bs_meta_rules *rules);
+  /* May source catalog cat be rewritten in place by this writer without
+   * losing what it holds (a .pth's non-tensor values)? 0, or -1 with err
+   * naming what would be lost. NULL: always. */
+  int (*in_place_ok)(const struct bs_catalog *cat, bs_err *err);
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */
@@ -85,6 +89,11 @@ BS_NODISCARD int bs_writer_name_text(const char *name, size_t max, bool empty_ok
 /* `name` for a message: bytes that are not valid UTF-8 as \xNN, cut to fit
  * n. Returns buf. */
 const char *bs_name_printable(const char *name, char *buf, size_t n);
+
+/* For a refusal: how to write a Burn dtype whose bytes are those of a
+ * common one ("; its bytes are F32: set user.burnstore.dtype to F32 to write
+ * them" for FLEX32, the same with BOOL for BOOL_U8), "" for any other. */
+const char *bs_writer_alias_hint(enum bs_dtype dt);
 
 /* can_write on every tensor that is not hidden: the first it refuses fails,
  * with a hint to leave the tensor out (exclude=). */

@@ -25,8 +25,9 @@
 #define BS_SHARD_FDS 64u /* shards open at once: at most this, and at most RLIMIT_NOFILE / 8 */
 #define BS_PICKLE_MAX_DEPTH 1000u /* nesting of pickled containers */
 #define BS_PICKLE_MAX_MEMO 10000000u
-#define BS_PICKLE_MAX_BYTES (1u << 30)   /* pickle stream we are willing to load */
-#define BS_PICKLE_MAX_ALLOC (4ull << 30) /* bytes of values one unpickler may build */
+#define BS_PICKLE_MAX_BYTES (1u << 30)       /* pickle stream we are willing to load */
+#define BS_PTH_REPICKLE_MAX_NODES (1u << 22) /* values re-pickled by a .pth rewrite in place */
+#define BS_PICKLE_MAX_ALLOC (4ull << 30)     /* bytes of values one unpickler may build */
 #define BS_MAX_XATTR_VALUE 65536u
 #define BS_SET_JOURNAL_MAX (128u << 20) /* bytes of a shard set's commit journal */
 

@@ -16,6 +16,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 #include "core/alloc.h"
+#include "core/crc32.h"
 
 #define TMP_TAG ".burnstore-tmp-"
 #define TMP_RAND 6 /* random characters after the tag */
@@ -506,6 +507,12 @@ uint8_t *bs_sink_chunk(uint64_t biggest, size_t *cap, bs_err *err)
 int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
                        size_t cap, struct bs_sink *k, bs_err *err)
 {
+  return bs_sink_put_tensor_crc(cat, t, buf, cap, k, NULL, err);
+}
+
+int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
+                           size_t cap, struct bs_sink *k, uint32_t *crc, bs_err *err)
+{
   uint64_t done = 0;
   while (done < t->nbytes) {
     size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
@@ -518,6 +525,8 @@ int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, 
       return bs_fail(err, EIO, t->off + done, t->name,
                      "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,
                      t->nbytes);
+    if (crc)
+      *crc = bs_crc32(*crc, buf, (size_t)got);
     if (bs_sink_put(k, buf, (size_t)got, err) != 0)
       return -1;
     done += (uint64_t)got;

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/safetensors_write.h"
@@ -130,14 +131,8 @@ int bs_st_can_write(const struct bs_tensor *t, bs_err *err)
                    t->unsupported);
   if (t->dtype < BS_DT_COUNT && st_rank[t->dtype])
     return 0;
-  const char *hint = "";
+  const char *hint = bs_writer_alias_hint(t->dtype);
   switch (t->dtype) {
-  case BS_DT_FLEX32:
-    hint = "; its bytes are F32: set user.burnstore.dtype to F32 to write them";
-    break;
-  case BS_DT_BOOL_U8:
-    hint = "; its bytes are BOOL: set user.burnstore.dtype to BOOL to write them";
-    break;
   case BS_DT_QFLOAT: hint = " (Burn's quantized tensors exist only in Burnpack)"; break;
   case BS_DT_QI8:
   case BS_DT_QU8:

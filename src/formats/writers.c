@@ -8,6 +8,7 @@
 #include "core/checked.h"
 #include "core/utf8.h"
 #include "formats/burnpack_write.h"
+#include "formats/pth_write.h"
 #include "formats/safetensors_write.h"
 #include "gguf_private.h"
 
@@ -38,16 +39,31 @@ static const char *const bpk_ext[] = {".bpk", NULL};
 static const char *const st_ext[] = {".safetensors", NULL};
 static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
 static const char *const gguf_ext[] = {".gguf", NULL};
+static const char *const pth_ext[] = {".pth", ".pt", ".bin", NULL};
+
+/* A .pth rewritten in place keeps what the writer re-pickles; refused when
+ * something else would be lost at the write-back. */
+static int pth_in_place_ok(const struct bs_catalog *cat, bs_err *err)
+{
+  if (cat->format != BS_FMT_PYTORCH || !cat->nsrcs)
+    return 0;
+  struct bs_pth_keep keep;
+  int rc = bs_pth_keep_check(&cat->srcs[0], &keep, err);
+  bs_pth_keep_destroy(&keep);
+  return rc;
+}
 
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
-     bpk_write, NULL, utf8_meta, NULL, NULL},
+     bpk_write, NULL, utf8_meta, NULL, NULL, NULL},
     {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
-     bs_st_write, NULL, utf8_meta, NULL, NULL},
+     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
-     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL},
+     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL},
     {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
-     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free},
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL},
+    {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, bs_pth_name_ok, NULL, bs_pth_write, NULL,
+     NULL, NULL, NULL, pth_in_place_ok},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -135,6 +151,15 @@ int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char 
     return bs_fail(err, EINVAL, BS_OFF_NONE, key, "a name of %zu bytes, over the limit of %zu: %s",
                    len, max, why);
   return 0;
+}
+
+const char *bs_writer_alias_hint(enum bs_dtype dt)
+{
+  switch (dt) {
+  case BS_DT_FLEX32: return "; its bytes are F32: set user.burnstore.dtype to F32 to write them";
+  case BS_DT_BOOL_U8: return "; its bytes are BOOL: set user.burnstore.dtype to BOOL to write them";
+  default: return "";
+  }
 }
 
 int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_err *err)

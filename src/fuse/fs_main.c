@@ -50,8 +50,9 @@ static const char usage_rest[] =
     "\n"
     "Mount a model checkpoint (Burnpack, SafeTensors, GGUF, PyTorch) as a directory:\n"
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
-    "If SOURCE does not exist and ends in .bpk, .safetensors or .gguf, MOUNTPOINT is an\n"
-    "empty writable directory that is written to SOURCE in that format on unmount.\n"
+    "If SOURCE does not exist and ends in .bpk, .safetensors, .gguf or .pth (.pt, .bin),\n"
+    "MOUNTPOINT is an empty writable directory that is written to SOURCE in that format\n"
+    "on unmount.\n"
     "\n"
     "  -f              stay in the foreground\n"
     "  -d              debug output (implies -f)\n"
@@ -69,8 +70,10 @@ static const char usage_rest[] =
     "Options (-o, comma-separated; a comma inside a value is written \\,):\n"
     "  ro, rw                 read-only (default for an existing SOURCE) or writable\n"
     "  output=PATH            where a writable mount is written (default: SOURCE;\n"
-    "                         needed for rw on PyTorch files); the extension\n"
-    "                         names the format: .bpk, .safetensors or .gguf\n"
+    "                         needed for rw on a PyTorch file whose pickle holds\n"
+    "                         objects or sets); the extension\n"
+    "                         names the format: .bpk, .safetensors, .gguf or\n"
+    "                         .pth/.pt/.bin (a flat torch.save state dict)\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
     "  max_shard_size=SIZE    write SafeTensors as NAME-0000K-of-0000N.safetensors shards\n"
     "                         + NAME.safetensors.index.json (5GB, 500MB, 2GiB...)\n"
@@ -663,8 +666,22 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
   } else {
     w = bs_wb_sharded(w, a->max_shard_size, &err);
   }
-  if (!w)
+  if (!w) {
     fail_line(NULL, &err);
+    return NULL;
+  }
+  /* Rewritten in place (output = source): the writer must keep all the
+   * source holds (a .pth's non-tensor values), else it is refused now. */
+  char *out = a->output ? bs_abs_path(a->output) : NULL;
+  bool in_place = !is_new && (!a->output || (out && strcmp(out, fs->source) == 0));
+  bs_free(out);
+  if (in_place && w->in_place_ok && w->in_place_ok(&fs->cat, &err) != 0) {
+    fprintf(stderr,
+            PROG ": %s: cannot be rewritten in place without losing what it holds: %s; write the "
+                 "edit to a new file with -o output=NEW%s\n",
+            a->source, err.msg, w->extensions[0]);
+    return NULL;
+  }
   return w;
 }
 

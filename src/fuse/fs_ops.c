@@ -35,9 +35,9 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "policy/names.h"
 #include "fs.h"
 #include "fs_views.h"
+#include "policy/names.h"
 
 static void rdlock(struct fs *fs)
 {

@@ -24,8 +24,8 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "policy/writeback.h"
 #include "fs.h"
+#include "policy/writeback.h"
 
 /* fs->staging is a template ending in XXXXXX until the directory exists:
  * mkdtemp makes a fresh one (never one another daemon uses, whatever PIDs

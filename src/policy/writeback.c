@@ -15,9 +15,9 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "policy/stage_index.h"
 #include "core/strmap.h"
 #include "core/target.h"
+#include "policy/stage_index.h"
 
 /* ---- output -> writer ---------------------------------------------------------------------- */
 

@@ -733,6 +733,11 @@ static int cmd_convert(int argc, char **argv)
     bs_progress_end(&pr);
   else if (pr.on && pr.tty)
     fputc('\n', stderr);
+  if (rc == 0 && w->format == BS_FMT_PYTORCH && cat.nmeta)
+    fprintf(stderr,
+            "burnstore: note: %s: %zu metadata entries not written (a torch.save file has no "
+            "place for them)\n",
+            out, cat.nmeta);
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
   bs_catalog_destroy(&cat);

@@ -20,6 +20,9 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             100k listings; mount time and peak for 1,000,000 tensors
   write     dd bs=32k and bs=1M into a writable mount vs into a native file;
             rsync in + burnstore -u vs cp + sync and vs native rsync + sync
+  convert   burnstore convert of a --convert-mib MiB .safetensors (64 tensors) to
+            .pth, + sync, vs cp + sync of the same bytes; peak RSS of the
+            convert at that size and at 1/8 of it
 
 --quick shrinks every size (CI runs it: it checks that every section works,
 not its timings), takes one run of each and prints only the table at the end,
@@ -588,6 +591,54 @@ def sec_write(a, d):
     row("write", "  the same vs cp + sync", b, "s", c, b / c)
 
 
+def timed_rss(cmd):
+    """Seconds and peak RSS (KiB) of cmd."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError("%s: %s" % (cmd, p.stderr.read().decode()[-500:]))
+    return time.perf_counter() - t, ru.ru_maxrss
+
+
+def sec_convert(a, d):
+    size = a.convert_mib << 20
+    log("convert: %d MiB .safetensors -> .pth" % a.convert_mib)
+    chunk = os.urandom(1 << 20)
+    src = os.path.join(d, "c.safetensors")
+    small = os.path.join(d, "c-small.safetensors")
+    write_st_tensors(src, [("layers.%d.w" % i, size // 64) for i in range(64)], chunk)
+    write_st_tensors(small, [("layers.%d.w" % i, size // 512) for i in range(64)], chunk)
+    run(["cat", src])
+    out = os.path.join(d, "c.pth")
+    cp_t, cv_t, rss = [], [], []
+    for i in range(a.runs):
+        for f in (out, out + ".cp"):
+            if os.path.exists(f):
+                os.unlink(f)
+        run(["sync"])
+        t = time.perf_counter()
+        run(["cp", src, out + ".cp"])
+        run(["sync"])
+        cp_t.append(time.perf_counter() - t)
+        os.unlink(out + ".cp")
+        run(["sync"])
+        t = time.perf_counter()
+        _, kb = timed_rss([a.bin, "convert", "-q", src, out])
+        run(["sync"])
+        cv_t.append(time.perf_counter() - t)
+        rss.append(kb)
+    _, small_kb = timed_rss([a.bin, "convert", "-q", small, os.path.join(d, "c-small.pth")])
+    os.unlink(os.path.join(d, "c-small.pth"))
+    c, v = med(cp_t), med(cv_t)
+    row("convert", "cp + sync", c, "s")
+    row("convert", "burnstore convert to .pth + sync", v, "s", c, v / c, "<= 1.2x", v / c <= 1.2)
+    row("convert", "  peak RSS of the convert", med(rss) / 1024, "MiB")
+    row("convert", "  the same at 1/8 of the size", small_kb / 1024, "MiB", med(rss) / 1024,
+        small_kb / med(rss), "size-independent", med(rss) <= small_kb * 1.5)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run: checks that it works")
@@ -595,7 +646,8 @@ def main():
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--size-mib", type=int, default=None)
-    ap.add_argument("--only", default=None, help="comma-separated sections: read,readers,sshfs,list,million,write")
+    ap.add_argument("--convert-mib", type=int, default=None)
+    ap.add_argument("--only", default=None, help="comma-separated sections: read,readers,sshfs,list,million,write,convert")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--system", action="store_true",
                     help="allow system-wide actions (root): drop the page cache, start a local sshd")
@@ -606,10 +658,12 @@ def main():
     q = a.quick
     a.runs = a.runs or (1 if q else 3)
     a.size_mib = a.size_mib or (8 if q else 512)
+    a.convert_mib = a.convert_mib or (8 if q else 1024)
     a.tensors = 2000 if q else 100000
     a.ls_tensors = 500 if q else 20000
     a.million = 20000 if q else 1000000
-    only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write"}
+    only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write",
+                                                         "convert"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
     if a.system:
@@ -629,6 +683,8 @@ def main():
             sec_million(a, d)
         if "write" in only:
             sec_write(a, d)
+        if "convert" in only:
+            sec_convert(a, d)
     finally:
         force_unmount(os.path.join(d, "m"))
         force_unmount(os.path.join(d, "net"))

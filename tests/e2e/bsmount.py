@@ -112,6 +112,22 @@ def tmpdir(tag="e2e"):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def small_tmpfs(path, size):
+    """A tmpfs of `size` ("64k") mounted at path (created) for the block, then
+    unmounted; yields whether the mount worked (a failure is a failed check)."""
+    os.makedirs(path, exist_ok=True)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", path])
+    ok = check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr)
+    try:
+        yield ok
+    finally:
+        if ok:
+            run(["umount", path])
+            if is_mounted(path):
+                run(["umount", "-l", path])
+
+
 class MountPath(str):
     """The mountpoint (a str) that can also unmount its mount."""
 

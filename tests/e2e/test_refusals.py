@@ -53,37 +53,43 @@ def make_bpk(tmp, path):
 
 
 def test_outputs_that_name_no_writable_format(tmp):
-    for name, opts, needle in (("pth", "output=%s/m.pth", ".pth"),
-                               ("pt", "output=%s/m.pt", ".pt"),
-                               ("upper-pth", "output=%s/M.PTH", ".PTH")):
+    for name, opts, needle in (("ckpt", "output=%s/m.ckpt", ".ckpt"),
+                               ("npz", "output=%s/m.npz", ".npz"),
+                               ("upper-ckpt", "output=%s/M.CKPT", ".CKPT")):
         out = opts.split("=", 1)[1] % tmp
         refused(tmp, "output-" + name, PT, opts % tmp, "output=", needle, "cannot write", ".bpk",
                 absent=[out])
-    # The trap of issue 9: output= the source itself, in another format.
+    # The trap of issue 9: output= the source itself. A .pth is rewritten in
+    # place only if the writer keeps everything its pickle holds (not a set).
     work = os.path.join(tmp, "m.pth")
-    shutil.copy(PT, work)
+    r = run(["/usr/bin/python3", "-c",
+             "import torch, sys; torch.save({'model': {'w': torch.ones(2)}, 'tags': {1, 2}}, sys.argv[1])",
+             work], timeout=300)
+    check(r.returncode == 0, "torch.save: %s" % r.stderr)
     before = open(work, "rb").read()
-    refused(tmp, "output-over-source", work, "output=" + work, ".pth", "cannot write")
+    refused(tmp, "output-over-source", work, "output=" + work, "m.pth", "rewritten in place",
+            "'tags' holds a value of type set", "output=NEW.pth")
     check(open(work, "rb").read() == before, "the .pth source is untouched")
     # No extension: nothing says which format to write.
     refused(tmp, "output-noext", ST, "output=%s/converted" % tmp, "no extension", ".bpk",
             absent=[os.path.join(tmp, "converted")])
-    # rw in place on a format burnstore does not write (as before).
-    refused(tmp, "rw-pth", PT, "rw", "output=", "pytorch")
+    # rw in place on a .pth holding what the writer cannot keep.
+    refused(tmp, "rw-pth", work, "rw", "output=NEW.pth", "'tags'")
+    check(open(work, "rb").read() == before, "the .pth source is untouched")
 
 
 def test_new_paths_that_name_no_writable_format(tmp):
-    for name, path, opts in (("typo-pth", "modle.pth", None),
-                             ("typo-pt", "modle.pt", None),
+    for name, path, opts in (("typo-ckpt", "modle.ckpt", None),
+                             ("typo-pkl", "modle.pkl", None),
                              ("noext", "newmodel", None),
-                             ("rw-pth", "other.pth", "rw"),
-                             ("with-output", "modle.pth", "output=%s/out.bpk" % tmp)):
+                             ("rw-ckpt", "other.ckpt", "rw"),
+                             ("with-output", "modle.ckpt", "output=%s/out.bpk" % tmp)):
         p = os.path.join(tmp, path)
         refused(tmp, "new-" + name, p, opts, "does not exist", path, ".bpk",
                 absent=[p, os.path.join(tmp, "out.bpk")])
     # A new .bpk source is fine, but not into an output burnstore cannot write.
-    refused(tmp, "new-bpk-output-pth", os.path.join(tmp, "fresh.bpk"), "output=%s/o.pth" % tmp,
-            ".pth", absent=[os.path.join(tmp, "o.pth"), os.path.join(tmp, "fresh.bpk")])
+    refused(tmp, "new-bpk-output-ckpt", os.path.join(tmp, "fresh.bpk"), "output=%s/o.ckpt" % tmp,
+            ".ckpt", absent=[os.path.join(tmp, "o.ckpt"), os.path.join(tmp, "fresh.bpk")])
 
 
 def test_conversions_that_cannot_succeed(tmp):

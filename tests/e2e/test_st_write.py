@@ -14,7 +14,7 @@ import struct
 import subprocess
 
 from bsmount import (BIN, FIX, SOURCE_DIR, Mount, check, finish, force_unmount, is_mounted,
-                     key_to_relpath, read_bpk, run, tensor_files, tmpdir, xattrs)
+                     key_to_relpath, read_bpk, run, small_tmpfs, tensor_files, tmpdir, xattrs)
 
 GEN = os.path.join(SOURCE_DIR, "tests/support/make_torch_cases.py")
 MPF = os.path.join(SOURCE_DIR, "tests/support/make-pth-fixtures.py")
@@ -326,11 +326,9 @@ def test_refusals_and_finish(tmp):
     # ENOSPC: the write-back fails, the INDEX (format safetensors) stays, and
     # --finish completes it once there is room.
     small = os.path.join(tmp, "small")
-    os.makedirs(small)
-    r = run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small])
-    if not check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr):
-        return
-    try:
+    with small_tmpfs(small, "64k") as ok:
+        if not ok:
+            return
         out = os.path.join(small, "big.safetensors")
         with Mount(out, os.path.join(tmp, "f"), opts="staging=" + stg) as m:
             with open(os.path.join(m, "big"), "wb") as f:
@@ -350,10 +348,6 @@ def test_refusals_and_finish(tmp):
             check(r.returncode == 0, "--finish: %s" % r.stderr)
             got, _ = strict_read(out) if os.path.exists(out) else ({}, {})
             check(got == {"big": ("U8", [262144], bytes(range(256)) * 1024)}, "--finish wrote the SafeTensors file")
-    finally:
-        run(["umount", small])
-        if is_mounted(small):
-            run(["umount", "-l", small])
 
 
 def main():

@@ -1,9 +1,37 @@
 /* PyTorch reader (zip, legacy and tar, by sniffing): open from memory, read
  * every tensor (strided views too), check that the non-tensor values are
- * valid JSON. The first byte picks strict mode and is not part of the file. */
+ * valid JSON. Then the writer's rewrite in place: a file it keeps is
+ * re-pickled around its own tensors and must read back with the same keys.
+ * The first byte picks strict mode and is not part of the file. */
 #include "fuzz_common.h"
 
 #include <jansson.h>
+#include <string.h>
+
+#include "burnstore/sink.h"
+#include "formats/pth_write.h"
+
+static void rewrite(const struct bs_catalog *cat)
+{
+  struct bs_pth_keep keep;
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_pth_keep_check(&cat->srcs[0], &keep, &err) == 0) {
+    struct bs_buf b = {0};
+    struct bs_sink k;
+    bs_sink_init_mem(&k, &b, "fuzz.pth");
+    if (bs_pth_write_kept(cat, &keep, &k, &err) == 0) {
+      struct bs_catalog back;
+      FUZZ_CHECK(fuzz_open(&back, b.data, b.len, false) == 0);
+      FUZZ_CHECK(back.count == cat->count);
+      for (size_t i = 0; i < cat->count && i < back.count; i++)
+        FUZZ_CHECK(bs_catalog_find(&back, cat->tensors[i].key) >= 0);
+      bs_catalog_destroy(&back);
+    }
+    bs_buf_destroy(&b);
+  }
+  bs_pth_keep_destroy(&keep);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -18,6 +46,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       FUZZ_CHECK(j != NULL);
       json_decref(j);
     }
+    if (cat.format == BS_FMT_PYTORCH && cat.nsrcs)
+      rewrite(&cat);
   }
   bs_catalog_destroy(&cat);
   return 0;

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "burnstore/formats.h"
+#include "burnstore/sink.h"
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
@@ -117,4 +119,81 @@ char *bs_test_at(const char *dir, const char *name)
   char *p = buf[i++ % 8];
   snprintf(p, sizeof buf[0], "%s/%s", dir, name);
   return p;
+}
+
+void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
+{
+  struct bs_src src;
+  uint32_t idx;
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(cat);
+  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
+  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
+  cr_assert_eq(idx, 0);
+}
+
+struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
+                              uint32_t rank, const uint64_t *shape, uint64_t off)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_tensor *t = bs_catalog_add(cat, key, dt, rank, shape, off, &err);
+  cr_assert_not_null(t, "%s", err.msg);
+  t->src = 0;
+  t->off = off;
+  return t;
+}
+
+void bs_test_write_survives_oom(int (*write)(const struct bs_catalog *, struct bs_sink *, bs_err *),
+                                const struct bs_catalog *cat)
+{
+  bool ok = false;
+  for (long n = 0; n < 200 && !ok; n++) {
+    struct bs_buf b = {0};
+    struct bs_sink k;
+    bs_sink_init_mem(&k, &b, "mem");
+    bs_err err;
+    bs_err_clear(&err);
+    bs_alloc_fail_after(n);
+    int rc = write(cat, &k, &err);
+    bs_alloc_fail_after(-1);
+    if (rc == 0)
+      ok = true;
+    else
+      cr_assert_eq(err.code, ENOMEM, "n=%ld: %s", n, err.msg);
+    bs_buf_destroy(&b);
+  }
+  cr_assert(ok, "the write succeeds once allocations do");
+}
+
+void bs_test_writer_refuses(const char *out, enum bs_dtype dt, const char *words)
+{
+  const struct bs_writer *w = bs_writer_for_path(out);
+  cr_assert_not_null(w, "%s", out);
+  uint8_t mem[64] = {0};
+  struct bs_catalog cat;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  struct bs_tensor *t = bs_test_add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
+  if (dt == BS_DT_QFLOAT)
+    t->nbytes = 8;
+  char what[64];
+  snprintf(what, sizeof what, "cannot be written as %s", w->name);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_writer_check(w, &cat, &err), -1, "%s", bs_dtype_name(dt));
+  cr_assert_eq(err.code, ENOTSUP);
+  cr_assert_str_eq(err.key, "layer.bad");
+  cr_assert(strstr(err.msg, what), "%s", err.msg);
+  cr_assert(strstr(err.msg, words), "%s: %s", words, err.msg);
+  /* And at write time too (a dtype set by setxattr after the mount). */
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  bs_err_clear(&err);
+  cr_assert_eq(w->write(&cat, &k, &err), -1);
+  cr_assert_str_eq(err.key, "layer.bad");
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
 }

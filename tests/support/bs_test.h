@@ -33,4 +33,19 @@ size_t bs_test_rollback_sweep(struct bs_catalog *cat, uint32_t src, bs_test_read
 size_t bs_test_rollback_sweep_mem(const void *buf, size_t len, const char *name,
                                   bs_test_reader read);
 
+/* A catalog whose only source is `mem` (borrowed, named "mem"). */
+void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n);
+/* bs_catalog_add of a tensor at `off` of source 0 (cr_assert on failure). */
+struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
+                              uint32_t rank, const uint64_t *shape, uint64_t off);
+
+struct bs_sink;
+/* write(cat, sink) with the Nth allocation failing, N = 0, 1, ...: ENOMEM
+ * every time (no leak: ASan) until it succeeds, within 200 tries. */
+void bs_test_write_survives_oom(int (*write)(const struct bs_catalog *, struct bs_sink *, bs_err *),
+                                const struct bs_catalog *cat);
+/* The writer of `out`'s extension refuses a tensor of dtype dt at check
+ * and at write time, naming it, its message holding `words`. */
+void bs_test_writer_refuses(const char *out, enum bs_dtype dt, const char *words);
+
 #endif

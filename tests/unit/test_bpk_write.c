@@ -24,31 +24,6 @@ static void read_ok(struct bs_catalog *cat, const void *buf, size_t len)
                err.key, err.msg);
 }
 
-/* A catalog whose only source is `mem` (borrowed). */
-static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_err err;
-  bs_err_clear(&err);
-  bs_catalog_init(cat);
-  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
-  cr_assert_eq(idx, 0);
-}
-
-static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
-                             uint32_t rank, const uint64_t *shape, uint64_t off)
-{
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_tensor *t = bs_catalog_add(cat, key, dt, rank, shape, off, &err);
-  cr_assert_not_null(t, "%s", err.msg);
-  t->src = 0;
-  t->off = off;
-  return t;
-}
-
 static void add_meta(struct bs_catalog *cat, const char *k, const char *v)
 {
   bs_err err;
@@ -100,11 +75,11 @@ static void example11_catalog(struct bs_catalog *cat, uint8_t mem[24])
     put_f32(mem + 4 * i, w[i]);
   for (int i = 0; i < 2; i++)
     put_f32(mem + 16 + 4 * i, b[i]);
-  mem_catalog(cat, mem, 24);
-  struct bs_tensor *t = add(cat, "fc.weight", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
+  bs_test_mem_catalog(cat, mem, 24);
+  struct bs_tensor *t = bs_test_add(cat, "fc.weight", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
   t->has_param_id = true;
   t->param_id = 7;
-  add(cat, "fc.bias", BS_DT_F32, 1, (uint64_t[]){2}, 16);
+  bs_test_add(cat, "fc.bias", BS_DT_F32, 1, (uint64_t[]){2}, 16);
   add_meta(cat, "version", "0.22.0-pre.2");
   add_meta(cat, "format", "burnpack");
   add_meta(cat, "producer", "burn");
@@ -226,11 +201,11 @@ Test(bpk_write, bools_use_the_map_form_and_read_back)
   uint8_t mem[64] = {1, 0, 1};
   struct bs_catalog cat, back;
   struct bs_buf out;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "n", BS_DT_BOOL, 1, (uint64_t[]){3}, 0);
-  add(&cat, "u8", BS_DT_BOOL_U8, 1, (uint64_t[]){3}, 0);
-  add(&cat, "u32", BS_DT_BOOL_U32, 1, (uint64_t[]){3}, 0);
-  add(&cat, "flex", BS_DT_FLEX32, 1, (uint64_t[]){3}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "n", BS_DT_BOOL, 1, (uint64_t[]){3}, 0);
+  bs_test_add(&cat, "u8", BS_DT_BOOL_U8, 1, (uint64_t[]){3}, 0);
+  bs_test_add(&cat, "u32", BS_DT_BOOL_U32, 1, (uint64_t[]){3}, 0);
+  bs_test_add(&cat, "flex", BS_DT_FLEX32, 1, (uint64_t[]){3}, 0);
   write_ok(&cat, NULL, &out);
   cr_assert(has(&out,
                 "\xa1\x64"
@@ -294,10 +269,10 @@ Test(bpk_write, names_and_metadata_sorted_bytewise_not_length_first)
   uint8_t mem[8] = {0};
   struct bs_catalog cat;
   struct bs_buf out;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "zz", BS_DT_U8, 1, (uint64_t[]){1}, 0);
-  add(&cat, "zyx", BS_DT_U8, 1, (uint64_t[]){1}, 0);
-  add(&cat, "zy", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "zz", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "zyx", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "zy", BS_DT_U8, 1, (uint64_t[]){1}, 0);
   add_meta(&cat, "b", "v1");
   add_meta(&cat, "aa", "v2");
   add_meta(&cat, "B", "v3");
@@ -357,10 +332,10 @@ Test(bpk_write, integers_use_the_shortest_head)
                                      "\x1a\xff\xff\xff\xff",
                                      "\x1b\x00\x00\x00\x01\x00\x00\x00\x00"};
   static const size_t wlen[] = {1, 2, 2, 3, 3, 5, 5, 9};
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   for (size_t i = 0; i < 8; i++) {
     char name[4] = {'t', (char)('0' + i), 0};
-    struct bs_tensor *t = add(&cat, name, BS_DT_U8, 0, NULL, 0);
+    struct bs_tensor *t = bs_test_add(&cat, name, BS_DT_U8, 0, NULL, 0);
     t->has_param_id = true;
     t->param_id = ids[i];
   }
@@ -383,9 +358,9 @@ Test(bpk_write, empty_last_tensor_is_padded_to_its_start_and_reads_back)
   uint8_t mem[24] = {1, 2, 3};
   struct bs_catalog cat, back;
   struct bs_buf out;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){6}, 0);
-  add(&cat, "e", BS_DT_F32, 2, (uint64_t[]){0, 5}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "w", BS_DT_F32, 1, (uint64_t[]){6}, 0);
+  bs_test_add(&cat, "e", BS_DT_F32, 2, (uint64_t[]){0, 5}, 0);
   write_ok(&cat, NULL, &out);
   cr_assert(has(&out,
                 "\x6c"
@@ -405,9 +380,9 @@ Test(bpk_write, hidden_tensors_are_left_out_without_a_plan)
   uint8_t mem[8] = {0};
   struct bs_catalog cat, back;
   struct bs_buf out;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "keep", BS_DT_U8, 1, (uint64_t[]){4}, 0);
-  add(&cat, "drop", BS_DT_U8, 1, (uint64_t[]){4}, 4)->hidden = true;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "keep", BS_DT_U8, 1, (uint64_t[]){4}, 0);
+  bs_test_add(&cat, "drop", BS_DT_U8, 1, (uint64_t[]){4}, 4)->hidden = true;
   write_ok(&cat, NULL, &out);
   read_ok(&back, out.data, out.len);
   cr_assert_eq(back.count, 1);
@@ -435,9 +410,9 @@ Test(bpk_write, rejects_dtype_burn_does_not_have)
 {
   uint8_t mem[8] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "ok", BS_DT_U8, 1, (uint64_t[]){1}, 0);
-  add(&cat, "fp8", BS_DT_F8_E4M3, 1, (uint64_t[]){2}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "ok", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "fp8", BS_DT_F8_E4M3, 1, (uint64_t[]){2}, 0);
   expect_write_fail(&cat, NULL, ENOTSUP, "fp8", "Burnpack has no dtype for F8_E4M3");
   bs_catalog_destroy(&cat);
 }
@@ -446,10 +421,10 @@ Test(bpk_write, rejects_duplicate_names)
 {
   uint8_t mem[8] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
-  add(&cat, "y", BS_DT_U8, 1, (uint64_t[]){1}, 0);
-  add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 1);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "y", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 1);
   expect_write_fail(&cat, NULL, EINVAL, "x", "Burnpack names must be unique");
   bs_catalog_destroy(&cat);
 }
@@ -458,8 +433,8 @@ Test(bpk_write, rejects_plan_index_out_of_range)
 {
   uint8_t mem[8] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
   size_t order[] = {0, 5};
   struct bs_bpk_plan plan = {order, 2};
   expect_write_fail(&cat, &plan, EINVAL, NULL, "write plan entry 1 is tensor 5");
@@ -470,8 +445,8 @@ Test(bpk_write, rejects_qfloat_without_raw_dtype)
 {
   uint8_t mem[8] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "q", BS_DT_QFLOAT, 1, (uint64_t[]){4}, 0)->nbytes = 4;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "q", BS_DT_QFLOAT, 1, (uint64_t[]){4}, 0)->nbytes = 4;
   expect_write_fail(&cat, NULL, EINVAL, "q", "no encoded quantization scheme");
   bs_catalog_destroy(&cat);
 }
@@ -480,8 +455,8 @@ Test(bpk_write, rejects_tensor_whose_source_is_short)
 {
   uint8_t mem[10] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){6}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){6}, 0);
   struct bs_buf out = {0};
   bs_err err;
   bs_err_clear(&err);
@@ -657,8 +632,8 @@ Test(bpk_write, failed_tensor_read_keeps_existing_target)
 {
   uint8_t mem[10] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){6}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){6}, 0);
   char *dir = bs_test_tmpdir("bpkkeep");
   char path[4200];
   snprintf(path, sizeof path, "%s/model.bpk", dir);

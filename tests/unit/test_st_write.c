@@ -15,29 +15,6 @@
 #include "formats/safetensors_write.h"
 #include "st_fixture.h"
 
-static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_err err;
-  bs_err_clear(&err);
-  bs_catalog_init(cat);
-  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
-}
-
-static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
-                             uint32_t rank, const uint64_t *shape, uint64_t off)
-{
-  bs_err err;
-  bs_err_clear(&err);
-  struct bs_tensor *t = bs_catalog_add(cat, key, dt, rank, shape, off, &err);
-  cr_assert_not_null(t, "%s", err.msg);
-  t->src = 0;
-  t->off = off;
-  return t;
-}
-
 static struct bs_buf write_mem(const struct bs_catalog *cat)
 {
   struct bs_buf b = {0};
@@ -59,8 +36,8 @@ static const uint8_t f32_0_to_5[24] = {0, 0, 0,  0,  0, 0, 128, 63, 0, 0, 0,   6
 Test(st_write, reference_vector_serialization)
 {
   struct bs_catalog cat;
-  mem_catalog(&cat, f32_0_to_5, sizeof f32_0_to_5);
-  add(&cat, "attn.0", BS_DT_F32, 3, (uint64_t[]){1, 2, 3}, 0);
+  bs_test_mem_catalog(&cat, f32_0_to_5, sizeof f32_0_to_5);
+  bs_test_add(&cat, "attn.0", BS_DT_F32, 3, (uint64_t[]){1, 2, 3}, 0);
   struct bs_buf b = write_mem(&cat);
   static const uint8_t want[] = {
       64, 0,  0,   0,   0,   0,   0,   0,   123, 34,  97,  116, 116, 110, 46,  48,
@@ -79,8 +56,8 @@ Test(st_write, reference_vector_serialization)
 Test(st_write, reference_vector_padding)
 {
   struct bs_catalog cat;
-  mem_catalog(&cat, f32_0_to_5, sizeof f32_0_to_5);
-  add(&cat, "attn0", BS_DT_F32, 4, (uint64_t[]){1, 1, 2, 3}, 0);
+  bs_test_mem_catalog(&cat, f32_0_to_5, sizeof f32_0_to_5);
+  bs_test_add(&cat, "attn0", BS_DT_F32, 4, (uint64_t[]){1, 1, 2, 3}, 0);
   struct bs_buf b = write_mem(&cat);
   const char *hdr = "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}}"
                     "       ";
@@ -96,7 +73,7 @@ Test(st_write, reference_vector_padding)
 Test(st_write, reference_vector_empty)
 {
   struct bs_catalog cat;
-  mem_catalog(&cat, "", 0);
+  bs_test_mem_catalog(&cat, "", 0);
   struct bs_buf b = write_mem(&cat);
   static const uint8_t want[] = {8, 0, 0, 0, 0, 0, 0, 0, 123, 125, 32, 32, 32, 32, 32, 32};
   cr_assert_eq(b.len, sizeof want);
@@ -122,14 +99,14 @@ Test(st_write, data_order_is_the_reference_writers)
   for (int i = 0; i < 64; i++)
     mem[i] = (uint8_t)i;
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "z8", BS_DT_U8, 1, (uint64_t[]){3}, 0);
-  add(&cat, "b32", BS_DT_F32, 1, (uint64_t[]){1}, 4);
-  add(&cat, "a32", BS_DT_F32, 1, (uint64_t[]){1}, 8);
-  add(&cat, "bool", BS_DT_BOOL, 1, (uint64_t[]){1}, 12);
-  add(&cat, "u64", BS_DT_U64, 1, (uint64_t[]){1}, 16);
-  add(&cat, "c64", BS_DT_C64, 1, (uint64_t[]){1}, 24);
-  add(&cat, "h", BS_DT_BF16, 1, (uint64_t[]){1}, 32);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "z8", BS_DT_U8, 1, (uint64_t[]){3}, 0);
+  bs_test_add(&cat, "b32", BS_DT_F32, 1, (uint64_t[]){1}, 4);
+  bs_test_add(&cat, "a32", BS_DT_F32, 1, (uint64_t[]){1}, 8);
+  bs_test_add(&cat, "bool", BS_DT_BOOL, 1, (uint64_t[]){1}, 12);
+  bs_test_add(&cat, "u64", BS_DT_U64, 1, (uint64_t[]){1}, 16);
+  bs_test_add(&cat, "c64", BS_DT_C64, 1, (uint64_t[]){1}, 24);
+  bs_test_add(&cat, "h", BS_DT_BF16, 1, (uint64_t[]){1}, 32);
   bs_err err;
   bs_err_clear(&err);
   cr_assert_eq(bs_catalog_add_meta(&cat, "zz", "1", &err), 0);
@@ -160,9 +137,9 @@ Test(st_write, strings_escaped_as_serde_json_and_read_back)
 {
   uint8_t mem[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   const char *name = "a\"b\\c/d\x01\x1f\t\n\x7f\xc3\xa9";
-  add(&cat, name, BS_DT_U8, 1, (uint64_t[]){8}, 0);
+  bs_test_add(&cat, name, BS_DT_U8, 1, (uint64_t[]){8}, 0);
   bs_err err;
   bs_err_clear(&err);
   cr_assert_eq(bs_catalog_add_meta(&cat, "k\"", "v\r\b\f", &err), 0);
@@ -198,12 +175,12 @@ Test(st_write, every_safetensors_dtype_round_trips)
   for (size_t i = 0; i < sizeof mem; i++)
     mem[i] = (uint8_t)(i * 13 + 5);
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   for (size_t i = 0; i < N; i++) {
     char name[32];
     snprintf(name, sizeof name, "t.%s", bs_dtype_name(all[i]));
     /* 8 elements: a whole number of bytes for F4 and F6 too. */
-    add(&cat, name, all[i], 2, (uint64_t[]){2, 4}, i * 64);
+    bs_test_add(&cat, name, all[i], 2, (uint64_t[]){2, 4}, i * 64);
   }
   struct bs_buf b = write_mem(&cat);
   bs_err err;
@@ -234,30 +211,7 @@ Test(st_write, every_safetensors_dtype_round_trips)
 
 static void expect_refused(enum bs_dtype dt, const char *words)
 {
-  uint8_t mem[64] = {0};
-  struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  struct bs_tensor *t = add(&cat, "ok", BS_DT_F32, 1, (uint64_t[]){1}, 0);
-  t = add(&cat, "layer.bad", dt, 1, (uint64_t[]){2}, 8);
-  if (dt == BS_DT_QFLOAT)
-    t->nbytes = 8;
-  const struct bs_writer *w = bs_writer_for_path("o.safetensors");
-  bs_err err;
-  bs_err_clear(&err);
-  cr_assert_eq(bs_writer_check(w, &cat, &err), -1, "%s", bs_dtype_name(dt));
-  cr_assert_eq(err.code, ENOTSUP);
-  cr_assert_str_eq(err.key, "layer.bad");
-  cr_assert(strstr(err.msg, "cannot be written as safetensors"), "%s", err.msg);
-  cr_assert(strstr(err.msg, words), "%s: %s", words, err.msg);
-  /* And at write time too (a dtype set by setxattr after the mount). */
-  struct bs_buf b = {0};
-  struct bs_sink k;
-  bs_sink_init_mem(&k, &b, "mem");
-  bs_err_clear(&err);
-  cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
-  cr_assert_str_eq(err.key, "layer.bad");
-  bs_buf_destroy(&b);
-  bs_catalog_destroy(&cat);
+  bs_test_writer_refuses("o.safetensors", dt, words);
 }
 
 Test(st_write, dtypes_safetensors_lacks_are_refused_naming_the_tensor)
@@ -280,17 +234,17 @@ Test(st_write, reserved_duplicate_and_missized_tensors_are_refused)
   struct bs_buf b = {0};
   struct bs_sink k;
 
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "__metadata__", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "__metadata__", BS_DT_U8, 1, (uint64_t[]){1}, 0);
   bs_err_clear(&err);
   bs_sink_init_mem(&k, &b, "mem");
   cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
   cr_assert(strstr(err.msg, "reserves"), "%s", err.msg);
   bs_catalog_destroy(&cat);
 
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
-  add(&cat, "y", BS_DT_F32, 1, (uint64_t[]){1}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "x", BS_DT_U8, 1, (uint64_t[]){1}, 0);
+  bs_test_add(&cat, "y", BS_DT_F32, 1, (uint64_t[]){1}, 0);
   cat.tensors[1].name = strdup("x"); /* was the key's own string */
   bs_err_clear(&err);
   cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
@@ -298,8 +252,8 @@ Test(st_write, reserved_duplicate_and_missized_tensors_are_refused)
   cr_assert(strstr(err.msg, "unique"), "%s", err.msg);
   bs_catalog_destroy(&cat);
 
-  mem_catalog(&cat, mem, sizeof mem);
-  struct bs_tensor *t = add(&cat, "m", BS_DT_F32, 1, (uint64_t[]){2}, 0);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  struct bs_tensor *t = bs_test_add(&cat, "m", BS_DT_F32, 1, (uint64_t[]){2}, 0);
   t->nbytes = 4;
   bs_err_clear(&err);
   cr_assert_eq(bs_st_write(&cat, &k, &err), -1);
@@ -312,10 +266,10 @@ Test(st_write, hidden_tensors_are_left_out_and_subsets_written)
 {
   uint8_t mem[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "a", BS_DT_U8, 1, (uint64_t[]){4}, 0);
-  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){4}, 4);
-  add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){4}, 8);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "a", BS_DT_U8, 1, (uint64_t[]){4}, 0);
+  bs_test_add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){4}, 4);
+  bs_test_add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){4}, 8);
   cat.tensors[1].hidden = true;
   struct bs_buf b = write_mem(&cat);
   bs_err err;
@@ -362,8 +316,8 @@ Test(st_write, source_read_errors_name_the_tensor)
 {
   uint8_t mem[4] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){4}, 0); /* 16 bytes from a 4-byte source */
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "short", BS_DT_F32, 1, (uint64_t[]){4}, 0); /* 16 bytes from a 4-byte source */
   struct bs_buf b = {0};
   struct bs_sink k;
   bs_sink_init_mem(&k, &b, "mem");
@@ -379,28 +333,13 @@ Test(st_write, out_of_memory_at_every_allocation_fails_cleanly)
 {
   uint8_t mem[32] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "a.b", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
-  add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){16}, 16);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "a.b", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
+  bs_test_add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){16}, 16);
   bs_err err;
   bs_err_clear(&err);
   cr_assert_eq(bs_catalog_add_meta(&cat, "format", "pt", &err), 0);
-  bool ok = false;
-  for (long n = 0; n < 200 && !ok; n++) {
-    struct bs_buf b = {0};
-    struct bs_sink k;
-    bs_sink_init_mem(&k, &b, "mem");
-    bs_err_clear(&err);
-    bs_alloc_fail_after(n);
-    int rc = bs_st_write(&cat, &k, &err);
-    bs_alloc_fail_after(-1);
-    if (rc == 0)
-      ok = true;
-    else
-      cr_assert_eq(err.code, ENOMEM, "n=%ld: %s", n, err.msg);
-    bs_buf_destroy(&b);
-  }
-  cr_assert(ok);
+  bs_test_write_survives_oom(bs_st_write, &cat);
   bs_catalog_destroy(&cat);
 }
 
@@ -455,10 +394,10 @@ Test(st_shard, a_new_set_gets_the_mode_and_a_new_shard_its_index_s)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "a", BS_DT_U8, 1, (uint64_t[]){20}, 0);
-  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 20);
-  add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){20}, 40);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "a", BS_DT_U8, 1, (uint64_t[]){20}, 0);
+  bs_test_add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 20);
+  bs_test_add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){20}, 40);
   bs_err err;
   bs_err_clear(&err);
   char *dir = bs_test_tmpdir("stshard");
@@ -501,10 +440,10 @@ Test(st_shard, writes_a_set_and_its_index_as_transformers_does)
   for (int i = 0; i < 64; i++)
     mem[i] = (uint8_t)i;
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
-  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 0);
-  add(&cat, "a\xc3\xa9\xf0\x9f\x98\x80", BS_DT_U8, 1, (uint64_t[]){20}, 20);
-  add(&cat, "c", BS_DT_F32, 1, (uint64_t[]){2}, 40);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 0);
+  bs_test_add(&cat, "a\xc3\xa9\xf0\x9f\x98\x80", BS_DT_U8, 1, (uint64_t[]){20}, 20);
+  bs_test_add(&cat, "c", BS_DT_F32, 1, (uint64_t[]){2}, 40);
   bs_err err;
   bs_err_clear(&err);
   cr_assert_eq(bs_catalog_add_meta(&cat, "total_size", "1", &err), 0);
@@ -533,7 +472,7 @@ Test(st_shard, writes_a_set_and_its_index_as_transformers_does)
   bs_free(b);
 
   /* Without max_shard_size, the existing index's shards are kept. */
-  add(&cat, "d", BS_DT_U8, 1, (uint64_t[]){4}, 60);
+  bs_test_add(&cat, "d", BS_DT_U8, 1, (uint64_t[]){4}, 60);
   snprintf(path, sizeof path, "%s/m.safetensors.index.json", dir);
   o.max_shard_size = 0;
   cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);

@@ -18,8 +18,8 @@
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "policy/stage_index.h"
 #include "core/target.h"
+#include "policy/stage_index.h"
 #include "policy/writeback.h"
 
 static char dir[64];       /* the test's directory */
@@ -179,8 +179,9 @@ Test(writeback, writer_follows_the_output_path)
   cr_assert_null(bs_wb_writer("/x/m.bpk", "output=m.bpk", 100, &err));
   cr_assert(err.code == EINVAL && strstr(err.msg, "max_shard_size="), "%s", err.msg);
   bs_err_clear(&err);
-  cr_assert_null(bs_wb_writer("/x/m.pth", "output=m.pth", 0, &err));
-  cr_assert(strstr(err.msg, "output=m.pth: burnstore cannot write .pth files"), "%s", err.msg);
+  cr_assert_eq(bs_wb_writer("/x/m.pth", "output=m.pth", 0, &err)->format, BS_FMT_PYTORCH);
+  cr_assert_null(bs_wb_writer("/x/m.npz", "output=m.npz", 0, &err));
+  cr_assert(strstr(err.msg, "output=m.npz: burnstore cannot write .npz files"), "%s", err.msg);
   bs_err_clear(&err);
   cr_assert_null(bs_wb_writer("/x/m", "m", 0, &err));
   cr_assert(strstr(err.msg, "m: no extension"), "%s", err.msg);

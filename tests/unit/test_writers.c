@@ -16,17 +16,6 @@
 #include "core/alloc.h"
 #include "formats/burnpack_write.h"
 
-static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
-{
-  struct bs_src src;
-  uint32_t idx;
-  bs_err err;
-  bs_err_clear(&err);
-  bs_catalog_init(cat);
-  cr_assert_eq(bs_src_init_mem(&src, mem, n, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(cat, &src, &idx, &err), 0);
-}
-
 static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
                              uint64_t dim0, uint64_t off)
 {
@@ -47,8 +36,13 @@ Test(writers, chosen_by_the_extension_of_the_base_name)
   cr_assert_eq(bs_writer_for_path("m.bpk"), bpk);
   cr_assert_eq(bs_writer_for_path("/a/b.c/model.v2.bpk"), bpk);
   cr_assert_eq(bs_writer_for_path("MODEL.BPK"), bpk, "case does not matter");
-  cr_assert_null(bs_writer_for_path("m.pth"));
-  cr_assert_null(bs_writer_for_path("m.pt"));
+  const struct bs_writer *pth = bs_writer_for_format(BS_FMT_PYTORCH);
+  cr_assert_not_null(pth);
+  cr_assert_str_eq(pth->name, "pytorch");
+  cr_assert_eq(bs_writer_for_path("m.pth"), pth);
+  cr_assert_eq(bs_writer_for_path("m.PT"), pth);
+  cr_assert_eq(bs_writer_for_path("pytorch_model.bin"), pth);
+  cr_assert_null(bs_writer_for_path("m.ckpt"));
   const struct bs_writer *st = bs_writer_for_format(BS_FMT_SAFETENSORS);
   cr_assert_not_null(st);
   cr_assert_eq(bs_writer_for_path("x.safetensors"), st);
@@ -67,7 +61,6 @@ Test(writers, chosen_by_the_extension_of_the_base_name)
 
 Test(writers, formats_without_a_writer_have_none)
 {
-  cr_assert_null(bs_writer_for_format(BS_FMT_PYTORCH));
   cr_assert_null(bs_writer_for_format(BS_FMT_NONE));
 }
 
@@ -86,7 +79,7 @@ Test(writers, list_names_every_extension)
   cr_assert_str_eq(
       bs_writer_list(buf, sizeof buf),
       ".bpk (burnpack), .safetensors (safetensors), .safetensors.index.json (safetensors-sharded), "
-      ".gguf (gguf)");
+      ".gguf (gguf), .pth (pytorch), .pt (pytorch), .bin (pytorch)");
   char tiny[6];
   bs_writer_list(tiny, sizeof tiny);
   cr_assert_lt(strlen(tiny), sizeof tiny);
@@ -120,7 +113,7 @@ Test(writers, check_refuses_a_dtype_the_format_cannot_store_naming_the_tensor)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "ok", BS_DT_F32, 2, 0);
   add(&cat, "z", BS_DT_C64, 1, 8);
   const struct bs_writer *w = bs_writer_for_format(BS_FMT_BURNPACK);
@@ -143,7 +136,7 @@ Test(writers, check_refuses_unreadable_tensors_and_qfloat_without_scheme)
 {
   uint8_t mem[64] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   struct bs_tensor *t = add(&cat, "u", BS_DT_F32, 2, 0);
   t->unsupported = bs_strdup("storage class FooStorage is not supported");
   const struct bs_writer *w = bs_writer_for_format(BS_FMT_BURNPACK);
@@ -154,7 +147,7 @@ Test(writers, check_refuses_unreadable_tensors_and_qfloat_without_scheme)
   cr_assert(strstr(err.msg, "FooStorage"), "%s", err.msg);
   bs_catalog_destroy(&cat);
 
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   uint64_t d = 4;
   bs_err_clear(&err);
   t = bs_catalog_add(&cat, "q", BS_DT_QFLOAT, 1, &d, 0, &err);
@@ -173,7 +166,7 @@ Test(writers, write_file_through_the_row_equals_the_memory_serialization)
   for (int i = 0; i < 16; i++)
     mem[i] = (uint8_t)i;
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "a.w", BS_DT_F32, 2, 0);
   add(&cat, "b", BS_DT_U8, 8, 8);
   bs_err err;
@@ -201,7 +194,7 @@ Test(writers, a_new_target_gets_the_mode_of_the_options)
 {
   uint8_t mem[16] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "a", BS_DT_F32, 2, 0);
   bs_err err;
   bs_err_clear(&err);
@@ -250,7 +243,7 @@ Test(writers, failed_write_keeps_the_old_file_and_names_it)
 {
   uint8_t mem[4] = {0};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "short", BS_DT_F32, 4, 0); /* 16 bytes from a 4-byte source */
   char *dir = bs_test_tmpdir("writersfail");
   char path[4200];
@@ -310,7 +303,7 @@ Test(writers, metadata_the_reader_would_refuse_is_never_written)
     cr_expect_not_null(strstr(err.msg, "key"), "%s", err.msg);
 
     struct bs_catalog cat;
-    mem_catalog(&cat, mem, sizeof mem);
+    bs_test_mem_catalog(&cat, mem, sizeof mem);
     add(&cat, "a", BS_DT_F32, 2, 0);
     cr_assert_eq(bs_catalog_add_meta(&cat, "note", "caf\xe9", &err), 0);
     bs_err_clear(&err);
@@ -388,7 +381,7 @@ Test(writers, check_and_write_refuse_a_name_the_format_cannot_hold)
 {
   uint8_t mem[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   struct bs_catalog cat;
-  mem_catalog(&cat, mem, sizeof mem);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
   add(&cat, "good", BS_DT_U8, 4, 0);
   add(&cat, "caf\xe9", BS_DT_U8, 4, 4);
   char *dir = bs_test_tmpdir("writersname");
