@@ -15,6 +15,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/journal.h"
 #include "core/stage_index.h"
 #include "core/strmap.h"
 #include "core/target.h"
@@ -229,6 +230,54 @@ out:
   return rc;
 }
 
+/* ---- The journal --------------------------------------------------------------------------- */
+
+struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
+{
+  struct bs_catalog out;
+  bs_catalog_init(&out);
+  out.format = wb->writer->format;
+  struct bs_buf buf = {0};
+  struct bs_strmap keys = {0};
+  struct bs_journal *j = NULL;
+  struct bs_stage_index idx;
+  /* BASE: the INDEX a write-back right now would save (no file staged). */
+  if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, wb->staging, wb->keep_hidden, &out, err) ||
+      index_head(wb, &idx, err) != 0 || bs_stage_index_format(&idx, &out, wb->staging, &buf, err))
+    goto out;
+  if (!(j = bs_journal_create(*wb->staging_fd, buf.data, buf.len, err)))
+    goto out;
+  /* ORIGIN: which base tensor each file of the tree is (by its key). */
+  const struct bs_tree *t = wb->edit->tree;
+  for (size_t i = 0; i < out.count; i++)
+    if (bs_strmap_put(&keys, out.tensors[i].name, i) < 0)
+      goto oom;
+  for (uint64_t ino = BS_TREE_ROOT; ino < t->n; ino++) {
+    const struct bs_node *nd = &t->nodes[ino];
+    if (!nd->live || nd->is_dir)
+      continue;
+    char *key = bs_tree_key(t, ino, wb->edit->flat);
+    size_t ti;
+    bool found = key && bs_strmap_get(&keys, key, &ti);
+    bs_free(key);
+    if (!found)
+      goto oom;
+    bs_journal_append_u64(j, BS_J_ORIGIN, ino, ti);
+  }
+  bs_journal_sync(j);
+  goto out;
+oom:
+  bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "cannot describe the mount in its journal");
+  bs_journal_close(j);
+  unlinkat(*wb->staging_fd, BS_JOURNAL_NAME, 0);
+  j = NULL;
+out:
+  bs_strmap_destroy(&keys);
+  bs_buf_destroy(&buf);
+  bs_catalog_destroy(&out);
+  return j;
+}
+
 /* ---- --list-staging ------------------------------------------------------------------------ */
 
 static bool staging_alive(int dfd)
@@ -262,17 +311,28 @@ static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
     return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(e));
   }
   bool alive = staging_alive(dfd);
-  fprintf(out,
-          "staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
-          "use them)\n",
-          dir,
-          alive ? "its daemon is running and has not started a write-back"
-                : "the daemon died before its write-back described them");
+  struct stat jst;
+  if (fstatat(dfd, BS_JOURNAL_NAME, &jst, 0) == 0)
+    fprintf(out,
+            "staging %s\nno INDEX: %s; its JOURNAL names them (%lld bytes): burnstore --finish "
+            "rebuilds the output from it\n",
+            dir,
+            alive ? "its daemon is running and has not started a write-back"
+                  : "the daemon died while mounted",
+            (long long)jst.st_size);
+  else
+    fprintf(out,
+            "staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
+            "use them)\n",
+            dir,
+            alive ? "its daemon is running and has not started a write-back"
+                  : "the daemon died before its write-back described them");
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     struct stat st;
     if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
+        strcmp(de->d_name, BS_JOURNAL_NAME) == 0 || fstatat(dfd, de->d_name, &st, 0) != 0 ||
+        !S_ISREG(st.st_mode))
       continue;
     fprintf(out, "-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
   }
@@ -405,18 +465,36 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
     refuse_alive(dir, 0, err);
     goto out;
   }
-  if (bs_stage_index_load(dir, &idx, err) != 0)
+  bool loaded = bs_stage_index_load(dir, &idx, err) == 0;
+  if (!loaded && err->code != ENOENT)
     goto out;
   /* Held until the directory is removed: a second --finish waits its turn. */
   lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lk < 0) {
+    bs_err_clear(err);
     bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: cannot open its lock file: %s", dir,
             strerror(errno));
     goto out;
   }
   if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
+    bs_err_clear(err);
     refuse_alive(dir, idx.pid, err);
     goto out;
+  }
+  if (!loaded) {
+    /* No INDEX: the daemon died while mounted. Its journal says what the
+     * mount held; rebuild the INDEX from it, then finish as usual. */
+    bs_err noindex = *err;
+    bs_err_clear(err);
+    int jr = bs_journal_rebuild(dir, dfd, err);
+    if (jr != 0) {
+      if (jr > 0)
+        *err = noindex;
+      goto out;
+    }
+    bs_stage_index_destroy(&idx);
+    if (bs_stage_index_load(dir, &idx, err) != 0)
+      goto out;
   }
   if (idx.incomplete) {
     bs_fail(err, EINVAL, BS_OFF_NONE, NULL,

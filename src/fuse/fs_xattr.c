@@ -332,9 +332,9 @@ static int set_file(struct fs *fs, struct bs_entry *e, const struct fs_ref *r, c
   if (strcmp(name, XA_DTYPE) == 0 && !r->is_dir)
     rc = bs_entry_set_dtype(&fs->edit, e, value, len, &err);
   else if (strcmp(name, XA_SHAPE) == 0 && !r->is_dir)
-    rc = bs_entry_set_shape(e, value, len, &err);
+    rc = bs_entry_set_shape(&fs->edit, e, value, len, &err);
   else if (strcmp(name, XA_PARAM_ID) == 0 && !r->is_dir)
-    rc = bs_entry_set_param_id(e, value, len, &err);
+    rc = bs_entry_set_param_id(&fs->edit, e, value, len, &err);
   else
     rc = bs_entry_set_xattr(&fs->edit, e, name, value, len, flags, &err);
   if (rc)
@@ -411,15 +411,15 @@ void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
   } else if (!r.is_dir && strcmp(name, XA_DTYPE) == 0) {
     if (e->has_dtype)
       fs_mark_dirty(fs);
-    bs_entry_clear_dtype(e);
+    bs_entry_clear_dtype(&fs->edit, e);
   } else if (!r.is_dir && strcmp(name, XA_SHAPE) == 0) {
     if (e->has_shape)
       fs_mark_dirty(fs);
-    bs_entry_clear_shape(e);
+    bs_entry_clear_shape(&fs->edit, e);
   } else if (!r.is_dir && strcmp(name, XA_PARAM_ID) == 0) {
     if (e->has_param_id)
       fs_mark_dirty(fs);
-    bs_entry_clear_param_id(e);
+    bs_entry_clear_param_id(&fs->edit, e);
   } else {
     rc = bs_entry_remove_xattr(&fs->edit, e, name, &err) ? err.code : 0;
   }

@@ -279,7 +279,7 @@ Test(writeback, full_disk_fails_the_writer_and_finish_completes_later)
   put_file(p, big, sizeof big);
   e->stage = 2;
   e->size = sizeof big;
-  cr_assert_eq(bs_entry_set_shape(e, "[262144]", 8, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_entry_set_shape(NULL, e, "[262144]", 8, &err), 0, "%s", err.msg);
   char out[128];
   snprintf(out, sizeof out, "%s/full.safetensors", dir);
   struct bs_wb wb = job(out, 0);
@@ -356,7 +356,7 @@ Test(writeback, finish_refused_while_another_writer_holds_the_target)
 Test(writeback, bad_file_leaves_an_incomplete_index_finish_refuses)
 {
   struct bs_entry *e = stage_a();
-  cr_assert_eq(bs_entry_set_shape(e, "[3]", 3, &err), 0, "%s", err.msg); /* 16 bytes != 12 */
+  cr_assert_eq(bs_entry_set_shape(NULL, e, "[3]", 3, &err), 0, "%s", err.msg); /* 16 bytes != 12 */
   char out[128];
   snprintf(out, sizeof out, "%s/bad.bpk", dir);
   struct bs_wb wb = job(out, 0);

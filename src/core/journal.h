@@ -1,0 +1,111 @@
+/* The staging journal of a writable mount: an append-only file JOURNAL in
+ * the staging directory, kept current while the mount lives, so that after
+ * a kill -9 at any moment `burnstore --finish` rebuilds what the mount held
+ * (keys, dtypes, shapes, param_ids, xattrs, metadata; the bytes are the
+ * staging files) up to the last record on disk.
+ *
+ * Format (docs/robustness.md): the 8 bytes "BSJRNL1\n", then records
+ *   u32 len | u64 FNV-1a of the payload | payload (len bytes)
+ *   payload = u8 kind | u64 ino | u32 alen | a (alen bytes) | b (the rest)
+ * all little-endian. The first record is BASE (a = the INDEX text of the
+ * mount's output catalog as mounted, before any change); then ORIGIN
+ * (ino's file is base tensor u64 a), and one record per change of a file
+ * (by its inode number, never reused): KEY (created or renamed: a = its
+ * key), GONE (unlinked or replaced), STAGE (its bytes are now staging file
+ * u64 a), DTYPE/SHAPE/PARAM_ID (a = the xattr text) and their clears,
+ * XSET (a = name, b = value) and XRM, MSET/MRM (root metadata). Replay
+ * stops at the first record that is cut or fails its checksum: a torn
+ * tail is ignored.
+ *
+ * Appends are one write(2) each (to the page cache: a killed daemon loses
+ * none); a flusher thread fdatasyncs at most BS_JOURNAL_SYNC_MS after an
+ * append, so a machine crash loses at most that window. At a clean
+ * write-back the INDEX supersedes the journal. */
+#ifndef BURNSTORE_JOURNAL_H
+#define BURNSTORE_JOURNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/err.h"
+#include "core/edit.h"
+#include "core/stage_index.h"
+
+#define BS_JOURNAL_NAME "JOURNAL"
+#define BS_JOURNAL_MAGIC "BSJRNL1\n"
+#define BS_JOURNAL_SYNC_MS 1000
+/* A record is at most this long (BASE is an INDEX: BS_STAGE_INDEX_MAX). */
+#define BS_JOURNAL_RECORD_MAX (BS_STAGE_INDEX_MAX + 4096u)
+
+enum bs_jkind {
+  BS_J_BASE = 1,
+  BS_J_ORIGIN,
+  BS_J_KEY,
+  BS_J_GONE,
+  BS_J_STAGE,
+  BS_J_DTYPE,
+  BS_J_DTYPE_CLR,
+  BS_J_SHAPE,
+  BS_J_SHAPE_CLR,
+  BS_J_PARAM_ID,
+  BS_J_PARAM_ID_CLR,
+  BS_J_XSET,
+  BS_J_XRM,
+  BS_J_MSET,
+  BS_J_MRM,
+  BS_J_KIND_END
+};
+
+struct bs_journal;
+
+/* Create dirfd/JOURNAL (exclusively) holding the magic and the BASE record,
+ * fdatasynced. NULL with err on failure (nothing left behind). */
+BS_NODISCARD struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len,
+                                                  bs_err *err);
+/* Let appends start the flusher thread (in the process that serves: call
+ * it after any fork). Until then appends are written but not synced. */
+void bs_journal_begin(struct bs_journal *j);
+/* Append one record. Thread-safe. A failed write (ENOSPC...) is logged once
+ * to stderr/syslog and the journal stops (the INDEX at unmount still works;
+ * only a kill loses the names then). */
+void bs_journal_append(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, const void *a,
+                       size_t alen, const void *b, size_t blen);
+void bs_journal_append_u64(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, uint64_t v);
+/* Records since the last fdatasync (tests). */
+uint64_t bs_journal_pending(struct bs_journal *j);
+/* fdatasync now. */
+void bs_journal_sync(struct bs_journal *j);
+/* Stop the flusher, sync, close, free. NULL is a no-op. */
+void bs_journal_close(struct bs_journal *j);
+
+/* ---- Replay ---------------------------------------------------------------------------------
+ * What a journal describes: its BASE index (parsed, sources not attached),
+ * and an editable catalog over it (ed.src = &base.cat, a flat tree of the
+ * live files, one entry each). */
+struct bs_jreplay {
+  struct bs_stage_index base;
+  struct bs_tree tree;
+  struct bs_edit ed;
+  bool ed_init;
+  size_t records; /* records applied */
+  uint64_t torn;  /* bytes ignored at the tail (cut or bad checksum) */
+  uint64_t *inos; /* owned: the live files' inos, in the tree's order */
+  size_t nfiles;
+};
+
+/* Parse and apply a journal (untrusted: every length is checked). Fails on
+ * a bad magic or BASE, a record that contradicts the state (a change of an
+ * unknown file), a bad dtype or shape text. Staged entries get size 0:
+ * bs_journal_rebuild sizes them from their files. Destroy r either way. */
+BS_NODISCARD int bs_journal_replay(const void *data, size_t len, struct bs_jreplay *r, bs_err *err);
+void bs_jreplay_destroy(struct bs_jreplay *r);
+
+/* --finish of a staging directory without an INDEX: replay dir/JOURNAL,
+ * re-attach the checkpoint (ESTALE when it changed since the mount), build
+ * the output catalog and save it as dir/INDEX (fsynced). 0: INDEX written;
+ * 1: there is no JOURNAL; -1 with err. The caller holds the directory's
+ * lock. */
+BS_NODISCARD int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err);
+
+#endif
