@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 
-from bsmount import BIN, Mount, check, daemon_pid, finish, force_unmount, is_mounted, read_bpk, run, tmpdir
+from bsmount import BIN, Mount, check, daemon_pid, finish, force_unmount, is_mounted, read_bpk, run, tmpdir, wait_gone
 
 ROUNDS = int(os.environ.get("BS_KILL_ROUNDS", "40"))
 BUDGET = 110  # seconds: stop starting rounds after this
@@ -38,24 +38,6 @@ def make_base(tmp):
         u = m.unmount()
         check(u.returncode == 0, "base written: %s" % u.stderr)
     return base
-
-
-def wait_gone(pid, timeout=60):
-    """Until every thread of pid has exited. A zombie group leader is not
-    enough: its other threads (TSan's background thread, say) may still hold
-    the fd table, and with it the staging directory's lock."""
-    end = time.time() + timeout
-    while pid and time.time() < end:
-        try:
-            states = [open("/proc/%d/task/%s/stat" % (pid, t)).read().rsplit(")", 1)[1].split()[0]
-                      for t in os.listdir("/proc/%d/task" % pid)]
-        except OSError:
-            if not os.path.exists("/proc/%d" % pid):
-                return  # gone
-            continue  # a thread went while we looked: look again
-        if all(st in ("Z", "X") for st in states):
-            return
-        time.sleep(0.002)
 
 
 def calibrate(tmp, base, pool):
