@@ -105,7 +105,8 @@ static void *flusher(void *arg)
   return NULL;
 }
 
-struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, bs_err *err)
+struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, const void *origins,
+                                     size_t olen, bs_err *err)
 {
   struct bs_journal *j = bs_calloc(1, sizeof *j);
   if (!j) {
@@ -122,7 +123,7 @@ struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, bs
   struct iovec m = {BS_JOURNAL_MAGIC, MAGIC_LEN};
   int e = write_all(j->fd, &m, 1);
   if (!e)
-    e = put_record(j->fd, BS_J_BASE, 0, base, len, NULL, 0);
+    e = put_record(j->fd, BS_J_BASE, 0, base, len, origins, olen);
   if (!e && fdatasync(j->fd) != 0)
     e = errno;
   if (!e && fsync(dirfd) != 0)
@@ -503,6 +504,11 @@ int bs_journal_replay(const void *data, size_t len, struct bs_jreplay *r, bs_err
         rc = bs_edit_init(&r->ed, &r->base.cat, &r->tree, true, err);
         r->ed_init = true;
       }
+      /* Then (inode, tensor) pairs: the ORIGIN of every file as mounted. */
+      if (!rc && blen % 16)
+        rc = bad(err, off, "BASE's origins are not (inode, tensor) pairs");
+      for (size_t i = 0; !rc && i < blen; i += 16)
+        rc = apply(r, &s, off, BS_J_ORIGIN, bs_le64(b + i), b + i + 8, 8, NULL, 0, err);
       based = true;
     } else if (kind == BS_J_BASE || kind >= BS_J_KIND_END || kind == 0) {
       rc = bad(err, off, "unknown record kind, or a second BASE");

@@ -8,8 +8,9 @@
  *   u32 len | u64 FNV-1a of the payload | payload (len bytes)
  *   payload = u8 kind | u64 ino | u32 alen | a (alen bytes) | b (the rest)
  * all little-endian. The first record is BASE (a = the INDEX text of the
- * mount's output catalog as mounted, before any change); then ORIGIN
- * (ino's file is base tensor u64 a), and one record per change of a file
+ * mount's output catalog as mounted, before any change; b = (inode, tensor)
+ * u64 pairs: the ORIGIN of each file, which base tensor it shows; an ORIGIN
+ * record says the same for one file), then one record per change of a file
  * (by its inode number, never reused): KEY (created or renamed: a = its
  * key), GONE (unlinked or replaced), STAGE (its bytes are now staging file
  * u64 a), DTYPE/SHAPE/PARAM_ID (a = the xattr text) and their clears,
@@ -59,10 +60,11 @@ enum bs_jkind {
 
 struct bs_journal;
 
-/* Create dirfd/JOURNAL (exclusively) holding the magic and the BASE record,
- * fdatasynced. NULL with err on failure (nothing left behind). */
+/* Create dirfd/JOURNAL (exclusively) holding the magic and the BASE record
+ * (a = base, b = origins: olen / 16 little-endian (inode, tensor) u64 pairs,
+ * each an ORIGIN), fdatasynced. NULL with err on failure (nothing left). */
 BS_NODISCARD struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len,
-                                                  bs_err *err);
+                                                  const void *origins, size_t olen, bs_err *err);
 /* Let appends start the flusher thread (in the process that serves: call
  * it after any fork). Until then appends are written but not synced. */
 void bs_journal_begin(struct bs_journal *j);

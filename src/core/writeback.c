@@ -237,7 +237,7 @@ struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
   struct bs_catalog out;
   bs_catalog_init(&out);
   out.format = wb->writer->format;
-  struct bs_buf buf = {0};
+  struct bs_buf buf = {0}, origins = {0};
   struct bs_strmap keys = {0};
   struct bs_journal *j = NULL;
   struct bs_stage_index idx;
@@ -245,9 +245,7 @@ struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
   if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, wb->staging, wb->keep_hidden, &out, err) ||
       index_head(wb, &idx, err) != 0 || bs_stage_index_format(&idx, &out, wb->staging, &buf, err))
     goto out;
-  if (!(j = bs_journal_create(*wb->staging_fd, buf.data, buf.len, err)))
-    goto out;
-  /* ORIGIN: which base tensor each file of the tree is (by its key). */
+  /* Its origins: which base tensor each file of the tree is (by its key). */
   const struct bs_tree *t = wb->edit->tree;
   for (size_t i = 0; i < out.count; i++)
     if (bs_strmap_put(&keys, out.tensors[i].name, i) < 0)
@@ -260,19 +258,19 @@ struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
     size_t ti;
     bool found = key && bs_strmap_get(&keys, key, &ti);
     bs_free(key);
-    if (!found)
+    uint8_t pair[16];
+    bs_put_le64(pair, ino);
+    bs_put_le64(pair + 8, ti);
+    if (!found || bs_buf_put(&origins, pair, sizeof pair) != 0)
       goto oom;
-    bs_journal_append_u64(j, BS_J_ORIGIN, ino, ti);
   }
-  bs_journal_sync(j);
+  j = bs_journal_create(*wb->staging_fd, buf.data, buf.len, origins.data, origins.len, err);
   goto out;
 oom:
   bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "cannot describe the mount in its journal");
-  bs_journal_close(j);
-  unlinkat(*wb->staging_fd, BS_JOURNAL_NAME, 0);
-  j = NULL;
 out:
   bs_strmap_destroy(&keys);
+  bs_buf_destroy(&origins);
   bs_buf_destroy(&buf);
   bs_catalog_destroy(&out);
   return j;

@@ -1,9 +1,12 @@
 #include "bs_test.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
@@ -48,4 +51,38 @@ int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err
   if (bs_src_init_mem(&src, buf, len, "test.bin", err) != 0)
     return -1;
   return bs_open_any(cat, &src, NULL, err);
+}
+
+void bs_test_put_file(const char *path, const void *data, size_t n)
+{
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+  cr_assert_eq(write(fd, data, n), (ssize_t)n);
+  close(fd);
+}
+
+void bs_test_write_ab_checkpoint(const char *path)
+{
+  const char h[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                   "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[16,20]}}";
+  size_t hl = (sizeof h - 1 + 7) / 8 * 8;
+  uint8_t buf[256];
+  memset(buf, ' ', sizeof buf);
+  for (int i = 0; i < 8; i++)
+    buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+  memcpy(buf + 8, h, sizeof h - 1);
+  for (int i = 0; i < 20; i++)
+    buf[8 + hl + i] = (uint8_t)(i + 1);
+  bs_test_put_file(path, buf, 8 + hl + 20);
+}
+
+void bs_test_open_file(const char *path, struct bs_catalog *c)
+{
+  struct bs_src s;
+  struct bs_open_opts oo = {0};
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(c);
+  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_open_any(c, &s, &oo, &err), 0, "%s: %s", path, err.msg);
 }

@@ -16,4 +16,12 @@ void bs_test_rmrf(const char *path);
 /* Open a memory buffer as a catalog (cr_assert on nothing; returns rc). */
 int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err);
 
+/* Write a file (O_TRUNC, 0644); aborts the test on failure. */
+void bs_test_put_file(const char *path, const void *data, size_t n);
+/* The write-back tests' checkpoint: a SafeTensors file with a (F32 [4],
+ * bytes 1..16) and b (U8 [4], bytes 17..20). */
+void bs_test_write_ab_checkpoint(const char *path);
+/* Open a checkpoint file into c (initialised here); aborts on failure. */
+void bs_test_open_file(const char *path, struct bs_catalog *c);
+
 #endif

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -31,38 +32,6 @@ static struct bs_tree tree;
 static struct bs_edit ed;
 static struct bs_journal *jr;
 static bs_err err;
-
-static void put_file(const char *path, const void *data, size_t n)
-{
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
-  cr_assert_eq(write(fd, data, n), (ssize_t)n);
-  close(fd);
-}
-
-static void write_checkpoint(const char *path)
-{
-  const char h[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-                   "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[16,20]}}";
-  size_t hl = (sizeof h - 1 + 7) / 8 * 8;
-  uint8_t buf[256];
-  memset(buf, ' ', sizeof buf);
-  for (int i = 0; i < 8; i++)
-    buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-  memcpy(buf + 8, h, sizeof h - 1);
-  for (int i = 0; i < 20; i++)
-    buf[8 + hl + i] = (uint8_t)(i + 1);
-  put_file(path, buf, 8 + hl + 20);
-}
-
-static void open_ckpt(const char *path, struct bs_catalog *c)
-{
-  struct bs_src s;
-  struct bs_open_opts oo = {0};
-  bs_catalog_init(c);
-  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_open_any(c, &s, &oo, &err), 0, "%s: %s", path, err.msg);
-}
 
 static struct bs_wb job(void)
 {
@@ -88,8 +57,8 @@ static void setup(void)
   setenv("XDG_RUNTIME_DIR", run, 1);
   snprintf(src_path, sizeof src_path, "%s/m.safetensors", dir);
   snprintf(out_path, sizeof out_path, "%s/out.safetensors", dir);
-  write_checkpoint(src_path);
-  open_ckpt(src_path, &cat);
+  bs_test_write_ab_checkpoint(src_path);
+  bs_test_open_file(src_path, &cat);
   cr_assert_eq(bs_tree_init(&tree, &err), 0);
   cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
   cr_assert_eq(bs_edit_init(&ed, &cat, &tree, false, &err), 0);
@@ -145,7 +114,7 @@ static void stage(struct bs_entry *e, const void *data, size_t n)
   char p[200];
   e->stage = ++next_stage + 100;
   snprintf(p, sizeof p, "%s/%llu", stg, (unsigned long long)e->stage);
-  put_file(p, data, n);
+  bs_test_put_file(p, data, n);
   e->size = n;
   bs_edit_log_stage(&ed, e);
 }
@@ -305,7 +274,7 @@ Test(journal, finish_after_a_kill_writes_what_the_mount_held)
   cr_assert_neq(stat(stg, &st), 0, "the staging directory is removed");
 
   struct bs_catalog out;
-  open_ckpt(out_path, &out);
+  bs_test_open_file(out_path, &out);
   cr_assert_eq(out.count, 3);
   long ia = bs_catalog_find(&out, "a"), ir = bs_catalog_find(&out, "renamed"),
        inew = bs_catalog_find(&out, "fresh");
@@ -391,17 +360,24 @@ Test(journal, a_checksum_mismatch_ends_the_replay_there)
   bs_free(data);
 }
 
-static void put_rec(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const void *a,
-                    uint32_t alen)
+static void put_rec2(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const void *a,
+                     uint32_t alen, const void *b, uint32_t blen)
 {
   uint8_t *q = p + *off + 12;
   q[0] = (uint8_t)kind;
   bs_put_le64(q + 1, ino);
   bs_put_le32(q + 9, alen);
   memcpy(q + 13, a, alen);
-  bs_put_le32(p + *off, 13 + alen);
-  bs_put_le64(p + *off + 4, bs_fnv1a(BS_FNV1A_INIT, q, 13 + alen));
-  *off += 12 + 13 + alen;
+  memcpy(q + 13 + alen, b, blen);
+  bs_put_le32(p + *off, 13 + alen + blen);
+  bs_put_le64(p + *off + 4, bs_fnv1a(BS_FNV1A_INIT, q, 13 + alen + blen));
+  *off += 12 + 13 + alen + blen;
+}
+
+static void put_rec(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const void *a,
+                    uint32_t alen)
+{
+  put_rec2(p, off, kind, ino, a, alen, NULL, 0);
 }
 
 Test(journal, bad_journals_are_refused_with_one_line)
@@ -419,6 +395,7 @@ Test(journal, bad_journals_are_refused_with_one_line)
   /* A change of a file the journal never named; an ORIGIN past the BASE;
    * a field longer than its record; an unknown kind. */
   uint8_t *bad = bs_malloc(n + 64);
+  cr_assert_not_null(bad);
   const uint8_t big[8] = {9, 0, 0, 0, 0, 0, 0, 0};
   struct {
     unsigned kind;
@@ -450,6 +427,15 @@ Test(journal, bad_journals_are_refused_with_one_line)
   cr_assert_eq(bs_journal_replay(bad, off, &r, &err), -1);
   cr_assert(strstr(err.msg, "longer than its record"), "%s", err.msg);
   bs_jreplay_destroy(&r);
+  /* BASE's origins must be (inode, tensor) pairs. */
+  uint32_t blen = bs_le32(data + 8 + 12 + 9);
+  memcpy(bad, data, 8);
+  off = 8;
+  put_rec2(bad, &off, BS_J_BASE, 0, data + 8 + 12 + 13, blen, "0123456789abcde", 15);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_journal_replay(bad, off, &r, &err), -1);
+  cr_assert(strstr(err.msg, "pairs"), "%s", err.msg);
+  bs_jreplay_destroy(&r);
   bs_free(bad);
   bs_free(data);
 }
@@ -461,7 +447,7 @@ Test(journal, a_changed_checkpoint_is_refused)
   sleep(0); /* the rewrite below changes size and inode at least */
   char tmp[160];
   snprintf(tmp, sizeof tmp, "%s.new", src_path);
-  write_checkpoint(tmp);
+  bs_test_write_ab_checkpoint(tmp);
   int fd = open(tmp, O_WRONLY | O_APPEND);
   cr_assert_eq(write(fd, "x", 1), 1);
   close(fd);

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/stage_index.h"
@@ -33,38 +34,6 @@ static bs_err err;
 
 static const uint8_t staged_a[16] = {9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6};
 
-static void put_file(const char *path, const void *data, size_t n)
-{
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
-  cr_assert_eq(write(fd, data, n), (ssize_t)n);
-  close(fd);
-}
-
-static void write_checkpoint(const char *path)
-{
-  const char h[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-                   "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[16,20]}}";
-  size_t hl = (sizeof h - 1 + 7) / 8 * 8;
-  uint8_t buf[256];
-  memset(buf, ' ', sizeof buf);
-  for (int i = 0; i < 8; i++)
-    buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-  memcpy(buf + 8, h, sizeof h - 1);
-  for (int i = 0; i < 20; i++)
-    buf[8 + hl + i] = (uint8_t)(i + 1);
-  put_file(path, buf, 8 + hl + 20);
-}
-
-static void open_ckpt(const char *path, struct bs_catalog *c)
-{
-  struct bs_src s;
-  struct bs_open_opts oo = {0};
-  bs_catalog_init(c);
-  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_open_any(c, &s, &oo, &err), 0, "%s: %s", path, err.msg);
-}
-
 static void setup(void)
 {
   bs_err_clear(&err);
@@ -75,8 +44,8 @@ static void setup(void)
   cr_assert_eq(mkdir(run, 0700), 0);
   setenv("XDG_RUNTIME_DIR", run, 1); /* this test's own target locks */
   snprintf(src_path, sizeof src_path, "%s/m.safetensors", dir);
-  write_checkpoint(src_path);
-  open_ckpt(src_path, &cat);
+  bs_test_write_ab_checkpoint(src_path);
+  bs_test_open_file(src_path, &cat);
   cr_assert_eq(bs_tree_init(&tree, &err), 0);
   cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
   cr_assert_eq(bs_edit_init(&ed, &cat, &tree, false, &err), 0);
@@ -109,7 +78,7 @@ static struct bs_entry *stage_a(void)
   cr_assert_not_null(e);
   char p[160];
   snprintf(p, sizeof p, "%s/1", stg);
-  put_file(p, staged_a, sizeof staged_a);
+  bs_test_put_file(p, staged_a, sizeof staged_a);
   e->stage = 1;
   e->size = sizeof staged_a;
   return e;
@@ -148,7 +117,7 @@ static bool has_index(void)
 static void check_result(const char *path)
 {
   struct bs_catalog out;
-  open_ckpt(path, &out);
+  bs_test_open_file(path, &out);
   cr_assert_eq(out.count, 2);
   long a = bs_catalog_find(&out, "a"), b = bs_catalog_find(&out, "b");
   cr_assert(a >= 0 && b >= 0);
@@ -276,7 +245,7 @@ Test(writeback, full_disk_fails_the_writer_and_finish_completes_later)
   memset(big, 5, sizeof big);
   char p[160];
   snprintf(p, sizeof p, "%s/2", stg);
-  put_file(p, big, sizeof big);
+  bs_test_put_file(p, big, sizeof big);
   e->stage = 2;
   e->size = sizeof big;
   cr_assert_eq(bs_entry_set_shape(NULL, e, "[262144]", 8, &err), 0, "%s", err.msg);
@@ -301,7 +270,7 @@ Test(writeback, full_disk_fails_the_writer_and_finish_completes_later)
   cr_assert_eq(bs_wb_finish(stg, &res, &err), 0, "%s", err.msg);
   bs_free(res.target);
   struct bs_catalog got;
-  open_ckpt(out, &got);
+  bs_test_open_file(out, &got);
   long b = bs_catalog_find(&got, "b");
   cr_assert(b >= 0 && got.tensors[b].nbytes == sizeof big);
   bs_catalog_destroy(&got);
