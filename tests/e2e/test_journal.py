@@ -56,6 +56,15 @@ def kill_daemon(mnt):
     force_unmount(mnt)
 
 
+def fresh(tmp, name):
+    """tmp/name/ with a copy of the model as m.bpk: (directory, m.bpk, mountpoint)."""
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    target = os.path.join(d, "m.bpk")
+    shutil.copyfile(MODEL, target)
+    return d, target, os.path.join(d, "mnt")
+
+
 def surgery(tmp, mnt):
     """Changes of every kind the journal records, as a user makes them."""
     src = os.path.join(tmp, "incoming")
@@ -82,11 +91,7 @@ def surgery(tmp, mnt):
 
 
 def test_kill_while_mounted(tmp):
-    d = os.path.join(tmp, "kill")
-    os.makedirs(d)
-    target = os.path.join(d, "m.bpk")
-    shutil.copyfile(MODEL, target)
-    mnt = os.path.join(d, "mnt")
+    d, target, mnt = fresh(tmp, "kill")
     with Mount(target, mnt, "rw"):
         stg = glob.glob(os.path.join(d, ".m.bpk.staging-*"))
         check(len(stg) == 1 and os.path.exists(os.path.join(stg[0], "JOURNAL")),
@@ -119,12 +124,8 @@ def test_kill_while_mounted(tmp):
 
 
 def test_changed_checkpoint_is_refused(tmp):
-    d = os.path.join(tmp, "stale")
-    os.makedirs(d)
-    source = os.path.join(d, "m.bpk")
+    d, source, mnt = fresh(tmp, "stale")
     out = os.path.join(d, "out.bpk")
-    shutil.copyfile(MODEL, source)
-    mnt = os.path.join(d, "mnt")
     with Mount(source, mnt, "rw,output=" + out):
         sh("mv %s/conv1 %s/renamed" % (mnt, mnt), d)
         time.sleep(WINDOW + 0.5)
@@ -142,11 +143,7 @@ def test_changed_checkpoint_is_refused(tmp):
 
 
 def test_nojournal(tmp):
-    d = os.path.join(tmp, "nojournal")
-    os.makedirs(d)
-    target = os.path.join(d, "m.bpk")
-    shutil.copyfile(MODEL, target)
-    mnt = os.path.join(d, "mnt")
+    d, target, mnt = fresh(tmp, "nojournal")
     with Mount(target, mnt, "rw,nojournal") as m:
         stg = glob.glob(os.path.join(d, ".m.bpk.staging-*"))
         check(len(stg) == 1 and not os.path.exists(os.path.join(stg[0], "JOURNAL")),

@@ -40,6 +40,18 @@ def make_base(tmp):
     return base
 
 
+def finish_into(stg, target, expected, what):
+    """burnstore --finish STG: it succeeds, removes STG, and target holds expected."""
+    r = run([BIN, "--finish", stg])
+    ok = check(r.returncode == 0, "%s: --finish: %s" % (what, r.stderr))
+    ok &= check(not os.path.exists(stg), "%s: --finish removed the staging" % what)
+    try:
+        got, _ = read_bpk(target)
+    except Exception as e:
+        got = repr(e)
+    return ok & check(got == expected, "%s: --finish wrote the expected tensors" % what)
+
+
 def calibrate(tmp, base, pool):
     d = os.path.join(tmp, "cal")
     os.makedirs(d)
@@ -140,27 +152,13 @@ def main(tmp):
             l = run([BIN, "--list-staging", stg[0]])
             ok &= check(l.returncode == 0 and "big\tU8\t[%d]" % size in l.stdout,
                         "round %d: --list-staging: %r %r" % (i, l.stdout[-300:], l.stderr))
-            r = run([BIN, "--finish", stg[0]])
-            ok &= check(r.returncode == 0, "round %d (%s): --finish: %s" % (i, phase, r.stderr))
-            ok &= check(not os.path.exists(stg[0]), "round %d: --finish removed the staging" % i)
-            try:
-                got, _ = read_bpk(target)
-            except Exception as e:
-                got = repr(e)
-            ok &= check(got == expected, "round %d (%s): --finish wrote the expected tensors" % (i, phase))
+            ok &= finish_into(stg[0], target, expected, "round %d (%s)" % (i, phase))
         elif stg and os.path.exists(os.path.join(stg[0], "JOURNAL")):
             # Killed before the write-back saved its INDEX (like a kill while
             # mounted: the old file is intact): the staging journal names
             # what the mount held, and --finish writes it.
             ok &= check(is_old and not tmps, "round %d: no INDEX, so the writer had not started" % i)
-            r = run([BIN, "--finish", stg[0]])
-            ok &= check(r.returncode == 0, "round %d (%s, journal): --finish: %s" % (i, phase, r.stderr))
-            ok &= check(not os.path.exists(stg[0]), "round %d: --finish removed the staging" % i)
-            try:
-                got, _ = read_bpk(target)
-            except Exception as e:
-                got = repr(e)
-            ok &= check(got == expected, "round %d (%s, journal): --finish wrote the expected tensors" % (i, phase))
+            ok &= finish_into(stg[0], target, expected, "round %d (%s, journal)" % (i, phase))
         elif stg:
             # Killed while it removed its staging after the rename (the
             # JOURNAL, then the INDEX go first): --finish says there is
