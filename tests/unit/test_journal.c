@@ -367,8 +367,10 @@ static void put_rec2(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const
   q[0] = (uint8_t)kind;
   bs_put_le64(q + 1, ino);
   bs_put_le32(q + 9, alen);
-  memcpy(q + 13, a, alen);
-  memcpy(q + 13 + alen, b, blen);
+  if (alen)
+    memcpy(q + 13, a, alen);
+  if (blen)
+    memcpy(q + 13 + alen, b, blen);
   bs_put_le32(p + *off, 13 + alen + blen);
   bs_put_le64(p + *off + 4, bs_fnv1a(BS_FNV1A_INIT, q, 13 + alen + blen));
   *off += 12 + 13 + alen + blen;
