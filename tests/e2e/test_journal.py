@@ -142,6 +142,24 @@ def test_changed_checkpoint_is_refused(tmp):
     check(os.path.exists(os.path.join(stg[0], "JOURNAL")), "the journal is kept")
 
 
+def test_filtered_in_place_keeps_what_it_hides(tmp):
+    """rw in place with exclude=: the journal's BASE keeps the hidden tensors,
+    so --finish after a kill writes them back untouched, as a write-back would."""
+    d, target, mnt = fresh(tmp, "hidden")
+    before, _ = read_bpk(target)
+    with Mount(target, mnt, "rw,exclude=^conv2"):
+        sh("mv %s/conv1 %s/c1" % (mnt, mnt), d)
+        time.sleep(WINDOW + 0.5)
+        kill_daemon(mnt)
+    stg = glob.glob(os.path.join(d, ".m.bpk.staging-*"))
+    r = run([BIN, "--finish"] + stg[:1])
+    check(r.returncode == 0, "--finish: %r" % r.stderr)
+    got, _ = read_bpk(target)
+    check(all(got.get(k) == v for k, v in before.items() if k.startswith("conv2.")) and
+          "c1.conv.weight" in got and "conv1.conv.weight" not in got,
+          "hidden tensors kept, the rename applied: %s" % sorted(got)[:8])
+
+
 def test_nojournal(tmp):
     d, target, mnt = fresh(tmp, "nojournal")
     with Mount(target, mnt, "rw,nojournal") as m:
@@ -156,5 +174,5 @@ def test_nojournal(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_journal", [test_kill_while_mounted, test_changed_checkpoint_is_refused, test_nojournal],
-              "journal")
+    run_tests("test_journal", [test_kill_while_mounted, test_changed_checkpoint_is_refused,
+                               test_filtered_in_place_keeps_what_it_hides, test_nojournal], "journal")
