@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "core/writeback.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
 {
@@ -85,4 +87,39 @@ void bs_test_open_file(const char *path, struct bs_catalog *c)
   bs_catalog_init(c);
   cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
   cr_assert_eq(bs_open_any(c, &s, &oo, &err), 0, "%s: %s", path, err.msg);
+}
+
+void bs_test_wb_setup(struct bs_test_wb *w)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  memset(w, 0, sizeof *w);
+  snprintf(w->dir, sizeof w->dir, "/tmp/bs-wb-XXXXXX");
+  cr_assert_not_null(mkdtemp(w->dir));
+  char run[128];
+  snprintf(run, sizeof run, "%s/run", w->dir);
+  cr_assert_eq(mkdir(run, 0700), 0);
+  setenv("XDG_RUNTIME_DIR", run, 1); /* this test's own target locks */
+  snprintf(w->src_path, sizeof w->src_path, "%s/m.safetensors", w->dir);
+  bs_test_write_ab_checkpoint(w->src_path);
+  bs_test_open_file(w->src_path, &w->cat);
+  cr_assert_eq(bs_tree_init(&w->tree, &err), 0);
+  cr_assert_eq(bs_tree_build(&w->tree, &w->cat, false, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_edit_init(&w->ed, &w->cat, &w->tree, false, &err), 0);
+  cr_assert_eq(bs_edit_attach(&w->ed, NULL, NULL, &err), 0);
+  snprintf(w->stg, sizeof w->stg, "%s/burnstore-XXXXXX", w->dir);
+  cr_assert_eq(bs_staging_create(w->stg, &w->stg_fd, &w->stg_lock), 0);
+}
+
+void bs_test_wb_teardown(struct bs_test_wb *w)
+{
+  bs_edit_destroy(&w->ed);
+  bs_tree_destroy(&w->tree);
+  bs_catalog_destroy(&w->cat);
+  if (w->stg_fd >= 0)
+    close(w->stg_fd);
+  if (w->stg_lock >= 0)
+    close(w->stg_lock);
+  w->stg_fd = w->stg_lock = -1;
+  bs_test_rmrf(w->dir);
 }

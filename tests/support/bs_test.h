@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "burnstore/catalog.h"
+#include "core/edit.h"
 
 /* Read a whole file into a bs_malloc'd buffer; aborts the test on failure. */
 uint8_t *bs_test_slurp(const char *path, size_t *len);
@@ -23,5 +24,22 @@ void bs_test_put_file(const char *path, const void *data, size_t n);
 void bs_test_write_ab_checkpoint(const char *path);
 /* Open a checkpoint file into c (initialised here); aborts on failure. */
 void bs_test_open_file(const char *path, struct bs_catalog *c);
+
+/* A writable mount's core state without FUSE (test_writeback, test_journal):
+ * a directory with the a/b checkpoint (bs_test_write_ab_checkpoint), its own
+ * XDG_RUNTIME_DIR for target locks, the tree and editable catalog as a
+ * writable mount has them, and a staging directory created and locked. */
+struct bs_test_wb {
+  char dir[64];
+  char src_path[128]; /* DIR/m.safetensors */
+  char stg[128];      /* the staging directory */
+  int stg_fd, stg_lock;
+  struct bs_catalog cat;
+  struct bs_tree tree;
+  struct bs_edit ed;
+};
+void bs_test_wb_setup(struct bs_test_wb *w);
+/* Frees it all and removes the directory. */
+void bs_test_wb_teardown(struct bs_test_wb *w);
 
 #endif

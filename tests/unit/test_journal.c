@@ -22,25 +22,21 @@
 #include "core/stage_index.h"
 #include "core/writeback.h"
 
-static char dir[64];
-static char src_path[128]; /* a (F32 [4]) b (U8 [4]) */
+/* The checkpoint a (F32 [4]) b (U8 [4]), its mount's tree and editable
+ * catalog, a staging directory (bs_test.h). */
+static struct bs_test_wb W;
 static char out_path[128];
-static char stg[128];
-static int stg_fd = -1, stg_lock = -1;
-static struct bs_catalog cat;
-static struct bs_tree tree;
-static struct bs_edit ed;
 static struct bs_journal *jr;
 static bs_err err;
 
 static struct bs_wb job(void)
 {
   struct bs_wb wb = {.target = out_path,
-                     .source = src_path,
-                     .edit = &ed,
-                     .staging = stg,
-                     .staging_fd = &stg_fd,
-                     .staging_lock = &stg_lock};
+                     .source = W.src_path,
+                     .edit = &W.ed,
+                     .staging = W.stg,
+                     .staging_fd = &W.stg_fd,
+                     .staging_lock = &W.stg_lock};
   wb.writer = bs_wb_writer(out_path, out_path, 0, &err);
   cr_assert_not_null(wb.writer, "%s", err.msg);
   return wb;
@@ -49,45 +45,21 @@ static struct bs_wb job(void)
 static void setup(void)
 {
   bs_err_clear(&err);
-  snprintf(dir, sizeof dir, "/tmp/bs-jr-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  char run[128];
-  snprintf(run, sizeof run, "%s/run", dir);
-  cr_assert_eq(mkdir(run, 0700), 0);
-  setenv("XDG_RUNTIME_DIR", run, 1);
-  snprintf(src_path, sizeof src_path, "%s/m.safetensors", dir);
-  snprintf(out_path, sizeof out_path, "%s/out.safetensors", dir);
-  bs_test_write_ab_checkpoint(src_path);
-  bs_test_open_file(src_path, &cat);
-  cr_assert_eq(bs_tree_init(&tree, &err), 0);
-  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_edit_init(&ed, &cat, &tree, false, &err), 0);
-  cr_assert_eq(bs_edit_attach(&ed, NULL, NULL, &err), 0);
-  snprintf(stg, sizeof stg, "%s/burnstore-XXXXXX", dir);
-  cr_assert_eq(bs_staging_create(stg, &stg_fd, &stg_lock), 0);
+  bs_test_wb_setup(&W);
+  snprintf(out_path, sizeof out_path, "%s/out.safetensors", W.dir);
   struct bs_wb wb = job();
   jr = bs_wb_journal_start(&wb, &err);
   cr_assert_not_null(jr, "%s", err.msg);
   bs_journal_begin(jr);
-  ed.journal = jr;
+  W.ed.journal = jr;
 }
 
 static void teardown(void)
 {
-  ed.journal = NULL;
+  W.ed.journal = NULL;
   bs_journal_close(jr);
   jr = NULL;
-  bs_edit_destroy(&ed);
-  bs_tree_destroy(&tree);
-  bs_catalog_destroy(&cat);
-  if (stg_fd >= 0)
-    close(stg_fd);
-  if (stg_lock >= 0)
-    close(stg_lock);
-  stg_fd = stg_lock = -1;
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  cr_assert_eq(system(cmd), 0);
+  bs_test_wb_teardown(&W);
 }
 
 TestSuite(journal, .init = setup, .fini = teardown);
@@ -96,14 +68,14 @@ TestSuite(journal, .init = setup, .fini = teardown);
 
 static uint64_t lookup(const char *name)
 {
-  uint64_t ino = bs_tree_lookup(&tree, BS_TREE_ROOT, name);
+  uint64_t ino = bs_tree_lookup(&W.tree, BS_TREE_ROOT, name);
   cr_assert_neq(ino, 0, "%s", name);
   return ino;
 }
 
 static struct bs_entry *entry(const char *name)
 {
-  return bs_edit_entry(&ed, lookup(name));
+  return bs_edit_entry(&W.ed, lookup(name));
 }
 
 static uint64_t next_stage = 0;
@@ -113,39 +85,39 @@ static void stage(struct bs_entry *e, const void *data, size_t n)
 {
   char p[200];
   e->stage = ++next_stage + 100;
-  snprintf(p, sizeof p, "%s/%llu", stg, (unsigned long long)e->stage);
+  snprintf(p, sizeof p, "%s/%llu", W.stg, (unsigned long long)e->stage);
   bs_test_put_file(p, data, n);
   e->size = n;
-  bs_edit_log_stage(&ed, e);
+  bs_edit_log_stage(&W.ed, e);
 }
 
 static uint64_t create(const char *name)
 {
   uint64_t ino;
-  cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, name, false, -1, &ino, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_tree_add(&W.tree, BS_TREE_ROOT, name, false, -1, &ino, &err), 0, "%s", err.msg);
   struct bs_entry *e = bs_entry_new(-1, 0, false, 0644);
   e->ino = ino;
-  tree.nodes[ino].user = e;
-  bs_edit_log_key(&ed, ino);
+  W.tree.nodes[ino].user = e;
+  bs_edit_log_key(&W.ed, ino);
   return ino;
 }
 
 static void rename_to(const char *from, const char *to)
 {
-  uint64_t ino = lookup(from), target = bs_tree_lookup(&tree, BS_TREE_ROOT, to);
+  uint64_t ino = lookup(from), target = bs_tree_lookup(&W.tree, BS_TREE_ROOT, to);
   if (target) {
-    cr_assert_eq(bs_tree_remove(&tree, target, &err), 0);
-    bs_edit_log_gone(&ed, target);
+    cr_assert_eq(bs_tree_remove(&W.tree, target, &err), 0);
+    bs_edit_log_gone(&W.ed, target);
   }
-  cr_assert_eq(bs_tree_move(&tree, ino, BS_TREE_ROOT, to, &err), 0, "%s", err.msg);
-  bs_edit_log_key(&ed, ino);
+  cr_assert_eq(bs_tree_move(&W.tree, ino, BS_TREE_ROOT, to, &err), 0, "%s", err.msg);
+  bs_edit_log_key(&W.ed, ino);
 }
 
 static void unlink_file(const char *name)
 {
   uint64_t ino = lookup(name);
-  cr_assert_eq(bs_tree_remove(&tree, ino, &err), 0);
-  bs_edit_log_gone(&ed, ino);
+  cr_assert_eq(bs_tree_remove(&W.tree, ino, &err), 0);
+  bs_edit_log_gone(&W.ed, ino);
 }
 
 /* The daemon is killed: no INDEX, its lock released. */
@@ -153,16 +125,16 @@ static void kill_owner(void)
 {
   bs_journal_close(jr);
   jr = NULL;
-  ed.journal = NULL;
-  close(stg_lock);
-  close(stg_fd);
-  stg_lock = stg_fd = -1;
+  W.ed.journal = NULL;
+  close(W.stg_lock);
+  close(W.stg_fd);
+  W.stg_lock = W.stg_fd = -1;
 }
 
 static size_t read_journal(uint8_t **data)
 {
   char p[200];
-  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, stg);
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
   FILE *f = fopen(p, "rb");
   cr_assert_not_null(f);
   fseek(f, 0, SEEK_END);
@@ -207,22 +179,22 @@ Test(journal, every_record_kind_replays)
   struct bs_entry *ea = entry("a");
   const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   stage(ea, bytes, sizeof bytes);
-  cr_assert_eq(bs_entry_set_dtype(&ed, ea, "F16\n", 4, &err), 0);
-  cr_assert_eq(bs_entry_set_shape(&ed, ea, "[2, 2]", 6, &err), 0);
-  cr_assert_eq(bs_entry_set_param_id(&ed, ea, "77", 2, &err), 0);
-  cr_assert_eq(bs_entry_set_xattr(&ed, ea, "user.note", "hi", 2, 0, &err), 0);
-  cr_assert_eq(bs_entry_set_xattr(&ed, ea, "user.gone", "x", 1, 0, &err), 0);
-  cr_assert_eq(bs_entry_remove_xattr(&ed, ea, "user.gone", &err), 0);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, ea, "F16\n", 4, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, ea, "[2, 2]", 6, &err), 0);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, ea, "77", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_xattr(&W.ed, ea, "user.note", "hi", 2, 0, &err), 0);
+  cr_assert_eq(bs_entry_set_xattr(&W.ed, ea, "user.gone", "x", 1, 0, &err), 0);
+  cr_assert_eq(bs_entry_remove_xattr(&W.ed, ea, "user.gone", &err), 0);
   struct bs_entry *eb = entry("b");
-  cr_assert_eq(bs_entry_set_shape(&ed, eb, "[4,1]", 5, &err), 0);
-  bs_entry_clear_shape(&ed, eb);
-  cr_assert_eq(bs_entry_set_dtype(&ed, eb, "I8", 2, &err), 0);
-  bs_entry_clear_dtype(&ed, eb);
-  cr_assert_eq(bs_entry_set_param_id(&ed, eb, "5", 1, &err), 0);
-  bs_entry_clear_param_id(&ed, eb);
-  cr_assert_eq(bs_edit_set_meta(&ed, "k", "v", 1, &err), 0);
-  cr_assert_eq(bs_edit_set_meta(&ed, "drop", "v", 1, &err), 0);
-  cr_assert_eq(bs_edit_remove_meta(&ed, "drop", &err), 0);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, eb, "[4,1]", 5, &err), 0);
+  bs_entry_clear_shape(&W.ed, eb);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  bs_entry_clear_dtype(&W.ed, eb);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, eb, "5", 1, &err), 0);
+  bs_entry_clear_param_id(&W.ed, eb);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "k", "v", 1, &err), 0);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "drop", "v", 1, &err), 0);
+  cr_assert_eq(bs_edit_remove_meta(&W.ed, "drop", &err), 0);
   uint64_t n = create("new");
   cr_assert_eq(bs_journal_pending(jr) > 0, true);
 
@@ -255,23 +227,23 @@ Test(journal, finish_after_a_kill_writes_what_the_mount_held)
   const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   struct bs_entry *ea = entry("a");
   stage(ea, bytes, sizeof bytes);
-  cr_assert_eq(bs_entry_set_dtype(&ed, ea, "U16", 3, &err), 0);
-  cr_assert_eq(bs_entry_set_shape(&ed, ea, "[2,2]", 5, &err), 0);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, ea, "U16", 3, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, ea, "[2,2]", 5, &err), 0);
   rename_to("b", "renamed");
   uint64_t n = create("fresh");
-  struct bs_entry *en = bs_edit_entry(&ed, n);
+  struct bs_entry *en = bs_edit_entry(&W.ed, n);
   stage(en, "abcd", 4);
-  cr_assert_eq(bs_entry_set_dtype(&ed, en, "I32", 3, &err), 0);
-  cr_assert_eq(bs_edit_set_meta(&ed, "author", "me", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, en, "I32", 3, &err), 0);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "author", "me", 2, &err), 0);
   kill_owner();
 
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
   cr_assert_str_eq(res.target, out_path);
   cr_assert_eq(res.tensors, 3);
   bs_free(res.target);
   struct stat st;
-  cr_assert_neq(stat(stg, &st), 0, "the staging directory is removed");
+  cr_assert_neq(stat(W.stg, &st), 0, "the staging directory is removed");
 
   struct bs_catalog out;
   bs_test_open_file(out_path, &out);
@@ -322,10 +294,10 @@ Test(journal, rename_chains_and_unlink_then_recreate)
 Test(journal, a_torn_tail_is_ignored)
 {
   struct bs_entry *eb = entry("b");
-  cr_assert_eq(bs_entry_set_dtype(&ed, eb, "I8", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
   uint8_t *data;
   size_t full = read_journal(&data);
-  cr_assert_eq(bs_entry_set_shape(&ed, eb, "[2,2]", 5, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, eb, "[2,2]", 5, &err), 0);
   bs_free(data);
   size_t n = read_journal(&data);
   cr_assert_gt(n, full);
@@ -347,8 +319,8 @@ Test(journal, a_checksum_mismatch_ends_the_replay_there)
   uint8_t *data;
   size_t before = read_journal(&data);
   bs_free(data);
-  cr_assert_eq(bs_entry_set_dtype(&ed, eb, "I8", 2, &err), 0);
-  cr_assert_eq(bs_entry_set_param_id(&ed, eb, "3", 1, &err), 0);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, eb, "3", 1, &err), 0);
   size_t n = read_journal(&data);
   data[before + 12 + 13] ^= 0x20; /* the dtype text: "i8" would be valid too */
   struct bs_jreplay r;
@@ -448,14 +420,14 @@ Test(journal, a_changed_checkpoint_is_refused)
   kill_owner();
   sleep(0); /* the rewrite below changes size and inode at least */
   char tmp[160];
-  snprintf(tmp, sizeof tmp, "%s.new", src_path);
+  snprintf(tmp, sizeof tmp, "%s.new", W.src_path);
   bs_test_write_ab_checkpoint(tmp);
   int fd = open(tmp, O_WRONLY | O_APPEND);
   cr_assert_eq(write(fd, "x", 1), 1);
   close(fd);
-  cr_assert_eq(rename(tmp, src_path), 0);
+  cr_assert_eq(rename(tmp, W.src_path), 0);
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
   cr_assert_eq(err.code, ESTALE, "%d %s", err.code, err.msg);
   bs_free(res.target);
   struct stat st;
@@ -466,10 +438,10 @@ Test(journal, without_journal_finish_still_says_no_index)
 {
   kill_owner();
   char p[200];
-  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, stg);
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
   cr_assert_eq(unlink(p), 0);
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
   cr_assert(strstr(err.msg, "no INDEX"), "%s", err.msg);
   bs_free(res.target);
 }
@@ -477,7 +449,7 @@ Test(journal, without_journal_finish_still_says_no_index)
 Test(journal, the_flusher_syncs_within_its_window)
 {
   struct bs_entry *eb = entry("b");
-  cr_assert_eq(bs_entry_set_dtype(&ed, eb, "I8", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
   cr_assert_gt(bs_journal_pending(jr), 0);
   for (int i = 0; i < 40 && bs_journal_pending(jr); i++)
     usleep(100000);
@@ -496,7 +468,7 @@ Test(journal, a_key_longer_than_a_file_name_survives)
   bs_journal_append(jr, BS_J_KEY, 9999, key, strlen(key), NULL, 0);
   kill_owner();
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
   bs_free(res.target);
   struct bs_catalog out;
   bs_test_open_file(out_path, &out);
