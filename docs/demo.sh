@@ -21,7 +21,7 @@ deps=$(bash .ci/install-deps --demo)
 echo "1. packages: ${deps#install-deps: }${deps:-all it needs were already installed}"
 quiet cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF -DBURNSTORE_TESTS=OFF
 quiet cmake --build build -j"$(nproc)" --target burnstore
-quiet cmake --install build
+quiet cmake --install build --component bin # not the library (not built)
 echo "2. built and installed: $(command -v burnstore), /sbin/mount.burnstore, man burnstore"
 mnt=/mnt/burnstore-demo
 mkdir -p "$mnt"

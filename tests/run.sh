@@ -6,17 +6,20 @@
 #   - builds in build/, build-core/, build-asan/, build-tsan/ inside the clone;
 #   - installs the release build (burnstore into /usr/local, mount.burnstore into
 #     /sbin: the `mount -t burnstore` tests use them) and removes those files again
-#     when it exits;
+#     after the sanitizer stages (or when it exits);
+#   - then builds the Debian package in build-deb/, installs it with apt-get,
+#     mounts through it, removes and purges it (tests/package/test_package.sh);
 #   - mounts only under /tmp (every mount under a deadline, always unmounted), and
 #     keeps lock and status files in /run/burnstore while a test's mount lives.
 # It never drops the page cache or starts a network service (the benchmark does
 # those only with --system, which the suite does not pass).
 # Stages: formatting (clang-format-14), release build + every unit, real-mount
 # end-to-end and fuzz-corpus-replay test, the quick benchmark (works, timings not
-# checked), a core-only build without FUSE, the suite under ASan + UBSan, and
-# under ThreadSanitizer. Each stage prints one line; its output goes to a log
-# file, printed in full only when the stage fails. Any failure or sanitizer
-# report fails the run; the exit status is 0 only when all of it passed.
+# checked), a core-only build without FUSE, the suite under ASan + UBSan, under
+# ThreadSanitizer, and the Debian package. Each stage prints one line; its
+# output goes to a log file, printed in full only when the stage fails. Any
+# failure or sanitizer report fails the run; the exit status is 0 only when all
+# of it passed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -26,13 +29,17 @@ werror=OFF
 t0=$SECONDS
 logs=$(mktemp -d /tmp/burnstore-test-logs-XXXXXX)
 installed=""
-finish() {
-  local rc=$?
+# Undo the release install: the files it wrote, and nothing else.
+release_uninstall() {
   if [ -n "$installed" ] && [ -f "$installed" ]; then
-    # Undo the install: the files it wrote, and nothing else.
     xargs -r -d '\n' rm -f -- <"$installed"
     rm -f "$installed"
   fi
+  installed=""
+}
+finish() {
+  local rc=$?
+  release_uninstall
   if [ $rc -eq 0 ]; then
     rm -rf "$logs"
   else
@@ -42,7 +49,8 @@ finish() {
 trap finish EXIT
 
 echo "tests/run.sh: installs missing Debian packages; builds in $here/build*;" \
-  "installs burnstore into /usr/local and /sbin for the run (removed at exit);" \
+  "installs burnstore into /usr/local and /sbin for the run (removed before the last stage);" \
+  "last, installs the .deb it builds, then removes and purges it;" \
   "mounts only under /tmp; lock/status files in /run/burnstore"
 
 # stage NAME CMD...: runs CMD with its output in a log file; one line if it
@@ -156,5 +164,11 @@ stage "ThreadSanitizer build" build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # core here (tests/CMakeLists.txt); the daemon (and its CLI) and the fuzz replays
 # they and the script tests start are instrumented.
 stage "ThreadSanitizer tests" ctest_with_reports build-tsan
+# The package installs /sbin/mount.burnstore too: the release install (which
+# the tests above use) goes first, and the package test refuses to run over
+# any unpackaged helper.
+stage "release install undone" release_uninstall
+stage "Debian package (build, apt-get install, library, mount -t burnstore, remove)" \
+  bash tests/package/test_package.sh "$here/build-deb"
 echo "== all tests passed ($((SECONDS - t0)) s)"
 echo "ctest: $passed passed, 0 failed"

@@ -22,6 +22,8 @@
 #include "burnstore/err.h"
 #include "burnstore/keys.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 struct bs_adapter {
   bool pytorch;
   struct bs_keyopts linear, norm; /* their include lists: the explicit regexes */
@@ -42,5 +44,7 @@ bool bs_adapter_any(const struct bs_adapter *a);
  * adapted: the caller gives up on it. */
 BS_NODISCARD int bs_adapter_apply(struct bs_catalog *cat, const struct bs_adapter *a,
                                   size_t *ntrans, size_t *nren, bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif

@@ -12,6 +12,8 @@
 #include "burnstore/err.h"
 #include "burnstore/src.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 /* The formats: one value per row of the format registry (formats.h,
  * src/formats/registry.c), in detection order. NONE is a catalog that was
  * not read from a file (a new, empty mount). */
@@ -88,14 +90,28 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
 
 BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value,
                                      bs_err *err);
+/* The same, taking ownership of key and value (bs_malloc'd; freed when it
+ * fails): a reader hands over a long value without a copy. */
+BS_NODISCARD int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err);
 /* Append one line to cat->notes (amortized: in time linear in the line). */
 BS_NODISCARD int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err);
 /* Cut cat->notes back to its first len bytes (a reader's rollback); 0 frees them. */
 void bs_catalog_notes_truncate(struct bs_catalog *cat, size_t len);
 
-/* Drop the tensors from index `count` on and the metadata from `nmeta` on:
- * how a reader takes back what it added when it fails half way. */
+/* Drop the tensors from index `count` on and the metadata from `nmeta` on. */
 void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta);
+
+/* How every reader takes back what it added when it fails half way: a mark
+ * taken before it adds anything, rolled back on failure. It covers all a
+ * reader may add: tensors, metadata, sources (shards, decompressed copies),
+ * notes, and values_json when the catalog had none (a reader sets values
+ * only as its last step, on success). */
+struct bs_catalog_mark {
+  size_t count, nmeta, nsrcs, notes_len;
+  bool had_values;
+};
+struct bs_catalog_mark bs_catalog_mark(const struct bs_catalog *cat);
+void bs_catalog_rollback(struct bs_catalog *cat, const struct bs_catalog_mark *m);
 
 /* Index of the tensor whose key is `key`, or -1. O(n). */
 long bs_catalog_find(const struct bs_catalog *cat, const char *key);
@@ -113,13 +129,18 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
 
-/* If the tensor's bytes are one range of an fd-backed source, give the fd and
- * the absolute offset of byte 0 (for splicing reads) and return true. */
+/* If the tensor's bytes are one range of a source that has an fd now, give
+ * the fd and the absolute offset of byte 0 (for splicing reads) and return
+ * true; the fd stays open until bs_tensor_fd_put. False: read with
+ * bs_tensor_read (a memory or network source, a strided view). */
 bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t, int *fd,
                         uint64_t *abs_off);
+void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, int fd);
 
 /* Validate a strided view against its storage (strides >= 0, max element
  * within storage_bytes). Called by readers that set strides. */
 BS_NODISCARD int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif

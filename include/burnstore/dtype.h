@@ -9,6 +9,8 @@
 
 #include "burnstore/err.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 enum bs_dtype {
   BS_DT_F64,
   BS_DT_F32,
@@ -107,7 +109,9 @@ BS_NODISCARD int bs_dtype_nbytes(enum bs_dtype dt, uint32_t rank, const uint64_t
 BS_NODISCARD int bs_shape_numel(uint32_t rank, const uint64_t *shape, uint64_t *out);
 
 /* The shape as user.burnstore.shape shows it: "[2,3]", "[]" for a scalar.
- * Returns a bs_malloc'd string, or NULL (out of memory). */
+ * Returns a bs_malloc'd string (bs_free, mem.h), or NULL (out of memory). */
 char *bs_shape_json(uint32_t rank, const uint64_t *shape);
+
+#pragma GCC visibility pop
 
 #endif

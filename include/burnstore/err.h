@@ -9,6 +9,12 @@
 #define BS_NODISCARD __attribute__((warn_unused_result))
 #define BS_OFF_NONE UINT64_MAX /* the error is not about a place in the file */
 
+/* The API: what the public headers declare between push(default) and pop is
+ * exported from libburnstore.so, whose objects are built with
+ * -fvisibility=hidden; everything else (the private headers beside the code)
+ * stays inside the library. */
+#pragma GCC visibility push(default)
+
 typedef struct bs_err {
   int code;     /* 0 = no error; else an errno: EINVAL, ENOTSUP, ENOMEM, EIO, EFBIG... */
   uint64_t off; /* byte offset in the source, or BS_OFF_NONE */
@@ -28,5 +34,7 @@ void bs_err_clear(bs_err *e);
  * out), one line: control characters (from names in the file) become '?'.
  * `file` may be NULL. Returns buf. */
 const char *bs_err_format(const bs_err *e, const char *file, char *buf, size_t n);
+
+#pragma GCC visibility pop
 
 #endif

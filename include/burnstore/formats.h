@@ -13,6 +13,8 @@
 
 #include "burnstore/catalog.h" /* enum bs_format (one value per row), bs_format_name */
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 struct bs_open_opts {
   bool strict; /* PyTorch: refuse unknown pickle GLOBALs instead of skipping them */
 };
@@ -32,16 +34,30 @@ typedef enum bs_sniff (*bs_sniff_fn)(const uint8_t *head, size_t n, uint64_t siz
 typedef int (*bs_read_fn)(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                           bs_err *err);
 
+/* One detail of a catalog, as its format tells it: key ("version") and value
+ * ("1"), both borrowed for the call only. */
+typedef void (*bs_detail_fn)(void *ctx, const char *key, const char *value);
+/* Every describe has this signature: the details a format knows about a
+ * catalog it read (from cat->srcs[0]) beyond the catalog's common fields,
+ * one call of `detail` each, in a fixed order. Reads at most a header; a
+ * detail that cannot be read is left out. */
+typedef void (*bs_describe_fn)(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
+
 #define BS_FORMAT_MAX_EXTS 6
 struct bs_format_desc {
   const char *name;                     /* "burnpack": user.burnstore.format, messages */
   const char *exts[BS_FORMAT_MAX_EXTS]; /* usual endings (".bpk"), NULL-terminated; hints only */
   bs_sniff_fn sniff;
   bs_read_fn read;
+  bs_describe_fn describe; /* NULL: nothing beyond the common fields */
 };
 
 /* The row of format f (borrowed, static), or NULL for NONE and out of range. */
 const struct bs_format_desc *bs_format_desc(enum bs_format f);
+/* The details of `cat` from its format's row (`burnstore info` prints them
+ * as "key: value" lines): Burnpack's version, PyTorch's container, the
+ * number of shards. Nothing for a format without a describe, or NONE. */
+void bs_format_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
 /* The format whose usual ending `path` has (".pth" -> PYTORCH), or NONE. For
  * messages and for choosing an output format; never for detection. */
 enum bs_format bs_format_by_ext(const char *path);
@@ -71,6 +87,8 @@ unsigned long bs_json_alloc_failures(void);
 BS_NODISCARD int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                              bs_err *err);
 enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size);
+/* "version": the header's version field. */
+void bs_bpk_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
 
 BS_NODISCARD int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                             bs_err *err);
@@ -80,24 +98,20 @@ enum bs_sniff bs_st_sniff(const uint8_t *head, size_t n, uint64_t size);
 BS_NODISCARD int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                               bs_err *err);
 enum bs_sniff bs_gguf_sniff(const uint8_t *head, size_t n, uint64_t size);
-/* Would metadata `key` = value (len bytes) be written back to GGUF? A key
- * the catalog's GGUF source (srcs[0]) has must parse as its GGUF type
- * (uint32 "7", JSON arrays of the element type...); general.alignment must
- * be a power of two; anything else becomes a string. 0, or -1 with err
- * (EINVAL) naming the key and what is wrong. Parses the source's header
- * once per call. */
-BS_NODISCARD int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key,
-                                    const char *value, size_t len, bs_err *err);
-
 /* PyTorch: one format, three containers. Which container a file is, is the
  * PyTorch reader's own business: it asks bs_pth_container. */
 BS_NODISCARD int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                              bs_err *err);
 enum bs_sniff bs_pth_sniff(const uint8_t *head, size_t n, uint64_t size);
+/* "version": the container, "zip (torch >= 1.6)", "legacy pickle (torch < 1.6)"
+ * or "tar (torch < 0.4)". */
+void bs_pth_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
 enum bs_pth_container { BS_PTH_ZIP, BS_PTH_LEGACY, BS_PTH_TAR };
 BS_NODISCARD int bs_pth_container(const struct bs_src *s, enum bs_pth_container *out, bs_err *err);
 /* torch's legacy magic number 0x1950a86a20f9469cfc6c, little-endian: the
  * first pickle of a legacy (< 1.6) checkpoint. */
 extern const uint8_t bs_pth_legacy_magic[10];
+
+#pragma GCC visibility pop
 
 #endif

@@ -11,6 +11,8 @@
 #include "burnstore/catalog.h"
 #include "burnstore/err.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 /* PCRE2 types, declared here so that users of this header need not include
  * pcre2.h (these are the tags pcre2.h uses for PCRE2_CODE_UNIT_WIDTH 8). */
 struct pcre2_real_code_8;
@@ -99,5 +101,7 @@ bool bs_keys_keep(const struct bs_keyopts *o, const char *name);
  * failure (ENOMEM) *items is NULL and *n is 0. A NULL optstr gives 0 items. */
 BS_NODISCARD int bs_opts_split(const char *optstr, char ***items, size_t *n, bs_err *err);
 void bs_opts_free(char **items, size_t n);
+
+#pragma GCC visibility pop
 
 #endif

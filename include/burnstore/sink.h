@@ -14,6 +14,8 @@
 
 #include "burnstore/err.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 struct bs_buf {
   uint8_t *data; /* owned (bs_malloc) */
   size_t len, cap;
@@ -55,9 +57,9 @@ void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx);
 /* ---- Atomic file commit --------------------------------------------------------------------
  *
  * One file:   bs_atomic_open, write to a.sink, bs_atomic_commit (or bs_atomic_abort).
- * N files as a set (a later sharded writer): open and write each, bs_atomic_sync each (any
- * failure: abort all, every target untouched), then bs_atomic_publish each. The renames of a
- * set are not atomic together; a set publishes its index file last.
+ * N files as a set (the sharded writer): open and write each, bs_atomic_sync each (any
+ * failure: abort all, every target untouched), then hand them to the set's journal
+ * (core/set_journal.h), which renames them after its commit record and releases them.
  *
  * A replaced target keeps its permission bits; a new one gets 0644 minus the umask. */
 struct bs_atomic {
@@ -80,11 +82,16 @@ BS_NODISCARD int bs_atomic_commit(struct bs_atomic *a, bs_err *err);
 /* Remove the temp file (if any) and release everything; the target is untouched.
  * Safe on a zeroed, failed, committed or aborted bs_atomic. */
 void bs_atomic_abort(struct bs_atomic *a);
+/* Release a synced file whose temp file someone else renames (the set journal):
+ * closes and frees, never removes the temp file. Safe where abort is. */
+void bs_atomic_release(struct bs_atomic *a);
 /* For a writer that failed: make err's message name the target, abort, return -1. */
 int bs_atomic_fail(struct bs_atomic *a, bs_err *err);
 
 /* Remove the temp files of `path` left by writers that died. Returns how many
  * were removed (errors are skipped: cleaning is best effort). */
 int bs_atomic_clean_stale(const char *path);
+
+#pragma GCC visibility pop
 
 #endif

@@ -1,34 +1,72 @@
-/* A byte source: "read N bytes at offset" over a file descriptor or a memory
- * buffer. Readers parse through it, so unit tests need no files. */
+/* A byte source: "read N bytes at offset" behind an ops table, so readers,
+ * the catalog, the writers and the FUSE read path never know what holds the
+ * bytes. Kinds today: a file (fd held), a memory buffer, a path opened per
+ * read, a shard beside its index (fd from a bounded pool) and a borrowed
+ * view of another source. A new kind (a network one) is one ops table. */
 #ifndef BURNSTORE_SRC_H
 #define BURNSTORE_SRC_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "burnstore/err.h"
 
-struct bs_src {
-  int fd;             /* -1 for a memory source */
-  bool owns_fd;       /* close(fd) in bs_src_destroy */
-  const uint8_t *mem; /* borrowed; NULL for an fd source */
-  uint64_t size;      /* total bytes */
-  char *name;         /* owned; used in error messages */
-  /* A regular file's identity at open, for bs_src_changed (fd sources). */
-  bool stamped;
-  uint64_t st_size;
-  struct timespec st_mtim, st_ctim;
-  bool change_logged; /* set once, atomically, by whoever reports a change */
-  bool lazy;          /* fd -1: `name` is opened for each read (bs_src_init_path) */
+#pragma GCC visibility push(default) /* the API (err.h) */
+
+struct bs_src;
+
+/* Who a file source was at open (a file-backed source's identity), for the
+ * INDEX of a write-back and for "is this output file my source?". */
+struct bs_src_ident {
+  uint64_t dev, ino, size;
+  int64_t mtime_sec;
+  long mtime_nsec;
 };
 
-/* Open `path` read-only. On failure *s is zeroed (fd -1) and err is set
- * (the message does not repeat the path: the caller prefixes it). */
+/* What a kind of source implements. Every op is thread-safe; `s->impl` is
+ * the kind's own state. Optional ops may be NULL. */
+struct bs_src_ops {
+  /* Up to n bytes at off, where off < s->size and 0 < n <= s->size - off:
+   * bytes read (short only at a real end of file) or -errno. Required. */
+  long (*pread)(const struct bs_src *s, uint64_t off, void *buf, size_t n);
+  /* Whether the bytes behind s changed since it was opened; why (n bytes,
+   * never NULL here) says what. NULL: never changes. */
+  bool (*changed)(const struct bs_src *s, char *why, size_t n);
+  /* Open the source `rel` names relative to s (a shard beside its index)
+   * into *out. NULL: this kind has no siblings (ENOTSUP). */
+  int (*open_sibling)(const struct bs_src *s, const char *rel, struct bs_src *out, bs_err *err);
+  /* An fd whose bytes at the source's offsets are the source's, kept open
+   * until fd_put (for zero-copy splice), or -1 when there is none now.
+   * NULL: never an fd (a network source); callers pread instead. */
+  int (*fd_get)(const struct bs_src *s);
+  void (*fd_put)(const struct bs_src *s, int fd);
+  /* The file's identity at open; false when the source is no file. */
+  bool (*ident)(const struct bs_src *s, struct bs_src_ident *id);
+  /* Free s->impl (and what it holds). Required. */
+  void (*release)(struct bs_src *s);
+};
+
+/* Caller storage (bs_src_*_init / bs_src_destroy); moving the struct (as a
+ * catalog does) is fine: the kind's state lives behind impl. */
+struct bs_src {
+  const struct bs_src_ops *ops; /* NULL: zeroed, destroyed or moved from */
+  void *impl;                   /* owned through ops->release */
+  uint64_t size;                /* total bytes */
+  char *name;                   /* owned; the path of a file, used in error messages */
+  bool change_logged;           /* set once, atomically, by whoever reports a change */
+};
+
+/* Open `path` read-only and hold its fd. On failure *s is zeroed and err is
+ * set (the message does not repeat the path: the caller prefixes it). */
 BS_NODISCARD int bs_src_open(struct bs_src *s, const char *path, bs_err *err);
-/* Wrap an fd (takes ownership if owns). Size from fstat. */
-BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, bool owns, const char *name, bs_err *err);
+enum {
+  BS_SRC_OWN_FD = 1,    /* close the fd in bs_src_destroy (and on failure) */
+  BS_SRC_UNWATCHED = 2, /* a file only we write (a temp file): no change detection */
+};
+/* Wrap an fd (flags: BS_SRC_*). Size from fstat. */
+BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, unsigned flags, const char *name,
+                                bs_err *err);
 /* A file opened for each read and closed after it, so that a catalog can
  * name many files (one per staged tensor) without holding an fd each. Size
  * from stat now; the file must not change while the source is used. */
@@ -36,6 +74,17 @@ BS_NODISCARD int bs_src_init_path(struct bs_src *s, const char *path, bs_err *er
 /* Wrap memory; `mem` is borrowed and must outlive the source. */
 BS_NODISCARD int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name,
                                  bs_err *err);
+/* A view of `from` (same bytes, same change detection, nothing owned):
+ * `from` must outlive s and not move. Fails (EIO, naming what changed) if
+ * from already changed. */
+BS_NODISCARD int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *from, bs_err *err);
+/* The source `rel` (relative, no "..": the caller checked) names beside s,
+ * e.g. a shard beside its index. Fails with ENOTSUP for a kind without
+ * siblings (memory). */
+BS_NODISCARD int bs_src_open_sibling(const struct bs_src *s, const char *rel, struct bs_src *out,
+                                     bs_err *err);
+void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
+
 /* Read exactly n bytes at off. Reading past the end is an EINVAL error that
  * names the offset ("truncated"); an I/O failure is EIO. */
 BS_NODISCARD int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n,
@@ -47,22 +96,27 @@ BS_NODISCARD int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, si
 BS_NODISCARD int bs_src_read_alloc(const struct bs_src *s, uint64_t off, uint64_t n, uint8_t **out,
                                    bs_err *err);
 /* Read up to n bytes at off into buf; returns bytes read (short at EOF) or
- * -errno. Thread-safe (pread). */
+ * -errno. Thread-safe. */
 long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n);
-void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
 
-/* Whether the file of an fd source changed since it was opened, by one
- * fstat: its size or mtime differ, or its ctime while the file still has a
- * name (deleting it, or renaming another file over it, changes the old
- * inode's ctime and link count but not its bytes, which stay readable
+/* Whether the bytes behind s changed since it was opened. For a file: by
+ * one fstat, its size or mtime differ, or its ctime while the file still
+ * has a name (deleting it, or renaming another file over it, changes the
+ * old inode's ctime and link count but not its bytes, which stay readable
  * through our fd). A ctime change alone is also a chmod, a hard link or a
  * rename of the file itself: it cannot be told from an edit that restored
- * the mtime, so it counts. Memory sources never change. On true, why (if
+ * the mtime, so it counts. A file reopened on demand (a shard) must be the
+ * same inode with the same stamp. Memory never changes. On true, why (if
  * not NULL) says what changed. Thread-safe. */
 bool bs_src_changed(const struct bs_src *s, char *why, size_t n);
-/* A source borrowing from's fd or memory (not owned), with from's stamp,
- * so bs_src_changed keeps comparing with the file as first opened. Fails
- * (EIO, naming what changed) if the file already changed. */
-BS_NODISCARD int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *from, bs_err *err);
+
+/* An fd to splice the source's bytes from (same offsets), held until
+ * bs_src_fd_put; -1 when the source has none (read with bs_src_pread). */
+int bs_src_fd_get(const struct bs_src *s);
+void bs_src_fd_put(const struct bs_src *s, int fd); /* no-op for fd -1 */
+/* The file's identity at open; false when the source is not a file. */
+bool bs_src_ident(const struct bs_src *s, struct bs_src_ident *id);
+
+#pragma GCC visibility pop
 
 #endif

@@ -4,15 +4,23 @@
 #ifndef BURNSTORE_WRITERS_H
 #define BURNSTORE_WRITERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 
+#pragma GCC visibility push(default) /* the API (err.h) */
+
 /* Options of one write-back (recorded in the staging INDEX). */
 struct bs_write_opts {
   uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
 };
+
+/* A format's metadata rules prepared once from a source catalog (GGUF: the
+ * type of each key the source has), so that checking one value costs
+ * O(value), never a re-parse of the source. Opaque; the row's. */
+struct bs_meta_rules;
 
 struct bs_writer {
   const char *name;              /* "burnpack" (as bs_format_name spells it) */
@@ -21,6 +29,10 @@ struct bs_writer {
   /* Can the format store tensor t (dtype, encoding)? 0, or -1 with err
    * naming the tensor and why. Sizes are checked by write(). */
   int (*can_write)(const struct bs_tensor *t, bs_err *err);
+  /* Can the format hold `name` as a tensor name (what its readers accept:
+   * UTF-8 text, length, reserved names)? 0, or -1 with err (EINVAL) naming
+   * it (non-UTF-8 bytes shown as \xNN) and why. can_write applies it too. */
+  int (*name_ok)(const char *name, bs_err *err);
   /* Add the metadata every file of the format carries, unless the catalog
    * has those keys (format, producer...). NULL: none. */
   int (*default_meta)(struct bs_catalog *cat, bs_err *err);
@@ -30,6 +42,16 @@ struct bs_writer {
    * target `path`, atomically as a set. NULL: one file, through write(). */
   int (*write_set)(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
                    bs_err *err);
+  /* The format's rules for one metadata entry: may `key` = value (len bytes,
+   * NUL-free text) be written? 0, or -1 with err (EINVAL) saying what rule
+   * it breaks. rules: from meta_rules, or NULL (no source known: only the
+   * rules that need none; write() checks the rest). NULL column: any text. */
+  int (*check_meta)(const struct bs_meta_rules *rules, const char *key, const char *value,
+                    size_t len, bs_err *err);
+  /* Prepare the rules from the source catalog (*out NULL: none needed), and
+   * free them. NULL columns: the format needs no source to check. */
+  int (*meta_rules)(const struct bs_catalog *src, struct bs_meta_rules **out, bs_err *err);
+  void (*meta_rules_free)(struct bs_meta_rules *rules);
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */
@@ -47,17 +69,49 @@ const char *bs_path_extension(const char *path);
 /* ".bpk (burnpack)" for every writer, ", "-separated, for messages. Returns buf. */
 const char *bs_writer_list(char *buf, size_t n);
 
+/* The rule the name_ok of every row shares: `name` is valid UTF-8 of at
+ * most `max` bytes, and not empty unless empty_ok. `why` ends the message
+ * ("SafeTensors names are JSON strings"). 0, or -1 with err (EINVAL). */
+BS_NODISCARD int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why,
+                                     bs_err *err);
+/* `name` for a message: bytes that are not valid UTF-8 as \xNN, cut to fit
+ * n. Returns buf. */
+const char *bs_name_printable(const char *name, char *buf, size_t n);
+
 /* can_write on every tensor that is not hidden: the first it refuses fails,
  * with a hint to leave the tensor out (exclude=). */
 BS_NODISCARD int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat,
                                  bs_err *err);
+/* The metadata rules of w for a mount of `src` (*out may be NULL: none
+ * needed); free them with bs_writer_meta_rules_free (NULL is a no-op). */
+BS_NODISCARD int bs_writer_meta_rules(const struct bs_writer *w, const struct bs_catalog *src,
+                                      struct bs_meta_rules **out, bs_err *err);
+void bs_writer_meta_rules_free(const struct bs_writer *w, struct bs_meta_rules *rules);
+/* Would w write metadata `key` = value (len bytes)? The edge's check (a
+ * setxattr on a writable mount), with rules from bs_writer_meta_rules: the
+ * text is NUL-free (the catalog's metadata is C text: a NUL is refused,
+ * never cut) and the row's check_meta accepts it. 0, or -1 with err
+ * (EINVAL) naming the key. */
+BS_NODISCARD int bs_writer_check_meta(const struct bs_writer *w, const struct bs_meta_rules *rules,
+                                      const char *key, const char *value, size_t len, bs_err *err);
+
 /* write() into an atomic file at path (see sink.h): on failure `path` is
- * untouched, no temp file is left, and err names path. */
+ * untouched, no temp file is left, and err names path. The last guard:
+ * every name that is not hidden passes name_ok before anything is opened. */
 BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat,
                                       const char *path, bs_err *err);
-/* The same with options (o may be NULL); a row with write_set writes its set. */
+/* The same with options (o may be NULL); a row with write_set writes its set.
+ * Every metadata entry is first checked (bs_writer_check_meta without
+ * rules): what the format's reader would refuse is never written. */
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
+
+/* Before reading or rewriting `path`: complete or roll back a write of it
+ * that a kill interrupted (a shard set's journal, docs/robustness.md). A
+ * single-file target needs nothing (its dead temp files are never read). */
+BS_NODISCARD int bs_writer_recover(const char *path, bs_err *err);
+
+#pragma GCC visibility pop
 
 #endif

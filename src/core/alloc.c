@@ -64,6 +64,18 @@ char *bs_strdup(const char *s)
   return bs_strndup(s, strlen(s));
 }
 
+char *bs_path_join(const char *dir, const char *name)
+{
+  size_t a = strlen(dir), b = strlen(name);
+  char *p = bs_malloc(a + b + 2);
+  if (p) {
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+  }
+  return p;
+}
+
 int bs_grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
   if (need <= *cap)

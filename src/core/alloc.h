@@ -5,12 +5,15 @@
 
 #include <stddef.h>
 
+#include "burnstore/mem.h" /* bs_free, which the API exports */
+
 void *bs_malloc(size_t n);
 void *bs_calloc(size_t n, size_t size);
 void *bs_realloc(void *p, size_t n);
-void bs_free(void *p); /* bs_free(NULL) is a no-op */
 char *bs_strdup(const char *s);
 char *bs_strndup(const char *s, size_t n);
+/* "dir/name", allocated; NULL when out of memory. */
+char *bs_path_join(const char *dir, const char *name);
 
 /* Grow an array of `elem`-byte items so that it holds at least `need`
  * (checked arithmetic; doubles). Returns 0, or -1 with *arr untouched. */

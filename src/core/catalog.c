@@ -34,6 +34,27 @@ void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
   }
 }
 
+struct bs_catalog_mark bs_catalog_mark(const struct bs_catalog *cat)
+{
+  return (struct bs_catalog_mark){.count = cat->count,
+                                  .nmeta = cat->nmeta,
+                                  .nsrcs = cat->nsrcs,
+                                  .notes_len = cat->notes ? cat->notes_len : 0,
+                                  .had_values = cat->values_json != NULL};
+}
+
+void bs_catalog_rollback(struct bs_catalog *cat, const struct bs_catalog_mark *m)
+{
+  bs_catalog_truncate(cat, m->count, m->nmeta);
+  while (cat->nsrcs > m->nsrcs)
+    bs_src_destroy(&cat->srcs[--cat->nsrcs]);
+  bs_catalog_notes_truncate(cat, m->notes_len);
+  if (!m->had_values) {
+    bs_free(cat->values_json);
+    cat->values_json = NULL;
+  }
+}
+
 void bs_catalog_destroy(struct bs_catalog *cat)
 {
   if (!cat)
@@ -58,7 +79,6 @@ int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx
   }
   cat->srcs[cat->nsrcs] = *src;
   memset(src, 0, sizeof *src);
-  src->fd = -1;
   *idx = (uint32_t)cat->nsrcs++;
   return 0;
 }
@@ -127,17 +147,23 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
 
 int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value, bs_err *err)
 {
-  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  struct bs_kv *kv = &cat->meta[cat->nmeta];
-  kv->key = bs_strdup(key);
-  kv->value = bs_strdup(value);
-  if (!kv->key || !kv->value) {
-    bs_free(kv->key);
-    bs_free(kv->value);
+  char *k = bs_strdup(key), *v = bs_strdup(value);
+  if (!k || !v) {
+    bs_free(k);
+    bs_free(v);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  cat->nmeta++;
+  return bs_catalog_take_meta(cat, k, v, err);
+}
+
+int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err)
+{
+  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0) {
+    bs_free(key);
+    bs_free(value);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, value};
   return 0;
 }
 
@@ -185,12 +211,17 @@ bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t,
 {
   if (t->strides || t->unsupported || t->src >= cat->nsrcs)
     return false;
-  const struct bs_src *s = &cat->srcs[t->src];
-  if (s->fd < 0)
+  *fd = bs_src_fd_get(&cat->srcs[t->src]);
+  if (*fd < 0)
     return false;
-  *fd = s->fd;
   *abs_off = t->off;
   return true;
+}
+
+void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, int fd)
+{
+  if (t->src < cat->nsrcs)
+    bs_src_fd_put(&cat->srcs[t->src], fd);
 }
 
 int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)

@@ -20,11 +20,13 @@
 #define BS_ST_MAX_HEADER 100000000u  /* safetensors' header limit */
 #define BS_ST_INDEX_MAX 100000000u   /* bytes of a sharded checkpoint's index.json */
 #define BS_ST_MAX_SHARDS 100000u     /* shards one index may name */
-#define BS_PICKLE_MAX_DEPTH 1000u    /* nesting of pickled containers */
+#define BS_SHARD_FDS 64u /* shards open at once: at most this, and at most RLIMIT_NOFILE / 8 */
+#define BS_PICKLE_MAX_DEPTH 1000u /* nesting of pickled containers */
 #define BS_PICKLE_MAX_MEMO 10000000u
 #define BS_PICKLE_MAX_BYTES (1u << 30)   /* pickle stream we are willing to load */
 #define BS_PICKLE_MAX_ALLOC (4ull << 30) /* bytes of values one unpickler may build */
 #define BS_MAX_XATTR_VALUE 65536u
+#define BS_SET_JOURNAL_MAX (128u << 20) /* bytes of a shard set's commit journal */
 
 static inline bool bs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 {

@@ -284,6 +284,12 @@ void bs_atomic_abort(struct bs_atomic *a)
   release(a);
 }
 
+void bs_atomic_release(struct bs_atomic *a)
+{
+  if (a->path)
+    release(a);
+}
+
 int bs_atomic_fail(struct bs_atomic *a, bs_err *err)
 {
   if (a->path)

@@ -112,16 +112,16 @@ static int index_head(const struct bs_wb *wb, struct bs_stage_index *idx, bs_err
   idx->max_shard_size = wb->opts.max_shard_size;
   idx->ncksrcs = src->nsrcs;
   if (src->nsrcs) {
-    struct stat st;
-    if (!wb->source || src->srcs[0].fd < 0 || fstat(src->srcs[0].fd, &st) != 0)
+    struct bs_src_ident id;
+    if (!wb->source || !bs_src_ident(&src->srcs[0], &id))
       return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: cannot stat the checkpoint",
                      wb->source ? wb->source : "?");
     idx->ck.path = (char *)wb->source; /* borrowed */
-    idx->ck.size = (uint64_t)st.st_size;
-    idx->ck.dev = (uint64_t)st.st_dev;
-    idx->ck.ino = (uint64_t)st.st_ino;
-    idx->ck.mtime_sec = (int64_t)st.st_mtim.tv_sec;
-    idx->ck.mtime_nsec = st.st_mtim.tv_nsec;
+    idx->ck.size = id.size;
+    idx->ck.dev = id.dev;
+    idx->ck.ino = id.ino;
+    idx->ck.mtime_sec = id.mtime_sec;
+    idx->ck.mtime_nsec = id.mtime_nsec;
   }
   return 0;
 }
@@ -503,7 +503,8 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
   }
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
-  if ((tfd = bs_target_lock(idx.target, who, err)) < 0)
+  /* A set whose commit a kill interrupted is rolled forward or back first. */
+  if ((tfd = bs_target_lock(idx.target, who, err)) < 0 || bs_writer_recover(idx.target, err) != 0)
     goto out;
   if (bs_stage_index_attach(&idx, dir, err) != 0) {
     if (err->code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&

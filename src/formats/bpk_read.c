@@ -341,7 +341,7 @@ struct rd {
   uint32_t src;
   uint64_t size;                 /* file size */
   uint64_t meta_end, data_start; /* 10 + M, D */
-  size_t count0, nmeta0;         /* catalog state before this read, for rollback */
+  size_t count0;                 /* tensors in the catalog before this read */
   struct span *spans;
   size_t nspans;
   struct kvtmp *kvs;
@@ -991,6 +991,16 @@ enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size)
   return BS_SNIFF_NO;
 }
 
+void bs_bpk_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)
+{
+  uint8_t h[6];
+  char v[8];
+  if (bs_src_pread(&cat->srcs[0], 0, h, sizeof h) != (long)sizeof h)
+    return;
+  snprintf(v, sizeof v, "%u", (unsigned)bs_le16(h + 4));
+  detail(ctx, "version", v);
+}
+
 int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
 {
   (void)opts;
@@ -998,8 +1008,8 @@ int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts 
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
   const struct bs_src *s = &cat->srcs[src];
-  struct rd r = {
-      .cat = cat, .src = src, .size = s->size, .count0 = cat->count, .nmeta0 = cat->nmeta};
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
+  struct rd r = {.cat = cat, .src = src, .size = s->size, .count0 = cat->count};
   uint8_t h[HDR_LEN];
   if (s->size < HDR_LEN)
     return bs_fail(err, EINVAL, 0, NULL,
@@ -1069,7 +1079,7 @@ int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts 
   rc = 0;
 out:
   if (rc != 0)
-    bs_catalog_truncate(cat, r.count0, r.nmeta0);
+    bs_catalog_rollback(cat, &mark);
   if (root)
     cbor_decref(&root);
   for (size_t i = 0; i < r.nkvs; i++) {

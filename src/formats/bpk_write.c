@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "burnstore/version.h"
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/bpk_write.h"
@@ -135,8 +136,16 @@ static int cmp_meta(const void *a, const void *b, void *c)
   return strcmp(cat->meta[*(const size_t *)a].key, cat->meta[*(const size_t *)b].key);
 }
 
+int bs_bpk_name_ok(const char *name, bs_err *err)
+{
+  return bs_writer_name_text(name, BS_MAX_KEY_LEN, true, "Burnpack names are CBOR text strings",
+                             err);
+}
+
 int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err)
 {
+  if (bs_bpk_name_ok(t->name, err) != 0)
+    return -1;
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);

@@ -26,6 +26,8 @@ BS_NODISCARD int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_
 /* Can Burnpack store this tensor (its dtype, a QFloat's scheme, a readable
  * source)? 0, or -1 with err naming the tensor and why. Sizes are not checked. */
 BS_NODISCARD int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err);
+/* Burnpack names are CBOR text strings: UTF-8, at most BS_MAX_KEY_LEN bytes. */
+BS_NODISCARD int bs_bpk_name_ok(const char *name, bs_err *err);
 
 BS_NODISCARD int bs_bpk_write_mem(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
                                   struct bs_buf *out, bs_err *err);

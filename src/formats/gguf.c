@@ -86,7 +86,8 @@ struct cur {
   uint64_t pos;
   uint64_t wstart;
   size_t wlen;
-  uint64_t meta; /* rendered metadata bytes so far */
+  uint64_t meta;   /* rendered metadata bytes so far */
+  bool types_only; /* bs_gguf_parse_types: strings are skipped, not rendered */
   bs_err *err;
   uint8_t win[WIN];
 };
@@ -175,15 +176,33 @@ static int get_string(struct cur *c, uint64_t cap, const char *what, char **out,
 
 /* ---- Rendering metadata ----------------------------------------------------------------- */
 
+/* Room in b for n more bytes and the NUL, within the limit of rendered text.
+ * Doubling for small values; a value larger than what b holds gets its
+ * exact size (and a little for what follows it), so that memory is what the
+ * text needs, never twice that. */
+static int reserve(struct cur *c, struct bs_buf *b, size_t n)
+{
+  if (n > BS_GGUF_MAX_META - c->meta)
+    return bs_fail(c->err, EFBIG, c->pos, NULL,
+                   "the metadata, as text, exceeds the limit of %u MiB", BS_GGUF_MAX_META >> 20);
+  size_t need = b->len + n + 1; /* no overflow: both are below the limit */
+  if (need <= b->cap)
+    return 0;
+  size_t cap = n > b->cap ? need + 64 : b->cap * 2 > need ? b->cap * 2 : need;
+  uint8_t *p = bs_realloc(b->data, cap);
+  if (!p)
+    return bs_fail(c->err, ENOMEM, c->pos, NULL, "out of memory");
+  b->data = p;
+  b->cap = cap;
+  return 0;
+}
+
 static int put(struct cur *c, struct bs_buf *b, const void *d, size_t n)
 {
   if (n == 0)
     return 0;
-  if (c->meta + n > BS_GGUF_MAX_META)
-    return bs_fail(c->err, EFBIG, c->pos, NULL,
-                   "the metadata, as text, exceeds the limit of %u MiB", BS_GGUF_MAX_META >> 20);
-  if (n > SIZE_MAX - b->len || bs_grow((void **)&b->data, &b->cap, b->len + n + 1, 1) != 0)
-    return bs_fail(c->err, ENOMEM, c->pos, NULL, "out of memory");
+  if (reserve(c, b, n) != 0)
+    return -1;
   memcpy(b->data + b->len, d, n);
   b->len += n;
   b->data[b->len] = '\0';
@@ -269,19 +288,40 @@ static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_arr
     types[0] = (uint8_t)t;
   if (t >= BS_GG_NTYPES)
     return bs_fail(c->err, EINVAL, at, NULL, "unknown metadata value type %" PRIu32, t);
+  if (t == BS_GG_STRING && c->types_only) {
+    uint64_t n;
+    if (get_u64(c, &n, "a string value") != 0)
+      return -1;
+    if (n > left(c))
+      return bs_fail(c->err, EINVAL, at, NULL,
+                     "a string value: string length %" PRIu64 " exceeds the %" PRIu64
+                     " bytes left in the file",
+                     n, left(c));
+    c->pos += n;
+    return 0;
+  }
   if (t == BS_GG_STRING) {
     char *s;
     uint64_t n;
     if (get_string(c, BS_GGUF_MAX_META, "a string value", &s, &n) != 0)
       return -1;
-    int rc;
+    int rc = 0;
     if (in_array) {
-      struct bs_buf tmp = {0};
-      if (bs_st_json_string_n(&tmp, s, (size_t)n) != 0)
+      /* Escaped straight into b, sized first: no copy of the text. */
+      size_t jl = bs_st_json_len_n(s, (size_t)n);
+      if (reserve(c, b, jl) != 0)
+        rc = -1;
+      else if (bs_st_json_string_n(b, s, (size_t)n) != 0)
         rc = bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
       else
-        rc = put(c, b, tmp.data, tmp.len);
-      bs_buf_destroy(&tmp);
+        c->meta += jl, b->data[b->len] = '\0';
+    } else if (!b->data && (uint64_t)strlen(s) <= BS_GGUF_MAX_META - c->meta) {
+      /* A value that is one string: the text is the string itself. */
+      b->len = strlen(s);
+      b->cap = (size_t)n + 1;
+      b->data = (uint8_t *)s;
+      c->meta += b->len;
+      return 0;
     } else {
       rc = put(c, b, s, strlen(s));
     }
@@ -394,6 +434,11 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
         c->err->msg[sizeof c->err->msg - 1] = '\0';
       }
       return -1;
+    }
+    if (b.cap - b.len > 4096) { /* what doubling left over: not kept for the mount's life */
+      uint8_t *p = bs_realloc(b.data, b.len + 1);
+      if (p)
+        b.data = p;
     }
     kv->text = (char *)b.data;
     kv->len = c->pos - kv->off;
@@ -523,13 +568,14 @@ out:
   return rc;
 }
 
-int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_err *err)
 {
   memset(g, 0, sizeof *g);
   struct cur *c = bs_malloc(sizeof *c);
   if (!c)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   memset(c, 0, offsetof(struct cur, win));
+  c->types_only = types_only;
   c->s = s;
   c->err = err;
   int rc = -1;
@@ -579,6 +625,10 @@ int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
   }
   if (read_kvs(c, g, nkv) != 0)
     goto out;
+  if (types_only) {
+    rc = 0;
+    goto out;
+  }
   {
     const char **keys = bs_malloc((g->nkv ? g->nkv : 1) * sizeof *keys);
     if (!keys) {
@@ -631,6 +681,16 @@ out:
   return rc;
 }
 
+int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+{
+  return parse(s, g, false, err);
+}
+
+int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
+{
+  return parse(s, g, true, err);
+}
+
 /* ---- The reader ---------------------------------------------------------------------------- */
 
 enum bs_sniff bs_gguf_sniff(const uint8_t *head, size_t n, uint64_t size)
@@ -644,14 +704,16 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
   (void)opts;
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
-  const size_t count0 = cat->count, nmeta0 = cat->nmeta;
-  const size_t notes0 = cat->notes ? cat->notes_len : 0;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   struct bs_gguf g;
   if (bs_gguf_parse(&cat->srcs[src], &g, err) != 0)
     return -1;
   int rc = 0;
-  for (size_t i = 0; i < g.nkv && !rc; i++)
-    rc = bs_catalog_add_meta(cat, g.kv[i].key, g.kv[i].text, err);
+  for (size_t i = 0; i < g.nkv && !rc; i++) {
+    /* Handed over, not copied: a long value is held once. */
+    rc = bs_catalog_take_meta(cat, g.kv[i].key, g.kv[i].text, err);
+    g.kv[i].key = g.kv[i].text = NULL;
+  }
   for (size_t i = 0; i < g.nti && !rc; i++) {
     const struct bs_gguf_ti *ti = &g.ti[i];
     struct bs_tensor *t =
@@ -664,9 +726,7 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
     t->off = g.data_off + ti->off;
   }
   bs_gguf_free(&g);
-  if (rc != 0) {
-    bs_catalog_truncate(cat, count0, nmeta0);
-    bs_catalog_notes_truncate(cat, notes0);
-  }
+  if (rc != 0)
+    bs_catalog_rollback(cat, &mark);
   return rc;
 }

@@ -12,6 +12,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/formats.h"
 #include "burnstore/sink.h"
+#include "burnstore/writers.h"
 
 /* GGUF value types (docs/gguf.md, gguf_metadata_value_type). */
 enum bs_gguf_vtype {
@@ -75,6 +76,10 @@ struct bs_gguf {
 /* Parse and validate the header of a GGUF file: key/values (rendered),
  * tensor infos, alignment, every tensor's range. On failure *g is empty. */
 BS_NODISCARD int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
+/* Only the key/values' keys, types and byte ranges (a string value is
+ * skipped, not read: its text is empty), and no tensor infos: what the
+ * metadata rules keep, in memory of the order of the keys, not the values. */
+BS_NODISCARD int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
 void bs_gguf_free(struct bs_gguf *g);
 
 /* ggml type id <-> dtype. -1 / false when there is none. */
@@ -83,10 +88,25 @@ bool bs_gguf_type_of(enum bs_dtype dt, uint32_t *gtype);
 
 /* The writer (gguf_write.c): its writers[] row. */
 BS_NODISCARD int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err);
+/* GGUF tensor names: UTF-8 (the spec's strings), 1 to BS_GGUF_MAX_NAME bytes. */
+BS_NODISCARD int bs_gguf_name_ok(const char *name, bs_err *err);
 BS_NODISCARD int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
+/* The writers table's metadata columns. The rules: each key of the source's
+ * GGUF header (srcs[0], if GGUF) with its type, parsed once (keys and types
+ * only are kept). The check: a key is 1 to 65535 bytes of UTF-8; a key the
+ * rules have must parse as its GGUF type (uint32 "7", JSON arrays of the
+ * element type...; strings UTF-8); general.alignment must be a power of two;
+ * any other key becomes a string (UTF-8). Without rules (a write) only the
+ * key's length is checked: the writer checks changed values as it encodes
+ * them, and copies unchanged ones. */
+BS_NODISCARD int bs_gguf_meta_rules(const struct bs_catalog *src, struct bs_meta_rules **out,
+                                    bs_err *err);
+void bs_gguf_meta_rules_free(struct bs_meta_rules *rules);
+BS_NODISCARD int bs_gguf_check_meta(const struct bs_meta_rules *rules, const char *key,
+                                    const char *value, size_t len, bs_err *err);
 /* Encode metadata text as a GGUF value of the given types (types[0] the
  * value's type): the value's bytes, appended to b. 0, or -1 with err
- * (EINVAL: the text is not a value of that type). */
+ * (EINVAL: the text is not a value of that type, or a string is not UTF-8). */
 BS_NODISCARD int bs_gguf_encode_value(const char *key, const char *text, const uint8_t *types,
                                       struct bs_buf *b, bs_err *err);
 

@@ -20,15 +20,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 #include "gguf_private.h"
 
 #define CHUNK (1u << 20)
 
+int bs_gguf_name_ok(const char *name, bs_err *err)
+{
+  return bs_writer_name_text(name, BS_GGUF_MAX_NAME, false,
+                             "GGUF tensor names are UTF-8 strings of at most 63 bytes (ggml's "
+                             "GGML_MAX_NAME less its NUL; rename it, -o remap=)",
+                             err);
+}
+
 int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
 {
   uint32_t gt;
+  if (bs_gguf_name_ok(t->name, err) != 0)
+    return -1;
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);
@@ -41,10 +53,6 @@ int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                    "rank %" PRIu32 " exceeds the %u dimensions ggml tensors have", t->rank,
                    BS_GGUF_MAX_DIMS);
-  if (strlen(t->name) > BS_GGUF_MAX_NAME)
-    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
-                   "a name of %zu bytes exceeds the %u llama.cpp reads (rename it, -o remap=)",
-                   strlen(t->name), BS_GGUF_MAX_NAME);
   return 0;
 }
 
@@ -251,6 +259,11 @@ static int jstring(struct parse *p, struct bs_buf *b)
     if (bs_buf_put(&s, u, k) != 0)
       goto oom;
   }
+  size_t at;
+  if (!bs_utf8_valid(s.data, s.len, &at)) {
+    bad(p, "a string that is not UTF-8");
+    goto out;
+  }
   rc = bput_str(b, s.data ? (const char *)s.data : "", s.len) ? -1 : 0;
   if (rc == 0)
     goto out;
@@ -312,8 +325,15 @@ int bs_gguf_encode_value(const char *key, const char *text, const uint8_t *types
 {
   struct parse p = {text, 0, strlen(text), key, err};
   uint8_t t = types[0];
-  if (t == BS_GG_STRING)
+  if (t == BS_GG_STRING) {
+    size_t at;
+    if (!bs_utf8_valid(text, p.n, &at))
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "metadata '%.100s': the value is not UTF-8 (byte %zu): GGUF strings are "
+                     "UTF-8",
+                     key, at);
     return bput_str(b, text, p.n) ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : 0;
+  }
   if (t == BS_GG_ARRAY) {
     if (array(&p, types + 1, 0, b) != 0)
       return -1;
@@ -631,44 +651,100 @@ out:
   return rc;
 }
 
-int bs_gguf_check_meta(const struct bs_catalog *cat, const char *key, const char *value, size_t len,
-                       bs_err *err)
+/* ---- The metadata rules (writers table columns) ------------------------------------------- */
+
+struct gg_rule {
+  char *key; /* owned */
+  uint8_t types[BS_GGUF_MAX_DEPTH + 2];
+};
+
+struct bs_meta_rules {
+  struct gg_rule *v; /* sorted by key */
+  size_t n;
+};
+
+static int cmp_rule(const void *a, const void *b)
 {
-  static const uint8_t u32_t[2] = {BS_GG_U32, 0};
-  struct bs_gguf g;
-  bool has = false;
-  const uint8_t *types = NULL;
+  return strcmp(((const struct gg_rule *)a)->key, ((const struct gg_rule *)b)->key);
+}
+
+void bs_gguf_meta_rules_free(struct bs_meta_rules *r)
+{
+  if (!r)
+    return;
+  for (size_t i = 0; i < r->n; i++)
+    bs_free(r->v[i].key);
+  bs_free(r->v);
+  bs_free(r);
+}
+
+int bs_gguf_meta_rules(const struct bs_catalog *src, struct bs_meta_rules **out, bs_err *err)
+{
+  *out = NULL;
+  struct bs_meta_rules *r = bs_calloc(1, sizeof *r);
+  if (!r)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   uint8_t m[4];
+  bs_err sub;
+  bs_err_clear(&sub);
+  if (src->nsrcs == 0 || src->srcs[0].size < 4 || bs_src_read(&src->srcs[0], 0, m, 4, &sub) != 0 ||
+      memcmp(m, BS_GGUF_MAGIC, 4) != 0) {
+    *out = r; /* no GGUF source: no typed keys */
+    return 0;
+  }
+  struct bs_gguf g;
+  if (bs_gguf_parse_types(&src->srcs[0], &g, err) != 0) {
+    bs_free(r);
+    return -1;
+  }
+  r->v = bs_malloc((g.nkv ? g.nkv : 1) * sizeof *r->v);
+  int rc = r->v ? 0 : bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < g.nkv && !rc; i++) {
+    /* the key moves over; the rendered text goes with the header */
+    r->v[r->n].key = g.kv[i].key;
+    g.kv[i].key = NULL;
+    memcpy(r->v[r->n].types, g.kv[i].types, sizeof r->v[r->n].types);
+    r->n++;
+  }
+  bs_gguf_free(&g);
+  if (rc) {
+    bs_gguf_meta_rules_free(r);
+    return -1;
+  }
+  qsort(r->v, r->n, sizeof *r->v, cmp_rule);
+  *out = r;
+  return 0;
+}
+
+int bs_gguf_check_meta(const struct bs_meta_rules *rules, const char *key, const char *value,
+                       size_t len, bs_err *err)
+{
+  static const uint8_t u32_t[2] = {BS_GG_U32, 0}, str_t[2] = {BS_GG_STRING, 0};
   if (key_ok(key, err) != 0)
     return -1;
-  if (cat->nsrcs > 0 && cat->srcs[0].size >= 4 && bs_src_read(&cat->srcs[0], 0, m, 4, err) == 0 &&
-      memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
-    if (bs_gguf_parse(&cat->srcs[0], &g, err) != 0)
-      return -1;
-    has = true;
-    for (size_t i = 0; i < g.nkv && !types; i++)
-      if (strcmp(g.kv[i].key, key) == 0)
-        types = g.kv[i].types;
-  }
+  if (!rules)
+    return 0; /* a write: unchanged keys of the source are written as they are */
+  size_t at;
+  if (!bs_utf8_valid(key, strlen(key), &at))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata key '%.100s' is not UTF-8 (byte %zu): GGUF keys are UTF-8", key, at);
+  struct gg_rule k = {(char *)key, {0}};
+  const struct gg_rule *hit =
+      rules->n ? bsearch(&k, rules->v, rules->n, sizeof *rules->v, cmp_rule) : NULL;
   bool align = strcmp(key, "general.alignment") == 0;
-  if (!types && align)
-    types = u32_t;
-  int rc = 0;
-  if (types && types[0] != BS_GG_STRING) {
-    char *text = bs_strndup(value, len);
+  const uint8_t *types = hit ? hit->types : align ? u32_t : str_t;
+  char *text = bs_strndup(value, len);
+  if (!text)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  int rc;
+  if (align && types[0] == BS_GG_U32) {
+    uint64_t a;
+    rc = alignment_of(text, &a, err);
+  } else {
     struct bs_buf b = {0};
-    if (!text)
-      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    else if (align) {
-      uint64_t a;
-      rc = alignment_of(text, &a, err);
-    } else {
-      rc = bs_gguf_encode_value(key, text, types, &b, err);
-    }
+    rc = bs_gguf_encode_value(key, text, types, &b, err);
     bs_buf_destroy(&b);
-    bs_free(text);
   }
-  if (has)
-    bs_gguf_free(&g);
+  bs_free(text);
   return rc;
 }

@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -26,6 +27,8 @@
 static void ctx_destroy(struct pth_ctx *c)
 {
   bs_zip_close(&c->zip);
+  if (c->has_tmp)
+    close(c->tmp_fd);
   bs_free(c->prefix);
   for (size_t i = 0; i < c->nrecs; i++)
     bs_free(c->recs[i].key);
@@ -193,11 +196,7 @@ int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts 
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
   if (bs_pth_container(&cat->srcs[src], &kind, err) != 0)
     return -1;
-  /* what to take back on failure: tensors, metadata, notes, values */
-  size_t count0 = cat->count, nmeta0 = cat->nmeta;
-  size_t notes0 = cat->notes ? cat->notes_len : 0;
-  size_t nsrcs0 = cat->nsrcs;
-  bool had_values = cat->values_json != NULL;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   if (!(c.p = bs_pickle_new()))
     return pth_nomem(&c);
   int rc;
@@ -208,15 +207,7 @@ int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts 
   default: rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not a PyTorch container"); break;
   }
   ctx_destroy(&c);
-  if (rc != 0) {
-    bs_catalog_truncate(cat, count0, nmeta0);
-    bs_catalog_notes_truncate(cat, notes0);
-    while (cat->nsrcs > nsrcs0) /* decompressed copies */
-      bs_src_destroy(&cat->srcs[--cat->nsrcs]);
-    if (!had_values) {
-      bs_free(cat->values_json);
-      cat->values_json = NULL;
-    }
-  }
+  if (rc != 0)
+    bs_catalog_rollback(cat, &mark); /* with the decompressed copies */
   return rc;
 }

@@ -46,6 +46,7 @@ struct pth_ctx {
   char *prefix;
   bool has_tmp;     /* deflated storages are inflated, one after another, into */
   uint32_t tmp_src; /* this catalog source: one unlinked temporary file */
+  int tmp_fd;       /* (when has_tmp) our own fd of it, to write with */
   /* storages */
   struct pth_rec *recs;
   size_t nrecs, reccap;

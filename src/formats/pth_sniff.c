@@ -99,6 +99,20 @@ enum bs_sniff bs_pth_sniff(const uint8_t *head, size_t n, uint64_t size)
   return classify(head, n, &c);
 }
 
+void bs_pth_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)
+{
+  enum bs_pth_container c;
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_pth_container(&cat->srcs[0], &c, &err) != 0)
+    return;
+  switch (c) {
+  case BS_PTH_ZIP: detail(ctx, "version", "zip (torch >= 1.6)"); break;
+  case BS_PTH_LEGACY: detail(ctx, "version", "legacy pickle (torch < 1.6)"); break;
+  case BS_PTH_TAR: detail(ctx, "version", "tar (torch < 0.4)"); break;
+  }
+}
+
 int bs_pth_container(const struct bs_src *s, enum bs_pth_container *out, bs_err *err)
 {
   uint8_t head[BS_SNIFF_HEAD];

@@ -28,6 +28,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 #include "pth_private.h"
 
 #define VALUE_COST 64u /* bytes charged per value beyond its text (key map, bookkeeping) */
@@ -63,39 +64,6 @@ static int vput(struct pth_ctx *c, const char *s, size_t n)
   return 0;
 }
 
-/* Length of a valid UTF-8 sequence at s (at most n bytes), 0 if invalid. */
-static size_t utf8_len(const uint8_t *s, size_t n)
-{
-  uint8_t b = s[0];
-  if (b < 0x80)
-    return 1;
-  size_t len;
-  uint32_t cp;
-  if (b >= 0xc2 && b <= 0xdf) {
-    len = 2;
-    cp = b & 0x1f;
-  } else if (b >= 0xe0 && b <= 0xef) {
-    len = 3;
-    cp = b & 0x0f;
-  } else if (b >= 0xf0 && b <= 0xf4) {
-    len = 4;
-    cp = b & 0x07;
-  } else {
-    return 0;
-  }
-  if (n < len)
-    return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80)
-      return 0;
-    cp = (cp << 6) | (s[i] & 0x3f);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-      (cp >= 0xd800 && cp <= 0xdfff))
-    return 0;
-  return len;
-}
-
 /* JSON text of a string: its length (quotes included), or 0 when it is not
  * valid UTF-8; `bad` replaces invalid bytes by U+FFFD instead (keys). When
  * out is not NULL the text is appended. */
@@ -118,7 +86,7 @@ static int str_json(struct pth_ctx *c, const char *str, size_t n, bool bad_ok, b
     } else if (b < 0x20) {
       el = (size_t)snprintf(esc, sizeof esc, "\\u%04x", b);
     } else {
-      size_t u = utf8_len(s + i, n - i);
+      size_t u = bs_utf8_len(s + i, n - i);
       if (u == 0) {
         if (!bad_ok) {
           *len = 0;

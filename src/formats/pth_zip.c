@@ -117,25 +117,34 @@ static int inflate_append(struct pth_ctx *c, const struct bs_zip_entry *e, uint3
     int fd = temp_fd(c, dir);
     if (fd < 0)
       return -1;
+    int wfd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* ours to write; the source's to read */
+    if (wfd < 0) {
+      int e2 = errno;
+      close(fd);
+      return bs_fail(c->err, e2, BS_OFF_NONE, NULL, "cannot duplicate a temporary file: %s",
+                     strerror(e2));
+    }
     struct bs_src ts;
     char nm[256];
     snprintf(nm, sizeof nm, "%s (decompressed members)", pth_src(c)->name);
-    if (bs_src_init_fd(&ts, fd, true, nm, c->err) != 0 || /* closes fd on failure */
-        bs_catalog_add_src(c->cat, &ts, &c->tmp_src, c->err) != 0)
-      return -1;
     /* Unlinked, and written only here (it grows below): no change to watch. */
-    c->cat->srcs[c->tmp_src].stamped = false;
+    if (bs_src_init_fd(&ts, fd, BS_SRC_OWN_FD | BS_SRC_UNWATCHED, nm, c->err) != 0 ||
+        bs_catalog_add_src(c->cat, &ts, &c->tmp_src, c->err) != 0) {
+      close(wfd);
+      return -1;
+    }
+    c->tmp_fd = wfd;
     c->has_tmp = true;
   }
   struct bs_src *ts = &c->cat->srcs[c->tmp_src];
   uint64_t end;
   if (!bs_add_u64(ts->size, e->usize, &end))
     return bs_fail(c->err, EFBIG, e->lho, NULL, "decompressed members overflow");
-  struct fd_sink s = {ts->fd, ts->size, e->name, dir};
-  if (check_room(c, ts->fd, e, dir) != 0 ||
+  struct fd_sink s = {c->tmp_fd, ts->size, e->name, dir};
+  if (check_room(c, c->tmp_fd, e, dir) != 0 ||
       bs_zip_extract(pth_src(c), e, write_sink, &s, c->err) != 0) {
-    if (ftruncate(ts->fd, (off_t)ts->size) != 0) /* drop the partial copy */
-      return -1;                                 /* (the first error stays) */
+    if (ftruncate(c->tmp_fd, (off_t)ts->size) != 0) /* drop the partial copy */
+      return -1;                                    /* (the first error stays) */
     return -1;
   }
   *src = c->tmp_src;
@@ -216,7 +225,7 @@ static int load_pickle(struct pth_ctx *c, const struct bs_zip_entry *pk, struct 
     return -1;
   struct bs_src ms;
   po.base_off = BS_OFF_NONE;
-  int rc = bs_src_init_fd(&ms, fd, true, pk->name, c->err); /* closes fd on failure */
+  int rc = bs_src_init_fd(&ms, fd, BS_SRC_OWN_FD, pk->name, c->err); /* closes fd on failure */
   if (rc == 0) /* values are copies: nothing points into the stream */
     rc = bs_pickle_load(c->p, &ms, 0, pk->usize, &po, root, NULL, c->err);
   bs_src_destroy(&ms);

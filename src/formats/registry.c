@@ -29,18 +29,20 @@
 #include "formats/st_index.h"
 
 static const struct bs_format_desc formats[] = {
-    [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL},
-    [BS_FMT_BURNPACK] = {"burnpack", {".bpk"}, bs_bpk_sniff, bs_bpk_read},
-    [BS_FMT_SAFETENSORS] = {"safetensors", {".safetensors"}, bs_st_sniff, bs_st_read},
-    [BS_FMT_GGUF] = {"gguf", {".gguf"}, bs_gguf_sniff, bs_gguf_read},
+    [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL, NULL},
+    [BS_FMT_BURNPACK] = {"burnpack", {".bpk"}, bs_bpk_sniff, bs_bpk_read, bs_bpk_describe},
+    [BS_FMT_SAFETENSORS] = {"safetensors", {".safetensors"}, bs_st_sniff, bs_st_read, NULL},
+    [BS_FMT_GGUF] = {"gguf", {".gguf"}, bs_gguf_sniff, bs_gguf_read, NULL},
     [BS_FMT_PYTORCH] = {"pytorch",
                         {".pt", ".pth", ".bin", ".ckpt", ".tar"},
                         bs_pth_sniff,
-                        bs_pth_read},
+                        bs_pth_read,
+                        bs_pth_describe},
     [BS_FMT_ST_SHARDED] = {"safetensors-sharded",
                            {".safetensors.index.json"},
                            bs_st_index_sniff,
-                           bs_st_index_read},
+                           bs_st_index_read,
+                           bs_st_index_describe},
 };
 _Static_assert(sizeof formats / sizeof formats[0] == BS_FMT_COUNT,
                "the format table has one row per enum bs_format value");
@@ -48,6 +50,13 @@ _Static_assert(sizeof formats / sizeof formats[0] == BS_FMT_COUNT,
 const struct bs_format_desc *bs_format_desc(enum bs_format f)
 {
   return f > BS_FMT_NONE && f < BS_FMT_COUNT ? &formats[f] : NULL;
+}
+
+void bs_format_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)
+{
+  const struct bs_format_desc *d = bs_format_desc(cat->format);
+  if (d && d->describe && cat->nsrcs > 0)
+    d->describe(cat, detail, ctx);
 }
 
 const char *bs_format_name(enum bs_format f)

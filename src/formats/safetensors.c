@@ -29,6 +29,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/utf8.h"
 
 #define PREFIX 8u
 
@@ -415,35 +416,6 @@ static bool fp_eat(struct fp *p, char c)
   return false;
 }
 
-/* Length of the valid UTF-8 sequence at s (at most `left` bytes), 0 if invalid. */
-static size_t utf8_len(const uint8_t *s, size_t left)
-{
-  uint8_t c = s[0];
-  size_t len;
-  uint32_t cp;
-  if (c < 0x80)
-    return 1;
-  if (c >= 0xC2 && c <= 0xDF)
-    len = 2, cp = c & 0x1F;
-  else if (c >= 0xE0 && c <= 0xEF)
-    len = 3, cp = c & 0x0F;
-  else if (c >= 0xF0 && c <= 0xF4)
-    len = 4, cp = c & 0x07;
-  else
-    return 0;
-  if (len > left)
-    return 0;
-  for (size_t k = 1; k < len; k++) {
-    if ((s[k] & 0xC0) != 0x80)
-      return 0;
-    cp = cp << 6 | (s[k] & 0x3F);
-  }
-  if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-      (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-    return 0;
-  return len;
-}
-
 static char *put_utf8(char *w, uint32_t cp)
 {
   if (cp < 0x80) {
@@ -516,7 +488,7 @@ static bool fp_string(struct fp *p, char **out, size_t *at)
       w = put_utf8(w, cp);
       continue;
     }
-    size_t len = utf8_len((const uint8_t *)p->h + i, p->n - i);
+    size_t len = bs_utf8_len((const uint8_t *)p->h + i, p->n - i);
     if (!len)
       return false;
     memmove(w, p->h + i, len);
@@ -820,6 +792,10 @@ static int json_path(const char *h, size_t n, json_t **rootp, struct entry **ent
   json_t *root = *rootp = json_loadb(h, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
   if (!root)
     return parse_failure(h, n, &je, bs_json_alloc_failures() != failures, err);
+  /* jansson's lexer ignores a failed growth of its string buffer: the text
+   * parses, with bytes silently dropped from a string. */
+  if (bs_json_alloc_failures() != failures)
+    return bs_fail(err, ENOMEM, PREFIX, NULL, "out of memory parsing the header");
   if (!json_is_object(root))
     return bs_fail(err, EINVAL, PREFIX, NULL, "header is %s, not a JSON object", type_name(root));
 
@@ -897,7 +873,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
                    hlen, hlen, s->size);
 
   int rc = -1;
-  size_t count0 = cat->count, nmeta0 = cat->nmeta;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   const size_t n = (size_t)hlen;
   uint8_t *hbuf = NULL;
   json_t *root = NULL;
@@ -978,7 +954,7 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
   rc = 0;
 out:
   if (rc != 0)
-    bs_catalog_truncate(cat, count0, nmeta0);
+    bs_catalog_rollback(cat, &mark);
   bs_free(sorted);
   bs_free(mkv);
   bs_free(dims.v);

@@ -22,6 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/set_journal.h"
 #include "core/strmap.h"
 #include "formats/st_index.h"
 
@@ -93,6 +94,12 @@ int bs_st_index_parse(const uint8_t *buf, size_t n, struct bs_st_index *ix, bs_e
   json_t *root = json_loadb((const char *)buf, n, JSON_REJECT_DUPLICATES, &je);
   struct bs_strmap shards = {0};
   int rc = -1;
+  /* (jansson's lexer ignores a failed growth of its string buffer: a shard
+   * name would lose bytes, silently) */
+  if (root && bs_json_alloc_failures() != failures) {
+    json_decref(root);
+    root = NULL;
+  }
   if (!root) {
     if (bs_json_alloc_failures() != failures)
       bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory parsing the index");
@@ -224,33 +231,6 @@ enum bs_sniff bs_st_index_sniff(const uint8_t *head, size_t n, uint64_t size)
 
 /* ---- The reader ---------------------------------------------------------------------------- */
 
-static char *join(const char *dir, const char *rel)
-{
-  size_t a = strlen(dir), b = strlen(rel);
-  char *p = bs_malloc(a + b + 2);
-  if (p) {
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, rel, b + 1);
-  }
-  return p;
-}
-
-/* The directory part of a path ("." for a bare name). */
-static char *dir_of(const char *path)
-{
-  const char *slash = strrchr(path, '/');
-  if (!slash)
-    return bs_strdup(".");
-  size_t n = slash == path ? 1 : (size_t)(slash - path);
-  char *d = bs_malloc(n + 1);
-  if (d) {
-    memcpy(d, path, n);
-    d[n] = '\0';
-  }
-  return d;
-}
-
 /* Re-raise a shard's error with the shard named, keeping the tensor key. */
 static int shard_fail(bs_err *err, const bs_err *sub, const char *shard)
 {
@@ -261,21 +241,16 @@ static int shard_fail(bs_err *err, const bs_err *sub, const char *shard)
                  shard, sub->msg);
 }
 
-static int open_shards(struct bs_catalog *cat, const struct bs_st_index *ix, const char *dir,
+static int open_shards(struct bs_catalog *cat, uint32_t src, const struct bs_st_index *ix,
                        const struct bs_open_opts *opts, uint32_t *srcof, bs_err *err)
 {
   for (size_t i = 0; i < ix->nshards; i++) {
-    char *path = join(dir, ix->shards[i]);
-    if (!path)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_src s;
     bs_err sub;
     bs_err_clear(&sub);
-    int rc = bs_src_open(&s, path, &sub);
-    bs_free(path);
-    if (rc != 0)
-      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "shard %.200s: cannot open it: %s",
-                     ix->shards[i], strerror(sub.code));
+    /* (cat->srcs moves as shards are added: looked up each time) */
+    if (bs_src_open_sibling(&cat->srcs[src], ix->shards[i], &s, &sub) != 0)
+      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "shard %.200s: %s", ix->shards[i], sub.msg);
     if (bs_catalog_add_src(cat, &s, &srcof[i], err) != 0)
       return -1;
     size_t nmeta = cat->nmeta;
@@ -361,19 +336,43 @@ out:
   return rc;
 }
 
+/* A write of this set that a kill interrupted is completed or rolled back
+ * before the set is read (so no half set is ever mounted or listed); when
+ * that changed the directory, the index is opened again. */
+static int recover_first(struct bs_catalog *cat, uint32_t src, bs_err *err)
+{
+  struct bs_src *s = &cat->srcs[src];
+  struct bs_src_ident id;
+  if (!bs_src_ident(s, &id))
+    return 0; /* no file (memory): no directory */
+  bool did = false;
+  if (bs_set_recover(s->name, &did, err) != 0)
+    return -1;
+  struct bs_src fresh;
+  if (!did)
+    return 0;
+  if (bs_src_open(&fresh, s->name, err) != 0)
+    return -1;
+  bs_src_destroy(s);
+  *s = fresh;
+  return 0;
+}
+
 int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                      bs_err *err)
 {
   if (src >= cat->nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u in the catalog", src);
+  if (recover_first(cat, src, err) != 0)
+    return -1;
   const struct bs_src *s = &cat->srcs[src];
   if (s->size > BS_ST_INDEX_MAX)
     return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
                    "index of %" PRIu64 " bytes exceeds the limit of %u bytes", s->size,
                    BS_ST_INDEX_MAX);
-  size_t count0 = cat->count, nmeta0 = cat->nmeta;
+  const struct bs_catalog_mark mark = bs_catalog_mark(cat);
+  const size_t count0 = cat->count;
   uint8_t *buf = NULL;
-  char *dir = NULL;
   uint32_t *srcof = NULL;
   struct bs_st_index ix = {0};
   int rc = -1;
@@ -382,12 +381,11 @@ int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_
     goto out;
   bs_free(buf);
   buf = NULL;
-  if (!(dir = dir_of(cat->srcs[src].name)) ||
-      !(srcof = bs_calloc(ix.nshards ? ix.nshards : 1, sizeof *srcof))) {
+  if (!(srcof = bs_calloc(ix.nshards ? ix.nshards : 1, sizeof *srcof))) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
-  if (open_shards(cat, &ix, dir, opts, srcof, err) != 0 ||
+  if (open_shards(cat, src, &ix, opts, srcof, err) != 0 ||
       check_map(cat, count0, &ix, srcof, err) != 0)
     goto out;
   for (size_t i = 0; i < ix.nmeta; i++)
@@ -396,9 +394,8 @@ int bs_st_index_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_
   rc = 0;
 out:
   if (rc != 0)
-    bs_catalog_truncate(cat, count0, nmeta0);
+    bs_catalog_rollback(cat, &mark); /* with the shards opened and the notes added */
   bs_free(buf);
-  bs_free(dir);
   bs_free(srcof);
   bs_st_index_destroy(&ix);
   return rc;
@@ -433,10 +430,17 @@ int bs_st_index_find(const char *dir, char **path, bs_err *err)
     rc = bs_fail(err, ENOENT, BS_OFF_NONE, NULL,
                  "a directory without a *" INDEX_SUFFIX
                  "; burnstore mounts a directory only when it holds one sharded checkpoint");
-  if (rc == 0 && !(*path = join(dir, found)))
+  if (rc == 0 && !(*path = bs_path_join(dir, found)))
     rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   bs_free(found);
   return rc;
+}
+
+void bs_st_index_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)
+{
+  char v[24];
+  snprintf(v, sizeof v, "%zu", cat->nsrcs - 1); /* srcs[0] is the index */
+  detail(ctx, "shards", v);
 }
 
 const char *bs_st_index_shard_of(const struct bs_catalog *cat, const struct bs_tensor *t)

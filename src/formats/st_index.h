@@ -39,6 +39,8 @@ void bs_st_index_destroy(struct bs_st_index *ix); /* safe on a zeroed or destroy
 /* The registry row (formats.h): YES for '{' (after whitespace) and a
  * "weight_map" key within the first 512 bytes, else NO. */
 enum bs_sniff bs_st_index_sniff(const uint8_t *head, size_t n, uint64_t size);
+/* "shards": how many shard files the index names. */
+void bs_st_index_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
 /* Read cat->srcs[src] (a file: its name is its path) as an index, then
  * every shard's header with the SafeTensors reader. Errors: a shard missing
  * or unreadable, a tensor the map names but its shard lacks (or holds in

@@ -20,11 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/set_journal.h"
 #include "core/strmap.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
@@ -202,7 +204,31 @@ static int names(struct set *s, const char *path, bs_err *err)
   return 0;
 }
 
-/* The existing index at s->index, if there is a readable one. */
+/* Refuse a set whose old index names a file the set does not own. */
+static int not_owned(const struct set *s, size_t k, const char *why, bs_err *err)
+{
+  const char *key = NULL;
+  for (size_t e = 0; e < s->old.nmap && !key; e++)
+    if (s->old.map[e].shard == k)
+      key = s->old.map[e].key;
+  return bs_fail(err, EACCES, BS_OFF_NONE, key,
+                 "%s names '%.100s' as its shard, which is %s; burnstore replaces and removes only "
+                 "the set's own shard files beside the index, so it writes nothing",
+                 s->index, s->old.shards[k], why);
+}
+
+int bs_st_set_recover(const char *path, bs_err *err)
+{
+  struct set s = {0};
+  int rc = names(&s, path, err) == 0 && bs_set_recover(s.index, NULL, err) == 0 ? 0 : -1;
+  set_destroy(&s);
+  return rc;
+}
+
+/* The existing index at s->index, if there is a readable one; every shard
+ * it names must be one this write may replace or remove: a plain
+ * NAME.safetensors in the index's directory, a regular file (or missing),
+ * not the index. Anything else refuses the write before it starts. */
 static int load_old(struct set *s, bs_err *err)
 {
   FILE *f = fopen(s->index, "rb");
@@ -219,6 +245,31 @@ static int load_old(struct set *s, bs_err *err)
   bs_free(buf);
   if (!s->have_old && sub.code == ENOMEM)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (!s->have_old && sub.code == EACCES) /* a shard path outside the directory */
+    return bs_fail(err, EACCES, BS_OFF_NONE, sub.key[0] ? sub.key : NULL,
+                   "%s: %s; burnstore replaces and removes only the set's own shard files beside "
+                   "the index, so it writes nothing",
+                   s->index, sub.msg);
+  const char *ibase = strrchr(s->index, '/') + 1;
+  for (size_t k = 0; s->have_old && k < s->old.nshards; k++) {
+    const char *name = s->old.shards[k];
+    if (strcmp(name, ibase) == 0)
+      return not_owned(s, k, "the index itself", err);
+    if (strchr(name, '/'))
+      return not_owned(s, k, "not a file of the index's own directory", err);
+    if (!bs_set_is_shard_name(name))
+      return not_owned(s, k, "not a shard file name (NAME.safetensors)", err);
+    struct stat st;
+    char *p = bs_path_join(s->dir, name);
+    if (!p)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    int r = lstat(p, &st);
+    bs_free(p);
+    if (r == 0 && S_ISLNK(st.st_mode))
+      return not_owned(s, k, "a symbolic link", err);
+    if (r == 0 && !S_ISREG(st.st_mode))
+      return not_owned(s, k, "not a regular file", err);
+  }
   return 0;
 }
 
@@ -379,14 +430,45 @@ static int index_json(const struct set *s, const struct bs_catalog *cat, struct 
   return 0;
 }
 
+/* The names the journal records: every file of the new set (the index
+ * last), and the old files the set replaces (shards of the old index, and
+ * `path` when a set replaces the single file NAME.safetensors). Borrowed. */
+static int journal_names(const struct set *s, const char *path, const char ***newf, size_t *nnew,
+                         const char ***oldf, size_t *nold, bs_err *err)
+{
+  *newf = bs_calloc(s->nshards + 1, sizeof **newf);
+  *oldf = bs_calloc(s->old.nshards + 1, sizeof **oldf);
+  if (!*newf || !*oldf)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  *nnew = *nold = 0;
+  for (size_t k = 0; k < s->nshards; k++)
+    (*newf)[(*nnew)++] = s->shards[k].name;
+  (*newf)[(*nnew)++] = strrchr(s->index, '/') + 1;
+  for (size_t k = 0; s->have_old && k < s->old.nshards; k++)
+    (*oldf)[(*nold)++] = s->old.shards[k];
+  struct stat st;
+  if (ends_with(path, ST_SUFFIX) && lstat(path, &st) == 0) {
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (!S_ISREG(st.st_mode) || !bs_set_is_shard_name(base))
+      return bs_fail(err, EACCES, BS_OFF_NONE, NULL,
+                     "%s is not a regular NAME.safetensors file; burnstore does not replace it "
+                     "with a shard set",
+                     path);
+    (*oldf)[(*nold)++] = base;
+  }
+  return 0;
+}
+
 int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
                     bs_err *err)
 {
   struct set s = {0};
+  struct bs_set js = {0};
   struct bs_atomic *at = NULL;
   struct bs_kv *smeta = NULL;
   struct bs_buf ib = {0};
-  size_t nat = 0;
+  const char **newf = NULL, **oldf = NULL;
+  size_t nat = 0, nnew = 0, nold = 0;
   int rc = -1;
   if (names(&s, path, err) != 0)
     goto out;
@@ -396,7 +478,10 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   }
   for (size_t i = 0; i < cat->count; i++)
     s.shard_of[i] = SIZE_MAX;
-  if (load_old(&s, err) != 0)
+  /* An interrupted write of this set first completes or rolls back, so the
+   * old index read next is a whole set's; the journal's lock keeps other
+   * writers of the set out from here. */
+  if (bs_set_begin(&js, s.index, err) != 0 || load_old(&s, err) != 0)
     goto out;
   if (o->max_shard_size == 0 && s.have_old && s.old.nshards > 0) {
     if (keep_shards(&s, cat, err) != 0)
@@ -408,6 +493,9 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
     if (s.shard_of[i] != SIZE_MAX &&
         add_to(&s.shards[s.shard_of[i]], i, cat->tensors[i].nbytes, err) != 0)
       goto out;
+  if (journal_names(&s, path, &newf, &nnew, &oldf, &nold, err) != 0 ||
+      bs_set_prepare(&js, newf, nnew, oldf, nold, err) != 0)
+    goto out;
 
   /* The shards' catalog: the same tensors and sources, their metadata. */
   struct bs_catalog sc = *cat;
@@ -450,28 +538,15 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
       bs_atomic_fail(&at[k], err);
       goto out;
     }
-  /* Phase 2: the shards, then the index. */
-  for (size_t k = 0; k < nat; k++)
-    if (bs_atomic_publish(&at[k], err) != 0)
-      goto out;
-  /* Shards of the old index the new one does not name. */
-  for (size_t k = 0; s.have_old && k < s.old.nshards; k++) {
-    bool kept = false;
-    for (size_t j = 0; j < s.nshards && !kept; j++)
-      kept = strcmp(s.old.shards[k], s.shards[j].name) == 0;
-    char *p = kept ? NULL : str_printf("%s/%s", s.dir, s.old.shards[k]);
-    if (p)
-      unlink(p);
-    bs_free(p);
-  }
-  /* output=x.safetensors (or rw of it) with max_shard_size: the set replaces the single file. */
-  if (ends_with(path, ST_SUFFIX))
-    unlink(path);
-  rc = 0;
+  /* The commit record, then the shards, the index, the old shards' removal. */
+  rc = bs_set_commit(&js, at, nat, err);
 out:
   for (size_t k = 0; at && k <= s.nshards; k++)
     bs_atomic_abort(&at[k]);
+  bs_set_abort(&js);
   bs_free(at);
+  bs_free(newf);
+  bs_free(oldf);
   bs_free(smeta);
   bs_buf_destroy(&ib);
   set_destroy(&s);

@@ -49,32 +49,51 @@ int bs_st_json_string(struct bs_buf *b, const char *s)
   return bs_st_json_string_n(b, s, strlen(s));
 }
 
-int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t len)
+/* The escape serde_json writes for byte c into esc (at most 6 bytes): its
+ * length, 0 when c stands for itself. */
+static size_t json_escape(unsigned char c, char esc[6])
 {
   static const char hex[] = "0123456789abcdef";
+  switch (c) {
+  case '"': esc[1] = '"'; break;
+  case '\\': esc[1] = '\\'; break;
+  case '\b': esc[1] = 'b'; break;
+  case '\f': esc[1] = 'f'; break;
+  case '\n': esc[1] = 'n'; break;
+  case '\r': esc[1] = 'r'; break;
+  case '\t': esc[1] = 't'; break;
+  default:
+    if (c >= 0x20)
+      return 0;
+    memcpy(esc, "\\u00", 4);
+    esc[4] = hex[c >> 4];
+    esc[5] = hex[c & 15];
+    return 6;
+  }
+  esc[0] = '\\';
+  return 2;
+}
+
+size_t bs_st_json_len_n(const char *s, size_t len)
+{
+  size_t total = 2;
+  char esc[6];
+  for (size_t i = 0; i < len; i++) {
+    size_t n = json_escape((unsigned char)s[i], esc);
+    total += n ? n : 1;
+  }
+  return total;
+}
+
+int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t len)
+{
   if (bs_buf_put(b, "\"", 1) != 0)
     return -1;
   const char *run = s;
   const unsigned char *end = (const unsigned char *)s + len;
   for (const unsigned char *p = (const unsigned char *)s; p < end; p++) {
-    char esc[7];
-    size_t n = 0;
-    switch (*p) {
-    case '"': n = 2, esc[0] = '\\', esc[1] = '"'; break;
-    case '\\': n = 2, esc[0] = '\\', esc[1] = '\\'; break;
-    case '\b': n = 2, esc[0] = '\\', esc[1] = 'b'; break;
-    case '\f': n = 2, esc[0] = '\\', esc[1] = 'f'; break;
-    case '\n': n = 2, esc[0] = '\\', esc[1] = 'n'; break;
-    case '\r': n = 2, esc[0] = '\\', esc[1] = 'r'; break;
-    case '\t': n = 2, esc[0] = '\\', esc[1] = 't'; break;
-    default:
-      if (*p < 0x20) {
-        memcpy(esc, "\\u00", 4);
-        esc[4] = hex[*p >> 4];
-        esc[5] = hex[*p & 15];
-        n = 6;
-      }
-    }
+    char esc[6];
+    size_t n = json_escape(*p, esc);
     if (n == 0)
       continue;
     if (bs_buf_put(b, run, (size_t)((const char *)p - run)) != 0 || bs_buf_put(b, esc, n) != 0)
@@ -93,15 +112,23 @@ static int buf_u64(struct bs_buf *b, uint64_t v)
   return buf_str(b, s);
 }
 
+int bs_st_name_ok(const char *name, bs_err *err)
+{
+  if (strcmp(name, "__metadata__") == 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, name,
+                   "__metadata__ is the name SafeTensors reserves for the file's metadata; "
+                   "rename the tensor (-o remap=)");
+  return bs_writer_name_text(name, BS_MAX_KEY_LEN, true,
+                             "SafeTensors names are JSON strings (UTF-8)", err);
+}
+
 int bs_st_can_write(const struct bs_tensor *t, bs_err *err)
 {
+  if (bs_st_name_ok(t->name, err) != 0)
+    return -1;
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);
-  if (strcmp(t->name, "__metadata__") == 0)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
-                   "__metadata__ is the name SafeTensors reserves for the file's metadata; "
-                   "rename the tensor (-o remap=)");
   if (t->dtype < BS_DT_COUNT && st_rank[t->dtype])
     return 0;
   const char *hint = "";
@@ -353,8 +380,8 @@ int bs_st_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 /* The same file as an fd source's (device and inode)? */
 static bool same_file(const struct bs_src *s, const struct stat *st)
 {
-  struct stat a;
-  return s->fd >= 0 && fstat(s->fd, &a) == 0 && a.st_dev == st->st_dev && a.st_ino == st->st_ino;
+  struct bs_src_ident id;
+  return bs_src_ident(s, &id) && id.dev == (uint64_t)st->st_dev && id.ino == (uint64_t)st->st_ino;
 }
 
 int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size_t n,

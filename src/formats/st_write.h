@@ -26,6 +26,9 @@
  * source, not named __metadata__)? 0, or -1 with err naming the tensor and
  * why (with a hint where a same-bytes dtype exists: Flex32 -> F32). */
 BS_NODISCARD int bs_st_can_write(const struct bs_tensor *t, bs_err *err);
+/* SafeTensors names are JSON strings: UTF-8, at most BS_MAX_KEY_LEN bytes
+ * (what our reader takes), never __metadata__. */
+BS_NODISCARD int bs_st_name_ok(const char *name, bs_err *err);
 
 /* Serialize the tensors `which` (catalog indices, any order; NULL: every
  * tensor that is not hidden) with cat->meta into k. */
@@ -47,6 +50,8 @@ BS_NODISCARD int bs_st_default_meta(struct bs_catalog *cat, bs_err *err);
 BS_NODISCARD int bs_st_json_string(struct bs_buf *b, const char *s);
 /* The same for n bytes that may hold NUL (as \u0000): GGUF strings. */
 BS_NODISCARD int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t n);
+/* The bytes bs_st_json_string_n appends for s[0..n), quotes included. */
+size_t bs_st_json_len_n(const char *s, size_t n);
 
 /* Would bs_st_write_some write exactly the file at `path`: the same header
  * bytes, and every tensor's bytes already in that file at the place they
@@ -67,16 +72,24 @@ BS_NODISCARD int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t
  * The index is written as transformers writes it (indent 2, sorted keys,
  * ASCII): {"metadata": {..., "total_size": BYTES}, "weight_map": {...}}; each
  * shard's __metadata__ is the catalog's metadata without total_size, with
- * format=pt unless it has a format. Every file is written to a temp file and
- * fsynced, then the shards are renamed and the index last; a failure before
- * the renames leaves the old set intact. Shards of the old index that the
- * new one no longer names are removed after the new index is in place, and so
- * is a single file at `path` when it ends in .safetensors (the set replaces it). */
+ * format=pt unless it has a format. The set commits through its journal
+ * (core/set_journal.h): an interrupted earlier write is recovered first;
+ * every changed file is written to a temp file and fsynced, then the commit
+ * record, the shards' renames, the index's; shards of the old index that the
+ * new one no longer names are removed after the new index is durable, and so
+ * is a single file at `path` when it ends in .safetensors (the set replaces
+ * it). An old index that names anything but a regular NAME.safetensors in
+ * its own directory (the index itself, a subdirectory, "..", another kind of
+ * file, a symlink) refuses the write up front, naming the entry (EACCES). */
 BS_NODISCARD int bs_st_write_set(const struct bs_catalog *cat, const char *path,
                                  const struct bs_write_opts *o, bs_err *err);
 /* Parse a size as Hugging Face spells it: "5GB" (10^9), "5GiB" (2^30),
  * "500MB", "100KB", "10MiB", "1KiB", "1000" (bytes); units in any case, a
  * unit ending in a lower-case 'b' ("5Gb") counts bits. 0, or -1. */
+/* Complete or roll back an interrupted write of the shard set whose target
+ * is `path` (NAME.safetensors.index.json, or NAME.safetensors written as a
+ * set): see core/set_journal.h. */
+BS_NODISCARD int bs_st_set_recover(const char *path, bs_err *err);
 BS_NODISCARD int bs_st_parse_size(const char *s, uint64_t *out);
 
 #endif

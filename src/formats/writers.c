@@ -5,6 +5,8 @@
 #include <strings.h>
 
 #include "burnstore/writers.h"
+#include "core/checked.h"
+#include "core/utf8.h"
 #include "formats/bpk_write.h"
 #include "formats/st_write.h"
 #include "gguf_private.h"
@@ -14,18 +16,38 @@ static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *er
   return bs_bpk_write(cat, NULL, k, err);
 }
 
+/* Burnpack (CBOR text) and SafeTensors (JSON strings): keys and values are
+ * UTF-8 text, which their readers (and Burn's, and the safetensors crate's)
+ * refuse otherwise. */
+static int utf8_meta(const struct bs_meta_rules *rules, const char *key, const char *value,
+                     size_t len, bs_err *err)
+{
+  (void)rules;
+  size_t at;
+  if (!bs_utf8_valid(key, strlen(key), &at))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata key '%.100s' is not UTF-8 (byte %zu): keys are UTF-8 text", key, at);
+  if (!bs_utf8_valid(value, len, &at))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata '%.100s': the value is not UTF-8 (byte %zu): values are UTF-8 text",
+                   key, at);
+  return 0;
+}
+
 static const char *const bpk_ext[] = {".bpk", NULL};
 static const char *const st_ext[] = {".safetensors", NULL};
 static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
 static const char *const gguf_ext[] = {".gguf", NULL};
 
 const struct bs_writer bs_writers[] = {
-    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_default_meta, bpk_write, NULL},
-    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_default_meta, bs_st_write,
-     NULL},
-    {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_default_meta,
-     bs_st_write, bs_st_write_set},
-    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, NULL, bs_gguf_write, NULL},
+    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
+     bpk_write, NULL, utf8_meta, NULL, NULL},
+    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
+     bs_st_write, NULL, utf8_meta, NULL, NULL},
+    {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
+     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL},
+    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -78,6 +100,43 @@ const char *bs_writer_list(char *buf, size_t n)
   return buf;
 }
 
+const char *bs_name_printable(const char *name, char *buf, size_t n)
+{
+  size_t len = strlen(name), o = 0;
+  for (size_t i = 0; i < len && n > 0;) {
+    size_t l = bs_utf8_len((const uint8_t *)name + i, len - i);
+    if (l == 0 && o + 4 < n) {
+      snprintf(buf + o, n - o, "\\x%02x", (unsigned char)name[i]);
+      o += 4, i++;
+    } else if (l > 0 && o + l < n) {
+      memcpy(buf + o, name + i, l);
+      o += l, i += l;
+    } else {
+      break;
+    }
+  }
+  if (n > 0)
+    buf[o < n ? o : n - 1] = '\0';
+  return buf;
+}
+
+int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why, bs_err *err)
+{
+  size_t len = strlen(name), bad;
+  char key[sizeof err->key];
+  bs_name_printable(name, key, sizeof key);
+  if (len == 0 && !empty_ok)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "an empty name: %s", why);
+  if (!bs_utf8_valid(name, len, &bad))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, key,
+                   "the name is not valid UTF-8 (byte %zu is 0x%02x): %s", bad,
+                   (unsigned char)name[bad], why);
+  if (len > max)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, key, "a name of %zu bytes, over the limit of %zu: %s",
+                   len, max, why);
+  return 0;
+}
+
 int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_err *err)
 {
   for (size_t i = 0; i < cat->count; i++) {
@@ -87,11 +146,36 @@ int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_
     bs_err sub;
     bs_err_clear(&sub);
     if (w->can_write(t, &sub) != 0)
-      return bs_fail(err, sub.code, BS_OFF_NONE, t->name,
+      return bs_fail(err, sub.code, BS_OFF_NONE, sub.key[0] ? sub.key : t->name,
                      "cannot be written as %s: %s (leave it out with -o exclude=REGEX)", w->name,
                      sub.msg);
   }
   return 0;
+}
+
+int bs_writer_meta_rules(const struct bs_writer *w, const struct bs_catalog *src,
+                         struct bs_meta_rules **out, bs_err *err)
+{
+  *out = NULL;
+  return w->meta_rules ? w->meta_rules(src, out, err) : 0;
+}
+
+void bs_writer_meta_rules_free(const struct bs_writer *w, struct bs_meta_rules *rules)
+{
+  if (rules && w->meta_rules_free)
+    w->meta_rules_free(rules);
+}
+
+int bs_writer_check_meta(const struct bs_writer *w, const struct bs_meta_rules *rules,
+                         const char *key, const char *value, size_t len, bs_err *err)
+{
+  const char *nul = memchr(value, '\0', len);
+  if (nul)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata '%.100s': the value holds a NUL byte at %zu: metadata values are "
+                   "text, and would be cut there",
+                   key, (size_t)(nul - value));
+  return w->check_meta ? w->check_meta(rules, key, value, len, err) : 0;
 }
 
 int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
@@ -104,6 +188,20 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
   static const struct bs_write_opts none = {0};
+  for (size_t i = 0; i < cat->count; i++) {
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (!cat->tensors[i].hidden && w->name_ok(cat->tensors[i].name, &sub) != 0)
+      return bs_fail(err, sub.code, BS_OFF_NONE, sub.key[0] ? sub.key : NULL,
+                     "%s: not written (%s cannot hold this name): %s", path, w->name, sub.msg);
+  }
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    const struct bs_kv *kv = &cat->meta[i];
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (bs_writer_check_meta(w, NULL, kv->key, kv->value, strlen(kv->value), &sub) != 0)
+      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s: not written: %s", path, sub.msg);
+  }
   if (w->write_set)
     return w->write_set(cat, path, o ? o : &none, err);
   struct bs_atomic a;
@@ -112,4 +210,12 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
   if (w->write(cat, &a.sink, err) != 0)
     return bs_atomic_fail(&a, err);
   return bs_atomic_commit(&a, err);
+}
+
+int bs_writer_recover(const char *path, bs_err *err)
+{
+  const struct bs_writer *w = bs_writer_for_path(path);
+  if (w && (w->format == BS_FMT_ST_SHARDED || w->format == BS_FMT_SAFETENSORS))
+    return bs_st_set_recover(path, err);
+  return 0;
 }

@@ -16,6 +16,7 @@
 #include "burnstore/writers.h"
 #include "core/edit.h"
 #include "core/tree.h"
+#include "core/xattr.h"
 
 struct fs {
   struct bs_catalog cat; /* the source checkpoint (empty for a new file) */
@@ -57,6 +58,7 @@ struct fs {
   /* The output's format, chosen at mount from output's extension; NULL when read-only. */
   const struct bs_writer *writer;
   struct bs_write_opts wopts; /* -o max_shard_size= */
+  struct bs_xa_mount xa;      /* the xattr table's view of the mount (fs_xattr.c) */
 
   /* The .npy views (fs_npy.c, fs_views.h): -o npy / npy=only. */
   int npy_mode;       /* FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY */
@@ -85,7 +87,10 @@ struct fs_ref {
 int fs_ref_get(struct fs *fs, fuse_ino_t ino, struct fs_ref *r);
 void fs_mark_dirty(struct fs *fs);
 
-/* The xattr ops (fs_xattr.c). */
+/* The xattr ops (fs_xattr.c). init after the editable catalog (it prepares
+ * the writer's metadata rules once); destroy is safe on a zeroed fs. */
+int fs_xattr_init(struct fs *fs, bs_err *err);
+void fs_xattr_destroy(struct fs *fs);
 void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
 void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
 void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,

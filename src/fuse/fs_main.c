@@ -501,6 +501,7 @@ static void fs_destroy(struct fs *fs)
 {
   fs_npy_destroy(fs);
   fs_journal_stop(fs);
+  fs_xattr_destroy(fs);
   bs_edit_destroy(&fs->edit);
   bs_tree_destroy(&fs->tree);
   bs_catalog_destroy(&fs->cat);
@@ -690,6 +691,8 @@ static int prepare(struct fs *fs, struct args *a)
     return fail_line(a->source, &err);
   fs->keys = a->keys;
   memset(&a->keys, 0, sizeof a->keys);
+  if (fs_xattr_init(fs, &err) != 0)
+    return fail_line(a->source, &err);
   /* The parsers' temporary memory (a JSON or CBOR tree of the whole header)
    * is freed by now; give it back, so the daemon stays O(tensors). */
   malloc_trim(0);

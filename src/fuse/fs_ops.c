@@ -37,6 +37,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
+#include "core/names.h"
 #include "fs.h"
 #include "fs_views.h"
 
@@ -605,6 +606,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   uint64_t base;
   if (bs_tensor_fd_range(&fs->cat, t, &fd, &base)) {
     reply_fd(req, fd, base, len, size, off);
+    bs_tensor_fd_put(&fs->cat, t, fd);
     return;
   }
   if ((uint64_t)off >= len) {
@@ -772,32 +774,38 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 /* --- creating, removing, renaming (writable mounts) --------------------- */
 
-/* A name users may create: it must unescape (so the key is known). Hidden
- * names are let through: rsync, editors and mkstemp make temporary files
- * like ".%%.Xa81Q" that are renamed (and checked) before they matter; one
- * still there at unmount fails the write-back, naming it. */
-static int check_name(const char *name)
+/* A name users may create or rename to (bs_name_check: the output format
+ * holds its key, one name a key). Tree lock held; the caller logs *nerr
+ * after letting it go. */
+static int check_name(struct fs *fs, fuse_ino_t parent, const char *name, bool dir, uint64_t moving,
+                      bs_err *nerr)
 {
-  if (strlen(name) > 255)
-    return ENAMETOOLONG;
-  if (strcmp(name, BS_SELF_NAME) == 0 || name[0] == '.')
+  if (bs_name_check(&fs->tree, fs->flat, fs->writer, parent, name, dir, moving, nerr) == 0)
     return 0;
-  char *seg = bs_unescape_component(name);
-  if (!seg)
-    return errno == ENOMEM ? ENOMEM : EINVAL;
-  bs_free(seg);
-  return 0;
+  return nerr->code;
+}
+
+/* One log line for a name refused by check_name (no lock held). */
+static void log_name(const char *op, const char *name, const bs_err *nerr)
+{
+  if (!nerr->code || nerr->code == ENOMEM)
+    return;
+  char line[700], pname[128];
+  fuse_log(FUSE_LOG_ERR, "burnstore: %s '%s' refused: %s\n", op,
+           bs_name_printable(name, pname, sizeof pname),
+           bs_err_format(nerr, NULL, line, sizeof line));
 }
 
 /* A new file or directory (tree lock held exclusive), owned by `who`, or in
  * a set-group-ID directory by its group (a directory inherits the bit). A
  * new file has no bytes and no staging file until it is written. */
 static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t mode, bool dir,
-                     const struct fuse_ctx *who, bool opened, uint64_t *ino, struct fs_ref *r)
+                     const struct fuse_ctx *who, bool opened, uint64_t *ino, struct fs_ref *r,
+                     bs_err *nerr)
 {
   if (!fs->writable)
     return EROFS;
-  int rc = check_name(name);
+  int rc = check_name(fs, parent, name, dir, 0, nerr);
   if (rc)
     return rc;
   if (fs->flat && dir)
@@ -844,9 +852,12 @@ static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mo
   struct fs *fs = fs_data(req);
   uint64_t ino = 0;
   struct fs_ref r;
+  bs_err nerr;
+  bs_err_clear(&nerr);
   wrlock(fs);
-  int rc = do_mknode(fs, parent, name, mode, dir, fuse_req_ctx(req), fi != NULL, &ino, &r);
+  int rc = do_mknode(fs, parent, name, mode, dir, fuse_req_ctx(req), fi != NULL, &ino, &r, &nerr);
   unlock(fs);
+  log_name(dir ? "mkdir" : "create", name, &nerr);
   if (rc) {
     fuse_reply_err(req, rc);
     return;
@@ -961,17 +972,12 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 }
 
 static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
-                     const char *newname, unsigned int flags, struct bs_entry **gone)
+                     const char *newname, unsigned int flags, struct bs_entry **gone, bs_err *nerr)
 {
   if (!fs->writable)
     return EROFS;
   if (flags & ~(unsigned)RENAME_NOREPLACE)
     return EINVAL; /* RENAME_EXCHANGE / WHITEOUT: not supported */
-  /* A name kept as it is (a move to another directory) stays valid: a
-   * shortened name keeps its node's key segment (bs_tree_move). */
-  int rc = strcmp(name, newname) == 0 ? 0 : check_name(newname);
-  if (rc)
-    return rc;
   uint64_t ino = bs_tree_lookup(&fs->tree, parent, name);
   if (!ino)
     return ENOENT;
@@ -980,6 +986,13 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
     return ENOENT;
   if (!np->is_dir)
     return ENOTDIR;
+  /* A shortened name kept as it is (a move to another directory) keeps its
+   * node's key segment (bs_tree_move): its name is no escape to check. */
+  int rc = strcmp(name, newname) == 0 && bs_name_is_shortened(newname)
+               ? 0
+               : check_name(fs, newparent, newname, fs->tree.nodes[ino].is_dir, ino, nerr);
+  if (rc)
+    return rc;
   bs_err err;
   bs_err_clear(&err);
   uint64_t target = bs_tree_lookup(&fs->tree, newparent, newname);
@@ -1011,9 +1024,12 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 {
   struct fs *fs = fs_data(req);
   struct bs_entry *gone = NULL;
+  bs_err nerr;
+  bs_err_clear(&nerr);
   wrlock(fs);
-  int rc = do_rename(fs, parent, name, newparent, newname, flags, &gone);
+  int rc = do_rename(fs, parent, name, newparent, newname, flags, &gone, &nerr);
   unlock(fs);
+  log_name("rename to", newname, &nerr);
   forget_entry(fs, gone);
   fuse_reply_err(req, rc);
 }

@@ -49,6 +49,7 @@ static const char keyopts_help[] =
 struct cmd {
   const char *name, *args, *help;
   int (*run)(int argc, char **argv);
+  int trouble; /* the exit status of a failure (diff: 2, like diff(1)) */
 };
 
 /* ---- Common options and opening --------------------------------------------------------- */
@@ -195,7 +196,10 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   struct bs_src src;
   struct bs_open_opts oo = {.strict = o->strict};
   int rc = -1;
-  if (bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
+  /* A set whose write a kill interrupted completes or rolls back first
+   * (also one with no index yet: its temp files and journal go). */
+  if (bs_writer_recover(index ? index : path, &err) != 0 ||
+      bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
     fail_err(path, &err);
   else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
     fail_err(path, &err);
@@ -283,8 +287,6 @@ static int cmd_ls(int argc, char **argv)
     if (rc)
       fail("ls: out of memory");
   }
-  if (fflush(stdout) != 0)
-    rc = 1;
   bs_catalog_destroy(&cat);
   opts_destroy(&o);
   return rc;
@@ -292,26 +294,11 @@ static int cmd_ls(int argc, char **argv)
 
 /* ---- info ------------------------------------------------------------------------------- */
 
-static void print_version(const struct bs_catalog *cat)
+/* The format's own details (bs_format_describe), one "key: value" line each. */
+static void print_detail(void *ctx, const char *key, const char *value)
 {
-  if (cat->nsrcs == 0)
-    return;
-  const struct bs_src *s = &cat->srcs[0];
-  if (cat->format == BS_FMT_BURNPACK) {
-    uint8_t h[6];
-    if (bs_src_pread(s, 0, h, 6) == 6)
-      printf("version: %u\n", bs_le16(h + 4));
-  } else if (cat->format == BS_FMT_PYTORCH) {
-    enum bs_pth_container c;
-    bs_err err;
-    bs_err_clear(&err);
-    if (bs_pth_container(s, &c, &err) == 0)
-      printf("version: %s\n", c == BS_PTH_ZIP      ? "zip (torch >= 1.6)"
-                              : c == BS_PTH_LEGACY ? "legacy pickle (torch < 1.6)"
-                                                   : "tar (torch < 0.4)");
-  } else if (cat->format == BS_FMT_ST_SHARDED) {
-    printf("shards: %zu\n", cat->nsrcs > 0 ? cat->nsrcs - 1 : 0);
-  }
+  (void)ctx;
+  printf("%s: %s\n", key, value);
 }
 
 /* A value on one line: control characters shown as \n, \t, \xNN; cut at
@@ -373,7 +360,7 @@ static int cmd_info(int argc, char **argv)
       nunsup += t->unsupported != NULL;
     }
     printf("file: %s\nformat: %s\n", o.pos[0], bs_format_name(cat.format));
-    print_version(&cat);
+    bs_format_describe(&cat, print_detail, NULL);
     printf("tensors: %" PRIu64 "\n", count);
     if (nhidden)
       printf("hidden by key options: %zu\n", nhidden);
@@ -410,8 +397,6 @@ static int cmd_info(int argc, char **argv)
       }
     }
   }
-  if (fflush(stdout) != 0)
-    rc = 1;
   bs_catalog_destroy(&cat);
   opts_destroy(&o);
   return rc;
@@ -444,12 +429,11 @@ static int stream(const char *file, const struct bs_catalog *cat, const struct b
   return rc;
 }
 
+/* A failed write stops the stream; bs_cli_main reports it in one line. */
 static int to_stdout(void *ctx, const uint8_t *p, size_t n)
 {
   (void)ctx;
-  if (fwrite(p, 1, n, stdout) != n)
-    return fail("cat: write to stdout failed: %s", strerror(errno));
-  return 0;
+  return fwrite(p, 1, n, stdout) == n ? 0 : -1;
 }
 
 static int cmd_cat(int argc, char **argv)
@@ -477,7 +461,7 @@ static int cmd_cat(int argc, char **argv)
     if (to_stdout(NULL, (const uint8_t *)hdr, hl) != 0)
       goto out;
   }
-  if (stream(o.pos[0], &cat, t, to_stdout, NULL) == 0 && fflush(stdout) == 0)
+  if (stream(o.pos[0], &cat, t, to_stdout, NULL) == 0)
     rc = 0;
 out:
   bs_catalog_destroy(&cat);
@@ -532,7 +516,7 @@ static bool as_double(enum bs_dtype dt, const uint8_t *p, double *out)
 }
 
 struct cmp {
-  uint64_t diff_bytes, diff_elems;
+  uint64_t diff_bytes, diff_elems; /* diff_elems: blocks, for a block type */
   double maxabs;
   bool nan;
 };
@@ -551,7 +535,12 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
     return fail("out of memory");
   }
   unsigned bits = bs_dtype_bits(ta->dtype);
-  size_t esz = bits >= 8 && bits % 8 == 0 ? bits / 8 : 1;
+  uint32_t belems, bbytes;
+  /* A block type (ggml's quantized types) is compared block by block: its
+   * elements have no bytes of their own. */
+  size_t esz = bs_dtype_block(ta->dtype, &belems, &bbytes) ? bbytes
+               : bits >= 8 && bits % 8 == 0                ? bits / 8
+                                                           : 1;
   size_t chunk = CHUNK / esz * esz;
   for (uint64_t off = 0; off < ta->nbytes;) {
     size_t want = (size_t)(ta->nbytes - off < chunk ? ta->nbytes - off : chunk);
@@ -653,8 +642,13 @@ static int cmd_diff(int argc, char **argv)
     if (c.diff_elems) {
       double x;
       uint8_t zero[8] = {0};
-      printf("differs: %s: %" PRIu64 " elements, %" PRIu64 " bytes", ta->name, c.diff_elems,
-             c.diff_bytes);
+      uint32_t be, bb;
+      if (bs_dtype_block(ta->dtype, &be, &bb))
+        printf("differs: %s: %" PRIu64 " block%s of %" PRIu32 " elements, %" PRIu64 " bytes",
+               ta->name, c.diff_elems, c.diff_elems == 1 ? "" : "s", be, c.diff_bytes);
+      else
+        printf("differs: %s: %" PRIu64 " elements, %" PRIu64 " bytes", ta->name, c.diff_elems,
+               c.diff_bytes);
       if (as_double(ta->dtype, zero, &x))
         printf(", max abs difference %s%.9g", c.nan ? "nan; else " : "", c.maxabs);
       printf("\n");
@@ -668,8 +662,6 @@ static int cmd_diff(int argc, char **argv)
     }
   bs_free(seen);
 out:
-  if (fflush(stdout) != 0 && rc < 2)
-    rc = 2;
   bs_strmap_destroy(&mb);
   bs_catalog_destroy(&ca);
   bs_catalog_destroy(&cb);
@@ -791,39 +783,44 @@ static const struct cmd cmds[] = {
      "PyTorch), one per line: key, dtype, shape, bytes (tab-separated), as the mount would\n"
      "present them.\n"
      "  --json       a JSON array of {key, dtype, shape, bytes[, source_key, strided]}\n",
-     cmd_ls},
+     cmd_ls, 1},
     {"info", "[--meta KEY] [-o KEYOPTS] FILE",
      "Describe a checkpoint: format, version, tensor count, total bytes, dtype breakdown,\n"
      "metadata (long values cut at 200 bytes), non-tensor values and the reader's notes.\n"
      "  --meta KEY   print only the metadata value KEY, in full (exit 1 if missing)\n",
-     cmd_info},
+     cmd_info, 1},
     {"cat", "[--npy] [-o KEYOPTS] FILE KEY",
      "Write one tensor's raw little-endian row-major bytes to stdout.\n"
      "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n",
-     cmd_cat},
+     cmd_cat, 1},
     {"diff", "[-q] [-o KEYOPTS] A B",
      "Compare two checkpoints: keys only in one, dtype or shape changes, and tensors whose\n"
-     "bytes differ (elements and bytes that differ, the max abs difference for float types).\n"
+     "bytes differ (elements, or blocks of ggml's quantized types, and bytes that differ, the\n"
+     "max abs difference for float types).\n"
      "Exit status: 0 the same, 1 different, 2 trouble.\n"
      "  -q           compare keys, dtypes and shapes only, not the bytes\n",
-     cmd_diff},
+     cmd_diff, 2},
     {"convert", "[-q] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
-     "fsync, rename): OUT is complete or untouched. Streams: memory does not grow with the\n"
-     "checkpoint. On a terminal, outputs over 256 MiB show a progress line.\n"
+     "fsync, rename): OUT is complete or untouched. A shard set commits through a journal\n"
+     "beside its index: a convert killed midway is completed or rolled back by the next\n"
+     "access, and an old index naming files that are not its shards is refused. Streams:\n"
+     "memory does not grow with the checkpoint. On a terminal, outputs over 256 MiB show a\n"
+     "progress line. A key OUT's format cannot hold (not UTF-8; over 63 bytes for GGUF) is\n"
+     "refused before anything is written.\n"
      "  -q           no progress line, no summary\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
-     cmd_convert},
+     cmd_convert, 1},
     {"--finish", "STAGING_DIR",
      "Finish the write-back a writable mount left in STAGING_DIR (its daemon was killed, or\n"
      "its writer failed): write the target from the INDEX, under the target's lock, and remove\n"
      "the directory. Refused while the daemon lives or another writer holds the target.\n",
-     cmd_staging},
+     cmd_staging, 1},
     {"--list-staging", "STAGING_DIR",
      "List what STAGING_DIR holds: target, format, daemon pid, then one line per tensor: key,\n"
      "dtype, shape, bytes, where (tab-separated). Exit 1 when it has no INDEX.\n",
-     cmd_staging},
+     cmd_staging, 1},
 };
 
 static const struct cmd *find_cmd(const char *name)
@@ -847,5 +844,14 @@ int bs_cli_main(int argc, char **argv)
     return 2;
   }
   bs_formats_init();
-  return c->run(argc, argv);
+  int rc = c->run(argc, argv);
+  /* Output that did not reach stdout (a full disk, a closed pipe) fails
+   * the command, in one line: also where the command itself succeeded. */
+  errno = 0;
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fail("%s: cannot write to standard output: %s", c->name,
+         errno ? strerror(errno) : "write error");
+    return rc > c->trouble ? rc : c->trouble;
+  }
+  return rc;
 }

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from bsmount import BIN, SOURCE_DIR, Mount, check, finish, force_unmount, read_bpk, read_safetensors, run, tmpdir
+from bsmount import BIN, FIX, SOURCE_DIR, Mount, check, finish, force_unmount, read_bpk, read_safetensors, run, tmpdir
 
 NP = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -166,6 +166,31 @@ def test_diff(tmp, sd, pth):
     check(r.returncode == 2 and len(r.stderr.splitlines()) == 1, "diff with a missing file: exit 2, one line: %r" % r.stderr)
 
 
+def test_stdout_write_errors(tmp, pth):
+    """Output that cannot be written (a full device, a closed stdout) fails
+    the command in one line on stderr: 1 for ls, info, cat; 2 for diff."""
+    other = os.path.join(tmp, "other.safetensors")
+    write_st(other, {"w": ("F32", [2], struct.pack("<2f", 1, 2))}, {})
+    cases = [(["ls", pth], 1), (["ls", "--json", pth], 1), (["info", pth], 1),
+             (["info", "--meta", "format", other], None), (["cat", pth, "f16"], 1),
+             (["cat", "--npy", pth, "f16"], 1), (["diff", pth, other], 2)]
+    for args, want in cases:
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([BIN] + args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+        if want is None:  # no such key: its own one-line error, not a write error
+            check(r.returncode == 1 and len(r.stderr.splitlines()) == 1, "%s: %r" % (args, r.stderr))
+            continue
+        lines = r.stderr.splitlines()
+        check(r.returncode == want and len(lines) == 1 and "standard output" in lines[0]
+              and "No space left" in lines[0],
+              "%s > /dev/full: exit %d (want %d), stderr %r" % (" ".join(args[:2]), r.returncode, want, r.stderr))
+    r = subprocess.run([BIN, "ls", pth], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=60, preexec_fn=lambda: os.close(1))
+    check(r.returncode == 1 and "standard output" in r.stderr, "ls with stdout closed: %r" % r.stderr)
+    r = run([BIN, "diff", pth, pth])
+    check(r.returncode == 0 and r.stderr == "", "diff with nothing to print still exits 0")
+
+
 def test_convert(tmp, sd, pth):
     for ext, reader in ((".bpk", read_bpk), (".safetensors", read_safetensors)):
         out = os.path.join(tmp, "conv" + ext)
@@ -271,6 +296,28 @@ def test_unmount_progress(tmp):
         check(got.get("w", ("", [0]))[1] == [2 << 20], "the write-back wrote w")
 
 
+def test_info_details(tmp, pth):
+    """The lines each format adds to info (its registry row's describe): all of
+    a Burnpack's info, a PyTorch file's container, a sharded set's shards."""
+    bpk = os.path.join(FIX, "examples/mnist-inference-web/model.bpk")
+    r = run([BIN, "info", bpk])
+    check(r.returncode == 0 and r.stdout == "file: %s\nformat: burnpack\nversion: 1\ntensors: 18\n"
+          "bytes: 1043240\ndtypes: F32=18 (1043240 bytes)\nmetadata: 0\n" % bpk, "info of model.bpk: %r" % r.stdout)
+    r = run([BIN, "info", pth])
+    check(r.returncode == 0 and "\nformat: pytorch\nversion: zip (torch >= 1.6)\ntensors: " in r.stdout,
+          "info of a torch.save file names its container: %r" % r.stdout)
+    out = os.path.join(tmp, "details.safetensors")
+    r = run([BIN, "convert", "-o", "max_shard_size=300000", bpk, out])
+    index = os.path.join(tmp, "details.safetensors.index.json")
+    check(r.returncode == 0 and os.path.exists(index), "convert into shards: %s" % r.stderr)
+    if os.path.exists(index):
+        shards = set(json.load(open(index))["weight_map"].values())
+        r = run([BIN, "info", index])
+        check(r.returncode == 0 and len(shards) > 1 and
+              "\nformat: safetensors-sharded\nshards: %d\ntensors: 18\n" % len(shards) in r.stdout,
+              "info of a sharded set counts its %d shards: %r" % (len(shards), r.stdout))
+
+
 def test_help(tmp):
     for cmd in ("ls", "info", "cat", "diff", "convert"):
         r = run([BIN, cmd, "--help"])
@@ -290,6 +337,16 @@ def test_help(tmp):
     check(all("burnstore %s " % c in r.stdout for c in ("ls", "info", "cat", "diff", "convert")), "burnstore --help lists the subcommands")
     r = run([BIN, "ls", "/nonexistent.pth"])
     check(r.returncode == 1 and r.stderr.count("\n") == 1 and "/nonexistent.pth" in r.stderr, "ls of a missing file: %r" % r.stderr)
+    # The version is written once, in CMakeLists.txt's project(); the man
+    # pages, which are not configured, must say the same.
+    cmake = open(os.path.join(SOURCE_DIR, "CMakeLists.txt")).read()
+    version = cmake[cmake.index("project(burnstore VERSION ") + 26:].split()[0]
+    r = run([BIN, "--version"])
+    check(r.returncode == 0 and r.stdout.startswith("burnstore %s " % version),
+          "--version says CMakeLists.txt's %s: %r" % (version, r.stdout))
+    for page in ("burnstore.1", "mount.burnstore.8"):
+        th = open(os.path.join(SOURCE_DIR, "docs", page)).readline()
+        check('"burnstore %s"' % version in th, "docs/%s says version %s: %r" % (page, version, th))
 
 
 def main():
@@ -298,7 +355,8 @@ def main():
         pth = os.path.join(tmp, "a.pth")
         torch.save(sd, pth)
         for t in (lambda: test_ls_info_cat(tmp, sd, pth), lambda: test_info_meta(tmp),
-                  lambda: test_diff(tmp, sd, pth), lambda: test_convert(tmp, sd, pth),
+                  lambda: test_diff(tmp, sd, pth), lambda: test_stdout_write_errors(tmp, pth),
+                  lambda: test_convert(tmp, sd, pth), lambda: test_info_details(tmp, pth),
                   lambda: test_help(tmp), lambda: test_unmount_progress(tmp)):
             try:
                 t()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, key_to_relpath,
-                     mem_limit_kb, run, run_tests, tensor_files, xattrs)
+                     SANITIZE, mem_limit_kb, run, run_tests, tensor_files, xattrs)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -76,14 +76,18 @@ def test_mount_matches_the_python_reader(tmp):
               "cp extracts the Q8_0 blocks")
 
 
-def test_long_values_are_listed_but_E2BIG(tmp):
+def test_long_values_are_E2BIG_and_not_listed(tmp):
     src = os.path.join(tmp, "vocab.gguf")
     tokens = ["tok%05d" % i for i in range(12000)]  # ~ 130 KB as JSON
     G.write(src, [("general.name", G.VSTRING, "v"), ("tokenizer.ggml.tokens", G.VARRAY, (G.VSTRING, tokens))],
             [("w", 0, [2], struct.pack("<2f", 1, 2))])
     with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
         names = os.listxattr(m)
-        check(META + "tokenizer.ggml.tokens" in names, "the long value is listed")
+        # Listed, it would make getfattr -d and rsync -aX of the root fail.
+        check(META + "tokenizer.ggml.tokens" not in names, "a value getxattr cannot return is not listed")
+        check(META + "general.name" in names, "the others are: %r" % names)
+        r = run(["getfattr", "-d", "-m", "-", m])
+        check(r.returncode == 0, "getfattr -d of the root: %r" % r.stderr)
         try:
             os.getxattr(m, META + "tokenizer.ggml.tokens")
             check(False, "a value over 64 KiB is E2BIG")
@@ -376,9 +380,65 @@ def test_finish_after_enospc_keeps_types(tmp):
         shutil.rmtree(stg, ignore_errors=True)
 
 
+def test_diff_counts_blocks_of_quantized_tensors(tmp):
+    """diff of two Q8_0 tensors counts the blocks that differ (32 elements,
+    34 bytes each), never bytes as elements."""
+    a, b = os.path.join(tmp, "qa.gguf"), os.path.join(tmp, "qb.gguf")
+    qa = G.q8_0_bytes(3)
+    qb = bytearray(qa)
+    for i in range(34, 68):  # every byte of the second block
+        qb[i] ^= 0xFF
+    qb[70] ^= 1  # one byte of the third
+    G.write(a, [], [("q", G.TYPE_ID["Q8_0"], [96], qa), ("f", 0, [2], struct.pack("<2f", 1, 2))])
+    G.write(b, [], [("q", G.TYPE_ID["Q8_0"], [96], bytes(qb)), ("f", 0, [2], struct.pack("<2f", 1, 3))])
+    r = run([BIN, "diff", a, b])
+    lines = r.stdout.splitlines()
+    check(r.returncode == 1, "diff exits 1: %d %s" % (r.returncode, r.stderr))
+    check("differs: q: 2 blocks of 32 elements, 35 bytes" in lines, "Q8_0 counted in blocks: %r" % lines)
+    check(any(l.startswith("differs: f: 1 elements, ") for l in lines), "F32 still in elements: %r" % lines)
+
+
+def peak_kb(cmd):
+    """(exit status, peak RSS in KiB) of cmd, measured by /usr/bin/time (a
+    child forked from this Python would count the interpreter's pages)."""
+    r = run(["/usr/bin/time", "-f", "@@ %M"] + cmd)
+    rss = [int(l.split()[1]) for l in r.stderr.splitlines() if l.startswith("@@ ")]
+    return r.returncode, rss[0] if rss else 1 << 40
+
+
+def test_long_string_costs_what_its_text_needs(tmp):
+    """A value of one long string is held once; a string in an array is
+    escaped straight into its JSON text, sized first: ls's peak memory is
+    about the text (6 bytes a control character) plus the file's string,
+    where it was twice the text and more (87 MB for a 6.7 MB file)."""
+    tiny = os.path.join(tmp, "tiny-str.gguf")
+    G.write(tiny, [("general.name", G.VSTRING, "x")], [("w", 0, [2], struct.pack("<2f", 1, 2))])
+    n = 6500 * 1024
+    cases = [("plain", (G.VSTRING, "x" * (8 << 20)), 8 << 20),
+             ("array", (G.VARRAY, (G.VSTRING, ["\x01" * n])), 6 * n + 4)]
+    rc, base = peak_kb([BIN, "ls", tiny])
+    check(rc == 0, "ls of the tiny file")
+    for what, (vt, v), text in cases:
+        src = os.path.join(tmp, "long-%s.gguf" % what)
+        G.write(src, [("general.x", vt, v)], [("w", 0, [2], struct.pack("<2f", 1, 2))])
+        size = os.path.getsize(src)
+        rc, peak = peak_kb([BIN, "ls", src])
+        check(rc == 0, "ls of a %s string of %d bytes" % (what, size))
+        r = run([BIN, "info", "--meta", "general.x", src])
+        check(r.returncode == 0 and len(r.stdout) == text + 1,
+              "%s: info --meta prints the whole value (%d bytes, want %d)" % (what, len(r.stdout) - 1, text))
+        if SANITIZE != "OFF":
+            continue  # sanitizers keep freed blocks: the measure is of the release build
+        limit = (text + size) // 1024 + 8 * 1024
+        check(peak - base < limit, "%s: ls of a %d-byte file: %d KiB over a tiny file's (< %d KiB)"
+              % (what, size, peak - base, limit))
+
+
 if __name__ == "__main__":
-    run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_listed_but_E2BIG,
+    run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_E2BIG_and_not_listed,
                             test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
                             test_remove_and_add_tensors, test_round_trip_and_new_output,
                             test_hostile_files_are_refused, test_metadata_edit_streams_the_tensors,
-                            test_finish_after_enospc_keeps_types], "gguf")
+                            test_finish_after_enospc_keeps_types, test_long_string_costs_what_its_text_needs,
+                            test_diff_counts_blocks_of_quantized_tensors],
+              "gguf")

@@ -183,6 +183,17 @@ def test_npy_in(tmp):
         r = mnt.unmount()
         check(r is not None and r.returncode != 0 and "F32 [9999]" in r.stderr and "holds 8" in r.stderr,
               "a .npy shorter than its header says is refused with dtype and shape: %r" % (r.stderr if r else None))
+    # NumPy's magic and too few bytes for any header (6 to 9): refused too,
+    # never stored as a U8 blob; the target is not written.
+    for n in (6, 8, 9):
+        out4 = os.path.join(tmp, "tiny%d.bpk" % n)
+        with Mount(out4, os.path.join(tmp, "m8")) as mnt:
+            with open(os.path.join(mnt, "z.npy"), "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00\x76\x00"[:n])
+            r = mnt.unmount()
+            check(r is not None and r.returncode != 0 and "'z.npy'" in r.stderr and "truncated" in r.stderr,
+                  "a %d-byte .npy is refused, named: %r" % (n, r.stderr if r else None))
+        check(not os.path.exists(out4), "no %s written" % out4)
 
 
 def test_rsync_from_views(tmp):

@@ -10,9 +10,10 @@ note; and a mount of 8 GiB of sparse shards in well under a second per GiB
 import json
 import os
 import struct
+import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, is_mounted, key_to_relpath, run,
+from bsmount import (BIN, Mount, check, daemon_pid, finish, force_unmount, is_mounted, key_to_relpath, run,
                      tensor_files, tmpdir, xattrs)
 from test_st_write import canonical, strict_read
 
@@ -336,10 +337,70 @@ def test_set_commit_is_atomic(tmp):
             run(["umount", "-l", small])
 
 
+def test_many_shards_few_fds(tmp):
+    """1,100 shards under `ulimit -n 1024` (issue 18): ls, a mount that reads every tensor, and
+    convert all work, with the shards' fds from a bounded pool (the daemon holds far fewer)."""
+    import resource
+    import numpy as np
+    n = 1100
+    ts = {"layers.%04d.w" % i: ("F32", [2], np.array([i, -i], dtype="<f4").tobytes()) for i in range(n)}
+    shard_of = {"layers.%04d.w" % i: i + 1 for i in range(n)}
+    idx, files = make_set(os.path.join(tmp, "many"), ts, shard_of)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        r = run([BIN, "ls", idx])
+        check(r.returncode == 0, "ls of %d shards: rc %d: %s" % (n, r.returncode, r.stderr.strip()))
+        check(len(r.stdout.splitlines()) == n, "ls lists %d tensors" % len(r.stdout.splitlines()))
+        with Mount(idx, os.path.join(tmp, "m")) as m:
+            bad = [k for k, v in ts.items() if open(os.path.join(m, key_to_relpath(k)), "rb").read() != v[2]]
+            check(not bad, "every tensor of %d shards reads back (%d differ: %s)" % (n, len(bad), bad[:3]))
+            pid = daemon_pid(m)
+            nfd = len(os.listdir("/proc/%d/fd" % pid)) if pid else -1
+            check(0 < nfd <= 100, "the daemon holds %d fds for %d shards" % (nfd, n))
+        out = os.path.join(tmp, "one.safetensors")
+        r = run([BIN, "convert", idx, out])
+        check(r.returncode == 0, "convert of %d shards: rc %d: %s" % (n, r.returncode, r.stderr.strip()))
+        if r.returncode == 0:
+            got, _ = strict_read(out)
+            check(got == ts, "the converted file holds every tensor")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_not_regular_files(tmp):
+    """A FIFO, a device or a directory, as the source or as a shard (issue 18): refused in one
+    line naming what it is, before open can block on it; every command under a deadline."""
+    fifo = os.path.join(tmp, "pipe.safetensors")
+    os.mkfifo(fifo)
+    cases = [("fifo-source", fifo, None, "is a FIFO"), ("device-source", "/dev/zero", None, "is a character device")]
+    for kind, make, needle in (("fifo", os.mkfifo, "is a FIFO"),
+                               ("device", lambda p: os.symlink("/dev/zero", p), "is a character device"),
+                               ("directory", os.mkdir, "is a directory")):
+        idx, files = make_set(os.path.join(tmp, kind))
+        p = os.path.join(tmp, kind, files[2])
+        os.remove(p)
+        make(p)
+        cases.append((kind + "-shard", idx, files[2], needle))
+    for name, src, shard, needle in cases:
+        try:
+            r = run([BIN, "ls", src], timeout=20)
+        except subprocess.TimeoutExpired:
+            check(False, "%s: ls hangs" % name)
+            continue
+        err = r.stderr.strip()
+        check(r.returncode != 0 and len(err.splitlines()) == 1 and needle in err and (not shard or shard in err),
+              "%s: ls refuses in one line (rc %d): %r" % (name, r.returncode, err))
+        try:
+            refused(tmp, name, src, needle, *([shard] if shard else []))
+        except subprocess.TimeoutExpired:
+            check(False, "%s: the mount hangs" % name)
+
+
 def main():
     with tmpdir("shard") as tmp:
         for t in (test_mount_by_index_and_dir, test_errors, test_mount_reads_headers_only, test_sharded_out,
-                  test_set_commit_is_atomic):
+                  test_set_commit_is_atomic, test_many_shards_few_fds, test_not_regular_files):
             d = os.path.join(tmp, t.__name__)
             os.makedirs(d)
             try:

@@ -1,7 +1,8 @@
 /* GGUF reader: open from memory (bs_gguf_read directly, so every input
  * reaches the parser rather than the sniffer), read every tensor; on success
  * write the catalog back with bs_gguf_write and read that: same names,
- * dtypes, shapes, bytes and metadata text. */
+ * dtypes, shapes, bytes and metadata text; the writer's metadata rules
+ * (types-only parse) take the same file. */
 #include "formats/gguf_private.h"
 #include "fuzz_common.h"
 
@@ -50,6 +51,26 @@ static void check_round_trip(const struct bs_catalog *cat)
   bs_buf_destroy(&out);
 }
 
+/* The metadata rules of a writable mount (bs_gguf_parse_types) take every
+ * file the reader takes, and checking a key's own text never crashes. */
+static void check_rules(const struct bs_catalog *cat)
+{
+  struct bs_meta_rules *r = NULL;
+  bs_err err = {0};
+  if (bs_gguf_meta_rules(cat, &r, &err) != 0) {
+    FUZZ_CHECK(err.code == ENOMEM);
+    return;
+  }
+  FUZZ_CHECK(r != NULL);
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    bs_err e = {0};
+    const char *v = cat->meta[i].value;
+    if (bs_gguf_check_meta(r, cat->meta[i].key, v, strlen(v), &e) != 0)
+      FUZZ_CHECK(e.code == EINVAL || e.code == ENOMEM);
+  }
+  bs_gguf_meta_rules_free(r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
   struct bs_catalog cat;
@@ -65,6 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(err.code == 0);
     fuzz_check_catalog(&cat);
     check_round_trip(&cat);
+    check_rules(&cat);
   } else {
     FUZZ_CHECK(err.code != 0 && err.msg[0] != '\0');
     FUZZ_CHECK(cat.count == 0 && cat.nmeta == 0);

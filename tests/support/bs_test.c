@@ -123,3 +123,61 @@ void bs_test_wb_teardown(struct bs_test_wb *w)
   w->stg_fd = w->stg_lock = -1;
   bs_test_rmrf(w->dir);
 }
+
+size_t bs_test_rollback_sweep(struct bs_catalog *cat, uint32_t src, bs_test_reader read)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  uint64_t one = 1;
+  struct bs_tensor *t = bs_catalog_add(cat, "before.t", BS_DT_U8, 1, &one, 0, &err);
+  cr_assert_not_null(t, "%s", err.msg);
+  t->src = src;
+  cr_assert_eq(bs_catalog_add_meta(cat, "before", "1", &err), 0);
+  cr_assert_eq(bs_catalog_note(cat, "a note from before", &err), 0);
+  const size_t count = cat->count, nmeta = cat->nmeta, nsrcs = cat->nsrcs;
+  char *notes = strdup(cat->notes);
+  const bool values = cat->values_json != NULL;
+  size_t fails = 0;
+  for (long n = 0;; n++) {
+    cr_assert_lt(n, 1000000, "the reader never succeeds");
+    bs_err_clear(&err);
+    bs_alloc_fail_after(n);
+    int rc = read(cat, src, NULL, &err);
+    bs_alloc_fail_after(-1);
+    if (rc == 0)
+      break;
+    fails++;
+    cr_assert_eq(err.code, ENOMEM, "allocation %ld: the read fails by itself: %s", n, err.msg);
+    cr_assert_eq(cat->count, count, "allocation %ld failed (%s): %zu tensors left, not %zu", n,
+                 err.msg, cat->count, count);
+    cr_assert_str_eq(cat->tensors[count - 1].key, "before.t");
+    cr_assert_eq(cat->nmeta, nmeta, "allocation %ld failed (%s): %zu metadata left, not %zu", n,
+                 err.msg, cat->nmeta, nmeta);
+    cr_assert_eq(cat->nsrcs, nsrcs, "allocation %ld failed (%s): %zu sources left, not %zu", n,
+                 err.msg, cat->nsrcs, nsrcs);
+    cr_assert(cat->notes && strcmp(cat->notes, notes) == 0,
+              "allocation %ld failed (%s): notes left: %s", n, err.msg,
+              cat->notes ? cat->notes : "(none)");
+    cr_assert_eq(cat->values_json != NULL, values, "allocation %ld failed (%s): values left", n,
+                 err.msg);
+  }
+  free(notes);
+  cr_assert(cat->count > count || cat->nmeta > nmeta, "the reader added to the catalog in the end");
+  return fails;
+}
+
+size_t bs_test_rollback_sweep_mem(const void *buf, size_t len, const char *name,
+                                  bs_test_reader read)
+{
+  struct bs_catalog cat;
+  struct bs_src src;
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(&cat);
+  uint32_t idx;
+  cr_assert_eq(bs_src_init_mem(&src, buf, len, name, &err), 0);
+  cr_assert_eq(bs_catalog_add_src(&cat, &src, &idx, &err), 0);
+  size_t fails = bs_test_rollback_sweep(&cat, idx, read);
+  bs_catalog_destroy(&cat);
+  return fails;
+}

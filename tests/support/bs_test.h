@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "burnstore/catalog.h"
+#include "burnstore/formats.h"
 #include "core/edit.h"
 
 /* Read a whole file into a bs_malloc'd buffer; aborts the test on failure. */
@@ -41,5 +42,18 @@ struct bs_test_wb {
 void bs_test_wb_setup(struct bs_test_wb *w);
 /* Frees it all and removes the directory. */
 void bs_test_wb_teardown(struct bs_test_wb *w);
+
+/* A reader's signature (formats.h). */
+typedef int (*bs_test_reader)(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
+                              bs_err *err);
+/* The rollback of a reader, at every failure point: cat holds sources (src
+ * among them); the sweep adds a tensor, a metadata pair and a note of its
+ * own, then runs read with the Nth allocation failing, N = 0, 1, ..., until
+ * it succeeds, and asserts after each failure that cat is as it was
+ * (tensors, metadata, sources, notes, values). Returns the failing runs. */
+size_t bs_test_rollback_sweep(struct bs_catalog *cat, uint32_t src, bs_test_reader read);
+/* The same on a catalog of one memory source (buf, len, named name). */
+size_t bs_test_rollback_sweep_mem(const void *buf, size_t len, const char *name,
+                                  bs_test_reader read);
 
 #endif

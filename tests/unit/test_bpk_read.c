@@ -680,3 +680,27 @@ Test(bpk_read, float_param_id_is_an_error_not_an_abort)
   bs_catalog_destroy(&cat);
   bpk_fixture_free(&f);
 }
+
+/* Every allocation that fails leaves the catalog as it was: tensors, metadata
+ * and the note of the skipped scalar too (the note was left behind). */
+Test(bpk_read, a_failing_read_leaves_the_catalog_as_it_was)
+{
+  static const uint8_t sc[] = {0x67, 's',  'c',  'a',  'l', 'a', 'r', 's',  0xa2, 0x63, 'o',
+                               'd',  'd',  0xa1, 0x63, 'S', 't', 'r', 0x60, 0x62, 'l',  'r',
+                               0xa1, 0x65, 'F',  'l',  'o', 'a', 't', 0xf9, 0x38, 0x00};
+  static const struct bpk_fix_tensor t[] = {
+      {.name = "a", .rank = 1, .shape = {2}, .end = 8},
+      {.name = "b", .rank = 1, .shape = {1}, .start = 256, .end = 260}};
+  static const char *const meta[][2] = {{"producer", "fixture"}};
+  struct bpk_fix_spec s = {.t = t,
+                           .n = 2,
+                           .meta = meta,
+                           .nmeta = 1,
+                           .extra = sc,
+                           .extra_len = sizeof sc,
+                           .extra_pairs = 1};
+  struct bpk_fixture f;
+  bpk_fixture_custom(&s, &f);
+  cr_assert_gt(bs_test_rollback_sweep_mem(f.data, f.len, "t.bpk", bs_bpk_read), 0);
+  bpk_fixture_free(&f);
+}

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "burnstore/writers.h"
 #include "core/alloc.h"
@@ -683,23 +684,137 @@ Test(gguf, new_file_from_another_catalog)
   bs_catalog_destroy(&cat);
 }
 
+/* The setxattr-time check of a writable .gguf mount: the writers table's
+ * metadata columns, rules prepared once from the source. */
+static int check_meta(const struct bs_catalog *cat, const char *k, const char *v, size_t n,
+                      bs_err *err)
+{
+  const struct bs_writer *w = bs_writer_for_format(BS_FMT_GGUF);
+  struct bs_meta_rules *r;
+  if (bs_writer_meta_rules(w, cat, &r, err) != 0)
+    return -1;
+  int rc = bs_writer_check_meta(w, r, k, v, n, err);
+  bs_writer_meta_rules_free(w, r);
+  return rc;
+}
+
 Test(gguf, check_meta_at_setxattr_time)
 {
   build_ref(&B);
   struct bs_catalog cat;
   bs_err err;
   cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "k.u32", "12", 2, &err), 0, "%s", err.msg);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "k.u32", "12x", 3, &err), -1);
+  cr_expect_eq(check_meta(&cat, "k.u32", "12", 2, &err), 0, "%s", err.msg);
+  cr_expect_eq(check_meta(&cat, "k.u32", "12x", 3, &err), -1);
   cr_expect_eq(err.code, EINVAL);
   cr_expect_not_null(strstr(err.msg, "k.u32"), "%s", err.msg);
   bs_err_clear(&err);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "k.nested", "[[1],[2,3]]", 11, &err), 0, "%s", err.msg);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "general.name", "anything", 8, &err), 0);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "brand.new", "[1", 2, &err), 0, "new keys are strings");
-  cr_expect_eq(bs_gguf_check_meta(&cat, "general.alignment", "64", 2, &err), 0);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "general.alignment", "48", 2, &err), -1);
+  cr_expect_eq(check_meta(&cat, "k.nested", "[[1],[2,3]]", 11, &err), 0, "%s", err.msg);
+  cr_expect_eq(check_meta(&cat, "general.name", "anything", 8, &err), 0);
+  cr_expect_eq(check_meta(&cat, "brand.new", "[1", 2, &err), 0, "new keys are strings");
+  cr_expect_eq(check_meta(&cat, "general.alignment", "64", 2, &err), 0);
+  cr_expect_eq(check_meta(&cat, "general.alignment", "48", 2, &err), -1);
   cr_expect_not_null(strstr(err.msg, "power of two"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+}
+
+Test(gguf, check_meta_keeps_types_not_the_header)
+{
+  /* The rules are keys and types only: they outlive the source catalog, so
+   * a setxattr never parses the header again. */
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  const struct bs_writer *w = bs_writer_for_format(BS_FMT_GGUF);
+  struct bs_meta_rules *r;
+  cr_assert_eq(bs_writer_meta_rules(w, &cat, &r, &err), 0, "%s", err.msg);
+  cr_assert_not_null(r);
+  bs_catalog_destroy(&cat);
+  memset(B.d, 0, B.n); /* the source is gone */
+  cr_expect_eq(bs_writer_check_meta(w, r, "k.u32", "7", 1, &err), 0, "%s", err.msg);
+  cr_expect_eq(bs_writer_check_meta(w, r, "k.u32", "x", 1, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  bs_writer_meta_rules_free(w, r);
+}
+
+Test(gguf, parse_types_keeps_keys_and_types_without_the_strings)
+{
+  build_ref(&B);
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_init_mem(&s, B.d, B.n, "mem", &err), 0);
+  struct bs_gguf full, types;
+  cr_assert_eq(bs_gguf_parse(&s, &full, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_gguf_parse_types(&s, &types, &err), 0, "%s", err.msg);
+  cr_assert_eq(types.nkv, full.nkv);
+  cr_expect_eq(types.nti, 0, "no tensor infos");
+  for (size_t i = 0; i < full.nkv; i++) {
+    cr_expect_str_eq(types.kv[i].key, full.kv[i].key);
+    cr_expect_arr_eq(types.kv[i].types, full.kv[i].types, sizeof full.kv[i].types);
+    if (full.kv[i].types[0] == BS_GG_STRING)
+      cr_expect_str_eq(types.kv[i].text, "", "%s: not read", full.kv[i].key);
+  }
+  bs_gguf_free(&full);
+  bs_gguf_free(&types);
+  bs_src_destroy(&s);
+  /* a string that claims more than the file holds is still refused */
+  head(&B, 3, 0, 1);
+  key(&B, "k", BS_GG_STRING), u64(&B, 1000);
+  cr_assert_eq(bs_src_init_mem(&s, B.d, B.n, "mem", &err), 0);
+  cr_expect_eq(bs_gguf_parse_types(&s, &types, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  bs_src_destroy(&s);
+}
+
+Test(gguf, check_meta_of_a_new_file_has_no_typed_keys)
+{
+  /* A new .gguf mount: no source, every key a string but general.alignment. */
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err err;
+  bs_err_clear(&err);
+  cr_expect_eq(check_meta(&cat, "general.name", "x", 1, &err), 0, "%s", err.msg);
+  cr_expect_eq(check_meta(&cat, "k.u32", "seven", 5, &err), 0, "%s", err.msg);
+  cr_expect_eq(check_meta(&cat, "general.alignment", "48", 2, &err), -1);
+  cr_expect_not_null(strstr(err.msg, "power of two"), "%s", err.msg);
+  bs_catalog_destroy(&cat);
+}
+
+Test(gguf, check_meta_refuses_nul_and_non_utf8)
+{
+  /* "a\0b" would be cut to "a"; bytes that are not UTF-8 make a string
+   * gguf-py cannot decode: both EINVAL at setxattr, with the key named. */
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  cr_expect_eq(check_meta(&cat, "general.name", "a\0b", 3, &err), -1);
+  cr_expect_eq(err.code, EINVAL);
+  cr_expect_not_null(strstr(err.msg, "NUL byte at 1"), "%s", err.msg);
+  cr_expect_not_null(strstr(err.msg, "general.name"), "%s", err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(check_meta(&cat, "general.name", "caf\xe9", 4, &err), -1);
+  cr_expect_not_null(strstr(err.msg, "not UTF-8 (byte 3)"), "%s", err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(check_meta(&cat, "brand.new", "\xff", 1, &err), -1, "new keys are strings too");
+  bs_err_clear(&err);
+  cr_expect_eq(check_meta(&cat, "caf\xe9", "x", 1, &err), -1);
+  cr_expect_not_null(strstr(err.msg, "key"), "%s", err.msg);
+  bs_err_clear(&err);
+  /* a write (no rules) copies what a source had: our reader takes it */
+  cr_expect_eq(
+      bs_writer_check_meta(bs_writer_for_format(BS_FMT_GGUF), NULL, "caf\xe9", "x", 1, &err), 0,
+      "%s", err.msg);
+  cr_expect_eq(check_meta(&cat, "general.name", "caf\xc3\xa9", 5, &err), 0, "%s", err.msg);
+  /* In a JSON array of strings, a raw byte that is not UTF-8 is refused
+   * too (by the writer as well: the check is its encoder). */
+  set_meta(&cat, "k.arr_str", "[\"\xff\"]");
+  struct bs_buf out = write_mem(&cat, -1, &err);
+  cr_expect_eq(err.code, EINVAL, "%s", err.msg);
+  cr_expect_not_null(strstr(err.msg, "not UTF-8"), "%s", err.msg);
+  bs_buf_destroy(&out);
   bs_catalog_destroy(&cat);
 }
 
@@ -763,7 +878,7 @@ Test(gguf, writer_refuses_an_empty_key)
   struct bs_catalog cat;
   bs_err err;
   cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
-  cr_expect_eq(bs_gguf_check_meta(&cat, "", "x", 1, &err), -1);
+  cr_expect_eq(check_meta(&cat, "", "x", 1, &err), -1);
   cr_expect_eq(err.code, EINVAL);
   set_meta(&cat, "", "x");
   struct bs_buf out = write_mem(&cat, -1, &err);
@@ -775,14 +890,14 @@ Test(gguf, writer_refuses_an_empty_key)
 
 Test(gguf, alignment_the_setxattr_check_accepts_is_written)
 {
-  /* bs_gguf_check_meta parses general.alignment as a uint32 (spaces
+  /* the setxattr check parses general.alignment as a uint32 (spaces
    * around it allowed); the write-back must read it the same way, not fail
    * at unmount on what setxattr accepted. */
   build_ref(&B);
   struct bs_catalog cat;
   bs_err err;
   cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_gguf_check_meta(&cat, "general.alignment", "64\n", 3, &err), 0, "%s", err.msg);
+  cr_assert_eq(check_meta(&cat, "general.alignment", "64\n", 3, &err), 0, "%s", err.msg);
   set_meta(&cat, "general.alignment", "64\n");
   struct bs_buf out = write_mem(&cat, 0, &err);
   struct bs_catalog back;
@@ -820,4 +935,10 @@ Test(gguf, an_error_naming_hostile_names_is_one_line)
   cr_expect_null(strpbrk(line, "\r\n"), "two lines: %s", line);
   cr_expect_not_null(strstr(line, "overlaps"), "%s", line);
   bs_catalog_destroy(&cat);
+}
+
+Test(gguf, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
+{
+  build_ref(&B);
+  cr_assert_gt(bs_test_rollback_sweep_mem(B.d, B.n, "m.gguf", bs_gguf_read), 0);
 }

@@ -1158,7 +1158,10 @@ Test(pth, deflated_storage_is_inflated_to_an_unlinked_file_in_tmpdir)
   const struct bs_tensor *t = get(&cat, "w");
   cr_assert_gt(t->src, 0);
   char link[64], target[4096];
-  snprintf(link, sizeof link, "/proc/self/fd/%d", cat.srcs[t->src].fd);
+  int fd = bs_src_fd_get(&cat.srcs[t->src]);
+  cr_assert_geq(fd, 0, "the copy is a file");
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  bs_src_fd_put(&cat.srcs[t->src], fd);
   ssize_t n = readlink(link, target, sizeof target - 1);
   cr_assert_gt(n, 0);
   target[n] = '\0';
@@ -1236,19 +1239,23 @@ static int read_zip_entry(struct bs_catalog *cat, uint32_t idx, bs_err *err)
   return bs_pth_read(cat, idx, NULL, err);
 }
 
+/* A zip pickle: tensor 'bad' (one float) of storage KEY (NUMEL floats),
+ * then 'evil', a call of posix.system (skipped, with a note). */
+#define BAD_THEN_EVIL(KEY, NUMEL)                                                                  \
+  W_PICKLE("X\x03\x00\x00\x00"                                                                     \
+           "badctorch._utils\n_rebuild_tensor_v2\n"                                                \
+           "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00" KEY                 \
+           "X\x03\x00\x00\x00"                                                                     \
+           "cpuK" NUMEL "tQK\x00K\x01\x85K\x01\x85\x89"                                            \
+           "ccollections\nOrderedDict\n)RtRX\x04\x00\x00\x00"                                      \
+           "evilcposix\nsystem\nX\x01\x00\x00\x00x\x85R")
+
 /* The reader takes back what it added when it fails half way (tensors,
  * notes, decompressed copies), like the other readers. */
 Test(pth, a_failed_read_rolls_the_catalog_back)
 {
   /* 'w' is read, then 'bad' names a storage the archive lacks */
-  static const char pk[] =
-      W_PICKLE("X\x03\x00\x00\x00"
-               "badctorch._utils\n_rebuild_tensor_v2\n"
-               "((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
-               "9X\x03\x00\x00\x00"
-               "cpuK\x01tQK\x00K\x01\x85K\x01\x85\x89"
-               "ccollections\nOrderedDict\n)RtRX\x04\x00\x00\x00"
-               "evilcposix\nsystem\nX\x01\x00\x00\x00x\x85R");
+  static const char pk[] = BAD_THEN_EVIL("9", "\x01");
   struct zbe ents[] = {{"arch/data.pkl", pk, sizeof pk - 1},
                        {"arch/data/0", STORE8, sizeof STORE8, true}};
   size_t len;
@@ -1494,4 +1501,18 @@ Test(pth, failing_allocations_give_enomem_and_no_leak)
   }
   cr_assert(ok, "never succeeded");
   bs_free(b);
+}
+
+/* Every allocation that fails leaves the catalog as it was: the tensors, the
+ * temporary source of the deflated storage, the note of the skipped global
+ * and the values. */
+Test(pth, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
+{
+  static const char pk[] = BAD_THEN_EVIL("0", "\x08");
+  struct zbe ents[] = {{"arch/data.pkl", pk, sizeof pk - 1},
+                       {"arch/data/0", STORE8, sizeof STORE8, true}};
+  size_t len;
+  uint8_t *z = zip_build(ents, 2, &len);
+  cr_assert_gt(bs_test_rollback_sweep_mem(z, len, "mem.pt", bs_pth_read), 0);
+  bs_free(z);
 }

@@ -1097,3 +1097,14 @@ Test(safetensors, streaming_pass_leaves_every_doubt_to_jansson)
         "\"__metadata__\":{\"k\":1}}",
         4, EINVAL, NULL, "must be strings");
 }
+
+Test(safetensors, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
+{
+  static const char h[] =
+      "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
+      "\"data_offsets\":[0,8]},\"c\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[8,10]}}";
+  size_t len;
+  uint8_t *b = st_build(h, 10, &len);
+  cr_assert_gt(bs_test_rollback_sweep_mem(b, len, "m.safetensors", bs_st_read), 0);
+  bs_free(b);
+}

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bpk_fixture.h"
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -355,4 +357,63 @@ Test(sniff, out_of_memory_loop_through_bs_open_any)
   cr_expect_gt(n, 30, "only %ld allocations: is jansson routed through bs_malloc?", n);
   cr_expect_gt(bs_json_alloc_failures(), 0, "no jansson allocation ever failed");
   bs_free(buf);
+}
+
+/* bs_format_describe's details, collected as "key=value;" into a 256-byte
+ * buffer. */
+static void collect(void *ctx, const char *key, const char *value)
+{
+  char *out = ctx;
+  size_t n = strlen(out);
+  snprintf(out + n, 256 - n, "%s=%s;", key, value);
+}
+
+static void expect_details(const void *buf, size_t len, const char *name, const char *want)
+{
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, buf, len, name, &err), 0, "%s: %s", name, err.msg);
+  char got[256] = "";
+  bs_format_describe(&cat, collect, got);
+  cr_expect_str_eq(got, want, "%s", name);
+  bs_catalog_destroy(&cat);
+}
+
+static void expect_file_details(const char *rel, const char *want)
+{
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", BS_FIXTURES_DIR, rel);
+  size_t len;
+  uint8_t *buf = bs_test_slurp(path, &len);
+  cr_assert_not_null(buf, "%s", path);
+  expect_details(buf, len, rel, want);
+  bs_free(buf);
+}
+
+Test(sniff, describe_gives_each_formats_own_details)
+{
+  struct bpk_fixture f;
+  bpk_fixture_build(BPK_FIX_NONE, &f);
+  expect_details(f.data, f.len, "t.bpk", "version=1;");
+  f.data[4] = 0; /* version 0: Burn reads it too */
+  expect_details(f.data, f.len, "t.bpk", "version=0;");
+  bpk_fixture_free(&f);
+
+  expect_file_details("complex_nested.pt", "version=zip (torch >= 1.6);");
+  expect_file_details("burn/burn-store/src/pytorch/tests/reader/test_data/simple_legacy.pt",
+                      "version=legacy pickle (torch < 1.6);");
+  expect_file_details("burn/burn-store/src/pytorch/tests/reader/test_data/tar_float32.tar",
+                      "version=tar (torch < 0.4);");
+
+  size_t len;
+  uint8_t *st = st_sized(64, false, &len);
+  expect_details(st, len, "t.safetensors", ""); /* nothing beyond the common fields */
+  bs_free(st);
+
+  struct bs_catalog none; /* not read from a file */
+  bs_catalog_init(&none);
+  char got[256] = "";
+  bs_format_describe(&none, collect, got);
+  cr_expect_str_eq(got, "");
+  bs_catalog_destroy(&none);
 }

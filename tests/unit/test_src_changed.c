@@ -155,5 +155,7 @@ Test(src_changed, a_borrowed_copy_keeps_the_stamp_of_the_first_open)
   cr_assert_eq(truncate(path, 8), 0);
   cr_assert(bs_src_changed(&b, NULL, 0));
   bs_src_destroy(&b);
-  cr_assert_geq(fcntl(src.fd, F_GETFD), 0, "the borrowed copy did not close the fd");
+  int fd = bs_src_fd_get(&src);
+  cr_assert_geq(fcntl(fd, F_GETFD), 0, "the borrowed copy did not close the fd");
+  bs_src_fd_put(&src, fd);
 }

@@ -251,3 +251,32 @@ Test(st_index, a_tensor_in_two_shards_is_refused_and_unmapped_ones_noted)
   bs_test_rmrf(dir);
   free(dir);
 }
+
+/* Every allocation that fails leaves the catalog as it was: the shards it
+ * opened and the note of the unmapped tensor go too (they were left). */
+Test(st_index, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
+{
+  char *dir = bs_test_tmpdir("stidx");
+  put_st(dir, "m-1.safetensors", S1, 4);
+  put_st(dir, "m-2.safetensors", S2, 10);
+  const char *idx = "{\"metadata\":{\"total_size\":14},\"weight_map\":{\"a\":\"m-1.safetensors\","
+                    "\"b\":\"m-2.safetensors\"}}";
+  put_file(dir, "m.safetensors.index.json", idx, strlen(idx));
+  char p[4200];
+  snprintf(p, sizeof p, "%s/m.safetensors.index.json", dir);
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  uint32_t i;
+  cr_assert_eq(bs_src_open(&s, p, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_catalog_add_src(&cat, &s, &i, &err), 0);
+  cr_assert_gt(bs_test_rollback_sweep(&cat, i, bs_st_index_read), 0);
+  cr_assert_eq(cat.nsrcs, 3);
+  cr_assert(strstr(cat.notes, "tensor 'c' of shard m-2.safetensors is not in the weight_map"), "%s",
+            cat.notes);
+  bs_catalog_destroy(&cat);
+  bs_test_rmrf(dir);
+  free(dir);
+}

@@ -99,6 +99,7 @@ Test(writers, every_row_is_complete_and_reachable)
     cr_assert_not_null(w->name);
     cr_assert_str_eq(bs_format_name(w->format), w->name, "row %zu", i);
     cr_assert_not_null(w->can_write);
+    cr_assert_not_null(w->name_ok, "%s: every row says which names it holds", w->name);
     cr_assert_not_null(w->write);
     cr_assert_eq(bs_writer_for_format(w->format), w, "one row per format");
     cr_assert_not_null(w->extensions[0], "%s has no extension", w->name);
@@ -223,6 +224,153 @@ Test(writers, failed_write_keeps_the_old_file_and_names_it)
   cr_assert_eq(fscanf(p, "%d", &n), 1);
   pclose(p);
   cr_assert_eq(n, 0, "no temp file left");
+  bs_test_rmrf(dir);
+  free(dir);
+  bs_catalog_destroy(&cat);
+}
+
+Test(writers, metadata_the_reader_would_refuse_is_never_written)
+{
+  /* A value that is not UTF-8 (Burnpack's CBOR text, SafeTensors' JSON
+   * strings): refused by the row's check (the setxattr edge) and by the
+   * write itself, which leaves the old file; a NUL is refused by every row. */
+  static const char *const exts[] = {".bpk", ".safetensors", ".safetensors.index.json", ".gguf"};
+  uint8_t mem[8] = {0};
+  char *dir = bs_test_tmpdir("writersmeta");
+  for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/x%s", dir, exts[i]);
+    const struct bs_writer *w = bs_writer_for_path(path);
+    cr_assert_not_null(w);
+    bs_err err;
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "k", "a\0b", 3, &err), -1, "%s", w->name);
+    cr_expect_eq(err.code, EINVAL);
+    cr_expect(strstr(err.msg, "NUL byte at 1") && strstr(err.msg, "'k'"), "%s", err.msg);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "k", "caf\xc3\xa9", 5, &err), 0, "%s", err.msg);
+    if (w->format == BS_FMT_GGUF)
+      continue; /* its values' rules need the source's types: test_gguf.c */
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "k", "caf\xe9", 4, &err), -1, "%s", w->name);
+    cr_expect_eq(err.code, EINVAL);
+    cr_expect_not_null(strstr(err.msg, "not UTF-8 (byte 3)"), "%s", err.msg);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check_meta(w, NULL, "\xff", "v", 1, &err), -1, "%s", w->name);
+    cr_expect_not_null(strstr(err.msg, "key"), "%s", err.msg);
+
+    struct bs_catalog cat;
+    mem_catalog(&cat, mem, sizeof mem);
+    add(&cat, "a", BS_DT_F32, 2, 0);
+    cr_assert_eq(bs_catalog_add_meta(&cat, "note", "caf\xe9", &err), 0);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_write_file(w, &cat, path, &err), -1, "%s", w->name);
+    cr_expect_eq(err.code, EINVAL);
+    cr_expect(strstr(err.msg, path) && strstr(err.msg, "'note'"), "%s", err.msg);
+    cr_expect_eq(access(path, F_OK), -1, "nothing written");
+    bs_catalog_destroy(&cat);
+  }
+  bs_test_rmrf(dir);
+  free(dir);
+}
+
+/* Names every reader of each format takes back, and those it refuses. */
+Test(writers, name_ok_follows_each_formats_readers)
+{
+  static const char *const every[] = {
+      "a.b", "caf\xc3\xa9", "\xf0\x9f\x98\x80", "tab\there", "new\nline", "\x01\x7f", "50%"};
+  static const char *const none[] = {
+      "caf\xe9",          /* Latin-1 */
+      "\xc0\xaf",         /* overlong '/' */
+      "\xed\xa0\x80",     /* a surrogate */
+      "\xf4\x90\x80\x80", /* past U+10FFFF */
+      "cut\xe2\x82",      /* a sequence cut short */
+  };
+  for (size_t i = 0; i < bs_nwriters; i++) {
+    const struct bs_writer *w = &bs_writers[i];
+    bs_err err;
+    for (size_t k = 0; k < sizeof every / sizeof *every; k++) {
+      bs_err_clear(&err);
+      cr_expect_eq(w->name_ok(every[k], &err), 0, "%s: %s", w->name, err.msg);
+    }
+    for (size_t k = 0; k < sizeof none / sizeof *none; k++) {
+      bs_err_clear(&err);
+      cr_expect_eq(w->name_ok(none[k], &err), -1, "%s takes name %zu", w->name, k);
+      cr_expect_eq(err.code, EINVAL);
+      cr_expect(strstr(err.msg, "not valid UTF-8"), "%s", err.msg);
+    }
+  }
+  bs_err err;
+  bs_err_clear(&err);
+  cr_expect_eq(bs_writer_for_format(BS_FMT_BURNPACK)->name_ok("caf\xe9", &err), -1);
+  cr_expect_str_eq(err.key, "caf\\xe9", "the key is shown, its bad bytes escaped");
+  cr_expect(strstr(err.msg, "byte 3 is 0xe9"), "%s", err.msg);
+  cr_expect(strstr(err.msg, "CBOR text"), "%s", err.msg);
+
+  const struct bs_writer *st = bs_writer_for_format(BS_FMT_SAFETENSORS);
+  const struct bs_writer *gg = bs_writer_for_format(BS_FMT_GGUF);
+  bs_err_clear(&err);
+  cr_expect_eq(st->name_ok("__metadata__", &err), -1);
+  cr_expect(strstr(err.msg, "reserves"), "%s", err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(bs_writer_for_format(BS_FMT_ST_SHARDED)->name_ok("__metadata__", &err), -1);
+  bs_err_clear(&err);
+  cr_expect_eq(st->name_ok("", &err), 0, "JSON holds an empty key");
+  bs_err_clear(&err);
+  cr_expect_eq(gg->name_ok("", &err), -1, "our GGUF reader refuses empty names");
+  char n63[64], n64[65], big[5000];
+  memset(n63, 'n', 63), n63[63] = '\0';
+  memset(n64, 'n', 64), n64[64] = '\0';
+  memset(big, 'b', 4097), big[4097] = '\0';
+  bs_err_clear(&err);
+  cr_expect_eq(gg->name_ok(n63, &err), 0, "%s", err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(gg->name_ok(n64, &err), -1, "ggml's GGML_MAX_NAME counts the NUL");
+  cr_expect(strstr(err.msg, "64 bytes, over the limit of 63"), "%s", err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(st->name_ok(big, &err), -1, "over what our SafeTensors reader takes");
+  big[4096] = '\0';
+  bs_err_clear(&err);
+  cr_expect_eq(st->name_ok(big, &err), 0, "%s", err.msg);
+}
+
+Test(writers, check_and_write_refuse_a_name_the_format_cannot_hold)
+{
+  uint8_t mem[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "good", BS_DT_U8, 4, 0);
+  add(&cat, "caf\xe9", BS_DT_U8, 4, 4);
+  char *dir = bs_test_tmpdir("writersname");
+  for (size_t i = 0; i < bs_nwriters; i++) {
+    const struct bs_writer *w = &bs_writers[i];
+    if (w->format == BS_FMT_GGUF) /* no U8 in ggml: its name rule has its own test */
+      continue;
+    bs_err err;
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_check(w, &cat, &err), -1, "%s", w->name);
+    cr_expect_str_eq(err.key, "caf\\xe9");
+    cr_expect(strstr(err.msg, "not valid UTF-8"), "%s", err.msg);
+    /* The last guard, for a caller that did not check: the old file stays. */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/x%s", dir, w->extensions[0]);
+    FILE *f = fopen(path, "w");
+    fputs("old", f);
+    fclose(f);
+    bs_err_clear(&err);
+    cr_expect_eq(bs_writer_write_file(w, &cat, path, &err), -1, "%s", w->name);
+    cr_expect(strstr(err.msg, path), "%s", err.msg);
+    cr_expect(strstr(err.msg, "not valid UTF-8"), "%s", err.msg);
+    size_t len;
+    uint8_t *got = bs_test_slurp(path, &len);
+    cr_expect_eq(len, 3, "%s: the target is untouched", w->name);
+    bs_free(got);
+  }
+  /* Hidden tensors are not written, so their names do not matter. */
+  cat.tensors[1].hidden = true;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_expect_eq(bs_writer_check(bs_writer_for_format(BS_FMT_SAFETENSORS), &cat, &err), 0, "%s",
+               err.msg);
   bs_test_rmrf(dir);
   free(dir);
   bs_catalog_destroy(&cat);

@@ -1,4 +1,0 @@
-#ifndef BURNSTORE_VERSION_H
-#define BURNSTORE_VERSION_H
-#define BURNSTORE_VERSION "0.1.0"
-#endif
