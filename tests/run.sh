@@ -11,6 +11,9 @@
 #     mounts through it, removes and purges it (tests/package/test_package.sh);
 #   - mounts only under /tmp (every mount under a deadline, always unmounted), and
 #     keeps lock and status files in /run/burnstore while a test's mount lives.
+#     The run fails if the suite leaves anything behind that was not there
+#     before it: a runtime file no live daemon holds, a staging directory, a
+#     burnstore mount or a process of this clone's burnstore.
 # It never drops the page cache or starts a network service (the benchmark does
 # those only with --system, which the suite does not pass).
 # Stages: formatting (clang-format-14), release build + every unit, real-mount
@@ -51,7 +54,7 @@ trap finish EXIT
 echo "tests/run.sh: installs missing Debian packages; builds in $here/build*;" \
   "installs burnstore into /usr/local and /sbin for the run (removed before the last stage);" \
   "last, installs the .deb it builds, then removes and purges it;" \
-  "mounts only under /tmp; lock/status files in /run/burnstore"
+  "mounts only under /tmp; lock/status files in /run/burnstore only while a mount lives"
 
 # stage NAME CMD...: runs CMD with its output in a log file; one line if it
 # passes, the whole log if it fails (and the run stops).
@@ -144,6 +147,43 @@ core_only() {
   fi
 }
 
+# What a run must not leave behind (one line each): runtime files of daemons
+# that are gone (a status or target lock nobody holds, a log or progress file
+# without its status file), staging directories under /tmp and /var/tmp,
+# burnstore mounts, and processes of this clone's (or the installed) burnstore.
+leftovers() {
+  local f e p
+  for f in /run/burnstore/*; do
+    [ -e "$f" ] || continue
+    case $f in
+      *.status | *.target) flock -n "$f" true 2>/dev/null && echo "runtime file $f" ;;
+      *.log | *.status.progress) [ -e "${f%%.*}.status" ] || echo "runtime file $f" ;;
+      *) echo "runtime file $f" ;;
+    esac
+  done
+  find /tmp /var/tmp -maxdepth 3 -type d \( -name '.*.staging-??????' -o -name 'burnstore-??????' \) \
+    -printf 'staging directory %p\n' 2>/dev/null || true
+  awk '$3 == "fuse.burnstore" { print "mount " $2 }' /proc/mounts || true
+  for p in /proc/[0-9]*; do
+    e=$(readlink "$p/exe" 2>/dev/null) || continue
+    case $e in
+      "$here"/build*/burnstore | /usr/local/bin/burnstore | /usr/bin/burnstore) echo "process ${p#/proc/} $e" ;;
+    esac
+  done
+  return 0
+}
+leftovers_check() {
+  leftovers | sort >"$logs/leftovers.after"
+  local new
+  new=$(comm -13 "$logs/leftovers.before" "$logs/leftovers.after")
+  if [ -n "$new" ]; then
+    echo "tests/run.sh: the suite left behind:"
+    echo "$new"
+    return 1
+  fi
+  echo "nothing left behind ($(wc -l <"$logs/leftovers.after") entries, all there before the run)"
+}
+
 stage "packages (.ci/install-deps)" bash .ci/install-deps
 if [ ! -e /dev/fuse ]; then
   echo "tests/run.sh: /dev/fuse is missing: the end-to-end tests really mount" >&2
@@ -152,6 +192,7 @@ fi
 stage "format check (clang-format-14)" format_check
 stage "release build" build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF
 stage "release install (undone at exit)" release_install
+leftovers | sort >"$logs/leftovers.before"
 stage "release tests" ctest --test-dir build --output-on-failure -j1 --timeout 900
 stage "benchmark, quick mode (works; timings not checked)" \
   timeout 300 /usr/bin/python3 tests/bench/bench.py --quick --bin build/burnstore
@@ -170,5 +211,6 @@ stage "ThreadSanitizer tests" ctest_with_reports build-tsan
 stage "release install undone" release_uninstall
 stage "Debian package (build, apt-get install, library, mount -t burnstore, remove)" \
   bash tests/package/test_package.sh "$here/build-deb"
+stage "nothing left behind (/run/burnstore, staging, mounts, processes)" leftovers_check
 echo "== all tests passed ($((SECONDS - t0)) s)"
 echo "ctest: $passed passed, 0 failed"

@@ -9,6 +9,7 @@
 #ifndef BURNSTORE_SINK_H
 #define BURNSTORE_SINK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,13 @@ struct bs_sink {
   int fd;             /* borrowed: the fd sink's fd (written at its current offset) */
   const char *name;   /* borrowed: names the output in messages */
   uint64_t pos;       /* bytes put so far */
+  /* An atomic commit's temp file (written from offset 0) is pushed to the
+   * disk one window behind the writer (sync_file_range), so its final fsync
+   * has little left to do; the observer then counts bytes once they are on
+   * disk. `started`: bytes whose write-out was started; `told`: bytes
+   * reported to the observer. */
+  bool behind;
+  uint64_t started, told;
 };
 
 /* A sink that appends to `buf` (which the caller owns and frees). */
@@ -49,9 +57,11 @@ BS_NODISCARD int bs_sink_zeros(struct bs_sink *k, uint64_t n, bs_err *err);
 /* A hint that `n` more bytes follow: a memory sink allocates them now (so
  * ENOMEM comes before any work); an fd sink does nothing. */
 BS_NODISCARD int bs_sink_reserve(struct bs_sink *k, uint64_t n, bs_err *err);
-/* A process-wide observer of fd sinks (the CLI's progress line): called with
- * ctx and the byte count after every write to an fd sink. NULL: none. Set it
- * before writers run; it must be cheap. */
+/* A process-wide observer of fd sinks (the progress lines): called with ctx
+ * and a byte count after every write to an fd sink, or, for an atomic
+ * commit's temp file, as its bytes reach the disk (the last ones after its
+ * fsync), so that a progress line reaches 100% only when the data is
+ * durable. NULL: none. Set it before writers run; it must be cheap. */
 void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx);
 
 /* ---- Atomic file commit --------------------------------------------------------------------

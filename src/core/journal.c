@@ -225,6 +225,24 @@ void bs_journal_close(struct bs_journal *j)
   bs_free(j);
 }
 
+bool bs_journal_unchanged(int dirfd)
+{
+  int fd = openat(dirfd, BS_JOURNAL_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT;
+  uint8_t head[MAGIC_LEN + HDR];
+  struct stat st;
+  bool unchanged = false;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    ssize_t n = pread(fd, head, sizeof head, 0);
+    /* Cut inside BASE (killed while mounting): nothing changed either. */
+    unchanged = n < (ssize_t)sizeof head ||
+                (uint64_t)st.st_size <= (uint64_t)MAGIC_LEN + HDR + bs_le32(head + MAGIC_LEN);
+  }
+  close(fd);
+  return unchanged;
+}
+
 /* ---- Replay --------------------------------------------------------------------------------- */
 
 struct item {

@@ -81,6 +81,10 @@ void bs_journal_sync(struct bs_journal *j);
 /* Stop the flusher, sync, close, free. NULL is a no-op. */
 void bs_journal_close(struct bs_journal *j);
 
+/* Whether dirfd's JOURNAL records no change (BASE alone, or cut inside
+ * it), or there is none: its staging directory holds nothing to finish. */
+bool bs_journal_unchanged(int dirfd);
+
 /* ---- Replay ---------------------------------------------------------------------------------
  * What a journal describes: its BASE index (parsed, sources not attached),
  * and an editable catalog over it (ed.src = &base.cat, a flat tree of the

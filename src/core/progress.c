@@ -2,6 +2,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,20 +30,31 @@ uint64_t bs_progress_min(void)
   return env && *env ? strtoull(env, NULL, 10) : 256ull << 20;
 }
 
-void bs_progress_start(struct bs_progress *p, const char *what, uint64_t total, int fd)
+int bs_progress_flag(const char *arg)
+{
+  if (strcmp(arg, "--progress") == 0)
+    return BS_PROGRESS_ON;
+  if (strcmp(arg, "--no-progress") == 0)
+    return BS_PROGRESS_OFF;
+  return BS_PROGRESS_AUTO;
+}
+
+void bs_progress_start(struct bs_progress *p, const char *what, uint64_t total, int fd, int mode)
 {
   uint64_t min = bs_progress_min();
   p->what = what;
   p->total = total;
   p->done = 0;
   p->start = p->last = now();
-  p->on = isatty(fd) && total >= min && total > 0;
+  p->tty = isatty(fd);
+  bool want = mode == BS_PROGRESS_AUTO ? p->tty : mode == BS_PROGRESS_ON;
+  p->on = want && total >= min && total > 0;
 }
 
 static void draw(struct bs_progress *p, bool final)
 {
   double t = now();
-  if (!final && t - p->last < 0.2)
+  if (!final && t - p->last < (p->tty ? 0.2 : 1.0))
     return;
   p->last = t;
   double el = t - p->start;
@@ -58,8 +70,9 @@ static void draw(struct bs_progress *p, bool final)
     snprintf(eta, sizeof eta, "  in %.1f s", el);
   }
   unsigned pct = p->total ? (unsigned)(p->done * 100 / p->total) : 100;
-  fprintf(stderr, "\r%s %s / %s %3u%%  %s/s%s\033[K", p->what, d, tot, pct > 100 ? 100 : pct, r,
-          eta);
+  /* Not a terminal (a log): a line each, no cursor control. */
+  fprintf(stderr, "%s%s %s / %s %3u%%  %s/s%s%s", p->tty ? "\r" : "", p->what, d, tot,
+          pct > 100 ? 100 : pct, r, eta, p->tty ? "\033[K" : "\n");
   fflush(stderr);
 }
 
@@ -86,6 +99,7 @@ void bs_progress_end(struct bs_progress *p)
   if (p->done < p->total)
     p->done = p->total;
   draw(p, true);
-  fputc('\n', stderr);
+  if (p->tty)
+    fputc('\n', stderr);
   p->on = false;
 }

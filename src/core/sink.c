@@ -42,6 +42,7 @@ int bs_buf_put(struct bs_buf *b, const void *d, size_t n)
 
 void bs_sink_init_mem(struct bs_sink *k, struct bs_buf *buf, const char *name)
 {
+  memset(k, 0, sizeof *k);
   k->mem = buf;
   k->fd = -1;
   k->name = name ? name : "<memory>";
@@ -50,6 +51,7 @@ void bs_sink_init_mem(struct bs_sink *k, struct bs_buf *buf, const char *name)
 
 void bs_sink_init_fd(struct bs_sink *k, int fd, const char *name)
 {
+  memset(k, 0, sizeof *k);
   k->mem = NULL;
   k->fd = fd;
   k->name = name ? name : "<fd>";
@@ -73,6 +75,46 @@ void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx)
 {
   observer = fn;
   observer_ctx = ctx;
+}
+
+/* The write-behind window: 16 MiB keeps the disk busy while the writer
+ * fills the next one, and bounds what the final fsync must flush. */
+#define BEHIND_WINDOW (16u << 20)
+
+/* Report the bytes on disk up to `upto` to the observer. */
+static void tell(struct bs_sink *k, uint64_t upto)
+{
+  if (upto > k->told && observer)
+    observer(observer_ctx, upto - k->told);
+  if (upto > k->told)
+    k->told = upto;
+}
+
+/* Start writing out what was put since the last window, then wait for that
+ * window to be on disk. A write error that shows here is the write's error
+ * (the final fsync would not see it again). */
+static int write_behind(struct bs_sink *k, bs_err *err)
+{
+  int rc = sync_file_range(k->fd, (off_t)k->started, (off_t)(k->pos - k->started),
+                           SYNC_FILE_RANGE_WRITE);
+  if (rc == 0 && k->started > k->told)
+    rc = sync_file_range(k->fd, (off_t)k->told, (off_t)(k->started - k->told),
+                         SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                             SYNC_FILE_RANGE_WAIT_AFTER);
+  if (rc != 0 && (errno == EINVAL || errno == ESPIPE || errno == ENOSYS || errno == EOPNOTSUPP)) {
+    k->behind = false; /* not a file that can: report writes as they are made */
+    tell(k, k->pos);
+    return 0;
+  }
+  if (rc != 0) {
+    int e = errno;
+    return bs_fail(err, e, BS_OFF_NONE, NULL,
+                   "%s: writing to the disk failed near byte %" PRIu64 ": %s", k->name, k->told,
+                   strerror(e));
+  }
+  tell(k, k->started);
+  k->started = k->pos;
+  return 0;
 }
 
 int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err)
@@ -108,9 +150,11 @@ int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err)
     p += r;
     n -= (size_t)r;
     k->pos += (uint64_t)r;
-    if (observer)
-      observer(observer_ctx, (uint64_t)r);
+    if (!k->behind)
+      tell(k, k->pos);
   }
+  if (k->behind && k->pos - k->started >= BEHIND_WINDOW)
+    return write_behind(k, err);
   return 0;
 }
 
@@ -379,6 +423,7 @@ int bs_atomic_open(struct bs_atomic *a, const char *path, bs_err *err)
     goto fail;
   }
   bs_sink_init_fd(&a->sink, fd, a->path);
+  a->sink.behind = true;
   bs_free(dir);
   bs_free(base);
   bs_free(prefix);
@@ -403,6 +448,7 @@ int bs_atomic_sync(struct bs_atomic *a, bs_err *err)
     return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: fsync of %s failed: %s", a->path, a->tmp,
                    strerror(e));
   }
+  tell(&a->sink, a->sink.pos);
   int fd = a->fd;
   a->fd = -1;
   a->sink.fd = -1;

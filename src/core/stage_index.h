@@ -22,6 +22,7 @@
 
 #define BS_STAGE_INDEX_NAME "INDEX"
 #define BS_STAGE_LOCK_NAME "lock"
+#define BS_STAGE_LOG_NAME "log"         /* a failed write-back's log: why it failed */
 #define BS_STAGE_INDEX_MAX (256u << 20) /* bytes of INDEX we are willing to load */
 
 /* The checkpoint the clean tensors' bytes come from, as it was at mount. */

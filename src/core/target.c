@@ -1,6 +1,7 @@
 /* Output targets and the one target lock of every writer (target.h). */
 #include "core/target.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -55,22 +56,115 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
+void bs_run_dir(char *out, size_t n)
 {
-  const char *base = "/run/burnstore";
-  char alt[PATH_MAX];
-  if (geteuid() != 0) {
+  if (geteuid() == 0) {
+    snprintf(out, n, "/run/burnstore");
+  } else {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     if (xdg && *xdg)
-      snprintf(alt, sizeof alt, "%s/burnstore", xdg);
+      snprintf(out, n, "%s/burnstore", xdg);
     else
-      snprintf(alt, sizeof alt, "/tmp/burnstore-%u", (unsigned)geteuid());
-    base = alt;
+      snprintf(out, n, "/tmp/burnstore-%u", (unsigned)geteuid());
   }
-  mkdir(base, 0700);
+  mkdir(out, 0700);
+}
+
+void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
+{
+  char base[PATH_MAX];
+  bs_run_dir(base, sizeof base);
   uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
   if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
     out[0] = '\0';
+}
+
+static bool names_fd(const char *path, int fd)
+{
+  struct stat held, now;
+  return fstat(fd, &held) == 0 && lstat(path, &now) == 0 && held.st_dev == now.st_dev &&
+         held.st_ino == now.st_ino;
+}
+
+int bs_run_lock(const char *path)
+{
+  /* A holder removes its file before it lets the lock go: whoever got the
+   * lock on a removed file opens the new one. */
+  for (int tries = 0; tries < 100; tries++) {
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+      return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    if (names_fd(path, fd))
+      return fd;
+    close(fd);
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+bool bs_run_unlink(const char *path, int fd)
+{
+  return fd >= 0 && path[0] && names_fd(path, fd) && unlink(path) == 0;
+}
+
+static bool has_suffix(const char *s, const char *suf)
+{
+  size_t a = strlen(s), b = strlen(suf);
+  return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* dir/name: removed if nobody holds its lock (taken without creating it). */
+static void remove_if_free(int dfd, const char *name)
+{
+  int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  struct stat held, now;
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 &&
+      fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && held.st_ino == now.st_ino &&
+      held.st_dev == now.st_dev)
+    unlinkat(dfd, name, 0);
+  close(fd);
+}
+
+void bs_run_sweep(void)
+{
+  char dir[PATH_MAX];
+  bs_run_dir(dir, sizeof dir);
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  if (!d) {
+    if (dfd >= 0)
+      close(dfd);
+    return;
+  }
+  /* Pass 1: the lock files of dead holders. Pass 2: logs and progress files
+   * whose status file is gone (a daemon creates its status file first and
+   * removes it last). */
+  for (int pass = 1; pass <= 2; pass++) {
+    rewinddir(d);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+      const char *n = de->d_name;
+      if (pass == 1 && (has_suffix(n, ".status") || has_suffix(n, ".target"))) {
+        remove_if_free(dfd, n);
+      } else if (pass == 2 && (has_suffix(n, ".log") || has_suffix(n, ".status.progress"))) {
+        char status[NAME_MAX + 1];
+        size_t stem = strcspn(n, ".");
+        snprintf(status, sizeof status, "%.*s.status", (int)stem, n);
+        struct stat st;
+        if (fstatat(dfd, status, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
+          unlinkat(dfd, n, 0);
+      }
+    }
+  }
+  closedir(d);
 }
 
 /* /proc/self/mounts writes space, tab, newline and backslash in a path as
@@ -220,20 +314,38 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
   char path[PATH_MAX];
   bs_run_path(key, ".target", path, sizeof path);
   bs_free(key);
-  int fd = path[0] ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600) : -1;
-  if (fd < 0)
-    return bs_fail(err, errno ? errno : ENAMETOOLONG, BS_OFF_NONE, NULL,
-                   "cannot lock the target %s (%s: %s)", target, path,
-                   strerror(errno ? errno : ENAMETOOLONG));
+  errno = ENAMETOOLONG;
+  int fd;
   /* A daemon that was just unmounted may still be writing back: wait a bit. */
-  for (int i = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+  for (int i = 0; (fd = path[0] ? bs_run_lock(path) : -1) < 0; i++) {
+    if (errno != EWOULDBLOCK)
+      return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot lock the target %s (%s: %s)", target,
+                     path, strerror(errno));
     if (i >= 50) {
-      refuse(fd, target, err);
-      close(fd);
+      int rfd = open(path, O_RDONLY | O_CLOEXEC);
+      refuse(rfd, target, err);
+      if (rfd >= 0)
+        close(rfd);
       return -1;
     }
     usleep(20000);
   }
   record(fd, target, holder);
   return fd;
+}
+
+void bs_target_unlock(int fd, const char *target)
+{
+  if (fd < 0)
+    return;
+  bs_err err;
+  bs_err_clear(&err);
+  char *key = bs_target_key(target, &err);
+  if (key) {
+    char path[PATH_MAX];
+    bs_run_path(key, ".target", path, sizeof path);
+    bs_run_unlink(path, fd);
+  }
+  bs_free(key);
+  close(fd);
 }

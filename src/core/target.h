@@ -25,9 +25,26 @@
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
+/* RUN into out (created 0700 if missing). */
+void bs_run_dir(char *out, size_t n);
 /* RUN/<FNV-1a 64 of key, hex><suffix> into out (RUN is created; "" if it does
  * not fit). */
 void bs_run_path(const char *key, const char *suffix, char *out, size_t n);
+/* RUN holds a file only while its holder lives: per mountpoint HASH.status
+ * (the daemon's state, locked for its life), HASH.log and
+ * HASH.status.progress; per target HASH.target. A holder removes its files
+ * before it lets its lock go, and every mount removes those of holders that
+ * are gone (bs_run_sweep). */
+/* Open path (creating it 0600) with an exclusive flock, without blocking, on
+ * the file the path names now (a lock file its holder removed meanwhile is
+ * opened again). The fd, or -1 with errno (EWOULDBLOCK: it is held). */
+int bs_run_lock(const char *path);
+/* Remove path if it still names fd's file (fd holding its lock); true if it
+ * did. */
+bool bs_run_unlink(const char *path, int fd);
+/* Remove the files of holders that are gone: status and target files nobody
+ * holds the lock of, logs and progress files without their status file. */
+void bs_run_sweep(void);
 
 /* Is `mnt` (absolute) a mountpoint in /proc/self/mounts? (true if unreadable) */
 bool bs_is_mounted(const char *mnt);
@@ -42,6 +59,8 @@ char *bs_target_key(const char *target, bs_err *err);
  * done; a forked daemon inherits it), or -1 with EBUSY and one line naming
  * the holder, its pid and what to do in err. */
 BS_NODISCARD int bs_target_lock(const char *target, const char *holder, bs_err *err);
+/* Let the lock go: remove its file (if it is still this fd's), close fd. */
+void bs_target_unlock(int fd, const char *target);
 /* Rewrite the holder record after a fork (the daemon's real pid). */
 void bs_target_lock_update(int fd, const char *target, const char *holder);
 

@@ -62,7 +62,7 @@ const struct bs_writer *bs_wb_writer(const char *path, const char *label, uint64
 
 /* ---- The staging directory ----------------------------------------------------------------- */
 
-int bs_staging_create(char *tmpl, int *dirfd, int *lock)
+static int staging_try(char *tmpl, int *dirfd, int *lock)
 {
   if (!mkdtemp(tmpl))
     return -errno;
@@ -73,8 +73,15 @@ int bs_staging_create(char *tmpl, int *dirfd, int *lock)
     return -e;
   }
   int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (lk < 0 || flock(lk, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
+  struct stat held, now;
+  /* Another writer removing dead daemons' empty staging directories
+   * (bs_staging_sweep) may take or remove this one between the create and
+   * the lock: then try a new one. */
+  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &held) == 0 &&
+            fstatat(fd, BS_STAGE_LOCK_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            held.st_ino == now.st_ino;
+  if (!ok) {
+    int e = lk >= 0 ? EAGAIN : errno;
     if (lk >= 0)
       close(lk);
     unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
@@ -85,6 +92,76 @@ int bs_staging_create(char *tmpl, int *dirfd, int *lock)
   *dirfd = fd;
   *lock = lk;
   return 0;
+}
+
+int bs_staging_create(char *tmpl, int *dirfd, int *lock)
+{
+  size_t len = strlen(tmpl);
+  if (len < 6)
+    return -EINVAL;
+  int rc = -EAGAIN;
+  for (int tries = 0; rc == -EAGAIN && tries < 5; tries++) {
+    memcpy(tmpl + len - 6, "XXXXXX", 6);
+    rc = staging_try(tmpl, dirfd, lock);
+  }
+  return rc;
+}
+
+/* dir/name is a dead daemon's staging directory holding only its lock (and
+ * a journal of no change): remove it (under that lock, so no daemon or --finish can be using it).
+ */
+static void remove_empty_staging(int pfd, const char *name)
+{
+  int dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0)
+    return;
+  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  DIR *d = NULL;
+  if (lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0) {
+    int dup_fd = dup(dfd);
+    d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+    if (!d && dup_fd >= 0)
+      close(dup_fd);
+  }
+  /* Its lock, and a journal that records no change, are not data. */
+  bool empty = d != NULL;
+  for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
+    empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+            strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
+            (strcmp(de->d_name, BS_JOURNAL_NAME) == 0 && bs_journal_unchanged(dfd));
+  if (d)
+    closedir(d);
+  if (empty)
+    unlinkat(dfd, BS_JOURNAL_NAME, 0);
+  if (empty && unlinkat(dfd, BS_STAGE_LOCK_NAME, 0) == 0)
+    unlinkat(pfd, name, AT_REMOVEDIR);
+  if (lk >= 0)
+    close(lk);
+  close(dfd);
+}
+
+void bs_staging_sweep(const char *tmpl)
+{
+  const char *slash = strrchr(tmpl, '/');
+  size_t tl = strlen(tmpl);
+  if (!slash || tl < 6 || strcmp(tmpl + tl - 6, "XXXXXX") != 0)
+    return;
+  char dir[PATH_MAX], prefix[NAME_MAX + 1];
+  snprintf(dir, sizeof dir, "%.*s", (int)(slash == tmpl ? 1 : slash - tmpl), tmpl);
+  snprintf(prefix, sizeof prefix, "%.*s", (int)(tl - 6 - (size_t)(slash + 1 - tmpl)), slash + 1);
+  size_t pl = strlen(prefix);
+  int pfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dup_fd = pfd >= 0 ? dup(pfd) : -1;
+  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  if (!d && dup_fd >= 0)
+    close(dup_fd);
+  for (struct dirent *de; d && (de = readdir(d)) != NULL;)
+    if (strncmp(de->d_name, prefix, pl) == 0 && strlen(de->d_name) == pl + 6)
+      remove_empty_staging(pfd, de->d_name);
+  if (d)
+    closedir(d);
+  if (pfd >= 0)
+    close(pfd);
 }
 
 void bs_staging_remove(const char *dir, int *dirfd, int *lock)
@@ -296,6 +373,21 @@ static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
   fputs(has ? buf : "-", f);
 }
 
+/* The log a failed write-back left in its staging directory (why it
+ * failed), each line after "log: ". */
+static void print_stage_log(const char *dir, FILE *out)
+{
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s", dir, BS_STAGE_LOG_NAME);
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return;
+  char line[1300];
+  while (fgets(line, sizeof line, f))
+    fprintf(out, "log: %s%s", line, strchr(line, '\n') ? "" : "\n");
+  fclose(f);
+}
+
 /* A staging directory without an INDEX (its daemon died while mounted or
  * before its write-back saved one): name its files, which hold raw bytes. */
 static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
@@ -329,12 +421,13 @@ static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
   while ((de = readdir(d)) != NULL) {
     struct stat st;
     if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-        strcmp(de->d_name, BS_JOURNAL_NAME) == 0 || fstatat(dfd, de->d_name, &st, 0) != 0 ||
-        !S_ISREG(st.st_mode))
+        strcmp(de->d_name, BS_JOURNAL_NAME) == 0 || strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 ||
+        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
       continue;
     fprintf(out, "-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
   }
   closedir(d);
+  print_stage_log(dir, out);
   return 1;
 }
 
@@ -379,6 +472,7 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
     snprintf(path, sizeof path, "%s/%s", dir, f->file);
     fprintf(out, "\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
   }
+  print_stage_log(dir, out);
   bs_stage_index_destroy(&idx);
   return 0;
 }
@@ -536,9 +630,8 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
   res->tensors = idx.cat.count;
   ret = 0;
 out:
+  bs_target_unlock(tfd, idx.target ? idx.target : "");
   bs_stage_index_destroy(&idx);
-  if (tfd >= 0)
-    close(tfd);
   if (lk >= 0)
     close(lk);
   if (dfd >= 0)

@@ -36,6 +36,11 @@ const struct bs_writer *bs_wb_sharded(const struct bs_writer *w, uint64_t max_sh
  * *lock stays open, which tells --finish and other daemons that its owner is
  * alive. 0, or -errno with nothing left behind. */
 int bs_staging_create(char *tmpl, int *dirfd, int *lock);
+/* Remove the staging directories of dead daemons that hold nothing (only
+ * their lock file: no staged data, no INDEX, no log) among the siblings named
+ * like the template `tmpl` (DIR/PREFIXXXXXXX). Directories with data are kept
+ * for --list-staging / --finish. */
+void bs_staging_sweep(const char *tmpl);
 /* Remove a staging directory the caller created and holds the lock of: the
  * INDEX first, its files, the lock file, the directory; closes both fds and
  * sets them to -1. A no-op unless both are open. */

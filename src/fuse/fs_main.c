@@ -29,18 +29,22 @@
 #include "burnstore/version.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/progress.h"
+#include "core/stage_index.h"
 #include "core/target.h"
 #include "core/writeback.h"
 #include "formats/st_index.h"
 #include "formats/st_write.h"
 #include "fs.h"
+#include "fs_log.h"
 #include "fs_views.h"
 #include "main/mount.h"
 
 #define PROG "burnstore"
 
 static const char usage_text[] = "usage: burnstore [-f] [-d] [-s] [-o OPTIONS] SOURCE MOUNTPOINT\n"
-                                 "       burnstore -u [-v] MOUNTPOINT\n";
+                                 "       burnstore -u [-v] [--progress|--no-progress] MOUNTPOINT\n"
+                                 "       burnstore status MOUNTPOINT\n";
 /* then the CLI's usage (the subcommands), then: */
 static const char usage_rest[] =
     "\n"
@@ -53,7 +57,10 @@ static const char usage_rest[] =
     "  -d              debug output (implies -f)\n"
     "  -s              single-threaded\n"
     "  -u, --unmount   unmount, wait for the write-back, exit 0 only if it succeeded\n"
-    "                  (-v: print the write-back's report)\n"
+    "                  (-v: print the write-back's report and the mount's log;\n"
+    "                  --progress / --no-progress: the progress line of a write-back over\n"
+    "                  256 MiB also when stderr is not a terminal / not even on one)\n"
+    "  status MNT      the daemon serving MNT and what it logged (refusals and why)\n"
     "  --finish DIR    finish the write-back a killed daemon left in staging DIR\n"
     "  --list-staging DIR  list what staging DIR holds (key, dtype, shape, bytes, where)\n"
     "  -h, --help      this text\n"
@@ -112,6 +119,7 @@ static const char *const fuse_opts[] = {"allow_other", "allow_root",  "default_p
 struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
+  int progress; /* BS_PROGRESS_*: -u --progress, --no-progress */
   bool ro, rw, flat, strict, direct_io, nojournal;
   bool has_uid, has_gid;
   uint32_t uid, gid, umask; /* -o uid=, gid=, umask= */
@@ -291,6 +299,8 @@ static void parse_args(struct args *a, int argc, char **argv, const char *cli_us
       a->unmount = true;
     } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
       a->verbose = true;
+    } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO) {
+      a->progress = bs_progress_flag(s);
     } else if (strcmp(s, "--finish") == 0 || strcmp(s, "--list-staging") == 0) {
       die_usage("%s comes first: burnstore %s ...", s, s);
     } else if (strcmp(s, "-o") == 0) {
@@ -309,6 +319,8 @@ static void parse_args(struct args *a, int argc, char **argv, const char *cli_us
       die_usage("too many arguments ('%s')", s);
     }
   }
+  if (a->progress && !a->unmount)
+    die_usage("--progress and --no-progress go with -u (convert takes them too)");
   if (a->unmount) {
     if (!a->source || a->mountpoint)
       die_usage("-u takes exactly one MOUNTPOINT");
@@ -415,16 +427,20 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static int do_unmount(const char *mountpoint, bool verbose)
+static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
   char *mnt = bs_abs_path(mountpoint);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
     return 1;
   }
-  char spath[PATH_MAX];
+  char spath[PATH_MAX], lpath[PATH_MAX];
   status_path(mnt, spath, sizeof spath);
+  bs_run_path(mnt, ".log", lpath, sizeof lpath);
   int fd = open(spath, O_RDWR | O_CLOEXEC);
+  /* The daemon removes them as it exits: read them through these fds. */
+  int lfd = fd >= 0 ? open(lpath, O_RDONLY | O_CLOEXEC) : -1;
+  int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
   if (fd < 0 && !bs_is_mounted(mnt)) {
@@ -438,6 +454,10 @@ static int do_unmount(const char *mountpoint, bool verbose)
   if (rc != 0) {
     if (fd >= 0)
       close(fd);
+    if (lfd >= 0)
+      close(lfd);
+    if (pfd >= 0)
+      close(pfd);
     fprintf(stderr, PROG ": cannot unmount %s (fusermount3 -u failed%s)\n", mnt,
             rc == 127 ? ": not installed" : "; busy?");
     bs_free(mnt);
@@ -449,7 +469,9 @@ static int do_unmount(const char *mountpoint, bool verbose)
   }
   /* Blocks until the daemon has written back and exited (with a progress
    * line on a terminal, fs_progress.c). */
-  fs_progress_wait(fd, spath);
+  fs_progress_wait(fd, pfd, progress);
+  if (pfd >= 0)
+    close(pfd);
   /* The status: a few lines, plus one per U8 blob of the report (bounded). */
   struct stat sst;
   size_t cap = fstat(fd, &sst) == 0 && sst.st_size > 0 ? (size_t)sst.st_size + 1 : 4096;
@@ -459,6 +481,8 @@ static int do_unmount(const char *mountpoint, bool verbose)
   if (!buf) {
     fprintf(stderr, PROG ": out of memory\n");
     close(fd);
+    if (lfd >= 0)
+      close(lfd);
     bs_free(mnt);
     return 1;
   }
@@ -487,12 +511,81 @@ static int do_unmount(const char *mountpoint, bool verbose)
             PROG ": the daemon of %s exited without finishing its write-back (killed?)%s%s\n", mnt,
             buf[0] ? "; its last status:\n" : "", buf);
     ret = 1;
+    /* What it could not remove itself. */
+    if (bs_run_unlink(spath, fd)) {
+      char ppath[PATH_MAX + 16];
+      snprintf(ppath, sizeof ppath, "%s.progress", spath);
+      unlink(lpath);
+      unlink(ppath);
+    }
   }
-  unlink(spath);
+  /* The refusals of the session (its log), with the report. */
+  if (verbose)
+    fs_log_print(lfd, stdout, PROG ": log: ");
+  if (lfd >= 0)
+    close(lfd);
   close(fd);
   bs_free(buf);
   bs_free(mnt);
   return ret;
+}
+
+/* burnstore status MOUNTPOINT: which daemon serves it, for what, and what
+ * it logged (refusals, changed sources). Exit 0 while a daemon serves it. */
+static int do_status(int argc, char **argv)
+{
+  if (argc == 3 && (strcmp(argv[2], "-h") == 0 || strcmp(argv[2], "--help") == 0)) {
+    fputs("usage: burnstore status MOUNTPOINT\n"
+          "The daemon serving MOUNTPOINT (pid, staging directory, target) and every line it\n"
+          "logged: refusals (a setfattr or write it refused, and why), changed sources, signals.\n"
+          "Exit status 0 while a burnstore daemon serves it, 1 otherwise.\n",
+          stdout);
+    return 0;
+  }
+  if (argc != 3 || argv[2][0] == '-')
+    die_usage("status takes one MOUNTPOINT");
+  char *mnt = bs_abs_path(argv[2]);
+  if (!mnt) {
+    fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
+    return 1;
+  }
+  char spath[PATH_MAX], lpath[PATH_MAX];
+  status_path(mnt, spath, sizeof spath);
+  bs_run_path(mnt, ".log", lpath, sizeof lpath);
+  int fd = open(spath, O_RDONLY | O_CLOEXEC);
+  bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
+  char buf[3 * PATH_MAX + 256] = "";
+  ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
+  buf[n > 0 ? n : 0] = '\0';
+  if (fd >= 0)
+    close(fd);
+  if (!alive) {
+    fprintf(stderr, PROG ": %s: no burnstore daemon serves it%s\n", mnt,
+            bs_is_mounted(mnt) ? " (it is mounted, but not by a burnstore daemon of this user)"
+                               : "");
+    bs_free(mnt);
+    return 1;
+  }
+  long pid = 0;
+  const char *pp = strstr(buf, "\npid ");
+  if (pp)
+    pid = strtol(pp + 5, NULL, 10);
+  printf("%s: served by burnstore pid %ld (%s)\n", mnt, pid,
+         bs_is_mounted(mnt) ? "mounted" : "unmounted, writing back or exiting");
+  for (char *line = buf, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
+    *nl = '\0';
+    if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
+        strcmp(strchr(line, ' ') + 1, "-") != 0)
+      printf("%s\n", line);
+  }
+  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
+  printf("log %s:\n", lpath);
+  if (fs_log_print(lfd, stdout, "  ") == 0)
+    printf("  (nothing logged)\n");
+  if (lfd >= 0)
+    close(lfd);
+  bs_free(mnt);
+  return 0;
 }
 
 static int fail_line(const char *file, const bs_err *err);
@@ -704,9 +797,9 @@ static int prepare(struct fs *fs, struct args *a)
 struct run {
   struct fs fs;
   struct args a;
-  char *mnt; /* absolute mountpoint, owned */
-  char spath[PATH_MAX];
-  int sfd, tfd; /* status file, target lock */
+  char *mnt;                             /* absolute mountpoint, owned */
+  char spath[PATH_MAX], lpath[PATH_MAX]; /* status file, log */
+  int sfd, tfd;                          /* status file, target lock */
   bool daemonized;
 };
 
@@ -734,20 +827,18 @@ static int claim(struct run *r)
             fs->staging, mnt);
     return 1;
   }
-  /* The status file, locked before mounting (see the top of this file). */
+  /* The status file, locked before mounting (see the top of this file);
+   * the runtime files of daemons that are gone are removed first. */
+  bs_run_sweep();
   status_path(mnt, r->spath, sizeof r->spath);
-  int sfd = r->sfd = open(r->spath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  bs_run_path(mnt, ".log", r->lpath, sizeof r->lpath);
   /* A daemon that was just unmounted may still be on its way out. */
-  for (int i = 0; sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0 && i < 1500; i++) {
-    if (bs_is_mounted(mnt))
-      break;
+  for (int i = 0; (r->sfd = bs_run_lock(r->spath)) < 0 && errno == EWOULDBLOCK; i++) {
+    if (i >= 1500 || bs_is_mounted(mnt)) {
+      fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
+      return 1;
+    }
     usleep(20000);
-  }
-  if (sfd >= 0 && flock(sfd, LOCK_EX | LOCK_NB) != 0) {
-    fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
-    close(sfd);
-    r->sfd = -1;
-    return 1;
   }
   if (!fs->writable)
     return 0;
@@ -757,12 +848,13 @@ static int claim(struct run *r)
   r->tfd = bs_target_lock(fs->output, mnt, &err);
   if (r->tfd < 0)
     fail_line(NULL, &err);
+  else
+    bs_staging_sweep(fs->staging); /* dead daemons' empty staging directories */
   int sc = r->tfd < 0 ? -1 : fs_staging_create(fs);
   if (sc != 0) {
     if (sc < 0 && r->tfd >= 0)
       fprintf(stderr, PROG ": cannot create a staging directory from %s: %s\n", fs->staging,
               strerror(-sc));
-    unlink(r->spath);
     return 1;
   }
   return 0;
@@ -822,12 +914,12 @@ static int serve(struct run *r, char *argv0)
     goto out_signals;
   }
   r->daemonized = !r->a.foreground;
-  openlog(PROG, LOG_PID, LOG_USER);
   if (r->daemonized) {
     if (fuse_daemonize(0) != 0) {
       fuse_session_unmount(se);
       goto out_signals;
     }
+    fs_log_detach();
     /* The real daemon PID, everywhere (status file, target lock). */
     status_running(r->sfd, fs, r->mnt);
     if (fs->writable)
@@ -885,6 +977,10 @@ static int write_back(struct run *r)
              fs->staging_fd >= 0 ? fs->staging : "",
              fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
     report(r->daemonized, LOG_ERR, msg);
+    /* Kept with the staged data, for when nobody waits and there is no
+     * syslog: the session's log, then this. */
+    if (fs->staging_fd >= 0)
+      (void)fs_log_save(fs->staging_fd, BS_STAGE_LOG_NAME, msg);
     snprintf(text, sizeof text, "error\n%s\npid %ld\n", msg, (long)getpid());
     write_status(r->sfd, text);
     return 1;
@@ -894,36 +990,64 @@ static int write_back(struct run *r)
   return 0;
 }
 
+/* A daemon's runtime files, removed as it exits: the log, the progress
+ * file, the target lock, and last the status file, whose lock it lets go
+ * last (a `burnstore -u` waiting has the status and log files open, and
+ * returns when that lock is let go). The fds are closed. */
+static void run_files_remove(struct run *r)
+{
+  char ppath[PATH_MAX + 16];
+  if (r->lpath[0])
+    unlink(r->lpath);
+  snprintf(ppath, sizeof ppath, "%s.progress", r->spath);
+  if (r->sfd >= 0)
+    unlink(ppath);
+  if (r->tfd >= 0)
+    bs_target_unlock(r->tfd, r->fs.output ? r->fs.output : "");
+  if (r->sfd >= 0) {
+    bs_run_unlink(r->spath, r->sfd);
+    close(r->sfd);
+  }
+  r->sfd = r->tfd = -1;
+}
+
 int bs_mount_main(int argc, char **argv, const char *cli_usage)
 {
+  if (argc >= 2 && strcmp(argv[1], "status") == 0)
+    return do_status(argc, argv);
   struct run r;
   memset(&r, 0, sizeof r);
   r.fs.staging_fd = r.fs.staging_lock = r.sfd = r.tfd = -1;
   parse_args(&r.a, argc, argv, cli_usage);
   if (r.a.unmount) {
     args_destroy(&r.a);
-    return do_unmount(r.a.mountpoint, r.a.verbose);
+    return do_unmount(r.a.mountpoint, r.a.verbose, r.a.progress);
   }
   int ret = prepare(&r.fs, &r.a) != 0 || claim(&r) != 0 ? 1 : -1;
   if (ret < 0) {
+    if (fs_log_open(r.lpath) != 0)
+      r.lpath[0] = '\0';
+    fs_progress_init(r.spath);
     fs_journal_start(&r.fs);
     status_running(r.sfd, &r.fs, r.mnt);
     ret = serve(&r, argv[0]);
     if (ret < 0) { /* nothing mounted */
       fs_staging_remove(&r.fs);
       write_status(r.sfd, "error\nthe mount failed\n");
-      unlink(r.spath);
       ret = 1;
     } else if (write_back(&r) != 0) {
       ret = 1;
     }
+    fs_log_close();
   }
+  /* The output path outlives fs_destroy for the target lock's removal. */
+  char *output = r.fs.output;
+  r.fs.output = NULL;
   fs_destroy(&r.fs);
+  r.fs.output = output;
   args_destroy(&r.a);
   bs_free(r.mnt);
-  if (r.sfd >= 0)
-    close(r.sfd);
-  if (r.tfd >= 0)
-    close(r.tfd);
+  run_files_remove(&r);
+  bs_free(output);
   return ret;
 }

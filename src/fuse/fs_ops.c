@@ -31,7 +31,6 @@
 #include <string.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
-#include <syslog.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -490,7 +489,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 }
 
 /* Bytes of a source that changed since the mount are never served: EIO,
- * and one log line per source (syslog, and stderr in the foreground). */
+ * and one log line per source (fs_log.c: the mount's log, syslog, and
+ * stderr in the foreground). */
 static bool source_changed(struct fs *fs, const struct bs_tensor *t)
 {
   if (t->src >= fs->cat.nsrcs)
@@ -500,8 +500,6 @@ static bool source_changed(struct fs *fs, const struct bs_tensor *t)
   if (!bs_src_changed(s, why, sizeof why))
     return false;
   if (!__atomic_exchange_n(&s->change_logged, true, __ATOMIC_RELAXED)) {
-    syslog(LOG_USER | LOG_ERR, "%s changed since it was mounted (%s): reads fail with EIO", s->name,
-           why);
     fuse_log(FUSE_LOG_ERR, "burnstore: %s changed since it was mounted (%s): reads fail with EIO\n",
              s->name, why);
   }
@@ -796,6 +794,24 @@ static void log_name(const char *op, const char *name, const bs_err *nerr)
            bs_err_format(nerr, NULL, line, sizeof line));
 }
 
+/* A refused new name, in one log line (after the tree lock is let go: no
+ * I/O under it): bs_name_check's reason, or what else refused it. */
+static void log_name_refusal(struct fs *fs, const char *what, const char *name, int rc,
+                             const bs_err *nerr)
+{
+  if (nerr->code)
+    log_name(what, name, nerr);
+  else if (rc == EINVAL)
+    fuse_log(
+        FUSE_LOG_ERR,
+        "burnstore: %s %s refused: a %% in a name starts an escape (%%2F, %%25, %%2E) or is the "
+        "whole name\n",
+        what, name);
+  else if (rc == EPERM && fs->flat)
+    fuse_log(FUSE_LOG_ERR, "burnstore: %s %s refused: a flat mount has no directories\n", what,
+             name);
+}
+
 /* A new file or directory (tree lock held exclusive), owned by `who`, or in
  * a set-group-ID directory by its group (a directory inherits the bit). A
  * new file has no bytes and no staging file until it is written. */
@@ -857,8 +873,8 @@ static void reply_mknode(fuse_req_t req, fuse_ino_t parent, const char *name, mo
   wrlock(fs);
   int rc = do_mknode(fs, parent, name, mode, dir, fuse_req_ctx(req), fi != NULL, &ino, &r, &nerr);
   unlock(fs);
-  log_name(dir ? "mkdir" : "create", name, &nerr);
   if (rc) {
+    log_name_refusal(fs, dir ? "mkdir" : "create", name, rc, &nerr);
     fuse_reply_err(req, rc);
     return;
   }
@@ -880,9 +896,14 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
   (void)rdev;
-  if (!S_ISREG(mode))
+  if (!S_ISREG(mode)) {
+    if (fs_data(req)->writable)
+      fuse_log(FUSE_LOG_ERR,
+               "burnstore: mknod %s refused: a checkpoint holds regular files only (no devices, "
+               "fifos or sockets)\n",
+               name);
     fuse_reply_err(req, fs_data(req)->writable ? EPERM : EROFS);
-  else
+  } else
     reply_mknode(req, parent, name, mode, false, NULL);
 }
 
@@ -1029,7 +1050,11 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
   wrlock(fs);
   int rc = do_rename(fs, parent, name, newparent, newname, flags, &gone, &nerr);
   unlock(fs);
-  log_name("rename to", newname, &nerr);
+  if (rc == EINVAL && (flags & ~(unsigned)RENAME_NOREPLACE))
+    fuse_log(FUSE_LOG_ERR, "burnstore: rename %s refused: only plain renames (and noreplace)\n",
+             name);
+  else if (rc)
+    log_name_refusal(fs, "rename to", newname, rc, &nerr);
   forget_entry(fs, gone);
   fuse_reply_err(req, rc);
 }

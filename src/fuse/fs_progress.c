@@ -3,8 +3,9 @@
  * ten times a second while its writer runs, for write-backs of 256 MiB or
  * more (BURNSTORE_PROGRESS_MIN=BYTES changes that, for tests); the waiter
  * polls it while it waits for the daemon's lock and draws a progress line
- * (progress.c) when stderr is a terminal, then removes the file, as it
- * removes the status file. */
+ * (progress.c) when stderr is a terminal. The file is created empty with
+ * the status file and removed with it; the waiter opens it before it
+ * unmounts, so it reads the last figures after the daemon has gone. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -46,11 +47,26 @@ static void observe(void *ctx, uint64_t n)
   put();
 }
 
+void fs_progress_init(const char *status_path)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s.progress", status_path);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0)
+    close(fd);
+}
+
+int fs_progress_open(const char *status_path)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s.progress", status_path);
+  return open(path, O_RDONLY | O_CLOEXEC);
+}
+
 void fs_progress_begin(struct fs *fs, const char *status_path)
 {
   char path[4200];
   snprintf(path, sizeof path, "%s.progress", status_path);
-  unlink(path);
   uint64_t total = 0;
   for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
     const struct bs_node *nd = &fs->tree.nodes[ino];
@@ -60,7 +76,7 @@ void fs_progress_begin(struct fs *fs, const char *status_path)
   }
   if (total < bs_progress_min() || total == 0)
     return;
-  wb.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  wb.fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (wb.fd < 0)
     return;
   wb.done = 0;
@@ -82,14 +98,12 @@ void fs_progress_end(void)
   wb.fd = -1;
 }
 
-static bool read_progress(const char *path, uint64_t *done, uint64_t *total)
+static bool read_progress(int fd, uint64_t *done, uint64_t *total)
 {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return false;
   char buf[64];
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  close(fd);
   if (n <= 0)
     return false;
   buf[n] = '\0';
@@ -101,11 +115,9 @@ static bool read_progress(const char *path, uint64_t *done, uint64_t *total)
   return true;
 }
 
-void fs_progress_wait(int fd, const char *status_path)
+void fs_progress_wait(int fd, int pfd, int mode)
 {
-  char path[4200];
-  snprintf(path, sizeof path, "%s.progress", status_path);
-  bool tty = isatty(2);
+  bool tty = mode == BS_PROGRESS_AUTO ? isatty(2) : mode == BS_PROGRESS_ON;
   struct bs_progress p = {0};
   bool shown = false;
   for (;;) {
@@ -113,12 +125,12 @@ void fs_progress_wait(int fd, const char *status_path)
       break;
     if (errno == EINTR)
       continue;
-    if (errno != EWOULDBLOCK) /* (not a tty: blocked above) */
+    if (errno != EWOULDBLOCK) /* (no progress shown: blocked above) */
       break;
     uint64_t d, t;
-    if (read_progress(path, &d, &t)) {
+    if (read_progress(pfd, &d, &t)) {
       if (!shown) {
-        bs_progress_start(&p, "write-back", t, 2);
+        bs_progress_start(&p, "write-back", t, 2, tty ? BS_PROGRESS_ON : BS_PROGRESS_OFF);
         shown = true;
       }
       bs_progress_set(&p, d);
@@ -127,11 +139,10 @@ void fs_progress_wait(int fd, const char *status_path)
     nanosleep(&ts, NULL);
   }
   uint64_t d, t;
-  if (tty && read_progress(path, &d, &t)) {
+  if (tty && read_progress(pfd, &d, &t)) {
     if (!shown)
-      bs_progress_start(&p, "write-back", t, 2);
+      bs_progress_start(&p, "write-back", t, 2, tty ? BS_PROGRESS_ON : BS_PROGRESS_OFF);
     bs_progress_set(&p, d);
     bs_progress_end(&p);
   }
-  unlink(path);
 }

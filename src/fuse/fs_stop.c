@@ -27,7 +27,6 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
-#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -117,11 +116,10 @@ static void *stopper(void *arg)
     struct timespec pause = {0, 100 * 1000 * 1000};
     nanosleep(&pause, NULL);
   }
-  syslog(LOG_USER | LOG_WARNING,
-         "%s is still busy 10 s after the signal: detaching it; data written to files still "
-         "open after now is not kept",
-         stop_mnt);
-  fuse_log(FUSE_LOG_ERR, "burnstore: %s still busy after the signal: detaching it\n", stop_mnt);
+  fuse_log(FUSE_LOG_ERR,
+           "burnstore: %s is still busy 10 s after the signal: detaching it; data written to "
+           "files still open after now is not kept\n",
+           stop_mnt);
   sync_mount(stop_mnt);
   fuse_session_exit(stop_se);
   pthread_kill(main_thread, SIGUSR2);

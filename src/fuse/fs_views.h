@@ -25,9 +25,12 @@ int fs_npy_read(const struct fs *fs, const struct bs_tensor *t, size_t size, uin
 /* Write-back progress for `burnstore -u` (fs_progress.c). The daemon:
  * begin before fs_writeback (status_path: its status file), end after. The
  * waiter: wait for the daemon's lock on the status file (fd), drawing a
- * progress line when stderr is a terminal. */
+ * progress line when stderr is a terminal (or as mode says), from progress_fd
+ * (fs_progress_open, before the unmount). */
+void fs_progress_init(const char *status_path); /* the empty file, at mount */
+int fs_progress_open(const char *status_path);  /* the waiter's fd on it, or -1 */
 void fs_progress_begin(struct fs *fs, const char *status_path);
 void fs_progress_end(void);
-void fs_progress_wait(int fd, const char *status_path);
+void fs_progress_wait(int fd, int progress_fd, int mode); /* mode: BS_PROGRESS_* */
 
 #endif

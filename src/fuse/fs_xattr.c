@@ -5,17 +5,50 @@
  * entry lock (the root's also guards the metadata). Read-only mounts have
  * no entries and take no entry lock. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/npy.h"
 #include "fs.h"
 
+static void lock_rd(struct bs_entry *e);
+static void unlock_e(struct bs_entry *e);
+
+/* A staged NAME.npy that numpy wrote (its bytes start with NumPy's magic)
+ * is written back as tensor NAME (core/edit.c, add_npy). */
+static bool staged_npy(struct fs *fs, const struct fs_ref *r, const char *key)
+{
+  size_t kl = strlen(key);
+  if (!r->e || kl <= 4 || strcmp(key + kl - 4, ".npy") != 0)
+    return false;
+  bool npy = false;
+  lock_rd(r->e);
+  if (r->e->stage && r->e->size >= 10) {
+    int fd = fs_stage_open(fs, r->e, O_RDONLY);
+    uint8_t head[10];
+    npy = fd >= 0 && pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+          bs_npy_is_npy(head, sizeof head);
+    if (fd >= 0)
+      close(fd);
+  }
+  unlock_e(r->e);
+  return npy;
+}
+
+/* The key of a file of a writable mount: its path's, less the .npy of a
+ * staged NAME.npy (called without the entry lock). */
 static char *key_of(void *arg, uint64_t ino)
 {
   struct fs *fs = arg;
   pthread_rwlock_rdlock(&fs->lock);
   char *key = bs_tree_key(&fs->tree, ino, fs->flat);
   pthread_rwlock_unlock(&fs->lock);
+  struct fs_ref r;
+  if (key && fs_ref_get(fs, ino, &r) == 0 && staged_npy(fs, &r, key))
+    key[strlen(key) - 4] = '\0';
   return key;
 }
 
@@ -135,6 +168,22 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
   bs_buf_destroy(&b);
 }
 
+/* A refused setxattr's reason, for the user who only got the errno: the
+ * mount's log (fs_log.c), syslog, stderr in the foreground. */
+static void log_refusal(struct fs *fs, const char *op, fuse_ino_t ino, const char *name, int rc,
+                        const bs_err *err)
+{
+  pthread_rwlock_rdlock(&fs->lock);
+  char *key = ino == BS_TREE_ROOT ? NULL : bs_tree_key(&fs->tree, ino, fs->flat);
+  pthread_rwlock_unlock(&fs->lock);
+  fuse_log(FUSE_LOG_ERR, "burnstore: %s %s on %s refused (%s): %s\n", op, name,
+           ino == BS_TREE_ROOT ? "the mount's root"
+           : key               ? key
+                               : "a file",
+           strerror(rc), err->msg[0] ? err->msg : strerror(rc));
+  bs_free(key);
+}
+
 void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
                     size_t size, int flags)
 {
@@ -155,9 +204,8 @@ void fs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char
   unlock_e(r.e);
   if (dirty)
     fs_mark_dirty(fs);
-  /* A value refused for what it says, or for room: the log says why. */
-  if (rc == EINVAL || rc == ENOSPC || rc == EPERM)
-    fuse_log(FUSE_LOG_ERR, "burnstore: setxattr %s: %s\n", name, err.msg);
+  if (rc)
+    log_refusal(fs, "setxattr", ino, name, rc, &err);
   fuse_reply_err(req, rc);
 }
 
@@ -180,5 +228,7 @@ void fs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
   unlock_e(r.e);
   if (dirty)
     fs_mark_dirty(fs);
+  if (rc && rc != ENODATA)
+    log_refusal(fs, "removexattr", ino, name, rc, &err);
   fuse_reply_err(req, rc);
 }

@@ -58,6 +58,7 @@ struct opts {
   struct bs_keyopts keys;
   struct bs_adapter adapter;
   bool strict, json, npy, quiet;
+  int progress; /* BS_PROGRESS_*: --progress, --no-progress */
   const char *meta;
   uint64_t max_shard_size;
   const char *pos[3];
@@ -118,6 +119,8 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
       o->npy = true;
     } else if ((strcmp(s, "-q") == 0 || strcmp(s, "--quiet") == 0) && strchr(flags, 'q')) {
       o->quiet = true;
+    } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO && strchr(flags, 'p')) {
+      o->progress = bs_progress_flag(s);
     } else if (strcmp(s, "--meta") == 0 && strchr(flags, 'm')) {
       if (++i >= argc) {
         fail("%s: --meta needs a KEY", argv[0]);
@@ -679,7 +682,7 @@ static void progress_observer(void *ctx, uint64_t n)
 static int cmd_convert(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 2, "qs");
+  int p = parse(argc, argv, &o, 2, "qsp");
   if (p != 0) {
     opts_destroy(&o);
     return p > 0 ? 0 : 2;
@@ -707,9 +710,7 @@ static int cmd_convert(int argc, char **argv)
       total += cat.tensors[i].nbytes, n++;
   struct bs_write_opts wo = {.max_shard_size = o.max_shard_size};
   struct bs_progress pr;
-  bs_progress_start(&pr, "convert", total, 2);
-  if (o.quiet)
-    pr.on = false;
+  bs_progress_start(&pr, "convert", total, 2, o.quiet ? BS_PROGRESS_OFF : o.progress);
   int lk = -1;
   if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
     fail_err(in, &err);
@@ -723,11 +724,11 @@ static int cmd_convert(int argc, char **argv)
     else
       rc = 0;
     bs_sink_set_observer(NULL, NULL);
-    close(lk);
+    bs_target_unlock(lk, out);
   }
   if (rc == 0)
     bs_progress_end(&pr);
-  else if (pr.on)
+  else if (pr.on && pr.tty)
     fputc('\n', stderr);
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
@@ -800,16 +801,19 @@ static const struct cmd cmds[] = {
      "Exit status: 0 the same, 1 different, 2 trouble.\n"
      "  -q           compare keys, dtypes and shapes only, not the bytes\n",
      cmd_diff, 2},
-    {"convert", "[-q] [-o KEYOPTS] IN OUT",
+    {"convert", "[-q] [--progress|--no-progress] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
      "fsync, rename): OUT is complete or untouched. A shard set commits through a journal\n"
      "beside its index: a convert killed midway is completed or rolled back by the next\n"
      "access, and an old index naming files that are not its shards is refused. Streams:\n"
-     "memory does not grow with the checkpoint. On a terminal, outputs over 256 MiB show a\n"
-     "progress line. A key OUT's format cannot hold (not UTF-8; over 63 bytes for GGUF) is\n"
-     "refused before anything is written.\n"
+     "memory does not grow with the checkpoint. Outputs over 256 MiB show a progress line\n"
+     "(bytes, rate, ETA, until the data is on disk) when stderr is a terminal. A key OUT's\n"
+     "format cannot hold (not UTF-8; over 63 bytes for GGUF) is refused before anything is\n"
+     "written.\n"
      "  -q           no progress line, no summary\n"
+     "  --progress   the progress line also when stderr is not a terminal (a line a second)\n"
+     "  --no-progress  no progress line, also on a terminal\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert, 1},
     {"--finish", "STAGING_DIR",

@@ -238,6 +238,12 @@ def test_convert(tmp, sd, pth):
           "a progress line on a terminal: %r" % text[-300:])
     r = run([BIN, "convert", pth, out], env=env)
     check(r.returncode == 0 and r.stderr == "", "no progress when piped: %r" % r.stderr)
+    # --progress / --no-progress override the terminal test (a log gets plain lines)
+    r = run([BIN, "convert", "--progress", pth, out], env=env)
+    check(r.returncode == 0 and "convert" in r.stderr and "100%" in r.stderr and "\r" not in r.stderr
+          and "\033" not in r.stderr, "convert --progress when piped: plain lines: %r" % r.stderr)
+    rc, _, text = pty_run([BIN, "convert", "--no-progress", pth, out], env)
+    check(rc == 0 and b"%" not in text, "convert --no-progress on a terminal: nothing: %r" % text[-300:])
 
 
 def pty_run(cmd, env, deadline=120):
@@ -272,9 +278,12 @@ def pty_run(cmd, env, deadline=120):
 
 def test_unmount_progress(tmp):
     env = dict(os.environ, BURNSTORE_PROGRESS_MIN="1000000")
-    for tty in (True, False):
-        out = os.path.join(tmp, "u%d.bpk" % tty)
-        mnt = os.path.join(tmp, "mu%d" % tty)
+    # (stderr a terminal, flag, a progress line expected)
+    for tty, flag, shown in ((True, None, True), (False, None, False), (False, "--progress", True),
+                             (True, "--no-progress", False)):
+        name = "%d%s" % (tty, flag or "")
+        out = os.path.join(tmp, "u%s.bpk" % name)
+        mnt = os.path.join(tmp, "mu%s" % name)
         os.makedirs(mnt, exist_ok=True)
         r = run([BIN, out, mnt], env=env)
         check(r.returncode == 0, "mount a new .bpk: %r" % r.stderr)
@@ -282,14 +291,18 @@ def test_unmount_progress(tmp):
             with open(os.path.join(mnt, "w"), "wb") as f:
                 f.write(os.urandom(8 << 20))
             os.setxattr(os.path.join(mnt, "w"), "user.burnstore.dtype", b"F32")
+            cmd = [BIN, "-u", "-v"] + ([flag] if flag else []) + [mnt]
             if tty:
-                rc, stdout, text = pty_run([BIN, "-u", "-v", mnt], env)
-                check(rc == 0 and b"write-back" in text and b"100%" in text and b"8.0 MiB" in text,
-                      "burnstore -u on a terminal shows the write-back's progress: %r" % text[-300:])
-                check(b"wrote " in stdout, "-v prints the report: %r" % stdout)
+                rc, stdout, text = pty_run(cmd, env)
             else:
-                r = run([BIN, "-u", mnt], env=env)
-                check(r.returncode == 0 and r.stderr == "", "no progress when not a terminal: %r" % r.stderr)
+                r = run(cmd, env=env)
+                rc, stdout, text = r.returncode, r.stdout.encode(), r.stderr.encode()
+            check(rc == 0 and b"wrote " in stdout, "-u %s: -v prints the report: %r" % (name, stdout))
+            if shown:
+                check(b"write-back" in text and b"100%" in text and b"8.0 MiB" in text,
+                      "burnstore -u (%s) shows the write-back's progress: %r" % (name, text[-300:]))
+            else:
+                check(b"%" not in text, "no progress line (%s): %r" % (name, text[-300:]))
         finally:
             force_unmount(mnt)
         got, _ = read_bpk(out)

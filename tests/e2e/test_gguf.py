@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 
 from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, key_to_relpath,
                      SANITIZE, mem_limit_kb, run, run_tests, tensor_files, xattrs)
@@ -172,6 +173,61 @@ def test_bad_typed_value_is_refused_by_setfattr(tmp):
     check(ref.alignment == 64 and ref.data_offset % 64 == 0, "the new alignment is used")
     check(all(t["offset"] % 64 == 0 for t in ref.tensors.values()), "offsets aligned to 64")
     check(ref.tensors["blk.0.attn_q.weight"]["data"] == G.q8_0_bytes(4), "data intact after realignment")
+
+
+def test_refusal_reason_reaches_the_user_without_syslog(tmp):
+    """setfattr only says "Invalid argument": the reason is in the mount's
+    log, which `burnstore status MNT` and `burnstore -u -v MNT` print, with
+    no syslog (this machine has no /dev/log, like most containers); in the
+    foreground it is on stderr."""
+    src = os.path.join(tmp, "why.gguf")
+    G.write_tiny(src)
+    mnt = os.path.join(tmp, "why")
+    with Mount(src, mnt, opts="rw") as m:
+        r = run(["setfattr", "-n", META + "t.u32", "-v", "abc", m])
+        check(r.returncode != 0 and "Invalid argument" in r.stderr, "setfattr refused: %r" % r.stderr)
+        st = run([BIN, "status", m])
+        check(st.returncode == 0 and "served by burnstore pid" in st.stdout,
+              "burnstore status names the daemon: %r %r" % (st.stdout, st.stderr))
+        line = [l for l in st.stdout.splitlines() if META + "t.u32" in l]
+        check(len(line) == 1 and "refused" in line[0] and "expected an integer" in line[0],
+              "burnstore status shows the refusal and its reason: %r" % st.stdout)
+        # refusals of names and file types, explained in the same log
+        for what, call in (("mkdir a%zz", lambda: os.mkdir(os.path.join(m, "a%zz"))),
+                           ("mknod fifo", lambda: os.mkfifo(os.path.join(m, "fifo")))):
+            try:
+                call()
+                check(False, "%s is refused" % what)
+            except OSError:
+                pass
+        st = run([BIN, "status", m]).stdout
+        check("mkdir 'a%zz' refused: 'a%zz': a '%' starts an escape" in st and "mknod fifo refused" in st,
+              "the log explains the refused mkdir and mknod: %r" % st)
+        u = run([BIN, "-u", "-v", m])
+        check(u.returncode == 0, "-u -v: %s" % u.stderr)
+        check(any(META + "t.u32" in l and l.startswith("burnstore: log: ") for l in u.stdout.splitlines()),
+              "-u -v prints the log: %r" % u.stdout)
+    r = run([BIN, "status", mnt])
+    check(r.returncode == 1 and "no burnstore daemon serves it" in r.stderr,
+          "status of an unmounted directory: %d %r" % (r.returncode, r.stderr))
+    # In the foreground, on stderr.
+    p = subprocess.Popen([BIN, "-f", "-o", "rw", src, mnt], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        end = time.time() + 30
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        if check(is_mounted(mnt), "foreground mount"):
+            run(["setfattr", "-n", META + "t.u8", "-v", "256", mnt])
+            run(["fusermount3", "-u", mnt])
+        _, err = p.communicate(timeout=60)
+        check(META + "t.u8" in err.decode() and "refused" in err.decode(),
+              "-f: the refusal on stderr: %r" % err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        force_unmount(mnt)
 
 
 def test_remove_and_add_tensors(tmp):
@@ -437,6 +493,7 @@ def test_long_string_costs_what_its_text_needs(tmp):
 if __name__ == "__main__":
     run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_E2BIG_and_not_listed,
                             test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
+                            test_refusal_reason_reaches_the_user_without_syslog,
                             test_remove_and_add_tensors, test_round_trip_and_new_output,
                             test_hostile_files_are_refused, test_metadata_edit_streams_the_tensors,
                             test_finish_after_enospc_keeps_types, test_long_string_costs_what_its_text_needs,

@@ -1,7 +1,8 @@
 """The life of a writable mount, through real mounts: relative paths, an
 exclusive and locked staging directory, the real daemon PID in the status
-file, one writable mount per target, write-back results in the status file
-(also after a plain fusermount3 -u), the U8-blob report, the INDEX on a full
+file, one writable mount per target, write-back results for burnstore -u
+(and in the kept staging directory after a plain fusermount3 -u), runtime
+files that live only as long as their daemon, the U8-blob report, the INDEX on a full
 filesystem, and --list-staging / --finish after a failed write-back."""
 import fcntl
 import glob
@@ -12,7 +13,7 @@ import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, daemon_pids, finish, force_unmount, is_mounted, read_bpk, run,
+from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, is_mounted, read_bpk, run,
                      tmpdir, run_tests)
 
 
@@ -154,7 +155,9 @@ def test_two_writable_mounts(tmp):
 
 
 def test_results_logged(tmp):
-    """After fusermount3 -u nobody waits: the status file keeps the result."""
+    """After fusermount3 -u nobody waits: a failed write-back's reason is in
+    the log file of the staging directory it keeps (there is no syslog
+    here), which --list-staging prints; a clean end leaves no runtime file."""
     out = os.path.join(tmp, "log.bpk")
     mnt = os.path.join(tmp, "log")
     with Mount(out, mnt):
@@ -162,19 +165,93 @@ def test_results_logged(tmp):
         r = run(["fusermount3", "-u", mnt])
         check(r.returncode == 0, "fusermount3 -u: %s" % r.stderr)
         check(wait_daemon_gone(mnt), "the daemon ends")
-        st = status(mnt)
-        check(st.startswith("error\n") and out in st and "staging" in st and "'t'" in st,
-              "the status file says why the write-back failed: %r" % st)
+        check(status(mnt) == "", "no status file once the daemon is gone: %r" % status(mnt))
+        dirs = glob.glob(os.path.join(tmp, ".log.bpk.staging-*"))
+        log = os.path.join(dirs[0], "log") if len(dirs) == 1 else "/nonexistent"
+        text = open(log).read() if os.path.exists(log) else ""
+        check("write-back of " + out in text and "'t'" in text and "was not written" in text,
+              "the staging directory's log says why the write-back failed: %r" % text)
+        r = run([BIN, "--list-staging", dirs[0] if dirs else tmp])
+        check("log: " in r.stdout and "'t'" in r.stdout, "--list-staging prints the log: %r" % r.stdout)
     for d in glob.glob(os.path.join(tmp, ".log.bpk.staging-*")):
         run(["rm", "-rf", d])
     with Mount(out, mnt):
         sh("printf abcd > ok && setfattr -n user.burnstore.dtype -v F32 ok && printf zz > blob", mnt)
         r = run(["fusermount3", "-u", mnt])
         check(wait_daemon_gone(mnt), "the daemon ends")
-        st = status(mnt)
-        check(st.startswith("ok\n") and "wrote " + out in st, "the status file says ok: %r" % st)
-        check("blob: no user.burnstore.dtype" in st and "written as U8" in st,
-              "the status file lists the U8 blob: %r" % st)
+        check(status(mnt) == "", "a clean end removes the status file: %r" % status(mnt))
+    got, _ = read_bpk(out)
+    check(got.get("ok", (0, 0, b""))[2] == b"abcd" and "blob" in got, "written: %r" % sorted(got))
+
+
+def runtime_files(*keys):
+    """The runtime files of mountpoints and targets `keys` that exist."""
+    out = []
+    for k in keys:
+        k = os.path.realpath(k)
+        for suffix in (".status", ".log", ".status.progress", ".target"):
+            if os.path.exists(run_path(k, suffix)):
+                out.append(run_path(k, suffix))
+    return out
+
+
+def test_runtime_files_live_with_their_daemon(tmp):
+    """/run/burnstore holds a mount's files only while its daemon lives: a
+    clean unmount (fusermount3 -u, burnstore -u; read-only and writable)
+    removes them; a killed daemon's are removed by the next start."""
+    src = os.path.join(tmp, "rt.bpk")
+    mnt = os.path.join(tmp, "rt")
+    with Mount(src, mnt) as m:
+        sh("printf abcd > t && setfattr -n user.burnstore.dtype -v F32 t", mnt)
+        check(os.path.exists(run_path(os.path.realpath(mnt), ".status")) and
+              os.path.exists(run_path(os.path.realpath(mnt), ".log")) and
+              os.path.exists(run_path(os.path.realpath(src), ".target")),
+              "a writable mount has its status, log and target files: %r" % runtime_files(mnt, src))
+        u = m.unmount()
+        check(u.returncode == 0, "-u: %s" % u.stderr)
+    check(runtime_files(mnt, src) == [], "nothing left after -u: %r" % runtime_files(mnt, src))
+    conv = os.path.join(tmp, "rt-conv.safetensors")
+    r = run([BIN, "convert", src, conv])
+    check(r.returncode == 0 and runtime_files(conv) == [],
+          "convert lets its target lock go and removes it: %r %r" % (r.stderr, runtime_files(conv)))
+    for opts in ("rw", "ro"):
+        with Mount(src, mnt, opts):
+            r = run(["fusermount3", "-u", mnt])
+            check(r.returncode == 0 and wait_daemon_gone(mnt), "fusermount3 -u (%s)" % opts)
+        check(runtime_files(mnt, src) == [], "nothing left after fusermount3 -u (%s): %r"
+              % (opts, runtime_files(mnt, src)))
+    # A killed daemon cannot remove its files: the next start does, and the
+    # next mount of its target removes its staging directory if it holds
+    # nothing (one with staged data is kept for --finish).
+    def killed(write):
+        with Mount(src, mnt, "rw"):
+            if write:
+                sh("printf 1234 > k", mnt)
+            pid = daemon_pid(os.path.realpath(mnt))
+            if check(pid is not None, "the daemon's pid"):
+                os.kill(pid, 9)
+                end = time.time() + 30
+                while os.path.exists("/proc/%d" % pid) and time.time() < end:
+                    time.sleep(0.05)
+            force_unmount(mnt)
+        left = runtime_files(mnt, src)
+        check(len(left) >= 2, "a killed daemon leaves its files: %r" % left)
+    stg = lambda: set(glob.glob(os.path.join(tmp, ".rt.bpk.staging-*")))
+    killed(write=True)
+    with_data = stg()
+    killed(write=False)
+    other = os.path.join(tmp, "rt2")
+    with Mount(src, other, "ro") as m2:
+        check(runtime_files(mnt, src) == [], "the next start removed them: %r" % runtime_files(mnt, src))
+        m2.unmount()
+    check(len(with_data) == 1 and len(stg()) == 2, "two dead staging directories: %r" % stg())
+    with Mount(src, other, "rw") as m2:
+        m2.unmount()
+    check(stg() == with_data, "the next mount of the target removed the empty one, kept the other: %r"
+          % (stg(),))
+    check(runtime_files(mnt, src, other) == [], "nothing left at the end: %r" % runtime_files(mnt, src, other))
+    for d in stg():
+        run(["rm", "-rf", d])
 
 
 def test_syslog_call(tmp):
@@ -371,6 +448,7 @@ if __name__ == "__main__":
         test_staging_locked_and_pid,
         test_two_writable_mounts,
         test_results_logged,
+        test_runtime_files_live_with_their_daemon,
         test_syslog_call,
         test_report,
         test_finish_after_failure,

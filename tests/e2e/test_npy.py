@@ -157,13 +157,23 @@ def test_npy_in(tmp):
         for n in ("enc/w", "b", "c"):
             check(os.path.exists(os.path.join(mnt, n)) or os.path.exists(os.path.join(mnt, n + ".npy")),
                   "%s is there after np.save" % n)
+        # user.burnstore.key names the tensor it will be (not "enc.w.npy");
+        # a .npy file numpy did not write keeps its name
+        key = os.getxattr(os.path.join(mnt, "enc/w.npy"), "user.burnstore.key")
+        check(key == b"enc.w", "the key of enc/w.npy is the tensor's: %r" % key)
+        with open(os.path.join(mnt, "raw.npy"), "wb") as f:
+            f.write(b"0123456789ab")
+        os.setxattr(os.path.join(mnt, "raw.npy"), "user.burnstore.dtype", b"U8")
+        key = os.getxattr(os.path.join(mnt, "raw.npy"), "user.burnstore.key")
+        check(key == b"raw.npy", "a .npy file numpy did not write keeps its name: %r" % key)
         r = mnt.unmount()
         check(r is not None and r.returncode == 0, "the write-back succeeds: %r" % (r.stderr if r else None))
     got, _ = read_bpk(out)
     check(got.get("enc.w", (0, 0, b""))[:3] == ("F32", [2, 3, 4], a.tobytes()), "enc.w: F32 [2,3,4], header stripped: %r" % (got.get("enc.w", ("?",))[:2],))
     check(got.get("b", (0, 0, b""))[:3] == ("I64", [3], b.tobytes()), "b: I64 [3]")
     check(got.get("c", (0, 0, b""))[:3] == ("F64", [2, 3], c.tobytes()), "c (fortran order): transposed back to row-major")
-    check(not any(k.endswith("npy") for k in got), "no key ends in .npy: %r" % sorted(got))
+    check(not any(k.endswith("npy") for k in got if k != "raw.npy"), "no key ends in .npy: %r" % sorted(got))
+    check("raw.npy" in got, "raw.npy written under its name")
     # a bad header: the write-back fails with one line naming the file
     out2 = os.path.join(tmp, "bad.bpk")
     with Mount(out2, os.path.join(tmp, "m6")) as mnt:

@@ -275,7 +275,9 @@ def test_failures(tmp):
         check(u.returncode == 1 and "without finishing" in u.stderr, "-u after kill -9 says the daemon died: %r" % u.stderr)
     check(open(work, "rb").read() == old, "kill -9 during write-back leaves the old file intact")
     # 4. Every way a mount ends writes back: umount, fusermount3 -u, SIGTERM, SIGINT.
-    #    After umount, `burnstore -u` still waits for the daemon and reports.
+    #    After umount, `burnstore -u` still waits for a daemon that is writing
+    #    back and reports; one that has already finished left nothing (its
+    #    runtime files go with it), so -u then says the directory is not mounted.
     for how in ("umount", "fusermount3", "SIGTERM", "SIGINT"):
         out = os.path.join(tmp, "end-%s.bpk" % how)
         with Mount(out, mnt):
@@ -289,7 +291,9 @@ def test_failures(tmp):
                 for p in pids:
                     os.kill(p, getattr(signal, how))
             u = run([BIN, "-u", mnt], timeout=120)
-            check(u.returncode == 0, "%s: burnstore -u afterwards waits and reports success: %r" % (how, u.stderr))
+            check(u.returncode == 0 or (u.returncode == 1 and "is not mounted" in u.stderr),
+                  "%s: burnstore -u afterwards waits and reports success, or finds the daemon gone: %r"
+                  % (how, u.stderr))
         check(os.path.exists(out) and read_bpk(out)[0].get("x", (0, 0, 0))[2] == b"1234",
               "%s writes back" % how)
 

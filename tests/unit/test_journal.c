@@ -477,3 +477,10 @@ Test(journal, a_key_longer_than_a_file_name_survives)
   cr_assert(k >= 0 && out.tensors[k].nbytes == 0, "the empty new file under its whole key");
   bs_catalog_destroy(&out);
 }
+
+Test(journal, unchanged_until_the_first_change)
+{
+  cr_assert(bs_journal_unchanged(W.stg_fd), "BASE alone: nothing to finish");
+  rename_to("a", "x");
+  cr_assert(!bs_journal_unchanged(W.stg_fd), "a rename is something to finish");
+}

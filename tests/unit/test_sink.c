@@ -171,6 +171,53 @@ Test(sink, fd_sink_write_error_names_the_output, .init = setup, .fini = teardown
 /* ---- atomic commit ------------------------------------------------------------------------------
  */
 
+/* A progress line must reach 100% only when the data is on disk: an atomic
+ * output's bytes are reported one 16 MiB window behind the writer (pushed
+ * out by sync_file_range), the last ones after its fsync. A plain fd sink
+ * reports each write. */
+static uint64_t observed;
+static void observe(void *ctx, uint64_t n)
+{
+  (void)ctx;
+  observed += n;
+}
+
+Test(atomic, observer_counts_bytes_once_they_are_on_disk, .init = setup, .fini = teardown)
+{
+  enum { MIB = 1 << 20 };
+  char *chunk = calloc(1, MIB);
+  cr_assert_not_null(chunk);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_atomic a;
+  cr_assert_eq(bs_atomic_open(&a, at("big.bin"), &err), 0, "%s", err.msg);
+  observed = 0;
+  bs_sink_set_observer(observe, NULL);
+  for (int i = 0; i < 20; i++)
+    cr_assert_eq(bs_sink_put(&a.sink, chunk, MIB, &err), 0, "%s", err.msg);
+  cr_expect_eq(observed, 0, "20 MiB written, none known to be on disk yet: %llu reported",
+               (unsigned long long)observed);
+  for (int i = 0; i < 20; i++)
+    cr_assert_eq(bs_sink_put(&a.sink, chunk, MIB, &err), 0, "%s", err.msg);
+  cr_expect_eq(observed, 16u * MIB, "40 MiB written: the first window is on disk, %llu reported",
+               (unsigned long long)observed);
+  cr_assert_eq(bs_atomic_sync(&a, &err), 0, "%s", err.msg);
+  cr_expect_eq(observed, 40u * MIB, "after the fsync, all of it: %llu",
+               (unsigned long long)observed);
+  cr_assert_eq(bs_atomic_publish(&a, &err), 0, "%s", err.msg);
+
+  int fd = open(at("plain.bin"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  cr_assert_geq(fd, 0);
+  struct bs_sink k;
+  bs_sink_init_fd(&k, fd, "plain.bin");
+  observed = 0;
+  cr_assert_eq(bs_sink_put(&k, chunk, MIB, &err), 0, "%s", err.msg);
+  cr_expect_eq(observed, MIB, "a plain fd sink reports each write");
+  bs_sink_set_observer(NULL, NULL);
+  close(fd);
+  free(chunk);
+}
+
 Test(atomic, commit_creates_a_new_file_with_0644_minus_umask, .init = setup, .fini = teardown)
 {
   mode_t old = umask(022);
