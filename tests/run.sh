@@ -128,8 +128,16 @@ release_install() {
 core_only() {
   # The core, its headers and the tools must not include FUSE; the build below
   # does not even look for fuse3, so a FUSE include there fails to compile.
-  if grep -rnE '#[[:space:]]*include[[:space:]]*[<"]fuse' include src/core src/formats src/tools src/main; then
+  if grep -rnE '#[[:space:]]*include[[:space:]]*[<"]fuse' include src/core src/formats src/policy src/tools src/main; then
     echo "tests/run.sh: the core or a tool includes a FUSE header"
+    return 1
+  fi
+  # The library's layers call downward only (docs/architecture.md): the core
+  # knows no format, the formats know no policy, and no layer calls the mount or the CLI.
+  if grep -nE '#[[:space:]]*include[[:space:]]*"(formats/|policy/|burnstore/(formats|writers)\.h)' src/core/* ||
+    grep -nE '#[[:space:]]*include[[:space:]]*"policy/' src/formats/* ||
+    grep -nE '#[[:space:]]*include[[:space:]]*"(fs|cli|mount)\.h"' src/core/* src/formats/* src/policy/*; then
+    echo "tests/run.sh: an include above runs against the library's layers"
     return 1
   fi
   build build-core -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \

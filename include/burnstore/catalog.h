@@ -1,5 +1,5 @@
-/* The format-agnostic tensor catalog: readers fill it, the Burnpack writer
- * drains it, the FUSE layer queries it. Bytes stay in their source; a tensor
+/* The format-agnostic tensor catalog: readers fill it, the writers drain
+ * it, the FUSE layer and the CLI query it. Bytes stay in their source; a tensor
  * is a key, a dtype, a shape and where its bytes are. */
 #ifndef BURNSTORE_CATALOG_H
 #define BURNSTORE_CATALOG_H
@@ -10,7 +10,7 @@
 
 #include "burnstore/dtype.h"
 #include "burnstore/err.h"
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 
 #pragma GCC visibility push(default) /* the API (err.h) */
 
@@ -26,9 +26,6 @@ enum bs_format {
   BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
   BS_FMT_COUNT
 };
-/* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
- * BS_FMT_NONE, "?" out of range. */
-const char *bs_format_name(enum bs_format f);
 
 struct bs_kv {
   char *key;   /* owned */
@@ -78,13 +75,13 @@ void bs_catalog_destroy(struct bs_catalog *cat); /* safe on a half-built catalog
 BS_NODISCARD int bs_catalog_add_src(struct bs_catalog *cat, struct bs_src *src, uint32_t *idx,
                                     bs_err *err);
 
+/* Room for `more` tensors beyond count, exactly (no doubling): a reader
+ * that knows its count calls it before adding. 0, or -1 out of memory. */
+BS_NODISCARD int bs_catalog_reserve(struct bs_catalog *cat, size_t more);
 /* Append a tensor; computes nbytes from dtype and shape (except QFLOAT,
  * where nbytes is 0 and the reader sets it). The returned pointer is
  * borrowed and valid only until the next bs_catalog_add. `off` is used in
  * error messages only. */
-/* Room for `more` tensors beyond count, exactly (no doubling): a reader
- * that knows its count calls it before adding. 0, or -1 out of memory. */
-BS_NODISCARD int bs_catalog_reserve(struct bs_catalog *cat, size_t more);
 struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
                                  uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err);
 

@@ -11,9 +11,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h" /* enum bs_format (one value per row), bs_format_name */
+#include "burnstore/catalog.h" /* enum bs_format (one value per row) */
 
 #pragma GCC visibility push(default) /* the API (err.h) */
+
+/* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
+ * BS_FMT_NONE, "?" out of range. */
+const char *bs_format_name(enum bs_format f);
 
 struct bs_open_opts {
   bool strict; /* PyTorch: refuse unknown pickle GLOBALs instead of skipping them */

@@ -49,6 +49,11 @@ BS_NODISCARD int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err 
 
 struct bs_catalog;
 struct bs_tensor;
+/* The buffer a writer streams tensors through: min(biggest, BS_SINK_CHUNK)
+ * bytes (at least one) into *cap; NULL with err set when out of memory.
+ * Freed with bs_free. */
+#define BS_SINK_CHUNK (1u << 20)
+uint8_t *bs_sink_chunk(uint64_t biggest, size_t *cap, bs_err *err);
 /* Write tensor t of cat (its bytes as bs_tensor_read gives them, in chunks of
  * buf[cap]) to k; a short or failed read is an error naming the tensor. */
 BS_NODISCARD int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t,

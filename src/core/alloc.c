@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static long fail_countdown = -1;
 
@@ -74,6 +75,14 @@ char *bs_path_join(const char *dir, const char *name)
     memcpy(p + a + 1, name, b + 1);
   }
   return p;
+}
+
+bool bs_ends_with(const char *s, size_t n, const char *suffix, bool nocase)
+{
+  size_t k = strlen(suffix);
+  if (n < k)
+    return false;
+  return nocase ? strncasecmp(s + n - k, suffix, k) == 0 : memcmp(s + n - k, suffix, k) == 0;
 }
 
 int bs_grow(void **arr, size_t *cap, size_t need, size_t elem)

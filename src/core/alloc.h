@@ -3,6 +3,7 @@
 #ifndef BURNSTORE_ALLOC_H
 #define BURNSTORE_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "burnstore/mem.h" /* bs_free, which the API exports */
@@ -14,6 +15,9 @@ char *bs_strdup(const char *s);
 char *bs_strndup(const char *s, size_t n);
 /* "dir/name", allocated; NULL when out of memory. */
 char *bs_path_join(const char *dir, const char *name);
+/* Whether s (its first n bytes) ends with suffix; ASCII case ignored when
+ * nocase (extensions: ".BPK" is ".bpk"). */
+bool bs_ends_with(const char *s, size_t n, const char *suffix, bool nocase);
 
 /* Grow an array of `elem`-byte items so that it holds at least `need`
  * (checked arithmetic; doubles). Returns 0, or -1 with *arr untouched. */

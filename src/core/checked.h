@@ -7,7 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Hard caps (one place for all of them). */
+/* Hard caps of the catalog and of the formats without a private header of
+ * their own; a parser with one keeps its caps there (zip.h: BS_ZIP_*,
+ * npy.h: BS_NPY_*, gguf_private.h: BS_GGUF_*). */
 #define BS_MAX_RANK 64                       /* dimensions of one tensor */
 #define BS_MAX_KEY_LEN 4096                  /* bytes of one tensor key */
 #define BS_MAX_TENSORS 10000000u             /* tensors in one catalog */

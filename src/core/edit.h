@@ -7,7 +7,7 @@
  * file (stage != 0) in a staging directory that the caller manages; an
  * entry that has neither is empty. dtype, shape and param_id are each
  * either explicit (set by the user, has_x) or inferred: from the origin
- * tensor, else U8 and a 1-D shape by size (interface.md §5).
+ * tensor, else U8 and a 1-D shape by size (docs/user-guide.md, section 3).
  * bs_entry_effective is the one place that rule lives.
  *
  * No function here locks: the caller serializes access to an entry (the

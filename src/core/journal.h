@@ -30,14 +30,16 @@
 #include <stdint.h>
 
 #include "burnstore/err.h"
-#include "core/edit.h"
-#include "core/stage_index.h"
 
 #define BS_JOURNAL_NAME "JOURNAL"
 #define BS_JOURNAL_MAGIC "BSJRNL1\n"
+#define BS_JOURNAL_MAGIC_LEN 8
+#define BS_JOURNAL_HDR 12     /* u32 length + u64 checksum */
+#define BS_JOURNAL_PAYLOAD 13 /* u8 kind + u64 inode + u32 alen */
 #define BS_JOURNAL_SYNC_MS 1000
-/* A record is at most this long (BASE is an INDEX: BS_STAGE_INDEX_MAX). */
-#define BS_JOURNAL_RECORD_MAX (BS_STAGE_INDEX_MAX + 4096u)
+/* A record is at most this long (BASE is an INDEX, at most BS_STAGE_INDEX_MAX
+ * bytes of policy/stage_index.h, plus its origins). */
+#define BS_JOURNAL_RECORD_MAX ((256u << 20) + 4096u)
 
 enum bs_jkind {
   BS_J_BASE = 1,
@@ -84,34 +86,5 @@ void bs_journal_close(struct bs_journal *j);
 /* Whether dirfd's JOURNAL records no change (BASE alone, or cut inside
  * it), or there is none: its staging directory holds nothing to finish. */
 bool bs_journal_unchanged(int dirfd);
-
-/* ---- Replay ---------------------------------------------------------------------------------
- * What a journal describes: its BASE index (parsed, sources not attached),
- * and an editable catalog over it (ed.src = &base.cat, a flat tree of the
- * live files, one entry each). */
-struct bs_jreplay {
-  struct bs_stage_index base;
-  struct bs_tree tree;
-  struct bs_edit ed;
-  bool ed_init;
-  size_t records; /* records applied */
-  uint64_t torn;  /* bytes ignored at the tail (cut or bad checksum) */
-  uint64_t *inos; /* owned: the live files' inos, in the tree's order */
-  size_t nfiles;
-};
-
-/* Parse and apply a journal (untrusted: every length is checked). Fails on
- * a bad magic or BASE, a record that contradicts the state (a change of an
- * unknown file), a bad dtype or shape text. Staged entries get size 0:
- * bs_journal_rebuild sizes them from their files. Destroy r either way. */
-BS_NODISCARD int bs_journal_replay(const void *data, size_t len, struct bs_jreplay *r, bs_err *err);
-void bs_jreplay_destroy(struct bs_jreplay *r);
-
-/* --finish of a staging directory without an INDEX: replay dir/JOURNAL,
- * re-attach the checkpoint (ESTALE when it changed since the mount), build
- * the output catalog and save it as dir/INDEX (fsynced). 0: INDEX written;
- * 1: there is no JOURNAL; -1 with err. The caller holds the directory's
- * lock. */
-BS_NODISCARD int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err);
 
 #endif

@@ -487,6 +487,17 @@ int bs_atomic_commit(struct bs_atomic *a, bs_err *err)
 
 /* A tensor's bytes (strided views gathered) through buf[cap] into k: what
  * every writer does for a tensor it does not transform. */
+uint8_t *bs_sink_chunk(uint64_t biggest, size_t *cap, bs_err *err)
+{
+  *cap = biggest < BS_SINK_CHUNK ? (size_t)biggest : BS_SINK_CHUNK;
+  if (*cap == 0)
+    *cap = 1;
+  uint8_t *b = bs_malloc(*cap);
+  if (!b)
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  return b;
+}
+
 int bs_sink_put_tensor(const struct bs_catalog *cat, const struct bs_tensor *t, uint8_t *buf,
                        size_t cap, struct bs_sink *k, bs_err *err)
 {

@@ -200,17 +200,11 @@ bool bs_is_mounted(const char *mnt)
   return found;
 }
 
-static bool ends_with(const char *s, size_t n, const char *suffix)
-{
-  size_t m = strlen(suffix);
-  return n >= m && strncasecmp(s + n - m, suffix, m) == 0;
-}
-
 /* The length of NAME when base is NAME-<digits>-of-<digits>.safetensors, else 0. */
 static size_t shard_stem(const char *base, size_t n)
 {
   static const char st[] = ".safetensors";
-  if (!ends_with(base, n, st))
+  if (!bs_ends_with(base, n, st, true))
     return 0;
   size_t i = n - (sizeof st - 1), d = i;
   while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
@@ -239,7 +233,7 @@ char *bs_target_key(const char *target, bs_err *err)
   char *slash = strrchr(abs, '/');
   char *base = slash ? slash + 1 : abs;
   size_t n = strlen(base), stem = 0;
-  if (ends_with(base, n, ".safetensors.index.json"))
+  if (bs_ends_with(base, n, ".safetensors.index.json", true))
     stem = n - strlen(".safetensors.index.json");
   else
     stem = shard_stem(base, n);

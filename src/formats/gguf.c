@@ -27,7 +27,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_write.h" /* bs_st_json_string_n */
+#include "formats/safetensors_write.h" /* bs_st_json_string_n */
 #include "gguf_private.h"
 
 /* ---- ggml types --------------------------------------------------------------------------- */

@@ -26,7 +26,7 @@
 #include "core/utf8.h"
 #include "gguf_private.h"
 
-#define CHUNK (1u << 20)
+#define CHUNK BS_SINK_CHUNK
 
 int bs_gguf_name_ok(const char *name, bs_err *err)
 {
@@ -557,7 +557,6 @@ out:
   return rc;
 }
 
-/* Copy [off, off+len) of a source into the sink, in chunks. */
 /* Copy len bytes of s at off to k, through buf[CHUNK]. */
 static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, uint8_t *buf,
                     struct bs_sink *k, bs_err *err)
@@ -582,8 +581,9 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
   int rc = -1;
   if (plan(&x, err) != 0)
     goto out;
-  if (!(chunk = bs_malloc(CHUNK)))
-    goto oom;
+  size_t cap;
+  if (!(chunk = bs_sink_chunk(UINT64_MAX, &cap, err)))
+    goto out;
   /* Header and key/values; unchanged values are copied from the source
    * after the part of the header built so far. */
   if (bs_buf_put(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, x.has_orig ? x.orig.version : 3) ||

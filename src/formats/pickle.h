@@ -14,7 +14,7 @@
 
 #include "burnstore/dtype.h"
 #include "burnstore/err.h"
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 
 enum bs_pv_kind {
   BS_PV_NONE,

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "burnstore/formats.h"
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 
 const uint8_t bs_pth_legacy_magic[10] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9,
                                          0x20, 0x6a, 0xa8, 0x50, 0x19};

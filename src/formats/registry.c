@@ -26,7 +26,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 
 static const struct bs_format_desc formats[] = {
     [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL, NULL},
@@ -64,17 +64,11 @@ const char *bs_format_name(enum bs_format f)
   return f < BS_FMT_COUNT ? formats[f].name : "?";
 }
 
-static bool ends_with(const char *s, const char *suffix)
-{
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcasecmp(s + n - k, suffix) == 0;
-}
-
 enum bs_format bs_format_by_ext(const char *path)
 {
   for (int f = BS_FMT_NONE + 1; f < BS_FMT_COUNT; f++)
     for (int i = 0; i < BS_FORMAT_MAX_EXTS && formats[f].exts[i]; i++)
-      if (ends_with(path, formats[f].exts[i]))
+      if (bs_ends_with(path, strlen(path), formats[f].exts[i], true))
         return (enum bs_format)f;
   return BS_FMT_NONE;
 }
@@ -180,7 +174,7 @@ static int unknown(const uint8_t *h, size_t n, uint64_t size, const char *name, 
     snprintf(first + used, sizeof first - used, "%s%02x", i ? " " : "", h[i]);
   const char *hint = NULL;
   for (size_t i = 0; name && !hint && i < sizeof ext_hints / sizeof ext_hints[0]; i++)
-    if (ends_with(name, ext_hints[i].ext))
+    if (bs_ends_with(name, strlen(name), ext_hints[i].ext, true))
       hint = ext_hints[i].what;
   if (hint)
     return bs_fail(err, EINVAL, 0, NULL,

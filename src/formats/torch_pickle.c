@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "pickle_vm.h"
 
@@ -98,12 +99,6 @@ static bool starts_with(const char *s, const char *prefix)
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-static bool ends_with(const char *s, const char *suffix)
-{
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 void pk_resolve(struct bs_pv *g)
 {
   const char *m = g->u.glob.module, *n = g->u.glob.name;
@@ -127,7 +122,7 @@ void pk_resolve(struct bs_pv *g)
       k = BS_PG_REBUILD_OTHER;
   } else if (IS("torch._tensor", "_rebuild_from_type_v2")) {
     k = BS_PG_FROM_TYPE_V2;
-  } else if (ends_with(n, "Storage")) {
+  } else if (bs_ends_with(n, strlen(n), "Storage", false)) {
     k = BS_PG_STORAGE; /* by name alone, as torch does */
     g->u.glob.dtype_ok = bs_pickle_storage_dtype(n, &g->u.glob.esize, &g->u.glob.dtype);
   } else if (IS("torch", "Size")) {

@@ -7,8 +7,8 @@
 #include "burnstore/writers.h"
 #include "core/checked.h"
 #include "core/utf8.h"
-#include "formats/bpk_write.h"
-#include "formats/st_write.h"
+#include "formats/burnpack_write.h"
+#include "formats/safetensors_write.h"
 #include "gguf_private.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)

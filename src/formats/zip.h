@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "burnstore/err.h"
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 #include "core/strmap.h"
 
 #define BS_ZIP_STORED 0

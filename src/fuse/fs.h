@@ -16,7 +16,7 @@
 #include "burnstore/writers.h"
 #include "core/edit.h"
 #include "core/tree.h"
-#include "core/xattr.h"
+#include "policy/xattr.h"
 
 struct fs {
   struct bs_catalog cat; /* the source checkpoint (empty for a new file) */

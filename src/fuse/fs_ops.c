@@ -36,9 +36,9 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
-#include "core/names.h"
 #include "fs.h"
 #include "fs_views.h"
+#include "policy/names.h"
 
 static void rdlock(struct fs *fs)
 {

@@ -25,8 +25,8 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
-#include "core/writeback.h"
 #include "fs.h"
+#include "policy/writeback.h"
 
 /* fs->staging is a template ending in XXXXXX until the directory exists:
  * mkdtemp makes a fresh one (never one another daemon uses, whatever PIDs
@@ -147,7 +147,7 @@ static void fill_wb(struct fs *fs, struct bs_wb *wb)
                        .opts = fs->wopts,
                        .source = fs->source,
                        .edit = &fs->edit,
-                       .keep_hidden = fs->cat.format != BS_FMT_NONE && !fs->force_write,
+                       .keep_hidden = fs->cat.nsrcs > 0 && !fs->force_write, /* a source */
                        .staging = fs->staging,
                        .staging_fd = &fs->staging_fd,
                        .staging_lock = &fs->staging_lock};

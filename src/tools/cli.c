@@ -25,9 +25,9 @@
 #include "core/progress.h"
 #include "core/strmap.h"
 #include "core/target.h"
-#include "core/writeback.h"
-#include "formats/st_index.h"
-#include "formats/st_write.h"
+#include "policy/writeback.h"
+#include "formats/safetensors_sharded.h"
+#include "formats/safetensors_write.h"
 
 #define PROG "burnstore"
 #define CHUNK (1u << 20)

@@ -187,7 +187,7 @@ def tensor_files(root):
 
 
 def key_to_relpath(key):
-    """The path burnstore shows for a key (interface.md §2, our escaping)."""
+    """The path burnstore shows for a key (docs/user-guide.md, "Names and escaping")."""
     def esc(seg):
         if seg == "":
             return "%"

@@ -1,5 +1,5 @@
-"""Writable mounts through real mounts: the rsync round trip of interface.md
-§6 for every format, every POSIX operation that common tools use, -o rw on
+"""Writable mounts through real mounts: the rsync round trip between mounts
+(docs/user-guide.md, section 3) for every format, every POSIX operation that common tools use, -o rw on
 an existing checkpoint, and the failures (nothing lost, old file intact,
 burnstore -u reports)."""
 import errno

@@ -3,7 +3,7 @@
  * survive the round trip. */
 #include "fuzz_common.h"
 
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 
 static uint8_t buf_a[64 * 1024], buf_b[64 * 1024];
 

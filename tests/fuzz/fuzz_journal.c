@@ -5,7 +5,7 @@
  * torn tail lies inside the input, and destroy frees everything. */
 #include "fuzz_common.h"
 
-#include "core/journal.h"
+#include "policy/journal_replay.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -2,7 +2,7 @@
  * on memory. A success must be self-consistent: every map entry's shard in
  * range, shards distinct, sorted, relative and inside the directory, every
  * metadata value a string; a failure leaves nothing and says why. */
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 #include "fuzz_common.h"
 
 static bool inside(const char *p)

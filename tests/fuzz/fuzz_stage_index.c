@@ -4,7 +4,7 @@
  * view fits its storage, and a failure leaves nothing behind. */
 #include "fuzz_common.h"
 
-#include "core/stage_index.h"
+#include "policy/stage_index.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

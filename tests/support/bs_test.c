@@ -11,7 +11,7 @@
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "core/writeback.h"
+#include "policy/writeback.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
 {

@@ -3,7 +3,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 #include "core/alloc.h"
 
 static struct bs_pickle *P;

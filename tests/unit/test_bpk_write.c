@@ -13,7 +13,7 @@
 #include "burnstore/formats.h"
 #include "burnstore/version.h"
 #include "core/alloc.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 
 #define MNIST BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 

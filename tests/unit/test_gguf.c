@@ -13,9 +13,9 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 #include "formats/gguf_private.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 
 /* ---- A GGUF builder --------------------------------------------------------------------- */
 

@@ -18,9 +18,9 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "core/journal.h"
-#include "core/stage_index.h"
-#include "core/writeback.h"
+#include "policy/journal_replay.h"
+#include "policy/stage_index.h"
+#include "policy/writeback.h"
 
 /* The checkpoint a (F32 [4]) b (U8 [4]), its mount's tree and editable
  * catalog, a staging directory (bs_test.h). */

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/src.h"
+#include "burnstore/source.h"
 
 #define NSHARDS 40
 

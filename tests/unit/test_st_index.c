@@ -10,7 +10,7 @@
 #include "bs_test.h"
 #include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 #include "st_fixture.h"
 
 static int parse(const char *s, struct bs_st_index *ix, bs_err *err)

@@ -11,7 +11,7 @@
 #include "burnstore/formats.h"
 #include "burnstore/writers.h"
 #include "core/alloc.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 #include "st_fixture.h"
 
 static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)

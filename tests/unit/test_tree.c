@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "core/names.h"
+#include "policy/names.h"
 #include "core/tree.h"
 
 static bs_err err;

@@ -19,9 +19,9 @@
 #include "bs_test.h"
 #include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "core/stage_index.h"
 #include "core/target.h"
-#include "core/writeback.h"
+#include "policy/stage_index.h"
+#include "policy/writeback.h"
 
 static bs_err err;
 

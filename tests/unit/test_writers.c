@@ -12,7 +12,7 @@
 #include "bs_test.h"
 #include "burnstore/writers.h"
 #include "core/alloc.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 
 static void mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
 {

@@ -8,7 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "core/xattr.h"
+#include "policy/xattr.h"
 
 static bs_err err;
 static struct bs_catalog cat;

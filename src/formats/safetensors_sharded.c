@@ -24,7 +24,7 @@
 #include "core/checked.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 
 #define INDEX_SUFFIX ".safetensors.index.json"
 #define MAX_NOTES 100

@@ -1,13 +1,14 @@
 /* The xattr table (see xattr.h). */
-#include "core/xattr.h"
+#include "policy/xattr.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_index.h"
+#include "formats/safetensors_sharded.h"
 
 /* What a row works on: the mount, the node and the entry that describes it
  * (its own, or for a read-only mount a clean one over its tensor). */

@@ -23,10 +23,9 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_write.h"
 
 #define PREFIX 8u
-#define CHUNK (1u << 20)
 
 /* The crate's Dtype enum order (increasing alignment): the data order sorts
  * by it, descending. 0: SafeTensors has no such dtype. */
@@ -353,11 +352,9 @@ int bs_st_write_some(const struct bs_catalog *cat, const size_t *which, size_t n
   }
   if (bs_sink_reserve(k, total, err) != 0)
     goto out;
-  size_t cap = p.biggest < CHUNK ? (size_t)p.biggest : CHUNK;
-  if (!(chunk = bs_malloc(cap ? cap : 1))) {
-    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  size_t cap;
+  if (!(chunk = bs_sink_chunk(p.biggest, &cap, err)))
     goto out;
-  }
   uint8_t h[PREFIX];
   bs_put_le64(h, p.hdr.len);
   if (bs_sink_put(k, h, PREFIX, err) != 0 || bs_sink_put(k, p.hdr.data, p.hdr.len, err) != 0)

@@ -1,5 +1,5 @@
 /* Sharded SafeTensors output: NAME-0000K-of-0000N.safetensors shards and
- * NAME.safetensors.index.json, written atomically as a set (st_write.h).
+ * NAME.safetensors.index.json, written atomically as a set (safetensors_write.h).
  *
  * Index layout written (transformers: json.dumps(index, indent=2,
  * sort_keys=True) + "\n", ASCII only):
@@ -28,8 +28,8 @@
 #include "core/checked.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
-#include "formats/st_index.h"
-#include "formats/st_write.h"
+#include "formats/safetensors_sharded.h"
+#include "formats/safetensors_write.h"
 
 #define IDX_SUFFIX ".safetensors.index.json"
 #define ST_SUFFIX ".safetensors"
@@ -178,10 +178,11 @@ static char *str_printf(const char *fmt, ...)
   return p;
 }
 
+/* s is NAME + suffix with a NAME of at least one byte. */
 static bool ends_with(const char *s, const char *suffix)
 {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n > k && strcasecmp(s + n - k, suffix) == 0;
+  size_t n = strlen(s);
+  return n > strlen(suffix) && bs_ends_with(s, n, suffix, true);
 }
 
 static int names(struct set *s, const char *path, bs_err *err)

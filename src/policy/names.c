@@ -1,4 +1,4 @@
-#include "core/names.h"
+#include "policy/names.h"
 
 #include <errno.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* The write-back and its recovery, without FUSE (writeback.h). */
-#include "core/writeback.h"
+#include "policy/writeback.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,9 +16,10 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
-#include "core/stage_index.h"
 #include "core/strmap.h"
 #include "core/target.h"
+#include "policy/journal_replay.h"
+#include "policy/stage_index.h"
 
 /* ---- output -> writer ---------------------------------------------------------------------- */
 

@@ -26,10 +26,9 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
-#include "formats/bpk_write.h"
+#include "formats/burnpack_write.h"
 
 #define HDR_LEN 10u
-#define CHUNK (1u << 20)
 
 /* ---- CBOR encoder (the subset Burn emits) ------------------------------------------------ */
 
@@ -314,11 +313,9 @@ int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, s
   }
   if (bs_sink_reserve(k, total, err) != 0)
     goto out;
-  size_t cap = w.biggest < CHUNK ? (size_t)w.biggest : CHUNK;
-  if (!(chunk = bs_malloc(cap ? cap : 1))) {
-    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  size_t cap;
+  if (!(chunk = bs_sink_chunk(w.biggest, &cap, err)))
     goto out;
-  }
   uint8_t h[HDR_LEN];
   memcpy(h, "NRUB", 4);
   bs_put_le16(h + 4, 1);

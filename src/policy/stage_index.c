@@ -1,6 +1,6 @@
 /* The INDEX of a staging directory (see stage_index.h): serialize an output
  * catalog, save it durably, parse it back and reopen its byte sources. */
-#include "core/stage_index.h"
+#include "policy/stage_index.h"
 
 #include <dirent.h>
 #include <errno.h>
