@@ -60,7 +60,8 @@ size_t bs_st_json_len_n(const char *s, size_t n);
 BS_NODISCARD int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size_t n,
                                       const char *path, bool *same, bs_err *err);
 
-/* ---- Sharded output (safetensors_sharded_write.c) ----------------------------------------------------
+/* ---- Sharded output (safetensors_sharded_write.c)
+ * ----------------------------------------------------
  *
  * NAME-00001-of-0000N.safetensors + NAME.safetensors.index.json beside `path`
  * (which ends in .safetensors.index.json or .safetensors; NAME is what comes

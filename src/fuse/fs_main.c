@@ -30,15 +30,15 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/progress.h"
-#include "policy/stage_index.h"
 #include "core/target.h"
-#include "policy/writeback.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
 #include "fs.h"
 #include "fs_log.h"
 #include "fs_views.h"
 #include "main/mount.h"
+#include "policy/stage_index.h"
+#include "policy/writeback.h"
 
 #define PROG "burnstore"
 

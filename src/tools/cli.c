@@ -25,9 +25,9 @@
 #include "core/progress.h"
 #include "core/strmap.h"
 #include "core/target.h"
-#include "policy/writeback.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
+#include "policy/writeback.h"
 
 #define PROG "burnstore"
 #define CHUNK (1u << 20)

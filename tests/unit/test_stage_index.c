@@ -10,8 +10,8 @@
 
 #include "bs_test.h"
 #include "core/alloc.h"
-#include "policy/stage_index.h"
 #include "formats/burnpack_write.h"
+#include "policy/stage_index.h"
 
 static bs_err err;
 static void reset(void)

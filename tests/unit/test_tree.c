@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "policy/names.h"
 #include "core/tree.h"
+#include "policy/names.h"
 
 static bs_err err;
 static struct bs_catalog cat;
