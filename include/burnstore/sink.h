@@ -88,6 +88,10 @@ struct bs_atomic {
 /* Remove stale temp files of `path` (whose lock can be taken), then create
  * and lock a new temp file. On failure `a` is left closed (abort is a no-op). */
 BS_NODISCARD int bs_atomic_open(struct bs_atomic *a, const char *path, bs_err *err);
+/* The same; a new `path` gets permission bits `mode` & 0666 (the umask
+ * applies; bs_atomic_open: 0644), an existing one keeps its own mode. */
+BS_NODISCARD int bs_atomic_open_mode(struct bs_atomic *a, const char *path, unsigned mode,
+                                     bs_err *err);
 /* Phase 1: fsync and close the temp file's data (the lock stays held). */
 BS_NODISCARD int bs_atomic_sync(struct bs_atomic *a, bs_err *err);
 /* Phase 2: rename the temp file over the target, fsync the directory, release. */

@@ -15,7 +15,15 @@
 /* Options of one write-back (recorded in the staging INDEX). */
 struct bs_write_opts {
   uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
+  /* A new target's permission bits (& 0666, the umask applies), as cp
+   * keeps its source's: set from the source when there is one. has_mode
+   * false: 0644. An existing target always keeps its own mode. */
+  bool has_mode;
+  unsigned mode;
 };
+
+/* The permission bits a new target of a write with options o (may be NULL) gets. */
+unsigned bs_write_new_mode(const struct bs_write_opts *o);
 
 /* A format's metadata rules prepared once from a source catalog (GGUF: the
  * type of each key the source has), so that checking one value costs

@@ -461,7 +461,7 @@ int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
   for (int tries = 0; s->fd < 0; tries++) {
     if (tries == 100 || recover_open(s, true, NULL, err) != 0)
       goto fail;
-    s->fd = openat(s->dirfd, s->jname, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    s->fd = openat(s->dirfd, s->jname, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (s->fd < 0 && errno != EEXIST) {
       int e = errno;
       bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot create the journal: %s", s->dir, s->jname,

@@ -345,9 +345,9 @@ int bs_atomic_fail(struct bs_atomic *a, bs_err *err)
 /* Create the temp file, lock it, and make sure the name still is this file
  * (a cleaner may have taken it between the create and the lock). Returns
  * the fd, -1 with errno for a hard failure, or -2 to try another name. */
-static int create_locked(const char *tmp)
+static int create_locked(const char *tmp, unsigned mode)
 {
-  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)(mode & 0666));
   if (fd < 0)
     return errno == EEXIST ? -2 : -1;
   struct stat held, now;
@@ -368,6 +368,11 @@ static int create_locked(const char *tmp)
 }
 
 int bs_atomic_open(struct bs_atomic *a, const char *path, bs_err *err)
+{
+  return bs_atomic_open_mode(a, path, 0644, err);
+}
+
+int bs_atomic_open_mode(struct bs_atomic *a, const char *path, unsigned mode, bs_err *err)
 {
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   memset(a, 0, sizeof *a);
@@ -395,7 +400,7 @@ int bs_atomic_open(struct bs_atomic *a, const char *path, bs_err *err)
       snprintf(a->tmp, cap, "%s/%s%s", strcmp(dir, "/") == 0 ? "" : dir, prefix, rnd);
     else
       snprintf(a->tmp, cap, "%s%s", prefix, rnd);
-    fd = create_locked(a->tmp);
+    fd = create_locked(a->tmp, mode);
   }
   if (fd < 0) {
     int e = fd == -2 ? EEXIST : errno;
@@ -406,8 +411,8 @@ int bs_atomic_open(struct bs_atomic *a, const char *path, bs_err *err)
     goto fail;
   }
   a->fd = fd;
-  /* Replacing a file keeps its permissions (as sed -i and rsync do). The
-   * umask-filtered 0644 is for new files. */
+  /* Replacing a file keeps its permissions (as sed -i and rsync do); a new
+   * file gets `mode` & 0666, filtered by the umask (as cp does). */
   struct stat old;
   if (stat(path, &old) == 0 && S_ISREG(old.st_mode) && fchmod(fd, old.st_mode & 07777) != 0) {
     int e = errno;

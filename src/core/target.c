@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "burnstore/catalog.h"
+#include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 
@@ -56,7 +58,43 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-void bs_run_dir(char *out, size_t n)
+/* The checks of bs_run_dir on its directory. */
+static int run_dir_ok(const char *dir, bs_err *err)
+{
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the run directory %s: %s", dir,
+                   strerror(errno));
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) {
+    int e = errno;
+    struct stat lst;
+    if ((e == ELOOP || e == ENOTDIR) && lstat(dir, &lst) == 0)
+      return bs_fail(err, ENOTDIR, BS_OFF_NONE, NULL,
+                     "the run directory %s is %s (owner uid %u), not a directory: another user "
+                     "may have planted it; remove it",
+                     dir, S_ISLNK(lst.st_mode) ? "a symbolic link" : "not a directory",
+                     (unsigned)lst.st_uid);
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "the run directory %s: %s", dir, strerror(e));
+  }
+  int rc = fstat(fd, &st);
+  int e = errno;
+  close(fd);
+  if (rc != 0)
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "the run directory %s: %s", dir, strerror(e));
+  if (st.st_uid != geteuid())
+    return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                   "the run directory %s belongs to uid %u, not to uid %u: another user may have "
+                   "made it; remove it (or set XDG_RUNTIME_DIR)",
+                   dir, (unsigned)st.st_uid, (unsigned)geteuid());
+  if (st.st_mode & 022)
+    return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                   "the run directory %s is writable by others (mode %04o): chmod go-w it", dir,
+                   (unsigned)(st.st_mode & 07777));
+  return 0;
+}
+
+int bs_run_dir(char *out, size_t n, bs_err *err)
 {
   if (geteuid() == 0) {
     snprintf(out, n, "/run/burnstore");
@@ -67,16 +105,35 @@ void bs_run_dir(char *out, size_t n)
     else
       snprintf(out, n, "/tmp/burnstore-%u", (unsigned)geteuid());
   }
-  mkdir(out, 0700);
+  if (run_dir_ok(out, err) != 0) {
+    out[0] = '\0';
+    return -1;
+  }
+  return 0;
 }
 
-void bs_run_path(const char *key, const char *suffix, char *out, size_t n)
+int bs_run_path(const char *key, const char *suffix, char *out, size_t n, bs_err *err)
 {
   char base[PATH_MAX];
-  bs_run_dir(base, sizeof base);
+  out[0] = '\0';
+  if (bs_run_dir(base, sizeof base, err) != 0)
+    return -1;
   uint64_t h = bs_fnv1a_str(BS_FNV1A_INIT, key);
-  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n)
+  if (snprintf(out, n, "%s/%016llx%s", base, (unsigned long long)h, suffix) >= (int)n) {
     out[0] = '\0';
+    return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, NULL, "%s: %s", base, strerror(ENAMETOOLONG));
+  }
+  return 0;
+}
+
+unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode)
+{
+  struct bs_src_ident id;
+  struct stat st;
+  for (size_t i = 0; i < n && i < cat->nsrcs; i++)
+    if (bs_src_ident(&cat->srcs[i], &id) && cat->srcs[i].name && stat(cat->srcs[i].name, &st) == 0)
+      mode &= st.st_mode | ~07777u;
+  return mode;
 }
 
 static bool names_fd(const char *path, int fd)
@@ -136,7 +193,10 @@ static void remove_if_free(int dfd, const char *name)
 void bs_run_sweep(void)
 {
   char dir[PATH_MAX];
-  bs_run_dir(dir, sizeof dir);
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_run_dir(dir, sizeof dir, &err) != 0)
+    return; /* the next lock or status file says why */
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
   if (!d) {
@@ -306,17 +366,21 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
   if (!key)
     return -1;
   char path[PATH_MAX];
-  bs_run_path(key, ".target", path, sizeof path);
+  bs_err sub;
+  bs_err_clear(&sub);
+  int rc = bs_run_path(key, ".target", path, sizeof path, &sub);
   bs_free(key);
-  errno = ENAMETOOLONG;
+  if (rc != 0)
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot lock the target %s: %s", target,
+                   sub.msg);
   int fd;
   /* A daemon that was just unmounted may still be writing back: wait a bit. */
-  for (int i = 0; (fd = path[0] ? bs_run_lock(path) : -1) < 0; i++) {
+  for (int i = 0; (fd = bs_run_lock(path)) < 0; i++) {
     if (errno != EWOULDBLOCK)
       return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot lock the target %s (%s: %s)", target,
                      path, strerror(errno));
     if (i >= 50) {
-      int rfd = open(path, O_RDONLY | O_CLOEXEC);
+      int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
       refuse(rfd, target, err);
       if (rfd >= 0)
         close(rfd);
@@ -337,8 +401,8 @@ void bs_target_unlock(int fd, const char *target)
   char *key = bs_target_key(target, &err);
   if (key) {
     char path[PATH_MAX];
-    bs_run_path(key, ".target", path, sizeof path);
-    bs_run_unlink(path, fd);
+    if (bs_run_path(key, ".target", path, sizeof path, &err) == 0)
+      bs_run_unlink(path, fd);
   }
   bs_free(key);
   close(fd);

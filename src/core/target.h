@@ -20,16 +20,21 @@
 
 #include "burnstore/err.h"
 
+struct bs_catalog;
+
 /* An absolute path without stat-ing the last component (which may be a mount
  * whose daemon hangs): realpath of the parent + the base name. Owned
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
-/* RUN into out (created 0700 if missing). */
-void bs_run_dir(char *out, size_t n);
-/* RUN/<FNV-1a 64 of key, hex><suffix> into out (RUN is created; "" if it does
- * not fit). */
-void bs_run_path(const char *key, const char *suffix, char *out, size_t n);
+/* RUN into out: /run/burnstore for root, else $XDG_RUNTIME_DIR/burnstore or
+ * /tmp/burnstore-EUID; created 0700 if missing, and used only if it is a
+ * real directory (not a symlink) of the effective user that no one else may
+ * write to. 0, or -1 with err naming RUN and what is wrong with it. */
+BS_NODISCARD int bs_run_dir(char *out, size_t n, bs_err *err);
+/* RUN/<FNV-1a 64 of key, hex><suffix> into out (bs_run_dir's checks); 0, or
+ * -1 with err (also ENAMETOOLONG), out "". */
+BS_NODISCARD int bs_run_path(const char *key, const char *suffix, char *out, size_t n, bs_err *err);
 /* RUN holds a file only while its holder lives: per mountpoint HASH.status
  * (the daemon's state, locked for its life), HASH.log and
  * HASH.status.progress; per target HASH.target. A holder removes its files
@@ -45,6 +50,11 @@ bool bs_run_unlink(const char *path, int fd);
 /* Remove the files of holders that are gone: status and target files nobody
  * holds the lock of, logs and progress files without their status file. */
 void bs_run_sweep(void);
+
+/* `mode` with only the permission bits every file among the first n
+ * sources of cat grants (a sharded checkpoint: its index and each shard),
+ * stat'ed by name now; a source that is no file, or is gone, is skipped. */
+unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode);
 
 /* Is `mnt` (absolute) a mountpoint in /proc/self/mounts? (true if unreadable) */
 bool bs_is_mounted(const char *mnt);

@@ -503,6 +503,12 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   if (shard_meta(cat, &smeta, &sc.nmeta, err) != 0)
     goto out;
   sc.meta = smeta;
+  /* Every file of a new set gets the new target's mode; a new shard of an
+   * existing set its index's, so the set stays as private as it was. */
+  unsigned mode = bs_write_new_mode(o);
+  struct stat ist;
+  if (stat(s.index, &ist) == 0 && S_ISREG(ist.st_mode))
+    mode = ist.st_mode & 0666;
   if (!(at = bs_calloc(s.nshards + 1, sizeof *at))) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
@@ -518,7 +524,7 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
     static const size_t none[1];
     const size_t *which = sh->which ? sh->which : none; /* NULL would mean "every tensor" */
     int r = bs_st_file_unchanged(&sc, which, sh->n, p, &same, err);
-    if (r == 0 && !same && (r = bs_atomic_open(&at[nat], p, err)) == 0) {
+    if (r == 0 && !same && (r = bs_atomic_open_mode(&at[nat], p, mode, err)) == 0) {
       nat++;
       if ((r = bs_st_write_some(&sc, which, sh->n, &at[nat - 1].sink, err)) != 0)
         bs_atomic_fail(&at[nat - 1], err);
@@ -527,7 +533,7 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
     if (r != 0)
       goto out;
   }
-  if (index_json(&s, cat, &ib, err) != 0 || bs_atomic_open(&at[nat], s.index, err) != 0)
+  if (index_json(&s, cat, &ib, err) != 0 || bs_atomic_open_mode(&at[nat], s.index, mode, err) != 0)
     goto out;
   nat++;
   if (bs_sink_put(&at[nat - 1].sink, ib.data, ib.len, err) != 0) {

@@ -184,6 +184,11 @@ int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat
   return bs_writer_write_file_opts(w, cat, path, NULL, err);
 }
 
+unsigned bs_write_new_mode(const struct bs_write_opts *o)
+{
+  return o && o->has_mode ? o->mode & 0666 : 0644;
+}
+
 int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
@@ -205,7 +210,7 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
   if (w->write_set)
     return w->write_set(cat, path, o ? o : &none, err);
   struct bs_atomic a;
-  if (bs_atomic_open(&a, path, err) != 0)
+  if (bs_atomic_open_mode(&a, path, bs_write_new_mode(o), err) != 0)
     return -1;
   if (w->write(cat, &a.sink, err) != 0)
     return bs_atomic_fail(&a, err);

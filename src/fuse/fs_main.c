@@ -93,8 +93,9 @@ static const char usage_rest[] =
     "  uid=ID, gid=ID         owner and group of SOURCE's files (number or name;\n"
     "                         default: the mounting user's)\n"
     "  umask=OOO              mode bits (octal) taken off SOURCE's files and directories,\n"
-    "                         which show SOURCE's read bits (rw: and the owner's w;\n"
-    "                         directories: x where r)\n"
+    "                         which show SOURCE's read bits (of a shard set: those all\n"
+    "                         its files grant; rw: and the owner's w; directories: x\n"
+    "                         where r)\n"
     "  allow_other, allow_root, nosuid, nodev, noexec, noatime: passed to FUSE; the\n"
     "                         kernel checks the modes shown on every mount\n"
     "                         (default_permissions is always on)\n"
@@ -331,9 +332,15 @@ static void parse_args(struct args *a, int argc, char **argv, const char *cli_us
   }
 }
 
-static void status_path(const char *mnt, char *out, size_t n)
+/* 0, or -1 having printed why the run directory cannot be used. */
+static int status_path(const char *mnt, char *out, size_t n)
 {
-  bs_run_path(mnt, ".status", out, n);
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_run_path(mnt, ".status", out, n, &err) == 0)
+    return 0;
+  fprintf(stderr, PROG ": %s\n", err.msg);
+  return -1;
 }
 
 static void write_status(int fd, const char *text);
@@ -435,11 +442,17 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
     return 1;
   }
   char spath[PATH_MAX], lpath[PATH_MAX];
-  status_path(mnt, spath, sizeof spath);
-  bs_run_path(mnt, ".log", lpath, sizeof lpath);
-  int fd = open(spath, O_RDWR | O_CLOEXEC);
+  bs_err lerr;
+  bs_err_clear(&lerr);
+  if (status_path(mnt, spath, sizeof spath) != 0) {
+    bs_free(mnt);
+    return 1;
+  }
+  if (bs_run_path(mnt, ".log", lpath, sizeof lpath, &lerr) != 0)
+    lpath[0] = '\0';
+  int fd = open(spath, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   /* The daemon removes them as it exits: read them through these fds. */
-  int lfd = fd >= 0 ? open(lpath, O_RDONLY | O_CLOEXEC) : -1;
+  int lfd = fd >= 0 && lpath[0] ? open(lpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
   int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. */
@@ -550,9 +563,15 @@ static int do_status(int argc, char **argv)
     return 1;
   }
   char spath[PATH_MAX], lpath[PATH_MAX];
-  status_path(mnt, spath, sizeof spath);
-  bs_run_path(mnt, ".log", lpath, sizeof lpath);
-  int fd = open(spath, O_RDONLY | O_CLOEXEC);
+  bs_err lerr;
+  bs_err_clear(&lerr);
+  if (status_path(mnt, spath, sizeof spath) != 0) {
+    bs_free(mnt);
+    return 1;
+  }
+  if (bs_run_path(mnt, ".log", lpath, sizeof lpath, &lerr) != 0)
+    lpath[0] = '\0';
+  int fd = open(spath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
   char buf[3 * PATH_MAX + 256] = "";
   ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
@@ -703,13 +722,16 @@ static int prepare(struct fs *fs, struct args *a)
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
   } else {
     fs->mtime = st.st_mtim;
-    bits = st.st_mode & 0444;
     struct bs_src src;
     struct bs_open_opts oo = {.strict = a->strict};
     if (bs_src_open(&src, fs->source, &err) != 0)
       return fail_line(a->source, &err);
     if (bs_open_any(&fs->cat, &src, &oo, &err) != 0)
       return fail_line(a->source, &err);
+    /* The bits every file of the checkpoint grants: a sharded one's index
+     * and each of its shards (a 0600 shard keeps the set private). */
+    unsigned mode = bs_sources_mode(&fs->cat, fs->cat.nsrcs, st.st_mode);
+    bits = mode & 0444;
     if (a->rw || a->output) {
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
@@ -720,6 +742,9 @@ static int prepare(struct fs *fs, struct args *a)
         return 1;
       }
       fs->force_write = strcmp(fs->output, fs->source) != 0;
+      /* A new output is as private as its source (cp keeps the mode). */
+      fs->wopts.has_mode = true;
+      fs->wopts.mode = mode & 0666;
     }
   }
   /* The files show SOURCE's read bits, so a private checkpoint stays
@@ -830,8 +855,12 @@ static int claim(struct run *r)
   /* The status file, locked before mounting (see the top of this file);
    * the runtime files of daemons that are gone are removed first. */
   bs_run_sweep();
-  status_path(mnt, r->spath, sizeof r->spath);
-  bs_run_path(mnt, ".log", r->lpath, sizeof r->lpath);
+  if (status_path(mnt, r->spath, sizeof r->spath) != 0)
+    return 1;
+  bs_err lerr;
+  bs_err_clear(&lerr);
+  if (bs_run_path(mnt, ".log", r->lpath, sizeof r->lpath, &lerr) != 0)
+    r->lpath[0] = '\0';
   /* A daemon that was just unmounted may still be on its way out. */
   for (int i = 0; (r->sfd = bs_run_lock(r->spath)) < 0 && errno == EWOULDBLOCK; i++) {
     if (i >= 1500 || bs_is_mounted(mnt)) {

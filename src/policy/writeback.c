@@ -621,7 +621,17 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
             bs_format_name(idx.format));
     goto out;
   }
+  /* A new target is as private as the checkpoint (the INDEX does not
+   * record its mode: stat it, it is there to read from; if that fails,
+   * owner-only); a new checkpoint's (no source) is 0644, as the mount's. */
   struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
+  struct stat ck;
+  if (idx.ck.path) {
+    wo.has_mode = true;
+    wo.mode = stat(idx.ck.path, &ck) == 0
+                  ? bs_sources_mode(&idx.cat, idx.ncksrcs, ck.st_mode) & 0666
+                  : 0600;
+  }
   if (bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, err) != 0) {
     res->kept = true;
     goto out;

@@ -708,7 +708,10 @@ static int cmd_convert(int argc, char **argv)
   for (size_t i = 0; i < cat.count; i++)
     if (!cat.tensors[i].hidden)
       total += cat.tensors[i].nbytes, n++;
-  struct bs_write_opts wo = {.max_shard_size = o.max_shard_size};
+  /* A new output is as private as its source (cp keeps the mode). */
+  struct bs_write_opts wo = {.max_shard_size = o.max_shard_size,
+                             .has_mode = true,
+                             .mode = bs_sources_mode(&cat, cat.nsrcs, 0666)};
   struct bs_progress pr;
   bs_progress_start(&pr, "convert", total, 2, o.quiet ? BS_PROGRESS_OFF : o.progress);
   int lk = -1;
@@ -810,7 +813,8 @@ static const struct cmd cmds[] = {
      "memory does not grow with the checkpoint. Outputs over 256 MiB show a progress line\n"
      "(bytes, rate, ETA, until the data is on disk) when stderr is a terminal. A key OUT's\n"
      "format cannot hold (not UTF-8; over 63 bytes for GGUF) is refused before anything is\n"
-     "written.\n"
+     "written. A new OUT gets IN's permission bits less the umask (as cp: a private IN gives\n"
+     "a private OUT); an existing OUT keeps its own.\n"
      "  -q           no progress line, no summary\n"
      "  --progress   the progress line also when stderr is not a terminal (a line a second)\n"
      "  --no-progress  no progress line, also on a terminal\n"

@@ -13,8 +13,8 @@ import os
 import shutil
 import stat
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_safetensors, run, run_tests,
-                     write_safetensors)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk, read_safetensors,
+                     run, run_tests, write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY_UID = 65534
@@ -367,19 +367,26 @@ def test_private_modes(tmp):
     check(stat.S_IMODE(os.stat(src).st_mode) == 0o600, "the output keeps its 0600")
 
 
-def test_unprivileged_mount(tmp):
-    """nobody mounts where the system allows it; else the message names the
-    cause (/dev/fuse's mode, fusermount3 not setuid, user_allow_other)."""
-    d = shared_dir(tmp, "unpriv")
+def nobody_dir(tmp, name, own):
+    """A shared directory `name` with model.safetensors ({"a": A}), a
+    directory `own` of nobody's in it, and a copy of burnstore nobody runs
+    (the build tree may be out of its reach): (dir, source, own, binary)."""
+    d = shared_dir(tmp, name)
     src = os.path.join(d, "model.safetensors")
     write_safetensors(src, {"a": A})
-    mnt = os.path.join(d, "mnt")
-    os.makedirs(mnt)
-    os.chown(mnt, NOBODY_UID, NOBODY_UID)
-    # nobody runs a copy: the build tree may be out of its reach.
+    own = os.path.join(d, own)
+    os.makedirs(own)
+    os.chown(own, NOBODY_UID, NOBODY_UID)
     binary = os.path.join(d, "burnstore")
     shutil.copy(shutil.which(BIN) or BIN, binary)
     os.chmod(binary, 0o755)
+    return d, src, own, binary
+
+
+def test_unprivileged_mount(tmp):
+    """nobody mounts where the system allows it; else the message names the
+    cause (/dev/fuse's mode, fusermount3 not setuid, user_allow_other)."""
+    d, src, mnt, binary = nobody_dir(tmp, "unpriv", "mnt")
     dev = os.stat("/dev/fuse")
     fm = "/usr/bin/fusermount3"
     fst = os.stat(fm)
@@ -417,7 +424,222 @@ def test_unprivileged_mount(tmp):
         print("  unprivileged mount -o %r: %s" % (opts, (r.stderr.strip().splitlines() or ["mounted"])[-1]))
 
 
+def mode_of(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_new_output_modes(tmp):
+    """A new output is as private as its source (cp keeps the mode, filtered
+    by the umask): convert, -o output=, a new shard set. An existing target
+    keeps its own mode; a new checkpoint (no source) is 0644 & ~umask."""
+    old_umask = os.umask(0o022)
+    try:
+        d = shared_dir(tmp, "newmodes")
+        # convert of a private .pth, and of a 0640 source into a shard set.
+        pth = os.path.join(d, "private.pth")
+        shutil.copyfile(os.path.join(SOURCE_DIR, "tests/fixtures/complex_nested.pt"), pth)
+        os.chmod(pth, 0o600)
+        out = os.path.join(d, "out.safetensors")
+        r = run([BIN, "convert", "-q", pth, out])
+        check(r.returncode == 0, "convert: %s" % r.stderr)
+        check(mode_of(out) == 0o600, "convert of a 0600 .pth: %o" % mode_of(out))
+        os.chmod(out, 0o604)
+        r = run([BIN, "convert", "-q", pth, out])
+        check(r.returncode == 0 and mode_of(out) == 0o604, "an existing output keeps its 0604: %o" % mode_of(out))
+        src = os.path.join(d, "model.safetensors")
+        write_safetensors(src, {"a": A, "b": B, "c": C})
+        os.chmod(src, 0o640)
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", src, os.path.join(d, "cs.safetensors.index.json")])
+        check(r.returncode == 0, "convert to a shard set: %s" % r.stderr)
+        files = sorted(f for f in os.listdir(d) if f.startswith("cs"))
+        check(len(files) >= 3, "a set of shards and an index: %s" % files)
+        for f in files:
+            check(mode_of(os.path.join(d, f)) == 0o640, "convert's new set: %s is %o" % (f, mode_of(os.path.join(d, f))))
+        # A mount's new output= and a new shard set: the source's mode.
+        os.chmod(src, 0o600)
+        mnt = os.path.join(d, "mnt")
+        outb = os.path.join(d, "out.bpk")
+        with Mount(src, mnt, "output=" + outb) as m:
+            r = m.unmount()
+            check(r.returncode == 0, "output=: burnstore -u: %s" % r.stderr)
+        check(mode_of(outb) == 0o600, "output= of a 0600 source: %o" % mode_of(outb))
+        os.chmod(src, 0o664)
+        with Mount(src, mnt, "max_shard_size=4096,output=" + os.path.join(d, "ms.safetensors.index.json")) as m:
+            r = m.unmount()
+            check(r.returncode == 0, "shard set: burnstore -u: %s" % r.stderr)
+        files = sorted(f for f in os.listdir(d) if f.startswith("ms"))
+        check(len(files) >= 3, "the mount wrote a set: %s" % files)
+        for f in files:
+            check(mode_of(os.path.join(d, f)) == 0o644, "the mount's new set (0664 source, umask 022): %s is %o"
+                  % (f, mode_of(os.path.join(d, f))))
+        # A new checkpoint has no source: 0644 & ~umask.
+        newck = os.path.join(d, "fresh.bpk")
+        with Mount(newck, mnt) as m:
+            with open(os.path.join(m, "w"), "wb") as f:
+                f.write(B)
+            r = m.unmount()
+            check(r.returncode == 0, "new checkpoint: burnstore -u: %s" % r.stderr)
+        check(mode_of(newck) == 0o644, "a new checkpoint: %o" % mode_of(newck))
+    finally:
+        os.umask(old_umask)
+
+
+def finish_after_failed_writeback(d, src, outdir, name, change):
+    """Mount src with output=outdir/name (src None: a new checkpoint there),
+    change the tree, make the write-back fail (outdir a read-only tmpfs),
+    then --finish it with outdir writable again: the output's path, or None."""
+    stg = os.path.join(d, "stg-" + name)
+    os.makedirs(stg)
+    mnt = os.path.join(d, "mnt-" + name)
+    out = os.path.join(outdir, name)
+    opts = "staging=%s,output=%s" % (stg, out) if src else "staging=" + stg
+    with Mount(src or out, mnt, opts) as m:
+        change(m)
+        run(["mount", "-o", "remount,ro", outdir])
+        u = m.unmount()
+    run(["mount", "-o", "remount,rw", outdir])
+    check(u is not None and u.returncode != 0, "%s: the write-back fails on a read-only directory" % name)
+    left = os.listdir(stg)
+    if not check(len(left) == 1, "%s: the staging is kept: %s" % (name, left)):
+        return None
+    r = run([BIN, "--finish", os.path.join(stg, left[0])])
+    check(r.returncode == 0, "%s: --finish: %s" % (name, r.stderr))
+    return out
+
+
+def test_finish_modes(tmp):
+    """--finish gives a new target its checkpoint's mode (the checkpoint
+    is there: --finish reads its clean tensors); a new checkpoint (no
+    source) gets 0644 & ~umask, as the write-back would have given it."""
+    old_umask = os.umask(0o022)
+    d = shared_dir(tmp, "finishmodes")
+    outdir = os.path.join(d, "out")
+    os.makedirs(outdir)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", outdir])
+    if not check(r.returncode == 0, "mount a tmpfs: %s" % r.stderr):
+        os.umask(old_umask)
+        return
+    try:
+        src = os.path.join(d, "model.safetensors")
+        write_safetensors(src, {"a": A, "c": C})
+        os.chmod(src, 0o640)
+
+        def add_one(m):
+            with open(os.path.join(m, "n"), "wb") as f:
+                f.write(B)
+
+        out = finish_after_failed_writeback(d, src, outdir, "kept.bpk", add_one)
+        if out:
+            check(mode_of(out) == 0o640, "--finish of a 0640 checkpoint: %o" % mode_of(out))
+            check(sorted(read_bpk(out)[0]) == ["a", "c", "n"], "--finish wrote the tensors")
+        out = finish_after_failed_writeback(d, None, outdir, "fresh.bpk", add_one)
+        if out:
+            check(mode_of(out) == 0o644, "--finish of a new checkpoint: %o" % mode_of(out))
+            check(sorted(read_bpk(out)[0]) == ["n"], "--finish wrote the new checkpoint")
+    finally:
+        os.umask(old_umask)
+        run(["umount", "-l", outdir])
+
+
+def test_run_dir_checked(tmp):
+    """The run directory of a user other than root ($XDG_RUNTIME_DIR/burnstore
+    or /tmp/burnstore-UID, for the target lock and the status files) is used
+    only if it is a real directory of that user that no one else may write
+    to: a symlink, another user's directory or a group/world-writable one is
+    refused in one line naming it (nobody's convert takes the target lock)."""
+    d, src, outd, binary = nobody_dir(tmp, "rundir", "out")
+    victim = os.path.join(d, "victim")
+    os.makedirs(victim)
+    os.chmod(victim, 0o777)
+
+    def xdg(name, plant):
+        x = os.path.join(d, name)
+        os.makedirs(x)
+        os.chmod(x, 0o1777)  # as /tmp: anyone may plant a name in it
+        if plant:
+            plant(os.path.join(x, "burnstore"))
+        return x
+
+    def symlink(p):
+        os.symlink(victim, p)
+
+    def others(p):
+        os.makedirs(p)
+        os.chmod(p, 0o777)
+
+    def writable(p):
+        os.makedirs(p)
+        os.chown(p, NOBODY_UID, NOBODY_UID)
+        os.chmod(p, 0o770)
+
+    def afile(p):
+        open(p, "w").close()
+
+    cases = [("xok", None, None), ("xlink", symlink, "a symbolic link"), ("xother", others, "belongs to uid 0"),
+             ("xwrite", writable, "writable by others (mode 0770)"), ("xfile", afile, "not a directory")]
+    for name, plant, want in cases:
+        x = xdg(name, plant)
+        out = os.path.join(outd, name + ".bpk")
+        r = run(NOBODY + [binary, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
+        run_dir = os.path.join(x, "burnstore")
+        if want is None:
+            check(r.returncode == 0 and os.path.exists(out), "nobody's convert with a fresh run directory: %s" % r.stderr)
+            st = os.lstat(run_dir)
+            check(stat.S_ISDIR(st.st_mode) and st.st_uid == NOBODY_UID and stat.S_IMODE(st.st_mode) == 0o700,
+                  "the run directory is nobody's 0700: %o uid %d" % (st.st_mode, st.st_uid))
+            # Used again as it is: nobody's, 0700.
+            r = run(NOBODY + [binary, "convert", "-q", src, out], env=dict(ENV, XDG_RUNTIME_DIR=x))
+            check(r.returncode == 0, "nobody's second convert: %s" % r.stderr)
+            continue
+        check(r.returncode != 0 and not os.path.exists(out), "%s: nobody's convert is refused (%d)" % (name, r.returncode))
+        lines = r.stderr.strip().splitlines()
+        check(len(lines) == 1 and run_dir in lines[0] and want in lines[0],
+              "%s: one line naming %s and %r: %r" % (name, run_dir, want, r.stderr))
+        planted = os.listdir(run_dir) if os.path.isdir(run_dir) else []
+        check(planted == [], "%s: nothing was created in the planted directory: %s" % (name, planted))
+
+
+def test_sharded_modes(tmp):
+    """A sharded checkpoint shows the read bits every file of the set grants
+    (its index and each shard): a 0600 shard in a set whose index is 0644
+    keeps every tensor private, and a new output= gets those bits too."""
+    old_umask = os.umask(0o022)
+    try:
+        d = shared_dir(tmp, "shardmodes")
+        one = os.path.join(d, "one.safetensors")
+        write_safetensors(one, {"a": A, "b": B, "c": C})
+        index = os.path.join(d, "model.safetensors.index.json")
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", one, index])
+        check(r.returncode == 0, "convert to a set: %s" % r.stderr)
+        shards = sorted(f for f in os.listdir(d) if f.startswith("model-"))
+        check(len(shards) >= 2, "a set of several shards: %s" % shards)
+        for f in [index] + [os.path.join(d, x) for x in shards]:
+            os.chmod(f, 0o644)
+        os.chmod(os.path.join(d, shards[-1]), 0o600)
+        mnt = os.path.join(d, "mnt")
+        with Mount(index, mnt, "allow_other") as m:
+            st, sd = os.stat(os.path.join(m, "a")), os.stat(m)
+            check((stat.S_IMODE(st.st_mode), stat.S_IMODE(sd.st_mode)) == (0o400, 0o500),
+                  "a set with a 0600 shard shows %o files in a %o root"
+                  % (stat.S_IMODE(st.st_mode), stat.S_IMODE(sd.st_mode)))
+            got = as_nobody(["read", os.path.join(m, "a")], ["list", m])
+            expect("a set with a 0600 shard", got, [("read", "EACCES"), ("list", "EACCES")])
+        os.chmod(os.path.join(d, shards[-1]), 0o640)
+        with Mount(index, mnt, "allow_other") as m:
+            st = os.stat(os.path.join(m, "a"))
+            check(stat.S_IMODE(st.st_mode) == 0o440, "a set with a 0640 shard: %o" % stat.S_IMODE(st.st_mode))
+        out = os.path.join(d, "out.bpk")
+        with Mount(d, mnt, "output=" + out) as m:
+            r = m.unmount()
+            check(r.returncode == 0, "output= of the set: %s" % r.stderr)
+        check(mode_of(out) == 0o640, "output= of a set with a 0640 shard: %o" % mode_of(out))
+    finally:
+        os.umask(old_umask)
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
-                                     test_unprivileged_mount], "shared")
+                                     test_unprivileged_mount, test_new_output_modes, test_finish_modes,
+                                     test_run_dir_checked, test_sharded_modes],
+             "shared")

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,4 +181,13 @@ size_t bs_test_rollback_sweep_mem(const void *buf, size_t len, const char *name,
   size_t fails = bs_test_rollback_sweep(&cat, idx, read);
   bs_catalog_destroy(&cat);
   return fails;
+}
+
+char *bs_test_at(const char *dir, const char *name)
+{
+  static char buf[8][PATH_MAX + 300];
+  static int i;
+  char *p = buf[i++ % 8];
+  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+  return p;
 }

@@ -15,6 +15,9 @@ uint8_t *bs_test_slurp(const char *path, size_t *len);
 char *bs_test_tmpdir(const char *tag);
 /* rm -rf of a test directory. */
 void bs_test_rmrf(const char *path);
+/* "dir/name" in one of 8 rotating static buffers (a test's paths, at most
+ * eight alive in one expression). */
+char *bs_test_at(const char *dir, const char *name);
 /* Open a memory buffer as a catalog (cr_assert on nothing; returns rc). */
 int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err);
 

@@ -37,11 +37,7 @@ static void teardown(void)
 
 static char *at(const char *name)
 {
-  static char buf[8][PATH_MAX + 300];
-  static int i;
-  char *p = buf[i++ % 8];
-  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
-  return p;
+  return bs_test_at(dir, name);
 }
 
 static void put(const char *name, const char *text)

@@ -34,11 +34,7 @@ static void teardown(void)
 
 static char *at(const char *name)
 {
-  static char buf[8][PATH_MAX + 300];
-  static int i;
-  char *p = buf[i++ % 8];
-  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
-  return p;
+  return bs_test_at(dir, name);
 }
 
 static void put_file(const char *path, const char *text, mode_t mode)
@@ -228,6 +224,30 @@ Test(atomic, commit_creates_a_new_file_with_0644_minus_umask, .init = setup, .fi
   cr_assert_eq(stat(at("new.bpk"), &st), 0);
   cr_assert_eq(st.st_mode & 07777, 0644);
   cr_assert_eq(count("burnstore-tmp"), 0);
+}
+
+Test(atomic, a_new_file_gets_the_given_mode_minus_umask_and_an_old_one_keeps_its_own, .init = setup,
+     .fini = teardown)
+{
+  mode_t old = umask(027);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_atomic a;
+  cr_assert_eq(bs_atomic_open_mode(&a, at("private.bpk"), 0600, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_atomic_commit(&a, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_atomic_open_mode(&a, at("shared.bpk"), 0777, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_atomic_commit(&a, &err), 0, "%s", err.msg);
+  put_file(at("old.bpk"), "old", 0604);
+  cr_assert_eq(bs_atomic_open_mode(&a, at("old.bpk"), 0600, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_atomic_commit(&a, &err), 0, "%s", err.msg);
+  umask(old);
+  struct stat st;
+  cr_assert_eq(stat(at("private.bpk"), &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0600, "%o", st.st_mode & 07777);
+  cr_assert_eq(stat(at("shared.bpk"), &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0640, "& 0666 & ~umask: %o", st.st_mode & 07777);
+  cr_assert_eq(stat(at("old.bpk"), &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0604, "an existing file keeps its mode: %o", st.st_mode & 07777);
 }
 
 Test(atomic, commit_replaces_the_target_and_keeps_its_mode, .init = setup, .fini = teardown)

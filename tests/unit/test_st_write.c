@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bs_test.h"
 #include "burnstore/formats.h"
@@ -448,6 +449,50 @@ static char *slurp_str(const char *dir, const char *name)
   char *s = strndup((const char *)b, len);
   bs_free(b);
   return s;
+}
+
+Test(st_shard, a_new_set_gets_the_mode_and_a_new_shard_its_index_s)
+{
+  uint8_t mem[64] = {0};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "a", BS_DT_U8, 1, (uint64_t[]){20}, 0);
+  add(&cat, "b", BS_DT_U8, 1, (uint64_t[]){20}, 20);
+  add(&cat, "c", BS_DT_U8, 1, (uint64_t[]){20}, 40);
+  bs_err err;
+  bs_err_clear(&err);
+  char *dir = bs_test_tmpdir("stshard");
+  char path[4200], p[4200];
+  snprintf(path, sizeof path, "%s/m.safetensors.index.json", dir);
+  mode_t old = umask(022);
+  struct bs_write_opts o = {.max_shard_size = 40, .has_mode = true, .mode = 0600};
+  cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);
+  const char *two[] = {"m.safetensors.index.json", "m-00001-of-00002.safetensors",
+                       "m-00002-of-00002.safetensors"};
+  struct stat st;
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, two[i]);
+    cr_assert_eq(stat(p, &st), 0, "%s", p);
+    cr_expect_eq(st.st_mode & 07777, 0600, "%s: %o", two[i], st.st_mode & 07777);
+  }
+  /* Resharded into three: the existing files keep their modes, the new
+   * third shard gets the index's (0640 now), not the options' 0600. */
+  cr_assert_eq(chmod(path, 0640), 0);
+  o.max_shard_size = 20;
+  cr_assert_eq(bs_st_write_set(&cat, path, &o, &err), 0, "%s", err.msg);
+  umask(old);
+  const char *three[] = {"m-00001-of-00003.safetensors", "m-00002-of-00003.safetensors",
+                         "m-00003-of-00003.safetensors"};
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, three[i]);
+    cr_assert_eq(stat(p, &st), 0, "%s", p);
+    cr_expect_eq(st.st_mode & 07777, 0640, "%s: %o", three[i], st.st_mode & 07777);
+  }
+  cr_assert_eq(stat(path, &st), 0);
+  cr_expect_eq(st.st_mode & 07777, 0640, "the index keeps its mode: %o", st.st_mode & 07777);
+  bs_test_rmrf(dir);
+  free(dir);
+  bs_catalog_destroy(&cat);
 }
 
 Test(st_shard, writes_a_set_and_its_index_as_transformers_does)

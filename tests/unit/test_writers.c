@@ -2,11 +2,13 @@
  * the conversion check, and the atomic write through a row. */
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bs_test.h"
@@ -190,6 +192,55 @@ Test(writers, write_file_through_the_row_equals_the_memory_serialization)
   cr_assert_arr_eq(got, want.data, len);
   bs_free(got);
   bs_buf_destroy(&want);
+  bs_test_rmrf(dir);
+  free(dir);
+  bs_catalog_destroy(&cat);
+}
+
+Test(writers, a_new_target_gets_the_mode_of_the_options)
+{
+  uint8_t mem[16] = {0};
+  struct bs_catalog cat;
+  mem_catalog(&cat, mem, sizeof mem);
+  add(&cat, "a", BS_DT_F32, 2, 0);
+  bs_err err;
+  bs_err_clear(&err);
+  char *dir = bs_test_tmpdir("writers");
+  mode_t old = umask(022);
+  for (size_t i = 0; i < bs_nwriters; i++) {
+    const struct bs_writer *w = &bs_writers[i];
+    char path[4200];
+    snprintf(path, sizeof path, "%s/x%s", dir, w->extensions[0]);
+    struct bs_write_opts o = {.has_mode = true, .mode = 0640};
+    cr_assert_eq(bs_writer_write_file_opts(w, &cat, path, &o, &err), 0, "%s: %s", w->name, err.msg);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0, "%s", path);
+    cr_expect_eq(st.st_mode & 07777, 0640, "%s: %o", w->name, st.st_mode & 07777);
+    /* Without a mode: 0644 & ~umask, as before. */
+    snprintf(path, sizeof path, "%s/y%s", dir, w->extensions[0]);
+    cr_assert_eq(bs_writer_write_file_opts(w, &cat, path, NULL, &err), 0, "%s: %s", w->name,
+                 err.msg);
+    cr_assert_eq(stat(path, &st), 0, "%s", path);
+    cr_expect_eq(st.st_mode & 07777, 0644, "%s: %o", w->name, st.st_mode & 07777);
+  }
+  umask(old);
+  /* Every file of a new shard set too. */
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] != 'x' && e->d_name[0] != 'y')
+      continue;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    struct stat st;
+    cr_assert_eq(stat(p, &st), 0, "%s", p);
+    cr_expect_eq(st.st_mode & 07777, e->d_name[0] == 'x' ? 0640u : 0644u, "%s: %o", e->d_name,
+                 st.st_mode & 07777);
+    n++;
+  }
+  closedir(d);
+  cr_expect_gt(n, (int)(2 * bs_nwriters), "a shard set wrote more than one file each: %d", n);
   bs_test_rmrf(dir);
   free(dir);
   bs_catalog_destroy(&cat);
