@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/journal.h"
 
 #define XATTR_CREATE_FLAG 1
 #define XATTR_REPLACE_FLAG 2
@@ -108,6 +109,7 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     e->uid = own->uid;
     e->gid = own->gid;
+    e->ino = ino;
     if (mtime)
       e->mtime = *mtime;
     nd->user = e;
@@ -187,6 +189,14 @@ bool bs_entry_strided_clean(const struct bs_edit *ed, const struct bs_entry *e)
   return t && t->strides;
 }
 
+/* Append a change of e to the mount's journal, if it keeps one. */
+static void jlog(const struct bs_edit *ed, enum bs_jkind kind, const struct bs_entry *e,
+                 const void *a, size_t alen, const void *b, size_t blen)
+{
+  if (ed && ed->journal)
+    bs_journal_append(ed->journal, kind, e ? e->ino : 0, a, alen, b, blen);
+}
+
 /* Trailing newlines and NULs that `setfattr -v` and echo leave. */
 static size_t trim(const char *v, size_t len)
 {
@@ -217,6 +227,7 @@ int bs_entry_set_dtype(const struct bs_edit *ed, struct bs_entry *e, const char 
   }
   e->dtype = dt;
   e->has_dtype = true;
+  jlog(ed, BS_J_DTYPE, e, v, len, NULL, 0);
   return 0;
 }
 
@@ -268,7 +279,8 @@ static int parse_shape(const char *v, size_t len, uint32_t *rank, uint64_t *dims
   return 0;
 }
 
-int bs_entry_set_shape(struct bs_entry *e, const char *v, size_t len, bs_err *err)
+int bs_entry_set_shape(const struct bs_edit *ed, struct bs_entry *e, const char *v, size_t len,
+                       bs_err *err)
 {
   uint64_t dims[BS_MAX_RANK];
   uint32_t rank;
@@ -286,10 +298,12 @@ int bs_entry_set_shape(struct bs_entry *e, const char *v, size_t len, bs_err *er
   e->shape = shape;
   e->rank = rank;
   e->has_shape = true;
+  jlog(ed, BS_J_SHAPE, e, v, len, NULL, 0);
   return 0;
 }
 
-int bs_entry_set_param_id(struct bs_entry *e, const char *v, size_t len, bs_err *err)
+int bs_entry_set_param_id(const struct bs_edit *ed, struct bs_entry *e, const char *v, size_t len,
+                          bs_err *err)
 {
   len = trim(v, len);
   uint64_t x = 0;
@@ -301,25 +315,29 @@ int bs_entry_set_param_id(struct bs_entry *e, const char *v, size_t len, bs_err 
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "a param_id is a decimal u64");
   e->param_id = x;
   e->has_param_id = true;
+  jlog(ed, BS_J_PARAM_ID, e, v, len, NULL, 0);
   return 0;
 }
 
-void bs_entry_clear_dtype(struct bs_entry *e)
+void bs_entry_clear_dtype(const struct bs_edit *ed, struct bs_entry *e)
 {
   e->has_dtype = false;
+  jlog(ed, BS_J_DTYPE_CLR, e, NULL, 0, NULL, 0);
 }
 
-void bs_entry_clear_shape(struct bs_entry *e)
+void bs_entry_clear_shape(const struct bs_edit *ed, struct bs_entry *e)
 {
   bs_free(e->shape);
   e->shape = NULL;
   e->rank = 0;
   e->has_shape = false;
+  jlog(ed, BS_J_SHAPE_CLR, e, NULL, 0, NULL, 0);
 }
 
-void bs_entry_clear_param_id(struct bs_entry *e)
+void bs_entry_clear_param_id(const struct bs_edit *ed, struct bs_entry *e)
 {
   e->has_param_id = false;
+  jlog(ed, BS_J_PARAM_ID_CLR, e, NULL, 0, NULL, 0);
 }
 
 const struct bs_xattr *bs_entry_get_xattr(const struct bs_entry *e, const char *name)
@@ -357,6 +375,7 @@ int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name,
   }
   memcpy(v, value, len);
   v[len] = '\0';
+  jlog(ed, BS_J_XSET, e, name, nlen, value, len);
   if (x) {
     bs_free(x->value);
     x->value = v;
@@ -383,6 +402,7 @@ int bs_entry_remove_xattr(struct bs_edit *ed, struct bs_entry *e, const char *na
       bs_free(e->xattrs[i].name);
       bs_free(e->xattrs[i].value);
       e->xattrs[i] = e->xattrs[--e->nxattrs];
+      jlog(ed, BS_J_XRM, e, name, strlen(name), NULL, 0);
       return 0;
     }
   }
@@ -413,6 +433,7 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     (void)budget_take(ed, release, 0);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
+  jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
   if (kv) {
     bs_free(kv->value);
     kv->value = v;
@@ -441,10 +462,46 @@ int bs_edit_remove_meta(struct bs_edit *ed, const char *key, bs_err *err)
       /* Keep the order: the metadata is written as the user sees it. */
       memmove(&ed->meta[i], &ed->meta[i + 1], (ed->nmeta - i - 1) * sizeof *ed->meta);
       ed->nmeta--;
+      jlog(ed, BS_J_MRM, NULL, key, strlen(key), NULL, 0);
       return 0;
     }
   }
   return bs_fail(err, ENODATA, BS_OFF_NONE, key, "no such metadata key");
+}
+
+static void log_keys(const struct bs_edit *ed, uint64_t ino, unsigned depth)
+{
+  const struct bs_node *nd = bs_tree_node(ed->tree, ino);
+  if (!nd || depth > 4096)
+    return;
+  if (nd->is_dir) {
+    for (size_t i = 0; i < nd->nkids; i++)
+      if (nd->kids[i])
+        log_keys(ed, nd->kids[i], depth + 1);
+    return;
+  }
+  char *key = bs_tree_key(ed->tree, ino, ed->flat);
+  if (key)
+    bs_journal_append(ed->journal, BS_J_KEY, ino, key, strlen(key), NULL, 0);
+  bs_free(key);
+}
+
+void bs_edit_log_key(const struct bs_edit *ed, uint64_t ino)
+{
+  if (ed && ed->journal)
+    log_keys(ed, ino, 0);
+}
+
+void bs_edit_log_gone(const struct bs_edit *ed, uint64_t ino)
+{
+  if (ed && ed->journal && ino < ed->tree->n && !ed->tree->nodes[ino].is_dir)
+    bs_journal_append(ed->journal, BS_J_GONE, ino, NULL, 0, NULL, 0);
+}
+
+void bs_edit_log_stage(const struct bs_edit *ed, const struct bs_entry *e)
+{
+  if (ed && ed->journal && e->stage)
+    bs_journal_append_u64(ed->journal, BS_J_STAGE, e->ino, e->stage);
 }
 
 void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e)
@@ -452,7 +509,7 @@ void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e)
   e->stage = 0;
   e->size = 0;
   e->tensor = -1;
-  bs_entry_clear_shape(e);
+  bs_entry_clear_shape(NULL, e);
   for (size_t i = 0; i < e->nxattrs; i++) {
     budget_give(ed, strlen(e->xattrs[i].name) + e->xattrs[i].len);
     bs_free(e->xattrs[i].name);

@@ -26,6 +26,8 @@
 #include "burnstore/err.h"
 #include "core/tree.h"
 
+struct bs_journal;
+
 /* The bound on the user xattrs (names + values, every file and the root
  * metadata together) that one writable mount holds in memory. */
 #define BS_EDIT_XATTR_BUDGET (64u << 20)
@@ -37,6 +39,7 @@ struct bs_xattr {
 };
 
 struct bs_entry {
+  uint64_t ino; /* its node (journal records name files by it); 0: none */
   bool is_dir;
   long tensor;    /* origin: the source tensor the file came from, or -1 */
   uint64_t stage; /* the staging file holding the bytes (name "%llu"); 0: none */
@@ -65,6 +68,7 @@ struct bs_edit {
   size_t nmeta, metacap;
   _Atomic uint64_t xattr_bytes; /* user xattrs held (names + values) */
   uint64_t xattr_budget;        /* BS_EDIT_XATTR_BUDGET unless a test lowers it */
+  struct bs_journal *journal;   /* borrowed, or NULL: where every change is appended */
 };
 
 /* Take a copy of src's metadata (read-only mounts use this much too). */
@@ -112,15 +116,19 @@ void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, stru
 bool bs_entry_strided_clean(const struct bs_edit *ed, const struct bs_entry *e);
 
 /* Setting dtype, shape and param_id from their xattr text. EINVAL for a bad
- * value (QFLOAT only on a file whose origin is QFLOAT: its scheme is kept). */
+ * value (QFLOAT only on a file whose origin is QFLOAT: its scheme is kept).
+ * These and the xattr and metadata setters append the change to
+ * ed->journal (journal.h); ed may be NULL where no journal is kept. */
 BS_NODISCARD int bs_entry_set_dtype(const struct bs_edit *ed, struct bs_entry *e, const char *v,
                                     size_t len, bs_err *err);
-BS_NODISCARD int bs_entry_set_shape(struct bs_entry *e, const char *v, size_t len, bs_err *err);
-BS_NODISCARD int bs_entry_set_param_id(struct bs_entry *e, const char *v, size_t len, bs_err *err);
+BS_NODISCARD int bs_entry_set_shape(const struct bs_edit *ed, struct bs_entry *e, const char *v,
+                                    size_t len, bs_err *err);
+BS_NODISCARD int bs_entry_set_param_id(const struct bs_edit *ed, struct bs_entry *e, const char *v,
+                                       size_t len, bs_err *err);
 /* Back to inferred. */
-void bs_entry_clear_dtype(struct bs_entry *e);
-void bs_entry_clear_shape(struct bs_entry *e);
-void bs_entry_clear_param_id(struct bs_entry *e);
+void bs_entry_clear_dtype(const struct bs_edit *ed, struct bs_entry *e);
+void bs_entry_clear_shape(const struct bs_edit *ed, struct bs_entry *e);
+void bs_entry_clear_param_id(const struct bs_edit *ed, struct bs_entry *e);
 
 /* Other user xattrs. flags: XATTR_CREATE / XATTR_REPLACE values (1 / 2).
  * ENOSPC past the mount's xattr budget, EEXIST / ENODATA per flags. */
@@ -135,6 +143,14 @@ const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key);
 BS_NODISCARD int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value,
                                   size_t len, bs_err *err);
 BS_NODISCARD int bs_edit_remove_meta(struct bs_edit *ed, const char *key, bs_err *err);
+
+/* Journal the tree's changes (the caller holds the tree, and e's lock for
+ * _stage): a file created or renamed, or every file under a directory
+ * renamed (their keys); a file removed or replaced; a file whose bytes
+ * moved to staging file e->stage. No-ops without ed->journal. */
+void bs_edit_log_key(const struct bs_edit *ed, uint64_t ino);
+void bs_edit_log_gone(const struct bs_edit *ed, uint64_t ino);
+void bs_edit_log_stage(const struct bs_edit *ed, const struct bs_entry *e);
 
 /* Forget an entry's staged bytes and its xattrs (after the caller removed
  * the staging file): an unlinked file that nobody has open. */

@@ -34,18 +34,20 @@ struct fs {
    * forever, as the kernel only records the error on the mapping. */
   _Atomic int wb_error;
   _Atomic fuse_ino_t wb_error_ino;
-  unsigned max_read;        /* -o max_read= (direct_io sets one), 0: libfuse's */
-  bool direct_io;           /* -o direct_io (read-only): files opened FOPEN_DIRECT_IO */
-  _Atomic bool dirty;       /* something changed since mount */
-  bool force_write;         /* output= differs from source: always write */
-  char *source;             /* absolute path of SOURCE */
-  char *output;             /* absolute path written back, NULL when read-only */
-  char *staging;            /* staging directory (mkdtemp'd at mount) */
-  int staging_fd;           /* lock: `stage_lock`; -1 until created */
-  int staging_lock;         /* flock'd "lock" file inside staging, held for life */
-  char *report;             /* owned: the last write-back's report lines, or NULL */
-  unsigned long next_stage; /* lock: `stage_lock` */
-  struct timespec mtime;    /* timestamps of the read-only view */
+  unsigned max_read;          /* -o max_read= (direct_io sets one), 0: libfuse's */
+  bool direct_io;             /* -o direct_io (read-only): files opened FOPEN_DIRECT_IO */
+  _Atomic bool dirty;         /* something changed since mount */
+  bool force_write;           /* output= differs from source: always write */
+  char *source;               /* absolute path of SOURCE */
+  char *output;               /* absolute path written back, NULL when read-only */
+  char *staging;              /* staging directory (mkdtemp'd at mount) */
+  int staging_fd;             /* lock: `stage_lock`; -1 until created */
+  int staging_lock;           /* flock'd "lock" file inside staging, held for life */
+  char *report;               /* owned: the last write-back's report lines, or NULL */
+  struct bs_journal *journal; /* owned: the staging journal (edit.journal), or NULL */
+  bool nojournal;             /* -o nojournal */
+  unsigned long next_stage;   /* lock: `stage_lock` */
+  struct timespec mtime;      /* timestamps of the read-only view */
   /* -o uid=, gid= (default: the mounting user's); the modes of SOURCE's
    * files and directories: its own less umask= (fs_main.c: prepare) */
   struct bs_owner owner;
@@ -109,6 +111,10 @@ void fs_raise_nofile(void);
  * (core/writeback.h: output catalog, INDEX, writer). Returns 0, or -1 with
  * err set; on failure the staged data is kept for `burnstore --finish`. */
 int fs_writeback(struct fs *fs, bs_err *err);
+/* Start the staging journal (unless -o nojournal); a failure is printed and
+ * the mount goes on without one. fs_journal_stop syncs and closes it. */
+void fs_journal_start(struct fs *fs);
+void fs_journal_stop(struct fs *fs);
 /* Create the staging directory exclusively from the template in
  * fs->staging (mkdtemp) and lock it for the life of the daemon. 0 or -errno. */
 int fs_staging_create(struct fs *fs);

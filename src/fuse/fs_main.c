@@ -75,6 +75,8 @@ static const char usage_rest[] =
     "                         names the format: .bpk, .safetensors, .gguf or\n"
     "                         .pth/.pt/.bin (a flat torch.save state dict)\n"
     "  staging=DIR            where written data is staged (default: beside the output)\n"
+    "  nojournal              keep no staging journal (a kill while mounted then loses\n"
+    "                         the names of what was written; see --finish)\n"
     "  max_shard_size=SIZE    write SafeTensors as NAME-0000K-of-0000N.safetensors shards\n"
     "                         + NAME.safetensors.index.json (5GB, 500MB, 2GiB...)\n"
     "  include=REGEX          keep only keys matching (repeatable, any match)\n"
@@ -122,7 +124,7 @@ struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
   int progress; /* BS_PROGRESS_*: -u --progress, --no-progress */
-  bool ro, rw, flat, strict, direct_io;
+  bool ro, rw, flat, strict, direct_io, nojournal;
   bool has_uid, has_gid;
   uint32_t uid, gid, umask; /* -o uid=, gid=, umask= */
   char *output, *staging;   /* owned */
@@ -215,6 +217,8 @@ static void parse_opts(struct args *a, const char *optstr)
       a->ro = false;
     } else if (strcmp(it, "flat") == 0) {
       a->flat = true;
+    } else if (strcmp(it, "nojournal") == 0) {
+      a->nojournal = true;
     } else if (strcmp(it, "strict") == 0) {
       a->strict = true;
     } else if (strcmp(it, "direct_io") == 0) {
@@ -611,6 +615,7 @@ static int fail_line(const char *file, const bs_err *err);
 static void fs_destroy(struct fs *fs)
 {
   fs_npy_destroy(fs);
+  fs_journal_stop(fs);
   fs_xattr_destroy(fs);
   bs_edit_destroy(&fs->edit);
   bs_tree_destroy(&fs->tree);
@@ -693,6 +698,7 @@ static int prepare(struct fs *fs, struct args *a)
   fs->staging_fd = -1;
   fs->staging_lock = -1;
   fs->flat = a->flat;
+  fs->nojournal = a->nojournal;
   fs->owner.uid = a->has_uid ? a->uid : getuid();
   fs->owner.gid = a->has_gid ? a->gid : getgid();
   pthread_rwlock_init(&fs->lock, NULL);
@@ -994,6 +1000,9 @@ out:
 static int write_back(struct run *r)
 {
   struct fs *fs = &r->fs;
+  /* No op runs any more: what the journal holds the INDEX supersedes (it
+   * stays until the write-back succeeds, for a kill before the INDEX). */
+  fs_journal_stop(fs);
   if (!fs->writable || !(fs->dirty || fs->force_write || fs->wopts.max_shard_size)) {
     if (fs->writable)
       fs_staging_remove(fs);
@@ -1065,6 +1074,7 @@ int bs_mount_main(int argc, char **argv, const char *cli_usage)
     if (fs_log_open(r.lpath) != 0)
       r.lpath[0] = '\0';
     fs_progress_init(r.spath);
+    fs_journal_start(&r.fs);
     status_running(r.sfd, &r.fs, r.mnt);
     ret = serve(&r, argv[0]);
     if (ret < 0) { /* nothing mounted */

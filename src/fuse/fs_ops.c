@@ -35,6 +35,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/journal.h"
 #include "fs.h"
 #include "fs_views.h"
 #include "policy/names.h"
@@ -143,6 +144,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
   /* One fd per open staged file, plus the source: give the daemon all the
    * fds the hard limit allows (it runs in the daemon, after the fork). */
   fs_raise_nofile();
+  bs_journal_begin(fs->journal); /* its flusher thread: here, after the fork */
   if (conn->capable & FUSE_CAP_SPLICE_WRITE)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
@@ -851,6 +853,9 @@ static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t 
     return err.code;
   }
   fs->tree.nodes[*ino].user = e;
+  e->ino = *ino;
+  if (!dir)
+    bs_edit_log_key(&fs->edit, *ino);
   ref_of(&fs->tree.nodes[*ino], r);
   fs_mark_dirty(fs);
   return 0;
@@ -960,6 +965,7 @@ static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool di
   bs_err_clear(&err);
   if (bs_tree_remove(&fs->tree, ino, &err) != 0)
     return err.code;
+  bs_edit_log_gone(&fs->edit, ino);
   *gone = nd->user;
   fs_mark_dirty(fs);
   return 0;
@@ -1024,10 +1030,12 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
       return ENOTDIR;
     if (bs_tree_remove(&fs->tree, target, &err) != 0)
       return err.code;
+    bs_edit_log_gone(&fs->edit, target);
     *gone = fs->tree.nodes[target].user; /* replaced: its bytes are freed */
   }
   if (bs_tree_move(&fs->tree, ino, newparent, newname, &err) != 0)
     return err.code;
+  bs_edit_log_key(&fs->edit, ino);
   fs_mark_dirty(fs);
   return 0;
 }

@@ -24,6 +24,7 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/journal.h"
 #include "fs.h"
 #include "policy/writeback.h"
 
@@ -86,6 +87,7 @@ int fs_stage(struct fs *fs, struct bs_entry *e, uint64_t keep)
   }
   e->stage = id;
   e->size = t ? keep : 0;
+  bs_edit_log_stage(&fs->edit, e);
   if (e->nopen > 0) {
     if (e->fd >= 0)
       close(e->fd);
@@ -135,20 +137,53 @@ void fs_staging_remove(struct fs *fs)
   bs_staging_remove(fs->staging, &fs->staging_fd, &fs->staging_lock);
 }
 
+/* The write-back of this mount, as the core sees it. */
+static void fill_wb(struct fs *fs, struct bs_wb *wb)
+{
+  /* A filter on a checkpoint written back in place restricts the view; it
+   * never deletes what it hides. An extraction writes what the mount shows. */
+  *wb = (struct bs_wb){.target = fs->output,
+                       .writer = fs->writer,
+                       .opts = fs->wopts,
+                       .source = fs->source,
+                       .edit = &fs->edit,
+                       .keep_hidden = fs->cat.nsrcs > 0 && !fs->force_write, /* a source */
+                       .staging = fs->staging,
+                       .staging_fd = &fs->staging_fd,
+                       .staging_lock = &fs->staging_lock};
+}
+
 int fs_writeback(struct fs *fs, bs_err *err)
 {
   bs_free(fs->report);
   fs->report = NULL;
-  /* A filter on a checkpoint written back in place restricts the view; it
-   * never deletes what it hides. An extraction writes what the mount shows. */
-  struct bs_wb wb = {.target = fs->output,
-                     .writer = fs->writer,
-                     .opts = fs->wopts,
-                     .source = fs->source,
-                     .edit = &fs->edit,
-                     .keep_hidden = fs->cat.nsrcs > 0 && !fs->force_write, /* a source */
-                     .staging = fs->staging,
-                     .staging_fd = &fs->staging_fd,
-                     .staging_lock = &fs->staging_lock};
+  struct bs_wb wb;
+  fill_wb(fs, &wb);
   return bs_wb_run(&wb, &fs->report, err);
+}
+
+void fs_journal_start(struct fs *fs)
+{
+  if (!fs->writable || fs->nojournal)
+    return;
+  struct bs_wb wb;
+  fill_wb(fs, &wb);
+  bs_err err;
+  bs_err_clear(&err);
+  fs->journal = bs_wb_journal_start(&wb, &err);
+  if (!fs->journal) {
+    char line[600];
+    fprintf(stderr,
+            "burnstore: warning: no staging journal (%s): a kill while mounted would lose the "
+            "names of what was written\n",
+            bs_err_format(&err, NULL, line, sizeof line));
+  }
+  fs->edit.journal = fs->journal;
+}
+
+void fs_journal_stop(struct fs *fs)
+{
+  fs->edit.journal = NULL;
+  bs_journal_close(fs->journal);
+  fs->journal = NULL;
 }

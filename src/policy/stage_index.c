@@ -15,6 +15,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/journal.h"
 
 #define MAGIC "burnstore-staging-index"
 
@@ -740,6 +741,9 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
 
 void bs_stage_dir_remove(int dirfd, const char *dir)
 {
+  /* The journal before the INDEX: neither may outlive the other's removal
+   * with a target already written (--finish would redo it from the source). */
+  unlinkat(dirfd, BS_JOURNAL_NAME, 0);
   unlinkat(dirfd, BS_STAGE_INDEX_NAME, 0);
   int dup_fd = dup(dirfd);
   DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;

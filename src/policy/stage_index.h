@@ -89,7 +89,7 @@ BS_NODISCARD int bs_stage_index_load(const char *dir, struct bs_stage_index *idx
 BS_NODISCARD int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err);
 
 /* Remove a staging directory whose lock the caller holds (dirfd: the
- * directory): the INDEX first, so that a kill during the cleanup never leaves
+ * directory): the JOURNAL and the INDEX first, so that a kill during the cleanup never leaves
  * one to finish again, then its other files, the lock file last, then the
  * directory itself. The caller closes its fds. */
 void bs_stage_dir_remove(int dirfd, const char *dir);

@@ -15,8 +15,10 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/journal.h"
 #include "core/strmap.h"
 #include "core/target.h"
+#include "policy/journal_replay.h"
 #include "policy/stage_index.h"
 
 /* ---- output -> writer ---------------------------------------------------------------------- */
@@ -106,8 +108,9 @@ int bs_staging_create(char *tmpl, int *dirfd, int *lock)
   return rc;
 }
 
-/* dir/name is a dead daemon's staging directory holding only its lock:
- * remove it (under that lock, so no daemon or --finish can be using it). */
+/* dir/name is a dead daemon's staging directory holding only its lock (and
+ * a journal of no change): remove it (under that lock, so no daemon or --finish can be using it).
+ */
 static void remove_empty_staging(int pfd, const char *name)
 {
   int dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -121,12 +124,16 @@ static void remove_empty_staging(int pfd, const char *name)
     if (!d && dup_fd >= 0)
       close(dup_fd);
   }
+  /* Its lock, and a journal that records no change, are not data. */
   bool empty = d != NULL;
   for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
     empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
-            strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0;
+            strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
+            (strcmp(de->d_name, BS_JOURNAL_NAME) == 0 && bs_journal_unchanged(dfd));
   if (d)
     closedir(d);
+  if (empty)
+    unlinkat(dfd, BS_JOURNAL_NAME, 0);
   if (empty && unlinkat(dfd, BS_STAGE_LOCK_NAME, 0) == 0)
     unlinkat(pfd, name, AT_REMOVEDIR);
   if (lk >= 0)
@@ -301,6 +308,52 @@ out:
   return rc;
 }
 
+/* ---- The journal --------------------------------------------------------------------------- */
+
+struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
+{
+  struct bs_catalog out;
+  bs_catalog_init(&out);
+  out.format = wb->writer->format;
+  struct bs_buf buf = {0}, origins = {0};
+  struct bs_strmap keys = {0};
+  struct bs_journal *j = NULL;
+  struct bs_stage_index idx;
+  /* BASE: the INDEX a write-back right now would save (no file staged). */
+  if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, wb->staging, wb->keep_hidden, &out, err) ||
+      index_head(wb, &idx, err) != 0 || bs_stage_index_format(&idx, &out, wb->staging, &buf, err))
+    goto out;
+  /* Its origins: which base tensor each file of the tree is (by its key). */
+  const struct bs_tree *t = wb->edit->tree;
+  for (size_t i = 0; i < out.count; i++)
+    if (bs_strmap_put(&keys, out.tensors[i].name, i) < 0)
+      goto oom;
+  for (uint64_t ino = BS_TREE_ROOT; ino < t->n; ino++) {
+    const struct bs_node *nd = &t->nodes[ino];
+    if (!nd->live || nd->is_dir)
+      continue;
+    char *key = bs_tree_key(t, ino, wb->edit->flat);
+    size_t ti;
+    bool found = key && bs_strmap_get(&keys, key, &ti);
+    bs_free(key);
+    uint8_t pair[16];
+    bs_put_le64(pair, ino);
+    bs_put_le64(pair + 8, ti);
+    if (!found || bs_buf_put(&origins, pair, sizeof pair) != 0)
+      goto oom;
+  }
+  j = bs_journal_create(*wb->staging_fd, buf.data, buf.len, origins.data, origins.len, err);
+  goto out;
+oom:
+  bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "cannot describe the mount in its journal");
+out:
+  bs_strmap_destroy(&keys);
+  bs_buf_destroy(&origins);
+  bs_buf_destroy(&buf);
+  bs_catalog_destroy(&out);
+  return j;
+}
+
 /* ---- --list-staging ------------------------------------------------------------------------ */
 
 static bool staging_alive(int dfd)
@@ -349,18 +402,28 @@ static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
     return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(e));
   }
   bool alive = staging_alive(dfd);
-  fprintf(out,
-          "staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
-          "use them)\n",
-          dir,
-          alive ? "its daemon is running and has not started a write-back"
-                : "the daemon died before its write-back described them");
+  struct stat jst;
+  if (fstatat(dfd, BS_JOURNAL_NAME, &jst, 0) == 0)
+    fprintf(out,
+            "staging %s\nno INDEX: %s; its JOURNAL names them (%lld bytes): burnstore --finish "
+            "rebuilds the output from it\n",
+            dir,
+            alive ? "its daemon is running and has not started a write-back"
+                  : "the daemon died while mounted",
+            (long long)jst.st_size);
+  else
+    fprintf(out,
+            "staging %s\nno INDEX: %s; its files hold raw bytes, without keys (--finish cannot "
+            "use them)\n",
+            dir,
+            alive ? "its daemon is running and has not started a write-back"
+                  : "the daemon died before its write-back described them");
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     struct stat st;
     if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-        strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 || fstatat(dfd, de->d_name, &st, 0) != 0 ||
-        !S_ISREG(st.st_mode))
+        strcmp(de->d_name, BS_JOURNAL_NAME) == 0 || strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 ||
+        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
       continue;
     fprintf(out, "-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
   }
@@ -495,18 +558,36 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
     refuse_alive(dir, 0, err);
     goto out;
   }
-  if (bs_stage_index_load(dir, &idx, err) != 0)
+  bool loaded = bs_stage_index_load(dir, &idx, err) == 0;
+  if (!loaded && err->code != ENOENT)
     goto out;
   /* Held until the directory is removed: a second --finish waits its turn. */
   lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lk < 0) {
+    bs_err_clear(err);
     bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: cannot open its lock file: %s", dir,
             strerror(errno));
     goto out;
   }
   if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
+    bs_err_clear(err);
     refuse_alive(dir, idx.pid, err);
     goto out;
+  }
+  if (!loaded) {
+    /* No INDEX: the daemon died while mounted. Its journal says what the
+     * mount held; rebuild the INDEX from it, then finish as usual. */
+    bs_err noindex = *err;
+    bs_err_clear(err);
+    int jr = bs_journal_rebuild(dir, dfd, err);
+    if (jr != 0) {
+      if (jr > 0)
+        *err = noindex;
+      goto out;
+    }
+    bs_stage_index_destroy(&idx);
+    if (bs_stage_index_load(dir, &idx, err) != 0)
+      goto out;
   }
   if (idx.incomplete) {
     bs_fail(err, EINVAL, BS_OFF_NONE, NULL,

@@ -70,6 +70,12 @@ struct bs_wb {
  * the staging directory (bs_staging_remove) after a success. */
 BS_NODISCARD int bs_wb_run(const struct bs_wb *wb, char **report, bs_err *err);
 
+/* Start the mount's staging journal (journal.h) in its staging directory
+ * (created already): BASE = the INDEX of the output catalog as mounted, one
+ * ORIGIN per file of the tree. The caller sets wb->edit->journal to it and
+ * closes it after the write-back. NULL with err (the mount goes on without). */
+BS_NODISCARD struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err);
+
 /* ---- Staging directories left behind ------------------------------------------------------ */
 
 /* Print what staging directory `dir` holds to `out`: target, format, daemon

@@ -93,7 +93,7 @@ static int remove_dtype(const struct ctx *c, bool *dirty, bs_err *err)
 {
   (void)err;
   *dirty = wr(c)->has_dtype;
-  bs_entry_clear_dtype(wr(c));
+  bs_entry_clear_dtype(c->m->edit, wr(c));
   return 0;
 }
 
@@ -116,7 +116,7 @@ static bool listed_shape(const struct ctx *c)
 
 static int set_shape(const struct ctx *c, const char *v, size_t len, bool *dirty, bs_err *err)
 {
-  if (stage_strided(c, err) != 0 || bs_entry_set_shape(wr(c), v, len, err) != 0)
+  if (stage_strided(c, err) != 0 || bs_entry_set_shape(c->m->edit, wr(c), v, len, err) != 0)
     return -1;
   *dirty = true;
   return 0;
@@ -126,7 +126,7 @@ static int remove_shape(const struct ctx *c, bool *dirty, bs_err *err)
 {
   (void)err;
   *dirty = wr(c)->has_shape;
-  bs_entry_clear_shape(wr(c));
+  bs_entry_clear_shape(c->m->edit, wr(c));
   return 0;
 }
 
@@ -153,7 +153,7 @@ static bool listed_param_id(const struct ctx *c)
 
 static int set_param_id(const struct ctx *c, const char *v, size_t len, bool *dirty, bs_err *err)
 {
-  if (bs_entry_set_param_id(wr(c), v, len, err) != 0)
+  if (bs_entry_set_param_id(c->m->edit, wr(c), v, len, err) != 0)
     return -1;
   *dirty = true;
   return 0;
@@ -163,7 +163,7 @@ static int remove_param_id(const struct ctx *c, bool *dirty, bs_err *err)
 {
   (void)err;
   *dirty = wr(c)->has_param_id;
-  bs_entry_clear_param_id(wr(c));
+  bs_entry_clear_param_id(c->m->edit, wr(c));
   return 0;
 }
 

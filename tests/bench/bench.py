@@ -23,6 +23,9 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
   convert   burnstore convert of a --convert-mib MiB .safetensors (64 tensors) to
             .pth, + sync, vs cp + sync of the same bytes; peak RSS of the
             convert at that size and at 1/8 of it
+  journal   the staging journal's cost: dd (1 MiB and 32 KiB writes) and
+            rsync -aX of a many-tensor model into a mount, with the journal
+            and with -o nojournal
 
 --quick shrinks every size (CI runs it: it checks that every section works,
 not its timings), takes one run of each and prints only the table at the end,
@@ -639,6 +642,51 @@ def sec_convert(a, d):
         small_kb / med(rss), "size-independent", med(rss) <= small_kb * 1.5)
 
 
+def sec_journal(a, d):
+    """What the staging journal costs (issue 18): the same writes into a mount
+    with it (the default) and with -o nojournal; ratio = with / without."""
+    size = a.journal_mib << 20
+    mnt = os.path.join(d, "m")
+    log("journal: dd of %d MiB, rsync -aX of %d tensors" % (a.journal_mib, a.journal_files))
+    for bs in ("1M", "32k"):
+        count = size // (32 << 10 if bs == "32k" else 1 << 20)
+        t = {"": [], "nojournal": []}
+        for i in range(a.runs):
+            for opts in ("", "nojournal"):
+                out = os.path.join(d, "j.safetensors")
+                with BS(a.bin, out, mnt, opts or None):
+                    t[opts].append(timed(["dd", "if=/dev/zero", "of=" + os.path.join(mnt, "t"), "bs=" + bs,
+                                          "count=%d" % count]))
+                os.unlink(out)
+        w, n = med(t[""]), med(t["nojournal"])
+        row("journal", "dd bs=%s of %d MiB, journal / -o nojournal" % (bs, a.journal_mib), w, "s", n, w / n)
+    # A many-tensor model: one file per tensor, dtype and shape as xattrs.
+    srcdir = os.path.join(d, "jsrc")
+    os.makedirs(srcdir, exist_ok=True)
+    blob = os.urandom(64 << 10)
+    for i in range(a.journal_files):
+        p = os.path.join(srcdir, "layers.%d.w" % i)
+        with open(p, "wb") as f:
+            f.write(blob)
+        os.setxattr(p, "user.burnstore.dtype", b"F32")
+        os.setxattr(p, "user.burnstore.shape", b"[128, 128]")
+    t = {"": [], "nojournal": []}
+    tu = {"": [], "nojournal": []}
+    for i in range(a.runs):
+        for opts in ("", "nojournal"):
+            out = os.path.join(d, "j.safetensors")
+            t0 = time.perf_counter()
+            with BS(a.bin, out, mnt, opts or None) as m:
+                t[opts].append(timed(["rsync", "-aX", srcdir + "/", mnt + "/"]))
+                m.unmount()
+            tu[opts].append(time.perf_counter() - t0)
+            os.unlink(out)
+    w, n = med(t[""]), med(t["nojournal"])
+    row("journal", "rsync -aX of %d tensors (64 KiB), journal / -o nojournal" % a.journal_files, w, "s", n, w / n)
+    w, n = med(tu[""]), med(tu["nojournal"])
+    row("journal", "  the same, mount + rsync + burnstore -u", w, "s", n, w / n)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run: checks that it works")
@@ -647,7 +695,8 @@ def main():
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--size-mib", type=int, default=None)
     ap.add_argument("--convert-mib", type=int, default=None)
-    ap.add_argument("--only", default=None, help="comma-separated sections: read,readers,sshfs,list,million,write,convert")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,journal")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--system", action="store_true",
                     help="allow system-wide actions (root): drop the page cache, start a local sshd")
@@ -662,8 +711,10 @@ def main():
     a.tensors = 2000 if q else 100000
     a.ls_tensors = 500 if q else 20000
     a.million = 20000 if q else 1000000
+    a.journal_mib = 8 if q else 256
+    a.journal_files = 100 if q else 2000
     only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write",
-                                                         "convert"}
+                                                         "convert", "journal"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
     if a.system:
@@ -685,6 +736,8 @@ def main():
             sec_write(a, d)
         if "convert" in only:
             sec_convert(a, d)
+        if "journal" in only:
+            sec_journal(a, d)
     finally:
         force_unmount(os.path.join(d, "m"))
         force_unmount(os.path.join(d, "net"))

@@ -93,6 +93,24 @@ def daemon_pid(mnt):
     return pids[0] if pids else None
 
 
+def wait_gone(pid, timeout=60):
+    """Until every thread of pid has exited. A zombie group leader is not
+    enough: its other threads (TSan's background thread, say) may still hold
+    the fd table, and with it the staging directory's lock."""
+    end = time.time() + timeout
+    while pid and time.time() < end:
+        try:
+            states = [open("/proc/%d/task/%s/stat" % (pid, t)).read().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir("/proc/%d/task" % pid)]
+        except OSError:
+            if not os.path.exists("/proc/%d" % pid):
+                return  # gone
+            continue  # a thread went while we looked: look again
+        if all(st in ("Z", "X") for st in states):
+            return
+        time.sleep(0.002)
+
+
 def force_unmount(mnt):
     for args in (["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt]):
         if not is_mounted(mnt):

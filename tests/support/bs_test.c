@@ -2,15 +2,19 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "burnstore/formats.h"
 #include "burnstore/sink.h"
 #include "burnstore/writers.h"
 #include "core/alloc.h"
+#include "policy/writeback.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)
 {
@@ -52,6 +56,75 @@ int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err
   if (bs_src_init_mem(&src, buf, len, "test.bin", err) != 0)
     return -1;
   return bs_open_any(cat, &src, NULL, err);
+}
+
+void bs_test_put_file(const char *path, const void *data, size_t n)
+{
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+  cr_assert_eq(write(fd, data, n), (ssize_t)n);
+  close(fd);
+}
+
+void bs_test_write_ab_checkpoint(const char *path)
+{
+  const char h[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                   "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[16,20]}}";
+  size_t hl = (sizeof h - 1 + 7) / 8 * 8;
+  uint8_t buf[256];
+  memset(buf, ' ', sizeof buf);
+  for (int i = 0; i < 8; i++)
+    buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+  memcpy(buf + 8, h, sizeof h - 1);
+  for (int i = 0; i < 20; i++)
+    buf[8 + hl + i] = (uint8_t)(i + 1);
+  bs_test_put_file(path, buf, 8 + hl + 20);
+}
+
+void bs_test_open_file(const char *path, struct bs_catalog *c)
+{
+  struct bs_src s;
+  struct bs_open_opts oo = {0};
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(c);
+  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_open_any(c, &s, &oo, &err), 0, "%s: %s", path, err.msg);
+}
+
+void bs_test_wb_setup(struct bs_test_wb *w)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  memset(w, 0, sizeof *w);
+  snprintf(w->dir, sizeof w->dir, "/tmp/bs-wb-XXXXXX");
+  cr_assert_not_null(mkdtemp(w->dir));
+  char run[128];
+  snprintf(run, sizeof run, "%s/run", w->dir);
+  cr_assert_eq(mkdir(run, 0700), 0);
+  setenv("XDG_RUNTIME_DIR", run, 1); /* this test's own target locks */
+  snprintf(w->src_path, sizeof w->src_path, "%s/m.safetensors", w->dir);
+  bs_test_write_ab_checkpoint(w->src_path);
+  bs_test_open_file(w->src_path, &w->cat);
+  cr_assert_eq(bs_tree_init(&w->tree, &err), 0);
+  cr_assert_eq(bs_tree_build(&w->tree, &w->cat, false, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_edit_init(&w->ed, &w->cat, &w->tree, false, &err), 0);
+  cr_assert_eq(bs_edit_attach(&w->ed, NULL, NULL, &err), 0);
+  snprintf(w->stg, sizeof w->stg, "%s/burnstore-XXXXXX", w->dir);
+  cr_assert_eq(bs_staging_create(w->stg, &w->stg_fd, &w->stg_lock), 0);
+}
+
+void bs_test_wb_teardown(struct bs_test_wb *w)
+{
+  bs_edit_destroy(&w->ed);
+  bs_tree_destroy(&w->tree);
+  bs_catalog_destroy(&w->cat);
+  if (w->stg_fd >= 0)
+    close(w->stg_fd);
+  if (w->stg_lock >= 0)
+    close(w->stg_lock);
+  w->stg_fd = w->stg_lock = -1;
+  bs_test_rmrf(w->dir);
 }
 
 size_t bs_test_rollback_sweep(struct bs_catalog *cat, uint32_t src, bs_test_reader read)

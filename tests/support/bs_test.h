@@ -7,6 +7,7 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/formats.h"
+#include "core/edit.h"
 
 /* Read a whole file into a bs_malloc'd buffer; aborts the test on failure. */
 uint8_t *bs_test_slurp(const char *path, size_t *len);
@@ -19,6 +20,31 @@ void bs_test_rmrf(const char *path);
 char *bs_test_at(const char *dir, const char *name);
 /* Open a memory buffer as a catalog (cr_assert on nothing; returns rc). */
 int bs_test_open_mem(struct bs_catalog *cat, const void *buf, size_t len, bs_err *err);
+
+/* Write a file (O_TRUNC, 0644); aborts the test on failure. */
+void bs_test_put_file(const char *path, const void *data, size_t n);
+/* The write-back tests' checkpoint: a SafeTensors file with a (F32 [4],
+ * bytes 1..16) and b (U8 [4], bytes 17..20). */
+void bs_test_write_ab_checkpoint(const char *path);
+/* Open a checkpoint file into c (initialised here); aborts on failure. */
+void bs_test_open_file(const char *path, struct bs_catalog *c);
+
+/* A writable mount's core state without FUSE (test_writeback, test_journal):
+ * a directory with the a/b checkpoint (bs_test_write_ab_checkpoint), its own
+ * XDG_RUNTIME_DIR for target locks, the tree and editable catalog as a
+ * writable mount has them, and a staging directory created and locked. */
+struct bs_test_wb {
+  char dir[64];
+  char src_path[128]; /* DIR/m.safetensors */
+  char stg[128];      /* the staging directory */
+  int stg_fd, stg_lock;
+  struct bs_catalog cat;
+  struct bs_tree tree;
+  struct bs_edit ed;
+};
+void bs_test_wb_setup(struct bs_test_wb *w);
+/* Frees it all and removes the directory. */
+void bs_test_wb_teardown(struct bs_test_wb *w);
 
 /* A reader's signature (formats.h). */
 typedef int (*bs_test_reader)(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,

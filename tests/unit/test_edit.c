@@ -109,7 +109,7 @@ Test(edit, source_files_take_the_tensor_dtype_and_shape)
   cr_assert(eff.shape_inferred && eff.whole);
   cr_assert_eq(eff.rank, 1);
   cr_assert_eq(eff.shape[0], 12);
-  bs_entry_clear_dtype(e);
+  bs_entry_clear_dtype(NULL, e);
   bs_entry_effective(&ed, e, &eff);
   cr_assert_eq(eff.dtype, BS_DT_F32);
   cr_assert_eq(eff.rank, 2);
@@ -131,11 +131,11 @@ Test(edit, new_files_are_u8_by_size_until_set)
   bs_entry_effective(&ed, e, &eff);
   cr_assert(eff.whole);
   cr_assert_eq(eff.shape[0], 12, "two F4 elements per byte");
-  cr_assert_eq(bs_entry_set_shape(e, " [3, 4] ", 8, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(NULL, e, " [3, 4] ", 8, &err), 0);
   bs_entry_effective(&ed, e, &eff);
   cr_assert(!eff.shape_inferred);
   cr_assert_eq(eff.rank, 2);
-  bs_entry_clear_shape(e);
+  bs_entry_clear_shape(NULL, e);
   bs_entry_effective(&ed, e, &eff);
   cr_assert(eff.shape_inferred);
 }
@@ -146,15 +146,16 @@ Test(edit, bad_values_are_einval)
   const char *shapes[] = {"[1,", "[-1]", "3", "[1]x", "[99999999999999999999999]", ""};
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
     bs_err_clear(&err);
-    cr_assert_eq(bs_entry_set_shape(e, shapes[i], strlen(shapes[i]), &err), -1, "%s", shapes[i]);
+    cr_assert_eq(bs_entry_set_shape(NULL, e, shapes[i], strlen(shapes[i]), &err), -1, "%s",
+                 shapes[i]);
     cr_assert_eq(err.code, EINVAL);
   }
   bs_err_clear(&err);
   cr_assert_eq(bs_entry_set_dtype(&ed, e, "F99", 3, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   bs_err_clear(&err);
-  cr_assert_eq(bs_entry_set_param_id(e, "x", 1, &err), -1);
-  cr_assert_eq(bs_entry_set_param_id(e, "42\n", 3, &err), 0);
+  cr_assert_eq(bs_entry_set_param_id(NULL, e, "x", 1, &err), -1);
+  cr_assert_eq(bs_entry_set_param_id(NULL, e, "42\n", 3, &err), 0);
   cr_assert(e->has_param_id && e->param_id == 42);
   cr_assert(!e->has_shape && !e->has_dtype, "failed sets leave the entry as it was");
 }
@@ -251,7 +252,7 @@ Test(edit, output_catalog)
   tree.nodes[top].user = bs_entry_new(-1, 0, true, 0755);
   cr_assert_eq(bs_tree_move(&tree, ino_of("enc", "w"), top, "w2", &err), 0);
   struct bs_entry *n = create("enc", "empty");
-  cr_assert_eq(bs_entry_set_shape(n, "[0]", 3, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(NULL, n, "[0]", 3, &err), 0);
   cr_assert_eq(bs_edit_set_meta(&ed, "k", "v", 1, &err), 0);
 
   struct bs_catalog out;
@@ -334,7 +335,7 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
 
   /* Another dtype of the same width, with the shape kept: the same view. */
   cr_assert_eq(bs_entry_set_dtype(&ed, e, "I32", 3, &err), 0);
-  cr_assert_eq(bs_entry_set_shape(e, "[2,3]", 5, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(NULL, e, "[2,3]", 5, &err), 0);
   struct bs_catalog out;
   bs_catalog_init(&out);
   cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), 0, "%s", err.msg);
@@ -347,7 +348,7 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
   /* Another shape (of another rank, or the same), or another width: refused. */
   static const char *const shapes[] = {"[6]", "[3, 2]", "[1, 2, 3]"};
   for (size_t i = 0; i < 3; i++) {
-    cr_assert_eq(bs_entry_set_shape(e, shapes[i], strlen(shapes[i]), &err), 0);
+    cr_assert_eq(bs_entry_set_shape(NULL, e, shapes[i], strlen(shapes[i]), &err), 0);
     bs_catalog_init(&out);
     bs_err_clear(&err);
     cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1, "%s", shapes[i]);
@@ -356,14 +357,14 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
     bs_catalog_destroy(&out);
   }
   /* Another dtype without a shape: 1-D by size, another view. */
-  bs_entry_clear_shape(e);
+  bs_entry_clear_shape(NULL, e);
   bs_catalog_init(&out);
   bs_err_clear(&err);
   cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   bs_catalog_destroy(&out);
   cr_assert_eq(bs_entry_set_dtype(&ed, e, "F16", 3, &err), 0);
-  cr_assert_eq(bs_entry_set_shape(e, "[2,3]", 5, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(NULL, e, "[2,3]", 5, &err), 0);
   bs_catalog_init(&out);
   bs_err_clear(&err);
   cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1);

@@ -16,88 +16,30 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bs_test.h"
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/target.h"
 #include "policy/stage_index.h"
 #include "policy/writeback.h"
 
-static char dir[64];       /* the test's directory */
-static char src_path[128]; /* the checkpoint: a (F32 [4]) b (U8 [4]) */
-static char stg[128];      /* the staging template, then directory */
-static int stg_fd = -1, stg_lock = -1;
-static struct bs_catalog cat;
-static struct bs_tree tree;
-static struct bs_edit ed;
 static bs_err err;
 
 static const uint8_t staged_a[16] = {9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6};
 
-static void put_file(const char *path, const void *data, size_t n)
-{
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
-  cr_assert_eq(write(fd, data, n), (ssize_t)n);
-  close(fd);
-}
-
-static void write_checkpoint(const char *path)
-{
-  const char h[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-                   "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[16,20]}}";
-  size_t hl = (sizeof h - 1 + 7) / 8 * 8;
-  uint8_t buf[256];
-  memset(buf, ' ', sizeof buf);
-  for (int i = 0; i < 8; i++)
-    buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
-  memcpy(buf + 8, h, sizeof h - 1);
-  for (int i = 0; i < 20; i++)
-    buf[8 + hl + i] = (uint8_t)(i + 1);
-  put_file(path, buf, 8 + hl + 20);
-}
-
-static void open_ckpt(const char *path, struct bs_catalog *c)
-{
-  struct bs_src s;
-  struct bs_open_opts oo = {0};
-  bs_catalog_init(c);
-  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_open_any(c, &s, &oo, &err), 0, "%s: %s", path, err.msg);
-}
+/* The checkpoint a (F32 [4]) b (U8 [4]), its mount's tree and editable
+ * catalog, a staging directory (bs_test.h). */
+static struct bs_test_wb W;
 
 static void setup(void)
 {
   bs_err_clear(&err);
-  snprintf(dir, sizeof dir, "/tmp/bs-wb-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  char run[128];
-  snprintf(run, sizeof run, "%s/run", dir);
-  cr_assert_eq(mkdir(run, 0700), 0);
-  setenv("XDG_RUNTIME_DIR", run, 1); /* this test's own target locks */
-  snprintf(src_path, sizeof src_path, "%s/m.safetensors", dir);
-  write_checkpoint(src_path);
-  open_ckpt(src_path, &cat);
-  cr_assert_eq(bs_tree_init(&tree, &err), 0);
-  cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_edit_init(&ed, &cat, &tree, false, &err), 0);
-  cr_assert_eq(bs_edit_attach(&ed, NULL, NULL, &err), 0);
-  snprintf(stg, sizeof stg, "%s/burnstore-XXXXXX", dir);
-  cr_assert_eq(bs_staging_create(stg, &stg_fd, &stg_lock), 0);
+  bs_test_wb_setup(&W);
 }
 
 static void teardown(void)
 {
-  bs_edit_destroy(&ed);
-  bs_tree_destroy(&tree);
-  bs_catalog_destroy(&cat);
-  if (stg_fd >= 0)
-    close(stg_fd);
-  if (stg_lock >= 0)
-    close(stg_lock);
-  stg_fd = stg_lock = -1;
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  cr_assert_eq(system(cmd), 0);
+  bs_test_wb_teardown(&W);
 }
 
 TestSuite(writeback, .init = setup, .fini = teardown);
@@ -105,11 +47,11 @@ TestSuite(writeback, .init = setup, .fini = teardown);
 /* Stage new bytes for tensor a, as the first write of a mount does. */
 static struct bs_entry *stage_a(void)
 {
-  struct bs_entry *e = bs_edit_entry(&ed, bs_tree_lookup(&tree, BS_TREE_ROOT, "a"));
+  struct bs_entry *e = bs_edit_entry(&W.ed, bs_tree_lookup(&W.tree, BS_TREE_ROOT, "a"));
   cr_assert_not_null(e);
   char p[160];
-  snprintf(p, sizeof p, "%s/1", stg);
-  put_file(p, staged_a, sizeof staged_a);
+  snprintf(p, sizeof p, "%s/1", W.stg);
+  bs_test_put_file(p, staged_a, sizeof staged_a);
   e->stage = 1;
   e->size = sizeof staged_a;
   return e;
@@ -118,11 +60,11 @@ static struct bs_entry *stage_a(void)
 static struct bs_wb job(const char *target, uint64_t max_shard_size)
 {
   struct bs_wb wb = {.target = target,
-                     .source = src_path,
-                     .edit = &ed,
-                     .staging = stg,
-                     .staging_fd = &stg_fd,
-                     .staging_lock = &stg_lock};
+                     .source = W.src_path,
+                     .edit = &W.ed,
+                     .staging = W.stg,
+                     .staging_fd = &W.stg_fd,
+                     .staging_lock = &W.stg_lock};
   wb.opts.max_shard_size = max_shard_size;
   bs_err e;
   bs_err_clear(&e);
@@ -140,7 +82,7 @@ static bool exists(const char *path)
 static bool has_index(void)
 {
   char p[160];
-  snprintf(p, sizeof p, "%s/" BS_STAGE_INDEX_NAME, stg);
+  snprintf(p, sizeof p, "%s/" BS_STAGE_INDEX_NAME, W.stg);
   return exists(p);
 }
 
@@ -148,7 +90,7 @@ static bool has_index(void)
 static void check_result(const char *path)
 {
   struct bs_catalog out;
-  open_ckpt(path, &out);
+  bs_test_open_file(path, &out);
   cr_assert_eq(out.count, 2);
   long a = bs_catalog_find(&out, "a"), b = bs_catalog_find(&out, "b");
   cr_assert(a >= 0 && b >= 0);
@@ -164,9 +106,9 @@ static void check_result(const char *path)
 /* The daemon is gone: its staging lock goes with it. */
 static void kill_owner(void)
 {
-  close(stg_lock);
-  close(stg_fd);
-  stg_lock = stg_fd = -1;
+  close(W.stg_lock);
+  close(W.stg_fd);
+  W.stg_lock = W.stg_fd = -1;
 }
 
 Test(writeback, writer_follows_the_output_path)
@@ -191,44 +133,44 @@ Test(writeback, run_writes_the_target_after_its_index)
 {
   stage_a();
   char out[128];
-  snprintf(out, sizeof out, "%s/out.bpk", dir);
+  snprintf(out, sizeof out, "%s/out.bpk", W.dir);
   struct bs_wb wb = job(out, 0);
   char *report = NULL;
   cr_assert_eq(bs_wb_run(&wb, &report, &err), 0, "%s", err.msg);
   bs_free(report);
   cr_assert(has_index(), "the INDEX stays until the caller removes the directory");
   check_result(out);
-  bs_staging_remove(stg, &stg_fd, &stg_lock);
-  cr_assert(!exists(stg) && stg_fd == -1 && stg_lock == -1);
+  bs_staging_remove(W.stg, &W.stg_fd, &W.stg_lock);
+  cr_assert(!exists(W.stg) && W.stg_fd == -1 && W.stg_lock == -1);
 }
 
 Test(writeback, run_creates_its_staging_from_the_template)
 {
   kill_owner();
   char cmd[200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", stg);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", W.stg);
   cr_assert_eq(system(cmd), 0);
-  snprintf(stg, sizeof stg, "%s/burnstore-XXXXXX", dir);
+  snprintf(W.stg, sizeof W.stg, "%s/burnstore-XXXXXX", W.dir);
   char out[128];
-  snprintf(out, sizeof out, "%s/conv.safetensors", dir);
+  snprintf(out, sizeof out, "%s/conv.safetensors", W.dir);
   struct bs_wb wb = job(out, 0);
   char *report = NULL;
   cr_assert_eq(bs_wb_run(&wb, &report, &err), 0, "%s", err.msg);
   bs_free(report);
-  cr_assert(stg_fd >= 0 && stg_lock >= 0 && has_index(), "created for the INDEX: %s", stg);
+  cr_assert(W.stg_fd >= 0 && W.stg_lock >= 0 && has_index(), "created for the INDEX: %s", W.stg);
 }
 
 /* A write-back whose writer fails: its target's directory (sub) is missing. */
 static void fail_writer(char *sub, size_t nsub, char *out, size_t nout)
 {
   stage_a();
-  snprintf(sub, nsub, "%s/later", dir);
+  snprintf(sub, nsub, "%s/later", W.dir);
   snprintf(out, nout, "%s/out.bpk", sub);
   struct bs_wb wb = job(out, 0);
   char *report = NULL;
   cr_assert_eq(bs_wb_run(&wb, &report, &err), -1, "no directory for the target");
   cr_assert_null(report);
-  cr_assert(!exists(out) && has_index() && exists(stg));
+  cr_assert(!exists(out) && has_index() && exists(W.stg));
 }
 
 /* bs_wb_list's text (owned: free) and status. */
@@ -238,7 +180,7 @@ static char *list(int want)
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_list(stg, f, &err), want, "%s", err.msg);
+  cr_assert_eq(bs_wb_list(W.stg, f, &err), want, "%s", err.msg);
   fclose(f);
   return text;
 }
@@ -250,7 +192,7 @@ Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
   /* While its daemon lives, --finish is refused. */
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
   cr_assert(err.code == EBUSY && strstr(err.msg, "running burnstore daemon"), "%s", err.msg);
   bs_free(res.target);
   /* The daemon dies; the list names the staged file; finish writes the target. */
@@ -261,10 +203,10 @@ Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
   free(text);
   cr_assert_eq(mkdir(sub, 0755), 0);
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
   cr_assert(!res.already && res.tensors == 2 && strcmp(res.target, out) == 0);
   bs_free(res.target);
-  cr_assert(!exists(stg), "finish removes the staging directory");
+  cr_assert(!exists(W.stg), "finish removes the staging directory");
   check_result(out);
 }
 
@@ -272,17 +214,17 @@ Test(writeback, full_disk_fails_the_writer_and_finish_completes_later)
 {
   stage_a();
   /* A big tensor (b of another checkpoint would do; a staged file is simpler). */
-  struct bs_entry *e = bs_edit_entry(&ed, bs_tree_lookup(&tree, BS_TREE_ROOT, "b"));
+  struct bs_entry *e = bs_edit_entry(&W.ed, bs_tree_lookup(&W.tree, BS_TREE_ROOT, "b"));
   static uint8_t big[256 << 10];
   memset(big, 5, sizeof big);
   char p[160];
-  snprintf(p, sizeof p, "%s/2", stg);
-  put_file(p, big, sizeof big);
+  snprintf(p, sizeof p, "%s/2", W.stg);
+  bs_test_put_file(p, big, sizeof big);
   e->stage = 2;
   e->size = sizeof big;
-  cr_assert_eq(bs_entry_set_shape(e, "[262144]", 8, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_entry_set_shape(NULL, e, "[262144]", 8, &err), 0, "%s", err.msg);
   char out[128];
-  snprintf(out, sizeof out, "%s/full.safetensors", dir);
+  snprintf(out, sizeof out, "%s/full.safetensors", W.dir);
   struct bs_wb wb = job(out, 0);
   /* Files over 64 KiB cannot grow: the writer fails as on a full disk (the INDEX fits). */
   struct rlimit old, small = {64 << 10, 0};
@@ -299,10 +241,10 @@ Test(writeback, full_disk_fails_the_writer_and_finish_completes_later)
   kill_owner();
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
   bs_free(res.target);
   struct bs_catalog got;
-  open_ckpt(out, &got);
+  bs_test_open_file(out, &got);
   long b = bs_catalog_find(&got, "b");
   cr_assert(b >= 0 && got.tensors[b].nbytes == sizeof big);
   bs_catalog_destroy(&got);
@@ -313,25 +255,25 @@ Test(writeback, finish_after_the_rename_sees_the_result)
   /* In place: the write-back replaced the checkpoint, then was killed
    * before it removed its staging directory. */
   stage_a();
-  struct bs_wb wb = job(src_path, 0);
+  struct bs_wb wb = job(W.src_path, 0);
   wb.keep_hidden = true;
   char *report = NULL;
   cr_assert_eq(bs_wb_run(&wb, &report, &err), 0, "%s", err.msg);
   bs_free(report);
   kill_owner();
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
   cr_assert(res.already, "the target already holds the result");
   bs_free(res.target);
-  cr_assert(!exists(stg));
-  check_result(src_path);
+  cr_assert(!exists(W.stg));
+  check_result(W.src_path);
 }
 
 Test(writeback, finish_refused_while_another_writer_holds_the_target)
 {
   stage_a();
   char out[128];
-  snprintf(out, sizeof out, "%s/held.bpk", dir);
+  snprintf(out, sizeof out, "%s/held.bpk", W.dir);
   int tfd = bs_target_lock(out, "/mnt/other", &err);
   cr_assert_geq(tfd, 0, "%s", err.msg);
   /* The daemon's INDEX was saved, then it died before its writer ran. */
@@ -341,25 +283,25 @@ Test(writeback, finish_refused_while_another_writer_holds_the_target)
   idx.target = out;
   idx.format = BS_FMT_BURNPACK;
   struct bs_buf buf = {0};
-  cr_assert_eq(bs_stage_index_format(&idx, NULL, stg, &buf, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_stage_index_save(stg_fd, &buf, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_format(&idx, NULL, W.stg, &buf, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_save(W.stg_fd, &buf, &err), 0, "%s", err.msg);
   bs_buf_destroy(&buf);
   kill_owner();
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
   cr_assert(err.code == EBUSY && strstr(err.msg, "/mnt/other") && strstr(err.msg, "pid"), "%s",
             err.msg);
   bs_free(res.target);
-  cr_assert(exists(stg) && !exists(out), "nothing written, the staging directory kept");
+  cr_assert(exists(W.stg) && !exists(out), "nothing written, the staging directory kept");
   close(tfd);
 }
 
 Test(writeback, bad_file_leaves_an_incomplete_index_finish_refuses)
 {
   struct bs_entry *e = stage_a();
-  cr_assert_eq(bs_entry_set_shape(e, "[3]", 3, &err), 0, "%s", err.msg); /* 16 bytes != 12 */
+  cr_assert_eq(bs_entry_set_shape(NULL, e, "[3]", 3, &err), 0, "%s", err.msg); /* 16 bytes != 12 */
   char out[128];
-  snprintf(out, sizeof out, "%s/bad.bpk", dir);
+  snprintf(out, sizeof out, "%s/bad.bpk", W.dir);
   struct bs_wb wb = job(out, 0);
   char *report = NULL;
   cr_assert_eq(bs_wb_run(&wb, &report, &err), -1);
@@ -370,7 +312,7 @@ Test(writeback, bad_file_leaves_an_incomplete_index_finish_refuses)
   free(text);
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
   cr_assert(strstr(err.msg, "stopped before it could describe the output"), "%s", err.msg);
   bs_free(res.target);
 }
@@ -383,7 +325,7 @@ Test(writeback, no_index_lists_raw_files)
   cr_assert(strstr(text, "no INDEX: the daemon died") && strstr(text, "\t16\tstaged "), "%s", text);
   free(text);
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
   cr_assert_eq(err.code, ENOENT, "%s", err.msg);
   bs_free(res.target);
 }
@@ -392,7 +334,7 @@ Test(writeback, out_of_memory_anywhere_leaves_the_target_untouched)
 {
   stage_a();
   char out[128];
-  snprintf(out, sizeof out, "%s/oom.bpk", dir);
+  snprintf(out, sizeof out, "%s/oom.bpk", W.dir);
   struct bs_wb wb = job(out, 0);
   int rc = -1;
   long n;
@@ -435,20 +377,20 @@ Test(writeback, the_binary_lists_and_finishes_without_a_mount)
   char sub[128], out[160];
   fail_writer(sub, sizeof sub, out, sizeof out);
   char args[256], *text;
-  snprintf(args, sizeof args, "--finish '%s'", stg);
+  snprintf(args, sizeof args, "--finish '%s'", W.stg);
   cr_assert_eq(run_bin(args, &text), 1);
   cr_assert(strstr(text, "running burnstore daemon"), "%s", text);
   free(text);
   kill_owner();
-  snprintf(args, sizeof args, "--list-staging '%s'", stg);
+  snprintf(args, sizeof args, "--list-staging '%s'", W.stg);
   cr_assert_eq(run_bin(args, &text), 0, "%s", text);
   cr_assert(strstr(text, "a\tF32\t[4]\t16\tstaged "), "%s", text);
   free(text);
   cr_assert_eq(mkdir(sub, 0755), 0);
-  snprintf(args, sizeof args, "--finish '%s'", stg);
+  snprintf(args, sizeof args, "--finish '%s'", W.stg);
   cr_assert_eq(run_bin(args, &text), 0, "%s", text);
   cr_assert(strstr(text, "wrote ") && strstr(text, "(2 tensors)"), "%s", text);
   free(text);
-  cr_assert(!exists(stg));
+  cr_assert(!exists(W.stg));
   check_result(out);
 }

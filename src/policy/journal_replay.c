@@ -1,0 +1,416 @@
+/* The staging journal's replay and --finish from it (journal_replay.h). */
+#include "policy/journal_replay.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "burnstore/formats.h"
+#include "burnstore/writers.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/strmap.h"
+
+_Static_assert(BS_STAGE_INDEX_MAX + 4096u <= BS_JOURNAL_RECORD_MAX,
+               "a BASE record holds a whole INDEX");
+
+/* ---- Replay --------------------------------------------------------------------------------- */
+
+struct item {
+  char *inostr; /* owned: the strmap's key */
+  uint64_t ino;
+  struct bs_entry *e; /* owned until the tree takes it */
+  char *key;          /* owned */
+  bool gone;
+};
+
+struct state {
+  struct item *items;
+  size_t n, cap;
+  struct bs_strmap map;
+};
+
+static void state_destroy(struct state *s)
+{
+  for (size_t i = 0; i < s->n; i++) {
+    bs_free(s->items[i].inostr);
+    bs_free(s->items[i].key);
+    bs_entry_free(s->items[i].e);
+  }
+  bs_free(s->items);
+  bs_strmap_destroy(&s->map);
+}
+
+static struct item *find(struct state *s, uint64_t ino)
+{
+  char k[24];
+  snprintf(k, sizeof k, "%llu", (unsigned long long)ino);
+  size_t i;
+  return bs_strmap_get(&s->map, k, &i) ? &s->items[i] : NULL;
+}
+
+static struct item *add_item(struct state *s, uint64_t ino, bs_err *err)
+{
+  char k[24];
+  snprintf(k, sizeof k, "%llu", (unsigned long long)ino);
+  char *ks = bs_strdup(k);
+  if (!ks || bs_grow((void **)&s->items, &s->cap, s->n + 1, sizeof *s->items) != 0 ||
+      bs_strmap_put(&s->map, ks, s->n) != 0) {
+    bs_free(ks);
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    return NULL;
+  }
+  struct item *it = &s->items[s->n++];
+  memset(it, 0, sizeof *it);
+  it->inostr = ks;
+  it->ino = ino;
+  return it;
+}
+
+/* A NUL-terminated copy of a record's string field, refusing inner NULs. */
+static char *field_str(const uint8_t *p, size_t n)
+{
+  if (memchr(p, '\0', n)) {
+    errno = EINVAL;
+    return NULL;
+  }
+  char *s = bs_strndup((const char *)p, n);
+  if (!s)
+    errno = ENOMEM;
+  return s;
+}
+
+static int bad(bs_err *err, uint64_t off, const char *what)
+{
+  return bs_fail(err, EINVAL, off, NULL, "journal record at offset %llu: %s",
+                 (unsigned long long)off, what);
+}
+
+static int apply(struct bs_jreplay *r, struct state *s, uint64_t off, unsigned kind, uint64_t ino,
+                 const uint8_t *a, size_t alen, const uint8_t *b, size_t blen, bs_err *err)
+{
+  struct bs_edit *ed = &r->ed;
+  struct item *it = find(s, ino);
+  bs_err sub;
+  bs_err_clear(&sub);
+  int rc = 0;
+  switch (kind) {
+  case BS_J_ORIGIN: {
+    if (alen != 8 || it)
+      return bad(err, off, "ORIGIN of a file already known, or not a u64");
+    uint64_t ti = bs_le64(a);
+    if (ti >= r->base.cat.count)
+      return bad(err, off, "ORIGIN names a tensor the BASE does not have");
+    const struct bs_tensor *t = &r->base.cat.tensors[ti];
+    if (!(it = add_item(s, ino, err)))
+      return -1;
+    it->key = bs_strdup(t->name);
+    it->e = bs_entry_new((long)ti, t->nbytes, false, 0644);
+    if (!it->key || !it->e)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    it->e->ino = ino;
+    return 0;
+  }
+  case BS_J_KEY: {
+    if (alen == 0 || alen > BS_MAX_KEY_LEN)
+      return bad(err, off, "KEY empty or too long");
+    char *k = field_str(a, alen);
+    if (!k)
+      return errno == ENOMEM ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory")
+                             : bad(err, off, "a NUL inside a key");
+    if (!it) {
+      if (!(it = add_item(s, ino, err)) || !(it->e = bs_entry_new(-1, 0, false, 0644))) {
+        bs_free(k);
+        return it ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : -1;
+      }
+      it->e->ino = ino;
+    }
+    bs_free(it->key);
+    it->key = k;
+    return 0;
+  }
+  case BS_J_GONE:
+    /* Inodes are never reused: a removed file stays removed. */
+    if (!it && !(it = add_item(s, ino, err)))
+      return -1;
+    it->gone = true;
+    return 0;
+  default: break;
+  }
+  if (kind == BS_J_MSET || kind == BS_J_MRM) {
+    char *k = field_str(a, alen);
+    if (!k)
+      return errno == ENOMEM ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory")
+                             : bad(err, off, "a NUL inside a metadata key");
+    if (kind == BS_J_MSET)
+      rc = bs_edit_set_meta(ed, k, (const char *)b, blen, &sub);
+    else if (bs_edit_remove_meta(ed, k, &sub) != 0 && sub.code == ENODATA)
+      bs_err_clear(&sub), rc = 0;
+    else
+      rc = sub.code ? -1 : 0;
+    bs_free(k);
+    return rc ? bs_fail(err, sub.code, off, NULL, "journal record at offset %llu: %s",
+                        (unsigned long long)off, sub.msg)
+              : 0;
+  }
+  if (!it || (!it->gone && !it->e))
+    return bad(err, off, "a change of a file the journal never created");
+  if (it->gone)
+    return 0; /* changes logged while it was being removed */
+  struct bs_entry *e = it->e;
+  const char *v = (const char *)a;
+  switch (kind) {
+  case BS_J_STAGE:
+    if (alen != 8 || bs_le64(a) == 0)
+      return bad(err, off, "STAGE without a staging file number");
+    e->stage = bs_le64(a);
+    break;
+  case BS_J_DTYPE: rc = bs_entry_set_dtype(ed, e, v, alen, &sub); break;
+  case BS_J_DTYPE_CLR: bs_entry_clear_dtype(NULL, e); break;
+  case BS_J_SHAPE: rc = bs_entry_set_shape(NULL, e, v, alen, &sub); break;
+  case BS_J_SHAPE_CLR: bs_entry_clear_shape(NULL, e); break;
+  case BS_J_PARAM_ID: rc = bs_entry_set_param_id(NULL, e, v, alen, &sub); break;
+  case BS_J_PARAM_ID_CLR: bs_entry_clear_param_id(NULL, e); break;
+  case BS_J_XSET:
+  case BS_J_XRM: {
+    char *name = field_str(a, alen);
+    if (!name)
+      return errno == ENOMEM ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory")
+                             : bad(err, off, "a NUL inside an xattr name");
+    if (kind == BS_J_XSET)
+      rc = bs_entry_set_xattr(ed, e, name, b, blen, 0, &sub);
+    else if (bs_entry_remove_xattr(ed, e, name, &sub) != 0 && sub.code == ENODATA)
+      bs_err_clear(&sub);
+    else
+      rc = sub.code ? -1 : 0;
+    bs_free(name);
+    break;
+  }
+  default: return bad(err, off, "unknown record kind");
+  }
+  if (rc)
+    return bs_fail(err, sub.code, off, it->key, "journal record at offset %llu: %s",
+                   (unsigned long long)off, sub.msg);
+  return 0;
+}
+
+static int cmp_ino(const void *x, const void *y)
+{
+  const struct item *a = *(const struct item *const *)x, *b = *(const struct item *const *)y;
+  return a->ino < b->ino ? -1 : a->ino > b->ino;
+}
+
+/* The live files as a flat tree (named by their escaped keys), in inode
+ * order; base tensors no file came from were hidden at mount. */
+static int build_tree(struct bs_jreplay *r, struct state *s, bs_err *err)
+{
+  struct item **live = bs_malloc((s->n ? s->n : 1) * sizeof *live);
+  r->inos = bs_malloc((s->n ? s->n : 1) * sizeof *r->inos);
+  if (!live || !r->inos) {
+    bs_free(live);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < r->base.cat.count; i++)
+    r->base.cat.tensors[i].hidden = true;
+  for (size_t i = 0; i < s->n; i++) {
+    struct item *it = &s->items[i];
+    if (it->e && it->e->tensor >= 0)
+      r->base.cat.tensors[it->e->tensor].hidden = false;
+    if (!it->gone && it->e && it->key)
+      live[n++] = it;
+  }
+  qsort(live, n, sizeof *live, cmp_ino);
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    struct item *it = live[i];
+    bool shortened;
+    char *name = bs_component_name(it->key, strlen(it->key), &shortened);
+    uint64_t ino;
+    if (!name) {
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, it->key, "out of memory");
+      break;
+    }
+    rc = bs_tree_add(&r->tree, BS_TREE_ROOT, name, false, it->e->tensor, &ino, err);
+    bs_free(name);
+    if (rc) {
+      if (err->code == EEXIST)
+        bs_fail(err, EEXIST, BS_OFF_NONE, it->key, "two files of the journal have this key");
+      break;
+    }
+    struct bs_node *nd = &r->tree.nodes[ino];
+    if (shortened && !(nd->seg = bs_strdup(it->key))) {
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, it->key, "out of memory");
+      break;
+    }
+    nd->user = it->e;
+    it->e = NULL;
+    r->inos[r->nfiles++] = it->ino;
+  }
+  bs_free(live);
+  return rc;
+}
+
+int bs_journal_replay(const void *data, size_t len, struct bs_jreplay *r, bs_err *err)
+{
+  memset(r, 0, sizeof *r);
+  bs_stage_index_init(&r->base);
+  const uint8_t *p = data;
+  if (len < BS_JOURNAL_MAGIC_LEN || memcmp(p, BS_JOURNAL_MAGIC, BS_JOURNAL_MAGIC_LEN) != 0)
+    return bs_fail(err, EINVAL, 0, NULL, "not a burnstore staging journal (bad magic)");
+  if (bs_tree_init(&r->tree, err) != 0)
+    return -1;
+  struct state s = {0};
+  int rc = 0;
+  size_t off = BS_JOURNAL_MAGIC_LEN;
+  bool based = false;
+  while (!rc && len - off >= BS_JOURNAL_HDR) {
+    uint32_t plen = bs_le32(p + off);
+    uint64_t sum = bs_le64(p + off + 4);
+    if (plen < BS_JOURNAL_PAYLOAD || plen > BS_JOURNAL_RECORD_MAX ||
+        plen > len - off - BS_JOURNAL_HDR)
+      break; /* cut (or garbage): the torn tail */
+    const uint8_t *q = p + off + BS_JOURNAL_HDR;
+    if (bs_fnv1a(BS_FNV1A_INIT, q, plen) != sum)
+      break;
+    unsigned kind = q[0];
+    uint64_t ino = bs_le64(q + 1);
+    uint32_t alen = bs_le32(q + 9);
+    if (alen > plen - BS_JOURNAL_PAYLOAD) {
+      rc = bad(err, off, "field longer than its record");
+      break;
+    }
+    const uint8_t *a = q + BS_JOURNAL_PAYLOAD, *b = a + alen;
+    size_t blen = plen - BS_JOURNAL_PAYLOAD - alen;
+    if (!based) {
+      if (kind != BS_J_BASE) {
+        rc = bad(err, off, "the first record is not BASE");
+        break;
+      }
+      rc = bs_stage_index_parse(a, alen, &r->base, err);
+      if (!rc && r->base.incomplete)
+        rc = bad(err, off, "BASE is an incomplete INDEX");
+      if (!rc) {
+        rc = bs_edit_init(&r->ed, &r->base.cat, &r->tree, true, err);
+        r->ed_init = true;
+      }
+      /* Then (inode, tensor) pairs: the ORIGIN of every file as mounted. */
+      if (!rc && blen % 16)
+        rc = bad(err, off, "BASE's origins are not (inode, tensor) pairs");
+      for (size_t i = 0; !rc && i < blen; i += 16)
+        rc = apply(r, &s, off, BS_J_ORIGIN, bs_le64(b + i), b + i + 8, 8, NULL, 0, err);
+      based = true;
+    } else if (kind == BS_J_BASE || kind >= BS_J_KIND_END || kind == 0) {
+      rc = bad(err, off, "unknown record kind, or a second BASE");
+    } else {
+      rc = apply(r, &s, off, kind, ino, a, alen, b, blen, err);
+    }
+    r->records++;
+    off += BS_JOURNAL_HDR + plen;
+  }
+  if (!rc && !based)
+    rc = bs_fail(err, EINVAL, BS_JOURNAL_MAGIC_LEN, NULL,
+                 "the journal has no BASE record (cut at mount?)");
+  r->torn = len - off;
+  if (!rc)
+    rc = build_tree(r, &s, err);
+  state_destroy(&s);
+  return rc;
+}
+
+void bs_jreplay_destroy(struct bs_jreplay *r)
+{
+  if (r->ed_init)
+    bs_edit_destroy(&r->ed);
+  else
+    for (uint64_t i = 0; i < r->tree.n; i++)
+      bs_entry_free(r->tree.nodes[i].user);
+  bs_tree_destroy(&r->tree);
+  bs_stage_index_destroy(&r->base);
+  bs_free(r->inos);
+  memset(r, 0, sizeof *r);
+}
+
+/* ---- --finish from the journal --------------------------------------------------------------- */
+
+/* The staged files' sizes are what the daemon wrote before it died. */
+static int size_staged(struct bs_jreplay *r, int dirfd, const char *dir, bs_err *err)
+{
+  for (uint64_t ino = BS_TREE_ROOT; ino < r->tree.n; ino++) {
+    struct bs_entry *e = r->tree.nodes[ino].user;
+    if (!e || !e->stage)
+      continue;
+    char name[24];
+    snprintf(name, sizeof name, "%llu", (unsigned long long)e->stage);
+    struct stat st;
+    if (fstatat(dirfd, name, &st, 0) != 0 || !S_ISREG(st.st_mode)) {
+      char *key = bs_tree_key(&r->tree, ino, true);
+      int rc = bs_fail(err, errno ? errno : EINVAL, BS_OFF_NONE, key,
+                       "%s/%s: the journal's staged file is missing", dir, name);
+      bs_free(key);
+      return rc;
+    }
+    e->size = (uint64_t)st.st_size;
+  }
+  return 0;
+}
+
+int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err)
+{
+  int fd = openat(dirfd, BS_JOURNAL_NAME, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return 1;
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "%s/" BS_JOURNAL_NAME ": %s", dir,
+                   strerror(errno));
+  }
+  struct stat st;
+  void *map = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX)
+    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  close(fd);
+  if (map == MAP_FAILED)
+    return bs_fail(err, st.st_size == 0 ? EINVAL : e, BS_OFF_NONE, NULL,
+                   "%s/" BS_JOURNAL_NAME ": cannot read it%s", dir,
+                   st.st_size == 0 ? " (empty)" : "");
+  struct bs_jreplay r;
+  struct bs_catalog out;
+  bs_catalog_init(&out);
+  struct bs_buf buf = {0};
+  int rc = -1;
+  char m[sizeof err->msg];
+  if (bs_journal_replay(map, (size_t)st.st_size, &r, err) != 0) {
+    snprintf(m, sizeof m, "%s", err->msg);
+    err->msg[0] = '\0';
+    int code = err->code;
+    err->code = 0;
+    bs_fail(err, code, err->off, err->key[0] ? err->key : NULL, "%s/" BS_JOURNAL_NAME ": %s", dir,
+            m);
+    goto out;
+  }
+  if (bs_stage_index_attach(&r.base, dir, err) != 0 || size_staged(&r, dirfd, dir, err) != 0 ||
+      bs_edit_catalog(&r.ed, dir, true, &out, err) != 0)
+    goto out;
+  out.format = r.base.format;
+  const struct bs_writer *w = bs_writer_for_format(r.base.format);
+  if (w && w->default_meta && w->default_meta(&out, err) != 0)
+    goto out;
+  /* The INDEX a write-back at this point would have saved. */
+  if (bs_stage_index_format(&r.base, &out, dir, &buf, err) != 0 ||
+      bs_stage_index_save(dirfd, &buf, err) != 0)
+    goto out;
+  rc = 0;
+out:
+  bs_buf_destroy(&buf);
+  bs_catalog_destroy(&out);
+  bs_jreplay_destroy(&r);
+  munmap(map, (size_t)st.st_size);
+  return rc;
+}

@@ -1,0 +1,486 @@
+/* The staging journal (core/journal.h) without a mount: a SafeTensors
+ * checkpoint, its tree and editable catalog as a writable mount has them,
+ * the journal started as the mount starts it, changes made through the
+ * same core calls the FUSE ops make, then no INDEX (the daemon "was
+ * killed") and bs_wb_finish rebuilding the output from the journal. Replay
+ * of every record kind, a torn tail, a checksum mismatch, rename chains,
+ * unlink then recreate, a changed checkpoint. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bs_test.h"
+#include "burnstore/formats.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "policy/journal_replay.h"
+#include "policy/stage_index.h"
+#include "policy/writeback.h"
+
+/* The checkpoint a (F32 [4]) b (U8 [4]), its mount's tree and editable
+ * catalog, a staging directory (bs_test.h). */
+static struct bs_test_wb W;
+static char out_path[128];
+static struct bs_journal *jr;
+static bs_err err;
+
+static struct bs_wb job(void)
+{
+  struct bs_wb wb = {.target = out_path,
+                     .source = W.src_path,
+                     .edit = &W.ed,
+                     .staging = W.stg,
+                     .staging_fd = &W.stg_fd,
+                     .staging_lock = &W.stg_lock};
+  wb.writer = bs_wb_writer(out_path, out_path, 0, &err);
+  cr_assert_not_null(wb.writer, "%s", err.msg);
+  return wb;
+}
+
+static void setup(void)
+{
+  bs_err_clear(&err);
+  bs_test_wb_setup(&W);
+  snprintf(out_path, sizeof out_path, "%s/out.safetensors", W.dir);
+  struct bs_wb wb = job();
+  jr = bs_wb_journal_start(&wb, &err);
+  cr_assert_not_null(jr, "%s", err.msg);
+  bs_journal_begin(jr);
+  W.ed.journal = jr;
+}
+
+static void teardown(void)
+{
+  W.ed.journal = NULL;
+  bs_journal_close(jr);
+  jr = NULL;
+  bs_test_wb_teardown(&W);
+}
+
+TestSuite(journal, .init = setup, .fini = teardown);
+
+/* ---- what the FUSE ops do, through the same core calls ---- */
+
+static uint64_t lookup(const char *name)
+{
+  uint64_t ino = bs_tree_lookup(&W.tree, BS_TREE_ROOT, name);
+  cr_assert_neq(ino, 0, "%s", name);
+  return ino;
+}
+
+static struct bs_entry *entry(const char *name)
+{
+  return bs_edit_entry(&W.ed, lookup(name));
+}
+
+static uint64_t next_stage = 0;
+
+/* fs_stage, then the bytes written. */
+static void stage(struct bs_entry *e, const void *data, size_t n)
+{
+  char p[200];
+  e->stage = ++next_stage + 100;
+  snprintf(p, sizeof p, "%s/%llu", W.stg, (unsigned long long)e->stage);
+  bs_test_put_file(p, data, n);
+  e->size = n;
+  bs_edit_log_stage(&W.ed, e);
+}
+
+static uint64_t create(const char *name)
+{
+  uint64_t ino;
+  cr_assert_eq(bs_tree_add(&W.tree, BS_TREE_ROOT, name, false, -1, &ino, &err), 0, "%s", err.msg);
+  struct bs_entry *e = bs_entry_new(-1, 0, false, 0644);
+  e->ino = ino;
+  W.tree.nodes[ino].user = e;
+  bs_edit_log_key(&W.ed, ino);
+  return ino;
+}
+
+static void rename_to(const char *from, const char *to)
+{
+  uint64_t ino = lookup(from), target = bs_tree_lookup(&W.tree, BS_TREE_ROOT, to);
+  if (target) {
+    cr_assert_eq(bs_tree_remove(&W.tree, target, &err), 0);
+    bs_edit_log_gone(&W.ed, target);
+  }
+  cr_assert_eq(bs_tree_move(&W.tree, ino, BS_TREE_ROOT, to, &err), 0, "%s", err.msg);
+  bs_edit_log_key(&W.ed, ino);
+}
+
+static void unlink_file(const char *name)
+{
+  uint64_t ino = lookup(name);
+  cr_assert_eq(bs_tree_remove(&W.tree, ino, &err), 0);
+  bs_edit_log_gone(&W.ed, ino);
+}
+
+/* The daemon is killed: no INDEX, its lock released. */
+static void kill_owner(void)
+{
+  bs_journal_close(jr);
+  jr = NULL;
+  W.ed.journal = NULL;
+  close(W.stg_lock);
+  close(W.stg_fd);
+  W.stg_lock = W.stg_fd = -1;
+}
+
+static size_t read_journal(uint8_t **data)
+{
+  char p[200];
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
+  FILE *f = fopen(p, "rb");
+  cr_assert_not_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  *data = bs_malloc((size_t)n);
+  cr_assert_eq(fread(*data, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  return (size_t)n;
+}
+
+/* Key of the replayed file with ino, or NULL. */
+static char *replayed_key(const struct bs_jreplay *r, uint64_t ino)
+{
+  for (size_t i = 0; i < r->nfiles; i++)
+    if (r->inos[i] == ino)
+      return bs_tree_key(&r->tree, BS_TREE_ROOT + 1 + i, true);
+  return NULL;
+}
+
+static const struct bs_entry *replayed(const struct bs_jreplay *r, uint64_t ino)
+{
+  for (size_t i = 0; i < r->nfiles; i++)
+    if (r->inos[i] == ino)
+      return r->tree.nodes[BS_TREE_ROOT + 1 + i].user;
+  return NULL;
+}
+
+static void replay(struct bs_jreplay *r)
+{
+  uint8_t *data;
+  size_t n = read_journal(&data);
+  cr_assert_eq(bs_journal_replay(data, n, r, &err), 0, "%s", err.msg);
+  bs_free(data);
+}
+
+/* ---- tests ---- */
+
+Test(journal, every_record_kind_replays)
+{
+  uint64_t a = lookup("a"), b = lookup("b");
+  struct bs_entry *ea = entry("a");
+  const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  stage(ea, bytes, sizeof bytes);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, ea, "F16\n", 4, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, ea, "[2, 2]", 6, &err), 0);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, ea, "77", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_xattr(&W.ed, ea, "user.note", "hi", 2, 0, &err), 0);
+  cr_assert_eq(bs_entry_set_xattr(&W.ed, ea, "user.gone", "x", 1, 0, &err), 0);
+  cr_assert_eq(bs_entry_remove_xattr(&W.ed, ea, "user.gone", &err), 0);
+  struct bs_entry *eb = entry("b");
+  cr_assert_eq(bs_entry_set_shape(&W.ed, eb, "[4,1]", 5, &err), 0);
+  bs_entry_clear_shape(&W.ed, eb);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  bs_entry_clear_dtype(&W.ed, eb);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, eb, "5", 1, &err), 0);
+  bs_entry_clear_param_id(&W.ed, eb);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "k", "v", 1, &err), 0);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "drop", "v", 1, &err), 0);
+  cr_assert_eq(bs_edit_remove_meta(&W.ed, "drop", &err), 0);
+  uint64_t n = create("new");
+  cr_assert_eq(bs_journal_pending(jr) > 0, true);
+
+  struct bs_jreplay r;
+  replay(&r);
+  cr_assert_eq(r.torn, 0);
+  cr_assert_eq(r.nfiles, 3);
+  const struct bs_entry *ra = replayed(&r, a), *rb = replayed(&r, b), *rn = replayed(&r, n);
+  cr_assert(ra && rb && rn);
+  cr_assert_eq(ra->stage, ea->stage);
+  cr_assert(ra->has_dtype && ra->dtype == BS_DT_F16);
+  cr_assert(ra->has_shape && ra->rank == 2 && ra->shape[0] == 2 && ra->shape[1] == 2);
+  cr_assert(ra->has_param_id && ra->param_id == 77);
+  cr_assert_eq(ra->nxattrs, 1);
+  cr_assert_str_eq(ra->xattrs[0].name, "user.note");
+  cr_assert_str_eq(ra->xattrs[0].value, "hi");
+  cr_assert(!rb->has_shape && !rb->has_dtype && !rb->has_param_id && rb->stage == 0);
+  cr_assert_eq(rb->tensor, 1);
+  cr_assert(rn->tensor == -1 && rn->stage == 0);
+  char *k = replayed_key(&r, n);
+  cr_assert_str_eq(k, "new");
+  bs_free(k);
+  cr_assert_str_eq(bs_edit_get_meta(&r.ed, "k"), "v");
+  cr_assert_null(bs_edit_get_meta(&r.ed, "drop"));
+  bs_jreplay_destroy(&r);
+}
+
+Test(journal, finish_after_a_kill_writes_what_the_mount_held)
+{
+  const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct bs_entry *ea = entry("a");
+  stage(ea, bytes, sizeof bytes);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, ea, "U16", 3, &err), 0);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, ea, "[2,2]", 5, &err), 0);
+  rename_to("b", "renamed");
+  uint64_t n = create("fresh");
+  struct bs_entry *en = bs_edit_entry(&W.ed, n);
+  stage(en, "abcd", 4);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, en, "I32", 3, &err), 0);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "author", "me", 2, &err), 0);
+  kill_owner();
+
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(res.target, out_path);
+  cr_assert_eq(res.tensors, 3);
+  bs_free(res.target);
+  struct stat st;
+  cr_assert_neq(stat(W.stg, &st), 0, "the staging directory is removed");
+
+  struct bs_catalog out;
+  bs_test_open_file(out_path, &out);
+  cr_assert_eq(out.count, 3);
+  long ia = bs_catalog_find(&out, "a"), ir = bs_catalog_find(&out, "renamed"),
+       inew = bs_catalog_find(&out, "fresh");
+  cr_assert(ia >= 0 && ir >= 0 && inew >= 0);
+  cr_assert_eq(bs_catalog_find(&out, "b"), -1);
+  const struct bs_tensor *ta = &out.tensors[ia], *tn = &out.tensors[inew];
+  cr_assert(ta->dtype == BS_DT_U16 && ta->rank == 2 && ta->shape[0] == 2);
+  cr_assert(tn->dtype == BS_DT_I32 && tn->rank == 1 && tn->shape[0] == 1);
+  uint8_t got[8];
+  cr_assert_eq(bs_tensor_read(&out, ta, 0, got, 8), 8);
+  cr_assert_arr_eq(got, bytes, 8);
+  cr_assert_eq(bs_tensor_read(&out, &out.tensors[ir], 0, got, 4), 4);
+  const uint8_t want_b[4] = {17, 18, 19, 20};
+  cr_assert_arr_eq(got, want_b, 4);
+  cr_assert_eq(bs_tensor_read(&out, tn, 0, got, 4), 4);
+  cr_assert_arr_eq(got, "abcd", 4);
+  bool meta = false;
+  for (size_t i = 0; i < out.nmeta; i++)
+    meta |= strcmp(out.meta[i].key, "author") == 0 && strcmp(out.meta[i].value, "me") == 0;
+  cr_assert(meta, "the metadata set while mounted");
+  bs_catalog_destroy(&out);
+}
+
+Test(journal, rename_chains_and_unlink_then_recreate)
+{
+  uint64_t a = lookup("a"), b = lookup("b");
+  rename_to("a", "x");
+  rename_to("x", "y");
+  rename_to("y", "z");
+  unlink_file("b");
+  uint64_t b2 = create("b"); /* a new file under the old name */
+  rename_to("z", "b");       /* and replaced by the renamed one */
+  struct bs_jreplay r;
+  replay(&r);
+  cr_assert_eq(r.nfiles, 1);
+  cr_assert_null(replayed(&r, b));
+  cr_assert_null(replayed(&r, b2));
+  char *k = replayed_key(&r, a);
+  cr_assert_str_eq(k, "b");
+  bs_free(k);
+  cr_assert_eq(replayed(&r, a)->tensor, 0, "b is a's bytes");
+  bs_jreplay_destroy(&r);
+}
+
+Test(journal, a_torn_tail_is_ignored)
+{
+  struct bs_entry *eb = entry("b");
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  uint8_t *data;
+  size_t full = read_journal(&data);
+  cr_assert_eq(bs_entry_set_shape(&W.ed, eb, "[2,2]", 5, &err), 0);
+  bs_free(data);
+  size_t n = read_journal(&data);
+  cr_assert_gt(n, full);
+  /* Every cut inside the last record leaves the state before it. */
+  for (size_t cut = full; cut < n; cut++) {
+    struct bs_jreplay r;
+    cr_assert_eq(bs_journal_replay(data, cut, &r, &err), 0, "cut %zu: %s", cut, err.msg);
+    cr_assert_eq(r.torn, cut - full);
+    const struct bs_entry *e = replayed(&r, lookup("b"));
+    cr_assert(e && e->has_dtype && e->dtype == BS_DT_I8 && !e->has_shape, "cut %zu", cut);
+    bs_jreplay_destroy(&r);
+  }
+  bs_free(data);
+}
+
+Test(journal, a_checksum_mismatch_ends_the_replay_there)
+{
+  struct bs_entry *eb = entry("b");
+  uint8_t *data;
+  size_t before = read_journal(&data);
+  bs_free(data);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, eb, "3", 1, &err), 0);
+  size_t n = read_journal(&data);
+  data[before + 12 + 13] ^= 0x20; /* the dtype text: "i8" would be valid too */
+  struct bs_jreplay r;
+  cr_assert_eq(bs_journal_replay(data, n, &r, &err), 0, "%s", err.msg);
+  cr_assert_eq(r.torn, n - before);
+  const struct bs_entry *e = replayed(&r, lookup("b"));
+  cr_assert(!e->has_dtype && !e->has_param_id, "nothing from the bad record on");
+  bs_jreplay_destroy(&r);
+  bs_free(data);
+}
+
+static void put_rec2(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const void *a,
+                     uint32_t alen, const void *b, uint32_t blen)
+{
+  uint8_t *q = p + *off + 12;
+  q[0] = (uint8_t)kind;
+  bs_put_le64(q + 1, ino);
+  bs_put_le32(q + 9, alen);
+  if (alen)
+    memcpy(q + 13, a, alen);
+  if (blen)
+    memcpy(q + 13 + alen, b, blen);
+  bs_put_le32(p + *off, 13 + alen + blen);
+  bs_put_le64(p + *off + 4, bs_fnv1a(BS_FNV1A_INIT, q, 13 + alen + blen));
+  *off += 12 + 13 + alen + blen;
+}
+
+static void put_rec(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const void *a,
+                    uint32_t alen)
+{
+  put_rec2(p, off, kind, ino, a, alen, NULL, 0);
+}
+
+Test(journal, bad_journals_are_refused_with_one_line)
+{
+  uint8_t *data;
+  size_t n = read_journal(&data);
+  struct bs_jreplay r;
+  cr_assert_eq(bs_journal_replay("BSJRNL9\n", 8, &r, &err), -1);
+  cr_assert(strstr(err.msg, "bad magic"), "%s", err.msg);
+  bs_jreplay_destroy(&r);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_journal_replay(data, 8, &r, &err), -1, "magic only: no BASE");
+  cr_assert(strstr(err.msg, "no BASE"), "%s", err.msg);
+  bs_jreplay_destroy(&r);
+  /* A change of a file the journal never named; an ORIGIN past the BASE;
+   * a field longer than its record; an unknown kind. */
+  uint8_t *bad = bs_malloc(n + 64);
+  cr_assert_not_null(bad);
+  const uint8_t big[8] = {9, 0, 0, 0, 0, 0, 0, 0};
+  struct {
+    unsigned kind;
+    uint64_t ino;
+    const void *a;
+    uint32_t alen;
+    const char *msg;
+  } cases[] = {{BS_J_DTYPE, 999, "F32", 3, "never created"},
+               {BS_J_ORIGIN, 999, big, 8, "does not have"},
+               {BS_J_KIND_END, 1, "", 0, "unknown record kind"},
+               {BS_J_BASE, 0, "", 0, "second BASE"},
+               {BS_J_KEY, 999, "a\0b", 3, "NUL"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    memcpy(bad, data, n);
+    size_t off = n;
+    put_rec(bad, &off, cases[i].kind, cases[i].ino, cases[i].a, cases[i].alen);
+    bs_err_clear(&err);
+    cr_assert_eq(bs_journal_replay(bad, off, &r, &err), -1, "case %zu", i);
+    cr_assert(err.code == EINVAL && strstr(err.msg, cases[i].msg), "case %zu: %s", i, err.msg);
+    bs_jreplay_destroy(&r);
+  }
+  /* alen past the record: its checksum holds, its field does not. */
+  memcpy(bad, data, n);
+  size_t off = n;
+  put_rec(bad, &off, BS_J_KEY, 1, "ab", 2);
+  bs_put_le32(bad + n + 12 + 9, 1000);
+  bs_put_le64(bad + n + 4, bs_fnv1a(BS_FNV1A_INIT, bad + n + 12, 15));
+  bs_err_clear(&err);
+  cr_assert_eq(bs_journal_replay(bad, off, &r, &err), -1);
+  cr_assert(strstr(err.msg, "longer than its record"), "%s", err.msg);
+  bs_jreplay_destroy(&r);
+  /* BASE's origins must be (inode, tensor) pairs. */
+  uint32_t blen = bs_le32(data + 8 + 12 + 9);
+  memcpy(bad, data, 8);
+  off = 8;
+  put_rec2(bad, &off, BS_J_BASE, 0, data + 8 + 12 + 13, blen, "0123456789abcde", 15);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_journal_replay(bad, off, &r, &err), -1);
+  cr_assert(strstr(err.msg, "pairs"), "%s", err.msg);
+  bs_jreplay_destroy(&r);
+  bs_free(bad);
+  bs_free(data);
+}
+
+Test(journal, a_changed_checkpoint_is_refused)
+{
+  rename_to("a", "x");
+  kill_owner();
+  sleep(0); /* the rewrite below changes size and inode at least */
+  char tmp[160];
+  snprintf(tmp, sizeof tmp, "%s.new", W.src_path);
+  bs_test_write_ab_checkpoint(tmp);
+  int fd = open(tmp, O_WRONLY | O_APPEND);
+  cr_assert_eq(write(fd, "x", 1), 1);
+  close(fd);
+  cr_assert_eq(rename(tmp, W.src_path), 0);
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(err.code, ESTALE, "%d %s", err.code, err.msg);
+  bs_free(res.target);
+  struct stat st;
+  cr_assert_eq(stat(out_path, &st), -1, "nothing written");
+}
+
+Test(journal, without_journal_finish_still_says_no_index)
+{
+  kill_owner();
+  char p[200];
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
+  cr_assert_eq(unlink(p), 0);
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert(strstr(err.msg, "no INDEX"), "%s", err.msg);
+  bs_free(res.target);
+}
+
+Test(journal, the_flusher_syncs_within_its_window)
+{
+  struct bs_entry *eb = entry("b");
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  cr_assert_gt(bs_journal_pending(jr), 0);
+  for (int i = 0; i < 40 && bs_journal_pending(jr); i++)
+    usleep(100000);
+  cr_assert_eq(bs_journal_pending(jr), 0, "synced within %d ms", BS_JOURNAL_SYNC_MS);
+}
+
+Test(journal, a_key_longer_than_a_file_name_survives)
+{
+  /* a/b nested: each component fits NAME_MAX, the key does not; the replay's
+   * flat tree shows it under a shortened name that keeps the whole key. */
+  char key[420];
+  memset(key, 'a', 200);
+  key[200] = '.';
+  memset(key + 201, 'b', 200);
+  key[401] = '\0';
+  bs_journal_append(jr, BS_J_KEY, 9999, key, strlen(key), NULL, 0);
+  kill_owner();
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  bs_free(res.target);
+  struct bs_catalog out;
+  bs_test_open_file(out_path, &out);
+  cr_assert_eq(out.count, 3);
+  long k = bs_catalog_find(&out, key);
+  cr_assert(k >= 0 && out.tensors[k].nbytes == 0, "the empty new file under its whole key");
+  bs_catalog_destroy(&out);
+}
+
+Test(journal, unchanged_until_the_first_change)
+{
+  cr_assert(bs_journal_unchanged(W.stg_fd), "BASE alone: nothing to finish");
+  rename_to("a", "x");
+  cr_assert(!bs_journal_unchanged(W.stg_fd), "a rename is something to finish");
+}
