@@ -357,6 +357,29 @@ static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
   return c;
 }
 
+/* A reader who may not write the journal (another user's set, a read-only
+ * file system): a journal without its commit record leaves the old set
+ * whole, which it may read; a committed one it cannot roll forward. */
+static int read_only_reader(struct bs_set *s, bs_err *err)
+{
+  int e = errno;
+  s->fd = openat(s->dirfd, s->jname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (s->fd < 0)
+    return errno == ENOENT
+               ? 0
+               : bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s", s->dir,
+                         s->jname, strerror(e));
+  int rc = read_all(s, &s->jb, err);
+  if (rc == 0 && committed_text(s, &s->jb))
+    rc = bs_fail(err, e, BS_OFF_NONE, NULL,
+                 "%s/%s: the write it records passed its commit point and must be completed by "
+                 "someone who may write %s (burnstore ls or convert of the set as that user): %s",
+                 s->dir, s->jname, s->dir, strerror(e));
+  close(s->fd);
+  s->fd = -1;
+  return rc;
+}
+
 /* Recover the journal of an opened set, if there is one. `writer`: a live
  * holder is another writer (EBUSY); else a live holder that has not
  * committed leaves the old set whole (nothing to do), one that has is
@@ -365,6 +388,8 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
 {
   for (int tries = 0; tries < 100; tries++) {
     s->fd = openat(s->dirfd, s->jname, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (s->fd < 0 && !writer && (errno == EACCES || errno == EROFS))
+      return read_only_reader(s, err);
     if (s->fd < 0) {
       if (errno == ENOENT)
         return 0;
@@ -461,7 +486,10 @@ int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
   for (int tries = 0; s->fd < 0; tries++) {
     if (tries == 100 || recover_open(s, true, NULL, err) != 0)
       goto fail;
-    s->fd = openat(s->dirfd, s->jname, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* Readable by those who may list the directory (it holds only the
+     * set's file names): a reader who may not write it can still tell that
+     * an uncommitted write left the old set whole (read_only_reader). */
+    s->fd = openat(s->dirfd, s->jname, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (s->fd < 0 && errno != EEXIST) {
       int e = errno;
       bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot create the journal: %s", s->dir, s->jname,

@@ -165,6 +165,11 @@ int bs_run_lock(const char *path)
   return -1;
 }
 
+bool bs_run_holds(const char *path, int fd)
+{
+  return fd >= 0 && path[0] && names_fd(path, fd);
+}
+
 bool bs_run_unlink(const char *path, int fd)
 {
   return fd >= 0 && path[0] && names_fd(path, fd) && unlink(path) == 0;

@@ -47,6 +47,9 @@ int bs_run_lock(const char *path);
 /* Remove path if it still names fd's file (fd holding its lock); true if it
  * did. */
 bool bs_run_unlink(const char *path, int fd);
+/* Whether path still names fd's file: while fd holds its lock, no one else
+ * can hold that path's lock, so files named after it are still ours. */
+bool bs_run_holds(const char *path, int fd);
 /* Remove the files of holders that are gone: status and target files nobody
  * holds the lock of, logs and progress files without their status file. */
 void bs_run_sweep(void);

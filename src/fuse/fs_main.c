@@ -527,12 +527,17 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
             PROG ": the daemon of %s exited without finishing its write-back (killed?)%s%s\n", mnt,
             buf[0] ? "; its last status:\n" : "", buf);
     ret = 1;
-    /* What it could not remove itself. */
-    if (bs_run_unlink(spath, fd)) {
+    /* What it could not remove itself: the log and progress files first,
+     * while the status file we hold locked still names them as ours (a new
+     * daemon of this mountpoint waits for that lock before it makes its
+     * own), then the status file. */
+    if (bs_run_holds(spath, fd)) {
       char ppath[PATH_MAX + 16];
       snprintf(ppath, sizeof ppath, "%s.progress", spath);
-      unlink(lpath);
+      if (lpath[0])
+        unlink(lpath);
       unlink(ppath);
+      bs_run_unlink(spath, fd);
     }
   }
   /* The refusals of the session (its log), with the report. */
@@ -886,6 +891,12 @@ static int claim(struct run *r)
     }
     usleep(20000);
   }
+  if (r->sfd < 0) {
+    /* Without its status file no one could wait for the write-back. */
+    fprintf(stderr, PROG ": %s: cannot lock its status file %s: %s\n", mnt, r->spath,
+            strerror(errno));
+    return 1;
+  }
   if (!fs->writable)
     return 0;
   /* One writer per target (target.h). */
@@ -1042,12 +1053,16 @@ static int write_back(struct run *r)
  * returns when that lock is let go). The fds are closed. */
 static void run_files_remove(struct run *r)
 {
+  /* Only the holder of the status lock owns the log and progress files: a
+   * mount refused because another daemon serves the mountpoint must not
+   * remove that daemon's log. */
   char ppath[PATH_MAX + 16];
-  if (r->lpath[0])
-    unlink(r->lpath);
   snprintf(ppath, sizeof ppath, "%s.progress", r->spath);
-  if (r->sfd >= 0)
+  if (r->sfd >= 0) {
+    if (r->lpath[0])
+      unlink(r->lpath);
     unlink(ppath);
+  }
   if (r->tfd >= 0)
     bs_target_unlock(r->tfd, r->fs.output ? r->fs.output : "");
   if (r->sfd >= 0) {

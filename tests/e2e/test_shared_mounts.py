@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 
 from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk, read_safetensors,
                      run, run_tests, write_safetensors)
@@ -637,9 +638,38 @@ def test_sharded_modes(tmp):
         os.umask(old_umask)
 
 
+def test_stale_journal_does_not_stop_other_readers(tmp):
+    """A writer of a shard set killed before its commit point leaves a
+    journal its user owns; the old set is whole, so another user (who may
+    not write the journal) still lists it, and the journal stays for a
+    writer to roll back."""
+    d, _, _, binary = nobody_dir(tmp, "stalejournal", "own")
+    one = os.path.join(d, "one.safetensors")
+    write_safetensors(one, {"a": A, "b": B, "c": C})
+    index = os.path.join(d, "model.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", one, index])
+    check(r.returncode == 0, "convert to a set: %s" % r.stderr)
+    # Killed at its third fsync (the target lock's, the journal's record of
+    # the set, then its directory's): before any temp file or commit.
+    r = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
+                        "-e", "inject=fsync:signal=SIGKILL:when=3",
+                        BIN, "convert", "-q", "-o", "max_shard_size=8192", index, index],
+                       capture_output=True, text=True, timeout=60)
+    journal = os.path.join(d, ".model.safetensors.index.json.burnstore-journal")
+    check(r.returncode in (-9, 137) and os.path.exists(journal),
+          "a reshard killed before its commit leaves its journal: exit %d %s" % (r.returncode, r.stderr))
+    r = subprocess.run(NOBODY + [binary, "ls", index], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout.startswith("a\t"),
+          "another user lists the old set: exit %d %s %s" % (r.returncode, r.stdout, r.stderr))
+    check(os.path.exists(journal), "the journal is left for a writer")
+    r = run([BIN, "ls", index])
+    check(r.returncode == 0 and not os.path.exists(journal), "its owner's ls rolls it back: %s" % r.stderr)
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
                                      test_unprivileged_mount, test_new_output_modes, test_finish_modes,
-                                     test_run_dir_checked, test_sharded_modes],
+                                     test_run_dir_checked, test_sharded_modes,
+                                     test_stale_journal_does_not_stop_other_readers],
              "shared")
