@@ -207,6 +207,13 @@ def test_runtime_files_live_with_their_daemon(tmp):
               os.path.exists(run_path(os.path.realpath(mnt), ".log")) and
               os.path.exists(run_path(os.path.realpath(src), ".target")),
               "a writable mount has its status, log and target files: %r" % runtime_files(mnt, src))
+        # A second daemon for the same mountpoint is refused, and leaves the
+        # first one's files alone (it removed the log it did not own).
+        other = os.path.join(tmp, "rt-other.bpk")
+        r = run([BIN, other, mnt])
+        check(r.returncode != 0 and os.path.exists(run_path(os.path.realpath(mnt), ".log")),
+              "a refused second mount leaves the live daemon's log: %s %r"
+              % (r.stderr.strip(), runtime_files(mnt, src)))
         u = m.unmount()
         check(u.returncode == 0, "-u: %s" % u.stderr)
     check(runtime_files(mnt, src) == [], "nothing left after -u: %r" % runtime_files(mnt, src))
