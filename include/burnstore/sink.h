@@ -99,6 +99,10 @@ BS_NODISCARD int bs_atomic_open_mode(struct bs_atomic *a, const char *path, unsi
                                      bs_err *err);
 /* Phase 1: fsync and close the temp file's data (the lock stays held). */
 BS_NODISCARD int bs_atomic_sync(struct bs_atomic *a, bs_err *err);
+/* After bs_atomic_sync, for a member of a set whose journal and target lock
+ * keep every other writer and cleaner away: let the temp file's own lock go,
+ * so that a set holds no fd per file while it waits for its commit. */
+void bs_atomic_unlock(struct bs_atomic *a);
 /* Phase 2: rename the temp file over the target, fsync the directory, release. */
 BS_NODISCARD int bs_atomic_publish(struct bs_atomic *a, bs_err *err);
 /* sync + publish. On failure the temp file is removed and the target is untouched. */

@@ -466,6 +466,14 @@ int bs_atomic_sync(struct bs_atomic *a, bs_err *err)
   return 0;
 }
 
+void bs_atomic_unlock(struct bs_atomic *a)
+{
+  if (a->fd < 0 && a->lock_fd >= 0) {
+    close(a->lock_fd);
+    a->lock_fd = -1;
+  }
+}
+
 int bs_atomic_publish(struct bs_atomic *a, bs_err *err)
 {
   if (!a->path || a->fd >= 0)

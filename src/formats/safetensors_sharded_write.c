@@ -526,8 +526,13 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
     int r = bs_st_file_unchanged(&sc, which, sh->n, p, &same, err);
     if (r == 0 && !same && (r = bs_atomic_open_mode(&at[nat], p, mode, err)) == 0) {
       nat++;
-      if ((r = bs_st_write_some(&sc, which, sh->n, &at[nat - 1].sink, err)) != 0)
+      /* Synced and closed as soon as written: a set of any size holds O(1)
+       * fds (its journal's lock keeps other writers off the temp files). */
+      if ((r = bs_st_write_some(&sc, which, sh->n, &at[nat - 1].sink, err)) != 0 ||
+          (r = bs_atomic_sync(&at[nat - 1], err)) != 0)
         bs_atomic_fail(&at[nat - 1], err);
+      else
+        bs_atomic_unlock(&at[nat - 1]);
     }
     bs_free(p);
     if (r != 0)
@@ -536,15 +541,11 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   if (index_json(&s, cat, &ib, err) != 0 || bs_atomic_open_mode(&at[nat], s.index, mode, err) != 0)
     goto out;
   nat++;
-  if (bs_sink_put(&at[nat - 1].sink, ib.data, ib.len, err) != 0) {
+  if (bs_sink_put(&at[nat - 1].sink, ib.data, ib.len, err) != 0 ||
+      bs_atomic_sync(&at[nat - 1], err) != 0) {
     bs_atomic_fail(&at[nat - 1], err);
     goto out;
   }
-  for (size_t k = 0; k < nat; k++)
-    if (bs_atomic_sync(&at[k], err) != 0) {
-      bs_atomic_fail(&at[k], err);
-      goto out;
-    }
   /* The commit record, then the shards, the index, the old shards' removal. */
   rc = bs_set_commit(&js, at, nat, err);
 out:

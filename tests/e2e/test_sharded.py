@@ -364,6 +364,15 @@ def test_many_shards_few_fds(tmp):
         if r.returncode == 0:
             got, _ = strict_read(out)
             check(got == ts, "the converted file holds every tensor")
+            # ... and back into 1,100 shards: the writer syncs and closes each
+            # shard's temp file as it goes (it held two fds a shard until the
+            # commit, and failed near shard 500).
+            back = os.path.join(tmp, "back", "model.safetensors.index.json")
+            os.makedirs(os.path.dirname(back))
+            r = run([BIN, "convert", "-o", "max_shard_size=8", out, back])
+            nshards = len([f for f in os.listdir(os.path.dirname(back)) if f.startswith("model-")])
+            check(r.returncode == 0 and nshards == n,
+                  "convert into %d shards: rc %d, %d shards: %s" % (n, r.returncode, nshards, r.stderr.strip()))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
