@@ -397,18 +397,19 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
   return fd;
 }
 
-void bs_target_unlock(int fd, const char *target)
+void bs_target_unlock(int fd)
 {
   if (fd < 0)
     return;
-  bs_err err;
-  bs_err_clear(&err);
-  char *key = bs_target_key(target, &err);
-  if (key) {
-    char path[PATH_MAX];
-    if (bs_run_path(key, ".target", path, sizeof path, &err) == 0)
-      bs_run_unlink(path, fd);
+  /* The lock file this fd holds, by its own name: the target's key may
+   * have changed since it was locked (a symlink the write replaced by the
+   * file), and bs_run_unlink checks the name still is this file. */
+  char proc[64], path[PATH_MAX];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(proc, path, sizeof path - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    bs_run_unlink(path, fd);
   }
-  bs_free(key);
   close(fd);
 }

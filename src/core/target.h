@@ -72,8 +72,10 @@ char *bs_target_key(const char *target, bs_err *err);
  * done; a forked daemon inherits it), or -1 with EBUSY and one line naming
  * the holder, its pid and what to do in err. */
 BS_NODISCARD int bs_target_lock(const char *target, const char *holder, bs_err *err);
-/* Let the lock go: remove its file (if it is still this fd's), close fd. */
-void bs_target_unlock(int fd, const char *target);
+/* Let the lock go: remove its file (found by the fd's own name, if it is
+ * still this fd's: the target's key may have changed meanwhile, as when a
+ * write replaced a symlink), close fd. */
+void bs_target_unlock(int fd);
 /* Rewrite the holder record after a fork (the daemon's real pid). */
 void bs_target_lock_update(int fd, const char *target, const char *holder);
 

@@ -1064,7 +1064,7 @@ static void run_files_remove(struct run *r)
     unlink(ppath);
   }
   if (r->tfd >= 0)
-    bs_target_unlock(r->tfd, r->fs.output ? r->fs.output : "");
+    bs_target_unlock(r->tfd);
   if (r->sfd >= 0) {
     bs_run_unlink(r->spath, r->sfd);
     close(r->sfd);

@@ -641,7 +641,7 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
   res->tensors = idx.cat.count;
   ret = 0;
 out:
-  bs_target_unlock(tfd, idx.target ? idx.target : "");
+  bs_target_unlock(tfd);
   bs_stage_index_destroy(&idx);
   if (lk >= 0)
     close(lk);

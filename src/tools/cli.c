@@ -727,7 +727,7 @@ static int cmd_convert(int argc, char **argv)
     else
       rc = 0;
     bs_sink_set_observer(NULL, NULL);
-    bs_target_unlock(lk, out);
+    bs_target_unlock(lk);
   }
   if (rc == 0)
     bs_progress_end(&pr);

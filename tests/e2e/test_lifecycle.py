@@ -221,6 +221,16 @@ def test_runtime_files_live_with_their_daemon(tmp):
     r = run([BIN, "convert", src, conv])
     check(r.returncode == 0 and runtime_files(conv) == [],
           "convert lets its target lock go and removes it: %r %r" % (r.stderr, runtime_files(conv)))
+    # Through a symlink the write replaces by the file: the lock was keyed by
+    # what the link named, and its file goes too.
+    real = os.path.join(tmp, "rt-real.safetensors")
+    link = os.path.join(tmp, "rt-link.safetensors")
+    shutil.copy(conv, real)
+    os.symlink(real, link)
+    lock = run_path(os.path.realpath(real), ".target")
+    r = run([BIN, "convert", src, link])
+    check(r.returncode == 0 and not os.path.exists(lock),
+          "convert through a symlink removes its lock file: %r %s" % (r.stderr, lock))
     for opts in ("rw", "ro"):
         with Mount(src, mnt, opts):
             r = run(["fusermount3", "-u", mnt])
