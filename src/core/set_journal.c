@@ -124,8 +124,10 @@ int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_
       p->prepared = ok;
     } else if (p->prepared && strcmp(f[0], "rename") == 0 && nf == 3) {
       size_t k;
-      ok = plain_name(f[1]) && f[1][0] == '.' && strstr(f[1], TMP_TAG) &&
-           bs_strmap_get(&news, f[2], &k);
+      /* the temp file of that final: ".FINAL" TMP_TAG "XXXXXX", as the sink names it */
+      size_t fl = strlen(f[2]);
+      ok = plain_name(f[1]) && f[1][0] == '.' && strncmp(f[1] + 1, f[2], fl) == 0 &&
+           strncmp(f[1] + 1 + fl, TMP_TAG, strlen(TMP_TAG)) == 0 && bs_strmap_get(&news, f[2], &k);
       if (ok && bs_grow((void **)&p->ren, &p->cren, p->nren + 1, sizeof *p->ren) != 0) {
         bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
         goto out;
@@ -262,6 +264,13 @@ static int plan(const struct bs_set *s, const void *text, size_t n, struct bs_se
   if (!where)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   int rc = bs_set_plan_parse(where, text, n, p, err);
+  if (rc == 0 && p->index && strcmp(p->index, s->index) != 0) {
+    /* two long index names may share a (cut) journal name: not this set's */
+    rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                 "%s: the journal is of index %.100s, not of %.100s; fix or remove it", where,
+                 p->index, s->index);
+    bs_set_plan_destroy(p);
+  }
   bs_free(where);
   return rc;
 }

@@ -186,6 +186,8 @@ Test(set_journal, hostile_records_are_refused_and_the_journal_kept)
       "rename\t" TMP1 "\t../m-00001-of-00001.safetensors\n", /* a final outside the set */
       "rename\t../" TMP1 "\tm-00001-of-00001.safetensors\n", /* a temp outside */
       "rename\tm-00001-of-00002.safetensors\tm-00001-of-00001.safetensors\n", /* not a temp */
+      /* a temp, but of another final (the index's temp renamed over a shard) */
+      "rename\t" TMPI "\tm-00001-of-00001.safetensors\n",
       "old\tprecious.txt\n", /* a record out of place */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -202,6 +204,28 @@ Test(set_journal, hostile_records_are_refused_and_the_journal_kept)
     cr_assert_eq(lstat(at(JOURNAL), &st), 0, "case %zu: the journal is kept", i);
     unlink(at(JOURNAL));
   }
+}
+
+/* Two long index names may share one (cut) journal name: a journal that
+ * records another index is not this set's, and is kept, not applied. */
+Test(set_journal, a_journal_of_another_index_is_not_applied)
+{
+  old_set();
+  char text[512];
+  int n = snprintf(text, sizeof text,
+                   "burnstore-set-journal 1\nindex\tother.safetensors.index.json\n"
+                   "new\tm-00001-of-00001.safetensors\nnew\tother.safetensors.index.json\n%s"
+                   "prepared\n",
+                   OLDS);
+  cr_assert(n > 0 && (size_t)n < sizeof text);
+  put(JOURNAL, text);
+  bs_err err;
+  cr_assert_neq(recover(&err), 0);
+  cr_assert(strstr(err.msg, "not of m.safetensors.index.json"), "%s", err.msg);
+  expect("m-00001-of-00002.safetensors", "old 1");
+  expect(TMP1, "new 1");
+  struct stat st;
+  cr_assert_eq(lstat(at(JOURNAL), &st), 0, "the journal is kept");
 }
 
 Test(set_journal, old_names_must_be_shards)
