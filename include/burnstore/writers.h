@@ -64,6 +64,9 @@ struct bs_writer {
    * losing what it holds (a .pth's non-tensor values)? 0, or -1 with err
    * naming what would be lost. NULL: always. */
   int (*in_place_ok)(const struct bs_catalog *cat, bs_err *err);
+  /* The format has no place for file metadata: a write drops cat->meta
+   * (the CLI and the write-back report say so). */
+  bool drops_meta;
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */

@@ -55,15 +55,15 @@ static int pth_in_place_ok(const struct bs_catalog *cat, bs_err *err)
 
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
-     bpk_write, NULL, utf8_meta, NULL, NULL, NULL},
+     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false},
     {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
-     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL},
+     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
-     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL},
+     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false},
     {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
-     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL},
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false},
     {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, bs_pth_name_ok, NULL, bs_pth_write, NULL,
-     NULL, NULL, NULL, pth_in_place_ok},
+     NULL, NULL, NULL, pth_in_place_ok, true},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 

@@ -733,7 +733,7 @@ static int cmd_convert(int argc, char **argv)
     bs_progress_end(&pr);
   else if (pr.on && pr.tty)
     fputc('\n', stderr);
-  if (rc == 0 && w->format == BS_FMT_PYTORCH && cat.nmeta)
+  if (rc == 0 && w->drops_meta && cat.nmeta)
     fprintf(stderr,
             "burnstore: note: %s: %zu metadata entries not written (a torch.save file has no "
             "place for them)\n",
