@@ -227,3 +227,30 @@ void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out)
 {
   rows[dt].fn(in, n, out);
 }
+
+bool bs_dtype_is_float(enum bs_dtype dt)
+{
+  switch (dt) {
+  case BS_DT_F64:
+  case BS_DT_F32:
+  case BS_DT_F16:
+  case BS_DT_BF16:
+  case BS_DT_FLEX32:
+  case BS_DT_F8_E4M3:
+  case BS_DT_F8_E5M2:
+  case BS_DT_F8_E8M0:
+  case BS_DT_F8_E4M3FNUZ:
+  case BS_DT_F8_E5M2FNUZ:
+  case BS_DT_F6_E2M3:
+  case BS_DT_F6_E3M2:
+  case BS_DT_F4:
+  case BS_DT_QFLOAT:
+  case BS_DT_QI8:
+  case BS_DT_QU8:
+  case BS_DT_QI32: return true;
+  default: {
+    uint32_t e, b;
+    return bs_dtype_block(dt, &e, &b);
+  }
+  }
+}

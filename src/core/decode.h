@@ -34,6 +34,10 @@ bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes);
  * input decodes to some float (no input is an error). */
 void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out);
 
+/* A floating type: F64, F32, F16, BF16, FLEX32, the F8/F6/F4 types, Burn's
+ * QFLOAT, torch's quantized types and ggml's blocks (not complex). */
+bool bs_dtype_is_float(enum bs_dtype dt);
+
 /* One IEEE half (binary16) to float, exactly (ggml's GGML_FP16_TO_FP32). */
 float bs_f16_to_f32(uint16_t h);
 

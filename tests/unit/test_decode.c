@@ -4,6 +4,7 @@
  * 8-bit floats, PyTorch's FNUZ types, ggml's block layouts and reference
  * dequantize_row_* formulas). */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -288,4 +289,117 @@ Test(decode, q5_1)
   cr_expect_eq(bits(out[31]), 0x410c0000);
   cr_expect_eq(bits(out[15]), 0x3f800000);
   cr_expect_eq(bits(out[5]), 0x3f800000);
+}
+
+/* ---- bs_catalog_decode_as and the decoded read path ------------------------------------------ */
+
+#include "burnstore/catalog.h"
+#include "core/alloc.h"
+
+static bs_err cerr;
+
+static void add_mem_src(struct bs_catalog *cat, const void *mem, size_t n)
+{
+  struct bs_src s;
+  uint32_t idx;
+  cr_assert_eq(bs_src_init_mem(&s, mem, n, "mem", &cerr), 0);
+  cr_assert_eq(bs_catalog_add_src(cat, &s, &idx, &cerr), 0);
+}
+
+/* Reads of every offset and length of the decoded bytes equal the same
+ * slice of the whole decode. */
+static void check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,
+                         const uint8_t *whole)
+{
+  uint8_t got[64];
+  for (uint64_t off = 0; off < t->nbytes; off += 7)
+    for (size_t n = 1; n < sizeof got && off + n <= t->nbytes + 3; n += 5) {
+      long r = bs_tensor_read(cat, t, off, got, n);
+      size_t want = off + n > t->nbytes ? (size_t)(t->nbytes - off) : n;
+      cr_assert_eq(r, (long)want, "off %llu n %zu: %ld", (unsigned long long)off, n, r);
+      cr_assert_eq(memcmp(got, whole + off, want), 0, "off %llu n %zu", (unsigned long long)off, n);
+    }
+}
+
+Test(decode_as, bf16_strided_and_kept_dtypes)
+{
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err_clear(&cerr);
+  /* storage 2x3 BF16: 1, 2, 3 / -0, 0.5, inf; the tensor is its transpose [3,2] */
+  static const uint8_t st[] = {0x80, 0x3f, 0x00, 0x40, 0x40, 0x40,
+                               0x00, 0x80, 0x00, 0x3f, 0x80, 0x7f};
+  add_mem_src(&cat, st, sizeof st);
+  uint64_t shape[] = {3, 2};
+  struct bs_tensor *t = bs_catalog_add(&cat, "w", BS_DT_BF16, 2, shape, 0, &cerr);
+  cr_assert_not_null(t);
+  t->strides = bs_malloc(2 * sizeof *t->strides);
+  t->strides[0] = 1;
+  t->strides[1] = 3;
+  t->storage_bytes = sizeof st;
+  uint64_t one[] = {2};
+  cr_assert_not_null(bs_catalog_add(&cat, "i", BS_DT_I32, 1, one, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_Q4_K, 1, (uint64_t[]){256}, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "k2", BS_DT_Q4_K, 1, (uint64_t[]){512}, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "f", BS_DT_F32, 1, one, 0, &cerr));
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+  t = &cat.tensors[0];
+  cr_assert(t->decoded);
+  cr_assert_eq(t->dtype, BS_DT_F32);
+  cr_assert_eq(t->stored_dtype, BS_DT_BF16);
+  cr_assert_eq(t->nbytes, 24);
+  cr_assert(!cat.tensors[1].decoded && cat.tensors[1].dtype == BS_DT_I32);
+  cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_Q4_K);
+  cr_assert(!cat.tensors[4].decoded && cat.tensors[4].nbytes == 8);
+  cr_assert_str_eq(cat.notes, "as=F32: 2 Q4_K tensors shown as stored (no decoder for Q4_K)\n");
+  int fd;
+  uint64_t base;
+  cr_assert(!bs_tensor_fd_range(&cat, t, &fd, &base), "a decoded tensor is never spliced");
+  /* row-major of the transpose: 1, -0, 2, 0.5, 3, inf */
+  const uint32_t want[] = {0x3f800000, 0x80000000, 0x40000000, 0x3f000000, 0x40400000, 0x7f800000};
+  check_slices(&cat, t, (const uint8_t *)want);
+  /* idempotent; other targets refused */
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0);
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F16, &cerr), -1);
+  cr_assert_eq(cerr.code, EINVAL);
+  bs_catalog_destroy(&cat);
+}
+
+Test(decode_as, q8_0_across_steps)
+{
+  /* 600 Q8_0 blocks (19200 elements: more than one 8192-element step), each
+   * block b with d = 1.0 and q[j] = (b + j) % 256 - 128. */
+  enum { NB = 600 };
+  uint8_t *st = bs_malloc(NB * 34);
+  float *whole = bs_malloc(NB * 32 * sizeof(float));
+  for (int b = 0; b < NB; b++) {
+    st[b * 34] = 0x00;
+    st[b * 34 + 1] = 0x3c;
+    for (int j = 0; j < 32; j++) {
+      int q = (b + j) % 256 - 128;
+      st[b * 34 + 2 + j] = (uint8_t)(int8_t)q;
+      whole[b * 32 + j] = (float)q;
+    }
+  }
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err_clear(&cerr);
+  add_mem_src(&cat, st, NB * 34);
+  uint64_t shape[] = {NB, 32};
+  cr_assert_not_null(bs_catalog_add(&cat, "q", BS_DT_Q8_0, 2, shape, 0, &cerr));
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+  const struct bs_tensor *t = &cat.tensors[0];
+  cr_assert_eq(t->nbytes, (uint64_t)NB * 32 * 4);
+  /* one read across the step boundary, from an odd offset */
+  size_t n = 70001;
+  uint8_t *got = bs_malloc(n);
+  cr_assert_eq(bs_tensor_read(&cat, t, 3, got, n), (long)n);
+  cr_assert_eq(memcmp(got, (const uint8_t *)whole + 3, n), 0);
+  cr_assert_eq(bs_tensor_read(&cat, t, t->nbytes - 5, got, n), 5);
+  cr_assert_eq(memcmp(got, (const uint8_t *)whole + t->nbytes - 5, 5), 0);
+  cr_assert_eq(bs_tensor_read(&cat, t, t->nbytes, got, n), 0);
+  bs_free(got);
+  bs_catalog_destroy(&cat);
+  bs_free(st);
+  bs_free(whole);
 }
