@@ -5,8 +5,10 @@ the format description) are mounted with the option; the bytes equal NumPy's
 own decode written here from the descriptions (never our C code), at odd
 offsets too, through mmap, and through the .npy views (<f4); the xattrs name
 F32 and the stored dtype; integers stay; a type without a decoder (Q4_K) is
-shown as stored with a note; writable mounts refuse the option; a 256 MiB
+shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
+the same bytes; writable mounts refuse the option; a 256 MiB
 BF16 tensor read whole costs the daemon no more peak memory than a small one."""
+import io
 import mmap
 import os
 import struct
@@ -167,6 +169,22 @@ def test_gguf_blocks(tmp):
         notes = os.getxattr(m, X + "notes").decode()
         check("as=F32: 1 Q4_K tensor shown as stored (no decoder for Q4_K)" in notes, "the note: %r" % notes)
         check(read_all(os.path.join(m, "blk/i/weight")) == struct.pack("<2i", -1, 7), "I32 unchanged")
+    # the CLI: the same decode, raw and as .npy
+    for key, (name, w) in want.items():
+        r = subprocess.run([BIN, "cat", "--as", "F32", src, key], capture_output=True, timeout=DEADLINE)
+        check(r.returncode == 0 and r.stdout == w.astype("<f4").tobytes(), "cat --as F32 %s" % key)
+        r = subprocess.run([BIN, "cat", "--npy", "--as", "F32", src, key], capture_output=True, timeout=DEADLINE)
+        a = np.load(io.BytesIO(r.stdout)) if r.returncode == 0 else None
+        check(a is not None and a.dtype == np.dtype("<f4") and a.shape == w.shape and a.tobytes() == w.tobytes(),
+              "cat --npy --as F32 %s" % key)
+    r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
+    check(r.returncode == 0 and r.stdout == struct.pack("<2i", -1, 7), "cat --as F32 of an I32: unchanged")
+    r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.k.weight"], capture_output=True, timeout=DEADLINE)
+    err = r.stderr.decode()
+    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for Q4_K" in err,
+          "cat --as F32 of a Q4_K refused in one line: %r" % err)
+    r = subprocess.run([BIN, "cat", "--as", "F16", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
+    check(r.returncode == 2 and b"--as needs F32" in r.stderr, "cat --as F16 refused: %r" % r.stderr)
 
 
 def test_refusals(tmp):
