@@ -19,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, is_mounted, mem_limit_kb,
-                     run, run_tests)
+from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, mem_limit_kb,
+                     run, run_tests, vmhwm_kb)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -202,23 +202,9 @@ def test_refusals(tmp):
     check(r.returncode != 0 and "only as=F32" in r.stderr, "as=F16 refused: %r" % r.stderr)
 
 
-def vmhwm_kb(pid):
-    for line in open("/proc/%d/status" % pid):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
-
-
 def daemon_read_peak(src, mnt, name):
     """Mount src in -f with as=F32, read `name` whole; the daemon's VmHWM."""
-    os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([BIN, src, mnt, "-f", "-o", "as=F32"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    try:
-        end = time.time() + DEADLINE
-        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
-        check(is_mounted(mnt), "mounted in -f mode")
+    with foreground_mount(src, mnt, "as=F32") as p:
         t0 = time.time()
         n = 0
         with open(os.path.join(mnt, name), "rb") as f:
@@ -229,13 +215,6 @@ def daemon_read_peak(src, mnt, name):
                 n += len(b)
         dt = time.time() - t0
         return vmhwm_kb(p.pid), n, dt
-    finally:
-        force_unmount(mnt)
-        try:
-            p.wait(timeout=DEADLINE)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def write_st(path, name, dtype, shape, nbytes):
