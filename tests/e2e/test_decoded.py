@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, mem_limit_kb,
-                     run, run_tests, vmhwm_kb)
+                     SANITIZE, run, run_tests, vmhwm_kb)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -204,7 +204,11 @@ def test_refusals(tmp):
 
 def daemon_read_peak(src, mnt, name):
     """Mount src in -f with as=F32, read `name` whole; the daemon's VmHWM."""
-    with foreground_mount(src, mnt, "as=F32") as p:
+    # AddressSanitizer keeps up to 256 MiB of freed blocks in quarantine (a
+    # reply buffer per read): bounded here so the peak measures the daemon.
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "quarantine_size_mb=4"]))
+    with foreground_mount(src, mnt, "as=F32", env=env) as p:
         t0 = time.time()
         n = 0
         with open(os.path.join(mnt, name), "rb") as f:
@@ -235,7 +239,10 @@ def test_memory_independent_of_size(tmp):
     check(ns == 4096 and nb == 512 << 20, "read %d and %d bytes" % (ns, nb))
     print("peak daemon memory: %d kB reading 4 KiB, %d kB reading 512 MiB of decoded BF16 (%.0f MB/s)"
           % (hs, hb, nb / dt / 1e6 if dt else 0))
-    check(hb - hs < mem_limit_kb(8 * 1024), "peak grew by %d kB for a 256 MiB tensor" % (hb - hs))
+    # A whole-tensor buffer would add 512 MiB; AddressSanitizer's allocator
+    # and its (bounded) quarantine add a few MiB of their own.
+    limit = mem_limit_kb((32 if SANITIZE == "ON" else 8) * 1024)
+    check(hb - hs < limit, "peak grew by %d kB for a 256 MiB tensor (< %d)" % (hb - hs, limit))
 
 
 if __name__ == "__main__":
