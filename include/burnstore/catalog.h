@@ -43,6 +43,10 @@ struct bs_tensor {
   uint32_t src;           /* index into bs_catalog.srcs */
   bool has_param_id;      /* (beside src: no padding; 16 bytes less a tensor) */
   bool hidden;            /* filtered out by key options; not presented */
+  bool decoded;           /* presented as dtype (F32) by bs_catalog_decode_as: reads decode
+                             the stored bytes; nbytes is the decoded length */
+  uint8_t stored_dtype;   /* decoded only: the enum bs_dtype the bytes are stored in
+                             (in the padding before off: the struct's size is unchanged) */
   uint64_t off;           /* absolute offset in the source: of the data when
                              strides == NULL, else of the storage's first byte */
   int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
@@ -115,7 +119,8 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 
 /* Read up to n bytes of the tensor's contiguous data starting at off (clamped
  * to nbytes). Strided tensors are gathered element run by element run, never
- * whole. Returns bytes read, or -errno: -EIO also when the source file
+ * whole; a decoded tensor (bs_catalog_decode_as) decodes the units that
+ * cover the range. Returns bytes read, or -errno: -EIO also when the source file
  * changed since it was opened (bs_src_changed). Thread-safe.
  * The one exception to bs_err in the core (with bs_src_pread under it): this
  * is the data path, pread(2)-shaped, run for every FUSE read; its failures
@@ -125,6 +130,15 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
  * offset). */
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
+
+/* Present every floating tensor whose dtype is not `as` as `as`, decoded
+ * on read (decode.h): dtype becomes `as`, nbytes numel * 4, decoded and
+ * stored_dtype are set, and bs_tensor_read decodes the covering units of
+ * each range into a bounded buffer. Only BS_DT_F32 for now (else EINVAL).
+ * Integer, bool and complex tensors stay as they are; a floating dtype
+ * without a decoder stays as stored, with one note per dtype in
+ * cat->notes. Read-only use: writers see the decoded tensors. */
+BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err);
 
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return

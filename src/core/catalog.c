@@ -2,10 +2,12 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 
 void bs_catalog_init(struct bs_catalog *cat)
 {
@@ -209,7 +211,7 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key)
 bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t, int *fd,
                         uint64_t *abs_off)
 {
-  if (t->strides || t->unsupported || t->src >= cat->nsrcs)
+  if (t->strides || t->unsupported || t->decoded || t->src >= cat->nsrcs)
     return false;
   *fd = bs_src_fd_get(&cat->srcs[t->src]);
   if (*fd < 0)
@@ -257,10 +259,9 @@ int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)
 
 /* Strided gather. The innermost run of elements that is contiguous in the
  * storage is read with one pread; only the caller's buffer is filled. */
-static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t off, uint8_t *buf,
-                   size_t n)
+static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t esize, uint64_t off,
+                   uint8_t *buf, size_t n)
 {
-  const uint64_t esize = bs_dtype_bits(t->dtype) / 8;
   size_t done = 0;
   /* Dimensions from the innermost outwards that are laid out contiguously
    * form one run. */
@@ -300,21 +301,23 @@ static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t o
   return (long)done;
 }
 
-long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
-                    void *buf, size_t n)
+/* The stored bytes [off, off + n) of a tensor whose stored data is nbytes
+ * long, in elements of esize bytes (strided views). */
+static long raw_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t esize,
+                     uint64_t nbytes, uint64_t off, void *buf, size_t n)
 {
-  if (off >= t->nbytes)
+  if (off >= nbytes)
     return 0;
   if (t->unsupported)
     return -ENOTSUP;
   if (t->src >= cat->nsrcs)
     return -EIO;
-  if (n > t->nbytes - off)
-    n = (size_t)(t->nbytes - off);
+  if (n > nbytes - off)
+    n = (size_t)(nbytes - off);
   const struct bs_src *s = &cat->srcs[t->src];
   long got;
   if (t->strides) {
-    got = gather(s, t, off, buf, n);
+    got = gather(s, t, esize, off, buf, n);
   } else {
     size_t done = 0;
     while (done < n) {
@@ -331,4 +334,102 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   }
   /* Checked after reading, so a change during the read is caught too. */
   return got > 0 && bs_src_changed(s, NULL, 0) ? -EIO : got;
+}
+
+/* Units decoded per step of a decoded read: the scratch is at most
+ * DECODE_STEP_ELEMS floats and their stored bytes (64 KiB of F64). */
+#define DECODE_STEP_ELEMS 8192u
+
+/* A decoded tensor's F32 bytes [off, off + n): the stored units that cover
+ * them, read and decoded a step at a time into a bounded scratch. */
+static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
+                         uint8_t *buf, size_t n)
+{
+  uint32_t ue, ub;
+  if (off >= t->nbytes)
+    return 0;
+  if (!bs_decode_unit((enum bs_dtype)t->stored_dtype, &ue, &ub))
+    return -EIO; /* bs_catalog_decode_as set only decodable ones */
+  if (n > t->nbytes - off)
+    n = (size_t)(t->nbytes - off);
+  const uint64_t uout = (uint64_t)ue * 4; /* output bytes per unit */
+  const uint64_t nunits = t->nbytes / uout, stored_len = nunits * ub;
+  const uint32_t step = DECODE_STEP_ELEMS / ue ? DECODE_STEP_ELEMS / ue : 1;
+  uint8_t *raw = bs_malloc((size_t)step * ub);
+  float *dec = bs_malloc((size_t)step * ue * sizeof(float));
+  long ret = 0;
+  if (!raw || !dec) {
+    ret = -ENOMEM;
+    goto out;
+  }
+  size_t done = 0;
+  while (done < n) {
+    uint64_t pos = off + done, u0 = pos / uout;
+    uint64_t k = nunits - u0 < step ? nunits - u0 : step;
+    long r = raw_read(cat, t, ub, stored_len, u0 * ub, raw, (size_t)(k * ub));
+    if (r < 0) {
+      ret = done ? (long)done : r;
+      goto out;
+    }
+    if ((uint64_t)r != k * ub) {
+      ret = -EIO;
+      goto out;
+    }
+    bs_decode((enum bs_dtype)t->stored_dtype, raw, (size_t)k, dec);
+    size_t skip = (size_t)(pos - u0 * uout), avail = (size_t)(k * uout) - skip;
+    size_t chunk = avail < n - done ? avail : n - done;
+    memcpy(buf + done, (const uint8_t *)dec + skip, chunk);
+    done += chunk;
+  }
+  ret = (long)done;
+out:
+  bs_free(raw);
+  bs_free(dec);
+  return ret;
+}
+
+long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
+                    void *buf, size_t n)
+{
+  if (t->decoded)
+    return decoded_read(cat, t, off, buf, n);
+  return raw_read(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n);
+}
+
+int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
+{
+  if (as != BS_DT_F32)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "as=%s: only F32 is supported",
+                   bs_dtype_name(as));
+  size_t kept[BS_DT_COUNT] = {0};
+  for (size_t i = 0; i < cat->count; i++) {
+    struct bs_tensor *t = &cat->tensors[i];
+    uint32_t ue, ub, be, bb;
+    if (t->decoded || t->dtype == as || !bs_dtype_is_float(t->dtype))
+      continue;
+    uint64_t numel, nbytes;
+    /* Blocks run along the last dimension: a strided view of them (none
+     * of our readers makes one) is kept as stored. */
+    if (!bs_decode_unit(t->dtype, &ue, &ub) || t->unsupported ||
+        (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
+        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, 4, &nbytes)) {
+      kept[t->dtype]++;
+      continue;
+    }
+    t->stored_dtype = (uint8_t)t->dtype;
+    t->dtype = as;
+    t->nbytes = nbytes;
+    t->decoded = true;
+  }
+  for (int dt = 0; dt < BS_DT_COUNT; dt++) {
+    if (!kept[dt])
+      continue;
+    char line[160];
+    snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (no decoder for %s)",
+             bs_dtype_name(as), kept[dt], bs_dtype_name((enum bs_dtype)dt),
+             kept[dt] == 1 ? "" : "s", bs_dtype_name((enum bs_dtype)dt));
+    if (bs_catalog_note(cat, line, err) != 0)
+      return -1;
+  }
+  return 0;
 }

@@ -88,6 +88,8 @@ static const char usage_rest[] =
     "  strict                 PyTorch: refuse unknown pickle classes instead of skipping\n"
     "  npy, npy=only          read-only: NAME.npy beside (or instead of) each tensor file:\n"
     "                         a NumPy header, then the same bytes (numpy.load opens it)\n"
+    "  as=F32                 read-only: every floating tensor not stored as F32 shown\n"
+    "                         as F32, decoded on read (BF16, F16, F64, F8, ggml Q4_0..Q8_1)\n"
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
     "                         transposed, norm weight/bias named gamma/beta\n"
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
@@ -132,6 +134,7 @@ struct args {
   char fuse_extra[2048];
   struct bs_keyopts keys;
   int npy;                   /* FS_NPY_*: -o npy, npy=only */
+  bool as_f32;               /* -o as=F32 */
   struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
 };
 
@@ -225,6 +228,10 @@ static void parse_opts(struct args *a, const char *optstr)
       a->direct_io = true;
     } else if (strcmp(it, "npy") == 0 || strcmp(it, "npy=only") == 0) {
       a->npy = it[3] ? FS_NPY_ONLY : FS_NPY_BOTH;
+    } else if (strncmp(it, "as=", 3) == 0) {
+      if (strcmp(it + 3, "F32") != 0)
+        die_usage("option '%s': only as=F32 is supported", it);
+      a->as_f32 = true;
     } else if (strncmp(it, "adapter", 7) == 0 && bs_adapter_add_item(&a->adapter, it, &err) <= 0) {
       if (err.code)
         die_usage("option '%s': %s", it, err.msg);
@@ -810,14 +817,17 @@ static int prepare(struct fs *fs, struct args *a)
   }
   if (bs_keys_apply(&fs->cat, &a->keys, &err) != 0)
     return fail_line(a->source, &err);
-  if ((a->npy || bs_adapter_any(&a->adapter)) && fs->writable) {
+  if ((a->npy || bs_adapter_any(&a->adapter) || a->as_f32) && fs->writable) {
     fprintf(stderr,
             PROG ": %s are read-only views: mount without rw and output= (burnstore "
                  "convert -o adapter=pytorch writes an adapted file)\n",
-            a->npy ? "npy and npy=only" : "adapter=");
+            a->npy      ? "npy and npy=only"
+            : a->as_f32 ? "as=F32"
+                        : "adapter=");
     return 1;
   }
-  if (bs_adapter_apply(&fs->cat, &a->adapter, NULL, NULL, &err) != 0)
+  if (bs_adapter_apply(&fs->cat, &a->adapter, NULL, NULL, &err) != 0 ||
+      (a->as_f32 && bs_catalog_decode_as(&fs->cat, BS_DT_F32, &err) != 0))
     return fail_line(a->source, &err);
   /* A conversion that cannot succeed is refused now, not at unmount. */
   if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)

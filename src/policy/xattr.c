@@ -290,6 +290,26 @@ static int remove_meta(const struct ctx *c, bool *dirty, bs_err *err)
   return 0;
 }
 
+/* ---- stored_dtype: a decoded view's (-o as=F32) stored dtype ----------------------------------
+ */
+
+static const struct bs_tensor *decoded_origin(const struct ctx *c)
+{
+  const struct bs_tensor *t = c->e ? origin(c) : NULL;
+  return t && t->decoded ? t : NULL;
+}
+
+static int get_stored_dtype(const struct ctx *c, struct bs_buf *out, bs_err *err)
+{
+  const struct bs_tensor *t = decoded_origin(c);
+  return t ? put(out, bs_dtype_name((enum bs_dtype)t->stored_dtype), err) : none(err);
+}
+
+static bool listed_stored_dtype(const struct ctx *c)
+{
+  return decoded_origin(c) != NULL;
+}
+
 /* ---- The table --------------------------------------------------------------------------------
  */
 
@@ -298,6 +318,8 @@ static const struct bs_xa_row rows[] = {
      remove_dtype},
     {"shape", BS_XA_FILE, BS_XA_SETTABLE, false, get_shape, listed_shape, NULL, set_shape,
      remove_shape},
+    {"stored_dtype", BS_XA_FILE, BS_XA_FIXED, false, get_stored_dtype, listed_stored_dtype, NULL,
+     NULL, NULL},
     {"key", BS_XA_FILE, BS_XA_IGNORED, true, get_key, always, NULL, NULL, NULL},
     {"param_id", BS_XA_FILE, BS_XA_SETTABLE, false, get_param_id, listed_param_id, NULL,
      set_param_id, remove_param_id},

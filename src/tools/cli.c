@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 #include "core/npy.h"
 #include "core/progress.h"
 #include "core/strmap.h"
@@ -58,6 +59,7 @@ struct opts {
   struct bs_keyopts keys;
   struct bs_adapter adapter;
   bool strict, json, npy, quiet;
+  bool as_f32;  /* --as F32 */
   int progress; /* BS_PROGRESS_*: --progress, --no-progress */
   const char *meta;
   uint64_t max_shard_size;
@@ -117,6 +119,12 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
       o->json = true;
     } else if (strcmp(s, "--npy") == 0 && strchr(flags, 'n')) {
       o->npy = true;
+    } else if (strcmp(s, "--as") == 0 && strchr(flags, 'a')) {
+      if (++i >= argc || strcmp(argv[i], "F32") != 0) {
+        fail("%s: --as needs F32 (the only decoded dtype so far)", argv[0]);
+        return -1;
+      }
+      o->as_f32 = true;
     } else if ((strcmp(s, "-q") == 0 || strcmp(s, "--quiet") == 0) && strchr(flags, 'q')) {
       o->quiet = true;
     } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO && strchr(flags, 'p')) {
@@ -443,7 +451,7 @@ static int cmd_cat(int argc, char **argv)
 {
   struct opts o;
   struct bs_catalog cat;
-  int rc = start(argc, argv, 2, "n", 1, &o, &cat);
+  int rc = start(argc, argv, 2, "na", 1, &o, &cat);
   if (rc >= 0)
     return rc;
   rc = 1;
@@ -451,6 +459,21 @@ static int cmd_cat(int argc, char **argv)
   if (!t) {
     fail("%s: no tensor '%s' (burnstore ls lists them)", o.pos[0], o.pos[1]);
     goto out;
+  }
+  if (o.as_f32) {
+    /* The mount's rule (-o as=F32); integers pass unchanged, and a float
+     * without a decoder is refused rather than printed as other numbers. */
+    bs_err err;
+    bs_err_clear(&err);
+    if (bs_catalog_decode_as(&cat, BS_DT_F32, &err) != 0) {
+      fail_err(o.pos[0], &err);
+      goto out;
+    }
+    if (bs_dtype_is_float(t->dtype) && t->dtype != BS_DT_F32) {
+      fail("%s: tensor '%s': --as F32: no decoder for %s yet", o.pos[0], t->name,
+           bs_dtype_name(t->dtype));
+      goto out;
+    }
   }
   if (o.npy) {
     char hdr[BS_NPY_MAX_HEADER];
@@ -474,27 +497,6 @@ out:
 
 /* ---- diff ------------------------------------------------------------------------------- */
 
-static double f16_to_double(uint16_t h)
-{
-  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  double v;
-  if (e == 0)
-    v = ldexp(m, -24);
-  else if (e == 31)
-    v = m ? NAN : INFINITY;
-  else
-    v = ldexp(m + 1024, e - 25);
-  return (h & 0x8000) ? -v : v;
-}
-
-static double bf16_to_double(uint16_t h)
-{
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* Element as a double, for the float dtypes; false for the others. */
 static bool as_double(enum bs_dtype dt, const uint8_t *p, double *out)
 {
@@ -512,8 +514,13 @@ static bool as_double(enum bs_dtype dt, const uint8_t *p, double *out)
     *out = f;
     return true;
   }
-  case BS_DT_F16: *out = f16_to_double(bs_le16(p)); return true;
-  case BS_DT_BF16: *out = bf16_to_double(bs_le16(p)); return true;
+  case BS_DT_F16:
+  case BS_DT_BF16: {
+    float f;
+    bs_decode(dt, p, 1, &f); /* exact: widening */
+    *out = f;
+    return true;
+  }
   default: return false;
   }
 }
@@ -798,9 +805,11 @@ static const struct cmd cmds[] = {
      "metadata (long values cut at 200 bytes), non-tensor values and the reader's notes.\n"
      "  --meta KEY   print only the metadata value KEY, in full (exit 1 if missing)\n",
      cmd_info, 1},
-    {"cat", "[--npy] [-o KEYOPTS] FILE KEY",
+    {"cat", "[--npy] [--as F32] [-o KEYOPTS] FILE KEY",
      "Write one tensor's raw little-endian row-major bytes to stdout.\n"
-     "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n",
+     "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n"
+     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, ggml Q4_0..Q8_1;\n"
+     "               as -o as=F32 mounts it); integers unchanged; with --npy: <f4\n",
      cmd_cat, 1},
     {"diff", "[-q] [-o KEYOPTS] A B",
      "Compare two checkpoints: keys only in one, dtype or shape changes, and tensors whose\n"

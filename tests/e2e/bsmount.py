@@ -188,6 +188,37 @@ class Mount:
         return False
 
 
+def vmhwm_kb(pid):
+    """A process's peak resident memory (VmHWM), in kB."""
+    for line in open("/proc/%d/status" % pid):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+@contextlib.contextmanager
+def foreground_mount(source, mnt, opts, env=None):
+    """burnstore SOURCE MNT -f -o OPTS as a child (for its /proc entry):
+    yields the Popen once mounted; always unmounts and reaps it (its
+    returncode and stderr stay readable afterwards)."""
+    os.makedirs(mnt, exist_ok=True)
+    p = subprocess.Popen([BIN, source, mnt, "-f", "-o", opts], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        end = time.time() + DEADLINE
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        check(is_mounted(mnt), "mounted in -f mode")
+        yield p
+    finally:
+        force_unmount(mnt)
+        try:
+            p.wait(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def xattrs(path):
     return {n: os.getxattr(path, n).decode() for n in os.listxattr(path)}
 

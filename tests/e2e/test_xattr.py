@@ -5,12 +5,11 @@ with EINVAL, the target untouched), the memory of GGUF metadata edits, and a
 root with 5,000 GGUF keys that getfattr -d and rsync -aX can copy."""
 import errno
 import os
-import subprocess
 import sys
 import time
 
-from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, is_mounted, mem_limit_kb, run,
-                     run_tests, xattrs)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, foreground_mount, mem_limit_kb, run, run_tests, vmhwm_kb,
+                     xattrs)
 from test_sharded import make_set
 from test_st_write import canonical
 
@@ -140,27 +139,14 @@ def test_metadata_values_checked_at_the_edge(tmp):
             check(root.get(X + "meta.k2") == "café", "%s: the good value written" % fmt)
 
 
-def vmhwm_kb(pid):
-    for line in open("/proc/%d/status" % pid):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
-
-
 def test_gguf_edits_cost_memory_of_the_edit(tmp):
     """Three setxattr on a GGUF holding one 8 MB string: the daemon's peak
     memory grows by little, not by a re-parse of the header per call."""
     src = os.path.join(tmp, "big.gguf")
     G.write(src, [("general.name", G.VSTRING, "n"), ("big", G.VSTRING, "x" * (8 << 20)), ("k.u32", G.VU32, 1)],
             [("w", 0, [2], b"\0" * 8)])
-    mnt = os.path.join(tmp, "mem")
-    os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([BIN, src, mnt, "-f", "-o", "rw"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        end = time.time() + DEADLINE
-        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
-        check(is_mounted(mnt), "mounted in -f mode")
+    with foreground_mount(src, os.path.join(tmp, "mem"), "rw") as p:
+        mnt = os.path.join(tmp, "mem")
         os.listxattr(mnt)
         base = vmhwm_kb(p.pid)
         t0 = time.time()
@@ -171,13 +157,6 @@ def test_gguf_edits_cost_memory_of_the_edit(tmp):
         print("VmHWM after mount %d kB, +%d kB after 3 setxattr (%.3f s)" % (base, grew, dt))
         check(grew < mem_limit_kb(4096), "3 setxattr grew the daemon's peak by %d kB" % grew)
         check(os.getxattr(mnt, X + "meta.k.u32") == b"12", "the value set")
-    finally:
-        force_unmount(mnt)
-        try:
-            p.wait(timeout=DEADLINE)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
     check(p.returncode == 0, "the daemon wrote back and exited 0: %r" % p.stderr.read()[-500:])
     kv = G.Reader(src).kv
     check(kv["general.name"] == (G.VSTRING, "again") and kv["k.u32"] == (G.VU32, 12), "written back typed")

@@ -1,0 +1,256 @@
+/* Stored dtypes to F32 (decode.h). Our own code from the public format
+ * descriptions: IEEE 754 binary16/binary64, Google's bfloat16, the OCP 8-bit
+ * floating point spec (E4M3FN, E5M2, E8M0), the FNUZ variants as PyTorch and
+ * ml_dtypes define them, and ggml's block layouts (ggml-common.h) with the
+ * formulas of its reference dequantize_row_* (ggml-quants.c). */
+#include "core/decode.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/checked.h"
+
+static float f32_from_bits(uint32_t u)
+{
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* 2^e exactly, for -149 <= e <= 127 (the subnormal powers included). */
+static float pow2f(int e)
+{
+  return f32_from_bits(e >= -126 ? (uint32_t)(e + 127) << 23 : 1u << (e + 149));
+}
+
+float bs_f16_to_f32(uint16_t h)
+{
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) /* infinity, NaN (payload kept: F32's is wider) */
+    return f32_from_bits(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0)
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+  /* zero and subnormals: mant * 2^-24, exact in F32 */
+  float v = (float)mant * pow2f(-24);
+  return sign ? -v : v;
+}
+
+/* An 8-bit float without infinities: 1 sign, `ebits` exponent, `mbits`
+ * mantissa bits, exponent bias `bias`. `fnuz`: 0x80 is the only NaN and
+ * there is no -0 (PyTorch's float8_*_fnuz); else all-ones exponent and
+ * mantissa is NaN (OCP E4M3FN). */
+static float f8_finite(uint8_t b, unsigned ebits, unsigned mbits, int bias, bool fnuz)
+{
+  unsigned mmask = (1u << mbits) - 1, emask = (1u << ebits) - 1;
+  unsigned exp = (b >> mbits) & emask, mant = b & mmask;
+  bool neg = b & 0x80;
+  if (fnuz ? b == 0x80 : (exp == emask && mant == mmask))
+    return neg ? -NAN : NAN;
+  float v = exp == 0 ? (float)mant * pow2f(1 - bias - (int)mbits)
+                     : (float)(mant | (1u << mbits)) * pow2f((int)exp - bias - (int)mbits);
+  return neg ? -v : v;
+}
+
+static void dec_f64(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++) {
+    uint64_t u = bs_le64(in + 8 * i);
+    double d;
+    memcpy(&d, &u, sizeof d);
+    out[i] = (float)d; /* the default rounding mode: nearest, ties to even */
+  }
+}
+
+static void dec_f16(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = bs_f16_to_f32(bs_le16(in + 2 * i));
+}
+
+static void dec_bf16(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = f32_from_bits((uint32_t)bs_le16(in + 2 * i) << 16);
+}
+
+static void dec_f32(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = f32_from_bits(bs_le32(in + 4 * i));
+}
+
+static void dec_e4m3(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = f8_finite(in[i], 4, 3, 7, false);
+}
+
+static void dec_e4m3fnuz(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = f8_finite(in[i], 4, 3, 8, true);
+}
+
+static void dec_e5m2fnuz(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = f8_finite(in[i], 5, 2, 16, true);
+}
+
+/* E5M2 is the upper byte of a binary16 (same exponent, infinities, NaNs). */
+static void dec_e5m2(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = bs_f16_to_f32((uint16_t)(in[i] << 8));
+}
+
+/* E8M0: an unsigned power of two 2^(e-127); 0xff is NaN. */
+static void dec_e8m0(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++)
+    out[i] = in[i] == 0xff ? NAN : pow2f((int)in[i] - 127);
+}
+
+/* ggml's 32-element blocks (ggml-common.h): an fp16 scale d, then for
+ * Q4_1/Q5_1 an fp16 minimum m, for Q5_* 4 bytes of fifth bits (qh, little
+ * endian), then the quants. Element j < 16 is the low nibble of qs[j] (and
+ * bit j of qh), element j + 16 its high nibble (and bit j + 16 of qh).
+ * Formulas of dequantize_row_q4_0 ... q8_0: y = q * d, or q * d + m,
+ * in float, the product rounded before the sum. */
+static void dec_q4_0(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t b = 0; b < n; b++, in += 18, out += 32) {
+    float d = bs_f16_to_f32(bs_le16(in));
+    for (int j = 0; j < 16; j++) {
+      out[j] = (float)((in[2 + j] & 0x0f) - 8) * d;
+      out[j + 16] = (float)((in[2 + j] >> 4) - 8) * d;
+    }
+  }
+}
+
+static void dec_q4_1(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t b = 0; b < n; b++, in += 20, out += 32) {
+    float d = bs_f16_to_f32(bs_le16(in)), m = bs_f16_to_f32(bs_le16(in + 2));
+    for (int j = 0; j < 16; j++) {
+      float p0 = (float)(in[4 + j] & 0x0f) * d, p1 = (float)(in[4 + j] >> 4) * d;
+      out[j] = p0 + m;
+      out[j + 16] = p1 + m;
+    }
+  }
+}
+
+static void dec_q5_0(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t b = 0; b < n; b++, in += 22, out += 32) {
+    float d = bs_f16_to_f32(bs_le16(in));
+    uint32_t qh = bs_le32(in + 2);
+    for (int j = 0; j < 16; j++) {
+      int x0 = (int)((in[6 + j] & 0x0fu) | (((qh >> j) & 1u) << 4)) - 16;
+      int x1 = (int)((in[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+      out[j] = (float)x0 * d;
+      out[j + 16] = (float)x1 * d;
+    }
+  }
+}
+
+static void dec_q5_1(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t b = 0; b < n; b++, in += 24, out += 32) {
+    float d = bs_f16_to_f32(bs_le16(in)), m = bs_f16_to_f32(bs_le16(in + 2));
+    uint32_t qh = bs_le32(in + 4);
+    for (int j = 0; j < 16; j++) {
+      unsigned x0 = (in[8 + j] & 0x0fu) | (((qh >> j) & 1u) << 4);
+      unsigned x1 = (in[8 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+      float p0 = (float)x0 * d, p1 = (float)x1 * d;
+      out[j] = p0 + m;
+      out[j + 16] = p1 + m;
+    }
+  }
+}
+
+/* Q8_0: d, then 32 signed bytes. Q8_1 adds s = d * sum(q) after d (ggml
+ * keeps it for dot products and has no dequantize_row_q8_1; the value of
+ * an element is d * q as ggml's quantize_row_q8_1_ref defines it). */
+static void dec_q8(const uint8_t *in, size_t n, float *out, size_t bsize, size_t qoff)
+{
+  for (size_t b = 0; b < n; b++, in += bsize, out += 32) {
+    float d = bs_f16_to_f32(bs_le16(in));
+    for (int j = 0; j < 32; j++)
+      out[j] = (float)(int8_t)in[qoff + j] * d;
+  }
+}
+
+static void dec_q8_0(const uint8_t *in, size_t n, float *out)
+{
+  dec_q8(in, n, out, 34, 2);
+}
+
+static void dec_q8_1(const uint8_t *in, size_t n, float *out)
+{
+  dec_q8(in, n, out, 36, 4);
+}
+
+static const struct {
+  void (*fn)(const uint8_t *in, size_t n, float *out);
+  uint16_t elems, bytes; /* one unit */
+} rows[BS_DT_COUNT] = {
+    [BS_DT_F64] = {dec_f64, 1, 8},
+    [BS_DT_F16] = {dec_f16, 1, 2},
+    [BS_DT_BF16] = {dec_bf16, 1, 2},
+    [BS_DT_FLEX32] = {dec_f32, 1, 4}, /* Burn's Flex32 is stored as f32 */
+    [BS_DT_F8_E4M3] = {dec_e4m3, 1, 1},
+    [BS_DT_F8_E5M2] = {dec_e5m2, 1, 1},
+    [BS_DT_F8_E8M0] = {dec_e8m0, 1, 1},
+    [BS_DT_F8_E4M3FNUZ] = {dec_e4m3fnuz, 1, 1},
+    [BS_DT_F8_E5M2FNUZ] = {dec_e5m2fnuz, 1, 1},
+    [BS_DT_Q4_0] = {dec_q4_0, 32, 18},
+    [BS_DT_Q4_1] = {dec_q4_1, 32, 20},
+    [BS_DT_Q5_0] = {dec_q5_0, 32, 22},
+    [BS_DT_Q5_1] = {dec_q5_1, 32, 24},
+    [BS_DT_Q8_0] = {dec_q8_0, 32, 34},
+    [BS_DT_Q8_1] = {dec_q8_1, 32, 36},
+};
+
+bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)
+{
+  if ((unsigned)dt >= BS_DT_COUNT || !rows[dt].fn)
+    return false;
+  *elems = rows[dt].elems;
+  *bytes = rows[dt].bytes;
+  return true;
+}
+
+void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out)
+{
+  rows[dt].fn(in, n, out);
+}
+
+bool bs_dtype_is_float(enum bs_dtype dt)
+{
+  switch (dt) {
+  case BS_DT_F64:
+  case BS_DT_F32:
+  case BS_DT_F16:
+  case BS_DT_BF16:
+  case BS_DT_FLEX32:
+  case BS_DT_F8_E4M3:
+  case BS_DT_F8_E5M2:
+  case BS_DT_F8_E8M0:
+  case BS_DT_F8_E4M3FNUZ:
+  case BS_DT_F8_E5M2FNUZ:
+  case BS_DT_F6_E2M3:
+  case BS_DT_F6_E3M2:
+  case BS_DT_F4:
+  case BS_DT_QFLOAT:
+  case BS_DT_QI8:
+  case BS_DT_QU8:
+  case BS_DT_QI32: return true;
+  default: {
+    uint32_t e, b;
+    return bs_dtype_block(dt, &e, &b);
+  }
+  }
+}

@@ -1,0 +1,44 @@
+/* Decoding stored element types to F32: one table, one row per dtype that
+ * has a defined decoding (docs/user-guide.md "Decoded views" gives each
+ * rule and its source). Used by the `-o as=F32` views and `cat --as F32`.
+ *
+ * A dtype decodes in units: *elems elements from *bytes bytes (BF16: 1 from
+ * 2; ggml's Q8_0: 32 from 34), so a reader of a range decodes only the
+ * units that cover it. Widening (BF16, F16, F8) is exact and keeps NaN
+ * payloads where F32 can hold them; F64 is narrowed to nearest, ties to
+ * even (NaN and infinities kept); ggml's block types follow ggml's
+ * reference dequantize_row_* bit for bit (fp16 scale to float, then d * q,
+ * plus m where the block has a minimum). */
+#ifndef BURNSTORE_CORE_DECODE_H
+#define BURNSTORE_CORE_DECODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "burnstore/dtype.h"
+
+/* The largest unit: elements and bytes (the caller's bounded buffers are
+ * sized in whole units of at most these). */
+#define BS_DECODE_MAX_UNIT_ELEMS 256u
+#define BS_DECODE_MAX_UNIT_BYTES 512u
+
+/* True if dt decodes to F32, with its unit; false (F32 itself, integers,
+ * bool, complex, and types whose decoding is not defined here: F4/F6
+ * (packing order unspecified), QFLOAT, torch's quantized types, the
+ * K-quants and IQ/TQ/MXFP4 blocks for now). */
+bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes);
+
+/* Decode n units of dt from in (n * bytes bytes) into out (n * elems
+ * floats). dt must be one bs_decode_unit accepts; every bit pattern of the
+ * input decodes to some float (no input is an error). */
+void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out);
+
+/* A floating type: F64, F32, F16, BF16, FLEX32, the F8/F6/F4 types, Burn's
+ * QFLOAT, torch's quantized types and ggml's blocks (not complex). */
+bool bs_dtype_is_float(enum bs_dtype dt);
+
+/* One IEEE half (binary16) to float, exactly (ggml's GGML_FP16_TO_FP32). */
+float bs_f16_to_f32(uint16_t h);
+
+#endif
