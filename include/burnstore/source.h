@@ -91,8 +91,9 @@ bool bs_src_is_url(const char *s);
 char *bs_http_redact(const char *url);
 /* Options of a remote source (zeroed: the defaults). */
 struct bs_http_opts {
-  uint64_t cache_bytes; /* the block cache of this source and its siblings; 0: 64 MiB */
-  const char *bearer;   /* "Authorization: Bearer" token; NULL: $BURNSTORE_HTTP_TOKEN */
+  uint64_t
+      cache_bytes;    /* block cache of it and its siblings; 0: $BURNSTORE_HTTP_CACHE, or 64 MiB */
+  const char *bearer; /* "Authorization: Bearer" token; NULL: $BURNSTORE_HTTP_TOKEN */
 };
 /* A file on an HTTP(S) server, read by range requests (libcurl): one
  * request now learns its size and pins its ETag (or Last-Modified); every

@@ -299,6 +299,37 @@ static void curl_global(void)
   curl_global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
+/* $BURNSTORE_HTTP_CACHE: bytes, with an optional K, M or G (binary); 0
+ * when unset or not a size (the default then). */
+static uint64_t cache_env(void)
+{
+  const char *v = getenv("BURNSTORE_HTTP_CACHE"), *p = v;
+  uint64_t n, mul = 1;
+  if (!v || !parse_u64(&p, &n))
+    return 0;
+  switch (*p) {
+  case 'k':
+  case 'K':
+    mul = 1 << 10;
+    p++;
+    break;
+  case 'm':
+  case 'M':
+    mul = 1 << 20;
+    p++;
+    break;
+  case 'g':
+  case 'G':
+    mul = 1 << 30;
+    p++;
+    break;
+  default: break;
+  }
+  if (*p && strcmp(p, "iB") != 0 && strcmp(p, "B") != 0)
+    return 0;
+  return bs_mul_u64(n, mul, &n) ? n : 0;
+}
+
 static struct shared *shared_new(const struct bs_http_opts *o)
 {
   struct shared *sh = bs_calloc(1, sizeof *sh);
@@ -309,7 +340,8 @@ static struct shared *shared_new(const struct bs_http_opts *o)
     return NULL;
   }
   sh->refs = 1;
-  if (bs_http_cache_init(&sh->cache, BLOCK, o && o->cache_bytes ? o->cache_bytes : CACHE_DEFAULT)) {
+  uint64_t cache = o && o->cache_bytes ? o->cache_bytes : cache_env();
+  if (bs_http_cache_init(&sh->cache, BLOCK, cache ? cache : CACHE_DEFAULT)) {
     shared_unref(sh);
     return NULL;
   }

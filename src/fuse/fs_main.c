@@ -695,6 +695,39 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
   return w;
 }
 
+static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits);
+
+/* SOURCE is a URL: opened by range requests (bs_src_init_http), read-only.
+ * From here on the URL is shown without credentials (messages, the mount
+ * table). */
+static int prepare_url(struct fs *fs, struct args *a)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  const char *url = a->source;
+  if (!(fs->source = bs_http_redact(url))) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return 1;
+  }
+  a->source = fs->source;
+  /* A writable mount keeps its source's identity in the staging INDEX for
+   * --finish, which a URL has not yet: refused (in place for good). */
+  if (a->rw || a->output) {
+    fprintf(stderr,
+            PROG ": %s: a URL is mounted read-only (a URL is never written in place, and a "
+                 "writable mount into a local output= is not supported yet): mount it "
+                 "read-only and copy the tensors, or burnstore convert URL OUT\n",
+            a->source);
+    return 1;
+  }
+  clock_gettime(CLOCK_REALTIME, &fs->mtime);
+  struct bs_src src;
+  struct bs_open_opts oo = {.strict = a->strict};
+  if (bs_src_init_http(&src, url, NULL, &err) != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
+    return fail_line(a->source, &err);
+  return prepare_rest(fs, a, 0444);
+}
+
 /* Open and validate SOURCE fully, build the tree. Prints the error. */
 static int prepare(struct fs *fs, struct args *a)
 {
@@ -709,6 +742,8 @@ static int prepare(struct fs *fs, struct args *a)
   pthread_rwlock_init(&fs->lock, NULL);
   pthread_mutex_init(&fs->stage_lock, NULL);
   bs_catalog_init(&fs->cat);
+  if (bs_src_is_url(a->source))
+    return prepare_url(fs, a);
   fs->source = bs_abs_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -769,6 +804,14 @@ static int prepare(struct fs *fs, struct args *a)
       fs->wopts.mode = mode & 0666;
     }
   }
+  return prepare_rest(fs, a, bits);
+}
+
+/* What follows the source's opening, for a file and a URL alike. */
+static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
+{
+  bs_err err;
+  bs_err_clear(&err);
   /* The files show SOURCE's read bits, so a private checkpoint stays
    * private under allow_other; on a writable mount the owner may write (the
    * source's write bits are about the source, not about this mount). */
