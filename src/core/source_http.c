@@ -33,6 +33,7 @@ enum {
   SKIP_MAX = 64 << 20,    /* a server ignoring Range: bytes skipped at most */
   CONNECT_TIMEOUT_S = 15, /* connection */
   LOW_SPEED_S = 30,       /* under 1 byte/s for this long: a stalled transfer */
+  FLYING = 8,             /* ranges of one source in flight, tracked */
 };
 #define CACHE_DEFAULT ((uint64_t)64 << 20)
 
@@ -388,8 +389,15 @@ struct http {
   atomic_bool gone; /* the object changed: every read fails */
   pthread_mutex_t lock;
   char why[256];    /* (under lock, once gone) */
-  uint64_t seq_end; /* where the last read ended (read-ahead) (under lock) */
+  uint64_t seq_end; /* where reading got to (read-ahead) (under lock) */
   unsigned ra;      /* blocks fetched a miss (under lock) */
+  /* Ranges being fetched now (under lock): a reader that needs one of their
+   * blocks waits for it instead of asking the server again. */
+  pthread_cond_t landed;
+  struct {
+    bool on;
+    uint64_t from, to; /* blocks [from, to) */
+  } fly[FLYING];
 };
 
 /* The object changed: every later read fails; why is kept for `changed`. */
@@ -654,24 +662,88 @@ static int fetch(const struct bs_src *s, uint64_t off, void *buf, size_t n)
   return rc;
 }
 
+/* Whether block idx is being fetched (under h->lock); *cut lowers to the
+ * first block in flight above idx (a new request stops there). */
+static bool in_flight(const struct http *h, uint64_t idx, uint64_t *cut)
+{
+  for (int i = 0; i < FLYING; i++) {
+    if (!h->fly[i].on)
+      continue;
+    if (idx >= h->fly[i].from && idx < h->fly[i].to)
+      return true;
+    if (h->fly[i].from > idx && h->fly[i].from < *cut)
+      *cut = h->fly[i].from;
+  }
+  return false;
+}
+
+/* Fetch blocks [idx, idx+want) into tmp (*len bytes) and the cache; 0 or
+ * -errno. When may_wait and another reader is fetching block idx, waits for
+ * it instead and returns 1 (the caller looks in the cache again). */
+static int fetch_blocks(const struct bs_src *s, uint64_t idx, uint64_t want, uint8_t *tmp,
+                        size_t *len, bool may_wait)
+{
+  struct http *h = s->impl;
+  uint64_t cut = idx + want;
+  int slot = -1;
+  pthread_mutex_lock(&h->lock);
+  if (in_flight(h, idx, &cut) && may_wait) {
+    pthread_cond_wait(&h->landed, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    return 1;
+  }
+  for (int i = 0; i < FLYING && slot < 0; i++)
+    if (!h->fly[i].on)
+      slot = i;
+  if (slot >= 0) {
+    h->fly[slot].on = true;
+    h->fly[slot].from = idx;
+    h->fly[slot].to = cut;
+  }
+  pthread_mutex_unlock(&h->lock);
+  want = cut - idx;
+  uint64_t from = idx * BLOCK, to = (idx + want) * BLOCK;
+  if (to > s->size)
+    to = s->size;
+  *len = (size_t)(to - from);
+  int rc = fetch(s, from, tmp, *len);
+  for (uint64_t b = 0; rc == 0 && b < want; b++) {
+    size_t bl = *len - b * BLOCK < BLOCK ? (size_t)(*len - b * BLOCK) : BLOCK;
+    bs_http_cache_put(&h->sh->cache, h->id, idx + b, tmp + b * BLOCK, bl);
+  }
+  pthread_mutex_lock(&h->lock);
+  if (slot >= 0)
+    h->fly[slot].on = false;
+  pthread_cond_broadcast(&h->landed);
+  pthread_mutex_unlock(&h->lock);
+  return rc;
+}
+
 static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
 {
   struct http *h = s->impl;
   struct bs_http_cache *c = &h->sh->cache;
   const uint64_t nblocks = (s->size + BLOCK - 1) / BLOCK;
-  /* Sequential reading grows the read-ahead; a jump resets it. */
+  const uint64_t near = (uint64_t)RA_MAX * BLOCK;
+  /* Reading on from where reading got to (the kernel's parallel read-ahead
+   * arrives a little out of order) grows the read-ahead; a jump resets it. */
   pthread_mutex_lock(&h->lock);
-  if (off != h->seq_end)
+  if (off + near < h->seq_end || off > h->seq_end + near) {
     h->ra = 1;
-  else if (h->ra < RA_MAX)
-    h->ra *= 2;
+    h->seq_end = off + n;
+  } else {
+    if (h->ra < RA_MAX)
+      h->ra *= 2;
+    if (off + n > h->seq_end)
+      h->seq_end = off + n;
+  }
   unsigned ra = h->ra;
-  h->seq_end = off + n;
   pthread_mutex_unlock(&h->lock);
   if (ra > c->nmax / 2)
     ra = c->nmax / 2 ? (unsigned)(c->nmax / 2) : 1;
   size_t got = 0;
   uint8_t *tmp = NULL;
+  int waits = 0;
   while (got < n) {
     if (atomic_load(&h->gone)) {
       bs_free(tmp);
@@ -692,25 +764,25 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
       want = c->nmax;
     if (idx + want > nblocks)
       want = nblocks - idx;
-    uint64_t from = idx * BLOCK, to = (idx + want) * BLOCK;
-    if (to > s->size)
-      to = s->size;
-    size_t len = (size_t)(to - from);
-    if (!tmp && !(tmp = bs_malloc((size_t)RA_MAX * BLOCK > len ? (size_t)RA_MAX * BLOCK : len)))
+    if (!tmp && !(tmp = bs_malloc((size_t)want * BLOCK)))
       return got ? (long)got : -ENOMEM;
-    int rc = fetch(s, from, tmp, len);
+    size_t len = 0;
+    /* (after a few waits, fetch anyway: the cache may be too small to keep
+     * what others fetched) */
+    int rc = fetch_blocks(s, idx, want, tmp, &len, waits < 4);
+    if (rc == 1) {
+      waits++;
+      continue;
+    }
     if (rc != 0) {
       bs_free(tmp);
       return rc;
-    }
-    for (uint64_t b = 0; b < want; b++) {
-      size_t bl = len - b * BLOCK < BLOCK ? (size_t)(len - b * BLOCK) : BLOCK;
-      bs_http_cache_put(c, h->id, idx + b, tmp + b * BLOCK, bl);
     }
     /* Copy from what was fetched (the cache may be smaller than the read). */
     size_t have = len - in, k2 = n - got < have ? n - got : have;
     memcpy((uint8_t *)buf + got, tmp + in, k2);
     got += k2;
+    waits = 0;
   }
   bs_free(tmp);
   return (long)got;
@@ -753,6 +825,7 @@ static void http_free(struct http *h)
     bs_free(h->url);
   }
   pthread_mutex_destroy(&h->lock);
+  pthread_cond_destroy(&h->landed);
   bs_free(h);
 }
 
@@ -775,6 +848,13 @@ static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_
   char *name = bs_http_redact(url);
   struct http *h = bs_calloc(1, sizeof *h);
   if (!name || !h || pthread_mutex_init(&h->lock, NULL) != 0) {
+    bs_free(name);
+    bs_free(h);
+    shared_unref(sh);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  if (pthread_cond_init(&h->landed, NULL) != 0) {
+    pthread_mutex_destroy(&h->lock);
     bs_free(name);
     bs_free(h);
     shared_unref(sh);
