@@ -107,7 +107,8 @@ http {
 
 
 class FlakyHandler(http.server.BaseHTTPRequestHandler):
-    """GET with Range; the first request of each path answers 500."""
+    """GET with Range; the first request of each path answers 500 (a path
+    under /busy/: 429 with Retry-After: 1)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -116,14 +117,17 @@ class FlakyHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         srv = self.server
-        path = os.path.join(srv.root, self.path.lstrip("/"))
+        busy = self.path.startswith("/busy/")
+        path = os.path.join(srv.root, self.path[len("/busy/") if busy else 1:])
         with srv.lock:
             first = self.path not in srv.seen
             srv.seen.add(self.path)
             srv.requests += 1
         if first:
             body = b"try again"
-            self.send_response(500)
+            self.send_response(429 if busy else 500)
+            if busy:
+                self.send_header("Retry-After", "1")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -295,6 +299,10 @@ def retry_500(tmp, ng):
               "a 500 then 200: retried, the right bytes: %r" % r.stderr)
         check(fs.srv.requests >= 3, "the 500 was answered and retried (%d requests)"
               % fs.srv.requests)
+        t0 = time.time()
+        r = run_bytes([BIN, "cat", fs.url("busy/" + os.path.basename(ST)), "conv1.weight"])
+        check(r.returncode == 0 and r.stdout == want.stdout, "a 429 then 200: the right bytes")
+        check(time.time() - t0 >= 1.0, "Retry-After: 1 was honoured (%.2f s)" % (time.time() - t0))
 
 
 def main():
