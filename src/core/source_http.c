@@ -391,6 +391,8 @@ struct http {
   char why[256];    /* (under lock, once gone) */
   uint64_t seq_end; /* where reading got to (read-ahead) (under lock) */
   unsigned ra;      /* blocks fetched a miss (under lock) */
+  char *eff;        /* where url redirects to, or NULL (under lock) */
+  bool eff_auth;    /* eff is on url's host: the token goes there too (under lock) */
   /* Ranges being fetched now (under lock): a reader that needs one of their
    * blocks waits for it instead of asking the server again. */
   pthread_cond_t landed;
@@ -526,9 +528,11 @@ static size_t on_body_checked(char *data, size_t size, size_t nmemb, void *ud)
 /* GET bytes first..first+n-1 of url into buf (n >= 1), conditional on
  * h's pin (h NULL: the opening request, which learns it). 0, or -errno
  * with msg (n bytes) saying why, credentials left out. */
-static int http_get(struct shared *sh, const struct http *h, const char *url, uint64_t first,
-                    void *buf, size_t n, struct xfer *out, char *msg, size_t mn)
+static int http_get(struct shared *sh, const struct http *h, const char *url, bool auth,
+                    uint64_t first, void *buf, size_t n, struct xfer *out, char **eff, char *msg,
+                    size_t mn)
 {
+  memset(out, 0, sizeof *out);
   CURL *c = handle_get(sh);
   if (!c) {
     snprintf(msg, mn, "cannot create an HTTP handle");
@@ -538,7 +542,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, ui
   snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)first,
            (unsigned long long)(first + n - 1));
   struct curl_slist *hdrs = NULL, *t;
-  if (sh->auth && (t = curl_slist_append(hdrs, sh->auth)))
+  if (auth && sh->auth && (t = curl_slist_append(hdrs, sh->auth)))
     hdrs = t;
   if (h && h->pin[0] && (t = curl_slist_append(hdrs, h->pin)))
     hdrs = t;
@@ -616,9 +620,41 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, ui
     sleep_ms(ms);
     wait = wait * 2 > RETRY_CAP_MS ? RETRY_CAP_MS : wait * 2;
   }
+  if (rc == 0 && eff) { /* where the redirects led */
+    char *e = NULL;
+    if (curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &e) == CURLE_OK && e && strcmp(e, url) != 0)
+      *eff = bs_strdup(e);
+  }
   curl_slist_free_all(hdrs);
   handle_put(sh, c);
   return rc;
+}
+
+/* The host[:port] of an http(s) URL, without user-info, into out. */
+static void host_of(const char *url, char *out, size_t n)
+{
+  const char *a, *e;
+  out[0] = '\0';
+  if (!authority(url, &a, &e))
+    return;
+  for (const char *p = a; p < e; p++)
+    if (*p == '@')
+      a = p + 1;
+  snprintf(out, n, "%.*s", (int)(e - a), a);
+}
+
+/* Reads go where the opening request's redirects led (one round trip, not
+ * a redirect each time); the token only to the host it was given for. */
+static void set_eff(struct http *h, char *eff)
+{
+  char a[256], b[256];
+  host_of(h->url, a, sizeof a);
+  host_of(eff ? eff : h->url, b, sizeof b);
+  pthread_mutex_lock(&h->lock);
+  bs_free(h->eff);
+  h->eff = eff;
+  h->eff_auth = strcasecmp(a, b) == 0;
+  pthread_mutex_unlock(&h->lock);
 }
 
 /* A range request for [off, off+n) into buf, checked: exactly those bytes
@@ -629,9 +665,22 @@ static int fetch(const struct bs_src *s, uint64_t off, void *buf, size_t n)
   struct http *h = s->impl;
   if (atomic_load(&h->gone))
     return -EIO;
-  struct xfer x;
+  struct xfer x = {0};
   char msg[256];
-  int rc = http_get(h->sh, h, h->url, off, buf, n, &x, msg, sizeof msg);
+  pthread_mutex_lock(&h->lock);
+  char *eff = h->eff ? bs_strdup(h->eff) : NULL;
+  bool auth = h->eff_auth;
+  pthread_mutex_unlock(&h->lock);
+  int rc = h->eff && !eff ? -ENOMEM
+                          : http_get(h->sh, h, eff ? eff : h->url, eff ? auth : true, off, buf, n,
+                                     &x, NULL, msg, sizeof msg);
+  if (eff && (rc == -EACCES || rc == -ENOENT || x.status == 410)) {
+    /* The redirect's target expired (a signed CDN URL): from the URL again. */
+    char *again = NULL;
+    rc = http_get(h->sh, h, h->url, true, off, buf, n, &x, &again, msg, sizeof msg);
+    set_eff(h, again);
+  }
+  bs_free(eff);
   if (rc != 0 && x.status == 200 && off > SKIP_MAX)
     snprintf(msg, sizeof msg,
              "the server ignores Range requests (HTTP 200) and the bytes are "
@@ -824,6 +873,7 @@ static void http_free(struct http *h)
     memset(h->url, 0, strlen(h->url));
     bs_free(h->url);
   }
+  bs_free(h->eff);
   pthread_mutex_destroy(&h->lock);
   pthread_cond_destroy(&h->landed);
   bs_free(h);
@@ -874,7 +924,9 @@ static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_
   uint8_t one;
   struct xfer x;
   char msg[256];
-  int e = http_get(sh, NULL, url, 0, &one, 1, &x, msg, sizeof msg);
+  char *eff = NULL;
+  int e = http_get(sh, NULL, url, true, 0, &one, 1, &x, &eff, msg, sizeof msg);
+  set_eff(h, eff);
   if (e != 0) {
     rc = bs_fail(err, e == -ESTALE ? EIO : -e, BS_OFF_NONE, NULL, "%s", msg);
     goto out;

@@ -223,6 +223,14 @@ def cli_verbs(tmp, ng):
     check(r.returncode == 0, "convert URL -> local: %s" % r.stderr)
     r = run([BIN, "diff", ST, out])
     check(r.returncode == 0, "the converted copy equals the source: %s" % r.stdout[:200])
+    # Behind a redirect: the opening request follows it, the reads go where it led.
+    log = os.path.join(ng.dir, "access.log")
+    before = open(log).read().count("/redir/")
+    r = run_bytes([BIN, "cat", ng.url(name, "redir/"), "conv1.weight"])
+    check(r.returncode == 0 and r.stdout == run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout,
+          "cat through a redirect: the right bytes")
+    redirected = open(log).read().count("/redir/") - before
+    check(redirected == 1, "one redirect for the open and none for the reads (%d)" % redirected)
     # Errors: one line, non-zero, the URL without its credentials.
     r = run([BIN, "ls", "http://user:hunter2@127.0.0.1:%d/missing.safetensors" % ng.port])
     check(r.returncode != 0 and "404" in r.stderr and "hunter2" not in r.stderr
