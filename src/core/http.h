@@ -32,6 +32,8 @@ struct bs_http_cache {
   uint64_t tick;
   struct bs_http_block *b; /* nmax slots */
 };
+#define BS_HTTP_CACHE_BLOCKS_MAX 16384 /* 16 GiB of 1 MiB blocks */
+/* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes);
 void bs_http_cache_destroy(struct bs_http_cache *c);
 /* Copy up to n bytes at `off` within block (id, idx) into dst: the bytes

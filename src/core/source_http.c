@@ -177,7 +177,9 @@ int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
 {
   memset(c, 0, sizeof *c);
   c->block = block;
-  c->nmax = bytes / block ? (size_t)(bytes / block) : 1;
+  /* (a lookup scans the slots: a bound keeps it a few microseconds) */
+  uint64_t nb = bytes / block;
+  c->nmax = nb == 0 ? 1 : nb > BS_HTTP_CACHE_BLOCKS_MAX ? BS_HTTP_CACHE_BLOCKS_MAX : (size_t)nb;
   c->b = bs_calloc(c->nmax, sizeof *c->b);
   if (!c->b || pthread_mutex_init(&c->lock, NULL) != 0) {
     bs_free(c->b);

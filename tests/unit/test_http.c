@@ -108,6 +108,13 @@ Test(http, cache_stays_within_its_bound)
   cr_expect_eq(bs_http_cache_get(&c, 2, 49, 8, out, B), 2);
   cr_expect(!bs_http_cache_put(&c, 4, 0, blk, B + 1)); /* larger than a block */
   bs_http_cache_destroy(&c);
+  /* a size below one block still caches one; a huge one is bounded */
+  cr_assert_eq(bs_http_cache_init(&c, B, 10), 0);
+  cr_expect_eq(c.nmax, 1);
+  bs_http_cache_destroy(&c);
+  cr_assert_eq(bs_http_cache_init(&c, 1 << 20, UINT64_MAX), 0);
+  cr_expect_eq(c.nmax, BS_HTTP_CACHE_BLOCKS_MAX);
+  bs_http_cache_destroy(&c);
 }
 
 Test(http, not_a_url_refused)
