@@ -4,7 +4,9 @@ into the test's temp dir, serving a fixture of each format; every tensor
 read through a mount of its URL equals the same tensor read through a local
 mount; the CLI verbs on URLs; a 302 redirect followed; a location that needs
 a bearer token; a file replaced on the server mid-mount fails reads with EIO
-(the ETag pin), never old and new bytes mixed; and a 500 then 200 retried.
+(the ETag pin), never old and new bytes mixed; a 500 then 200 and a 429
+with Retry-After retried; a redirect target that expires (403) read again
+from the URL.
 nginx cannot fail only the first request, so that case uses a small Python
 HTTP server with Range support defined in this file (FlakyServer). Everything runs under deadlines; nginx and the Python server
 are stopped in teardown also on failure."""
@@ -115,10 +117,33 @@ class FlakyHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    def send_small(self, code, headers=()):
+        body = b"no"
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self):
         srv = self.server
+        # /hop/X redirects to /signed/GEN/X (a CDN's signed URL); a stale
+        # generation answers 403, as an expired signature does.
+        if self.path.startswith("/hop/"):
+            with srv.lock:
+                srv.hops += 1
+            return self.send_small(302, [("Location", "/signed/%d/%s" % (srv.gen, self.path[5:]))])
+        if self.path.startswith("/signed/"):
+            gen, name = self.path[len("/signed/"):].split("/", 1)
+            if int(gen) != srv.gen:
+                return self.send_small(403)
+            self.path = "/ok/" + name
+        if self.path.startswith("/ok/"):
+            srv.seen.add(self.path)
         busy = self.path.startswith("/busy/")
-        path = os.path.join(srv.root, self.path[len("/busy/") if busy else 1:])
+        path = os.path.join(srv.root, self.path.split("/", 2)[2] if busy or
+                            self.path.startswith("/ok/") else self.path[1:])
         with srv.lock:
             first = self.path not in srv.seen
             srv.seen.add(self.path)
@@ -148,6 +173,7 @@ class FlakyServer:
     def __init__(self, root):
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
         self.srv.root, self.srv.seen, self.srv.requests = root, set(), 0
+        self.srv.gen, self.srv.hops = 1, 0
         self.srv.lock = threading.Lock()
         self.srv.daemon_threads = True
         self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
@@ -307,6 +333,16 @@ def retry_500(tmp, ng):
               "a 500 then 200: retried, the right bytes: %r" % r.stderr)
         check(fs.srv.requests >= 3, "the 500 was answered and retried (%d requests)"
               % fs.srv.requests)
+        # The redirect's target expires mid-mount: the read starts from the URL again.
+        # (b is past the first 1 MiB block, which the open fetched)
+        a, b = os.urandom(3 << 19), os.urandom(3 << 19)
+        write_safetensors(os.path.join(root, "hop.safetensors"), {"a": a, "b": b})
+        mnt = os.path.join(tmp, "mnt-hop")
+        with Mount(fs.url("hop/hop.safetensors"), mnt) as m:
+            fs.srv.gen = 2
+            got = open(os.path.join(m, "b"), "rb").read()
+            check(got == b, "an expired redirect target: the URL again, right bytes")
+            check(fs.srv.hops == 2, "one redirect at open, one after the 403 (%d)" % fs.srv.hops)
         t0 = time.time()
         r = run_bytes([BIN, "cat", fs.url("busy/" + os.path.basename(ST)), "conv1.weight"])
         check(r.returncode == 0 and r.stdout == want.stdout, "a 429 then 200: the right bytes")
