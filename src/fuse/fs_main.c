@@ -699,6 +699,25 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
 
 static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits);
 
+/* Overwrite a URL's user-info and query in place (it is our argv: what ps
+ * shows), once the source holds its own copy. */
+static void scrub_url(char *url)
+{
+  char *a = strstr(url, "://");
+  if (!a)
+    return;
+  a += 3;
+  size_t end = strcspn(a, "/?#");
+  for (size_t i = end; i > 0; i--)
+    if (a[i - 1] == '@') {
+      memset(a, '*', i - 1);
+      break;
+    }
+  char *q = strchr(a, '?');
+  if (q)
+    memset(q + 1, '*', strlen(q + 1));
+}
+
 /* SOURCE is a URL: opened by range requests (bs_src_init_http), read-only.
  * From here on the URL is shown without credentials (messages, the mount
  * table). */
@@ -725,7 +744,9 @@ static int prepare_url(struct fs *fs, struct args *a)
   clock_gettime(CLOCK_REALTIME, &fs->mtime);
   struct bs_src src;
   struct bs_open_opts oo = {.strict = a->strict};
-  if (bs_src_init_http(&src, url, NULL, &err) != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
+  int rc = bs_src_init_http(&src, url, NULL, &err);
+  scrub_url((char *)url); /* argv's own memory: writable */
+  if (rc != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
     return fail_line(a->source, &err);
   return prepare_rest(fs, a, 0444);
 }

@@ -22,8 +22,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bsmount import (BIN, FIX, Mount, check, run, run_tests, tensor_files,  # noqa: E402
-                     write_safetensors)
+from bsmount import (BIN, FIX, Mount, check, daemon_pid, run, run_tests,  # noqa: E402
+                     tensor_files, write_safetensors)
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 TOKEN = "s3cr3t-t0ken"
@@ -257,6 +257,16 @@ def cli_verbs(tmp, ng):
           "cat through a redirect: the right bytes")
     redirected = open(log).read().count("/redir/") - before
     check(redirected == 1, "one redirect for the open and none for the reads (%d)" % redirected)
+    # A password in the URL: not in the daemon's command line (ps) nor the mount table.
+    mnt = os.path.join(tmp, "mnt-pass")
+    with Mount("http://user:hunter2@127.0.0.1:%d/%s?sig=s3cr3t" % (ng.port, name), mnt) as m:
+        pid = daemon_pid(m)
+        cmdline = open("/proc/%d/cmdline" % pid, "rb").read() if pid else b""
+        check(pid and b"127.0.0.1" in cmdline, "the daemon is found: %r" % cmdline)
+        check(b"hunter2" not in cmdline and b"s3cr3t" not in cmdline,
+              "no password or query in the daemon's command line: %r" % cmdline)
+        check("hunter2" not in open("/proc/self/mounts").read(), "nor in the mount table")
+        check(len(read_all(m)) > 0, "the mount reads")
     # Errors: one line, non-zero, the URL without its credentials.
     r = run([BIN, "ls", "http://user:hunter2@127.0.0.1:%d/missing.safetensors" % ng.port])
     check(r.returncode != 0 and "404" in r.stderr and "hunter2" not in r.stderr
