@@ -2,7 +2,7 @@
  * the catalog, the writers and the FUSE read path never know what holds the
  * bytes. Kinds today: a file (fd held), a memory buffer, a path opened per
  * read, a shard beside its index (fd from a bounded pool) and a borrowed
- * view of another source. A new kind (a network one) is one ops table. */
+ * view of another source, and a file on an HTTP(S) server (source_http.c). */
 #ifndef BURNSTORE_SRC_H
 #define BURNSTORE_SRC_H
 
@@ -83,6 +83,26 @@ BS_NODISCARD int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *fro
  * siblings (memory). */
 BS_NODISCARD int bs_src_open_sibling(const struct bs_src *s, const char *rel, struct bs_src *out,
                                      bs_err *err);
+/* Whether `s` is an http:// or https:// URL (a remote source). */
+bool bs_src_is_url(const char *s);
+/* The URL without what may be a secret: "user:pass@" and the query string
+ * (a presigned URL's signature) become "***" (a copy to bs_free; NULL: no
+ * memory). What errors, logs and the mount table show of a URL. */
+char *bs_http_redact(const char *url);
+/* Options of a remote source (zeroed: the defaults). */
+struct bs_http_opts {
+  uint64_t
+      cache_bytes;    /* block cache of it and its siblings; 0: $BURNSTORE_HTTP_CACHE, or 64 MiB */
+  const char *bearer; /* "Authorization: Bearer" token; NULL: $BURNSTORE_HTTP_TOKEN */
+};
+/* A file on an HTTP(S) server, read by range requests (libcurl): one
+ * request now learns its size and pins its ETag (or Last-Modified); every
+ * later request is conditional on it, so a changed object fails reads with
+ * EIO (bs_src_changed says why), never mixes bytes. Redirects followed, TLS
+ * verified, retries with backoff on connection errors, 5xx and 429. s->name
+ * is bs_http_redact(url); errors do not repeat it (the caller prefixes it). */
+BS_NODISCARD int bs_src_init_http(struct bs_src *s, const char *url,
+                                  const struct bs_http_opts *opts, bs_err *err);
 void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
 
 /* Read exactly n bytes at off. Reading past the end is an EINVAL error that

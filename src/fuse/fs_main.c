@@ -52,7 +52,9 @@ static const char usage_rest[] =
     "one file per tensor, holding its raw little-endian row-major bytes.\n"
     "If SOURCE does not exist and ends in .bpk, .safetensors, .gguf or .pth (.pt, .bin),\n"
     "MOUNTPOINT is an empty writable directory that is written to SOURCE in that format\n"
-    "on unmount.\n"
+    "on unmount. SOURCE (and every command's FILE) may be an http:// or https:// URL:\n"
+    "read-only, by range requests ($BURNSTORE_HTTP_TOKEN: a bearer token,\n"
+    "$BURNSTORE_HTTP_CACHE: the block cache, default 64M).\n"
     "\n"
     "  -f              stay in the foreground\n"
     "  -d              debug output (implies -f)\n"
@@ -702,6 +704,60 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
   return w;
 }
 
+static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits);
+
+/* Overwrite a URL's user-info and query in place (it is our argv: what ps
+ * shows), once the source holds its own copy. */
+static void scrub_url(char *url)
+{
+  char *a = strstr(url, "://");
+  if (!a)
+    return;
+  a += 3;
+  size_t end = strcspn(a, "/?#");
+  for (size_t i = end; i > 0; i--)
+    if (a[i - 1] == '@') {
+      memset(a, '*', i - 1);
+      break;
+    }
+  char *q = strchr(a, '?');
+  if (q)
+    memset(q + 1, '*', strlen(q + 1));
+}
+
+/* SOURCE is a URL: opened by range requests (bs_src_init_http), read-only.
+ * From here on the URL is shown without credentials (messages, the mount
+ * table). */
+static int prepare_url(struct fs *fs, struct args *a)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  const char *url = a->source;
+  if (!(fs->source = bs_http_redact(url))) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return 1;
+  }
+  a->source = fs->source;
+  /* A writable mount keeps its source's identity in the staging INDEX for
+   * --finish, which a URL has not yet: refused (in place for good). */
+  if (a->rw || a->output) {
+    fprintf(stderr,
+            PROG ": %s: a URL is mounted read-only (a URL is never written in place, and a "
+                 "writable mount into a local output= is not supported yet): mount it "
+                 "read-only and copy the tensors, or burnstore convert URL OUT\n",
+            a->source);
+    return 1;
+  }
+  clock_gettime(CLOCK_REALTIME, &fs->mtime);
+  struct bs_src src;
+  struct bs_open_opts oo = {.strict = a->strict};
+  int rc = bs_src_init_http(&src, url, NULL, &err);
+  scrub_url((char *)url); /* argv's own memory: writable */
+  if (rc != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
+    return fail_line(a->source, &err);
+  return prepare_rest(fs, a, 0444);
+}
+
 /* Open and validate SOURCE fully, build the tree. Prints the error. */
 static int prepare(struct fs *fs, struct args *a)
 {
@@ -716,6 +772,8 @@ static int prepare(struct fs *fs, struct args *a)
   pthread_rwlock_init(&fs->lock, NULL);
   pthread_mutex_init(&fs->stage_lock, NULL);
   bs_catalog_init(&fs->cat);
+  if (bs_src_is_url(a->source))
+    return prepare_url(fs, a);
   fs->source = bs_abs_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -776,6 +834,14 @@ static int prepare(struct fs *fs, struct args *a)
       fs->wopts.mode = mode & 0666;
     }
   }
+  return prepare_rest(fs, a, bits);
+}
+
+/* What follows the source's opening, for a file and a URL alike. */
+static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
+{
+  bs_err err;
+  bs_err_clear(&err);
   /* The files show SOURCE's read bits, so a private checkpoint stays
    * private under allow_other; on a writable mount the owner may write (the
    * source's write bits are about the source, not about this mount). */

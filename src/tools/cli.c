@@ -200,24 +200,32 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   bs_catalog_init(cat);
   char *index = NULL;
   struct stat st;
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+  bool url = bs_src_is_url(path);
+  if (!url && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
     if (bs_st_index_find(path, &index, &err) != 0)
       return fail_err(path, &err);
   }
   struct bs_src src;
   struct bs_open_opts oo = {.strict = o->strict};
   int rc = -1;
+  char *shown = url ? bs_http_redact(path) : NULL; /* no credentials in errors */
+  if (url && !shown)
+    return fail("%s", strerror(ENOMEM));
   /* A set whose write a kill interrupted completes or rolls back first
-   * (also one with no index yet: its temp files and journal go). */
-  if (bs_writer_recover(index ? index : path, &err) != 0 ||
-      bs_src_open(&src, index ? index : path, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0)
-    fail_err(path, &err);
+   * (also one with no index yet: its temp files and journal go). A URL is
+   * read by ranges. */
+  if (url ? bs_src_init_http(&src, path, NULL, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0
+          : bs_writer_recover(index ? index : path, &err) != 0 ||
+                bs_src_open(&src, index ? index : path, &err) != 0 ||
+                bs_open_any(cat, &src, &oo, &err) != 0)
+    fail_err(url ? shown : path, &err);
   else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
-    fail_err(path, &err);
+    fail_err(url ? shown : path, &err);
   else if (bs_adapter_apply(cat, &o->adapter, NULL, NULL, &err) != 0)
-    fail_err(path, &err);
+    fail_err(url ? shown : path, &err);
   else
     rc = 0;
+  bs_free(shown);
   bs_free(index);
   if (rc != 0)
     bs_catalog_destroy(cat);

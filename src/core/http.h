@@ -1,0 +1,49 @@
+/* The HTTP(S) byte source's pure pieces (no network), for its unit tests:
+ * URL handling, header parsing and the bounded block cache. */
+#ifndef BURNSTORE_CORE_HTTP_H
+#define BURNSTORE_CORE_HTTP_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* `rel` (a relative name, no "..": the caller checked) beside the file that
+ * `base` names: its last path segment replaced; the query and fragment of
+ * base dropped. bs_malloc'd; NULL: no memory, or base is no http(s) URL. */
+char *bs_http_resolve(const char *base, const char *rel);
+/* "bytes FIRST-LAST/TOTAL" (TOTAL may be "*": UINT64_MAX). 0, or -1 when
+ * val is not one (or LAST < FIRST, or LAST >= TOTAL). */
+int bs_http_content_range(const char *val, uint64_t *first, uint64_t *last, uint64_t *total);
+/* Retry-After in milliseconds, at most cap_ms: delta seconds only (an
+ * HTTP date, or garbage: -1, the caller backs off on its own). */
+long bs_http_retry_after(const char *val, long cap_ms);
+/* A header line "Name: value\r\n": whether it is `name` (any case); *v and
+ * *vn the value without surrounding blanks. */
+bool bs_http_header_is(const char *line, size_t n, const char *name, const char **v, size_t *vn);
+
+/* A cache of fixed-size blocks of many sources (keyed by a source id and a
+ * block index), least recently used evicted first: it never holds more than
+ * `nmax` blocks of `block` bytes. Thread-safe. */
+struct bs_http_block;
+struct bs_http_cache {
+  pthread_mutex_t lock;
+  size_t block, nmax, n;
+  uint64_t tick;
+  struct bs_http_block *b; /* nmax slots */
+};
+#define BS_HTTP_CACHE_BLOCKS_MAX 16384 /* 16 GiB of 1 MiB blocks */
+/* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
+int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes);
+void bs_http_cache_destroy(struct bs_http_cache *c);
+/* Copy up to n bytes at `off` within block (id, idx) into dst: the bytes
+ * copied (the block may be short: the file's last), or -1 on a miss. */
+long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, void *dst,
+                       size_t n);
+/* Store a copy of block (id, idx), len <= block bytes. false: no memory. */
+bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const void *data,
+                       size_t len);
+/* Bytes held now (the blocks' sizes). */
+size_t bs_http_cache_bytes(struct bs_http_cache *c);
+
+#endif

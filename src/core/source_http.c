@@ -1,0 +1,980 @@
+/* A byte source on an HTTP(S) server: range requests through libcurl.
+ *
+ * One request at open (bytes=0-0) learns the size and pins the ETag (or,
+ * without a strong one, Last-Modified); every later request carries
+ * If-Match (If-Unmodified-Since) and is checked again on the answer, so an
+ * object replaced on the server fails reads with EIO, never mixes bytes.
+ * Bytes come through a bounded cache of 1 MiB blocks shared by a source and
+ * its siblings (shards), with read-ahead that doubles while a file is read
+ * sequentially. curl easy handles are not thread-safe: each request takes
+ * one from a small pool (connections are reused through it). */
+#include <curl/curl.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "burnstore/source.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/http.h"
+
+enum {
+  BLOCK = 1 << 20,        /* cache block */
+  RA_MAX = 16,            /* read-ahead: at most this many blocks a request */
+  HANDLES_KEPT = 8,       /* idle curl handles kept for reuse */
+  TRIES = 6,              /* attempts of one request (5 retries) */
+  BACKOFF_MS = 200,       /* first retry's wait, doubled each time */
+  RETRY_CAP_MS = 10000,   /* the longest wait (Retry-After included) */
+  MAX_REDIRS = 8,         /* redirect hops followed */
+  SKIP_MAX = 64 << 20,    /* a server ignoring Range: bytes skipped at most */
+  CONNECT_TIMEOUT_S = 15, /* connection */
+  LOW_SPEED_S = 30,       /* under 1 byte/s for this long: a stalled transfer */
+  FLYING = 8,             /* ranges of one source in flight, tracked */
+};
+#define CACHE_DEFAULT ((uint64_t)64 << 20)
+
+/* ---- pure pieces (http.h) ---- */
+
+bool bs_src_is_url(const char *s)
+{
+  return s && (strncasecmp(s, "http://", 7) == 0 || strncasecmp(s, "https://", 8) == 0);
+}
+
+/* Where the authority (after "scheme://") starts and ends in url. */
+static bool authority(const char *url, const char **a, const char **e)
+{
+  const char *p = strstr(url, "://");
+  if (!p || !bs_src_is_url(url))
+    return false;
+  *a = p + 3;
+  *e = *a + strcspn(*a, "/?#");
+  return true;
+}
+
+char *bs_http_redact(const char *url)
+{
+  const char *a, *e;
+  if (!authority(url, &a, &e))
+    return bs_strdup(url);
+  const char *at = NULL;
+  for (const char *p = a; p < e; p++)
+    if (*p == '@')
+      at = p;
+  size_t qn = strcspn(e, "?#");
+  size_t n = strlen(url) + 8;
+  char *out = bs_malloc(n);
+  if (!out)
+    return NULL;
+  snprintf(out, n, "%.*s%s%.*s%.*s%s", (int)(a - url), url, at ? "***@" : "",
+           (int)(e - (at ? at + 1 : a)), at ? at + 1 : a, (int)qn, e, e[qn] == '?' ? "?***" : "");
+  return out;
+}
+
+char *bs_http_resolve(const char *base, const char *rel)
+{
+  const char *a, *e;
+  if (!authority(base, &a, &e))
+    return NULL;
+  size_t end = (size_t)(e - base) + strcspn(e, "?#"); /* the path ends here */
+  size_t dir = (size_t)(e - base);                    /* after the last '/' of the path */
+  for (size_t i = dir; i < end; i++)
+    if (base[i] == '/')
+      dir = i + 1;
+  bool slash = dir == (size_t)(e - base); /* no path: "http://host" */
+  size_t rn = strlen(rel);
+  char *out = bs_malloc(dir + rn + 2);
+  if (!out)
+    return NULL;
+  memcpy(out, base, dir);
+  if (slash)
+    out[dir++] = '/';
+  memcpy(out + dir, rel, rn + 1);
+  return out;
+}
+
+static bool parse_u64(const char **p, uint64_t *v)
+{
+  const char *s = *p;
+  uint64_t x = 0;
+  if (*s < '0' || *s > '9')
+    return false;
+  for (; *s >= '0' && *s <= '9'; s++)
+    if (!bs_mul_u64(x, 10, &x) || !bs_add_u64(x, (uint64_t)(*s - '0'), &x))
+      return false;
+  *p = s;
+  *v = x;
+  return true;
+}
+
+int bs_http_content_range(const char *val, uint64_t *first, uint64_t *last, uint64_t *total)
+{
+  const char *p = val;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  if (strncasecmp(p, "bytes", 5) != 0)
+    return -1;
+  p += 5;
+  while (*p == ' ')
+    p++;
+  if (!parse_u64(&p, first) || *p++ != '-' || !parse_u64(&p, last) || *p++ != '/')
+    return -1;
+  if (*p == '*') {
+    *total = UINT64_MAX;
+    p++;
+  } else if (!parse_u64(&p, total)) {
+    return -1;
+  }
+  while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+    p++;
+  if (*p || *last < *first || (*total != UINT64_MAX && *last >= *total))
+    return -1;
+  return 0;
+}
+
+long bs_http_retry_after(const char *val, long cap_ms)
+{
+  const char *p = val;
+  while (*p == ' ' || *p == '\t')
+    p++;
+  uint64_t s;
+  if (!parse_u64(&p, &s))
+    return -1;
+  while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+    p++;
+  if (*p)
+    return -1;
+  return s > (uint64_t)cap_ms / 1000 ? cap_ms : (long)s * 1000;
+}
+
+bool bs_http_header_is(const char *line, size_t n, const char *name, const char **v, size_t *vn)
+{
+  size_t k = strlen(name);
+  if (n <= k || line[k] != ':' || strncasecmp(line, name, k) != 0)
+    return false;
+  const char *b = line + k + 1, *e = line + n;
+  while (b < e && (*b == ' ' || *b == '\t'))
+    b++;
+  while (e > b && (e[-1] == '\r' || e[-1] == '\n' || e[-1] == ' ' || e[-1] == '\t'))
+    e--;
+  *v = b;
+  *vn = (size_t)(e - b);
+  return true;
+}
+
+/* ---- the block cache ---- */
+
+struct bs_http_block {
+  uint64_t id, idx, used;
+  uint8_t *data; /* NULL: a free slot */
+  size_t len;
+};
+
+int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
+{
+  memset(c, 0, sizeof *c);
+  c->block = block;
+  /* (a lookup scans the slots: a bound keeps it a few microseconds) */
+  uint64_t nb = bytes / block;
+  c->nmax = nb == 0 ? 1 : nb > BS_HTTP_CACHE_BLOCKS_MAX ? BS_HTTP_CACHE_BLOCKS_MAX : (size_t)nb;
+  c->b = bs_calloc(c->nmax, sizeof *c->b);
+  if (!c->b || pthread_mutex_init(&c->lock, NULL) != 0) {
+    bs_free(c->b);
+    c->b = NULL;
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+void bs_http_cache_destroy(struct bs_http_cache *c)
+{
+  if (!c->b)
+    return;
+  for (size_t i = 0; i < c->nmax; i++)
+    bs_free(c->b[i].data);
+  bs_free(c->b);
+  c->b = NULL;
+  pthread_mutex_destroy(&c->lock);
+}
+
+static struct bs_http_block *cache_find(struct bs_http_cache *c, uint64_t id, uint64_t idx)
+{
+  for (size_t i = 0; i < c->nmax; i++)
+    if (c->b[i].data && c->b[i].id == id && c->b[i].idx == idx)
+      return &c->b[i];
+  return NULL;
+}
+
+long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, void *dst,
+                       size_t n)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  long r = -1;
+  if (b) {
+    b->used = ++c->tick;
+    size_t k = off < b->len ? b->len - off : 0;
+    if (k > n)
+      k = n;
+    memcpy(dst, b->data + off, k);
+    r = (long)k;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
+bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const void *data,
+                       size_t len)
+{
+  if (len > c->block)
+    return false;
+  uint8_t *copy = bs_malloc(len ? len : 1);
+  if (!copy)
+    return false;
+  memcpy(copy, data, len);
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  if (!b) { /* a free slot, else the least recently used */
+    b = &c->b[0];
+    for (size_t i = 0; i < c->nmax && b->data; i++)
+      if (!c->b[i].data || c->b[i].used < b->used)
+        b = &c->b[i];
+  }
+  if (!b->data)
+    c->n++;
+  bs_free(b->data);
+  *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = copy, .len = len};
+  pthread_mutex_unlock(&c->lock);
+  return true;
+}
+
+size_t bs_http_cache_bytes(struct bs_http_cache *c)
+{
+  pthread_mutex_lock(&c->lock);
+  size_t t = 0;
+  for (size_t i = 0; i < c->nmax; i++)
+    if (c->b[i].data)
+      t += c->b[i].len;
+  pthread_mutex_unlock(&c->lock);
+  return t;
+}
+
+/* ---- what a source and its siblings share: the cache, the handles ---- */
+
+struct shared {
+  pthread_mutex_t lock;
+  size_t refs;              /* (under lock) */
+  CURL *idle[HANDLES_KEPT]; /* (under lock) */
+  size_t nidle;             /* (under lock) */
+  uint64_t next_id;         /* (under lock) */
+  struct bs_http_cache cache;
+  char *auth; /* "Authorization: Bearer ..." or NULL */
+};
+
+static void shared_unref(struct shared *sh)
+{
+  if (!sh)
+    return;
+  pthread_mutex_lock(&sh->lock);
+  bool last = --sh->refs == 0;
+  pthread_mutex_unlock(&sh->lock);
+  if (!last)
+    return;
+  for (size_t i = 0; i < sh->nidle; i++)
+    curl_easy_cleanup(sh->idle[i]);
+  bs_http_cache_destroy(&sh->cache);
+  if (sh->auth) {
+    memset(sh->auth, 0, strlen(sh->auth));
+    bs_free(sh->auth);
+  }
+  pthread_mutex_destroy(&sh->lock);
+  bs_free(sh);
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_global_rc = CURLE_FAILED_INIT;
+
+static void curl_global(void)
+{
+  curl_global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* $BURNSTORE_HTTP_CACHE: bytes, with an optional K, M or G (binary); 0
+ * when unset or not a size (the default then). */
+static uint64_t cache_env(void)
+{
+  const char *v = getenv("BURNSTORE_HTTP_CACHE"), *p = v;
+  uint64_t n, mul = 1;
+  if (!v || !parse_u64(&p, &n))
+    return 0;
+  switch (*p) {
+  case 'k':
+  case 'K':
+    mul = 1 << 10;
+    p++;
+    break;
+  case 'm':
+  case 'M':
+    mul = 1 << 20;
+    p++;
+    break;
+  case 'g':
+  case 'G':
+    mul = 1 << 30;
+    p++;
+    break;
+  default: break;
+  }
+  if (*p && strcmp(p, "iB") != 0 && strcmp(p, "B") != 0)
+    return 0;
+  return bs_mul_u64(n, mul, &n) ? n : 0;
+}
+
+static struct shared *shared_new(const struct bs_http_opts *o)
+{
+  struct shared *sh = bs_calloc(1, sizeof *sh);
+  if (!sh)
+    return NULL;
+  if (pthread_mutex_init(&sh->lock, NULL) != 0) {
+    bs_free(sh);
+    return NULL;
+  }
+  sh->refs = 1;
+  uint64_t cache = o && o->cache_bytes ? o->cache_bytes : cache_env();
+  if (bs_http_cache_init(&sh->cache, BLOCK, cache ? cache : CACHE_DEFAULT)) {
+    shared_unref(sh);
+    return NULL;
+  }
+  const char *tok = o && o->bearer ? o->bearer : getenv("BURNSTORE_HTTP_TOKEN");
+  if (tok && *tok) {
+    size_t n = strlen(tok) + 32;
+    if (!(sh->auth = bs_malloc(n))) {
+      shared_unref(sh);
+      return NULL;
+    }
+    snprintf(sh->auth, n, "Authorization: Bearer %s", tok);
+  }
+  return sh;
+}
+
+static CURL *handle_get(struct shared *sh)
+{
+  pthread_mutex_lock(&sh->lock);
+  CURL *c = sh->nidle ? sh->idle[--sh->nidle] : NULL;
+  pthread_mutex_unlock(&sh->lock);
+  return c ? c : curl_easy_init();
+}
+
+static void handle_put(struct shared *sh, CURL *c)
+{
+  pthread_mutex_lock(&sh->lock);
+  if (sh->nidle < HANDLES_KEPT) {
+    sh->idle[sh->nidle++] = c;
+    c = NULL;
+  }
+  pthread_mutex_unlock(&sh->lock);
+  if (c)
+    curl_easy_cleanup(c);
+}
+
+/* ---- one source ---- */
+
+struct http {
+  struct shared *sh;
+  char *url; /* with what credentials it holds: never printed */
+  uint64_t id;
+  char pin[256];    /* "If-Match: ..." or "If-Unmodified-Since: ..." */
+  char etag[200];   /* the pinned ETag ("" if none) */
+  atomic_bool gone; /* the object changed: every read fails */
+  pthread_mutex_t lock;
+  char why[256];    /* (under lock, once gone) */
+  uint64_t seq_end; /* where reading got to (read-ahead) (under lock) */
+  unsigned ra;      /* blocks fetched a miss (under lock) */
+  char *eff;        /* where url redirects to, or NULL (under lock) */
+  bool eff_auth;    /* eff is on url's host: the token goes there too (under lock) */
+  /* Ranges being fetched now (under lock): a reader that needs one of their
+   * blocks waits for it instead of asking the server again. */
+  pthread_cond_t landed;
+  struct {
+    bool on;
+    uint64_t from, to; /* blocks [from, to) */
+  } fly[FLYING];
+};
+
+/* The object changed: every later read fails; why is kept for `changed`. */
+static void mark_gone(struct http *h, const char *why)
+{
+  pthread_mutex_lock(&h->lock);
+  if (!atomic_load(&h->gone))
+    snprintf(h->why, sizeof h->why, "%.*s", (int)sizeof h->why - 1, why);
+  atomic_store(&h->gone, true);
+  pthread_mutex_unlock(&h->lock);
+}
+
+/* One request's answer. */
+struct xfer {
+  uint8_t *buf;
+  size_t cap, got;
+  uint64_t skip; /* a 200 to a range request: body bytes before ours */
+  long status;
+  bool have_range;
+  uint64_t first, last, total;
+  char etag[200], lastmod[64];
+  long retry_ms;
+  bool overflow; /* more body than asked for */
+};
+
+static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
+{
+  struct xfer *x = ud;
+  size_t n = size * nitems;
+  const char *v;
+  size_t vn;
+  if (n >= 5 && strncmp(line, "HTTP/", 5) == 0) { /* a new answer (after a redirect) */
+    x->have_range = false;
+    x->etag[0] = x->lastmod[0] = '\0';
+    x->retry_ms = -1;
+  } else if (bs_http_header_is(line, n, "Content-Range", &v, &vn)) {
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%.*s", (int)(vn < sizeof tmp ? vn : sizeof tmp - 1), v);
+    x->have_range = bs_http_content_range(tmp, &x->first, &x->last, &x->total) == 0;
+  } else if (bs_http_header_is(line, n, "ETag", &v, &vn)) {
+    if (vn < sizeof x->etag)
+      snprintf(x->etag, sizeof x->etag, "%.*s", (int)vn, v);
+  } else if (bs_http_header_is(line, n, "Last-Modified", &v, &vn)) {
+    if (vn < sizeof x->lastmod)
+      snprintf(x->lastmod, sizeof x->lastmod, "%.*s", (int)vn, v);
+  } else if (bs_http_header_is(line, n, "Retry-After", &v, &vn)) {
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%.*s", (int)(vn < sizeof tmp ? vn : sizeof tmp - 1), v);
+    x->retry_ms = bs_http_retry_after(tmp, RETRY_CAP_MS);
+  }
+  return n;
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
+{
+  struct xfer *x = ud;
+  size_t n = size * nmemb, used = 0;
+  if (x->skip) {
+    size_t k = x->skip < n ? (size_t)x->skip : n;
+    x->skip -= k;
+    used = k;
+  }
+  size_t room = x->cap - x->got, k = n - used;
+  if (k > room) {
+    x->overflow = true;
+    k = room;
+  }
+  memcpy(x->buf + x->got, data + used, k);
+  x->got += k;
+  /* Our range is complete: stop a body that goes on (a 200 to a range). */
+  return x->got == x->cap && used + k < n ? 0 : n;
+}
+
+static bool retryable(CURLcode rc)
+{
+  switch (rc) {
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_OPERATION_TIMEDOUT:
+  case CURLE_PARTIAL_FILE:
+  case CURLE_RECV_ERROR:
+  case CURLE_SEND_ERROR:
+  case CURLE_GOT_NOTHING:
+  case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_HTTP2:
+  case CURLE_HTTP2_STREAM: return true;
+  default: return false;
+  }
+}
+
+static void sleep_ms(long ms)
+{
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+struct req {
+  struct xfer x;
+  CURL *c;
+  uint64_t first; /* asked for */
+  bool started;
+};
+
+/* Only a success's body is ours (an error page is drained). A 200 to a
+ * range request is the whole object: ours starts `first` bytes in, skipped
+ * up to SKIP_MAX (beyond, the transfer stops: refused). */
+static size_t on_body_checked(char *data, size_t size, size_t nmemb, void *ud)
+{
+  struct req *r = ud;
+  long code = 0;
+  curl_easy_getinfo(r->c, CURLINFO_RESPONSE_CODE, &code);
+  if (code != 200 && code != 206)
+    return size * nmemb;
+  if (!r->started) {
+    r->started = true;
+    if (code == 200) {
+      if (r->first > SKIP_MAX)
+        return 0;
+      r->x.skip = r->first;
+    }
+  }
+  return on_body(data, size, nmemb, &r->x);
+}
+
+/* GET bytes first..first+n-1 of url into buf (n >= 1), conditional on
+ * h's pin (h NULL: the opening request, which learns it). 0, or -errno
+ * with msg (n bytes) saying why, credentials left out. */
+static int http_get(struct shared *sh, const struct http *h, const char *url, bool auth,
+                    uint64_t first, void *buf, size_t n, struct xfer *out, char **eff, char *msg,
+                    size_t mn)
+{
+  memset(out, 0, sizeof *out);
+  CURL *c = handle_get(sh);
+  if (!c) {
+    snprintf(msg, mn, "cannot create an HTTP handle");
+    return -ENOMEM;
+  }
+  char range[64];
+  snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)first,
+           (unsigned long long)(first + n - 1));
+  struct curl_slist *hdrs = NULL, *t;
+  if (auth && sh->auth && (t = curl_slist_append(hdrs, sh->auth)))
+    hdrs = t;
+  if (h && h->pin[0] && (t = curl_slist_append(hdrs, h->pin)))
+    hdrs = t;
+  int rc = -EIO;
+  long wait = BACKOFF_MS;
+  for (int attempt = 1; attempt <= TRIES; attempt++) {
+    struct req r = {.c = c, .first = first};
+    r.x.buf = buf;
+    r.x.cap = n;
+    r.x.retry_ms = -1;
+    char cerr[CURL_ERROR_SIZE] = "";
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_S);
+    curl_easy_setopt(c, CURLOPT_RANGE, range);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r.x);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body_checked);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
+    CURLcode cc = curl_easy_perform(c);
+    long code = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    *out = r.x;
+    out->status = code;
+    bool done_early = cc == CURLE_WRITE_ERROR && r.x.got == n;
+    if (cc != CURLE_OK && !done_early) {
+      snprintf(msg, mn, "%s", cerr[0] ? cerr : curl_easy_strerror(cc));
+      rc = -EIO;
+      if (retryable(cc) && attempt < TRIES)
+        goto retry;
+      break;
+    }
+    if (code == 412 || code == 416) {
+      snprintf(msg, mn, "the object changed on the server (HTTP %ld to a conditional request)",
+               code);
+      rc = -ESTALE;
+      break;
+    }
+    if (code == 429 || code >= 500) {
+      snprintf(msg, mn, "HTTP %ld", code);
+      rc = -EIO;
+      if (attempt < TRIES)
+        goto retry;
+      break;
+    }
+    if (code == 401 || code == 403) {
+      snprintf(msg, mn, "HTTP %ld: access denied (a token: BURNSTORE_HTTP_TOKEN)", code);
+      rc = -EACCES;
+      break;
+    }
+    if (code == 404) {
+      snprintf(msg, mn, "HTTP 404: no such file on the server");
+      rc = -ENOENT;
+      break;
+    }
+    if (code != 200 && code != 206) {
+      snprintf(msg, mn, "HTTP %ld", code);
+      rc = -EIO;
+      break;
+    }
+    rc = 0;
+    break;
+  retry:;
+    long ms = r.x.retry_ms >= 0 ? r.x.retry_ms : wait;
+    sleep_ms(ms);
+    wait = wait * 2 > RETRY_CAP_MS ? RETRY_CAP_MS : wait * 2;
+  }
+  if (rc == 0 && eff) { /* where the redirects led */
+    char *e = NULL;
+    if (curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &e) == CURLE_OK && e && strcmp(e, url) != 0)
+      *eff = bs_strdup(e);
+  }
+  curl_slist_free_all(hdrs);
+  handle_put(sh, c);
+  return rc;
+}
+
+/* The host[:port] of an http(s) URL, without user-info, into out. */
+static void host_of(const char *url, char *out, size_t n)
+{
+  const char *a, *e;
+  out[0] = '\0';
+  if (!authority(url, &a, &e))
+    return;
+  for (const char *p = a; p < e; p++)
+    if (*p == '@')
+      a = p + 1;
+  snprintf(out, n, "%.*s", (int)(e - a), a);
+}
+
+/* Reads go where the opening request's redirects led (one round trip, not
+ * a redirect each time); the token only to the host it was given for. */
+static void set_eff(struct http *h, char *eff)
+{
+  char a[256], b[256];
+  host_of(h->url, a, sizeof a);
+  host_of(eff ? eff : h->url, b, sizeof b);
+  pthread_mutex_lock(&h->lock);
+  bs_free(h->eff);
+  h->eff = eff;
+  h->eff_auth = strcasecmp(a, b) == 0;
+  pthread_mutex_unlock(&h->lock);
+}
+
+/* A range request for [off, off+n) into buf, checked: exactly those bytes
+ * of the pinned object. A 200 (the server ignores Range) is read from its
+ * body when off is small enough; else refused. 0 or -errno. */
+static int fetch(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  struct http *h = s->impl;
+  if (atomic_load(&h->gone))
+    return -EIO;
+  struct xfer x = {0};
+  char msg[256];
+  pthread_mutex_lock(&h->lock);
+  char *eff = h->eff ? bs_strdup(h->eff) : NULL;
+  bool auth = h->eff_auth;
+  pthread_mutex_unlock(&h->lock);
+  int rc = h->eff && !eff ? -ENOMEM
+                          : http_get(h->sh, h, eff ? eff : h->url, eff ? auth : true, off, buf, n,
+                                     &x, NULL, msg, sizeof msg);
+  if (eff && (rc == -EACCES || rc == -ENOENT || x.status == 410)) {
+    /* The redirect's target expired (a signed CDN URL): from the URL again. */
+    char *again = NULL;
+    rc = http_get(h->sh, h, h->url, true, off, buf, n, &x, &again, msg, sizeof msg);
+    set_eff(h, again);
+  }
+  bs_free(eff);
+  if (rc != 0 && x.status == 200 && off > SKIP_MAX)
+    snprintf(msg, sizeof msg,
+             "the server ignores Range requests (HTTP 200) and the bytes are "
+             "%llu bytes into its answer",
+             (unsigned long long)off);
+  if (rc == 0 && x.status == 206 &&
+      (!x.have_range || x.first != off || x.last != off + n - 1 ||
+       (x.total != UINT64_MAX && x.total != s->size))) {
+    snprintf(msg, sizeof msg, "the server answered another range than asked");
+    rc = x.total != s->size ? -ESTALE : -EIO;
+  }
+  if (rc == 0 && h->etag[0] && x.etag[0] && strcmp(x.etag, h->etag) != 0) {
+    snprintf(msg, sizeof msg, "its ETag changed from %s", h->etag);
+    rc = -ESTALE;
+  }
+  if (rc == 0 && x.got != n) {
+    snprintf(msg, sizeof msg, "short body: %zu of %zu bytes", x.got, n);
+    rc = -EIO;
+  }
+  if (rc == -ESTALE) {
+    mark_gone(h, msg);
+    return -EIO;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", s->name, n,
+            (unsigned long long)off, msg);
+  }
+  return rc;
+}
+
+/* Whether block idx is being fetched (under h->lock); *cut lowers to the
+ * first block in flight above idx (a new request stops there). */
+static bool in_flight(const struct http *h, uint64_t idx, uint64_t *cut)
+{
+  for (int i = 0; i < FLYING; i++) {
+    if (!h->fly[i].on)
+      continue;
+    if (idx >= h->fly[i].from && idx < h->fly[i].to)
+      return true;
+    if (h->fly[i].from > idx && h->fly[i].from < *cut)
+      *cut = h->fly[i].from;
+  }
+  return false;
+}
+
+/* Fetch blocks [idx, idx+want) into tmp (*len bytes) and the cache; 0 or
+ * -errno. When may_wait and another reader is fetching block idx, waits for
+ * it instead and returns 1 (the caller looks in the cache again). */
+static int fetch_blocks(const struct bs_src *s, uint64_t idx, uint64_t want, uint8_t *tmp,
+                        size_t *len, bool may_wait)
+{
+  struct http *h = s->impl;
+  uint64_t cut = idx + want;
+  int slot = -1;
+  pthread_mutex_lock(&h->lock);
+  if (in_flight(h, idx, &cut) && may_wait) {
+    pthread_cond_wait(&h->landed, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+    return 1;
+  }
+  for (int i = 0; i < FLYING && slot < 0; i++)
+    if (!h->fly[i].on)
+      slot = i;
+  if (slot >= 0) {
+    h->fly[slot].on = true;
+    h->fly[slot].from = idx;
+    h->fly[slot].to = cut;
+  }
+  pthread_mutex_unlock(&h->lock);
+  want = cut - idx;
+  uint64_t from = idx * BLOCK, to = (idx + want) * BLOCK;
+  if (to > s->size)
+    to = s->size;
+  *len = (size_t)(to - from);
+  int rc = fetch(s, from, tmp, *len);
+  for (uint64_t b = 0; rc == 0 && b < want; b++) {
+    size_t bl = *len - b * BLOCK < BLOCK ? (size_t)(*len - b * BLOCK) : BLOCK;
+    bs_http_cache_put(&h->sh->cache, h->id, idx + b, tmp + b * BLOCK, bl);
+  }
+  pthread_mutex_lock(&h->lock);
+  if (slot >= 0)
+    h->fly[slot].on = false;
+  pthread_cond_broadcast(&h->landed);
+  pthread_mutex_unlock(&h->lock);
+  return rc;
+}
+
+static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  struct http *h = s->impl;
+  struct bs_http_cache *c = &h->sh->cache;
+  const uint64_t nblocks = (s->size + BLOCK - 1) / BLOCK;
+  const uint64_t near = (uint64_t)RA_MAX * BLOCK;
+  /* Reading on from where reading got to (the kernel's parallel read-ahead
+   * arrives a little out of order) grows the read-ahead; a jump resets it. */
+  pthread_mutex_lock(&h->lock);
+  if (off + near < h->seq_end || off > h->seq_end + near) {
+    h->ra = 1;
+    h->seq_end = off + n;
+  } else {
+    if (h->ra < RA_MAX)
+      h->ra *= 2;
+    if (off + n > h->seq_end)
+      h->seq_end = off + n;
+  }
+  unsigned ra = h->ra;
+  pthread_mutex_unlock(&h->lock);
+  if (ra > c->nmax / 2)
+    ra = c->nmax / 2 ? (unsigned)(c->nmax / 2) : 1;
+  size_t got = 0;
+  uint8_t *tmp = NULL;
+  int waits = 0;
+  while (got < n) {
+    if (atomic_load(&h->gone)) {
+      bs_free(tmp);
+      return -EIO;
+    }
+    uint64_t at = off + got, idx = at / BLOCK;
+    size_t in = (size_t)(at % BLOCK);
+    long k = bs_http_cache_get(c, h->id, idx, in, (uint8_t *)buf + got, n - got);
+    if (k > 0) {
+      got += (size_t)k;
+      continue;
+    }
+    /* A miss: the blocks from idx the read still needs, and read-ahead. */
+    uint64_t need = ((off + n - 1) / BLOCK) - idx + 1, want = need > ra ? need : ra;
+    if (want > RA_MAX)
+      want = need < RA_MAX ? RA_MAX : need;
+    if (want > c->nmax)
+      want = c->nmax;
+    if (idx + want > nblocks)
+      want = nblocks - idx;
+    if (!tmp && !(tmp = bs_malloc((size_t)want * BLOCK)))
+      return got ? (long)got : -ENOMEM;
+    size_t len = 0;
+    /* (after a few waits, fetch anyway: the cache may be too small to keep
+     * what others fetched) */
+    int rc = fetch_blocks(s, idx, want, tmp, &len, waits < 4);
+    if (rc == 1) {
+      waits++;
+      continue;
+    }
+    if (rc != 0) {
+      bs_free(tmp);
+      return rc;
+    }
+    /* Copy from what was fetched (the cache may be smaller than the read). */
+    size_t have = len - in, k2 = n - got < have ? n - got : have;
+    memcpy((uint8_t *)buf + got, tmp + in, k2);
+    got += k2;
+    waits = 0;
+  }
+  bs_free(tmp);
+  return (long)got;
+}
+
+static bool http_changed(const struct bs_src *s, char *why, size_t n)
+{
+  struct http *h = s->impl;
+  if (!atomic_load(&h->gone))
+    return false;
+  pthread_mutex_lock(&h->lock);
+  snprintf(why, n, "%s", h->why);
+  pthread_mutex_unlock(&h->lock);
+  return true;
+}
+
+static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_err *err);
+
+static int http_sibling(const struct bs_src *s, const char *rel, struct bs_src *out, bs_err *err)
+{
+  struct http *h = s->impl;
+  char *url = bs_http_resolve(h->url, rel);
+  if (!url)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  pthread_mutex_lock(&h->sh->lock);
+  h->sh->refs++;
+  pthread_mutex_unlock(&h->sh->lock);
+  int rc = open_shared(out, h->sh, url, err);
+  bs_free(url);
+  return rc;
+}
+
+static void http_free(struct http *h)
+{
+  if (!h)
+    return;
+  shared_unref(h->sh);
+  if (h->url) {
+    memset(h->url, 0, strlen(h->url));
+    bs_free(h->url);
+  }
+  bs_free(h->eff);
+  pthread_mutex_destroy(&h->lock);
+  pthread_cond_destroy(&h->landed);
+  bs_free(h);
+}
+
+static void http_release(struct bs_src *s)
+{
+  http_free(s->impl);
+}
+
+static const struct bs_src_ops http_ops = {
+    .pread = http_pread,
+    .changed = http_changed,
+    .open_sibling = http_sibling,
+    .release = http_release,
+};
+
+/* Open url on sh (whose reference the caller passes in, released on failure). */
+static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_err *err)
+{
+  memset(s, 0, sizeof *s);
+  char *name = bs_http_redact(url);
+  struct http *h = bs_calloc(1, sizeof *h);
+  if (!name || !h || pthread_mutex_init(&h->lock, NULL) != 0) {
+    bs_free(name);
+    bs_free(h);
+    shared_unref(sh);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  if (pthread_cond_init(&h->landed, NULL) != 0) {
+    pthread_mutex_destroy(&h->lock);
+    bs_free(name);
+    bs_free(h);
+    shared_unref(sh);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  h->sh = sh;
+  h->ra = 1;
+  pthread_mutex_lock(&sh->lock);
+  h->id = ++sh->next_id;
+  pthread_mutex_unlock(&sh->lock);
+  int rc = -1;
+  if (!(h->url = bs_strdup(url))) {
+    rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
+  /* The first byte: the size (Content-Range), the ETag to pin. */
+  uint8_t one;
+  struct xfer x;
+  char msg[256];
+  char *eff = NULL;
+  int e = http_get(sh, NULL, url, true, 0, &one, 1, &x, &eff, msg, sizeof msg);
+  set_eff(h, eff);
+  if (e != 0) {
+    rc = bs_fail(err, e == -ESTALE ? EIO : -e, BS_OFF_NONE, NULL, "%s", msg);
+    goto out;
+  }
+  uint64_t size = 0;
+  if (x.status == 206 && x.have_range && x.total != UINT64_MAX) {
+    size = x.total;
+  } else {
+    rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
+                 "the server does not answer Range requests with their size (HTTP %ld, no "
+                 "Content-Range): cannot read it by ranges",
+                 x.status);
+    goto out;
+  }
+  if (x.etag[0] && strncmp(x.etag, "W/", 2) != 0) {
+    snprintf(h->etag, sizeof h->etag, "%s", x.etag);
+    snprintf(h->pin, sizeof h->pin, "If-Match: %s", x.etag);
+  } else if (x.lastmod[0]) {
+    snprintf(h->pin, sizeof h->pin, "If-Unmodified-Since: %s", x.lastmod);
+  }
+  rc = 0;
+out:
+  if (rc != 0) {
+    bs_free(name);
+    http_free(h);
+    return rc;
+  }
+  s->ops = &http_ops;
+  s->impl = h;
+  s->size = size;
+  s->name = name;
+  return 0;
+}
+
+int bs_src_init_http(struct bs_src *s, const char *url, const struct bs_http_opts *opts,
+                     bs_err *err)
+{
+  memset(s, 0, sizeof *s);
+  if (!bs_src_is_url(url))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not an http:// or https:// URL");
+  pthread_once(&curl_once, curl_global);
+  if (curl_global_rc != CURLE_OK)
+    return bs_fail(err, EIO, BS_OFF_NONE, NULL, "cannot initialise libcurl: %s",
+                   curl_easy_strerror(curl_global_rc));
+  struct shared *sh = shared_new(opts);
+  if (!sh)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  return open_shared(s, sh, url, err);
+}

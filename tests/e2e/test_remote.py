@@ -1,0 +1,383 @@
+"""Remote checkpoints over HTTP (issue 20): a real nginx (Debian's
+nginx-light) started here on a free port of 127.0.0.1 with a config written
+into the test's temp dir, serving a fixture of each format; every tensor
+read through a mount of its URL equals the same tensor read through a local
+mount; the CLI verbs on URLs; a 302 redirect followed; a location that needs
+a bearer token; a file replaced on the server mid-mount fails reads with EIO
+(the ETag pin), never old and new bytes mixed; a 500 then 200 and a 429
+with Retry-After retried; a redirect target that expires (403) read again
+from the URL.
+nginx cannot fail only the first request, so that case uses a small Python
+HTTP server with Range support defined in this file (FlakyServer). Everything runs under deadlines; nginx and the Python server
+are stopped in teardown also on failure."""
+import errno
+import http.server
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bsmount import (BIN, FIX, Mount, check, daemon_pid, run, run_tests,  # noqa: E402
+                     tensor_files, write_safetensors)
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+TOKEN = "s3cr3t-t0ken"
+
+ST = os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors")
+BPK = os.path.join(FIX, "examples/mnist-inference-web/model.bpk")
+PT_ZIP = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data/checkpoint.pt")
+PT_LEGACY = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data/simple_legacy.pt")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nginx:
+    """nginx on 127.0.0.1:PORT serving ROOT: / (ranges on by default),
+    /redir/X answers 302 to /X, /auth/X needs "Authorization: Bearer TOKEN"."""
+
+    def __init__(self, tmp):
+        self.dir = os.path.join(tmp, "nginx")
+        self.root = os.path.join(self.dir, "www")
+        os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
+        os.makedirs(self.root, exist_ok=True)
+        self.port = free_port()
+        self.proc = None
+
+    def __enter__(self):
+        d = self.dir
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write("""daemon off;
+master_process off;
+worker_processes 1;
+pid %(d)s/nginx.pid;
+error_log %(d)s/error.log;
+events { worker_connections 256; }
+http {
+  access_log %(d)s/access.log;
+  client_body_temp_path %(d)s/tmp; proxy_temp_path %(d)s/tmp; fastcgi_temp_path %(d)s/tmp;
+  uwsgi_temp_path %(d)s/tmp; scgi_temp_path %(d)s/tmp;
+  server {
+    listen 127.0.0.1:%(port)d;
+    root %(root)s;
+    location /redir/ { rewrite ^/redir/(.*)$ /$1 redirect; }
+    location /auth/ {
+      if ($http_authorization != "Bearer %(token)s") { return 401; }
+      alias %(root)s/;
+    }
+  }
+}
+""" % {"d": d, "port": self.port, "root": self.root, "token": TOKEN})
+        self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("nginx failed: %s" % self.proc.stderr.read().decode())
+                time.sleep(0.05)
+        raise RuntimeError("nginx did not listen within 20 s")
+
+    def url(self, name, prefix=""):
+        return "http://127.0.0.1:%d/%s%s" % (self.port, prefix, name)
+
+    def put(self, src, name=None):
+        shutil.copy(src, os.path.join(self.root, name or os.path.basename(src)))
+        return name or os.path.basename(src)
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return False
+
+
+class FlakyHandler(http.server.BaseHTTPRequestHandler):
+    """GET with Range; the first request of each path answers 500 (a path
+    under /busy/: 429 with Retry-After: 1)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def send_small(self, code, headers=()):
+        body = b"no"
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        srv = self.server
+        # /hop/X redirects to /signed/GEN/X (a CDN's signed URL); a stale
+        # generation answers 403, as an expired signature does.
+        if self.path.startswith("/hop/"):
+            with srv.lock:
+                srv.hops += 1
+            return self.send_small(302, [("Location", "/signed/%d/%s" % (srv.gen, self.path[5:]))])
+        if self.path.startswith("/signed/"):
+            gen, name = self.path[len("/signed/"):].split("/", 1)
+            if int(gen) != srv.gen:
+                return self.send_small(403)
+            self.path = "/ok/" + name
+        if self.path.startswith("/ok/"):
+            srv.seen.add(self.path)
+        busy = self.path.startswith("/busy/")
+        path = os.path.join(srv.root, self.path.split("/", 2)[2] if busy or
+                            self.path.startswith("/ok/") else self.path[1:])
+        with srv.lock:
+            first = self.path not in srv.seen
+            srv.seen.add(self.path)
+            srv.requests += 1
+        if first:
+            body = b"try again"
+            self.send_response(429 if busy else 500)
+            if busy:
+                self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        data = open(path, "rb").read()
+        rng = self.headers.get("Range", "")
+        a, b = rng[len("bytes="):].split("-")
+        a, b = int(a), min(int(b), len(data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+        self.send_header("Content-Length", str(b - a + 1))
+        self.send_header("ETag", '"fixed"')
+        self.end_headers()
+        self.wfile.write(data[a:b + 1])
+
+
+class FlakyServer:
+    def __init__(self, root):
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
+        self.srv.root, self.srv.seen, self.srv.requests = root, set(), 0
+        self.srv.gen, self.srv.hops = 1, 0
+        self.srv.lock = threading.Lock()
+        self.srv.daemon_threads = True
+        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def url(self, name):
+        return "http://127.0.0.1:%d/%s" % (self.srv.server_address[1], name)
+
+    def __exit__(self, *exc):
+        self.srv.shutdown()
+        self.srv.server_close()
+        self.thread.join(timeout=10)
+        return False
+
+
+def run_bytes(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, timeout=60, **kw)
+
+
+def read_all(root):
+    return {rel: open(p, "rb").read() for rel, p in tensor_files(root).items()}
+
+
+def same_as_local(tmp, url, local, what, opts=None):
+    """The mount of url shows the same files with the same bytes as a local mount of local."""
+    lm, rm = os.path.join(tmp, "local-" + what), os.path.join(tmp, "remote-" + what)
+    with Mount(local, lm, opts) as a, Mount(url, rm, opts) as b:
+        want, got = read_all(a), read_all(b)
+        check(len(want) > 0, "%s: the local mount shows tensors" % what)
+        check(sorted(got) == sorted(want), "%s: same files remote and local: %s vs %s"
+              % (what, sorted(got)[:5], sorted(want)[:5]))
+        for rel in want:
+            check(got.get(rel) == want[rel], "%s: %s has the local bytes" % (what, rel))
+
+
+def formats(tmp, ng):
+    gguf = os.path.join(tmp, "model.gguf")
+    idx = os.path.join(tmp, "sharded", "model.safetensors.index.json")
+    os.makedirs(os.path.dirname(idx), exist_ok=True)
+    r = run([BIN, "convert", "-q", ST, gguf])
+    check(r.returncode == 0, "convert to GGUF: %s" % r.stderr)
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=8KB", ST, idx])
+    check(r.returncode == 0, "convert to shards: %s" % r.stderr)
+    shards = [f for f in os.listdir(os.path.dirname(idx)) if f.endswith(".safetensors")]
+    check(len(shards) >= 2, "the sharded fixture has shards: %s" % shards)
+    os.makedirs(os.path.join(ng.root, "sharded"), exist_ok=True)
+    for f in os.listdir(os.path.dirname(idx)):
+        shutil.copy(os.path.join(os.path.dirname(idx), f), os.path.join(ng.root, "sharded", f))
+    for local in (ST, BPK, PT_ZIP, PT_LEGACY, gguf):
+        name = ng.put(local)
+        same_as_local(tmp, ng.url(name), local, name)
+    same_as_local(tmp, ng.url("sharded/model.safetensors.index.json"), idx, "sharded")
+    # A redirect (the Hub answers a file URL with one) is followed.
+    same_as_local(tmp, ng.url(os.path.basename(ST), "redir/"), ST, "redirected")
+
+
+def cli_verbs(tmp, ng):
+    name = ng.put(ST)
+    url = ng.url(name)
+    for verb in (["ls"], ["info"], ["cat", "conv1.weight"], ["ls", "--json"]):
+        a = run_bytes([BIN] + verb[:1] + [ST] + verb[1:])
+        b = run_bytes([BIN] + verb[:1] + [url] + verb[1:])
+        check(a.returncode == 0 and b.returncode == 0, "%s on a URL: %s" % (verb, b.stderr))
+        check(a.stdout == b.stdout.replace(url.encode(), ST.encode()),
+              "%s on a URL prints what it prints locally" % verb)
+    r = run([BIN, "diff", ST, url])
+    check(r.returncode == 0, "diff of a file and its URL: same (%d) %s" % (r.returncode, r.stderr))
+    out = os.path.join(tmp, "from-url.safetensors")
+    r = run([BIN, "convert", "-q", url, out])
+    check(r.returncode == 0, "convert URL -> local: %s" % r.stderr)
+    r = run([BIN, "diff", ST, out])
+    check(r.returncode == 0, "the converted copy equals the source: %s" % r.stdout[:200])
+    # Behind a redirect: the opening request follows it, the reads go where it led.
+    log = os.path.join(ng.dir, "access.log")
+    before = open(log).read().count("/redir/")
+    r = run_bytes([BIN, "cat", ng.url(name, "redir/"), "conv1.weight"])
+    check(r.returncode == 0 and r.stdout == run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout,
+          "cat through a redirect: the right bytes")
+    redirected = open(log).read().count("/redir/") - before
+    check(redirected == 1, "one redirect for the open and none for the reads (%d)" % redirected)
+    # A password in the URL: not in the daemon's command line (ps) nor the mount table.
+    mnt = os.path.join(tmp, "mnt-pass")
+    with Mount("http://user:hunter2@127.0.0.1:%d/%s?sig=s3cr3t" % (ng.port, name), mnt) as m:
+        pid = daemon_pid(m)
+        cmdline = open("/proc/%d/cmdline" % pid, "rb").read() if pid else b""
+        check(pid and b"127.0.0.1" in cmdline, "the daemon is found: %r" % cmdline)
+        check(b"hunter2" not in cmdline and b"s3cr3t" not in cmdline,
+              "no password or query in the daemon's command line: %r" % cmdline)
+        check("hunter2" not in open("/proc/self/mounts").read(), "nor in the mount table")
+        check(len(read_all(m)) > 0, "the mount reads")
+    # Errors: one line, non-zero, the URL without its credentials.
+    r = run([BIN, "ls", "http://user:hunter2@127.0.0.1:%d/missing.safetensors" % ng.port])
+    check(r.returncode != 0 and "404" in r.stderr and "hunter2" not in r.stderr
+          and len(r.stderr.strip().splitlines()) == 1, "a 404: one line, no password: %r" % r.stderr)
+
+
+def bearer(tmp, ng):
+    name = ng.put(ST)
+    url = ng.url(name, "auth/")
+    r = run([BIN, "ls", url])
+    check(r.returncode != 0 and "401" in r.stderr, "no token: refused with 401: %r" % r.stderr)
+    env = dict(os.environ, BURNSTORE_HTTP_TOKEN=TOKEN)
+    r = run([BIN, "ls", url], env=env)
+    check(r.returncode == 0 and "conv1.weight" in r.stdout, "with the token: listed: %r" % r.stderr)
+    check(TOKEN not in r.stderr, "the token is not printed")
+    mnt = os.path.join(tmp, "mnt-auth")
+    os.environ["BURNSTORE_HTTP_TOKEN"] = TOKEN
+    try:
+        with Mount(url, mnt) as m:
+            want = run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout
+            got = open(os.path.join(m, "conv1", "weight"), "rb").read()
+            check(len(got) > 0 and got == want, "a tensor read through a token-protected mount")
+            mounts = open("/proc/self/mounts").read()
+            check(TOKEN not in mounts, "the token is not in the mount table")
+    finally:
+        del os.environ["BURNSTORE_HTTP_TOKEN"]
+
+
+def refusals(tmp, ng):
+    name = ng.put(ST)
+    mnt = os.path.join(tmp, "mnt-refused")
+    os.makedirs(mnt, exist_ok=True)
+    for opts in ("rw", "output=" + os.path.join(tmp, "edited.safetensors")):
+        r = run([BIN, ng.url(name), mnt, "-o", opts])
+        check(r.returncode != 0 and "read-only" in r.stderr
+              and len(r.stderr.strip().splitlines()) == 1,
+              "a writable mount of a URL (-o %s) refused in one line: %r" % (opts, r.stderr))
+    check(not os.path.ismount(mnt), "nothing mounted after a refusal")
+
+
+def etag_pin(tmp, ng):
+    """The object replaced mid-mount: a read of bytes not yet fetched fails
+    with EIO (If-Match answered 412), never the new bytes beside the old."""
+    a, b = os.urandom(3 << 20), os.urandom(3 << 20)
+    path = os.path.join(ng.root, "replaced.safetensors")
+    write_safetensors(path, {"a": a, "b": b})
+    mnt = os.path.join(tmp, "mnt-etag")
+    os.environ["BURNSTORE_HTTP_CACHE"] = "1M"
+    try:
+        with Mount(ng.url("replaced.safetensors"), mnt) as m:
+            check(open(os.path.join(m, "a"), "rb").read() == a, "a read before the change")
+            tmp_path = path + ".new"
+            write_safetensors(tmp_path, {"a": os.urandom(3 << 20), "b": os.urandom(3 << 20)})
+            os.utime(tmp_path, (time.time() + 10, time.time() + 10))
+            os.rename(tmp_path, path)
+            try:
+                open(os.path.join(m, "b"), "rb").read()
+                check(False, "a read after the object changed fails")
+            except OSError as e:
+                check(e.errno == errno.EIO, "the read fails with EIO: %r" % e)
+    finally:
+        del os.environ["BURNSTORE_HTTP_CACHE"]
+
+
+def retry_500(tmp, ng):
+    root = os.path.join(tmp, "flaky")
+    os.makedirs(root, exist_ok=True)
+    shutil.copy(ST, root)
+    with FlakyServer(root) as fs:
+        url = fs.url(os.path.basename(ST))
+        r = run_bytes([BIN, "cat", url, "conv1.weight"])
+        want = run_bytes([BIN, "cat", ST, "conv1.weight"])
+        check(r.returncode == 0 and r.stdout == want.stdout,
+              "a 500 then 200: retried, the right bytes: %r" % r.stderr)
+        check(fs.srv.requests >= 3, "the 500 was answered and retried (%d requests)"
+              % fs.srv.requests)
+        # The redirect's target expires mid-mount: the read starts from the URL again.
+        # (b is past the first 1 MiB block, which the open fetched)
+        a, b = os.urandom(3 << 19), os.urandom(3 << 19)
+        write_safetensors(os.path.join(root, "hop.safetensors"), {"a": a, "b": b})
+        mnt = os.path.join(tmp, "mnt-hop")
+        with Mount(fs.url("hop/hop.safetensors"), mnt) as m:
+            fs.srv.gen = 2
+            got = open(os.path.join(m, "b"), "rb").read()
+            check(got == b, "an expired redirect target: the URL again, right bytes")
+            check(fs.srv.hops == 2, "one redirect at open, one after the 403 (%d)" % fs.srv.hops)
+        t0 = time.time()
+        r = run_bytes([BIN, "cat", fs.url("busy/" + os.path.basename(ST)), "conv1.weight"])
+        check(r.returncode == 0 and r.stdout == want.stdout, "a 429 then 200: the right bytes")
+        check(time.time() - t0 >= 1.0, "Retry-After: 1 was honoured (%.2f s)" % (time.time() - t0))
+
+
+def main():
+    if not os.path.exists(NGINX):
+        print("SKIP: no nginx (Debian's nginx-light; .ci/install-deps installs it)")
+        sys.exit(77)
+
+    def with_nginx(t):
+        def go(tmp):
+            with Nginx(tmp) as ng:
+                t(tmp, ng)
+        go.__name__ = t.__name__
+        return go
+
+    # A deadline on everything: the whole run is killed (its finally blocks
+    # unmount and stop nginx) if it hangs.
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
+    signal.alarm(600)
+    run_tests("test_remote", [with_nginx(t) for t in
+                              (formats, cli_verbs, bearer, refusals, etag_pin, retry_500)], "remote")
+
+
+if __name__ == "__main__":
+    main()

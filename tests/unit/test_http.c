@@ -1,0 +1,132 @@
+/* The HTTP source's pieces that need no network: URLs (siblings beside a
+ * file, credentials kept out of what is shown), the headers it parses and
+ * the bounds of its block cache. The requests themselves are tested against
+ * a real server (e2e/test_remote.py). */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "burnstore/mem.h"
+#include "burnstore/source.h"
+#include "core/http.h"
+
+static void resolves(const char *base, const char *rel, const char *want)
+{
+  char *got = bs_http_resolve(base, rel);
+  cr_assert_not_null(got, "%s + %s", base, rel);
+  cr_expect_str_eq(got, want, "%s + %s", base, rel);
+  bs_free(got);
+}
+
+Test(http, sibling_urls)
+{
+  resolves("https://h/m/model.safetensors.index.json", "model-00001-of-00002.safetensors",
+           "https://h/m/model-00001-of-00002.safetensors");
+  resolves("http://h:8080/a/b/i.json?x=1#f", "s/1.st", "http://h:8080/a/b/s/1.st");
+  resolves("http://h/i.json", "s.st", "http://h/s.st");
+  resolves("http://h", "s.st", "http://h/s.st");
+  resolves("http://u:p@h/d/i.json", "s.st", "http://u:p@h/d/s.st");
+  resolves("http://h/d/", "s.st", "http://h/d/s.st");
+  cr_expect_null(bs_http_resolve("/local/i.json", "s.st"));
+  cr_expect_null(bs_http_resolve("ftp://h/i.json", "s.st"));
+}
+
+static void redacts(const char *url, const char *want)
+{
+  char *got = bs_http_redact(url);
+  cr_assert_not_null(got);
+  cr_expect_str_eq(got, want, "%s", url);
+  bs_free(got);
+}
+
+Test(http, credentials_never_shown)
+{
+  redacts("https://user:secret@h/m.st", "https://***@h/m.st");
+  redacts("https://tok@h:1/m.st?X-Amz-Signature=abc", "https://***@h:1/m.st?***");
+  redacts("http://h/m.st", "http://h/m.st");
+  redacts("http://h/a@b.st", "http://h/a@b.st");  /* an @ in the path is no userinfo */
+  redacts("http://h/m.st#frag", "http://h/m.st"); /* (a fragment is never sent) */
+  cr_expect(bs_src_is_url("HTTPS://h/x"));
+  cr_expect(!bs_src_is_url("./http://x"));
+  cr_expect(!bs_src_is_url("s3://b/k"));
+}
+
+Test(http, content_range)
+{
+  uint64_t a, b, t;
+  cr_assert_eq(bs_http_content_range("bytes 0-0/1234", &a, &b, &t), 0);
+  cr_expect(a == 0 && b == 0 && t == 1234);
+  cr_assert_eq(bs_http_content_range(" bytes 5-9/*\r\n", &a, &b, &t), 0);
+  cr_expect(a == 5 && b == 9 && t == UINT64_MAX);
+  cr_expect_eq(bs_http_content_range("bytes 9-5/100", &a, &b, &t), -1);
+  cr_expect_eq(bs_http_content_range("bytes 0-100/100", &a, &b, &t), -1);
+  cr_expect_eq(bs_http_content_range("bytes */100", &a, &b, &t), -1);
+  cr_expect_eq(bs_http_content_range("bytes 0-1/99999999999999999999999", &a, &b, &t), -1);
+  cr_expect_eq(bs_http_content_range("items 0-1/2", &a, &b, &t), -1);
+  cr_expect_eq(bs_http_content_range("bytes 0-1/2 junk", &a, &b, &t), -1);
+}
+
+Test(http, retry_after_and_headers)
+{
+  cr_expect_eq(bs_http_retry_after("2", 10000), 2000);
+  cr_expect_eq(bs_http_retry_after(" 3600 ", 10000), 10000); /* bounded */
+  cr_expect_eq(bs_http_retry_after("99999999999999999999999", 10000), -1);
+  cr_expect_eq(bs_http_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 10000), -1);
+  const char *v;
+  size_t n;
+  const char line[] = "etag:  \"abc\" \r\n";
+  cr_assert(bs_http_header_is(line, strlen(line), "ETag", &v, &n));
+  cr_expect(n == 5 && memcmp(v, "\"abc\"", 5) == 0);
+  cr_expect(!bs_http_header_is(line, strlen(line), "ETagX", &v, &n));
+  cr_expect(!bs_http_header_is("ETag", 4, "ETag", &v, &n));
+}
+
+Test(http, cache_stays_within_its_bound)
+{
+  struct bs_http_cache c;
+  enum { B = 4096 };
+  cr_assert_eq(bs_http_cache_init(&c, B, 4 * B + 100), 0);
+  cr_expect_eq(c.nmax, 4);
+  static uint8_t blk[B], out[B];
+  for (uint64_t i = 0; i < 50; i++) {
+    memset(blk, (int)i, sizeof blk);
+    cr_assert(bs_http_cache_put(&c, 1 + i % 2, i, blk, i == 49 ? 10 : B));
+    cr_assert_leq(bs_http_cache_bytes(&c), 4 * B);
+    /* the block just put is there, with its bytes */
+    cr_assert_eq(bs_http_cache_get(&c, 1 + i % 2, i, 0, out, B), i == 49 ? 10 : B);
+    cr_assert_eq(out[0], (uint8_t)i);
+  }
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 0, out, B), -1);  /* evicted */
+  cr_expect_eq(bs_http_cache_get(&c, 2, 48, 0, out, B), -1); /* another source's id */
+  /* least recently used goes first: touch 46, then put two more */
+  cr_assert_eq(bs_http_cache_get(&c, 1, 46, 100, out, 8), 8);
+  cr_assert(bs_http_cache_put(&c, 3, 0, blk, B));
+  cr_assert(bs_http_cache_put(&c, 3, 1, blk, B));
+  cr_expect_eq(bs_http_cache_get(&c, 1, 46, 0, out, 1), 1);
+  cr_expect_eq(bs_http_cache_get(&c, 2, 47, 0, out, 1), -1);
+  /* a short last block: reads past its end give what it has */
+  cr_expect_eq(bs_http_cache_get(&c, 2, 49, 8, out, B), 2);
+  cr_expect(!bs_http_cache_put(&c, 4, 0, blk, B + 1)); /* larger than a block */
+  bs_http_cache_destroy(&c);
+  /* a size below one block still caches one; a huge one is bounded */
+  cr_assert_eq(bs_http_cache_init(&c, B, 10), 0);
+  cr_expect_eq(c.nmax, 1);
+  bs_http_cache_destroy(&c);
+  cr_assert_eq(bs_http_cache_init(&c, 1 << 20, UINT64_MAX), 0);
+  cr_expect_eq(c.nmax, BS_HTTP_CACHE_BLOCKS_MAX);
+  bs_http_cache_destroy(&c);
+}
+
+Test(http, not_a_url_refused)
+{
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_expect_neq(bs_src_init_http(&s, "/tmp/x.safetensors", NULL, &err), 0);
+  cr_expect_null(s.ops);
+  bs_err_clear(&err);
+  /* nothing listens on port 1: a connection error, retried, then one line */
+  cr_expect_neq(bs_src_init_http(&s, "http://127.0.0.1:1/x.safetensors", NULL, &err), 0);
+  cr_expect_null(s.ops);
+  cr_expect(strstr(err.msg, "127.0.0.1") || strstr(err.msg, "onnect"), "%s", err.msg);
+}
