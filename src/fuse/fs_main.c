@@ -355,6 +355,19 @@ static int status_path(const char *mnt, char *out, size_t n)
   return -1;
 }
 
+/* The status file (spath) and the log (lpath, "" when it cannot be named)
+ * of mountpoint mnt, both PATH_MAX bytes. 0, or -1 having printed why. */
+static int mount_files(const char *mnt, char *spath, char *lpath)
+{
+  if (status_path(mnt, spath, PATH_MAX) != 0)
+    return -1;
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_run_path(mnt, ".log", lpath, PATH_MAX, &err) != 0)
+    lpath[0] = '\0';
+  return 0;
+}
+
 static void write_status(int fd, const char *text);
 
 static void write_status(int fd, const char *text)
@@ -454,14 +467,10 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
     return 1;
   }
   char spath[PATH_MAX], lpath[PATH_MAX];
-  bs_err lerr;
-  bs_err_clear(&lerr);
-  if (status_path(mnt, spath, sizeof spath) != 0) {
+  if (mount_files(mnt, spath, lpath) != 0) {
     bs_free(mnt);
     return 1;
   }
-  if (bs_run_path(mnt, ".log", lpath, sizeof lpath, &lerr) != 0)
-    lpath[0] = '\0';
   int fd = open(spath, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   /* The daemon removes them as it exits: read them through these fds. */
   int lfd = fd >= 0 && lpath[0] ? open(lpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
@@ -580,14 +589,10 @@ static int do_status(int argc, char **argv)
     return 1;
   }
   char spath[PATH_MAX], lpath[PATH_MAX];
-  bs_err lerr;
-  bs_err_clear(&lerr);
-  if (status_path(mnt, spath, sizeof spath) != 0) {
+  if (mount_files(mnt, spath, lpath) != 0) {
     bs_free(mnt);
     return 1;
   }
-  if (bs_run_path(mnt, ".log", lpath, sizeof lpath, &lerr) != 0)
-    lpath[0] = '\0';
   int fd = open(spath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
   char buf[3 * PATH_MAX + 256] = "";
@@ -953,12 +958,8 @@ static int claim(struct run *r)
   /* The status file, locked before mounting (see the top of this file);
    * the runtime files of daemons that are gone are removed first. */
   bs_run_sweep();
-  if (status_path(mnt, r->spath, sizeof r->spath) != 0)
+  if (mount_files(mnt, r->spath, r->lpath) != 0)
     return 1;
-  bs_err lerr;
-  bs_err_clear(&lerr);
-  if (bs_run_path(mnt, ".log", r->lpath, sizeof r->lpath, &lerr) != 0)
-    r->lpath[0] = '\0';
   /* A daemon that was just unmounted may still be on its way out. */
   for (int i = 0; (r->sfd = bs_run_lock(r->spath)) < 0 && errno == EWOULDBLOCK; i++) {
     if (i >= 1500 || bs_is_mounted(mnt)) {
