@@ -122,6 +122,22 @@ def force_unmount(mnt):
 
 
 @contextlib.contextmanager
+def immutable(path):
+    """path made immutable (chattr +i) for the block and mutable again after
+    it, also on failure; yields False, having said why, where the file
+    system has no such flag (tmpfs)."""
+    r = run(["chattr", "+i", path])
+    if r.returncode != 0:
+        print("   (chattr +i %s: %s: skipped)" % (path, r.stderr.strip()), flush=True)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        run(["chattr", "-i", path])
+
+
+@contextlib.contextmanager
 def tmpdir(tag="e2e"):
     d = tempfile.mkdtemp(prefix="bs-%s-" % tag)
     try:

@@ -13,7 +13,8 @@ import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, is_mounted, read_bpk, run,
+from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, immutable, is_mounted, read_bpk,
+                     run,
                      tmpdir, run_tests)
 
 
@@ -400,18 +401,14 @@ def test_finish_after_the_rename(tmp):
     # original was, is a staging directory whose target is its result.
     stg = os.path.join(tmp, "rn-stg")
     os.makedirs(stg)
-    r = run(["chattr", "+i", out])
-    if r.returncode != 0:  # tmpfs has no immutable flag
-        print("   (chattr +i %s: %s: skipped)" % (out, r.stderr.strip()), flush=True)
-        return
-    try:
+    with immutable(out) as ok:
+        if not ok:
+            return
         with Mount(out, mnt, "rw,staging=" + stg) as m:
             with open(os.path.join(mnt, "t7"), "r+b") as f:
                 f.write(b"\x09")
             u = m.unmount()
             check(u.returncode != 0, "the rename over an immutable target fails: %r" % u.stderr)
-    finally:
-        run(["chattr", "-i", out])
     dirs = glob.glob(os.path.join(stg, "burnstore-*"))
     if not check(len(dirs) == 1 and os.path.exists(os.path.join(dirs[0], "INDEX")), "staging kept: %r" % dirs):
         return
