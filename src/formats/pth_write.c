@@ -44,7 +44,6 @@
 #include "formats/pth_write.h"
 #include "formats/zip.h"
 
-#define CHUNK (1u << 20)
 #define Z32 0xFFFFFFFFu
 
 /* The storage class torch 1.13 (and every later torch) saves a dtype with;
@@ -1080,11 +1079,9 @@ int bs_pth_write_kept(const struct bs_catalog *cat, const struct bs_pth_keep *ke
   for (size_t i = 0; i < n; i++)
     if (cat->tensors[order[i]].nbytes > biggest)
       biggest = cat->tensors[order[i]].nbytes;
-  size_t cap = biggest < CHUNK ? (size_t)biggest : CHUNK;
-  if (!(chunk = bs_malloc(cap ? cap : 1))) {
-    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  size_t cap;
+  if (!(chunk = bs_sink_chunk(biggest, &cap, err)))
     goto out;
-  }
   if (member_name(&z, 0, n, name, sizeof name) < 0 ||
       small_member(&z, name, p.b.data, p.b.len, err) != 0)
     goto out;
