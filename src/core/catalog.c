@@ -302,9 +302,10 @@ static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t e
 }
 
 /* The stored bytes [off, off + n) of a tensor whose stored data is nbytes
- * long, in elements of esize bytes (strided views). */
-static long raw_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t esize,
-                     uint64_t nbytes, uint64_t off, void *buf, size_t n)
+ * long, in elements of esize bytes (strided views); the caller checks that
+ * the source did not change (once per request, after reading). */
+static long raw_pread(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t esize,
+                      uint64_t nbytes, uint64_t off, void *buf, size_t n)
 {
   if (off >= nbytes)
     return 0;
@@ -332,8 +333,13 @@ static long raw_read(const struct bs_catalog *cat, const struct bs_tensor *t, ui
     }
     got = (long)done;
   }
-  /* Checked after reading, so a change during the read is caught too. */
-  return got > 0 && bs_src_changed(s, NULL, 0) ? -EIO : got;
+  return got;
+}
+
+/* Checked after reading, so a change during the read is caught too. */
+static long checked(const struct bs_catalog *cat, const struct bs_tensor *t, long got)
+{
+  return got > 0 && bs_src_changed(&cat->srcs[t->src], NULL, 0) ? -EIO : got;
 }
 
 /* Units decoded per step of a decoded read: the scratch is at most
@@ -354,7 +360,10 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     n = (size_t)(t->nbytes - off);
   const uint64_t uout = (uint64_t)ue * 4; /* output bytes per unit */
   const uint64_t nunits = t->nbytes / uout, stored_len = nunits * ub;
-  const uint32_t step = DECODE_STEP_ELEMS / ue ? DECODE_STEP_ELEMS / ue : 1;
+  uint32_t step = DECODE_STEP_ELEMS / ue ? DECODE_STEP_ELEMS / ue : 1;
+  const uint64_t first = off / uout, cover = (off + n + uout - 1) / uout - first;
+  if (cover < step)
+    step = (uint32_t)cover; /* a small read needs a small scratch */
   uint8_t *raw = bs_malloc((size_t)step * ub);
   float *dec = bs_malloc((size_t)step * ue * sizeof(float));
   long ret = 0;
@@ -366,7 +375,7 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
   while (done < n) {
     uint64_t pos = off + done, u0 = pos / uout;
     uint64_t k = nunits - u0 < step ? nunits - u0 : step;
-    long r = raw_read(cat, t, ub, stored_len, u0 * ub, raw, (size_t)(k * ub));
+    long r = raw_pread(cat, t, ub, stored_len, u0 * ub, raw, (size_t)(k * ub));
     if (r < 0) {
       ret = done ? (long)done : r;
       goto out;
@@ -381,7 +390,7 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     memcpy(buf + done, (const uint8_t *)dec + skip, chunk);
     done += chunk;
   }
-  ret = (long)done;
+  ret = checked(cat, t, (long)done);
 out:
   bs_free(raw);
   bs_free(dec);
@@ -393,7 +402,7 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
 {
   if (t->decoded)
     return decoded_read(cat, t, off, buf, n);
-  return raw_read(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n);
+  return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
 int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)

@@ -54,7 +54,8 @@ static int write_all(int fd, struct iovec *iov, int n)
 static int put_record(int fd, enum bs_jkind kind, uint64_t ino, const void *a, size_t alen,
                       const void *b, size_t blen)
 {
-  if (alen > BS_JOURNAL_RECORD_MAX || blen > BS_JOURNAL_RECORD_MAX - alen - BS_JOURNAL_PAYLOAD)
+  if (alen > BS_JOURNAL_RECORD_MAX - BS_JOURNAL_PAYLOAD ||
+      blen > BS_JOURNAL_RECORD_MAX - BS_JOURNAL_PAYLOAD - alen)
     return EFBIG;
   uint8_t hdr[BS_JOURNAL_HDR], head[BS_JOURNAL_PAYLOAD];
   head[0] = (uint8_t)kind;

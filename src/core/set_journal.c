@@ -38,8 +38,9 @@ static bool plain_name(const char *n)
 
 bool bs_set_is_shard_name(const char *name)
 {
-  size_t n = strlen(name), k = strlen(SHARD_SUFFIX);
-  return plain_name(name) && name[0] != '.' && n > k && strcasecmp(name + n - k, SHARD_SUFFIX) == 0;
+  size_t n = strlen(name);
+  return plain_name(name) && name[0] != '.' && n > strlen(SHARD_SUFFIX) &&
+         bs_ends_with(name, n, SHARD_SUFFIX, true);
 }
 
 /* ---- The journal's text --------------------------------------------------------------------- */

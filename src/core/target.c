@@ -175,12 +175,6 @@ bool bs_run_unlink(const char *path, int fd)
   return fd >= 0 && path[0] && names_fd(path, fd) && unlink(path) == 0;
 }
 
-static bool has_suffix(const char *s, const char *suf)
-{
-  size_t a = strlen(s), b = strlen(suf);
-  return a >= b && strcmp(s + a - b, suf) == 0;
-}
-
 /* dir/name: removed if nobody holds its lock (taken without creating it). */
 static void remove_if_free(int dfd, const char *name)
 {
@@ -217,9 +211,11 @@ void bs_run_sweep(void)
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
       const char *n = de->d_name;
-      if (pass == 1 && (has_suffix(n, ".status") || has_suffix(n, ".target"))) {
+      if (pass == 1 && (bs_ends_with(n, strlen(n), ".status", false) ||
+                        bs_ends_with(n, strlen(n), ".target", false))) {
         remove_if_free(dfd, n);
-      } else if (pass == 2 && (has_suffix(n, ".log") || has_suffix(n, ".status.progress"))) {
+      } else if (pass == 2 && (bs_ends_with(n, strlen(n), ".log", false) ||
+                               bs_ends_with(n, strlen(n), ".status.progress", false))) {
         char status[NAME_MAX + 1];
         size_t stem = strcspn(n, ".");
         snprintf(status, sizeof status, "%.*s.status", (int)stem, n);

@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/crc32.h"
 
 #define EOCD_LEN 22u
 #define CDH_LEN 46u
@@ -222,12 +223,12 @@ int bs_zip_data_off(const struct bs_src *s, const struct bs_zip_entry *e, uint64
 static int extract_stored(const struct bs_src *s, const struct bs_zip_entry *e, uint64_t d,
                           bs_zip_sink sink, void *ctx, uint8_t *in, bs_err *err)
 {
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = 0;
   for (uint64_t done = 0; done < e->usize;) {
     size_t n = e->usize - done < CHUNK ? (size_t)(e->usize - done) : CHUNK;
     if (bs_src_read(s, d + done, in, n, err) != 0 || sink(ctx, in, n, err) != 0)
       return -1;
-    crc = crc32(crc, in, (uInt)n);
+    crc = bs_crc32(crc, in, n);
     done += n;
   }
   if ((uint32_t)crc != e->crc)
@@ -243,7 +244,7 @@ static int extract_deflated(const struct bs_src *s, const struct bs_zip_entry *e
   memset(&zs, 0, sizeof zs);
   if (inflateInit2(&zs, -MAX_WBITS) != Z_OK)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory (zlib)");
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = 0;
   uint64_t consumed = 0, produced = 0;
   int rc = 0, zr = Z_OK;
   while (rc == 0 && zr != Z_STREAM_END) {
@@ -285,7 +286,7 @@ static int extract_deflated(const struct bs_src *s, const struct bs_zip_entry *e
       rc = -1;
       break;
     }
-    crc = crc32(crc, out, (uInt)got);
+    crc = bs_crc32(crc, out, got);
     produced += got;
   }
   inflateEnd(&zs);
