@@ -232,17 +232,28 @@ int bs_st_set_recover(const char *path, bs_err *err)
  * not the index. Anything else refuses the write before it starts. */
 static int load_old(struct set *s, bs_err *err)
 {
-  FILE *f = fopen(s->index, "rb");
-  if (!f)
-    return 0;
-  uint8_t *buf = bs_malloc(BS_ST_INDEX_MAX);
-  size_t n = buf ? fread(buf, 1, BS_ST_INDEX_MAX, f) : 0;
-  fclose(f);
-  if (!buf)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  struct bs_src src;
   bs_err sub;
   bs_err_clear(&sub);
-  s->have_old = bs_st_index_parse(buf, n, &s->old, &sub) == 0;
+  if (bs_src_open(&src, s->index, &sub) != 0)
+    return 0; /* none (or unreadable): no old set to replace */
+  /* Read as the reader reads it: bounded first, then exactly its size (a
+   * buffer of the whole limit was allocated for every write). */
+  uint8_t *buf = NULL;
+  if (src.size > BS_ST_INDEX_MAX) {
+    bs_src_destroy(&src);
+    return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                   "%s: an old index of %" PRIu64 " bytes exceeds the limit of %u bytes; it is "
+                   "not replaced",
+                   s->index, src.size, BS_ST_INDEX_MAX);
+  }
+  int rd = bs_src_read_alloc(&src, 0, src.size, &buf, &sub);
+  uint64_t n = src.size;
+  bs_src_destroy(&src);
+  if (rd != 0)
+    return sub.code == ENOMEM ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : 0;
+  bs_err_clear(&sub);
+  s->have_old = bs_st_index_parse(buf, (size_t)n, &s->old, &sub) == 0;
   bs_free(buf);
   if (!s->have_old && sub.code == ENOMEM)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");

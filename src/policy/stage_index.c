@@ -458,10 +458,18 @@ out:
   return rc;
 }
 
+/* A file of the staging directory itself: never a path out of it. */
+static bool staging_name_ok(const char *name)
+{
+  return name[0] && !strchr(name, '/') && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
 static int parse_file(struct bs_stage_index *idx, struct line *l, bs_err *err)
 {
   if (l->n != 5 || unescape(l->f[1]) != 0 || unescape(l->f[2]) != 0)
     return perr(err, l, "bad file record");
+  if (!staging_name_ok(l->f[1]))
+    return perr(err, l, "bad staging file name");
   struct bs_stage_file f = {0};
   if (bs_dtype_from_name(l->f[3], &f.dtype) != 0)
     return perr(err, l, "unknown dtype '%.40s'", l->f[3]);
@@ -535,8 +543,7 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
       return perr(err, l, "a checkpoint source without a checkpoint record");
     char *file = NULL;
     if (stage) {
-      if (unescape(l->f[3]) != 0 || !l->f[3][0] || strchr(l->f[3], '/') ||
-          strcmp(l->f[3], ".") == 0 || strcmp(l->f[3], "..") == 0)
+      if (unescape(l->f[3]) != 0 || !staging_name_ok(l->f[3]))
         return perr(err, l, "bad staging file name");
       if (!(file = bs_strdup(l->f[3])))
         return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");

@@ -198,6 +198,9 @@ Test(stage_index, hostile_records_are_refused)
   refused(HEAD "bogus\t1\nend\t0\n", "unknown record");
   refused(HEAD "src\t5\tstage\tx\t1\nend\t0\n", "numbered from 0");
   refused(HEAD "src\t2\tstage\t../x\t1\nend\t0\n", "staging file name");
+  /* a raw-file record names a file of the staging directory, never one out of it */
+  refused(HEAD "file\t../../etc/passwd\tk\tU8\t-\nend\t0\n", "staging file name");
+  refused(HEAD "file\t..\tk\tU8\t-\nend\t0\n", "staging file name");
   refused(HEAD "src\t2\tcheckpoint\t1\nend\t0\n", "come first");
   refused("burnstore-staging-index\t1\npid\t1\nformat\tburnpack\nend\t0\n", "no target");
   refused("burnstore-staging-index\t1\ntarget\trel.bpk\n", "bad target");
