@@ -15,7 +15,7 @@ import time
 
 from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, immutable, is_mounted, read_bpk,
                      run,
-                     tmpdir, run_tests)
+                     tmpdir, run_tests, wait_gone)
 
 
 def sh(cmd, cwd):
@@ -248,9 +248,7 @@ def test_runtime_files_live_with_their_daemon(tmp):
             pid = daemon_pid(os.path.realpath(mnt))
             if check(pid is not None, "the daemon's pid"):
                 os.kill(pid, 9)
-                end = time.time() + 30
-                while os.path.exists("/proc/%d" % pid) and time.time() < end:
-                    time.sleep(0.05)
+                wait_gone(pid)
             force_unmount(mnt)
         left = runtime_files(mnt, src)
         check(len(left) >= 2, "a killed daemon leaves its files: %r" % left)

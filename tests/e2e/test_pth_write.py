@@ -15,7 +15,7 @@ import subprocess
 import time
 import zipfile
 
-from bsmount import (BIN, FIX, Mount, check, daemon_pid, force_unmount, is_mounted, run, run_tests,
+from bsmount import (BIN, FIX, Mount, check, daemon_pid, force_unmount, is_mounted, run, run_tests, wait_gone,
                      small_tmpfs)
 
 import torch
@@ -388,7 +388,7 @@ def test_enospc_and_finish(tmp):
             run(["mount", "-o", "remount,size=4m", small])
             r = run([BIN, "--finish", os.path.join(stg, left[0])])
             check(r.returncode == 0, "--finish: %s" % r.stderr)
-            if os.path.exists(out):
+            if check(os.path.exists(out), "--finish wrote %s" % out):
                 sd = torch.load(out, weights_only=True)
                 check(list(sd) == ["big"] and raw(sd["big"]) == data, "--finish wrote the .pth")
                 check(not aligned(out), "aligned")
@@ -418,9 +418,8 @@ def test_kill_during_writeback(tmp):
                 hit = True
                 break
             time.sleep(0.001)
-    deadline = time.time() + 30
-    while pid and os.path.exists("/proc/%d" % pid) and time.time() < deadline:
-        time.sleep(0.01)
+    if pid:
+        wait_gone(pid)
     if not check(hit, "the kill landed during the write-back"):
         return
     check(open(target, "rb").read() == old, "the old file is intact after kill -9")

@@ -88,6 +88,8 @@ http {
                 if self.proc.poll() is not None:
                     raise RuntimeError("nginx failed: %s" % self.proc.stderr.read().decode())
                 time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait(timeout=10)
         raise RuntimeError("nginx did not listen within 20 s")
 
     def url(self, name, prefix=""):

@@ -111,6 +111,7 @@ def mount_opts(mnt):
 
 
 def expect(name, got, want):
+    check(len(got) == len(want), "%s: %d results for %d expectations" % (name, len(got), len(want)))
     for (op, w), g in zip(want, got):
         ok = g in w if isinstance(w, tuple) else g == w
         check(ok, "%s: nobody's %s gave %r, expected %r" % (name, op, g, w))
