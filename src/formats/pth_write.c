@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "burnstore/formats.h"
 #include "burnstore/writers.h"
@@ -1041,10 +1042,13 @@ static int plan(const struct bs_catalog *cat, size_t **order, size_t *n, bs_err 
 
 int bs_pth_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
 {
-  /* in place: the target is the checkpoint file the tensors come from */
+  /* in place: the target is the checkpoint file the tensors come from
+   * (the same file, whichever path names it) */
   struct bs_src_ident id;
-  bool in_place = cat->nsrcs && bs_src_ident(&cat->srcs[0], &id) && k->name && cat->srcs[0].name &&
-                  strcmp(k->name, cat->srcs[0].name) == 0;
+  struct stat st;
+  bool in_place = cat->nsrcs && bs_src_ident(&cat->srcs[0], &id) && k->name &&
+                  stat(k->name, &st) == 0 && id.dev == (uint64_t)st.st_dev &&
+                  id.ino == (uint64_t)st.st_ino;
   if (!in_place)
     return bs_pth_write_kept(cat, NULL, k, err);
   struct bs_pth_keep keep;
