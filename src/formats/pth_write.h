@@ -1,6 +1,7 @@
 /* The PyTorch (.pt/.pth/.bin) writer: the zip layout torch.save writes, a
  * flat state dict (key -> tensor) that torch.load(weights_only=True) loads,
- * torch 1.13 included. Its row in the writers table is "pytorch". */
+ * torch 1.13 included unless a tensor has a dtype only torch 2.x has (F8,
+ * U16-U64). Its row in the writers table is "pytorch". */
 #ifndef BURNSTORE_PTH_WRITE_H
 #define BURNSTORE_PTH_WRITE_H
 
@@ -11,8 +12,8 @@
  * so that torch.load(mmap=True) can map storages). */
 #define BS_PTH_ALIGN 64u
 
-/* Can a torch.save file store this tensor (a dtype with a storage class
- * torch 1.13 knows, a readable source, a UTF-8 name)? 0, or -1 with err. */
+/* Can a torch.save file store this tensor (a dtype torch.save writes, a
+ * readable source, a UTF-8 name)? 0, or -1 with err. */
 BS_NODISCARD int bs_pth_can_write(const struct bs_tensor *t, bs_err *err);
 /* The names torch can load back: UTF-8 (pickled Python str), at most BS_MAX_KEY_LEN bytes. */
 BS_NODISCARD int bs_pth_name_ok(const char *name, bs_err *err);
