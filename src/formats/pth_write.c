@@ -460,6 +460,7 @@ struct tw {
   size_t n, ocap;
   uint64_t *st;
   uint64_t work; /* values visited: shared references can multiply them */
+  bool *fixed;   /* pass 1, may be NULL: per cat tensor, an item of a list */
   bs_err *err;
 };
 
@@ -546,6 +547,8 @@ static int tw_tensor(struct tw *w, bool in_list)
     return 0; /* left out of its dict */
   if (!w->p) {
     w->hits[i]++;
+    if (in_list && w->fixed)
+      w->fixed[i] = true;
     return 0;
   }
   if (w->n == w->ocap && bs_grow((void **)&w->order, &w->ocap, w->n + 1, sizeof *w->order) != 0)
@@ -679,10 +682,11 @@ static void tw_destroy(struct tw *w)
 
 /* Pass 1 of root against cat (hidden tensors ignored). */
 static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_pv *root,
-                   bs_err *err)
+                   bool *fixed, bs_err *err)
 {
   memset(w, 0, sizeof *w);
   w->cat = cat;
+  w->fixed = fixed;
   w->err = err;
   size_t n = cat->count ? cat->count : 1;
   uint32_t maxrank = 1;
@@ -714,7 +718,7 @@ static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_p
 static int tw_same_names(const struct bs_catalog *src_cat, const struct bs_pv *root, bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, src_cat, root, err);
+  int rc = tw_init(&w, src_cat, root, NULL, err);
   for (size_t i = 0; rc == 0 && i < src_cat->count; i++)
     if (w.hits[i] != 1)
       rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
@@ -731,7 +735,7 @@ static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, str
                      size_t **order, size_t *n, bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, cat, root, err);
+  int rc = tw_init(&w, cat, root, NULL, err);
   for (size_t i = 0; rc == 0 && i < w.nby; i++) { /* the tensors no path names: their dicts */
     size_t t = w.byname[i], best = 0;
     const char *name = cat->tensors[t].name;
@@ -762,6 +766,15 @@ static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, str
   tw_destroy(&w);
   return rc;
 }
+int bs_pth_keep_fixed(const struct bs_pth_keep *keep, const struct bs_catalog *cat, bool *fixed,
+                      bs_err *err)
+{
+  struct tw w;
+  int rc = tw_init(&w, cat, keep->root, fixed, err);
+  tw_destroy(&w);
+  return rc;
+}
+
 int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err)
 {
   memset(keep, 0, sizeof *keep);

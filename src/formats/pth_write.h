@@ -35,6 +35,14 @@ void bs_pth_keep_destroy(struct bs_pth_keep *keep); /* safe on a zeroed or faile
  * reader names each tensor by its path (no shared tensor, no colliding
  * names). 0 and *keep, or -1 with err naming the first value it cannot keep. */
 BS_NODISCARD int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err);
+/* The tensors of cat (a mount of keep's source, key options applied) that
+ * a rewrite in place must keep where they are: the items of a list or
+ * tuple, which have no key to leave them out by. Sets fixed[i] (cat->count
+ * entries, zeroed by the caller) for each; 0, or -1 with err naming an
+ * item that cat already leaves out or renames, or a value keep_check
+ * would refuse. */
+BS_NODISCARD int bs_pth_keep_fixed(const struct bs_pth_keep *keep, const struct bs_catalog *cat,
+                                   bool *fixed, bs_err *err);
 
 /* Serialize every tensor that is not hidden, in catalog order, into k. The
  * archive prefix is k->name's base name without its last extension (as

@@ -42,13 +42,16 @@ static const char *const gguf_ext[] = {".gguf", NULL};
 static const char *const pth_ext[] = {".pth", ".pt", ".bin", NULL};
 
 /* A .pth rewritten in place keeps what the writer re-pickles; refused when
- * something else would be lost at the write-back. */
-static int pth_in_place_ok(const struct bs_catalog *cat, bs_err *err)
+ * something else would be lost at the write-back. Its items of a list are
+ * fixed: the pickle has no key to leave one out by. */
+static int pth_in_place_ok(const struct bs_catalog *cat, bool *fixed, bs_err *err)
 {
   if (cat->format != BS_FMT_PYTORCH || !cat->nsrcs)
     return 0;
   struct bs_pth_keep keep;
   int rc = bs_pth_keep_check(&cat->srcs[0], &keep, err);
+  if (rc == 0 && fixed)
+    rc = bs_pth_keep_fixed(&keep, cat, fixed, err);
   bs_pth_keep_destroy(&keep);
   return rc;
 }

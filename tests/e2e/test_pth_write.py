@@ -509,6 +509,75 @@ def test_rw_in_place(tmp):
           "output= a new .pth: the flat state dict of every tensor")
 
 
+def refused(what, call, errno_=1):
+    """call() fails with errno_ (EPERM)."""
+    try:
+        call()
+    except OSError as e:
+        return check(e.errno == errno_, "%s: refused with errno %d, not %d" % (what, errno_, e.errno))
+    return check(False, "%s is refused when it is asked" % what)
+
+
+def test_list_items_fixed(tmp):
+    """A tensor that is an item of a list (or tuple) in a torch-made
+    checkpoint has no key a rewrite in place could leave it out by: its
+    unlink and rename (of it, of a directory above it, of another file onto
+    it) are refused when asked, with EPERM and a log line naming it; its
+    bytes, dtype and shape still change, and the write-back succeeds. Left
+    out or renamed by key options, the mount is refused up front."""
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    path = os.path.join(tmp, "ck.pth")
+    hist = [torch.arange(4.0), torch.ones(2, 3)]
+    torch.save({"model": m.state_dict(), "hist": hist, "pair": (torch.zeros(2), 3), "epoch": 4}, path)
+    orig = torch.load(path)
+    mnt = os.path.join(tmp, "m")
+    with Mount(path, mnt, opts="rw") as mp:
+        h0, h1 = os.path.join(mp, "hist", "0"), os.path.join(mp, "hist", "1")
+        refused("unlink hist/0", lambda: os.unlink(h0))
+        refused("rename hist/1", lambda: os.rename(h1, os.path.join(mp, "hist", "x")))
+        refused("rename of the directory hist", lambda: os.rename(os.path.join(mp, "hist"), os.path.join(mp, "h2")))
+        refused("unlink pair/0 (a tuple's item)", lambda: os.unlink(os.path.join(mp, "pair", "0")))
+        tmpf = os.path.join(mp, "model", "t")
+        with open(tmpf, "wb") as f:
+            f.write(struct.pack("<4f", 9, 9, 9, 9))
+        refused("rename of a new file onto hist/0", lambda: os.rename(tmpf, h0))
+        os.unlink(tmpf)  # a file of the mount's own: removable
+        os.unlink(os.path.join(mp, "model", "0", "bias"))  # a dict's tensor: removable
+        st = run([BIN, "status", mp]).stdout
+        check("unlink '0' refused: tensor 'hist.0': an item of a list" in st
+              and "rename to 'x' refused: tensor 'hist.1'" in st and "rename to 'h2' refused: tensor 'hist." in st,
+              "the log names each refused tensor and why: %r" % st[-1500:])
+        with open(h0, "r+b") as f:
+            f.write(struct.pack("<f", 42))
+        os.setxattr(h1, "user.burnstore.dtype", b"I32")
+        os.setxattr(h1, "user.burnstore.shape", b"[3,2]")
+        u = mp.unmount()
+    if check(u.returncode == 0, "the write-back succeeds: %s" % u.stderr):
+        got = torch.load(path)
+        check(list(got) == list(orig) and got["epoch"] == 4, "the checkpoint's keys: %s" % list(got))
+        check(type(got["hist"]) is list and len(got["hist"]) == 2, "hist is a list of 2")
+        check(torch.equal(got["hist"][0], torch.tensor([42.0, 1, 2, 3])), "hist[0]'s new bytes")
+        check(got["hist"][1].dtype == torch.int32 and got["hist"][1].shape == (3, 2)
+              and raw(got["hist"][1]) == raw(orig["hist"][1]), "hist[1]'s new dtype and shape, same bytes")
+        check(type(got["pair"]) is tuple and torch.equal(got["pair"][0], orig["pair"][0]) and got["pair"][1] == 3,
+              "the tuple kept")
+        check(list(got["model"]) == ["0.weight"] and torch.equal(got["model"]["0.weight"], orig["model"]["0.weight"]),
+              "the dict's tensor removed, the other kept")
+    # key options that leave out or rename an item: refused at mount, the file untouched
+    before = open(path, "rb").read()
+    for opts, needle in (("rw,exclude=^hist\\.0$", "'hist.0' is an item of a list"),
+                         ("rw,remap=^pair\\.0$=>p0", "'pair.0' is an item of a list")):
+        mnt2 = os.path.join(tmp, "r")
+        os.makedirs(mnt2, exist_ok=True)
+        r = run([BIN, path, mnt2, "-o", opts])
+        mounted = is_mounted(mnt2)
+        force_unmount(mnt2)
+        check(r.returncode == 1 and not mounted and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr,
+              "%s: refused up front: %r" % (opts, r.stderr))
+    check(open(path, "rb").read() == before, "untouched")
+
+
 def test_enospc_and_finish(tmp):
     """The write-back's guarantees hold for .pth outputs: a full disk fails it
     with the reason, no partial file, staging kept; --finish completes it."""
@@ -650,7 +719,7 @@ def in_own_dir(t):
 def main():
     run_tests("test_pth_write", [in_own_dir(t) for t in (
         test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_torch2_dtypes,
-        test_rw_in_place,
+        test_rw_in_place, test_list_items_fixed,
         test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib)], "pthw")
 
 
