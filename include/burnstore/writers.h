@@ -71,6 +71,11 @@ struct bs_writer {
   /* The format has no place for file metadata: a write drops cat->meta
    * (the CLI and the write-back report say so). */
   bool drops_meta;
+  /* Before reading or rewriting `path`, a target of this row: complete or
+   * roll back a write of it that a kill interrupted (a shard set's
+   * journal). 0, or -1 with err. NULL: the format's writes need none (a
+   * single file's dead temp files are never read). */
+  int (*recover)(const char *path, bs_err *err);
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */
@@ -132,8 +137,8 @@ BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const stru
                                            bs_err *err);
 
 /* Before reading or rewriting `path`: complete or roll back a write of it
- * that a kill interrupted (a shard set's journal, docs/robustness.md). A
- * single-file target needs nothing (its dead temp files are never read). */
+ * that a kill interrupted (docs/robustness.md), through the recover column
+ * of the row its extension names; 0 when that row has none. */
 BS_NODISCARD int bs_writer_recover(const char *path, bs_err *err);
 
 #pragma GCC visibility pop

@@ -56,17 +56,20 @@ static int pth_in_place_ok(const struct bs_catalog *cat, bool *fixed, bs_err *er
   return rc;
 }
 
+/* A NAME.safetensors target may have been written as a shard set
+ * (rw,max_shard_size=): both SafeTensors rows recover a set's journal. */
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
-     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false},
+     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false, NULL},
     {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
-     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false},
+     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false, bs_st_set_recover},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
-     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false},
+     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false,
+     bs_st_set_recover},
     {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
-     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false},
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false, NULL},
     {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, bs_pth_name_ok, NULL, bs_pth_write, NULL,
-     NULL, NULL, NULL, pth_in_place_ok, true},
+     NULL, NULL, NULL, pth_in_place_ok, true, NULL},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -248,7 +251,5 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
 int bs_writer_recover(const char *path, bs_err *err)
 {
   const struct bs_writer *w = bs_writer_for_path(path);
-  if (w && (w->format == BS_FMT_ST_SHARDED || w->format == BS_FMT_SAFETENSORS))
-    return bs_st_set_recover(path, err);
-  return 0;
+  return w && w->recover ? w->recover(path, err) : 0;
 }
