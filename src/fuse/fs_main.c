@@ -899,12 +899,26 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
         fprintf(stderr, PROG ": staging=%s: %s\n", a->staging, strerror(errno));
         return 1;
       }
-      snprintf(buf, sizeof buf, "%s/burnstore-XXXXXX", d);
+      int w = snprintf(buf, sizeof buf, "%s/burnstore-XXXXXX", d);
       bs_free(d);
+      if (w < 0 || (size_t)w >= sizeof buf) {
+        fprintf(stderr,
+                PROG ": staging=%s: %s (its staging directory's path would be over %d "
+                     "bytes)\n",
+                a->staging, strerror(ENAMETOOLONG), PATH_MAX - 1);
+        return 1;
+      }
     } else {
       const char *slash = strrchr(fs->output, '/');
-      snprintf(buf, sizeof buf, "%.*s/.%s.staging-XXXXXX", (int)(slash - fs->output), fs->output,
-               slash + 1);
+      int w = snprintf(buf, sizeof buf, "%.*s/.%s.staging-XXXXXX", (int)(slash - fs->output),
+                       fs->output, slash + 1);
+      if (w < 0 || (size_t)w >= sizeof buf || strlen(slash + 1) + 16 > NAME_MAX) {
+        fprintf(stderr,
+                PROG ": %s: %s (the staging directory beside it, .NAME.staging-XXXXXX, would be "
+                     "too long: use -o staging=DIR)\n",
+                fs->output, strerror(ENAMETOOLONG));
+        return 1;
+      }
     }
     fs->staging = bs_strdup(buf);
   }
