@@ -224,6 +224,9 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
   static const struct bs_write_opts none = {0};
+  /* The names again, though write() checks them too (can_write, for every
+   * sink: memory, each shard of a set): this is the guard writers.h promises,
+   * before the atomic file is opened; O(bytes of the names), once. */
   for (size_t i = 0; i < cat->count; i++) {
     bs_err sub;
     bs_err_clear(&sub);
