@@ -60,13 +60,22 @@ struct bs_writer {
    * free them. NULL columns: the format needs no source to check. */
   int (*meta_rules)(const struct bs_catalog *src, struct bs_meta_rules **out, bs_err *err);
   void (*meta_rules_free)(struct bs_meta_rules *rules);
-  /* May source catalog cat be rewritten in place by this writer without
-   * losing what it holds (a .pth's non-tensor values)? 0, or -1 with err
-   * naming what would be lost. NULL: always. */
-  int (*in_place_ok)(const struct bs_catalog *cat, bs_err *err);
+  /* May source catalog cat (key options applied) be rewritten in place by
+   * this writer without losing what it holds (a .pth's non-tensor values)?
+   * 0, or -1 with err naming what would be lost. fixed: NULL, or cat->count
+   * flags, zeroed, where the row marks the tensors the rewrite must keep
+   * where the source has them, neither removed nor renamed (a .pth's items
+   * of a list): bs_name_check_fixed refuses that when it is asked. NULL
+   * column: always, nothing fixed. */
+  int (*in_place_ok)(const struct bs_catalog *cat, bool *fixed, bs_err *err);
   /* The format has no place for file metadata: a write drops cat->meta
    * (the CLI and the write-back report say so). */
   bool drops_meta;
+  /* Before reading or rewriting `path`, a target of this row: complete or
+   * roll back a write of it that a kill interrupted (a shard set's
+   * journal). 0, or -1 with err. NULL: the format's writes need none (a
+   * single file's dead temp files are never read). */
+  int (*recover)(const char *path, bs_err *err);
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */
@@ -128,8 +137,8 @@ BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const stru
                                            bs_err *err);
 
 /* Before reading or rewriting `path`: complete or roll back a write of it
- * that a kill interrupted (a shard set's journal, docs/robustness.md). A
- * single-file target needs nothing (its dead temp files are never read). */
+ * that a kill interrupted (docs/robustness.md), through the recover column
+ * of the row its extension names; 0 when that row has none. */
 BS_NODISCARD int bs_writer_recover(const char *path, bs_err *err);
 
 #pragma GCC visibility pop

@@ -112,6 +112,18 @@ int bs_run_dir(char *out, size_t n, bs_err *err)
   return 0;
 }
 
+int bs_path_join_buf(char *buf, size_t n, const char *dir, const char *name, bs_err *err)
+{
+  int w = snprintf(buf, n, "%s/%s", dir, name);
+  if (w >= 0 && (size_t)w < n)
+    return 0;
+  buf[0] = '\0';
+  size_t dl = strlen(dir), tail = dl > 100 ? 100 : dl; /* the end of a long path names it */
+  return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, NULL, "%s%s/%.60s: %s (%zu bytes, over %zu)",
+                 dl > tail ? "..." : "", dir + dl - tail, name, strerror(ENAMETOOLONG),
+                 dl + 1 + strlen(name), n - 1);
+}
+
 int bs_run_path(const char *key, const char *suffix, char *out, size_t n, bs_err *err)
 {
   char base[PATH_MAX];

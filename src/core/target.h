@@ -27,6 +27,12 @@ struct bs_catalog;
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
+/* "dir/name" into buf (n bytes). 0, or -1 with err (ENAMETOOLONG) naming
+ * dir and name when it does not fit: never a cut path, which could name
+ * another file. */
+BS_NODISCARD int bs_path_join_buf(char *buf, size_t n, const char *dir, const char *name,
+                                  bs_err *err);
+
 /* RUN into out: /run/burnstore for root, else $XDG_RUNTIME_DIR/burnstore or
  * /tmp/burnstore-EUID; created 0700 if missing, and used only if it is a
  * real directory (not a symlink) of the effective user that no one else may

@@ -16,7 +16,11 @@
  *     P/data.pkl   the pickle (protocol 2) of one collections.OrderedDict:
  *                  key -> torch._utils._rebuild_tensor_v2(storage, 0, size,
  *                  row-major stride, False, OrderedDict()), the storage a
- *                  persistent id ('storage', torch.<T>Storage, 'I', 'cpu', numel)
+ *                  persistent id ('storage', torch.<T>Storage, 'I', 'cpu', numel);
+ *                  for a dtype with no <T>Storage (F8, U16-U64)
+ *                  torch._utils._rebuild_tensor_v3(storage, 0, size, stride,
+ *                  False, OrderedDict(), torch.<dtype>), the storage
+ *                  ('storage', torch.storage.UntypedStorage, 'I', 'cpu', nbytes)
  *     P/byteorder  "little"
  *     P/data/I     tensor I's bytes (I = 0, 1, ... in catalog order), row-major
  *     P/version    "3\n"
@@ -47,8 +51,10 @@
 
 #define Z32 0xFFFFFFFFu
 
-/* The storage class torch 1.13 (and every later torch) saves a dtype with;
- * NULL: no storage class. */
+/* The storage class torch.save names for a dtype it rebuilds with
+ * _rebuild_tensor_v2 (pytorch torch/storage.py _dtype_to_storage_type_map,
+ * frozen "for BC/FC with older PyTorch versions": every torch since 1.6
+ * loads these); NULL: none. */
 static const char *const storage_class[BS_DT_COUNT] = {
     [BS_DT_F64] = "DoubleStorage",       [BS_DT_F32] = "FloatStorage",
     [BS_DT_F16] = "HalfStorage",         [BS_DT_BF16] = "BFloat16Storage",
@@ -56,6 +62,25 @@ static const char *const storage_class[BS_DT_COUNT] = {
     [BS_DT_I16] = "ShortStorage",        [BS_DT_I8] = "CharStorage",
     [BS_DT_U8] = "ByteStorage",          [BS_DT_BOOL] = "BoolStorage",
     [BS_DT_C64] = "ComplexFloatStorage", [BS_DT_C128] = "ComplexDoubleStorage",
+};
+
+/* The torch dtype of each dtype torch.save writes the newer way (pytorch
+ * torch/storage.py _new_dtypes): torch/_tensor.py _reduce_ex_internal hands
+ * the tensor's torch.storage.UntypedStorage to _rebuild_tensor_v3 with the
+ * dtype appended to the arguments, and torch/serialization.py _save's
+ * persistent_id gives that storage's numel in bytes. torch's
+ * _weights_only_unpickler.py _get_allowed_globals allows the function, the
+ * storage class and every one of these dtypes; only a torch that has the
+ * dtype loads the file (not 1.13). NULL: not one of them. */
+static const char *const v3_dtype[BS_DT_COUNT] = {
+    [BS_DT_F8_E4M3] = "float8_e4m3fn",
+    [BS_DT_F8_E5M2] = "float8_e5m2",
+    [BS_DT_F8_E4M3FNUZ] = "float8_e4m3fnuz",
+    [BS_DT_F8_E5M2FNUZ] = "float8_e5m2fnuz",
+    [BS_DT_F8_E8M0] = "float8_e8m0fnu",
+    [BS_DT_U16] = "uint16",
+    [BS_DT_U32] = "uint32",
+    [BS_DT_U64] = "uint64",
 };
 
 int bs_pth_name_ok(const char *name, bs_err *err)
@@ -70,18 +95,13 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);
-  if (t->dtype < BS_DT_COUNT && storage_class[t->dtype])
+  if (t->dtype < BS_DT_COUNT && (storage_class[t->dtype] || v3_dtype[t->dtype]))
     return 0;
   const char *hint = bs_writer_alias_hint(t->dtype);
   switch (t->dtype) {
-  case BS_DT_U16:
-  case BS_DT_U32:
-  case BS_DT_U64:
-  case BS_DT_F8_E4M3:
-  case BS_DT_F8_E5M2:
-  case BS_DT_F8_E8M0:
-  case BS_DT_F8_E4M3FNUZ:
-  case BS_DT_F8_E5M2FNUZ: hint = "; torch 2.x's layout for it does not load in torch 1.13"; break;
+  case BS_DT_F6_E2M3:
+  case BS_DT_F6_E3M2: hint = " (torch has no 6-bit float)"; break;
+  case BS_DT_F4: hint = " (torch's float4_e2m1fn_x2 packs two values a byte: another shape)"; break;
   case BS_DT_QFLOAT: hint = " (Burn's quantized tensors exist only in Burnpack)"; break;
   case BS_DT_QI8:
   case BS_DT_QU8:
@@ -89,8 +109,8 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
   default: break;
   }
   return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
-                 "a torch.save file has no storage for %s (BOOL, U8, I8-I64, F16, BF16, F32, F64, "
-                 "C64, C128)%s",
+                 "a torch.save file has no storage for %s (BOOL, U8-U64, I8-I64, F16, BF16, F32, "
+                 "F64, C64, C128, F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0)%s",
                  bs_dtype_name(t->dtype), hint);
 }
 
@@ -99,11 +119,11 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
 struct pk {
   struct bs_buf b;
   bool bad;
-  uint32_t memo;                         /* next memo index */
-  uint32_t odict, rebuild, storage, cpu; /* memo indices of what every tensor repeats */
-  bool has_odict;
-  uint64_t work;                    /* values pk_value wrote: shared references can multiply them */
-  uint32_t class_memo[BS_DT_COUNT]; /* storage class's memo index + 1; 0: not yet */
+  uint32_t memo; /* next memo index */
+  /* memo index + 1 (0: not yet) of what every tensor repeats */
+  uint32_t odict, rebuild_v2, rebuild_v3, storage, cpu, untyped;
+  uint32_t class_memo[BS_DT_COUNT], dtype_memo[BS_DT_COUNT];
+  uint64_t work; /* values pk_value wrote: shared references can multiply them */
 };
 
 static void put(struct pk *p, const void *d, size_t n)
@@ -192,16 +212,33 @@ static void pk_global(struct pk *p, const char *mod, const char *name)
   op(p, '\n');
 }
 
+/* GLOBAL mod.name, memoised in *slot on its first use, from the memo after. */
+static void pk_global_memo(struct pk *p, uint32_t *slot, const char *mod, const char *name)
+{
+  if (*slot) {
+    memo_get(p, *slot - 1);
+    return;
+  }
+  pk_global(p, mod, name);
+  *slot = p->memo + 1;
+  memo_put(p);
+}
+
 /* collections.OrderedDict, from the memo after its first use. */
 static void pk_odict(struct pk *p)
 {
-  if (p->has_odict) {
-    memo_get(p, p->odict);
+  pk_global_memo(p, &p->odict, "collections", "OrderedDict");
+}
+
+/* The string s, memoised in *slot on its first use. */
+static void pk_str_memo(struct pk *p, uint32_t *slot, const char *s)
+{
+  if (*slot) {
+    memo_get(p, *slot - 1);
     return;
   }
-  pk_global(p, "collections", "OrderedDict");
-  p->odict = p->memo;
-  p->has_odict = true;
+  pk_str(p, s);
+  *slot = p->memo + 1;
   memo_put(p);
 }
 
@@ -254,40 +291,25 @@ static int row_major(const struct bs_tensor *t, uint64_t *st, bs_err *err)
 static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64_t *st, bs_err *err)
 {
   char key[24];
+  const char *v3 = v3_dtype[t->dtype];
   unsigned esize = bs_dtype_bits(t->dtype) / 8;
   if (row_major(t, st, err) != 0)
     return -1;
-  if (idx == 0) {
-    pk_global(p, "torch._utils", "_rebuild_tensor_v2");
-    p->rebuild = p->memo;
-    memo_put(p);
-  } else
-    memo_get(p, p->rebuild);
+  if (v3)
+    pk_global_memo(p, &p->rebuild_v3, "torch._utils", "_rebuild_tensor_v3");
+  else
+    pk_global_memo(p, &p->rebuild_v2, "torch._utils", "_rebuild_tensor_v2");
   op(p, '(');
   op(p, '('); /* the persistent id */
-  if (idx == 0) {
-    pk_str(p, "storage");
-    p->storage = p->memo;
-    memo_put(p);
-  } else
-    memo_get(p, p->storage);
-  uint32_t *cm = &p->class_memo[t->dtype];
-  if (*cm)
-    memo_get(p, *cm - 1);
-  else {
-    pk_global(p, "torch", storage_class[t->dtype]);
-    *cm = p->memo + 1;
-    memo_put(p);
-  }
+  pk_str_memo(p, &p->storage, "storage");
+  if (v3)
+    pk_global_memo(p, &p->untyped, "torch.storage", "UntypedStorage");
+  else
+    pk_global_memo(p, &p->class_memo[t->dtype], "torch", storage_class[t->dtype]);
   snprintf(key, sizeof key, "%zu", idx);
   pk_str(p, key);
-  if (idx == 0) {
-    pk_str(p, "cpu");
-    p->cpu = p->memo;
-    memo_put(p);
-  } else
-    memo_get(p, p->cpu);
-  pk_int(p, t->nbytes / esize);
+  pk_str_memo(p, &p->cpu, "cpu");
+  pk_int(p, v3 ? t->nbytes : t->nbytes / esize);
   op(p, 't');
   op(p, 'Q');   /* BINPERSID */
   pk_int(p, 0); /* storage_offset */
@@ -297,6 +319,8 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   pk_odict(p);
   op(p, ')');
   op(p, 'R'); /* backward hooks: OrderedDict() */
+  if (v3)
+    pk_global_memo(p, &p->dtype_memo[t->dtype], "torch", v3);
   op(p, 't');
   op(p, 'R');
   return 0;
@@ -436,6 +460,7 @@ struct tw {
   size_t n, ocap;
   uint64_t *st;
   uint64_t work; /* values visited: shared references can multiply them */
+  bool *fixed;   /* pass 1, may be NULL: per cat tensor, an item of a list */
   bs_err *err;
 };
 
@@ -522,6 +547,8 @@ static int tw_tensor(struct tw *w, bool in_list)
     return 0; /* left out of its dict */
   if (!w->p) {
     w->hits[i]++;
+    if (in_list && w->fixed)
+      w->fixed[i] = true;
     return 0;
   }
   if (w->n == w->ocap && bs_grow((void **)&w->order, &w->ocap, w->n + 1, sizeof *w->order) != 0)
@@ -655,10 +682,11 @@ static void tw_destroy(struct tw *w)
 
 /* Pass 1 of root against cat (hidden tensors ignored). */
 static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_pv *root,
-                   bs_err *err)
+                   bool *fixed, bs_err *err)
 {
   memset(w, 0, sizeof *w);
   w->cat = cat;
+  w->fixed = fixed;
   w->err = err;
   size_t n = cat->count ? cat->count : 1;
   uint32_t maxrank = 1;
@@ -690,7 +718,7 @@ static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_p
 static int tw_same_names(const struct bs_catalog *src_cat, const struct bs_pv *root, bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, src_cat, root, err);
+  int rc = tw_init(&w, src_cat, root, NULL, err);
   for (size_t i = 0; rc == 0 && i < src_cat->count; i++)
     if (w.hits[i] != 1)
       rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
@@ -707,7 +735,7 @@ static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, str
                      size_t **order, size_t *n, bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, cat, root, err);
+  int rc = tw_init(&w, cat, root, NULL, err);
   for (size_t i = 0; rc == 0 && i < w.nby; i++) { /* the tensors no path names: their dicts */
     size_t t = w.byname[i], best = 0;
     const char *name = cat->tensors[t].name;
@@ -738,6 +766,15 @@ static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, str
   tw_destroy(&w);
   return rc;
 }
+int bs_pth_keep_fixed(const struct bs_pth_keep *keep, const struct bs_catalog *cat, bool *fixed,
+                      bs_err *err)
+{
+  struct tw w;
+  int rc = tw_init(&w, cat, keep->root, fixed, err);
+  tw_destroy(&w);
+  return rc;
+}
+
 int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err)
 {
   memset(keep, 0, sizeof *keep);

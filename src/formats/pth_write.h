@@ -1,6 +1,7 @@
 /* The PyTorch (.pt/.pth/.bin) writer: the zip layout torch.save writes, a
  * flat state dict (key -> tensor) that torch.load(weights_only=True) loads,
- * torch 1.13 included. Its row in the writers table is "pytorch". */
+ * torch 1.13 included unless a tensor has a dtype only torch 2.x has (F8,
+ * U16-U64). Its row in the writers table is "pytorch". */
 #ifndef BURNSTORE_PTH_WRITE_H
 #define BURNSTORE_PTH_WRITE_H
 
@@ -11,8 +12,8 @@
  * so that torch.load(mmap=True) can map storages). */
 #define BS_PTH_ALIGN 64u
 
-/* Can a torch.save file store this tensor (a dtype with a storage class
- * torch 1.13 knows, a readable source, a UTF-8 name)? 0, or -1 with err. */
+/* Can a torch.save file store this tensor (a dtype torch.save writes, a
+ * readable source, a UTF-8 name)? 0, or -1 with err. */
 BS_NODISCARD int bs_pth_can_write(const struct bs_tensor *t, bs_err *err);
 /* The names torch can load back: UTF-8 (pickled Python str), at most BS_MAX_KEY_LEN bytes. */
 BS_NODISCARD int bs_pth_name_ok(const char *name, bs_err *err);
@@ -34,6 +35,14 @@ void bs_pth_keep_destroy(struct bs_pth_keep *keep); /* safe on a zeroed or faile
  * reader names each tensor by its path (no shared tensor, no colliding
  * names). 0 and *keep, or -1 with err naming the first value it cannot keep. */
 BS_NODISCARD int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err *err);
+/* The tensors of cat (a mount of keep's source, key options applied) that
+ * a rewrite in place must keep where they are: the items of a list or
+ * tuple, which have no key to leave them out by. Sets fixed[i] (cat->count
+ * entries, zeroed by the caller) for each; 0, or -1 with err naming an
+ * item that cat already leaves out or renames, or a value keep_check
+ * would refuse. */
+BS_NODISCARD int bs_pth_keep_fixed(const struct bs_pth_keep *keep, const struct bs_catalog *cat,
+                                   bool *fixed, bs_err *err);
 
 /* Serialize every tensor that is not hidden, in catalog order, into k. The
  * archive prefix is k->name's base name without its last extension (as

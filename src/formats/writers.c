@@ -42,28 +42,34 @@ static const char *const gguf_ext[] = {".gguf", NULL};
 static const char *const pth_ext[] = {".pth", ".pt", ".bin", NULL};
 
 /* A .pth rewritten in place keeps what the writer re-pickles; refused when
- * something else would be lost at the write-back. */
-static int pth_in_place_ok(const struct bs_catalog *cat, bs_err *err)
+ * something else would be lost at the write-back. Its items of a list are
+ * fixed: the pickle has no key to leave one out by. */
+static int pth_in_place_ok(const struct bs_catalog *cat, bool *fixed, bs_err *err)
 {
   if (cat->format != BS_FMT_PYTORCH || !cat->nsrcs)
     return 0;
   struct bs_pth_keep keep;
   int rc = bs_pth_keep_check(&cat->srcs[0], &keep, err);
+  if (rc == 0 && fixed)
+    rc = bs_pth_keep_fixed(&keep, cat, fixed, err);
   bs_pth_keep_destroy(&keep);
   return rc;
 }
 
+/* A NAME.safetensors target may have been written as a shard set
+ * (rw,max_shard_size=): both SafeTensors rows recover a set's journal. */
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
-     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false},
+     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false, NULL},
     {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
-     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false},
+     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false, bs_st_set_recover},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
-     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false},
+     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false,
+     bs_st_set_recover},
     {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
-     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false},
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false, NULL},
     {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, bs_pth_name_ok, NULL, bs_pth_write, NULL,
-     NULL, NULL, NULL, pth_in_place_ok, true},
+     NULL, NULL, NULL, pth_in_place_ok, true, NULL},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -218,6 +224,9 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
   static const struct bs_write_opts none = {0};
+  /* The names again, though write() checks them too (can_write, for every
+   * sink: memory, each shard of a set): this is the guard writers.h promises,
+   * before the atomic file is opened; O(bytes of the names), once. */
   for (size_t i = 0; i < cat->count; i++) {
     bs_err sub;
     bs_err_clear(&sub);
@@ -245,7 +254,5 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
 int bs_writer_recover(const char *path, bs_err *err)
 {
   const struct bs_writer *w = bs_writer_for_path(path);
-  if (w && (w->format == BS_FMT_ST_SHARDED || w->format == BS_FMT_SAFETENSORS))
-    return bs_st_set_recover(path, err);
-  return 0;
+  return w && w->recover ? w->recover(path, err) : 0;
 }

@@ -639,6 +639,7 @@ static void fs_destroy(struct fs *fs)
   bs_edit_destroy(&fs->edit);
   bs_tree_destroy(&fs->tree);
   bs_catalog_destroy(&fs->cat);
+  bs_free(fs->fixed);
   if (fs->staging_fd >= 0)
     close(fs->staging_fd);
   if (fs->staging_lock >= 0)
@@ -694,19 +695,40 @@ static const struct bs_writer *choose_writer(const struct fs *fs, const struct a
     fail_line(NULL, &err);
     return NULL;
   }
-  /* Rewritten in place (output = source): the writer must keep all the
-   * source holds (a .pth's non-tensor values), else it is refused now. */
-  char *out = a->output ? bs_abs_path(a->output) : NULL;
-  bool in_place = !is_new && (!a->output || (out && strcmp(out, fs->source) == 0));
-  bs_free(out);
-  if (in_place && w->in_place_ok && w->in_place_ok(&fs->cat, &err) != 0) {
+  return w;
+}
+
+/* Rewritten in place (output = source, key options applied): the writer
+ * must keep all the source holds (a .pth's non-tensor values), else it is
+ * refused now; what it must keep where it is becomes fs->fixed. 0, or 1
+ * (printed). */
+static int check_in_place(struct fs *fs, const struct args *a)
+{
+  const struct bs_writer *w = fs->writer;
+  if (!fs->writable || fs->force_write || !fs->cat.nsrcs || !w->in_place_ok)
+    return 0;
+  bs_err err;
+  bs_err_clear(&err);
+  bool *fixed = bs_calloc(fs->cat.count ? fs->cat.count : 1, sizeof *fixed);
+  if (!fixed) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return 1;
+  }
+  if (w->in_place_ok(&fs->cat, fixed, &err) != 0) {
     fprintf(stderr,
             PROG ": %s: cannot be rewritten in place without losing what it holds: %s; write the "
                  "edit to a new file with -o output=NEW%s\n",
             a->source, err.msg, w->extensions[0]);
-    return NULL;
+    bs_free(fixed);
+    return 1;
   }
-  return w;
+  for (size_t i = 0; i < fs->cat.count; i++)
+    if (fixed[i]) {
+      fs->fixed = fixed;
+      return 0;
+    }
+  bs_free(fixed); /* nothing fixed: no check at unlink and rename */
+  return 0;
 }
 
 static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits);
@@ -877,12 +899,26 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
         fprintf(stderr, PROG ": staging=%s: %s\n", a->staging, strerror(errno));
         return 1;
       }
-      snprintf(buf, sizeof buf, "%s/burnstore-XXXXXX", d);
+      int w = snprintf(buf, sizeof buf, "%s/burnstore-XXXXXX", d);
       bs_free(d);
+      if (w < 0 || (size_t)w >= sizeof buf) {
+        fprintf(stderr,
+                PROG ": staging=%s: %s (its staging directory's path would be over %d "
+                     "bytes)\n",
+                a->staging, strerror(ENAMETOOLONG), PATH_MAX - 1);
+        return 1;
+      }
     } else {
       const char *slash = strrchr(fs->output, '/');
-      snprintf(buf, sizeof buf, "%.*s/.%s.staging-XXXXXX", (int)(slash - fs->output), fs->output,
-               slash + 1);
+      int w = snprintf(buf, sizeof buf, "%.*s/.%s.staging-XXXXXX", (int)(slash - fs->output),
+                       fs->output, slash + 1);
+      if (w < 0 || (size_t)w >= sizeof buf || strlen(slash + 1) + 16 > NAME_MAX) {
+        fprintf(stderr,
+                PROG ": %s: %s (the staging directory beside it, .NAME.staging-XXXXXX, would be "
+                     "too long: use -o staging=DIR)\n",
+                fs->output, strerror(ENAMETOOLONG));
+        return 1;
+      }
     }
     fs->staging = bs_strdup(buf);
   }
@@ -903,6 +939,8 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   /* A conversion that cannot succeed is refused now, not at unmount. */
   if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)
     return fail_line(a->source, &err);
+  if (check_in_place(fs, a) != 0)
+    return 1;
   if (bs_tree_init(&fs->tree, &err) != 0 ||
       bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0 ||
       fs_npy_build(fs, a->npy, &err) != 0)

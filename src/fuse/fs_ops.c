@@ -949,7 +949,7 @@ static void forget_entry(struct fs *fs, struct bs_entry *e)
 }
 
 static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool dir,
-                     struct bs_entry **gone)
+                     struct bs_entry **gone, bs_err *nerr)
 {
   if (!fs->writable)
     return EROFS;
@@ -961,6 +961,8 @@ static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool di
     return ENOTDIR;
   if (!dir && nd->is_dir)
     return EISDIR;
+  if (bs_name_check_fixed(&fs->tree, &fs->cat, fs->fixed, ino, nerr) != 0)
+    return nerr->code;
   bs_err err;
   bs_err_clear(&err);
   if (bs_tree_remove(&fs->tree, ino, &err) != 0)
@@ -975,9 +977,12 @@ static void reply_remove(fuse_req_t req, fuse_ino_t parent, const char *name, bo
 {
   struct fs *fs = fs_data(req);
   struct bs_entry *gone = NULL;
+  bs_err nerr;
+  bs_err_clear(&nerr);
   wrlock(fs);
-  int rc = do_remove(fs, parent, name, dir, &gone);
+  int rc = do_remove(fs, parent, name, dir, &gone, &nerr);
   unlock(fs);
+  log_name(dir ? "rmdir" : "unlink", name, &nerr);
   forget_entry(fs, gone);
   fuse_reply_err(req, rc);
 }
@@ -1019,6 +1024,9 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
   uint64_t target = bs_tree_lookup(&fs->tree, newparent, newname);
   if (target == ino)
     return 0;
+  if (bs_name_check_fixed(&fs->tree, &fs->cat, fs->fixed, ino, nerr) != 0 ||
+      (target && bs_name_check_fixed(&fs->tree, &fs->cat, fs->fixed, target, nerr) != 0))
+    return nerr->code;
   if (target) {
     if (flags & RENAME_NOREPLACE)
       return EEXIST;

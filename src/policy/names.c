@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "burnstore/catalog.h"
 #include "core/alloc.h"
 
 /* Lookups one check may spend under the tree lock. The walk below visits
@@ -128,4 +129,36 @@ out:
   bs_free(pkey);
   bs_free(key);
   return rc;
+}
+
+/* The first fixed tensor at or under node ino, or -1. Depth-first through
+ * the directories, on the stack: a key of BS_MAX_KEY_LEN bytes has at
+ * most BS_MAX_KEY_LEN / 2 levels. */
+static long first_fixed(const struct bs_tree *t, const bool *fixed, size_t n, uint64_t ino)
+{
+  const struct bs_node *nd = &t->nodes[ino];
+  if (nd->tensor >= 0 && (size_t)nd->tensor < n && fixed[nd->tensor])
+    return nd->tensor;
+  for (size_t i = 0; nd->is_dir && i < nd->nkids; i++) {
+    long f = nd->kids[i] ? first_fixed(t, fixed, n, nd->kids[i]) : -1;
+    if (f >= 0)
+      return f;
+  }
+  return -1;
+}
+
+int bs_name_check_fixed(const struct bs_tree *t, const struct bs_catalog *cat, const bool *fixed,
+                        uint64_t ino, bs_err *err)
+{
+  if (!fixed || !bs_tree_node(t, ino))
+    return 0;
+  long f = first_fixed(t, fixed, cat->count, ino);
+  if (f < 0)
+    return 0;
+  char pkey[128];
+  return bs_fail(err, EPERM, BS_OFF_NONE,
+                 bs_name_printable(cat->tensors[f].name, pkey, sizeof pkey),
+                 "an item of a list in the source's pickle: a rewrite in place keeps it there, so "
+                 "it can be neither removed nor renamed (its bytes, dtype and shape can change; "
+                 "-o output=NEW writes a flat copy without it)");
 }

@@ -29,4 +29,13 @@ BS_NODISCARD int bs_name_check(const struct bs_tree *t, bool flat, const struct 
                                uint64_t parent, const char *name, bool is_dir, uint64_t moving,
                                bs_err *err);
 
+/* May node `ino` (a file, or a directory and everything under it) be
+ * removed, renamed, or replaced by a rename onto its name? fixed: per
+ * catalog tensor of cat, the tensors a rewrite in place keeps where they
+ * are (bs_writer.in_place_ok); NULL: all may. 0, or -1 with err (EPERM)
+ * naming the first fixed tensor under ino and why. Only reads the tree
+ * (the caller holds its lock). */
+BS_NODISCARD int bs_name_check_fixed(const struct bs_tree *t, const struct bs_catalog *cat,
+                                     const bool *fixed, uint64_t ino, bs_err *err);
+
 #endif

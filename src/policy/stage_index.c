@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
+#include "core/target.h"
 
 #define MAGIC "burnstore-staging-index"
 
@@ -649,9 +651,9 @@ out:
 int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err)
 {
   bs_stage_index_init(idx);
-  char path[4200];
-  if (snprintf(path, sizeof path, "%s/" BS_STAGE_INDEX_NAME, dir) >= (int)sizeof path)
-    return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, NULL, "%s: path too long", dir);
+  char path[PATH_MAX];
+  if (bs_path_join_buf(path, sizeof path, dir, BS_STAGE_INDEX_NAME, err) != 0)
+    return -1;
   struct bs_src s;
   if (bs_src_open(&s, path, err) != 0) {
     char m[sizeof err->msg];
@@ -724,8 +726,9 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
     bs_catalog_destroy(&ck);
   }
   for (size_t i = idx->ncksrcs; i < idx->nsrcs; i++) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[i].file);
+    char path[PATH_MAX];
+    if (bs_path_join_buf(path, sizeof path, dir, idx->srcs[i].file, err) != 0)
+      return -1;
     struct bs_src s;
     uint32_t k;
     if (bs_src_open(&s, path, err) != 0) {

@@ -148,8 +148,11 @@ void bs_staging_sweep(const char *tmpl)
   if (!slash || tl < 6 || strcmp(tmpl + tl - 6, "XXXXXX") != 0)
     return;
   char dir[PATH_MAX], prefix[NAME_MAX + 1];
-  snprintf(dir, sizeof dir, "%.*s", (int)(slash == tmpl ? 1 : slash - tmpl), tmpl);
-  snprintf(prefix, sizeof prefix, "%.*s", (int)(tl - 6 - (size_t)(slash + 1 - tmpl)), slash + 1);
+  size_t dl = slash == tmpl ? 1 : (size_t)(slash - tmpl), pl0 = tl - 6 - (size_t)(slash + 1 - tmpl);
+  if (dl >= sizeof dir || pl0 >= sizeof prefix)
+    return; /* no such directory can exist: nothing to sweep, never a cut prefix */
+  snprintf(dir, sizeof dir, "%.*s", (int)dl, tmpl);
+  snprintf(prefix, sizeof prefix, "%.*s", (int)pl0, slash + 1);
   size_t pl = strlen(prefix);
   int pfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   int dup_fd = pfd >= 0 ? dup(pfd) : -1;
@@ -379,7 +382,12 @@ static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
 static void print_stage_log(const char *dir, FILE *out)
 {
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", dir, BS_STAGE_LOG_NAME);
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_path_join_buf(path, sizeof path, dir, BS_STAGE_LOG_NAME, &err) != 0) {
+    fprintf(out, "log: not read: %s\n", err.msg);
+    return;
+  }
   FILE *f = fopen(path, "re");
   if (!f)
     return;
@@ -470,7 +478,10 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
     print_shape(out, f->has_shape, f->rank, f->shape);
     struct stat st;
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, f->file);
+    if (bs_path_join_buf(path, sizeof path, dir, f->file, err) != 0) {
+      bs_stage_index_destroy(&idx);
+      return -1;
+    }
     fprintf(out, "\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
   }
   print_stage_log(dir, out);
@@ -510,8 +521,9 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
     if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
       continue;
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, idx->srcs[t->src].file);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = bs_path_join_buf(path, sizeof path, dir, idx->srcs[t->src].file, &err) == 0
+                 ? open(path, O_RDONLY | O_CLOEXEC)
+                 : -1; /* too long: not the result (attach refused it already) */
     same = fd >= 0;
     for (uint64_t off = 0; same && off < t->nbytes;) {
       size_t n = t->nbytes - off < CHUNK ? (size_t)(t->nbytes - off) : CHUNK;

@@ -6,9 +6,12 @@ writer aligns it; the .pth outputs of mounts (output=, a new model.pth path);
 dtypes torch cannot store refused naming the tensor; a .pth never rewritten
 in place. (torch 1.13 here: its torch.load has no mmap=, so the alignment is
 checked on the bytes.)"""
+import collections
 import glob
 import json
 import os
+import pickle
+import pickletools
 import signal
 import struct
 import subprocess
@@ -24,6 +27,83 @@ FIXTURES = os.path.dirname(FIX)
 DT = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
       "BOOL": torch.bool, "C64": torch.complex64, "C128": torch.complex128}
+# The dtypes torch 2.x saves as an UntypedStorage rebuilt by _rebuild_tensor_v3
+# with the torch dtype as 7th argument (pytorch torch/storage.py _new_dtypes,
+# torch/_tensor.py _reduce_ex_internal, torch/serialization.py _save's
+# persistent_id): burnstore's name -> torch's. torch 1.13 has none of them.
+NEW_DT = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+          "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "U16": "uint16", "U32": "uint32",
+          "U64": "uint64"}
+# torch/storage.py _dtype_to_storage_type_map, for the dtypes 1.13 has
+STORAGE = {"F64": "DoubleStorage", "F32": "FloatStorage", "F16": "HalfStorage", "BF16": "BFloat16Storage",
+           "I64": "LongStorage", "I32": "IntStorage", "I16": "ShortStorage", "I8": "CharStorage",
+           "U8": "ByteStorage", "BOOL": "BoolStorage", "C64": "ComplexFloatStorage",
+           "C128": "ComplexDoubleStorage"}
+# The opcodes torch's weights_only unpickler (torch/_weights_only_unpickler.py
+# Unpickler.load) handles; any other one is refused there.
+WEIGHTS_ONLY_OPS = {"PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM",
+                    "SETITEMS", "MARK", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE",
+                    "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BINPERSID", "BININT", "BININT1",
+                    "BININT2", "BINFLOAT", "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT", "BINUNICODE",
+                    "SHORT_BINSTRING", "LONG1", "BINBYTES", "SHORT_BINBYTES"}
+
+
+class Glob(collections.namedtuple("Glob", "module name")):
+    """A GLOBAL the pickle names, not imported."""
+
+
+class Rebuilt(collections.namedtuple("Rebuilt", "func args")):
+    """A call of a torch._utils rebuild function, not made."""
+
+
+class TorchNames(pickle.Unpickler):
+    """data.pkl read without torch: the globals torch's weights_only
+    unpickler allows (those a state dict needs) come back as names, a
+    rebuild call as its function and arguments, a persistent id as itself;
+    any other global is an error."""
+    def find_class(self, module, name):
+        ok = ((module, name) in (("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+                                 ("torch._utils", "_rebuild_tensor_v3"), ("torch.storage", "UntypedStorage"))
+              or (module == "torch" and (name in STORAGE.values() or name in NEW_DT.values())))
+        if not ok:
+            raise pickle.UnpicklingError("global %s.%s" % (module, name))
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if module == "torch._utils":
+            return lambda *a: Rebuilt(name, a)
+        return Glob(module, name)
+
+    def persistent_load(self, pid):
+        return ("pid",) + tuple(pid)
+
+
+def pickled(path):
+    """(the value of data.pkl read by TorchNames, the set of its opcodes)."""
+    with zipfile.ZipFile(path) as z:
+        pkl = z.read([n for n in z.namelist() if n.endswith("/data.pkl")][0])
+    import io
+    return TorchNames(io.BytesIO(pkl)).load(), {o.name for o, _, _ in pickletools.genops(pkl)}
+
+
+def rebuild_as_torch(name, r, dtype, shape, index):
+    """Is r, the pickled tensor `name` (index-th storage), exactly the call
+    torch.save writes for a contiguous tensor of this dtype and shape?"""
+    stride, s = [], 1
+    for d in reversed(shape):
+        stride.insert(0, s)
+        s *= max(d, 1)
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * {"U16": 2, "U32": 4, "U64": 8}.get(dtype, 1)
+    want_tail = (0, tuple(shape), tuple(stride), False, collections.OrderedDict())
+    if dtype in NEW_DT:
+        want = Rebuilt("_rebuild_tensor_v3", (("pid", "storage", Glob("torch.storage", "UntypedStorage"), str(index),
+                                               "cpu", nbytes),) + want_tail + (Glob("torch", NEW_DT[dtype]),))
+    else:
+        want = Rebuilt("_rebuild_tensor_v2", (("pid", "storage", Glob("torch", STORAGE[dtype]), str(index), "cpu", n),)
+                       + want_tail)
+    return check(r == want, "%s: pickled as torch.save pickles a %s tensor: %r, want %r" % (name, dtype, r, want))
 
 
 def write_st(path, ts, meta=None):
@@ -107,7 +187,7 @@ def test_every_fixture(tmp):
         name = os.path.relpath(src, FIXTURES)
         out = os.path.join(tmp, "f%d.pth" % i)
         r = run([BIN, "convert", "-q", src, out])
-        lacking = [w["key"] for w in want if w["dtype"] not in DT]
+        lacking = [w["key"] for w in want if w["dtype"] not in DT and w["dtype"] not in NEW_DT]
         if lacking:
             check(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
                   and "cannot be written as pytorch" in r.stderr
@@ -117,7 +197,12 @@ def test_every_fixture(tmp):
             continue
         if not check(r.returncode == 0, "%s: convert: %r" % (name, r.stderr)):
             continue
-        if compare(name, out, want, src):
+        if any(w["dtype"] in NEW_DT for w in want):  # torch 1.13 cannot load it; its pickle is torch 2's
+            sd, _ = pickled(out)
+            for i, w in enumerate(want):
+                rebuild_as_torch(w["key"], sd.get(w["key"]), w["dtype"], w["shape"], i)
+            converted += 1
+        elif compare(name, out, want, src):
             converted += 1
         # A flat state dict torch wrote: torch reads both files to equal tensors.
         if src.endswith((".pt", ".pth")):
@@ -209,19 +294,19 @@ def test_mount_outputs(tmp):
 
 
 def test_refusals(tmp):
-    st = os.path.join(tmp, "f8.safetensors")
-    write_st(st, {"ok": ("F32", [1], b"\0" * 4), "q.f8": ("F8_E4M3", [4], b"\1" * 4)})
-    out = os.path.join(tmp, "f8.pth")
+    st = os.path.join(tmp, "f6.safetensors")
+    write_st(st, {"ok": ("F32", [1], b"\0" * 4), "q.f6": ("F6_E2M3", [4], b"\1" * 3)})
+    out = os.path.join(tmp, "f6.pth")
     mnt = os.path.join(tmp, "m")
     os.makedirs(mnt)
     r = run([BIN, st, mnt, "-o", "output=" + out])
     mounted = is_mounted(mnt)
     force_unmount(mnt)
     check(r.returncode == 1 and not mounted and len(r.stderr.strip().splitlines()) == 1
-          and "'q.f8'" in r.stderr and "F8_E4M3" in r.stderr and "exclude=" in r.stderr,
-          "an F8 tensor is refused at mount time, naming it: %r" % r.stderr)
+          and "'q.f6'" in r.stderr and "F6_E2M3" in r.stderr and "exclude=" in r.stderr,
+          "a 6-bit float tensor is refused at mount time, naming it: %r" % r.stderr)
     check(not os.path.exists(out), "nothing written")
-    r = run([BIN, "convert", "-q", "-o", r"exclude=\.f8$", st, out])
+    r = run([BIN, "convert", "-q", "-o", r"exclude=\.f6$", st, out])
     check(r.returncode == 0 and list(torch.load(out, weights_only=True)) == ["ok"],
           "leaving it out converts the rest: %r" % r.stderr)
     # File metadata has no place in a torch file: convert says it drops it.
@@ -231,6 +316,67 @@ def test_refusals(tmp):
     r = run([BIN, "convert", "-q", st2, out2])
     check(r.returncode == 0 and "2 metadata entries not written" in r.stderr
           and len(r.stderr.splitlines()) == 1, "convert notes the dropped metadata: %r" % r.stderr)
+
+
+def test_torch2_dtypes(tmp):
+    """The dtypes only torch 2.x has (F8, U16-U64) are written as torch 2's
+    torch.save writes them: data.pkl names exactly the globals, persistent
+    ids and rebuild arguments torch's source gives (read here without
+    torch, which 1.13 cannot do), with opcodes its weights_only loader
+    takes; burnstore reads each back to the same dtype, shape and bytes,
+    also after a rewrite in place; torch 1.13 refuses the file (it has no
+    _rebuild_tensor_v3), and loads it once those tensors are left out."""
+    st = os.path.join(tmp, "t2.safetensors")
+    ts, i = {"f32": ("F32", [2], struct.pack("<2f", 1.5, -2))}, 0
+    for dt, size in (("F8_E4M3", 1), ("F8_E5M2", 1), ("F8_E4M3FNUZ", 1), ("F8_E5M2FNUZ", 1), ("F8_E8M0", 1),
+                     ("U16", 2), ("U32", 4), ("U64", 8)):
+        ts["t." + dt.lower()] = (dt, [2, 3], bytes((i * 37 + j * 11) & 0xFF for j in range(6 * size)))
+        i += 1
+    ts["u64.big"] = ("U64", [2], struct.pack("<2Q", (1 << 64) - 1, 1 << 63))
+    ts["f8.empty"] = ("F8_E4M3", [0, 4], b"")
+    write_st(st, ts)
+    out = os.path.join(tmp, "t2.pth")
+    r = run([BIN, "convert", "-q", st, out])
+    if not check(r.returncode == 0, "convert torch 2 dtypes: %r" % r.stderr):
+        return
+    sd, ops = pickled(out)
+    check(type(sd) is collections.OrderedDict and list(sd) == list(ts), "a state dict, keys in order: %s" % list(sd))
+    for i, (k, (dt, shape, _)) in enumerate(ts.items()):
+        rebuild_as_torch(k, sd.get(k), dt, shape, i)
+    check(ops <= WEIGHTS_ONLY_OPS, "opcodes torch's weights_only loader takes: %s" % (ops - WEIGHTS_ONLY_OPS))
+    check(not aligned(out), "aligned")
+    got = {w["key"]: w for w in ls(out) or []}
+    for k, (dt, shape, b) in ts.items():
+        w = got.get(k, {})
+        check(w.get("dtype") == dt and w.get("shape") == shape, "%s: burnstore reads %s %s: %s" % (k, dt, shape, w))
+        check(cat_bytes(out, k) == b, "%s: burnstore reads the same bytes" % k)
+    r = run([BIN, "diff", st, out])
+    check(r.returncode == 0, "burnstore diff of the source and its .pth: %r" % r.stdout[-300:])
+    # torch 1.13 has neither these dtypes nor _rebuild_tensor_v3: it refuses the file.
+    r = run(["/usr/bin/python3", "-c", "import sys, torch; torch.load(sys.argv[1], weights_only=True)", out])
+    check(r.returncode != 0 and "_rebuild_tensor_v3" in r.stderr,
+          "torch 1.13 cannot load it (a dtype it lacks): %r" % r.stderr[-300:])
+    # Left out, the rest is a file torch 1.13 loads.
+    out13 = os.path.join(tmp, "t13.pth")
+    r = run([BIN, "convert", "-q", "-o", r"exclude=^(t|u64|f8)\.", st, out13])
+    if check(r.returncode == 0, "convert without them: %r" % r.stderr):
+        check(torch.equal(torch.load(out13, weights_only=True)["f32"], torch.tensor([1.5, -2])), "torch 1.13 loads it")
+    # A rewrite in place of that file: edit one F8 tensor, add a U32 one.
+    with Mount(out, os.path.join(tmp, "m"), opts="rw") as m:
+        with open(os.path.join(m, "t", "f8_e5m2"), "r+b") as f:
+            f.write(b"\x7b\x7c")
+        with open(os.path.join(m, "t", "new"), "wb") as f:
+            f.write(struct.pack("<3I", 1, 2, 1 << 31))
+        os.setxattr(os.path.join(m, "t", "new"), "user.burnstore.dtype", b"U32")
+        u = m.unmount()
+    if check(u.returncode == 0, "rw in place: %s" % u.stderr):
+        sd, _ = pickled(out)
+        check(list(sd) == list(ts) + ["t.new"], "the keys in order, the new one last: %s" % list(sd))
+        rebuild_as_torch("t.new", sd.get("t.new"), "U32", [3], len(ts))
+        check(cat_bytes(out, "t.f8_e5m2") == b"\x7b\x7c" + ts["t.f8_e5m2"][2][2:], "the edit")
+        check(cat_bytes(out, "t.new") == struct.pack("<3I", 1, 2, 1 << 31), "the new U32 tensor")
+        check(cat_bytes(out, "t.u64") == ts["t.u64"][2], "an unchanged tensor")
+        check(not aligned(out), "aligned after the rewrite")
 
 
 def make_sources(tmp):
@@ -361,6 +507,75 @@ def test_rw_in_place(tmp):
         u = m.unmount()
     check(u.returncode == 0 and "model.0.weight" in torch.load(out, weights_only=True),
           "output= a new .pth: the flat state dict of every tensor")
+
+
+def refused(what, call, errno_=1):
+    """call() fails with errno_ (EPERM)."""
+    try:
+        call()
+    except OSError as e:
+        return check(e.errno == errno_, "%s: refused with errno %d, not %d" % (what, errno_, e.errno))
+    return check(False, "%s is refused when it is asked" % what)
+
+
+def test_list_items_fixed(tmp):
+    """A tensor that is an item of a list (or tuple) in a torch-made
+    checkpoint has no key a rewrite in place could leave it out by: its
+    unlink and rename (of it, of a directory above it, of another file onto
+    it) are refused when asked, with EPERM and a log line naming it; its
+    bytes, dtype and shape still change, and the write-back succeeds. Left
+    out or renamed by key options, the mount is refused up front."""
+    torch.manual_seed(1)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    path = os.path.join(tmp, "ck.pth")
+    hist = [torch.arange(4.0), torch.ones(2, 3)]
+    torch.save({"model": m.state_dict(), "hist": hist, "pair": (torch.zeros(2), 3), "epoch": 4}, path)
+    orig = torch.load(path)
+    mnt = os.path.join(tmp, "m")
+    with Mount(path, mnt, opts="rw") as mp:
+        h0, h1 = os.path.join(mp, "hist", "0"), os.path.join(mp, "hist", "1")
+        refused("unlink hist/0", lambda: os.unlink(h0))
+        refused("rename hist/1", lambda: os.rename(h1, os.path.join(mp, "hist", "x")))
+        refused("rename of the directory hist", lambda: os.rename(os.path.join(mp, "hist"), os.path.join(mp, "h2")))
+        refused("unlink pair/0 (a tuple's item)", lambda: os.unlink(os.path.join(mp, "pair", "0")))
+        tmpf = os.path.join(mp, "model", "t")
+        with open(tmpf, "wb") as f:
+            f.write(struct.pack("<4f", 9, 9, 9, 9))
+        refused("rename of a new file onto hist/0", lambda: os.rename(tmpf, h0))
+        os.unlink(tmpf)  # a file of the mount's own: removable
+        os.unlink(os.path.join(mp, "model", "0", "bias"))  # a dict's tensor: removable
+        st = run([BIN, "status", mp]).stdout
+        check("unlink '0' refused: tensor 'hist.0': an item of a list" in st
+              and "rename to 'x' refused: tensor 'hist.1'" in st and "rename to 'h2' refused: tensor 'hist." in st,
+              "the log names each refused tensor and why: %r" % st[-1500:])
+        with open(h0, "r+b") as f:
+            f.write(struct.pack("<f", 42))
+        os.setxattr(h1, "user.burnstore.dtype", b"I32")
+        os.setxattr(h1, "user.burnstore.shape", b"[3,2]")
+        u = mp.unmount()
+    if check(u.returncode == 0, "the write-back succeeds: %s" % u.stderr):
+        got = torch.load(path)
+        check(list(got) == list(orig) and got["epoch"] == 4, "the checkpoint's keys: %s" % list(got))
+        check(type(got["hist"]) is list and len(got["hist"]) == 2, "hist is a list of 2")
+        check(torch.equal(got["hist"][0], torch.tensor([42.0, 1, 2, 3])), "hist[0]'s new bytes")
+        check(got["hist"][1].dtype == torch.int32 and got["hist"][1].shape == (3, 2)
+              and raw(got["hist"][1]) == raw(orig["hist"][1]), "hist[1]'s new dtype and shape, same bytes")
+        check(type(got["pair"]) is tuple and torch.equal(got["pair"][0], orig["pair"][0]) and got["pair"][1] == 3,
+              "the tuple kept")
+        check(list(got["model"]) == ["0.weight"] and torch.equal(got["model"]["0.weight"], orig["model"]["0.weight"]),
+              "the dict's tensor removed, the other kept")
+    # key options that leave out or rename an item: refused at mount, the file untouched
+    before = open(path, "rb").read()
+    for opts, needle in (("rw,exclude=^hist\\.0$", "'hist.0' is an item of a list"),
+                         ("rw,remap=^pair\\.0$=>p0", "'pair.0' is an item of a list")):
+        mnt2 = os.path.join(tmp, "r")
+        os.makedirs(mnt2, exist_ok=True)
+        r = run([BIN, path, mnt2, "-o", opts])
+        mounted = is_mounted(mnt2)
+        force_unmount(mnt2)
+        check(r.returncode == 1 and not mounted and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr,
+              "%s: refused up front: %r" % (opts, r.stderr))
+    check(open(path, "rb").read() == before, "untouched")
 
 
 def test_enospc_and_finish(tmp):
@@ -503,7 +718,8 @@ def in_own_dir(t):
 
 def main():
     run_tests("test_pth_write", [in_own_dir(t) for t in (
-        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_rw_in_place,
+        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_torch2_dtypes,
+        test_rw_in_place, test_list_items_fixed,
         test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib)], "pthw")
 
 

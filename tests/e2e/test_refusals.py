@@ -169,13 +169,31 @@ def test_what_still_mounts(tmp):
     check(os.path.exists(out) and len(read_bpk(out)[0]) == 9, "9 tensors converted")
 
 
+def test_staging_paths_too_long(tmp):
+    """A staging directory whose path would be over PATH_MAX (staging= a
+    directory 4085 bytes deep), or whose name would be over NAME_MAX (beside
+    an output of a 245-byte name), is refused with ENAMETOOLONG, never
+    created from a cut template."""
+    deep = tmp
+    while len(deep) < 4085:
+        deep = os.path.join(deep, "d" * min(200, 4085 - len(deep) - 1))
+        os.makedirs(deep, exist_ok=True)
+    new = os.path.join(tmp, "new.bpk")
+    refused(tmp, "deep-staging", new, "staging=" + deep, "File name too long", "staging=",
+            absent=(new,))
+    check(os.listdir(deep) == [], "nothing created in the deep directory")
+    long = os.path.join(tmp, "x" * 245 + ".bpk")
+    refused(tmp, "long-name", long, None, "File name too long", "-o staging=DIR", absent=(long,))
+
+
 def main():
     with tmpdir("refusals") as tmp:
         for t in (test_outputs_that_name_no_writable_format,
                   test_new_paths_that_name_no_writable_format,
                   test_conversions_that_cannot_succeed,
                   test_unknown_formats_say_what_they_look_like,
-                  test_what_still_mounts):
+                  test_what_still_mounts,
+                  test_staging_paths_too_long):
             d = os.path.join(tmp, t.__name__)
             os.makedirs(d)
             t(d)

@@ -34,9 +34,11 @@ static int read_mem(struct bs_catalog *cat, const void *d, size_t n, bs_err *err
   return bs_pth_read(cat, 0, NULL, err);
 }
 
-static const enum bs_dtype all[] = {BS_DT_F64, BS_DT_F32,  BS_DT_F16, BS_DT_BF16,
-                                    BS_DT_I64, BS_DT_I32,  BS_DT_I16, BS_DT_I8,
-                                    BS_DT_U8,  BS_DT_BOOL, BS_DT_C64, BS_DT_C128};
+static const enum bs_dtype all[] = {
+    BS_DT_F64,     BS_DT_F32,     BS_DT_F16,         BS_DT_BF16,        BS_DT_I64,
+    BS_DT_I32,     BS_DT_I16,     BS_DT_I8,          BS_DT_U8,          BS_DT_BOOL,
+    BS_DT_C64,     BS_DT_C128,    BS_DT_U16,         BS_DT_U32,         BS_DT_U64,
+    BS_DT_F8_E4M3, BS_DT_F8_E5M2, BS_DT_F8_E4M3FNUZ, BS_DT_F8_E5M2FNUZ, BS_DT_F8_E8M0};
 enum { N = sizeof all / sizeof all[0] };
 
 Test(pth_write, every_torch_dtype_round_trips_in_key_order)
@@ -80,6 +82,49 @@ Test(pth_write, every_torch_dtype_round_trips_in_key_order)
   cr_assert_eq(again.len, b.len);
   cr_assert_arr_eq(again.data, b.data, b.len, "a file this writer made is canonical");
   bs_buf_destroy(&again);
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+}
+
+static bool has(const struct bs_buf *b, const char *s, size_t n)
+{
+  return memmem(b->data, b->len, s, n) != NULL;
+}
+
+Test(pth_write, torch_2_dtypes_are_untyped_storages_rebuilt_by_v3)
+{
+  uint8_t mem[64];
+  for (size_t i = 0; i < sizeof mem; i++)
+    mem[i] = (uint8_t)i;
+  struct bs_catalog cat;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "f8", BS_DT_F8_E4M3, 2, (uint64_t[]){2, 3}, 0);
+  bs_test_add(&cat, "u64", BS_DT_U64, 1, (uint64_t[]){3}, 8);
+  bs_test_add(&cat, "e8m0", BS_DT_F8_E8M0, 1, (uint64_t[]){5}, 32);
+  struct bs_buf b = write_mem(&cat, "m.pth");
+  static const char v3[] = "ctorch._utils\n_rebuild_tensor_v3\n", v2[] = "_rebuild_tensor_v2";
+  static const char un[] = "ctorch.storage\nUntypedStorage\n";
+  cr_assert(has(&b, v3, sizeof v3 - 1) && has(&b, un, sizeof un - 1), "v3 and UntypedStorage");
+  cr_assert(!has(&b, v2, sizeof v2 - 1), "no legacy storage class, no _rebuild_tensor_v2");
+  static const char d1[] = "ctorch\nfloat8_e4m3fn\n", d2[] = "ctorch\nuint64\n",
+                    d3[] = "ctorch\nfloat8_e8m0fnu\n";
+  cr_assert(has(&b, d1, sizeof d1 - 1) && has(&b, d2, sizeof d2 - 1) && has(&b, d3, sizeof d3 - 1),
+            "each tensor's torch dtype, as _rebuild_tensor_v3's 7th argument");
+  /* the persistent id's numel is the storage's bytes: 'cpu' (memo), K 24, TUPLE */
+  static const char n24[] = {'K', 24, 't', 'Q'};
+  cr_assert(has(&b, n24, sizeof n24), "u64's UntypedStorage numel is 24 bytes, not 3 elements");
+  struct bs_catalog back;
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
+  cr_assert_eq(back.count, 3);
+  for (size_t i = 0; i < 3; i++) {
+    cr_assert_str_eq(back.tensors[i].key, cat.tensors[i].key);
+    cr_assert_eq(back.tensors[i].dtype, cat.tensors[i].dtype, "%s", cat.tensors[i].key);
+    cr_assert_eq(back.tensors[i].nbytes, cat.tensors[i].nbytes);
+    cr_assert_arr_eq(b.data + back.tensors[i].off, mem + cat.tensors[i].off, cat.tensors[i].nbytes);
+  }
   bs_catalog_destroy(&back);
   bs_buf_destroy(&b);
   bs_catalog_destroy(&cat);
@@ -258,11 +303,7 @@ static void expect_refused(enum bs_dtype dt, const char *words)
 
 Test(pth_write, dtypes_without_a_torch_storage_are_refused_naming_the_tensor)
 {
-  expect_refused(BS_DT_F8_E4M3, "torch 1.13");
-  expect_refused(BS_DT_F8_E5M2, "F8_E5M2");
-  expect_refused(BS_DT_U16, "torch 1.13");
-  expect_refused(BS_DT_U64, "U64");
-  expect_refused(BS_DT_F4, "F4");
+  expect_refused(BS_DT_F4, "two values a byte");
   expect_refused(BS_DT_FLEX32, "user.burnstore.dtype to F32");
   expect_refused(BS_DT_BOOL_U8, "user.burnstore.dtype to BOOL");
   expect_refused(BS_DT_QI8, "quantizer");

@@ -481,3 +481,28 @@ Test(names, two_files_never_stand_for_one_key)
   bs_err_clear(&err);
   cr_expect_eq(bs_name_check(&tree, true, NULL, BS_TREE_ROOT, "enc.w", false, 0, &err), 0);
 }
+
+Test(names, fixed_tensors_are_neither_removed_nor_renamed)
+{
+  /* keys: enc.w enc.b head x.y.z x; fixed: enc.b and x.y.z */
+  bool fixed[5] = {false, true, false, true, false};
+  uint64_t enc = bs_tree_lookup(&tree, BS_TREE_ROOT, "enc");
+  uint64_t x = bs_tree_lookup(&tree, BS_TREE_ROOT, "x");
+  uint64_t y = bs_tree_lookup(&tree, x, "y");
+  uint64_t head = bs_tree_lookup(&tree, BS_TREE_ROOT, "head");
+  cr_assert(enc && x && y && head);
+  bs_err_clear(&err);
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, fixed, bs_tree_lookup(&tree, enc, "b"), &err), -1);
+  cr_expect(err.code == EPERM && strcmp(err.key, "enc.b") == 0 && strstr(err.msg, "item of a list"),
+            "%d %s: %s", err.code, err.key, err.msg);
+  bs_err_clear(&err);
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, fixed, bs_tree_lookup(&tree, enc, "w"), &err), 0);
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, fixed, head, &err), 0);
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, fixed, enc, &err), -1, "a directory above one");
+  bs_err_clear(&err);
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, fixed, x, &err), -1, "two levels above");
+  cr_expect_str_eq(err.key, "x.y.z");
+  bs_err_clear(&err);
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, NULL, enc, &err), 0, "nothing fixed");
+  cr_expect_eq(bs_name_check_fixed(&tree, &cat, fixed, 9999, &err), 0, "no such node");
+}

@@ -394,3 +394,58 @@ Test(writeback, the_binary_lists_and_finishes_without_a_mount)
   cr_assert(!exists(W.stg));
   check_result(out);
 }
+
+/* A directory W.dir/d.../d of exactly `len` bytes (len < PATH_MAX). */
+static void deep_dir(char *p, size_t len)
+{
+  snprintf(p, PATH_MAX, "%s", W.dir);
+  while (strlen(p) < len) {
+    size_t n = strlen(p), k = len - n - 1 > 200 ? 200 : len - n - 1;
+    p[n++] = '/';
+    memset(p + n, 'd', k);
+    p[n + k] = '\0';
+    cr_assert(mkdir(p, 0700) == 0 || errno == EEXIST, "%s", strerror(errno));
+  }
+}
+
+Test(writeback, a_staged_file_path_over_path_max_is_refused_never_cut)
+{
+  /* DIR/INDEX is 4095 bytes: it loads. DIR/123456789012 is 4102: cut to
+   * PATH_MAX it would be DIR/12345, another file (here with 16 bytes). */
+  char dir[PATH_MAX];
+  deep_dir(dir, PATH_MAX - 1 - strlen("/" BS_STAGE_INDEX_NAME));
+  char other[PATH_MAX];
+  cr_assert_eq(bs_path_join_buf(other, sizeof other, dir, "12345", &err), 0, "%s", err.msg);
+  bs_test_put_file(other, staged_a, sizeof staged_a);
+  struct bs_stage_index idx;
+  bs_stage_index_init(&idx);
+  idx.pid = 1;
+  idx.target = W.src_path;
+  idx.format = BS_FMT_SAFETENSORS;
+  struct bs_stage_file f = {.file = "123456789012", .key = "a", .dtype = BS_DT_U8};
+  idx.files = &f;
+  idx.nfiles = 1;
+  struct bs_buf buf = {0};
+  cr_assert_eq(bs_stage_index_format(&idx, NULL, dir, &buf, &err), 0, "%s", err.msg);
+  char ipath[PATH_MAX];
+  cr_assert_eq(bs_path_join_buf(ipath, sizeof ipath, dir, BS_STAGE_INDEX_NAME, &err), 0);
+  bs_test_put_file(ipath, buf.data, buf.len);
+  bs_buf_destroy(&buf);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *o = open_memstream(&text, &len);
+  bs_err_clear(&err);
+  int rc = bs_wb_list(dir, o, &err);
+  fclose(o);
+  cr_assert_eq(rc, -1, "listed: %s", text);
+  cr_assert_eq(err.code, ENAMETOOLONG, "%s", err.msg);
+  cr_assert(strstr(err.msg, "/123456789012: File name too long"), "%s", err.msg);
+  cr_assert(!strstr(text, "12345\n") && !strstr(text, "\t16\t"), "never the cut path: %s", text);
+  free(text);
+  /* the join itself: one byte short of fitting is refused */
+  char small[8];
+  bs_err_clear(&err);
+  cr_assert_eq(bs_path_join_buf(small, sizeof small, "abc", "def", &err), 0, "7 bytes fit");
+  cr_assert_eq(bs_path_join_buf(small, sizeof small, "abc", "defg", &err), -1);
+  cr_assert(err.code == ENAMETOOLONG && small[0] == '\0', "%s", err.msg);
+}

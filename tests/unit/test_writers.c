@@ -419,3 +419,19 @@ Test(writers, check_and_write_refuse_a_name_the_format_cannot_hold)
   free(dir);
   bs_catalog_destroy(&cat);
 }
+
+Test(writers, recovery_is_the_rows_column)
+{
+  for (size_t i = 0; i < bs_nwriters; i++) {
+    const struct bs_writer *w = &bs_writers[i];
+    bool st = w->format == BS_FMT_SAFETENSORS || w->format == BS_FMT_ST_SHARDED;
+    cr_assert_eq(w->recover != NULL, st, "%s: only SafeTensors writes sets a kill can interrupt",
+                 w->name);
+  }
+  cr_assert_eq(bs_writer_for_format(BS_FMT_SAFETENSORS)->recover,
+               bs_writer_for_format(BS_FMT_ST_SHARDED)->recover, "the same journal");
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_writer_recover("/nonexistent/d/m.bpk", &err), 0, "a row without: nothing to do");
+  cr_assert_eq(bs_writer_recover("/nonexistent/d/m.ckpt", &err), 0, "no row: nothing to do");
+}
