@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/checked.h"
+#include "core/decode_ggml.h"
 
 static float f32_from_bits(uint32_t u)
 {
@@ -212,6 +213,13 @@ static const struct {
     [BS_DT_Q5_1] = {dec_q5_1, 32, 24},
     [BS_DT_Q8_0] = {dec_q8_0, 32, 34},
     [BS_DT_Q8_1] = {dec_q8_1, 32, 36},
+    /* ggml's super-block and lookup types: decode_ggml.c */
+    [BS_DT_Q2_K] = {bs_dec_q2_k, 256, 84},
+    [BS_DT_Q3_K] = {bs_dec_q3_k, 256, 110},
+    [BS_DT_Q4_K] = {bs_dec_q4_k, 256, 144},
+    [BS_DT_Q5_K] = {bs_dec_q5_k, 256, 176},
+    [BS_DT_Q6_K] = {bs_dec_q6_k, 256, 210},
+    [BS_DT_Q8_K] = {bs_dec_q8_k, 256, 292},
 };
 
 bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)

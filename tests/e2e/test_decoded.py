@@ -1,11 +1,12 @@
 """Decoded views (issue 22): `-o as=F32` shows every floating tensor that is
 not F32 as F32. BF16 and F16 tensors made by torch (a strided view among
-them) and a GGUF with ggml Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 blocks (built here from
-the format description) are mounted with the option; the bytes equal NumPy's
-own decode written here from the descriptions (never our C code), at odd
-offsets too, through mmap, and through the .npy views (<f4); the xattrs name
-F32 and the stored dtype; integers stay; a type without a decoder (Q4_K) is
-shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
+them) and a GGUF with blocks of every ggml quantized type (random bytes,
+scales forced to fp16/f32 extremes: built here from the format description)
+are mounted with the option; the bytes equal NumPy's own decode written here
+from ggml's description (never our C code), at odd offsets too (reads that
+start and end mid-block), through mmap, and through the .npy views (<f4);
+the xattrs name F32 and the stored dtype; integers stay; a type without a
+decoder (F4) is shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
 the same bytes; writable mounts refuse the option; a 256 MiB
 BF16 tensor read whole costs the daemon no more peak memory than a small one."""
 import io
@@ -106,15 +107,25 @@ def f16(a):
     return np.asarray(a, dtype="<f2")
 
 
-# ggml's blocks (ggml-common.h) and reference dequantize_row_* (ggml-quants.c),
-# written here with NumPy: y = q * d (float32), plus m for the _1 types.
-def deq(name, raw):
-    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}[name]
-    b = np.frombuffer(raw, np.uint8).reshape(-1, size)
-    d = b[:, 0:2].copy().view("<f2").astype(np.float32)  # (nb, 1)
+# ggml's blocks (ggml-common.h: the block_* structs, fields in order, little
+# endian) and reference dequantize_row_* (ggml-quants.c), written here with
+# NumPy from that description. Every product and sum is a float32 operation
+# in the reference's order (NumPy float32 arithmetic rounds each one).
+F = np.float32
+SIZE = {name: size for name, _, size in G.GGML.values()}
+BLCK = {name: blck for name, blck, _ in G.GGML.values()}
+
+
+def h16(b, off):
+    """The fp16 at byte `off` of every block, widened: shape (nb, 1)."""
+    return b[:, off:off + 2].copy().view("<f2").astype(F)
+
+
+def deq_legacy(name, b):
+    d = h16(b, 0)
     if name == "Q8_0":
-        return (b[:, 2:].view(np.int8).astype(np.float32) * d).reshape(-1)
-    m = b[:, 2:4].copy().view("<f2").astype(np.float32) if name.endswith("_1") else None
+        return b[:, 2:].view(np.int8).astype(F) * d
+    m = h16(b, 2) if name.endswith("_1") else None
     hi = name.startswith("Q5")
     qoff = 2 + (2 if m is not None else 0) + (4 if hi else 0)
     qs = b[:, qoff:qoff + 16]
@@ -125,34 +136,131 @@ def deq(name, raw):
         q |= (bits << 4).astype(np.int32)
     if m is None:
         q -= 16 if hi else 8
-        return (q.astype(np.float32) * d).reshape(-1)
-    return (q.astype(np.float32) * d + m).reshape(-1)
+        return q.astype(F) * d
+    return q.astype(F) * d + m
+
+
+def per16(v):
+    """(nb, 16) per-group values to (nb, 256): element e takes group e // 16."""
+    return np.repeat(v, 16, axis=1)
+
+
+def deq_q2_k(b):
+    # scales[16] | qs[64] | d | dmin; element 128h + 32s + l: bits 2s of qs[32h + l]
+    sc, qs, d, dmin = b[:, 0:16], b[:, 16:80], h16(b, 80), h16(b, 82)
+    q = np.concatenate([(qs[:, 32 * h:32 * h + 32] >> (2 * s)) & 3 for h in range(2) for s in range(4)], axis=1)
+    dl, ml = d * (sc & 15).astype(F), dmin * (sc >> 4).astype(F)
+    return per16(dl) * q.astype(F) - per16(ml)
+
+
+def deq_q3_k(b):
+    # hmask[32] | qs[64] | scales[12] | d; 6-bit scales - 32; third bit 4h + s of hmask[l], clear: -4
+    hm, qs, s, d = b[:, 0:32].astype(np.int32), b[:, 32:96].astype(np.int32), b[:, 96:108].astype(np.int32), h16(b, 108)
+    sc = np.stack([(s[:, i] & 15 if i < 8 else s[:, i - 8] >> 4) | (((s[:, 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
+                   for i in range(16)], axis=1) - 32
+    q = np.concatenate([((qs[:, 32 * h:32 * h + 32] >> (2 * t)) & 3) - np.where((hm >> (4 * h + t)) & 1, 0, 4)
+                        for h in range(2) for t in range(4)], axis=1)
+    return per16(d * sc.astype(F)) * q.astype(F)
+
+
+def scale_min_k4(s):
+    """Q4_K/Q5_K: eight 6-bit scales and mins from 12 bytes, (nb, 8) each."""
+    s = s.astype(np.int32)
+    sc = [s[:, j] & 63 if j < 4 else (s[:, j + 4] & 15) | ((s[:, j - 4] >> 6) << 4) for j in range(8)]
+    mn = [s[:, j + 4] & 63 if j < 4 else (s[:, j + 4] >> 4) | ((s[:, j] >> 6) << 4) for j in range(8)]
+    return np.stack(sc, axis=1).astype(F), np.stack(mn, axis=1).astype(F)
+
+
+def deq_q45_k(b, five):
+    # d | dmin | scales[12] | (Q5_K: qh[32]) | qs[128]; element 64k + 32t + l: nibble t of qs[32k + l]
+    d, dmin = h16(b, 0), h16(b, 2)
+    sc, mn = scale_min_k4(b[:, 4:16])
+    qh = b[:, 16:48].astype(np.int32)
+    qs = b[:, 48:176].astype(np.int32) if five else b[:, 16:144].astype(np.int32)
+    parts = []
+    for k in range(4):
+        for t in range(2):
+            q = (qs[:, 32 * k:32 * k + 32] >> (4 * t)) & 15
+            if five:
+                q = q + 16 * ((qh >> (2 * k + t)) & 1)
+            parts.append(q)
+    q = np.concatenate(parts, axis=1).astype(F)
+    return np.repeat(d * sc, 32, axis=1) * q - np.repeat(dmin * mn, 32, axis=1)
+
+
+def deq_q6_k(b):
+    # ql[128] | qh[64] | int8 scales[16] | d; in half h, element 32c + l: nibble c // 2 of
+    # ql[64h + l + 32 (c % 2)] | bits 2c of qh[32h + l] << 4, minus 32
+    ql, qh = b[:, 0:128].astype(np.int32), b[:, 128:192].astype(np.int32)
+    sc, d = b[:, 192:208].view(np.int8).astype(F), h16(b, 208)
+    parts = []
+    for h in range(2):
+        for c in range(4):
+            lo = (ql[:, 64 * h + 32 * (c % 2):64 * h + 32 * (c % 2) + 32] >> (4 * (c // 2))) & 15
+            parts.append((lo | (((qh[:, 32 * h:32 * h + 32] >> (2 * c)) & 3) << 4)) - 32)
+    return per16(d * sc) * np.concatenate(parts, axis=1).astype(F)
+
+
+def deq_q8_k(b):
+    # f32 d | int8 qs[256] | int16 bsums[16] (unused)
+    return b[:, 0:4].copy().view("<f4").astype(F) * b[:, 4:260].view(np.int8).astype(F)
+
+
+DEQ = {
+    "Q2_K": deq_q2_k, "Q3_K": deq_q3_k, "Q4_K": lambda b: deq_q45_k(b, False),
+    "Q5_K": lambda b: deq_q45_k(b, True), "Q6_K": deq_q6_k, "Q8_K": deq_q8_k,
+}
+for _n in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    DEQ[_n] = (lambda n: lambda b: deq_legacy(n, b))(_n)
+
+
+def deq(name, raw):
+    b = np.frombuffer(raw, np.uint8).reshape(-1, SIZE[name])
+    return DEQ[name](b).astype(F).reshape(-1)
+
+
+# Where each type keeps its scales: (byte offset, "f16" | "f32"), forced to the extremes.
+SCALES = {"Q8_0": [(0, "f16")], "Q4_0": [(0, "f16")], "Q4_1": [(0, "f16"), (2, "f16")],
+          "Q5_0": [(0, "f16")], "Q5_1": [(0, "f16"), (2, "f16")],
+          "Q2_K": [(80, "f16"), (82, "f16")], "Q3_K": [(108, "f16")], "Q4_K": [(0, "f16"), (2, "f16")],
+          "Q5_K": [(0, "f16"), (2, "f16")], "Q6_K": [(208, "f16")], "Q8_K": [(0, "f32")]}
 
 
 def blocks(name, nb, rng):
-    """nb blocks: random quants; scales from fp16 extremes and random values."""
-    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}[name]
+    """nb blocks of random bytes, their scales forced in turn to fp16 (or f32)
+    extremes: largest, smallest subnormal, -0, +0, infinities, NaN, then
+    random values."""
+    size = SIZE[name]
     raw = bytearray(rng.integers(0, 256, size=nb * size, dtype=np.uint8).tobytes())
-    scales = [65504.0, -65504.0, 2.0 ** -24, -0.0, 0.0, 1.0, -0.5] + list(rng.standard_normal(nb))
+    special = [65504.0, -65504.0, 2.0 ** -24, -(2.0 ** -24), 6.1e-5, -0.0, 0.0, 1.0, -0.5,
+               float("inf"), float("-inf"), float("nan")]
     for i in range(nb):
-        raw[i * size:i * size + 2] = f16(scales[i]).tobytes()
-        if name.endswith("_1"):
-            raw[i * size + 2:i * size + 4] = f16(scales[(i + 3) % nb] * 4).tobytes()
+        for k, (off, kind) in enumerate(SCALES.get(name, [])):
+            j = i + 5 * k  # the min cycles out of step with the scale
+            v = special[j] if j < len(special) else float(rng.standard_normal())
+            if kind == "f16":
+                raw[i * size + off:i * size + off + 2] = f16(v).tobytes()
+            else:
+                v = {65504.0: 3.4028235e38, 2.0 ** -24: 1e-45}.get(v, v * 1e-30 if abs(v) == 1.0 else v)
+                raw[i * size + off:i * size + off + 4] = np.asarray(v, "<f4").tobytes()
     return bytes(raw)
 
 
-@np.errstate(over="ignore")
+GGUF_TYPES = (("Q8_0", [3, 64]), ("Q4_0", [5, 32]), ("Q4_1", [4, 64]), ("Q5_0", [7, 32]), ("Q5_1", [2, 96]),
+              ("Q2_K", [16, 256]), ("Q3_K", [16, 256]), ("Q4_K", [2, 2048]), ("Q5_K", [16, 256]),
+              ("Q6_K", [16, 256]), ("Q8_K", [16, 256]))
+
+
+@np.errstate(over="ignore", invalid="ignore")
 def test_gguf_blocks(tmp):
     rng = np.random.default_rng(22)
     tensors, want = [], {}
-    for name, shape in (("Q8_0", [3, 64]), ("Q4_0", [5, 32]), ("Q4_1", [4, 64]), ("Q5_0", [7, 32]),
-                        ("Q5_1", [2, 96])):
-        nb = shape[0] * shape[1] // 32
+    for name, shape in GGUF_TYPES:
+        nb = shape[0] * shape[1] // BLCK[name]
         raw = blocks(name, nb, rng)
         key = "blk.%s.weight" % name.lower()
         tensors.append((key, G.TYPE_ID[name], shape, raw))
         want[key] = (name, deq(name, raw).reshape(shape))
-    tensors.append(("blk.k.weight", G.TYPE_ID["Q4_K"], [256], bytes(range(144))))
     tensors.append(("blk.i.weight", G.TYPE_ID["I32"], [2], struct.pack("<2i", -1, 7)))
     src = os.path.join(tmp, "q.gguf")
     G.write(src, G.every_type_kvs(), tensors)
@@ -163,11 +271,7 @@ def test_gguf_blocks(tmp):
             check_npy(p + ".npy", w, key + ".npy")
             check(os.getxattr(p, X + "stored_dtype") == name.encode(), "%s: stored_dtype %s" % (key, name))
             check(os.getxattr(p, X + "shape") == ("[%d,%d]" % w.shape).encode(), "%s: shape kept" % key)
-        k = os.path.join(m, "blk/k/weight")
-        check(os.getxattr(k, X + "dtype") == b"Q4_K" and os.path.getsize(k) == 144,
-              "Q4_K (no decoder yet) shown as stored")
-        notes = os.getxattr(m, X + "notes").decode()
-        check("as=F32: 1 Q4_K tensor shown as stored (no decoder for Q4_K)" in notes, "the note: %r" % notes)
+        check(X + "notes" not in os.listxattr(m), "no note: every type decoded")
         check(read_all(os.path.join(m, "blk/i/weight")) == struct.pack("<2i", -1, 7), "I32 unchanged")
     # the CLI: the same decode, raw and as .npy
     for key, (name, w) in want.items():
@@ -179,12 +283,24 @@ def test_gguf_blocks(tmp):
               "cat --npy --as F32 %s" % key)
     r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
     check(r.returncode == 0 and r.stdout == struct.pack("<2i", -1, 7), "cat --as F32 of an I32: unchanged")
-    r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.k.weight"], capture_output=True, timeout=DEADLINE)
-    err = r.stderr.decode()
-    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for Q4_K" in err,
-          "cat --as F32 of a Q4_K refused in one line: %r" % err)
     r = subprocess.run([BIN, "cat", "--as", "F16", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
     check(r.returncode == 2 and b"--as needs F32" in r.stderr, "cat --as F16 refused: %r" % r.stderr)
+
+
+def test_no_decoder(tmp):
+    """A floating dtype without a decoder (F4: its packing order is not
+    specified) is shown as stored, with a note; cat --as F32 refuses it."""
+    src = os.path.join(tmp, "f4.safetensors")
+    write_st(src, "w", "F4", [2, 8], 8)
+    with Mount(src, os.path.join(tmp, "mf"), "as=F32") as m:
+        w = os.path.join(m, "w")
+        check(os.getxattr(w, X + "dtype") == b"F4" and os.path.getsize(w) == 8, "F4 shown as stored")
+        notes = os.getxattr(m, X + "notes").decode()
+        check("as=F32: 1 F4 tensor shown as stored (no decoder for F4)" in notes, "the note: %r" % notes)
+    r = subprocess.run([BIN, "cat", "--as", "F32", src, "w"], capture_output=True, timeout=DEADLINE)
+    err = r.stderr.decode()
+    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for F4" in err,
+          "cat --as F32 of an F4 refused in one line: %r" % err)
 
 
 def test_refusals(tmp):
@@ -247,5 +363,5 @@ def test_memory_independent_of_size(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_refusals, test_memory_independent_of_size],
+    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_no_decoder, test_refusals, test_memory_independent_of_size],
               "decoded")

@@ -51,9 +51,9 @@ Test(decode, units)
   cr_assert(bs_decode_unit(BS_DT_Q8_0, &e, &b) && e == 32 && b == 34);
   cr_assert(bs_decode_unit(BS_DT_Q5_1, &e, &b) && e == 32 && b == 24);
   /* not decoded: F32 itself, integers, bool, complex, unspecified packing,
-   * not yet written (K-quants), out of range */
-  enum bs_dtype no[] = {BS_DT_F32,     BS_DT_I32,    BS_DT_U8,  BS_DT_BOOL, BS_DT_C64,  BS_DT_F4,
-                        BS_DT_F6_E2M3, BS_DT_QFLOAT, BS_DT_QI8, BS_DT_Q4_K, BS_DT_COUNT};
+   * out of range */
+  enum bs_dtype no[] = {BS_DT_F32, BS_DT_I32,     BS_DT_U8,     BS_DT_BOOL, BS_DT_C64,
+                        BS_DT_F4,  BS_DT_F6_E2M3, BS_DT_QFLOAT, BS_DT_QI8,  BS_DT_COUNT};
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
     cr_expect(!bs_decode_unit(no[i], &e, &b), "%d", (int)no[i]);
   /* every unit fits the callers' bounds and agrees with the dtype table */
@@ -291,6 +291,190 @@ Test(decode, q5_1)
   cr_expect_eq(bits(out[5]), 0x3f800000);
 }
 
+/* ---- ggml's K-quants (decode_ggml.c): super-blocks of 256 ---------------------------------- */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+
+/* Element i of out has F32 bits want (NAN_ANY: a NaN). */
+static void expect_at(const char *what, const float *out, size_t i, uint32_t want)
+{
+  if (want == NAN_ANY)
+    cr_expect(isnan(out[i]), "%s [%zu]: %08x, want NaN", what, i, bits(out[i]));
+  else
+    cr_expect_eq(bits(out[i]), want, "%s [%zu]: %08x (%g), want %08x", what, i, bits(out[i]),
+                 (double)out[i], want);
+}
+
+Test(decode, q2_k)
+{
+  /* scales[16] | qs[64] | d | dmin; group g: d * (sc & 15), dmin * (sc >> 4);
+   * element 128h + 32s + l: bits 2s of qs[32h + l]; y = dl * q - ml */
+  uint8_t in[84 * 4] = {0};
+  uint8_t *b = in;
+  put16(b + 80, 0x3c00); /* d = 1 */
+  put16(b + 82, 0x3800); /* dmin = 0.5 */
+  b[0] = 0x21;           /* group 0: dl 1, ml 1 */
+  b[2] = 0xf0;           /* group 2: dl 0, ml 7.5 */
+  b[15] = 0x13;          /* group 15: dl 3, ml 0.5 */
+  b[16 + 0] = 0x03;      /* [0] = 3 - 1 = 2; [32] (bits 2-3: 0) = 0 - 7.5 */
+  b[16 + 63] = 0x80;     /* [255] (bits 6-7 of qs[63]: 2) = 6 - 0.5 */
+  b = in + 84;           /* d = -1, dmin = 0, scales 0: -0 * q - 0 = -0 */
+  put16(b + 80, 0xbc00);
+  b = in + 168; /* d = 2^-24 (subnormal), dmin = 65504 */
+  put16(b + 80, 0x0001);
+  put16(b + 82, 0x7bff);
+  b[0] = 0x0f;
+  b[1] = 0x1f;
+  b[16] = 0x03; /* [0] = 15 * 2^-24 * 3; [16] (group 1) = 0 - 65504 */
+  b = in + 252; /* d = inf: q = 1 gives inf, q = 0 gives NaN */
+  put16(b + 80, 0x7c00);
+  b[0] = 0x01;
+  b[16] = 0x01;
+  float out[1024];
+  bs_decode(BS_DT_Q2_K, in, 4, out);
+  expect_at("q2_k", out, 0, 0x40000000);
+  expect_at("q2_k", out, 1, 0xbf800000);
+  expect_at("q2_k", out, 16, 0x00000000);
+  expect_at("q2_k", out, 32, 0xc0f00000);
+  expect_at("q2_k", out, 255, 0x40b00000);
+  expect_at("q2_k", out, 256, 0x80000000);
+  expect_at("q2_k", out, 511, 0x80000000);
+  expect_at("q2_k", out, 512, 0x36340000);
+  expect_at("q2_k", out, 528, 0xc77fe000);
+  expect_at("q2_k", out, 768, 0x7f800000);
+  expect_at("q2_k", out, 769, NAN_ANY);
+}
+
+Test(decode, q3_k)
+{
+  /* hmask[32] | qs[64] | scales[12] | d. Scale i: nibble i of bytes 0-7, bits
+   * 2(i/4) of byte 8 + i%4 above, minus 32. Element 128h + 32s + l: bits 2s of
+   * qs[32h + l], minus 4 unless bit 4h + s of hmask[l]. */
+  uint8_t in[110 * 2] = {0};
+  uint8_t *b = in;
+  put16(b + 108, 0x3800); /* d = 0.5 */
+  b[96 + 5] = 0x71;       /* scale 5: low 1, scale 13: low 7 */
+  b[96 + 9] = 0xc8;       /* scale 5: high 2 (33 - 32 = 1), scale 13: high 3 (55 - 32 = 23) */
+  b[19] = 0x04;           /* hmask[19] bit 2: [83] has its third bit */
+  b[32 + 19] = 0x30;      /* [83] = bits 4-5 of qs[19] = 3 */
+  put16(in + 110 + 108, 0x8000); /* second block: d = -0 */
+  float out[512];
+  bs_decode(BS_DT_Q3_K, in, 2, out);
+  expect_at("q3_k", out, 0, 0x42800000);   /* (0.5 * -32) * (0 - 4) = 64 */
+  expect_at("q3_k", out, 80, 0xc0000000);  /* 0.5 * (0 - 4) */
+  expect_at("q3_k", out, 83, 0x3fc00000);  /* 0.5 * 3 */
+  expect_at("q3_k", out, 211, 0xc2380000); /* (0.5 * 23) * (0 - 4) */
+  /* d = -0: (-0 * -32) * (0 - 4) = +0 * -4 = -0 */
+  expect_at("q3_k", out, 256, 0x80000000);
+}
+
+Test(decode, q4_k_q5_k)
+{
+  /* d | dmin | scales[12] | (Q5_K: qh[32]) | qs[128]. Scale/min j < 4: bytes j
+   * and j + 4 (6 bits); j >= 4: nibbles of byte j + 4 and the top bits of
+   * bytes j - 4 and j. Element 64k + 32t + l: nibble t of qs[32k + l]. */
+  uint8_t in[144 * 3] = {0};
+  uint8_t *b = in;
+  put16(b, 0x4000);     /* d = 2 */
+  put16(b + 2, 0x3c00); /* dmin = 1 */
+  b[4 + 0] = 0x03;      /* scale 0 = 3 */
+  b[4 + 4] = 0x02;      /* min 0 = 2 */
+  b[4 + 11] = 0x21;     /* scale 7: 1 | (top of byte 3) << 4; min 7: 2 | (top of byte 7) << 4 */
+  b[4 + 3] = 0xc0;
+  b[4 + 7] = 0x40;
+  b[16 + 0] = 0x5a;   /* [0] = (2 * 3) * 10 - 2; [32] = 0 * 5 - 0 */
+  b[16 + 127] = 0xf0; /* [255] = (2 * 49) * 15 - 18 */
+  b = in + 144;       /* d = dmin = 65504, scale 0 = min 0 = 63, [256] = q 15 */
+  put16(b, 0x7bff);
+  put16(b + 2, 0x7bff);
+  b[4] = 63;
+  b[8] = 63;
+  b[16] = 0x0f;
+  put16(in + 288, 0x7e00); /* d = NaN */
+  float out[768];
+  bs_decode(BS_DT_Q4_K, in, 3, out);
+  expect_at("q4_k", out, 0, 0x42680000);
+  expect_at("q4_k", out, 32, 0x00000000);
+  expect_at("q4_k", out, 255, 0x44b58000);
+  expect_at("q4_k", out, 256, 0x4c5c6470); /* 4126752 * 15 - 4126752, exact */
+  expect_at("q4_k", out, 512, NAN_ANY);
+
+  uint8_t in5[176 * 2] = {0};
+  b = in5;
+  put16(b, 0x3c00);         /* d = 1 */
+  put16(b + 2, 0x3800);     /* dmin = 0.5 */
+  b[4 + 0] = 1;             /* scale 0 */
+  b[4 + 4] = 4;             /* min 0: 4 * 0.5 = 2 */
+  b[4 + 1] = 2;             /* scale 1 */
+  b[4 + 11] = 0x01;         /* scale 7 */
+  b[16 + 0] = 0x01;         /* qh[0] bit 0: [0] gets 16 */
+  b[16 + 31] = 0x80;        /* qh[31] bit 7: [255] gets 16 */
+  b[48 + 0] = 0x3f;         /* [0] = 1 * (15 + 16) - 2; [32] = 2 * 3 - 0 */
+  put16(in5 + 176, 0x8000); /* second block: d = -0, dmin = +0: -0 * q - 0 = -0 */
+  float out5[512];
+  bs_decode(BS_DT_Q5_K, in5, 2, out5);
+  expect_at("q5_k", out5, 0, 0x41e80000);
+  expect_at("q5_k", out5, 32, 0x40c00000);
+  expect_at("q5_k", out5, 255, 0x41800000);
+  expect_at("q5_k", out5, 223, 0x00000000);
+  expect_at("q5_k", out5, 256, 0x80000000);
+}
+
+Test(decode, q6_k)
+{
+  /* ql[128] | qh[64] | int8 scales[16] | d. In each half, element 32c + l:
+   * nibble c / 2 of ql[l + 32 (c % 2)] | bits 2c of qh[l] << 4, minus 32;
+   * scale e / 16 of the element's index e. */
+  uint8_t in[210] = {0};
+  int8_t *sc = (int8_t *)(in + 192);
+  put16(in + 208, 0x3800); /* d = 0.5 */
+  sc[0] = -3;
+  sc[2] = 127;
+  sc[4] = -128;
+  sc[6] = 1;
+  sc[15] = 2;
+  in[0] = 0x4f;
+  in[128] = 0xe4; /* qh[0]: 0, 1, 2, 3 for c = 0..3 */
+  in[127] = 0xf0;
+  in[128 + 63] = 0xc0;
+  float out[256];
+  bs_decode(BS_DT_Q6_K, in, 1, out);
+  expect_at("q6_k", out, 0, 0x41cc0000);   /* (0.5 * -3) * (15 - 32) */
+  expect_at("q6_k", out, 32, 0xc47e0000);  /* (0.5 * 127) * (16 - 32) */
+  expect_at("q6_k", out, 64, 0xc3800000);  /* (0.5 * -128) * (36 - 32) */
+  expect_at("q6_k", out, 96, 0x41000000);  /* (0.5 * 1) * (48 - 32) */
+  expect_at("q6_k", out, 16, 0x80000000);  /* (0.5 * 0) * -32 = -0 */
+  expect_at("q6_k", out, 255, 0x41f80000); /* (0.5 * 2) * (63 - 32) */
+}
+
+Test(decode, q8_k)
+{
+  /* an F32 d (not fp16) | int8 qs[256] | bsums (unused); y = d * q */
+  uint8_t in[292 * 3] = {0};
+  const uint32_t d[3] = {0xc0200000 /* -2.5 */, 0x00000001 /* 2^-149 */, 0x7f800000 /* inf */};
+  for (int b = 0; b < 3; b++)
+    for (int k = 0; k < 4; k++)
+      in[292 * b + k] = (uint8_t)(d[b] >> 8 * k);
+  in[4] = 0x80;             /* -128 * -2.5 */
+  in[292 + 4] = 127;        /* 127 * 2^-149 */
+  in[292 + 5] = 0xff;       /* -1 * 2^-149 */
+  in[584 + 4] = 1;          /* inf */
+  in[292 + 4 + 255] = 0x7f; /* bsums follow qs: not read as values */
+  float out[768];
+  bs_decode(BS_DT_Q8_K, in, 3, out);
+  expect_at("q8_k", out, 0, 0x43a00000);
+  expect_at("q8_k", out, 255, 0x80000000); /* 0 * -2.5 */
+  expect_at("q8_k", out, 256, 0x0000007f);
+  expect_at("q8_k", out, 257, 0x80000001);
+  expect_at("q8_k", out, 511, 0x0000007f);
+  expect_at("q8_k", out, 512, 0x7f800000);
+  expect_at("q8_k", out, 513, NAN_ANY); /* inf * 0 */
+}
+
 /* ---- bs_catalog_decode_as and the decoded read path ------------------------------------------ */
 
 #include "burnstore/catalog.h"
@@ -339,8 +523,8 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   t->storage_bytes = sizeof st;
   uint64_t one[] = {2};
   cr_assert_not_null(bs_catalog_add(&cat, "i", BS_DT_I32, 1, one, 0, &cerr));
-  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_Q4_K, 1, (uint64_t[]){256}, 0, &cerr));
-  cr_assert_not_null(bs_catalog_add(&cat, "k2", BS_DT_Q4_K, 1, (uint64_t[]){512}, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_F4, 1, (uint64_t[]){256}, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "k2", BS_DT_F4, 1, (uint64_t[]){512}, 0, &cerr));
   cr_assert_not_null(bs_catalog_add(&cat, "f", BS_DT_F32, 1, one, 0, &cerr));
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
   t = &cat.tensors[0];
@@ -349,9 +533,9 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   cr_assert_eq(t->stored_dtype, BS_DT_BF16);
   cr_assert_eq(t->nbytes, 24);
   cr_assert(!cat.tensors[1].decoded && cat.tensors[1].dtype == BS_DT_I32);
-  cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_Q4_K);
+  cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_F4);
   cr_assert(!cat.tensors[4].decoded && cat.tensors[4].nbytes == 8);
-  cr_assert_str_eq(cat.notes, "as=F32: 2 Q4_K tensors shown as stored (no decoder for Q4_K)\n");
+  cr_assert_str_eq(cat.notes, "as=F32: 2 F4 tensors shown as stored (no decoder for F4)\n");
   int fd;
   uint64_t base;
   cr_assert(!bs_tensor_fd_range(&cat, t, &fd, &base), "a decoded tensor is never spliced");
