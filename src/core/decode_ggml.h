@@ -16,5 +16,17 @@ void bs_dec_q4_k(const uint8_t *in, size_t n, float *out);
 void bs_dec_q5_k(const uint8_t *in, size_t n, float *out);
 void bs_dec_q6_k(const uint8_t *in, size_t n, float *out);
 void bs_dec_q8_k(const uint8_t *in, size_t n, float *out);
+void bs_dec_tq1_0(const uint8_t *in, size_t n, float *out);
+void bs_dec_tq2_0(const uint8_t *in, size_t n, float *out);
+void bs_dec_mxfp4(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq4_nl(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq4_xs(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq2_xxs(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq2_xs(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq2_s(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq3_xxs(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq3_s(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq1_s(const uint8_t *in, size_t n, float *out);
+void bs_dec_iq1_m(const uint8_t *in, size_t n, float *out);
 
 #endif

@@ -206,7 +206,167 @@ def deq_q8_k(b):
     return b[:, 0:4].copy().view("<f4").astype(F) * b[:, 4:260].view(np.int8).astype(F)
 
 
+def deq_tq1_0(b):
+    # qs[48] | qh[4] | d; trit n of byte x: ((x * 3^n mod 256) * 3) >> 8; qs[0:32] for n < 5,
+    # qs[32:48] for n < 5, qh for n < 4; y = (trit - 1) * d
+    def trits(x, n):
+        return (((x.astype(np.int32) * 3 ** n) & 255) * 3) >> 8
+    t = [trits(b[:, 0:32], n) for n in range(5)] + [trits(b[:, 32:48], n) for n in range(5)] + \
+        [trits(b[:, 48:52], n) for n in range(4)]
+    return (np.concatenate(t, axis=1) - 1).astype(F) * h16(b, 52)
+
+
+def deq_tq2_0(b):
+    # qs[64] | d; element 128j + 32l + m: bits 2l of qs[32j + m]; y = (q - 1) * d
+    q = [(b[:, 32 * j:32 * j + 32].astype(np.int32) >> (2 * l)) & 3 for j in range(2) for l in range(4)]
+    return (np.concatenate(q, axis=1) - 1).astype(F) * h16(b, 64)
+
+
+# E2M1 (OCP MX 1.0): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; ggml keeps them doubled as
+# int8 (so code 8, -0, is 0) and halves the E8M0 scale instead: 2^(e - 127) / 2.
+KV_MXFP4 = np.array([int(2 * v) * (1 if c < 8 else -1) for c, v in
+                     enumerate([0, 0.5, 1, 1.5, 2, 3, 4, 6] * 2)], np.int8)
+# ggml-common.h kvalues_iq4nl, copied here by hand (16 values).
+KV_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+def deq_mxfp4(b):
+    # e (E8M0) | qs[16]; element j < 16: low nibble of qs[j], j + 16: high nibble
+    d = np.ldexp(F(1), b[:, 0:1].astype(np.int32) - 128).astype(F)
+    q = np.concatenate([b[:, 1:17] & 15, b[:, 1:17] >> 4], axis=1)
+    return KV_MXFP4[q].astype(F) * d
+
+
+def deq_iq4_nl(b):
+    q = np.concatenate([b[:, 2:18] & 15, b[:, 2:18] >> 4], axis=1)
+    return h16(b, 0) * KV_IQ4NL[q].astype(F)
+
+
+def deq_iq4_xs(b):
+    # d | u16 scales_h | scales_l[4] | qs[128]; group i: 6-bit scale - 32, nibbles as IQ4_NL
+    d, sh, sl = h16(b, 0), b[:, 2:4].copy().view("<u2").astype(np.int32), b[:, 4:8].astype(np.int32)
+    out = []
+    for i in range(8):
+        ls = ((sl[:, i // 2:i // 2 + 1] >> (4 * (i % 2))) & 15) | (((sh >> (2 * i)) & 3) << 4)
+        qs = b[:, 8 + 16 * i:24 + 16 * i]
+        out.append((d * (ls - 32).astype(F)) * KV_IQ4NL[np.concatenate([qs & 15, qs >> 4], axis=1)].astype(F))
+    return np.concatenate(out, axis=1)
+
+
+def grids():
+    """The IQ grids as src/core/decode_grids.c holds them (each entry's bytes,
+    lowest first): parsed from that file, the formulas below are ours."""
+    import re
+    text = read_all(os.path.join(SOURCE_DIR, "src/core/decode_grids.c")).decode()
+    g = {}
+    for typ, name, n, body in re.findall(r"const (\w+) bs_(\w+)\[(\d+)\] = \{(.*?)\};", text, re.S):
+        vals = [int(v, 0) for v in re.findall(r"-?0x[0-9a-f]+|-?\d+", body)]
+        assert len(vals) == int(n), name
+        if typ in ("uint64_t", "uint32_t"):
+            w = 8 if typ == "uint64_t" else 4
+            g[name] = np.array(vals, "<u%d" % w).view(np.uint8).reshape(-1, w)
+        else:
+            g[name] = np.array(vals, np.int8)
+    return g
+
+
+GRID = grids()
+# ggml's ksigns_iq2xs: 7 sign bits and an eighth that makes the number of set bits even
+KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], np.int32)
+check(np.array_equal(GRID["kvalues_mxfp4"], KV_MXFP4) and np.array_equal(GRID["kvalues_iq4nl"], KV_IQ4NL),
+      "decode_grids.c's kvalues tables equal the test's own copies")
+
+
+def signed(db, vals, signs):
+    """db * value, negated where bit j of signs is set (ggml multiplies by -1:
+    the same but for a NaN's sign, which burnstore defines as the negation's)."""
+    v = db * vals.astype(F)
+    return np.where((signs[:, None] >> np.arange(vals.shape[1])) & 1, -v, v)
+
+
+def u16(b, off):
+    return b[:, off:off + 2].copy().view("<u2")[:, 0].astype(np.int64)
+
+
+def u32(b, off):
+    return b[:, off:off + 4].copy().view("<u4")[:, 0].astype(np.int64)
+
+
+def deq_iq2(b, name):
+    d, out = h16(b, 0), []
+    for ib in range(8):
+        if name == "IQ2_XXS":
+            a1 = u32(b, 6 + 8 * ib)
+            db = d * (F(0.5) + (a1 >> 28).astype(F)[:, None]) * F(0.25)
+            for l in range(4):
+                out.append(signed(db, GRID["iq2xxs_grid"][b[:, 2 + 8 * ib + l]], KSIGNS[(a1 >> 7 * l) & 127]))
+            continue
+        sc = b[:, (66 if name == "IQ2_XS" else 74) + ib].astype(np.int32)[:, None]
+        dbs = [d * (F(0.5) + (sc & 15).astype(F)) * F(0.25), d * (F(0.5) + (sc >> 4).astype(F)) * F(0.25)]
+        for l in range(4):
+            if name == "IQ2_XS":
+                q = u16(b, 2 + 2 * (4 * ib + l))
+                out.append(signed(dbs[l // 2], GRID["iq2xs_grid"][q & 511], KSIGNS[q >> 9]))
+            else:
+                idx = b[:, 2 + 4 * ib + l].astype(np.int64) | ((b[:, 66 + ib].astype(np.int64) << (8 - 2 * l)) & 0x300)
+                out.append(signed(dbs[l // 2], GRID["iq2s_grid"][idx], b[:, 34 + 4 * ib + l].astype(np.int64)))
+    return np.concatenate(out, axis=1)
+
+
+def deq_iq3(b, name):
+    d, out = h16(b, 0), []
+    for ib in range(8):
+        qs = b[:, 2 + 8 * ib:10 + 8 * ib].astype(np.int64)
+        if name == "IQ3_XXS":
+            a = u32(b, 66 + 4 * ib)
+            db = d * (F(0.5) + (a >> 28).astype(F)[:, None]) * F(0.5)
+            for l in range(4):
+                v = np.concatenate([GRID["iq3xxs_grid"][qs[:, 2 * l]], GRID["iq3xxs_grid"][qs[:, 2 * l + 1]]], axis=1)
+                out.append(signed(db, v, KSIGNS[(a >> 7 * l) & 127]))
+        else:
+            nib = (b[:, 106 + ib // 2].astype(np.int32) >> (4 * (ib % 2))) & 15
+            db = d * (1 + 2 * nib).astype(F)[:, None]
+            qh = b[:, 66 + ib].astype(np.int64)
+            for l in range(4):
+                i1 = qs[:, 2 * l] | ((qh << (8 - 2 * l)) & 256)
+                i2 = qs[:, 2 * l + 1] | ((qh << (7 - 2 * l)) & 256)
+                v = np.concatenate([GRID["iq3s_grid"][i1], GRID["iq3s_grid"][i2]], axis=1)
+                out.append(signed(db, v, b[:, 74 + 4 * ib + l].astype(np.int64)))
+    return np.concatenate(out, axis=1)
+
+
+def deq_iq1(b, name):
+    g = GRID["iq1s_grid"].view(np.int8).astype(F)
+    out = []
+    if name == "IQ1_S":
+        d = h16(b, 0)
+        for ib in range(8):
+            qh = u16(b, 34 + 2 * ib)
+            dl = d * (2 * ((qh >> 12) & 7) + 1).astype(F)[:, None]
+            delta = np.where(qh & 0x8000, F(-0.125), F(0.125))[:, None]
+            for l in range(4):
+                idx = b[:, 2 + 4 * ib + l].astype(np.int64) | (((qh >> 3 * l) & 7) << 8)
+                out.append(dl * (g[idx] + delta))
+        return np.concatenate(out, axis=1)
+    sc = [u16(b, 48 + 2 * k) for k in range(4)]
+    dh = (sc[0] >> 12) | ((sc[1] >> 8) & 0xf0) | ((sc[2] >> 4) & 0xf00) | (sc[3] & 0xf000)
+    d = dh.astype("<u2").view("<f2").astype(F)[:, None]
+    for ib in range(8):
+        s = sc[ib // 2] >> (6 * (ib % 2))
+        dls = [d * (2 * (s & 7) + 1).astype(F)[:, None], d * (2 * ((s >> 3) & 7) + 1).astype(F)[:, None]]
+        for l in range(4):
+            h = b[:, 32 + 2 * ib + l // 2].astype(np.int64) >> (4 * (l % 2))
+            delta = np.where(h & 8, F(-0.125), F(0.125))[:, None]
+            out.append(dls[l // 2] * (g[b[:, 4 * ib + l].astype(np.int64) | ((h & 7) << 8)] + delta))
+    return np.concatenate(out, axis=1)
+
+
 DEQ = {
+    "TQ1_0": deq_tq1_0, "TQ2_0": deq_tq2_0, "MXFP4": deq_mxfp4, "IQ4_NL": deq_iq4_nl, "IQ4_XS": deq_iq4_xs,
+    "IQ2_XXS": lambda b: deq_iq2(b, "IQ2_XXS"), "IQ2_XS": lambda b: deq_iq2(b, "IQ2_XS"),
+    "IQ2_S": lambda b: deq_iq2(b, "IQ2_S"), "IQ3_XXS": lambda b: deq_iq3(b, "IQ3_XXS"),
+    "IQ3_S": lambda b: deq_iq3(b, "IQ3_S"), "IQ1_S": lambda b: deq_iq1(b, "IQ1_S"),
+    "IQ1_M": lambda b: deq_iq1(b, "IQ1_M"),
     "Q2_K": deq_q2_k, "Q3_K": deq_q3_k, "Q4_K": lambda b: deq_q45_k(b, False),
     "Q5_K": lambda b: deq_q45_k(b, True), "Q6_K": deq_q6_k, "Q8_K": deq_q8_k,
 }
@@ -223,7 +383,10 @@ def deq(name, raw):
 SCALES = {"Q8_0": [(0, "f16")], "Q4_0": [(0, "f16")], "Q4_1": [(0, "f16"), (2, "f16")],
           "Q5_0": [(0, "f16")], "Q5_1": [(0, "f16"), (2, "f16")],
           "Q2_K": [(80, "f16"), (82, "f16")], "Q3_K": [(108, "f16")], "Q4_K": [(0, "f16"), (2, "f16")],
-          "Q5_K": [(0, "f16"), (2, "f16")], "Q6_K": [(208, "f16")], "Q8_K": [(0, "f32")]}
+          "Q5_K": [(0, "f16"), (2, "f16")], "Q6_K": [(208, "f16")], "Q8_K": [(0, "f32")],
+          "TQ1_0": [(52, "f16")], "TQ2_0": [(64, "f16")], "MXFP4": [(0, "e8m0")], "IQ4_NL": [(0, "f16")],
+          "IQ4_XS": [(0, "f16")], "IQ2_XXS": [(0, "f16")], "IQ2_XS": [(0, "f16")], "IQ2_S": [(0, "f16")],
+          "IQ3_XXS": [(0, "f16")], "IQ3_S": [(0, "f16")], "IQ1_S": [(0, "f16")], "IQ1_M": [(48, "iq1m")]}
 
 
 def blocks(name, nb, rng):
@@ -240,6 +403,13 @@ def blocks(name, nb, rng):
             v = special[j] if j < len(special) else float(rng.standard_normal())
             if kind == "f16":
                 raw[i * size + off:i * size + off + 2] = f16(v).tobytes()
+            elif kind == "e8m0":  # 0 and 1 (the subnormal scales), 2, 127, 254, 255, then random
+                raw[i * size + off] = [0, 1, 2, 127, 254, 255][i] if i < 6 else raw[i * size + off]
+            elif kind == "iq1m":  # the fp16 d in the top nibbles of four u16
+                h = int(f16(v).view("<u2"))
+                for n in range(4):
+                    p = i * size + off + 2 * n + 1
+                    raw[p] = (raw[p] & 0x0F) | (((h >> (4 * n)) & 15) << 4)
             else:
                 v = {65504.0: 3.4028235e38, 2.0 ** -24: 1e-45}.get(v, v * 1e-30 if abs(v) == 1.0 else v)
                 raw[i * size + off:i * size + off + 4] = np.asarray(v, "<f4").tobytes()
@@ -248,7 +418,10 @@ def blocks(name, nb, rng):
 
 GGUF_TYPES = (("Q8_0", [3, 64]), ("Q4_0", [5, 32]), ("Q4_1", [4, 64]), ("Q5_0", [7, 32]), ("Q5_1", [2, 96]),
               ("Q2_K", [16, 256]), ("Q3_K", [16, 256]), ("Q4_K", [2, 2048]), ("Q5_K", [16, 256]),
-              ("Q6_K", [16, 256]), ("Q8_K", [16, 256]))
+              ("Q6_K", [16, 256]), ("Q8_K", [16, 256]), ("TQ1_0", [16, 256]), ("TQ2_0", [16, 256]),
+              ("MXFP4", [16, 64]), ("IQ4_NL", [16, 64]), ("IQ4_XS", [16, 256]), ("IQ2_XXS", [16, 256]),
+              ("IQ2_XS", [16, 256]), ("IQ2_S", [16, 256]), ("IQ3_XXS", [16, 256]), ("IQ3_S", [16, 256]),
+              ("IQ1_S", [16, 256]), ("IQ1_M", [16, 256]))
 
 
 @np.errstate(over="ignore", invalid="ignore")

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/decode.h"
+#include "core/decode_grids.h"
 
 static uint32_t bits(float f)
 {
@@ -473,6 +474,221 @@ Test(decode, q8_k)
   expect_at("q8_k", out, 511, 0x0000007f);
   expect_at("q8_k", out, 512, 0x7f800000);
   expect_at("q8_k", out, 513, NAN_ANY); /* inf * 0 */
+}
+
+/* ---- ternary, MXFP4, IQ4 and the grid types (decode_ggml.c) ---------------------------------- */
+
+Test(decode, tq1_0)
+{
+  /* qs[48] | qh[4] | d. 205 packs the trits 2, 1, 0, 1, 2 (ggml's fixed-point
+   * base 3: ceil(194 * 256 / 243)); trit n of x is ((x * 3^n mod 256) * 3) >> 8.
+   * qs[0..31] give elements 32n + m, qs[32..47] 160 + 16n + m, qh 240 + 4n + m. */
+  uint8_t in[54] = {0};
+  in[0] = in[32] = in[48] = 205;
+  put16(in + 52, 0xc000); /* d = -2: (t - 1) * -2 */
+  float out[256];
+  bs_decode(BS_DT_TQ1_0, in, 1, out);
+  const size_t at[] = {0, 32, 64, 96, 128, 160, 176, 192, 240, 244, 248, 252, 1, 255};
+  const uint32_t want[] = {0xc0000000, 0x80000000, 0x40000000, 0x80000000, 0xc0000000,
+                           0xc0000000, 0x80000000, 0x40000000, 0xc0000000, 0x80000000,
+                           0x40000000, 0x80000000, 0x40000000, 0x40000000};
+  for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+    expect_at("tq1_0", out, at[i], want[i]);
+}
+
+Test(decode, tq2_0)
+{
+  /* qs[64] | d; element 128j + 32l + m: bits 2l of qs[32j + m]; (q - 1) * d */
+  uint8_t in[66] = {0};
+  in[0] = 0xe4; /* 0, 1, 2, 3 */
+  in[33] = 0x02;
+  put16(in + 64, 0x3800); /* d = 0.5 */
+  float out[256];
+  bs_decode(BS_DT_TQ2_0, in, 1, out);
+  expect_at("tq2_0", out, 0, 0xbf000000);
+  expect_at("tq2_0", out, 32, 0x00000000);
+  expect_at("tq2_0", out, 64, 0x3f000000);
+  expect_at("tq2_0", out, 96, 0x3f800000);
+  expect_at("tq2_0", out, 129, 0x3f000000);
+  expect_at("tq2_0", out, 255, 0xbf000000);
+}
+
+Test(decode, mxfp4)
+{
+  /* e (E8M0) | qs[16]; the doubled E2M1 value times 2^(e - 128) */
+  uint8_t in[17 * 4] = {0};
+  in[0] = 127;  /* 0.5 */
+  in[1] = 0x9f; /* [0] = -12 * 0.5, [16] = -1 * 0.5 */
+  in[2] = 0x08; /* [1] = code 8 (E2M1 -0): ggml's table has 0, so +0 */
+  in[17] = 0;   /* 2^-128, an F32 subnormal */
+  in[18] = 0x07;
+  in[34] = 255; /* 2^127 (ggml has no NaN here) */
+  in[35] = 0x01;
+  in[36] = 0x02;
+  in[51] = 1; /* 2^-127 */
+  in[52] = 0x0d;
+  float out[128];
+  bs_decode(BS_DT_MXFP4, in, 4, out);
+  expect_at("mxfp4", out, 0, 0xc0c00000);
+  expect_at("mxfp4", out, 16, 0xbf000000);
+  expect_at("mxfp4", out, 1, 0x00000000);
+  expect_at("mxfp4", out, 17, 0x00000000);
+  expect_at("mxfp4", out, 32, 0x01400000); /* 12 * 2^-128 */
+  expect_at("mxfp4", out, 64, 0x7f000000);
+  expect_at("mxfp4", out, 65, 0x7f800000); /* 2 * 2^127 overflows */
+  expect_at("mxfp4", out, 96, 0x81400000); /* -6 * 2^-127 */
+}
+
+Test(decode, iq4_nl_xs)
+{
+  /* IQ4_NL: d | qs[16]; nibbles index kvalues_iq4nl (-127 ... 113) */
+  uint8_t nl[36] = {0x00, 0x3c, 0xf0};
+  put16(nl + 18, 0x8000); /* d = -0 */
+  nl[20] = 0x88;          /* value 1: -0 * 1 */
+  float out[256];
+  bs_decode(BS_DT_IQ4_NL, nl, 2, out);
+  expect_at("iq4_nl", out, 0, 0xc2fe0000);
+  expect_at("iq4_nl", out, 16, 0x42e20000);
+  expect_at("iq4_nl", out, 32, 0x80000000);
+
+  /* IQ4_XS: d | u16 scales_h | scales_l[4] | qs[128]; group i: (nibble i of
+   * scales_l | 2 bits of scales_h << 4) - 32 */
+  uint8_t xs[136] = {0};
+  put16(xs, 0x3400);     /* d = 0.25 */
+  put16(xs + 2, 0xc000); /* group 7: high bits 3 */
+  xs[4] = 0x21;          /* group 0: 1 - 32, group 1: 2 - 32 */
+  xs[7] = 0xf0;          /* group 7: 15 | 48 = 63 - 32 = 31 */
+  xs[8] = 0x98;          /* [0] = 1 * -7.75, [16] = 13 * -7.75 */
+  xs[8 + 112] = 0x0f;    /* [224] = 113 * 7.75, [240] = -127 * 7.75 */
+  bs_decode(BS_DT_IQ4_XS, xs, 1, out);
+  expect_at("iq4_xs", out, 0, 0xc0f80000);
+  expect_at("iq4_xs", out, 16, 0xc2c98000);
+  expect_at("iq4_xs", out, 32, 0x446e2000); /* -127 * -7.5 */
+  expect_at("iq4_xs", out, 224, 0x445af000);
+  expect_at("iq4_xs", out, 240, 0xc4761000);
+}
+
+Test(decode, iq2)
+{
+  /* grid entry 0 of the IQ2 grids is eight 8s, entry 1 43 then seven 8s;
+   * ksigns(1) = 129 (bits 0 and 7: the parity bit) */
+  float out[512];
+  uint8_t xxs[66 * 2] = {0};
+  put16(xxs, 0x3c00);
+  xxs[2 + 1] = 1;                 /* group 0, second 8: entry 1 */
+  const uint32_t a1 = 0xf0000001; /* scale 15: (0.5 + 15) * 0.25 = 3.875; first 8: ksigns(1) */
+  for (int k = 0; k < 4; k++)
+    xxs[6 + k] = (uint8_t)(a1 >> 8 * k);
+  put16(xxs + 66, 0x0001); /* d = 2^-24: (2^-24 * 0.5) * 0.25 * 8 */
+  bs_decode(BS_DT_IQ2_XXS, xxs, 2, out);
+  expect_at("iq2_xxs", out, 0, 0xc1f80000);
+  expect_at("iq2_xxs", out, 1, 0x41f80000);
+  expect_at("iq2_xxs", out, 7, 0xc1f80000);
+  expect_at("iq2_xxs", out, 8, 0x4326a000);
+  expect_at("iq2_xxs", out, 256, 0x33800000);
+
+  uint8_t xs[74] = {0};
+  put16(xs, 0x3c00);
+  put16(xs + 2, 0x0201); /* entry 1, ksigns(1) */
+  xs[66] = 0x0f;         /* first 16 of group 0: 3.875 */
+  bs_decode(BS_DT_IQ2_XS, xs, 1, out);
+  expect_at("iq2_xs", out, 0, 0xc326a000);
+  expect_at("iq2_xs", out, 1, 0x41f80000);
+  expect_at("iq2_xs", out, 7, 0xc1f80000);
+
+  uint8_t s2[82] = {0};
+  put16(s2, 0x3c00);
+  s2[2] = 1;     /* index 1 (qh bits 0 and 1 clear) */
+  s2[34] = 0x80; /* sign bits as stored: only [7] negative */
+  s2[74] = 0x01; /* (0.5 + 1) * 0.25 = 0.375 */
+  bs_decode(BS_DT_IQ2_S, s2, 1, out);
+  expect_at("iq2_s", out, 0, 0x41810000);
+  expect_at("iq2_s", out, 7, 0xc0400000);
+}
+
+Test(decode, iq3)
+{
+  /* IQ3_XXS: d | qs[64] | per group a u32 of 4 x 7 sign bits and the scale;
+   * entry 255 of iq3xxs_grid is 0x3e341c04 (4, 28, 52, 62) */
+  float out[256];
+  uint8_t xxs[98] = {0};
+  put16(xxs, 0x3c00);
+  xxs[2 + 1] = 255;
+  xxs[66] = 0x7f; /* ksigns(127) = 255: all negative */
+  xxs[69] = 0x10; /* scale 1: (0.5 + 1) * 0.5 = 0.75 */
+  bs_decode(BS_DT_IQ3_XXS, xxs, 1, out);
+  expect_at("iq3_xxs", out, 0, 0xc0400000); /* entry 0: 4s */
+  expect_at("iq3_xxs", out, 4, 0xc0400000);
+  expect_at("iq3_xxs", out, 7, 0xc23a0000);
+
+  /* IQ3_S: d | qs[64] | qh[8] | signs[32] | scales[4]; entry 511 of
+   * iq3s_grid is 0x0f0f0101 (1, 1, 15, 15), entry 0 four 1s */
+  uint8_t s3[110] = {0};
+  put16(s3, 0x3c00);
+  s3[2] = 0xff;   /* with qh[0] bit 0: index 511 */
+  s3[66] = 0x01;  /* the second index of the pair takes bit 1: clear */
+  s3[74] = 0x01;  /* [0] negative */
+  s3[106] = 0x02; /* 1 + 2 * 2 = 5 */
+  bs_decode(BS_DT_IQ3_S, s3, 1, out);
+  expect_at("iq3_s", out, 0, 0xc0a00000);
+  expect_at("iq3_s", out, 2, 0x42960000);
+  expect_at("iq3_s", out, 4, 0x40a00000);
+}
+
+Test(decode, iq1)
+{
+  /* iq1s_grid entry 0 is eight -1s, entry 2047 eight 1s; y = dl * (g + delta) */
+  float out[256];
+  uint8_t s1[50] = {0};
+  put16(s1, 0x3c00);
+  s1[2] = 0xff;           /* with qh bits 0-2 = 7: entry 2047 */
+  put16(s1 + 34, 0xb007); /* delta -0.125 (bit 15), scale 3: dl = 7 */
+  bs_decode(BS_DT_IQ1_S, s1, 1, out);
+  expect_at("iq1_s", out, 0, 0x40c40000); /* 7 * 0.875 */
+  expect_at("iq1_s", out, 8, 0xc0fc0000); /* 7 * -1.125 */
+
+  /* IQ1_M: qs[32] | qh[16] | scales (4 x u16): d = 1.0 (0x3c00) from the
+   * top nibbles (0, 0, 0xc, 3); group 0: dl1 = 2 * 5 + 1, dl2 = 2 * 2 + 1 */
+  uint8_t m1[56] = {0};
+  m1[0] = 0xff;
+  m1[32] = 0x0f; /* first 8: index bits 7, delta -0.125; second 8: 0, +0.125 */
+  put16(m1 + 48, 0x0015);
+  put16(m1 + 52, 0xc000);
+  put16(m1 + 54, 0x3000);
+  bs_decode(BS_DT_IQ1_M, m1, 1, out);
+  expect_at("iq1_m", out, 0, 0x411a0000);  /* 11 * 0.875 */
+  expect_at("iq1_m", out, 8, 0xc11a0000);  /* 11 * -0.875 */
+  expect_at("iq1_m", out, 16, 0xc08c0000); /* 5 * -0.875 */
+}
+
+Test(decode, grid_tables)
+{
+  /* Spot checks against ggml-common.h: first and last entries, and one
+   * between, of every grid. */
+  cr_expect_eq(bs_iq2xxs_grid[0], 0x0808080808080808u);
+  cr_expect_eq(bs_iq2xxs_grid[255], 0x2b2b2b1908081908u);
+  cr_expect_eq(bs_iq2xs_grid[511], 0x2b2b2b2b2b2b2b2bu);
+  cr_expect_eq(bs_iq2s_grid[1023], 0x2b2b2b2b2b2b2b2bu);
+  cr_expect_eq(bs_iq3xxs_grid[255], 0x3e341c04u);
+  cr_expect_eq(bs_iq3s_grid[511], 0x0f0f0101u);
+  cr_expect_eq(bs_iq3s_grid[300], 0x07030503u);
+  cr_expect_eq(bs_iq1s_grid[0], 0xffffffffffffffffu);
+  cr_expect_eq(bs_iq1s_grid[1000], 0x00000000ffff00ffu);
+  cr_expect_eq(bs_iq1s_grid[2047], 0x0101010101010101u);
+  /* every IQ1 value is -1, 0 or 1; every IQ2 value 8, 25 or 43 */
+  for (int i = 0; i < 2048; i++)
+    for (int j = 0; j < 8; j++) {
+      uint8_t v = (uint8_t)(bs_iq1s_grid[i] >> 8 * j);
+      cr_assert(v == 0xff || v == 0 || v == 1, "iq1s_grid[%d]", i);
+    }
+  const uint64_t *g2[] = {bs_iq2xxs_grid, bs_iq2xs_grid, bs_iq2s_grid};
+  const int n2[] = {256, 512, 1024};
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < n2[k]; i++)
+      for (int j = 0; j < 8; j++) {
+        uint8_t v = (uint8_t)(g2[k][i] >> 8 * j);
+        cr_assert(v == 0x08 || v == 0x19 || v == 0x2b, "grid %d [%d]", k, i);
+      }
 }
 
 /* ---- bs_catalog_decode_as and the decoded read path ------------------------------------------ */
