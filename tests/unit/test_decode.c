@@ -765,6 +765,35 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   bs_catalog_destroy(&cat);
 }
 
+Test(decode_as, superblocks_read_mid_block)
+{
+  /* Two tensors of 256-element blocks (Q4_K, IQ1_M) of pseudo-random bytes:
+   * reads starting and ending inside a block (every 7th offset, lengths 1
+   * to 61) give the same bytes as the whole decode. */
+  static uint8_t st[144 * 3 + 56 * 2];
+  for (size_t i = 0; i < sizeof st; i++)
+    st[i] = (uint8_t)((i * 2654435761u) >> 11);
+  put16(st, 0x3c00); /* normal scales in the first block */
+  put16(st + 2, 0x2c00);
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err_clear(&cerr);
+  add_mem_src(&cat, st, sizeof st);
+  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_Q4_K, 2, (uint64_t[]){3, 256}, 0, &cerr));
+  struct bs_tensor *m = bs_catalog_add(&cat, "m", BS_DT_IQ1_M, 1, (uint64_t[]){512}, 0, &cerr);
+  cr_assert_not_null(m);
+  m->off = 144 * 3; /* the data's offset in the source (a reader sets it) */
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+  static float whole_k[768], whole_m[512];
+  bs_decode(BS_DT_Q4_K, st, 3, whole_k);
+  bs_decode(BS_DT_IQ1_M, st + 144 * 3, 2, whole_m);
+  cr_assert(cat.tensors[0].decoded && cat.tensors[0].nbytes == sizeof whole_k);
+  cr_assert(cat.tensors[1].decoded && cat.tensors[1].nbytes == sizeof whole_m);
+  check_slices(&cat, &cat.tensors[0], (const uint8_t *)whole_k);
+  check_slices(&cat, &cat.tensors[1], (const uint8_t *)whole_m);
+  bs_catalog_destroy(&cat);
+}
+
 Test(decode_as, q8_0_across_steps)
 {
   /* 600 Q8_0 blocks (19200 elements: more than one 8192-element step), each
