@@ -8,7 +8,9 @@
  * the lowest byte (ggml reads an entry as a byte array on a little-endian
  * machine; decode_ggml.c takes the bytes by shifting, so the order holds
  * on any host). iq1s_grid's bytes are signed (0xff is -1).
- * tests/e2e/test_decoded.py parses this file for its own NumPy decoders. */
+ * tests/e2e/test_decoded.py parses this file and checks every grid against
+ * the same grid built from another of ggml's tables, the quantizer's kgrid_*
+ * (tests/support/ggml_kgrid.py). */
 #include "core/decode_grids.h"
 
 /* clang-format off */

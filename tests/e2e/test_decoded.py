@@ -3,7 +3,8 @@ not F32 as F32. BF16 and F16 tensors made by torch (a strided view among
 them) and a GGUF with blocks of every ggml quantized type (random bytes,
 scales forced to fp16/f32 extremes: built here from the format description)
 are mounted with the option; the bytes equal NumPy's own decode written here
-from ggml's description (never our C code), at odd offsets too (reads that
+from ggml's description (never our C code; the IQ grids built from ggml's
+quantizer tables and checked against decode_grids.c), at odd offsets too (reads that
 start and end mid-block), through mmap, and through the .npy views (<f4);
 the xattrs name F32 and the stored dtype; integers stay; a type without a
 decoder (F4) is shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
@@ -253,9 +254,9 @@ def deq_iq4_xs(b):
     return np.concatenate(out, axis=1)
 
 
-def grids():
+def parsed_grids():
     """The IQ grids as src/core/decode_grids.c holds them (each entry's bytes,
-    lowest first): parsed from that file, the formulas below are ours."""
+    lowest first), parsed from that file."""
     import re
     text = read_all(os.path.join(SOURCE_DIR, "src/core/decode_grids.c")).decode()
     g = {}
@@ -270,10 +271,31 @@ def grids():
     return g
 
 
-GRID = grids()
+def built_grids():
+    """The same grids built independently: from ggml's quantizer tables
+    (tests/support/ggml_kgrid.py), each u16 packing a point's level indexes,
+    and the levels ggml's dequantization grids use: IQ2 8, 25, 43; IQ1 -1, 0,
+    1; IQ3_XXS 4, 12, ..., 52, 62; IQ3_S 1, 3, ..., 15."""
+    sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
+    from ggml_kgrid import kgrid
+    def build(table, nvals, bits, levels):
+        k = np.array(kgrid(table), np.int64)[:, None]
+        return np.array(levels, np.int64)[(k >> (bits * np.arange(nvals))) & ((1 << bits) - 1)].astype(np.uint8)
+    two = [8, 25, 43, 0]
+    return {"iq2xxs_grid": build("kgrid_2bit_256", 8, 2, two), "iq2xs_grid": build("kgrid_2bit_512", 8, 2, two),
+            "iq2s_grid": build("kgrid_2bit_1024", 8, 2, two),
+            "iq1s_grid": build("kgrid_1bit_2048", 8, 2, [-1, 0, 1, 0]),
+            "iq3xxs_grid": build("kgrid_256", 4, 3, [4, 12, 20, 28, 36, 44, 52, 62]),
+            "iq3s_grid": build("kgrid_512", 4, 3, [1, 3, 5, 7, 9, 11, 13, 15])}
+
+
+GRID = built_grids()
+_PARSED = parsed_grids()
+for _n, _g in GRID.items():
+    check(np.array_equal(_PARSED[_n], _g), "decode_grids.c's %s equals the grid built from ggml's quantizer table" % _n)
 # ggml's ksigns_iq2xs: 7 sign bits and an eighth that makes the number of set bits even
 KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], np.int32)
-check(np.array_equal(GRID["kvalues_mxfp4"], KV_MXFP4) and np.array_equal(GRID["kvalues_iq4nl"], KV_IQ4NL),
+check(np.array_equal(_PARSED["kvalues_mxfp4"], KV_MXFP4) and np.array_equal(_PARSED["kvalues_iq4nl"], KV_IQ4NL),
       "decode_grids.c's kvalues tables equal the test's own copies")
 
 
