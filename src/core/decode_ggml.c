@@ -4,8 +4,11 @@
  * its reference dequantize_row_* (ggml/src/ggml-quants.c). "fp16" is an IEEE
  * half widened exactly (bs_f16_to_f32, ggml's GGML_FP16_TO_FP32); an integer
  * times a float is the integer converted to float, then one rounded product,
- * evaluated left to right as the reference writes it (C11 here: no
- * contraction into fused multiply-adds, as in ggml's reference build). */
+ * evaluated left to right as the reference writes it. A product that a
+ * sum or difference follows is its own statement, so that no compiler
+ * contracts the two into a fused multiply-add (ISO C mode, which this
+ * build uses, keeps GCC from contracting across statements; clang's
+ * default contracts within one expression only). */
 #include "core/decode_ggml.h"
 
 #include <string.h>
@@ -35,8 +38,10 @@ void bs_dec_q2_k(const uint8_t *in, size_t n, float *out)
         for (int g = 0; g < 2; g++) {
           const uint8_t s = *sc++;
           const float dl = d * (float)(s & 0xf), ml = min * (float)(s >> 4);
-          for (int l = 0; l < 16; l++)
-            *out++ = dl * (float)((q[16 * g + l] >> shift) & 3) - ml;
+          for (int l = 0; l < 16; l++) {
+            const float p = dl * (float)((q[16 * g + l] >> shift) & 3);
+            *out++ = p - ml;
+          }
         }
       }
     }
@@ -103,10 +108,14 @@ void bs_dec_q4_k(const uint8_t *in, size_t n, float *out)
       const float d1 = d * (float)sc, m1 = min * (float)m;
       scale_min_k4(2 * k + 1, s, &sc, &m);
       const float d2 = d * (float)sc, m2 = min * (float)m;
-      for (int l = 0; l < 32; l++)
-        out[l] = d1 * (float)(q[l] & 0xf) - m1;
-      for (int l = 0; l < 32; l++)
-        out[32 + l] = d2 * (float)(q[l] >> 4) - m2;
+      for (int l = 0; l < 32; l++) {
+        const float p = d1 * (float)(q[l] & 0xf);
+        out[l] = p - m1;
+      }
+      for (int l = 0; l < 32; l++) {
+        const float p = d2 * (float)(q[l] >> 4);
+        out[32 + l] = p - m2;
+      }
       out += 64;
     }
   }
@@ -127,10 +136,14 @@ void bs_dec_q5_k(const uint8_t *in, size_t n, float *out)
       scale_min_k4(2 * k + 1, s, &sc, &m);
       const float d2 = d * (float)sc, m2 = min * (float)m;
       const uint8_t u1 = (uint8_t)(1u << (2 * k)), u2 = (uint8_t)(2u << (2 * k));
-      for (int l = 0; l < 32; l++)
-        out[l] = d1 * (float)((ql[l] & 0xf) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; l++)
-        out[32 + l] = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      for (int l = 0; l < 32; l++) {
+        const float p = d1 * (float)((ql[l] & 0xf) + (qh[l] & u1 ? 16 : 0));
+        out[l] = p - m1;
+      }
+      for (int l = 0; l < 32; l++) {
+        const float p = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0));
+        out[32 + l] = p - m2;
+      }
       out += 64;
     }
   }
