@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/checked.h"
+#include "core/decode_ggml.h"
 
 static float f32_from_bits(uint32_t u)
 {
@@ -212,6 +213,25 @@ static const struct {
     [BS_DT_Q5_1] = {dec_q5_1, 32, 24},
     [BS_DT_Q8_0] = {dec_q8_0, 32, 34},
     [BS_DT_Q8_1] = {dec_q8_1, 32, 36},
+    /* ggml's super-block and lookup types: decode_ggml.c */
+    [BS_DT_Q2_K] = {bs_dec_q2_k, 256, 84},
+    [BS_DT_Q3_K] = {bs_dec_q3_k, 256, 110},
+    [BS_DT_Q4_K] = {bs_dec_q4_k, 256, 144},
+    [BS_DT_Q5_K] = {bs_dec_q5_k, 256, 176},
+    [BS_DT_Q6_K] = {bs_dec_q6_k, 256, 210},
+    [BS_DT_Q8_K] = {bs_dec_q8_k, 256, 292},
+    [BS_DT_TQ1_0] = {bs_dec_tq1_0, 256, 54},
+    [BS_DT_TQ2_0] = {bs_dec_tq2_0, 256, 66},
+    [BS_DT_MXFP4] = {bs_dec_mxfp4, 32, 17},
+    [BS_DT_IQ4_NL] = {bs_dec_iq4_nl, 32, 18},
+    [BS_DT_IQ4_XS] = {bs_dec_iq4_xs, 256, 136},
+    [BS_DT_IQ2_XXS] = {bs_dec_iq2_xxs, 256, 66},
+    [BS_DT_IQ2_XS] = {bs_dec_iq2_xs, 256, 74},
+    [BS_DT_IQ2_S] = {bs_dec_iq2_s, 256, 82},
+    [BS_DT_IQ3_XXS] = {bs_dec_iq3_xxs, 256, 98},
+    [BS_DT_IQ3_S] = {bs_dec_iq3_s, 256, 110},
+    [BS_DT_IQ1_S] = {bs_dec_iq1_s, 256, 50},
+    [BS_DT_IQ1_M] = {bs_dec_iq1_m, 256, 56},
 };
 
 bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)

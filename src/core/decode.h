@@ -8,7 +8,8 @@
  * payloads where F32 can hold them; F64 is narrowed to nearest, ties to
  * even (NaN and infinities kept); ggml's block types follow ggml's
  * reference dequantize_row_* bit for bit (fp16 scale to float, then d * q,
- * plus m where the block has a minimum). */
+ * plus m where the block has a minimum; the K-quants, TQ, MXFP4 and IQ types
+ * in decode_ggml.c, their lookup grids in decode_grids.c). */
 #ifndef BURNSTORE_CORE_DECODE_H
 #define BURNSTORE_CORE_DECODE_H
 
@@ -25,8 +26,7 @@
 
 /* True if dt decodes to F32, with its unit; false (F32 itself, integers,
  * bool, complex, and types whose decoding is not defined here: F4/F6
- * (packing order unspecified), QFLOAT, torch's quantized types, the
- * K-quants and IQ/TQ/MXFP4 blocks for now). */
+ * (packing order unspecified), QFLOAT, torch's quantized types). */
 bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes);
 
 /* Decode n units of dt from in (n * bytes bytes) into out (n * elems

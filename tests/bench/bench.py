@@ -26,6 +26,10 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
   journal   the staging journal's cost: dd (1 MiB and 32 KiB writes) and
             rsync -aX of a many-tensor model into a mount, with the journal
             and with -o nojournal
+  quants    ggml Q8_0 and Q4_K tensors of --quant-mib MiB of F32 output:
+            first read through -o as=F32 and burnstore cat --as F32 (GB/s of
+            F32 out) vs the raw read of an F32 tensor of the same size from
+            the same file (the mount's and the CLI's ceiling)
 
 --quick shrinks every size (CI runs it: it checks that every section works,
 not its timings), takes one run of each and prints only the table at the end,
@@ -642,6 +646,82 @@ def sec_convert(a, d):
         small_kb / med(rss), "size-independent", med(rss) <= small_kb * 1.5)
 
 
+def sec_quants(a, d):
+    """ggml blocks decoded to F32 (issue 22): Q8_0 and Q4_K tensors of
+    --quant-mib MiB of F32 output each, read through -o as=F32 (first reads,
+    a fresh mount each) and with burnstore cat --as F32, against the raw
+    read of an F32 tensor of the same size from the same file and mount."""
+    import numpy as np
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../support"))
+    import gguf_fixture as G
+    out_bytes = a.quant_mib << 20
+    n = out_bytes // 4
+    log("quants: Q8_0 and Q4_K tensors of %d MiB as F32, vs an F32 tensor of the same size" % a.quant_mib)
+    rng = np.random.default_rng(22)
+    q8 = rng.integers(0, 256, (n // 32, 34), dtype=np.uint8)
+    q8[:, 0:2] = np.frombuffer(np.float16(0.0625).tobytes(), np.uint8)  # a normal fp16 scale
+    q4k = rng.integers(0, 256, (n // 256, 144), dtype=np.uint8)
+    q4k[:, 0:4] = np.frombuffer(np.array([0.01, 0.002], "<f2").tobytes(), np.uint8)
+    f32 = rng.standard_normal(n, dtype=np.float32)
+    src = os.path.join(d, "q.gguf")
+    rows_ = n // 4096
+    G.write(src, [("general.architecture", G.VSTRING, "bench")],
+            [("f32", G.TYPE_ID["F32"], [rows_, 4096], f32.tobytes()),
+             ("q8_0", G.TYPE_ID["Q8_0"], [rows_, 4096], q8.tobytes()),
+             ("q4_k", G.TYPE_ID["Q4_K"], [rows_, 4096], q4k.tobytes())])
+    del q8, q4k, f32
+    run(["cat", src])
+    mnt = os.path.join(d, "m")
+
+    tck = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(pid):
+        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tck  # utime + stime
+
+    def first_read(name):
+        """GB/s of the first read (wall clock), and per CPU-second of the
+        daemon (the one-core figure: on a shared machine the wall clock also
+        measures the other loads)."""
+        ts, cs = [], []
+        for _ in range(a.runs):
+            with BS(a.bin, src, mnt, "as=F32", foreground=True) as m:
+                c = cpu_s(m.proc.pid)
+                ts.append(dd_read(os.path.join(mnt, name)))
+                cs.append(cpu_s(m.proc.pid) - c)
+        return out_bytes / med(ts) / 1e9, out_bytes / max(med(cs), 1.0 / tck) / 1e9
+
+    raw, rawc = first_read("f32")
+    row("quants", "raw first read of the F32 tensor (mount)", raw, "GB/s")
+    row("quants", "  the same per daemon CPU-second", rawc, "GB/s")
+    for t in ("Q8_0", "Q4_K"):
+        v, vc = first_read(t.lower())
+        row("quants", "%s as=F32 first read (F32 out)" % t, v, "GB/s", raw, v / raw)
+        row("quants", "  the same per daemon CPU-second (one core)", vc, "GB/s", rawc, vc / rawc, ">= 1 GB/s",
+            vc >= 1.0)
+    # the decoder without FUSE: the CLI reads the stored blocks and writes F32
+    # to /dev/null; wall clock, and per CPU-second of the process (user + sys)
+    def cat(key, opts=()):
+        ts, cs = [], []
+        for _ in range(a.runs):
+            t = time.perf_counter()
+            p = subprocess.Popen([a.bin, "cat"] + list(opts) + [src, key], stdout=subprocess.DEVNULL)
+            _, status, ru = os.wait4(p.pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise RuntimeError("burnstore cat %s failed" % key)
+            ts.append(time.perf_counter() - t)
+            cs.append(ru.ru_utime + ru.ru_stime)
+        return out_bytes / med(ts) / 1e9, out_bytes / max(med(cs), 1e-3) / 1e9
+
+    rawc, rawcc = cat("f32")
+    row("quants", "burnstore cat of the F32 tensor", rawc, "GB/s")
+    row("quants", "  the same per CPU-second", rawcc, "GB/s")
+    for t in ("Q8_0", "Q4_K"):
+        v, vc = cat(t.lower(), ("--as", "F32"))
+        row("quants", "burnstore cat --as F32 %s (F32 out)" % t, v, "GB/s", rawc, v / rawc)
+        row("quants", "  the same per CPU-second (one core)", vc, "GB/s", rawcc, vc / rawcc, ">= 1 GB/s", vc >= 1.0)
+
+
 def sec_journal(a, d):
     """What the staging journal costs (issue 18): the same writes into a mount
     with it (the default) and with -o nojournal; ratio = with / without."""
@@ -695,8 +775,9 @@ def main():
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--size-mib", type=int, default=None)
     ap.add_argument("--convert-mib", type=int, default=None)
+    ap.add_argument("--quant-mib", type=int, default=None, help="quants: MiB of F32 output per tensor")
     ap.add_argument("--only", default=None,
-                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,journal")
+                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,journal,quants")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--system", action="store_true",
                     help="allow system-wide actions (root): drop the page cache, start a local sshd")
@@ -708,13 +789,14 @@ def main():
     a.runs = a.runs or (1 if q else 3)
     a.size_mib = a.size_mib or (8 if q else 512)
     a.convert_mib = a.convert_mib or (8 if q else 1024)
+    a.quant_mib = a.quant_mib or (8 if q else 256)
     a.tensors = 2000 if q else 100000
     a.ls_tensors = 500 if q else 20000
     a.million = 20000 if q else 1000000
     a.journal_mib = 8 if q else 256
     a.journal_files = 100 if q else 2000
     only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write",
-                                                         "convert", "journal"}
+                                                         "convert", "journal", "quants"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
     if a.system:
@@ -738,6 +820,8 @@ def main():
             sec_convert(a, d)
         if "journal" in only:
             sec_journal(a, d)
+        if "quants" in only:
+            sec_quants(a, d)
     finally:
         force_unmount(os.path.join(d, "m"))
         force_unmount(os.path.join(d, "net"))

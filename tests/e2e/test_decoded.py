@@ -1,11 +1,13 @@
 """Decoded views (issue 22): `-o as=F32` shows every floating tensor that is
 not F32 as F32. BF16 and F16 tensors made by torch (a strided view among
-them) and a GGUF with ggml Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 blocks (built here from
-the format description) are mounted with the option; the bytes equal NumPy's
-own decode written here from the descriptions (never our C code), at odd
-offsets too, through mmap, and through the .npy views (<f4); the xattrs name
-F32 and the stored dtype; integers stay; a type without a decoder (Q4_K) is
-shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
+them) and a GGUF with blocks of every ggml quantized type (random bytes,
+scales forced to fp16/f32 extremes: built here from the format description)
+are mounted with the option; the bytes equal NumPy's own decode written here
+from ggml's description (never our C code; the IQ grids built from ggml's
+quantizer tables and checked against decode_grids.c), at odd offsets too (reads that
+start and end mid-block), through mmap, and through the .npy views (<f4);
+the xattrs name F32 and the stored dtype; integers stay; a type without a
+decoder (F4) is shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
 the same bytes; writable mounts refuse the option; a 256 MiB
 BF16 tensor read whole costs the daemon no more peak memory than a small one."""
 import io
@@ -106,15 +108,25 @@ def f16(a):
     return np.asarray(a, dtype="<f2")
 
 
-# ggml's blocks (ggml-common.h) and reference dequantize_row_* (ggml-quants.c),
-# written here with NumPy: y = q * d (float32), plus m for the _1 types.
-def deq(name, raw):
-    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}[name]
-    b = np.frombuffer(raw, np.uint8).reshape(-1, size)
-    d = b[:, 0:2].copy().view("<f2").astype(np.float32)  # (nb, 1)
+# ggml's blocks (ggml-common.h: the block_* structs, fields in order, little
+# endian) and reference dequantize_row_* (ggml-quants.c), written here with
+# NumPy from that description. Every product and sum is a float32 operation
+# in the reference's order (NumPy float32 arithmetic rounds each one).
+F = np.float32
+SIZE = {name: size for name, _, size in G.GGML.values()}
+BLCK = {name: blck for name, blck, _ in G.GGML.values()}
+
+
+def h16(b, off):
+    """The fp16 at byte `off` of every block, widened: shape (nb, 1)."""
+    return b[:, off:off + 2].copy().view("<f2").astype(F)
+
+
+def deq_legacy(name, b):
+    d = h16(b, 0)
     if name == "Q8_0":
-        return (b[:, 2:].view(np.int8).astype(np.float32) * d).reshape(-1)
-    m = b[:, 2:4].copy().view("<f2").astype(np.float32) if name.endswith("_1") else None
+        return b[:, 2:].view(np.int8).astype(F) * d
+    m = h16(b, 2) if name.endswith("_1") else None
     hi = name.startswith("Q5")
     qoff = 2 + (2 if m is not None else 0) + (4 if hi else 0)
     qs = b[:, qoff:qoff + 16]
@@ -125,34 +137,325 @@ def deq(name, raw):
         q |= (bits << 4).astype(np.int32)
     if m is None:
         q -= 16 if hi else 8
-        return (q.astype(np.float32) * d).reshape(-1)
-    return (q.astype(np.float32) * d + m).reshape(-1)
+        return q.astype(F) * d
+    return q.astype(F) * d + m
+
+
+def per16(v):
+    """(nb, 16) per-group values to (nb, 256): element e takes group e // 16."""
+    return np.repeat(v, 16, axis=1)
+
+
+def deq_q2_k(b):
+    # scales[16] | qs[64] | d | dmin; element 128h + 32s + l: bits 2s of qs[32h + l]
+    sc, qs, d, dmin = b[:, 0:16], b[:, 16:80], h16(b, 80), h16(b, 82)
+    q = np.concatenate([(qs[:, 32 * h:32 * h + 32] >> (2 * s)) & 3 for h in range(2) for s in range(4)], axis=1)
+    dl, ml = d * (sc & 15).astype(F), dmin * (sc >> 4).astype(F)
+    return per16(dl) * q.astype(F) - per16(ml)
+
+
+def deq_q3_k(b):
+    # hmask[32] | qs[64] | scales[12] | d; 6-bit scales - 32; third bit 4h + s of hmask[l], clear: -4
+    hm, qs, s, d = b[:, 0:32].astype(np.int32), b[:, 32:96].astype(np.int32), b[:, 96:108].astype(np.int32), h16(b, 108)
+    sc = np.stack([(s[:, i] & 15 if i < 8 else s[:, i - 8] >> 4) | (((s[:, 8 + i % 4] >> (2 * (i // 4))) & 3) << 4)
+                   for i in range(16)], axis=1) - 32
+    q = np.concatenate([((qs[:, 32 * h:32 * h + 32] >> (2 * t)) & 3) - np.where((hm >> (4 * h + t)) & 1, 0, 4)
+                        for h in range(2) for t in range(4)], axis=1)
+    return per16(d * sc.astype(F)) * q.astype(F)
+
+
+def scale_min_k4(s):
+    """Q4_K/Q5_K: eight 6-bit scales and mins from 12 bytes, (nb, 8) each."""
+    s = s.astype(np.int32)
+    sc = [s[:, j] & 63 if j < 4 else (s[:, j + 4] & 15) | ((s[:, j - 4] >> 6) << 4) for j in range(8)]
+    mn = [s[:, j + 4] & 63 if j < 4 else (s[:, j + 4] >> 4) | ((s[:, j] >> 6) << 4) for j in range(8)]
+    return np.stack(sc, axis=1).astype(F), np.stack(mn, axis=1).astype(F)
+
+
+def deq_q45_k(b, five):
+    # d | dmin | scales[12] | (Q5_K: qh[32]) | qs[128]; element 64k + 32t + l: nibble t of qs[32k + l]
+    d, dmin = h16(b, 0), h16(b, 2)
+    sc, mn = scale_min_k4(b[:, 4:16])
+    qh = b[:, 16:48].astype(np.int32)
+    qs = b[:, 48:176].astype(np.int32) if five else b[:, 16:144].astype(np.int32)
+    parts = []
+    for k in range(4):
+        for t in range(2):
+            q = (qs[:, 32 * k:32 * k + 32] >> (4 * t)) & 15
+            if five:
+                q = q + 16 * ((qh >> (2 * k + t)) & 1)
+            parts.append(q)
+    q = np.concatenate(parts, axis=1).astype(F)
+    return np.repeat(d * sc, 32, axis=1) * q - np.repeat(dmin * mn, 32, axis=1)
+
+
+def deq_q6_k(b):
+    # ql[128] | qh[64] | int8 scales[16] | d; in half h, element 32c + l: nibble c // 2 of
+    # ql[64h + l + 32 (c % 2)] | bits 2c of qh[32h + l] << 4, minus 32
+    ql, qh = b[:, 0:128].astype(np.int32), b[:, 128:192].astype(np.int32)
+    sc, d = b[:, 192:208].view(np.int8).astype(F), h16(b, 208)
+    parts = []
+    for h in range(2):
+        for c in range(4):
+            lo = (ql[:, 64 * h + 32 * (c % 2):64 * h + 32 * (c % 2) + 32] >> (4 * (c // 2))) & 15
+            parts.append((lo | (((qh[:, 32 * h:32 * h + 32] >> (2 * c)) & 3) << 4)) - 32)
+    return per16(d * sc) * np.concatenate(parts, axis=1).astype(F)
+
+
+def deq_q8_k(b):
+    # f32 d | int8 qs[256] | int16 bsums[16] (unused)
+    return b[:, 0:4].copy().view("<f4").astype(F) * b[:, 4:260].view(np.int8).astype(F)
+
+
+def deq_tq1_0(b):
+    # qs[48] | qh[4] | d; trit n of byte x: ((x * 3^n mod 256) * 3) >> 8; qs[0:32] for n < 5,
+    # qs[32:48] for n < 5, qh for n < 4; y = (trit - 1) * d
+    def trits(x, n):
+        return (((x.astype(np.int32) * 3 ** n) & 255) * 3) >> 8
+    t = [trits(b[:, 0:32], n) for n in range(5)] + [trits(b[:, 32:48], n) for n in range(5)] + \
+        [trits(b[:, 48:52], n) for n in range(4)]
+    return (np.concatenate(t, axis=1) - 1).astype(F) * h16(b, 52)
+
+
+def deq_tq2_0(b):
+    # qs[64] | d; element 128j + 32l + m: bits 2l of qs[32j + m]; y = (q - 1) * d
+    q = [(b[:, 32 * j:32 * j + 32].astype(np.int32) >> (2 * l)) & 3 for j in range(2) for l in range(4)]
+    return (np.concatenate(q, axis=1) - 1).astype(F) * h16(b, 64)
+
+
+# E2M1 (OCP MX 1.0): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; ggml keeps them doubled as
+# int8 (so code 8, -0, is 0) and halves the E8M0 scale instead: 2^(e - 127) / 2.
+KV_MXFP4 = np.array([int(2 * v) * (1 if c < 8 else -1) for c, v in
+                     enumerate([0, 0.5, 1, 1.5, 2, 3, 4, 6] * 2)], np.int8)
+# ggml-common.h kvalues_iq4nl, copied here by hand (16 values).
+KV_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+
+def deq_mxfp4(b):
+    # e (E8M0) | qs[16]; element j < 16: low nibble of qs[j], j + 16: high nibble
+    d = np.ldexp(F(1), b[:, 0:1].astype(np.int32) - 128).astype(F)
+    q = np.concatenate([b[:, 1:17] & 15, b[:, 1:17] >> 4], axis=1)
+    return KV_MXFP4[q].astype(F) * d
+
+
+def deq_iq4_nl(b):
+    q = np.concatenate([b[:, 2:18] & 15, b[:, 2:18] >> 4], axis=1)
+    return h16(b, 0) * KV_IQ4NL[q].astype(F)
+
+
+def deq_iq4_xs(b):
+    # d | u16 scales_h | scales_l[4] | qs[128]; group i: 6-bit scale - 32, nibbles as IQ4_NL
+    d, sh, sl = h16(b, 0), b[:, 2:4].copy().view("<u2").astype(np.int32), b[:, 4:8].astype(np.int32)
+    out = []
+    for i in range(8):
+        ls = ((sl[:, i // 2:i // 2 + 1] >> (4 * (i % 2))) & 15) | (((sh >> (2 * i)) & 3) << 4)
+        qs = b[:, 8 + 16 * i:24 + 16 * i]
+        out.append((d * (ls - 32).astype(F)) * KV_IQ4NL[np.concatenate([qs & 15, qs >> 4], axis=1)].astype(F))
+    return np.concatenate(out, axis=1)
+
+
+def parsed_grids():
+    """The IQ grids as src/core/decode_grids.c holds them (each entry's bytes,
+    lowest first), parsed from that file."""
+    import re
+    text = read_all(os.path.join(SOURCE_DIR, "src/core/decode_grids.c")).decode()
+    g = {}
+    for typ, name, n, body in re.findall(r"const (\w+) bs_(\w+)\[(\d+)\] = \{(.*?)\};", text, re.S):
+        vals = [int(v, 0) for v in re.findall(r"-?0x[0-9a-f]+|-?\d+", body)]
+        assert len(vals) == int(n), name
+        if typ in ("uint64_t", "uint32_t"):
+            w = 8 if typ == "uint64_t" else 4
+            g[name] = np.array(vals, "<u%d" % w).view(np.uint8).reshape(-1, w)
+        else:
+            g[name] = np.array(vals, np.int8)
+    return g
+
+
+def built_grids():
+    """The same grids built independently: from ggml's quantizer tables
+    (tests/support/ggml_kgrid.py), each u16 packing a point's level indexes,
+    and the levels ggml's dequantization grids use: IQ2 8, 25, 43; IQ1 -1, 0,
+    1; IQ3_XXS 4, 12, ..., 52, 62; IQ3_S 1, 3, ..., 15."""
+    sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
+    from ggml_kgrid import kgrid
+    def build(table, nvals, bits, levels):
+        k = np.array(kgrid(table), np.int64)[:, None]
+        return np.array(levels, np.int64)[(k >> (bits * np.arange(nvals))) & ((1 << bits) - 1)].astype(np.uint8)
+    two = [8, 25, 43, 0]
+    return {"iq2xxs_grid": build("kgrid_2bit_256", 8, 2, two), "iq2xs_grid": build("kgrid_2bit_512", 8, 2, two),
+            "iq2s_grid": build("kgrid_2bit_1024", 8, 2, two),
+            "iq1s_grid": build("kgrid_1bit_2048", 8, 2, [-1, 0, 1, 0]),
+            "iq3xxs_grid": build("kgrid_256", 4, 3, [4, 12, 20, 28, 36, 44, 52, 62]),
+            "iq3s_grid": build("kgrid_512", 4, 3, [1, 3, 5, 7, 9, 11, 13, 15])}
+
+
+GRID = built_grids()
+_PARSED = parsed_grids()
+for _n, _g in GRID.items():
+    check(np.array_equal(_PARSED[_n], _g), "decode_grids.c's %s equals the grid built from ggml's quantizer table" % _n)
+# ggml's ksigns_iq2xs: 7 sign bits and an eighth that makes the number of set bits even
+KSIGNS = np.array([i | (bin(i).count("1") & 1) << 7 for i in range(128)], np.int32)
+check(np.array_equal(_PARSED["kvalues_mxfp4"], KV_MXFP4) and np.array_equal(_PARSED["kvalues_iq4nl"], KV_IQ4NL),
+      "decode_grids.c's kvalues tables equal the test's own copies")
+
+
+def signed(db, vals, signs):
+    """db * value, negated where bit j of signs is set (ggml multiplies by -1:
+    the same but for a NaN's sign, which burnstore defines as the negation's)."""
+    v = db * vals.astype(F)
+    return np.where((signs[:, None] >> np.arange(vals.shape[1])) & 1, -v, v)
+
+
+def u16(b, off):
+    return b[:, off:off + 2].copy().view("<u2")[:, 0].astype(np.int64)
+
+
+def u32(b, off):
+    return b[:, off:off + 4].copy().view("<u4")[:, 0].astype(np.int64)
+
+
+def deq_iq2(b, name):
+    d, out = h16(b, 0), []
+    for ib in range(8):
+        if name == "IQ2_XXS":
+            a1 = u32(b, 6 + 8 * ib)
+            db = d * (F(0.5) + (a1 >> 28).astype(F)[:, None]) * F(0.25)
+            for l in range(4):
+                out.append(signed(db, GRID["iq2xxs_grid"][b[:, 2 + 8 * ib + l]], KSIGNS[(a1 >> 7 * l) & 127]))
+            continue
+        sc = b[:, (66 if name == "IQ2_XS" else 74) + ib].astype(np.int32)[:, None]
+        dbs = [d * (F(0.5) + (sc & 15).astype(F)) * F(0.25), d * (F(0.5) + (sc >> 4).astype(F)) * F(0.25)]
+        for l in range(4):
+            if name == "IQ2_XS":
+                q = u16(b, 2 + 2 * (4 * ib + l))
+                out.append(signed(dbs[l // 2], GRID["iq2xs_grid"][q & 511], KSIGNS[q >> 9]))
+            else:
+                idx = b[:, 2 + 4 * ib + l].astype(np.int64) | ((b[:, 66 + ib].astype(np.int64) << (8 - 2 * l)) & 0x300)
+                out.append(signed(dbs[l // 2], GRID["iq2s_grid"][idx], b[:, 34 + 4 * ib + l].astype(np.int64)))
+    return np.concatenate(out, axis=1)
+
+
+def deq_iq3(b, name):
+    d, out = h16(b, 0), []
+    for ib in range(8):
+        qs = b[:, 2 + 8 * ib:10 + 8 * ib].astype(np.int64)
+        if name == "IQ3_XXS":
+            a = u32(b, 66 + 4 * ib)
+            db = d * (F(0.5) + (a >> 28).astype(F)[:, None]) * F(0.5)
+            for l in range(4):
+                v = np.concatenate([GRID["iq3xxs_grid"][qs[:, 2 * l]], GRID["iq3xxs_grid"][qs[:, 2 * l + 1]]], axis=1)
+                out.append(signed(db, v, KSIGNS[(a >> 7 * l) & 127]))
+        else:
+            nib = (b[:, 106 + ib // 2].astype(np.int32) >> (4 * (ib % 2))) & 15
+            db = d * (1 + 2 * nib).astype(F)[:, None]
+            qh = b[:, 66 + ib].astype(np.int64)
+            for l in range(4):
+                i1 = qs[:, 2 * l] | ((qh << (8 - 2 * l)) & 256)
+                i2 = qs[:, 2 * l + 1] | ((qh << (7 - 2 * l)) & 256)
+                v = np.concatenate([GRID["iq3s_grid"][i1], GRID["iq3s_grid"][i2]], axis=1)
+                out.append(signed(db, v, b[:, 74 + 4 * ib + l].astype(np.int64)))
+    return np.concatenate(out, axis=1)
+
+
+def deq_iq1(b, name):
+    g = GRID["iq1s_grid"].view(np.int8).astype(F)
+    out = []
+    if name == "IQ1_S":
+        d = h16(b, 0)
+        for ib in range(8):
+            qh = u16(b, 34 + 2 * ib)
+            dl = d * (2 * ((qh >> 12) & 7) + 1).astype(F)[:, None]
+            delta = np.where(qh & 0x8000, F(-0.125), F(0.125))[:, None]
+            for l in range(4):
+                idx = b[:, 2 + 4 * ib + l].astype(np.int64) | (((qh >> 3 * l) & 7) << 8)
+                out.append(dl * (g[idx] + delta))
+        return np.concatenate(out, axis=1)
+    sc = [u16(b, 48 + 2 * k) for k in range(4)]
+    dh = (sc[0] >> 12) | ((sc[1] >> 8) & 0xf0) | ((sc[2] >> 4) & 0xf00) | (sc[3] & 0xf000)
+    d = dh.astype("<u2").view("<f2").astype(F)[:, None]
+    for ib in range(8):
+        s = sc[ib // 2] >> (6 * (ib % 2))
+        dls = [d * (2 * (s & 7) + 1).astype(F)[:, None], d * (2 * ((s >> 3) & 7) + 1).astype(F)[:, None]]
+        for l in range(4):
+            h = b[:, 32 + 2 * ib + l // 2].astype(np.int64) >> (4 * (l % 2))
+            delta = np.where(h & 8, F(-0.125), F(0.125))[:, None]
+            out.append(dls[l // 2] * (g[b[:, 4 * ib + l].astype(np.int64) | ((h & 7) << 8)] + delta))
+    return np.concatenate(out, axis=1)
+
+
+DEQ = {
+    "TQ1_0": deq_tq1_0, "TQ2_0": deq_tq2_0, "MXFP4": deq_mxfp4, "IQ4_NL": deq_iq4_nl, "IQ4_XS": deq_iq4_xs,
+    "IQ2_XXS": lambda b: deq_iq2(b, "IQ2_XXS"), "IQ2_XS": lambda b: deq_iq2(b, "IQ2_XS"),
+    "IQ2_S": lambda b: deq_iq2(b, "IQ2_S"), "IQ3_XXS": lambda b: deq_iq3(b, "IQ3_XXS"),
+    "IQ3_S": lambda b: deq_iq3(b, "IQ3_S"), "IQ1_S": lambda b: deq_iq1(b, "IQ1_S"),
+    "IQ1_M": lambda b: deq_iq1(b, "IQ1_M"),
+    "Q2_K": deq_q2_k, "Q3_K": deq_q3_k, "Q4_K": lambda b: deq_q45_k(b, False),
+    "Q5_K": lambda b: deq_q45_k(b, True), "Q6_K": deq_q6_k, "Q8_K": deq_q8_k,
+}
+for _n in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    DEQ[_n] = (lambda n: lambda b: deq_legacy(n, b))(_n)
+
+
+def deq(name, raw):
+    b = np.frombuffer(raw, np.uint8).reshape(-1, SIZE[name])
+    return DEQ[name](b).astype(F).reshape(-1)
+
+
+# Where each type keeps its scales: (byte offset, "f16" | "f32"), forced to the extremes.
+SCALES = {"Q8_0": [(0, "f16")], "Q4_0": [(0, "f16")], "Q4_1": [(0, "f16"), (2, "f16")],
+          "Q5_0": [(0, "f16")], "Q5_1": [(0, "f16"), (2, "f16")],
+          "Q2_K": [(80, "f16"), (82, "f16")], "Q3_K": [(108, "f16")], "Q4_K": [(0, "f16"), (2, "f16")],
+          "Q5_K": [(0, "f16"), (2, "f16")], "Q6_K": [(208, "f16")], "Q8_K": [(0, "f32")],
+          "TQ1_0": [(52, "f16")], "TQ2_0": [(64, "f16")], "MXFP4": [(0, "e8m0")], "IQ4_NL": [(0, "f16")],
+          "IQ4_XS": [(0, "f16")], "IQ2_XXS": [(0, "f16")], "IQ2_XS": [(0, "f16")], "IQ2_S": [(0, "f16")],
+          "IQ3_XXS": [(0, "f16")], "IQ3_S": [(0, "f16")], "IQ1_S": [(0, "f16")], "IQ1_M": [(48, "iq1m")]}
 
 
 def blocks(name, nb, rng):
-    """nb blocks: random quants; scales from fp16 extremes and random values."""
-    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}[name]
+    """nb blocks of random bytes, their scales forced in turn to fp16 (or f32)
+    extremes: largest, smallest subnormal, -0, +0, infinities, NaN, then
+    random values."""
+    size = SIZE[name]
     raw = bytearray(rng.integers(0, 256, size=nb * size, dtype=np.uint8).tobytes())
-    scales = [65504.0, -65504.0, 2.0 ** -24, -0.0, 0.0, 1.0, -0.5] + list(rng.standard_normal(nb))
+    special = [65504.0, -65504.0, 2.0 ** -24, -(2.0 ** -24), 6.1e-5, -0.0, 0.0, 1.0, -0.5,
+               float("inf"), float("-inf"), float("nan")]
     for i in range(nb):
-        raw[i * size:i * size + 2] = f16(scales[i]).tobytes()
-        if name.endswith("_1"):
-            raw[i * size + 2:i * size + 4] = f16(scales[(i + 3) % nb] * 4).tobytes()
+        for k, (off, kind) in enumerate(SCALES.get(name, [])):
+            j = i + 5 * k  # the min cycles out of step with the scale
+            v = special[j] if j < len(special) else float(rng.standard_normal())
+            if kind == "f16":
+                raw[i * size + off:i * size + off + 2] = f16(v).tobytes()
+            elif kind == "e8m0":  # 0 and 1 (the subnormal scales), 2, 127, 254, 255, then random
+                raw[i * size + off] = [0, 1, 2, 127, 254, 255][i] if i < 6 else raw[i * size + off]
+            elif kind == "iq1m":  # the fp16 d in the top nibbles of four u16
+                h = int(f16(v).view("<u2"))
+                for n in range(4):
+                    p = i * size + off + 2 * n + 1
+                    raw[p] = (raw[p] & 0x0F) | (((h >> (4 * n)) & 15) << 4)
+            else:
+                v = {65504.0: 3.4028235e38, 2.0 ** -24: 1e-45}.get(v, v * 1e-30 if abs(v) == 1.0 else v)
+                raw[i * size + off:i * size + off + 4] = np.asarray(v, "<f4").tobytes()
     return bytes(raw)
 
 
-@np.errstate(over="ignore")
+GGUF_TYPES = (("Q8_0", [3, 64]), ("Q4_0", [5, 32]), ("Q4_1", [4, 64]), ("Q5_0", [7, 32]), ("Q5_1", [2, 96]),
+              ("Q2_K", [16, 256]), ("Q3_K", [16, 256]), ("Q4_K", [2, 2048]), ("Q5_K", [16, 256]),
+              ("Q6_K", [16, 256]), ("Q8_K", [16, 256]), ("TQ1_0", [16, 256]), ("TQ2_0", [16, 256]),
+              ("MXFP4", [16, 64]), ("IQ4_NL", [16, 64]), ("IQ4_XS", [16, 256]), ("IQ2_XXS", [16, 256]),
+              ("IQ2_XS", [16, 256]), ("IQ2_S", [16, 256]), ("IQ3_XXS", [16, 256]), ("IQ3_S", [16, 256]),
+              ("IQ1_S", [16, 256]), ("IQ1_M", [16, 256]))
+
+
+@np.errstate(over="ignore", invalid="ignore")
 def test_gguf_blocks(tmp):
     rng = np.random.default_rng(22)
     tensors, want = [], {}
-    for name, shape in (("Q8_0", [3, 64]), ("Q4_0", [5, 32]), ("Q4_1", [4, 64]), ("Q5_0", [7, 32]),
-                        ("Q5_1", [2, 96])):
-        nb = shape[0] * shape[1] // 32
+    for name, shape in GGUF_TYPES:
+        nb = shape[0] * shape[1] // BLCK[name]
         raw = blocks(name, nb, rng)
         key = "blk.%s.weight" % name.lower()
         tensors.append((key, G.TYPE_ID[name], shape, raw))
         want[key] = (name, deq(name, raw).reshape(shape))
-    tensors.append(("blk.k.weight", G.TYPE_ID["Q4_K"], [256], bytes(range(144))))
     tensors.append(("blk.i.weight", G.TYPE_ID["I32"], [2], struct.pack("<2i", -1, 7)))
     src = os.path.join(tmp, "q.gguf")
     G.write(src, G.every_type_kvs(), tensors)
@@ -163,11 +466,7 @@ def test_gguf_blocks(tmp):
             check_npy(p + ".npy", w, key + ".npy")
             check(os.getxattr(p, X + "stored_dtype") == name.encode(), "%s: stored_dtype %s" % (key, name))
             check(os.getxattr(p, X + "shape") == ("[%d,%d]" % w.shape).encode(), "%s: shape kept" % key)
-        k = os.path.join(m, "blk/k/weight")
-        check(os.getxattr(k, X + "dtype") == b"Q4_K" and os.path.getsize(k) == 144,
-              "Q4_K (no decoder yet) shown as stored")
-        notes = os.getxattr(m, X + "notes").decode()
-        check("as=F32: 1 Q4_K tensor shown as stored (no decoder for Q4_K)" in notes, "the note: %r" % notes)
+        check(X + "notes" not in os.listxattr(m), "no note: every type decoded")
         check(read_all(os.path.join(m, "blk/i/weight")) == struct.pack("<2i", -1, 7), "I32 unchanged")
     # the CLI: the same decode, raw and as .npy
     for key, (name, w) in want.items():
@@ -179,12 +478,24 @@ def test_gguf_blocks(tmp):
               "cat --npy --as F32 %s" % key)
     r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
     check(r.returncode == 0 and r.stdout == struct.pack("<2i", -1, 7), "cat --as F32 of an I32: unchanged")
-    r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.k.weight"], capture_output=True, timeout=DEADLINE)
-    err = r.stderr.decode()
-    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for Q4_K" in err,
-          "cat --as F32 of a Q4_K refused in one line: %r" % err)
     r = subprocess.run([BIN, "cat", "--as", "F16", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
     check(r.returncode == 2 and b"--as needs F32" in r.stderr, "cat --as F16 refused: %r" % r.stderr)
+
+
+def test_no_decoder(tmp):
+    """A floating dtype without a decoder (F4: its packing order is not
+    specified) is shown as stored, with a note; cat --as F32 refuses it."""
+    src = os.path.join(tmp, "f4.safetensors")
+    write_st(src, "w", "F4", [2, 8], 8)
+    with Mount(src, os.path.join(tmp, "mf"), "as=F32") as m:
+        w = os.path.join(m, "w")
+        check(os.getxattr(w, X + "dtype") == b"F4" and os.path.getsize(w) == 8, "F4 shown as stored")
+        notes = os.getxattr(m, X + "notes").decode()
+        check("as=F32: 1 F4 tensor shown as stored (no decoder for F4)" in notes, "the note: %r" % notes)
+    r = subprocess.run([BIN, "cat", "--as", "F32", src, "w"], capture_output=True, timeout=DEADLINE)
+    err = r.stderr.decode()
+    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for F4" in err,
+          "cat --as F32 of an F4 refused in one line: %r" % err)
 
 
 def test_refusals(tmp):
@@ -247,5 +558,5 @@ def test_memory_independent_of_size(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_refusals, test_memory_independent_of_size],
+    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_no_decoder, test_refusals, test_memory_independent_of_size],
               "decoded")

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/decode.h"
+#include "core/decode_grids.h"
 
 static uint32_t bits(float f)
 {
@@ -51,9 +52,9 @@ Test(decode, units)
   cr_assert(bs_decode_unit(BS_DT_Q8_0, &e, &b) && e == 32 && b == 34);
   cr_assert(bs_decode_unit(BS_DT_Q5_1, &e, &b) && e == 32 && b == 24);
   /* not decoded: F32 itself, integers, bool, complex, unspecified packing,
-   * not yet written (K-quants), out of range */
-  enum bs_dtype no[] = {BS_DT_F32,     BS_DT_I32,    BS_DT_U8,  BS_DT_BOOL, BS_DT_C64,  BS_DT_F4,
-                        BS_DT_F6_E2M3, BS_DT_QFLOAT, BS_DT_QI8, BS_DT_Q4_K, BS_DT_COUNT};
+   * out of range */
+  enum bs_dtype no[] = {BS_DT_F32, BS_DT_I32,     BS_DT_U8,     BS_DT_BOOL, BS_DT_C64,
+                        BS_DT_F4,  BS_DT_F6_E2M3, BS_DT_QFLOAT, BS_DT_QI8,  BS_DT_COUNT};
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
     cr_expect(!bs_decode_unit(no[i], &e, &b), "%d", (int)no[i]);
   /* every unit fits the callers' bounds and agrees with the dtype table */
@@ -291,6 +292,405 @@ Test(decode, q5_1)
   cr_expect_eq(bits(out[5]), 0x3f800000);
 }
 
+/* ---- ggml's K-quants (decode_ggml.c): super-blocks of 256 ---------------------------------- */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+
+/* Element i of out has F32 bits want (NAN_ANY: a NaN). */
+static void expect_at(const char *what, const float *out, size_t i, uint32_t want)
+{
+  if (want == NAN_ANY)
+    cr_expect(isnan(out[i]), "%s [%zu]: %08x, want NaN", what, i, bits(out[i]));
+  else
+    cr_expect_eq(bits(out[i]), want, "%s [%zu]: %08x (%g), want %08x", what, i, bits(out[i]),
+                 (double)out[i], want);
+}
+
+Test(decode, q2_k)
+{
+  /* scales[16] | qs[64] | d | dmin; group g: d * (sc & 15), dmin * (sc >> 4);
+   * element 128h + 32s + l: bits 2s of qs[32h + l]; y = dl * q - ml */
+  uint8_t in[84 * 4] = {0};
+  uint8_t *b = in;
+  put16(b + 80, 0x3c00); /* d = 1 */
+  put16(b + 82, 0x3800); /* dmin = 0.5 */
+  b[0] = 0x21;           /* group 0: dl 1, ml 1 */
+  b[2] = 0xf0;           /* group 2: dl 0, ml 7.5 */
+  b[15] = 0x13;          /* group 15: dl 3, ml 0.5 */
+  b[16 + 0] = 0x03;      /* [0] = 3 - 1 = 2; [32] (bits 2-3: 0) = 0 - 7.5 */
+  b[16 + 63] = 0x80;     /* [255] (bits 6-7 of qs[63]: 2) = 6 - 0.5 */
+  b = in + 84;           /* d = -1, dmin = 0, scales 0: -0 * q - 0 = -0 */
+  put16(b + 80, 0xbc00);
+  b = in + 168; /* d = 2^-24 (subnormal), dmin = 65504 */
+  put16(b + 80, 0x0001);
+  put16(b + 82, 0x7bff);
+  b[0] = 0x0f;
+  b[1] = 0x1f;
+  b[16] = 0x03; /* [0] = 15 * 2^-24 * 3; [16] (group 1) = 0 - 65504 */
+  b = in + 252; /* d = inf: q = 1 gives inf, q = 0 gives NaN */
+  put16(b + 80, 0x7c00);
+  b[0] = 0x01;
+  b[16] = 0x01;
+  float out[1024];
+  bs_decode(BS_DT_Q2_K, in, 4, out);
+  expect_at("q2_k", out, 0, 0x40000000);
+  expect_at("q2_k", out, 1, 0xbf800000);
+  expect_at("q2_k", out, 16, 0x00000000);
+  expect_at("q2_k", out, 32, 0xc0f00000);
+  expect_at("q2_k", out, 255, 0x40b00000);
+  expect_at("q2_k", out, 256, 0x80000000);
+  expect_at("q2_k", out, 511, 0x80000000);
+  expect_at("q2_k", out, 512, 0x36340000);
+  expect_at("q2_k", out, 528, 0xc77fe000);
+  expect_at("q2_k", out, 768, 0x7f800000);
+  expect_at("q2_k", out, 769, NAN_ANY);
+}
+
+Test(decode, q3_k)
+{
+  /* hmask[32] | qs[64] | scales[12] | d. Scale i: nibble i of bytes 0-7, bits
+   * 2(i/4) of byte 8 + i%4 above, minus 32. Element 128h + 32s + l: bits 2s of
+   * qs[32h + l], minus 4 unless bit 4h + s of hmask[l]. */
+  uint8_t in[110 * 2] = {0};
+  uint8_t *b = in;
+  put16(b + 108, 0x3800); /* d = 0.5 */
+  b[96 + 5] = 0x71;       /* scale 5: low 1, scale 13: low 7 */
+  b[96 + 9] = 0xc8;       /* scale 5: high 2 (33 - 32 = 1), scale 13: high 3 (55 - 32 = 23) */
+  b[19] = 0x04;           /* hmask[19] bit 2: [83] has its third bit */
+  b[32 + 19] = 0x30;      /* [83] = bits 4-5 of qs[19] = 3 */
+  put16(in + 110 + 108, 0x8000); /* second block: d = -0 */
+  float out[512];
+  bs_decode(BS_DT_Q3_K, in, 2, out);
+  expect_at("q3_k", out, 0, 0x42800000);   /* (0.5 * -32) * (0 - 4) = 64 */
+  expect_at("q3_k", out, 80, 0xc0000000);  /* 0.5 * (0 - 4) */
+  expect_at("q3_k", out, 83, 0x3fc00000);  /* 0.5 * 3 */
+  expect_at("q3_k", out, 211, 0xc2380000); /* (0.5 * 23) * (0 - 4) */
+  /* d = -0: (-0 * -32) * (0 - 4) = +0 * -4 = -0 */
+  expect_at("q3_k", out, 256, 0x80000000);
+}
+
+Test(decode, q4_k_q5_k)
+{
+  /* d | dmin | scales[12] | (Q5_K: qh[32]) | qs[128]. Scale/min j < 4: bytes j
+   * and j + 4 (6 bits); j >= 4: nibbles of byte j + 4 and the top bits of
+   * bytes j - 4 and j. Element 64k + 32t + l: nibble t of qs[32k + l]. */
+  uint8_t in[144 * 3] = {0};
+  uint8_t *b = in;
+  put16(b, 0x4000);     /* d = 2 */
+  put16(b + 2, 0x3c00); /* dmin = 1 */
+  b[4 + 0] = 0x03;      /* scale 0 = 3 */
+  b[4 + 4] = 0x02;      /* min 0 = 2 */
+  b[4 + 11] = 0x21;     /* scale 7: 1 | (top of byte 3) << 4; min 7: 2 | (top of byte 7) << 4 */
+  b[4 + 3] = 0xc0;
+  b[4 + 7] = 0x40;
+  b[16 + 0] = 0x5a;   /* [0] = (2 * 3) * 10 - 2; [32] = 0 * 5 - 0 */
+  b[16 + 127] = 0xf0; /* [255] = (2 * 49) * 15 - 18 */
+  b = in + 144;       /* d = dmin = 65504, scale 0 = min 0 = 63, [256] = q 15 */
+  put16(b, 0x7bff);
+  put16(b + 2, 0x7bff);
+  b[4] = 63;
+  b[8] = 63;
+  b[16] = 0x0f;
+  put16(in + 288, 0x7e00); /* d = NaN */
+  float out[768];
+  bs_decode(BS_DT_Q4_K, in, 3, out);
+  expect_at("q4_k", out, 0, 0x42680000);
+  expect_at("q4_k", out, 32, 0x00000000);
+  expect_at("q4_k", out, 255, 0x44b58000);
+  expect_at("q4_k", out, 256, 0x4c5c6470); /* 4126752 * 15 - 4126752, exact */
+  expect_at("q4_k", out, 512, NAN_ANY);
+
+  uint8_t in5[176 * 2] = {0};
+  b = in5;
+  put16(b, 0x3c00);         /* d = 1 */
+  put16(b + 2, 0x3800);     /* dmin = 0.5 */
+  b[4 + 0] = 1;             /* scale 0 */
+  b[4 + 4] = 4;             /* min 0: 4 * 0.5 = 2 */
+  b[4 + 1] = 2;             /* scale 1 */
+  b[4 + 11] = 0x01;         /* scale 7 */
+  b[16 + 0] = 0x01;         /* qh[0] bit 0: [0] gets 16 */
+  b[16 + 31] = 0x80;        /* qh[31] bit 7: [255] gets 16 */
+  b[48 + 0] = 0x3f;         /* [0] = 1 * (15 + 16) - 2; [32] = 2 * 3 - 0 */
+  put16(in5 + 176, 0x8000); /* second block: d = -0, dmin = +0: -0 * q - 0 = -0 */
+  float out5[512];
+  bs_decode(BS_DT_Q5_K, in5, 2, out5);
+  expect_at("q5_k", out5, 0, 0x41e80000);
+  expect_at("q5_k", out5, 32, 0x40c00000);
+  expect_at("q5_k", out5, 255, 0x41800000);
+  expect_at("q5_k", out5, 223, 0x00000000);
+  expect_at("q5_k", out5, 256, 0x80000000);
+}
+
+Test(decode, q6_k)
+{
+  /* ql[128] | qh[64] | int8 scales[16] | d. In each half, element 32c + l:
+   * nibble c / 2 of ql[l + 32 (c % 2)] | bits 2c of qh[l] << 4, minus 32;
+   * scale e / 16 of the element's index e. */
+  uint8_t in[210] = {0};
+  int8_t *sc = (int8_t *)(in + 192);
+  put16(in + 208, 0x3800); /* d = 0.5 */
+  sc[0] = -3;
+  sc[2] = 127;
+  sc[4] = -128;
+  sc[6] = 1;
+  sc[15] = 2;
+  in[0] = 0x4f;
+  in[128] = 0xe4; /* qh[0]: 0, 1, 2, 3 for c = 0..3 */
+  in[127] = 0xf0;
+  in[128 + 63] = 0xc0;
+  float out[256];
+  bs_decode(BS_DT_Q6_K, in, 1, out);
+  expect_at("q6_k", out, 0, 0x41cc0000);   /* (0.5 * -3) * (15 - 32) */
+  expect_at("q6_k", out, 32, 0xc47e0000);  /* (0.5 * 127) * (16 - 32) */
+  expect_at("q6_k", out, 64, 0xc3800000);  /* (0.5 * -128) * (36 - 32) */
+  expect_at("q6_k", out, 96, 0x41000000);  /* (0.5 * 1) * (48 - 32) */
+  expect_at("q6_k", out, 16, 0x80000000);  /* (0.5 * 0) * -32 = -0 */
+  expect_at("q6_k", out, 255, 0x41f80000); /* (0.5 * 2) * (63 - 32) */
+}
+
+Test(decode, q8_k)
+{
+  /* an F32 d (not fp16) | int8 qs[256] | bsums (unused); y = d * q */
+  uint8_t in[292 * 3] = {0};
+  const uint32_t d[3] = {0xc0200000 /* -2.5 */, 0x00000001 /* 2^-149 */, 0x7f800000 /* inf */};
+  for (int b = 0; b < 3; b++)
+    for (int k = 0; k < 4; k++)
+      in[292 * b + k] = (uint8_t)(d[b] >> 8 * k);
+  in[4] = 0x80;             /* -128 * -2.5 */
+  in[292 + 4] = 127;        /* 127 * 2^-149 */
+  in[292 + 5] = 0xff;       /* -1 * 2^-149 */
+  in[584 + 4] = 1;          /* inf */
+  in[292 + 4 + 255] = 0x7f; /* bsums follow qs: not read as values */
+  float out[768];
+  bs_decode(BS_DT_Q8_K, in, 3, out);
+  expect_at("q8_k", out, 0, 0x43a00000);
+  expect_at("q8_k", out, 255, 0x80000000); /* 0 * -2.5 */
+  expect_at("q8_k", out, 256, 0x0000007f);
+  expect_at("q8_k", out, 257, 0x80000001);
+  expect_at("q8_k", out, 511, 0x0000007f);
+  expect_at("q8_k", out, 512, 0x7f800000);
+  expect_at("q8_k", out, 513, NAN_ANY); /* inf * 0 */
+}
+
+/* ---- ternary, MXFP4, IQ4 and the grid types (decode_ggml.c) ---------------------------------- */
+
+Test(decode, tq1_0)
+{
+  /* qs[48] | qh[4] | d. 205 packs the trits 2, 1, 0, 1, 2 (ggml's fixed-point
+   * base 3: ceil(194 * 256 / 243)); trit n of x is ((x * 3^n mod 256) * 3) >> 8.
+   * qs[0..31] give elements 32n + m, qs[32..47] 160 + 16n + m, qh 240 + 4n + m. */
+  uint8_t in[54] = {0};
+  in[0] = in[32] = in[48] = 205;
+  put16(in + 52, 0xc000); /* d = -2: (t - 1) * -2 */
+  float out[256];
+  bs_decode(BS_DT_TQ1_0, in, 1, out);
+  const size_t at[] = {0, 32, 64, 96, 128, 160, 176, 192, 240, 244, 248, 252, 1, 255};
+  const uint32_t want[] = {0xc0000000, 0x80000000, 0x40000000, 0x80000000, 0xc0000000,
+                           0xc0000000, 0x80000000, 0x40000000, 0xc0000000, 0x80000000,
+                           0x40000000, 0x80000000, 0x40000000, 0x40000000};
+  for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+    expect_at("tq1_0", out, at[i], want[i]);
+}
+
+Test(decode, tq2_0)
+{
+  /* qs[64] | d; element 128j + 32l + m: bits 2l of qs[32j + m]; (q - 1) * d */
+  uint8_t in[66] = {0};
+  in[0] = 0xe4; /* 0, 1, 2, 3 */
+  in[33] = 0x02;
+  put16(in + 64, 0x3800); /* d = 0.5 */
+  float out[256];
+  bs_decode(BS_DT_TQ2_0, in, 1, out);
+  expect_at("tq2_0", out, 0, 0xbf000000);
+  expect_at("tq2_0", out, 32, 0x00000000);
+  expect_at("tq2_0", out, 64, 0x3f000000);
+  expect_at("tq2_0", out, 96, 0x3f800000);
+  expect_at("tq2_0", out, 129, 0x3f000000);
+  expect_at("tq2_0", out, 255, 0xbf000000);
+}
+
+Test(decode, mxfp4)
+{
+  /* e (E8M0) | qs[16]; the doubled E2M1 value times 2^(e - 128) */
+  uint8_t in[17 * 4] = {0};
+  in[0] = 127;  /* 0.5 */
+  in[1] = 0x9f; /* [0] = -12 * 0.5, [16] = -1 * 0.5 */
+  in[2] = 0x08; /* [1] = code 8 (E2M1 -0): ggml's table has 0, so +0 */
+  in[17] = 0;   /* 2^-128, an F32 subnormal */
+  in[18] = 0x07;
+  in[34] = 255; /* 2^127 (ggml has no NaN here) */
+  in[35] = 0x01;
+  in[36] = 0x02;
+  in[51] = 1; /* 2^-127 */
+  in[52] = 0x0d;
+  float out[128];
+  bs_decode(BS_DT_MXFP4, in, 4, out);
+  expect_at("mxfp4", out, 0, 0xc0c00000);
+  expect_at("mxfp4", out, 16, 0xbf000000);
+  expect_at("mxfp4", out, 1, 0x00000000);
+  expect_at("mxfp4", out, 17, 0x00000000);
+  expect_at("mxfp4", out, 32, 0x01400000); /* 12 * 2^-128 */
+  expect_at("mxfp4", out, 64, 0x7f000000);
+  expect_at("mxfp4", out, 65, 0x7f800000); /* 2 * 2^127 overflows */
+  expect_at("mxfp4", out, 96, 0x81400000); /* -6 * 2^-127 */
+}
+
+Test(decode, iq4_nl_xs)
+{
+  /* IQ4_NL: d | qs[16]; nibbles index kvalues_iq4nl (-127 ... 113) */
+  uint8_t nl[36] = {0x00, 0x3c, 0xf0};
+  put16(nl + 18, 0x8000); /* d = -0 */
+  nl[20] = 0x88;          /* value 1: -0 * 1 */
+  float out[256];
+  bs_decode(BS_DT_IQ4_NL, nl, 2, out);
+  expect_at("iq4_nl", out, 0, 0xc2fe0000);
+  expect_at("iq4_nl", out, 16, 0x42e20000);
+  expect_at("iq4_nl", out, 32, 0x80000000);
+
+  /* IQ4_XS: d | u16 scales_h | scales_l[4] | qs[128]; group i: (nibble i of
+   * scales_l | 2 bits of scales_h << 4) - 32 */
+  uint8_t xs[136] = {0};
+  put16(xs, 0x3400);     /* d = 0.25 */
+  put16(xs + 2, 0xc000); /* group 7: high bits 3 */
+  xs[4] = 0x21;          /* group 0: 1 - 32, group 1: 2 - 32 */
+  xs[7] = 0xf0;          /* group 7: 15 | 48 = 63 - 32 = 31 */
+  xs[8] = 0x98;          /* [0] = 1 * -7.75, [16] = 13 * -7.75 */
+  xs[8 + 112] = 0x0f;    /* [224] = 113 * 7.75, [240] = -127 * 7.75 */
+  bs_decode(BS_DT_IQ4_XS, xs, 1, out);
+  expect_at("iq4_xs", out, 0, 0xc0f80000);
+  expect_at("iq4_xs", out, 16, 0xc2c98000);
+  expect_at("iq4_xs", out, 32, 0x446e2000); /* -127 * -7.5 */
+  expect_at("iq4_xs", out, 224, 0x445af000);
+  expect_at("iq4_xs", out, 240, 0xc4761000);
+}
+
+Test(decode, iq2)
+{
+  /* grid entry 0 of the IQ2 grids is eight 8s, entry 1 43 then seven 8s;
+   * ksigns(1) = 129 (bits 0 and 7: the parity bit) */
+  float out[512];
+  uint8_t xxs[66 * 2] = {0};
+  put16(xxs, 0x3c00);
+  xxs[2 + 1] = 1;                 /* group 0, second 8: entry 1 */
+  const uint32_t a1 = 0xf0000001; /* scale 15: (0.5 + 15) * 0.25 = 3.875; first 8: ksigns(1) */
+  for (int k = 0; k < 4; k++)
+    xxs[6 + k] = (uint8_t)(a1 >> 8 * k);
+  put16(xxs + 66, 0x0001); /* d = 2^-24: (2^-24 * 0.5) * 0.25 * 8 */
+  bs_decode(BS_DT_IQ2_XXS, xxs, 2, out);
+  expect_at("iq2_xxs", out, 0, 0xc1f80000);
+  expect_at("iq2_xxs", out, 1, 0x41f80000);
+  expect_at("iq2_xxs", out, 7, 0xc1f80000);
+  expect_at("iq2_xxs", out, 8, 0x4326a000);
+  expect_at("iq2_xxs", out, 256, 0x33800000);
+
+  uint8_t xs[74] = {0};
+  put16(xs, 0x3c00);
+  put16(xs + 2, 0x0201); /* entry 1, ksigns(1) */
+  xs[66] = 0x0f;         /* first 16 of group 0: 3.875 */
+  bs_decode(BS_DT_IQ2_XS, xs, 1, out);
+  expect_at("iq2_xs", out, 0, 0xc326a000);
+  expect_at("iq2_xs", out, 1, 0x41f80000);
+  expect_at("iq2_xs", out, 7, 0xc1f80000);
+
+  uint8_t s2[82] = {0};
+  put16(s2, 0x3c00);
+  s2[2] = 1;     /* index 1 (qh bits 0 and 1 clear) */
+  s2[34] = 0x80; /* sign bits as stored: only [7] negative */
+  s2[74] = 0x01; /* (0.5 + 1) * 0.25 = 0.375 */
+  bs_decode(BS_DT_IQ2_S, s2, 1, out);
+  expect_at("iq2_s", out, 0, 0x41810000);
+  expect_at("iq2_s", out, 7, 0xc0400000);
+}
+
+Test(decode, iq3)
+{
+  /* IQ3_XXS: d | qs[64] | per group a u32 of 4 x 7 sign bits and the scale;
+   * entry 255 of iq3xxs_grid is 0x3e341c04 (4, 28, 52, 62) */
+  float out[256];
+  uint8_t xxs[98] = {0};
+  put16(xxs, 0x3c00);
+  xxs[2 + 1] = 255;
+  xxs[66] = 0x7f; /* ksigns(127) = 255: all negative */
+  xxs[69] = 0x10; /* scale 1: (0.5 + 1) * 0.5 = 0.75 */
+  bs_decode(BS_DT_IQ3_XXS, xxs, 1, out);
+  expect_at("iq3_xxs", out, 0, 0xc0400000); /* entry 0: 4s */
+  expect_at("iq3_xxs", out, 4, 0xc0400000);
+  expect_at("iq3_xxs", out, 7, 0xc23a0000);
+
+  /* IQ3_S: d | qs[64] | qh[8] | signs[32] | scales[4]; entry 511 of
+   * iq3s_grid is 0x0f0f0101 (1, 1, 15, 15), entry 0 four 1s */
+  uint8_t s3[110] = {0};
+  put16(s3, 0x3c00);
+  s3[2] = 0xff;   /* with qh[0] bit 0: index 511 */
+  s3[66] = 0x01;  /* the second index of the pair takes bit 1: clear */
+  s3[74] = 0x01;  /* [0] negative */
+  s3[106] = 0x02; /* 1 + 2 * 2 = 5 */
+  bs_decode(BS_DT_IQ3_S, s3, 1, out);
+  expect_at("iq3_s", out, 0, 0xc0a00000);
+  expect_at("iq3_s", out, 2, 0x42960000);
+  expect_at("iq3_s", out, 4, 0x40a00000);
+}
+
+Test(decode, iq1)
+{
+  /* iq1s_grid entry 0 is eight -1s, entry 2047 eight 1s; y = dl * (g + delta) */
+  float out[256];
+  uint8_t s1[50] = {0};
+  put16(s1, 0x3c00);
+  s1[2] = 0xff;           /* with qh bits 0-2 = 7: entry 2047 */
+  put16(s1 + 34, 0xb007); /* delta -0.125 (bit 15), scale 3: dl = 7 */
+  bs_decode(BS_DT_IQ1_S, s1, 1, out);
+  expect_at("iq1_s", out, 0, 0x40c40000); /* 7 * 0.875 */
+  expect_at("iq1_s", out, 8, 0xc0fc0000); /* 7 * -1.125 */
+
+  /* IQ1_M: qs[32] | qh[16] | scales (4 x u16): d = 1.0 (0x3c00) from the
+   * top nibbles (0, 0, 0xc, 3); group 0: dl1 = 2 * 5 + 1, dl2 = 2 * 2 + 1 */
+  uint8_t m1[56] = {0};
+  m1[0] = 0xff;
+  m1[32] = 0x0f; /* first 8: index bits 7, delta -0.125; second 8: 0, +0.125 */
+  put16(m1 + 48, 0x0015);
+  put16(m1 + 52, 0xc000);
+  put16(m1 + 54, 0x3000);
+  bs_decode(BS_DT_IQ1_M, m1, 1, out);
+  expect_at("iq1_m", out, 0, 0x411a0000);  /* 11 * 0.875 */
+  expect_at("iq1_m", out, 8, 0xc11a0000);  /* 11 * -0.875 */
+  expect_at("iq1_m", out, 16, 0xc08c0000); /* 5 * -0.875 */
+}
+
+Test(decode, grid_tables)
+{
+  /* Spot checks against ggml-common.h: first and last entries, and one
+   * between, of every grid. */
+  cr_expect_eq(bs_iq2xxs_grid[0], 0x0808080808080808u);
+  cr_expect_eq(bs_iq2xxs_grid[255], 0x2b2b2b1908081908u);
+  cr_expect_eq(bs_iq2xs_grid[511], 0x2b2b2b2b2b2b2b2bu);
+  cr_expect_eq(bs_iq2s_grid[1023], 0x2b2b2b2b2b2b2b2bu);
+  cr_expect_eq(bs_iq3xxs_grid[255], 0x3e341c04u);
+  cr_expect_eq(bs_iq3s_grid[511], 0x0f0f0101u);
+  cr_expect_eq(bs_iq3s_grid[300], 0x07030503u);
+  cr_expect_eq(bs_iq1s_grid[0], 0xffffffffffffffffu);
+  cr_expect_eq(bs_iq1s_grid[1000], 0x00000000ffff00ffu);
+  cr_expect_eq(bs_iq1s_grid[2047], 0x0101010101010101u);
+  /* every IQ1 value is -1, 0 or 1; every IQ2 value 8, 25 or 43 */
+  for (int i = 0; i < 2048; i++)
+    for (int j = 0; j < 8; j++) {
+      uint8_t v = (uint8_t)(bs_iq1s_grid[i] >> 8 * j);
+      cr_assert(v == 0xff || v == 0 || v == 1, "iq1s_grid[%d]", i);
+    }
+  const uint64_t *g2[] = {bs_iq2xxs_grid, bs_iq2xs_grid, bs_iq2s_grid};
+  const int n2[] = {256, 512, 1024};
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < n2[k]; i++)
+      for (int j = 0; j < 8; j++) {
+        uint8_t v = (uint8_t)(g2[k][i] >> 8 * j);
+        cr_assert(v == 0x08 || v == 0x19 || v == 0x2b, "grid %d [%d]", k, i);
+      }
+}
+
 /* ---- bs_catalog_decode_as and the decoded read path ------------------------------------------ */
 
 #include "burnstore/catalog.h"
@@ -339,8 +739,8 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   t->storage_bytes = sizeof st;
   uint64_t one[] = {2};
   cr_assert_not_null(bs_catalog_add(&cat, "i", BS_DT_I32, 1, one, 0, &cerr));
-  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_Q4_K, 1, (uint64_t[]){256}, 0, &cerr));
-  cr_assert_not_null(bs_catalog_add(&cat, "k2", BS_DT_Q4_K, 1, (uint64_t[]){512}, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_F4, 1, (uint64_t[]){256}, 0, &cerr));
+  cr_assert_not_null(bs_catalog_add(&cat, "k2", BS_DT_F4, 1, (uint64_t[]){512}, 0, &cerr));
   cr_assert_not_null(bs_catalog_add(&cat, "f", BS_DT_F32, 1, one, 0, &cerr));
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
   t = &cat.tensors[0];
@@ -349,9 +749,9 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   cr_assert_eq(t->stored_dtype, BS_DT_BF16);
   cr_assert_eq(t->nbytes, 24);
   cr_assert(!cat.tensors[1].decoded && cat.tensors[1].dtype == BS_DT_I32);
-  cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_Q4_K);
+  cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_F4);
   cr_assert(!cat.tensors[4].decoded && cat.tensors[4].nbytes == 8);
-  cr_assert_str_eq(cat.notes, "as=F32: 2 Q4_K tensors shown as stored (no decoder for Q4_K)\n");
+  cr_assert_str_eq(cat.notes, "as=F32: 2 F4 tensors shown as stored (no decoder for F4)\n");
   int fd;
   uint64_t base;
   cr_assert(!bs_tensor_fd_range(&cat, t, &fd, &base), "a decoded tensor is never spliced");
@@ -362,6 +762,35 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0);
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F16, &cerr), -1);
   cr_assert_eq(cerr.code, EINVAL);
+  bs_catalog_destroy(&cat);
+}
+
+Test(decode_as, superblocks_read_mid_block)
+{
+  /* Two tensors of 256-element blocks (Q4_K, IQ1_M) of pseudo-random bytes:
+   * reads starting and ending inside a block (every 7th offset, lengths 1
+   * to 61) give the same bytes as the whole decode. */
+  static uint8_t st[144 * 3 + 56 * 2];
+  for (size_t i = 0; i < sizeof st; i++)
+    st[i] = (uint8_t)((i * 2654435761u) >> 11);
+  put16(st, 0x3c00); /* normal scales in the first block */
+  put16(st + 2, 0x2c00);
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  bs_err_clear(&cerr);
+  add_mem_src(&cat, st, sizeof st);
+  cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_Q4_K, 2, (uint64_t[]){3, 256}, 0, &cerr));
+  struct bs_tensor *m = bs_catalog_add(&cat, "m", BS_DT_IQ1_M, 1, (uint64_t[]){512}, 0, &cerr);
+  cr_assert_not_null(m);
+  m->off = 144 * 3; /* the data's offset in the source (a reader sets it) */
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+  static float whole_k[768], whole_m[512];
+  bs_decode(BS_DT_Q4_K, st, 3, whole_k);
+  bs_decode(BS_DT_IQ1_M, st + 144 * 3, 2, whole_m);
+  cr_assert(cat.tensors[0].decoded && cat.tensors[0].nbytes == sizeof whole_k);
+  cr_assert(cat.tensors[1].decoded && cat.tensors[1].nbytes == sizeof whole_m);
+  check_slices(&cat, &cat.tensors[0], (const uint8_t *)whole_k);
+  check_slices(&cat, &cat.tensors[1], (const uint8_t *)whole_m);
   bs_catalog_destroy(&cat);
 }
 
