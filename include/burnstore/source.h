@@ -43,6 +43,8 @@ struct bs_src_ops {
   void (*fd_put)(const struct bs_src *s, int fd);
   /* The file's identity at open; false when the source is no file. */
   bool (*ident)(const struct bs_src *s, struct bs_src_ident *id);
+  /* A remote source's URL and validator (bs_src_remote). NULL: not remote. */
+  bool (*remote)(const struct bs_src *s, const char **reopen, const char **validator);
   /* Free s->impl (and what it holds). Required. */
   void (*release)(struct bs_src *s);
 };
@@ -109,6 +111,13 @@ struct bs_http_opts {
  * it (the caller prefixes it). */
 BS_NODISCARD int bs_src_init_http(struct bs_src *s, const char *url,
                                   const struct bs_http_opts *opts, bs_err *err);
+/* A remote source's identity, what a staging INDEX records so that
+ * --finish opens the same bytes or refuses: *reopen the URL that opens it
+ * again (an hf:// URL at its pinned commit; NULL when the URL holds
+ * credentials, which are never written down), *validator what its reads are
+ * conditional on ("If-Match: ETAG" or "If-Unmodified-Since: DATE"; "" when
+ * the server gave neither). Both live as long as s. false: s is not remote. */
+bool bs_src_remote(const struct bs_src *s, const char **reopen, const char **validator);
 void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
 
 /* Read exactly n bytes at off. Reading past the end is an EINVAL error that

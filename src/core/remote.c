@@ -124,6 +124,8 @@ void bs_remote_free(struct bs_remote *r)
   bs_free(r->name);
   bs_free(r->hf_pre);
   bs_free(r->hf_path);
+  bs_free(r->hf_spec_pre);
+  bs_free(r->hf_spec_path);
   memset(r, 0, sizeof *r);
 }
 
@@ -188,6 +190,8 @@ static int parse_hf(const char *spec, const struct bs_remote_env *env, struct bs
     epath = NULL;
     r->url = r->hf_pre ? join(r->hf_pre, erev, "/", r->hf_path, NULL) : NULL;
     r->name = bs_strdup(spec);
+    r->hf_spec_pre = bs_strndup(spec, (size_t)(repo + rn - spec));
+    r->hf_spec_path = bs_strdup(path);
   }
   bool http = ep && (strncasecmp(ep, "http://", 7) == 0 || strncasecmp(ep, "https://", 8) == 0);
   bs_free(ep);
@@ -195,7 +199,7 @@ static int parse_hf(const char *spec, const struct bs_remote_env *env, struct bs
   bs_free(erev);
   bs_free(epath);
   bs_free(erepo);
-  if (!r->url || !r->name)
+  if (!r->url || !r->name || !r->hf_spec_pre || !r->hf_spec_path)
     return fail(r, msg, mn, "out of memory");
   if (!http)
     return fail(r, msg, mn, "HF_ENDPOINT is no http:// or https:// URL");
@@ -303,6 +307,7 @@ int bs_remote_sibling(const struct bs_remote *r, const char *rel, struct bs_remo
   memset(out, 0, sizeof *out);
   out->kind = r->kind;
   memcpy(out->sigv4, r->sigv4, sizeof out->sigv4);
+  memcpy(out->commit, r->commit, sizeof out->commit);
   if (r->kind == BS_REMOTE_HTTP) {
     out->url = bs_http_resolve(r->url, rel);
     out->name = out->url ? bs_http_redact(out->url) : NULL;
@@ -313,10 +318,14 @@ int bs_remote_sibling(const struct bs_remote *r, const char *rel, struct bs_remo
     if (r->kind == BS_REMOTE_HF) {
       out->hf_pre = bs_strdup(r->hf_pre);
       out->hf_path = erel ? beside(r->hf_path, erel) : NULL;
+      out->hf_spec_pre = bs_strdup(r->hf_spec_pre);
+      out->hf_spec_path = beside(r->hf_spec_path, rel);
     }
     bs_free(erel);
   }
-  if (!out->url || !out->name || (r->kind == BS_REMOTE_HF && (!out->hf_pre || !out->hf_path))) {
+  if (!out->url || !out->name ||
+      (r->kind == BS_REMOTE_HF &&
+       (!out->hf_pre || !out->hf_path || !out->hf_spec_pre || !out->hf_spec_path))) {
     bs_remote_free(out);
     return -1;
   }
@@ -337,7 +346,21 @@ int bs_remote_hf_pin(struct bs_remote *r, const char *commit)
   memset(r->url, 0, strlen(r->url));
   bs_free(r->url);
   r->url = url;
+  memcpy(r->commit, commit, n + 1);
   return 0;
+}
+
+char *bs_remote_reopen(const struct bs_remote *r)
+{
+  if (r->kind == BS_REMOTE_HF && r->commit[0])
+    return join(r->hf_spec_pre, "@", r->commit, "/", r->hf_spec_path, NULL);
+  if (r->kind != BS_REMOTE_HTTP)
+    return bs_strdup(r->name);
+  /* what redaction would change (user-info, a query) is a secret */
+  char *shown = bs_http_redact(r->url);
+  bool plain = shown && strcmp(shown, r->url) == 0;
+  bs_free(shown);
+  return plain ? bs_strdup(r->url) : NULL;
 }
 
 /* The first line of `path` without blanks at its ends, or NULL (none, or

@@ -26,7 +26,11 @@ struct bs_remote {
   /* hf: url is hf_pre + revision + "/" + hf_path (both URL-encoded), so
    * the revision can be pinned to the commit the first answer names. */
   char *hf_pre, *hf_path;
-  char sigv4[96]; /* s3: "aws:amz:REGION:s3" */
+  /* hf: the URL as typed up to the repository ("hf://[datasets/]ORG/REPO")
+   * and the PATH in it (not encoded), for the URL at the pinned commit. */
+  char *hf_spec_pre, *hf_spec_path;
+  char commit[72]; /* hf: the pinned commit, "" until then */
+  char sigv4[96];  /* s3: "aws:amz:REGION:s3" */
 };
 
 /* Parse spec (an http(s)://, hf:// or s3:// URL) into r. 0, or -1 with a
@@ -41,6 +45,12 @@ int bs_remote_sibling(const struct bs_remote *r, const char *rel, struct bs_remo
  * commit is no commit hash (40 or 64 hex digits) or no memory. */
 int bs_remote_hf_pin(struct bs_remote *r, const char *commit);
 void bs_remote_free(struct bs_remote *r);
+/* The URL that opens r's file again, the same bytes (what a staging INDEX
+ * records for --finish): hf:// at the pinned commit, s3:// as given, an
+ * http(s) URL as given unless it holds user-info or a query (a password, a
+ * signature: NULL then, never written to disk). bs_malloc'd; NULL also when
+ * out of memory. */
+char *bs_remote_reopen(const struct bs_remote *r);
 /* s into a bs_malloc'd string with every byte but A-Z a-z 0-9 - . _ ~ (and
  * '/' when keep_slash) as %XX. NULL: no memory. */
 char *bs_url_encode(const char *s, size_t n, bool keep_slash);

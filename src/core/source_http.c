@@ -440,6 +440,7 @@ struct http {
   struct shared *sh;
   struct bs_remote rm; /* what was asked for: hf://, s3:// or http(s):// */
   char *url;           /* rm.url, with what credentials it holds: never printed */
+  char *reopen;        /* bs_remote_reopen(&rm) once open (NULL: none) */
   uint64_t id;
   char pin[256];    /* "If-Match: ..." or "If-Unmodified-Since: ..." */
   char etag[200];   /* the pinned ETag ("" if none) */
@@ -940,6 +941,7 @@ static void http_free(struct http *h)
     return;
   shared_unref(h->sh);
   bs_remote_free(&h->rm);
+  bs_free(h->reopen);
   bs_free(h->eff);
   pthread_mutex_destroy(&h->lock);
   pthread_cond_destroy(&h->landed);
@@ -951,10 +953,21 @@ static void http_release(struct bs_src *s)
   http_free(s->impl);
 }
 
+static bool http_remote(const struct bs_src *s, const char **reopen, const char **validator)
+{
+  const struct http *h = s->impl;
+  if (reopen)
+    *reopen = h->reopen;
+  if (validator)
+    *validator = h->pin;
+  return true;
+}
+
 static const struct bs_src_ops http_ops = {
     .pread = http_pread,
     .changed = http_changed,
     .open_sibling = http_sibling,
+    .remote = http_remote,
     .release = http_release,
 };
 
@@ -1027,6 +1040,7 @@ static int open_shared(struct bs_src *s, struct shared *sh, struct bs_remote *rm
   } else if (x.lastmod[0]) {
     snprintf(h->pin, sizeof h->pin, "If-Unmodified-Since: %s", x.lastmod);
   }
+  h->reopen = bs_remote_reopen(&h->rm); /* (NULL: credentials in it, or no memory) */
   rc = 0;
 out:
   if (rc != 0) {

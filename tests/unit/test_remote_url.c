@@ -169,3 +169,44 @@ Test(remote_url, hf_token)
   unsetenv("HF_HOME");
   rmdir(dir);
 }
+
+static void reopens(const char *spec, const char *commit, const char *want)
+{
+  struct bs_remote r;
+  char msg[160];
+  cr_assert_eq(bs_remote_parse(spec, &no_env, &r, msg, sizeof msg), 0, "%s: %s", spec, msg);
+  if (commit)
+    cr_assert_eq(bs_remote_hf_pin(&r, commit), 0);
+  char *got = bs_remote_reopen(&r);
+  if (want)
+    cr_expect_str_eq(got, want, "%s", spec);
+  else
+    cr_expect_null(got, "%s: %s", spec, got);
+  bs_free(got);
+  bs_remote_free(&r);
+}
+
+Test(remote_url, reopen)
+{
+  const char *c = "0123456789abcdef0123456789abcdef01234567";
+  reopens("hf://org/repo/d/m.st", c,
+          "hf://org/repo@0123456789abcdef0123456789abcdef01234567/d/m.st");
+  reopens("hf://datasets/org/repo@dev/m.st", c,
+          "hf://datasets/org/repo@0123456789abcdef0123456789abcdef01234567/m.st");
+  reopens("hf://org/repo@dev/m.st", NULL, "hf://org/repo@dev/m.st"); /* no commit named */
+  reopens("s3://bucket/k/m.st", NULL, "s3://bucket/k/m.st");
+  reopens("https://h/m.st", NULL, "https://h/m.st");
+  reopens("https://u:p@h/m.st", NULL, NULL); /* credentials: never written down */
+  reopens("https://h/m.st?X-Amz-Signature=1", NULL, NULL);
+  /* a sibling of a pinned file reopens at the same commit */
+  struct bs_remote r, s;
+  char msg[160];
+  cr_assert_eq(bs_remote_parse("hf://org/repo/d/i.json", &no_env, &r, msg, sizeof msg), 0);
+  cr_assert_eq(bs_remote_hf_pin(&r, c), 0);
+  cr_assert_eq(bs_remote_sibling(&r, "s 1.st", &s), 0);
+  char *got = bs_remote_reopen(&s);
+  cr_expect_str_eq(got, "hf://org/repo@0123456789abcdef0123456789abcdef01234567/d/s 1.st");
+  bs_free(got);
+  bs_remote_free(&s);
+  bs_remote_free(&r);
+}
