@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, read_safetensors, run,  # noqa: E402
                      run_tests, wait_gone, write_safetensors)
-from test_remote import NGINX, Nginx  # noqa: E402
+from test_remote import NGINX, ST, Nginx  # noqa: E402
 from test_remote_hub import COMMIT_A, COMMIT_B, Env, Hub, hf_env  # noqa: E402
 
 WINDOW = 1.0  # BS_JOURNAL_SYNC_MS: the journal is on disk after it
@@ -90,6 +90,26 @@ def https_output(tmp, ng):
           "the added: %s" % {k: (len(got.get(k, b"")), len(v), got.get(k) == v)
                              for k, v in want.items()})
     check(not glob.glob(os.path.join(d, ".out.safetensors.staging-*")), "no staging left")
+
+
+def sharded_output(tmp, ng):
+    """A sharded index over HTTP into one local file: every shard recorded."""
+    d = os.path.join(tmp, "sharded")
+    os.makedirs(os.path.join(ng.root, "sh"))
+    idx = os.path.join(ng.root, "sh", "model.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=8KB", ST, idx])
+    check(r.returncode == 0 and len(os.listdir(os.path.dirname(idx))) >= 3, "shards: %s" % r.stderr)
+    out = os.path.join(d, "out.safetensors")
+    with Mount(ng.url("sh/model.safetensors.index.json"), os.path.join(d, "mnt"),
+               "output=" + out) as m:
+        time.sleep(WINDOW + 0.5)
+        stg = glob.glob(os.path.join(d, ".out.safetensors.staging-*"))
+        journal = open(os.path.join(stg[0], "JOURNAL"), "rb").read() if stg else b""
+        check(journal.count(b"\tremote\tIf-Match:") >= 3, "each shard's ETag is recorded")
+        r = m.unmount()
+        check(r is not None and r.returncode == 0, "unmount: %r" % (r.stderr if r else None))
+    r = run([BIN, "diff", ST, out])
+    check(r.returncode == 0, "the output holds every tensor of the shards: %s" % r.stdout[:300])
 
 
 def killed_then_finish(tmp, ng):
@@ -202,7 +222,7 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote_write", [with_nginx(t) for t in (
-        https_output, killed_then_finish, changed_then_finish, refusals, hub_output)],
+        https_output, sharded_output, killed_then_finish, changed_then_finish, refusals, hub_output)],
         "remote-write")
 
 
