@@ -5,7 +5,8 @@
  * the way the Hub's own client builds it (a '/' in the revision encoded).
  * s3://BUCKET/KEY is {AWS_ENDPOINT_URL}/BUCKET/KEY (path style, what
  * S3-compatible stores serve), else AWS's virtual-hosted
- * https://BUCKET.s3.REGION.amazonaws.com/KEY. */
+ * https://BUCKET.s3.REGION.amazonaws.com/KEY (path style at
+ * s3.REGION.amazonaws.com for a bucket with a '.', as AWS's CLI does). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -252,6 +253,8 @@ static int parse_s3(const char *spec, const struct bs_remote_env *env, struct bs
       http = ep && (strncasecmp(ep, "http://", 7) == 0 || strncasecmp(ep, "https://", 8) == 0);
       r->url = ep ? join(ep, "/", bucket, "/", ekey, NULL) : NULL;
       bs_free(ep);
+    } else if (strchr(bucket, '.')) { /* (a dotted bucket would not match the TLS name) */
+      r->url = join("https://s3.", region, ".amazonaws.com/", bucket, "/", ekey, NULL);
     } else {
       r->url = join("https://", bucket, ".s3.", region, ".amazonaws.com/", ekey, NULL);
     }

@@ -609,7 +609,9 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     hdrs = t;
   if (h && h->pin[0] && (t = curl_slist_append(hdrs, h->pin)))
     hdrs = t;
-  bool sign = auth && sh->sigv4[0]; /* S3: libcurl signs (SigV4), with these */
+  /* S3: libcurl signs (SigV4). libcurl 7.88 adds no x-amz-content-sha256
+   * itself, and signs the value given here as the payload's hash. */
+  bool sign = auth && sh->sigv4[0];
   if (sign && (t = curl_slist_append(hdrs, "x-amz-content-sha256: UNSIGNED-PAYLOAD")))
     hdrs = t;
   if (sign && sh->aws_token && (t = curl_slist_append(hdrs, sh->aws_token)))

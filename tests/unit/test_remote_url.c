@@ -91,6 +91,8 @@ Test(remote_url, s3)
 {
   parses("s3://my-bucket/models/m.safetensors", &no_env,
          "https://my-bucket.s3.us-east-1.amazonaws.com/models/m.safetensors");
+  parses("s3://my.dotted.bucket/m.gguf", &no_env,
+         "https://s3.us-east-1.amazonaws.com/my.dotted.bucket/m.gguf");
   struct bs_remote_env env = {.aws_region = "eu-west-3", .aws_endpoint = "http://127.0.0.1:9000/"};
   parses("s3://b.x/a b/m+1.gguf", &env, "http://127.0.0.1:9000/b.x/a%20b/m%2B1.gguf");
   struct bs_remote r, s;
