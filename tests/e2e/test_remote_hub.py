@@ -9,7 +9,7 @@ redirect of an older generation (an expired signed URL). burnstore reaches
 it through HF_ENDPOINT. Checked: every tensor of a SafeTensors, a GGUF and a
 sharded index read over hf:// equals a local mount's; the CLI verbs; the
 token from HF_TOKEN and from $HF_HOME/token, one line without it, never in
-an error, the mount table or ps; the revision pinned at open, so main moving
+an error, the mount table or ps; mount.burnstore (mount -t, fstab) with an hf:// SOURCE; the revision pinned at open, so main moving
 to another commit mid-mount (with the CDN's URLs expiring) gives the first
 commit's bytes, never a mix."""
 import json
@@ -24,8 +24,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bsmount import (BIN, Mount, check, daemon_pid, run, run_tests,  # noqa: E402
-                     write_safetensors)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, daemon_pid, force_unmount, run,  # noqa: E402
+                     run_tests, write_safetensors)
 from test_remote import (BPK, NGINX, ST, free_port, read_all, run_bytes,  # noqa: E402
                          same_as_local)
 
@@ -274,6 +274,26 @@ def tokens(tmp, hub):
                 check(TOKEN.encode() not in os.getxattr(m, n), "no token in xattr %s" % n)
 
 
+def helper(tmp, hub):
+    """mount.burnstore (what mount -t burnstore and fstab run) takes an hf:// SOURCE."""
+    hub.put("org/helper", COMMIT_A, ST)
+    mnt = os.path.join(tmp, "mnt-helper")
+    os.makedirs(mnt)
+    env = hf_env(hub, BURNSTORE_BIN=BIN)
+    r = run(["sh", os.path.join(SOURCE_DIR, "mount-helpers", "mount.burnstore"),
+             "hf://org/helper/" + os.path.basename(ST), mnt, "-o", "rw,ro,_netdev"], env=env)
+    try:
+        check(r.returncode == 0 and os.path.ismount(mnt), "mount.burnstore of hf://: %r" % r.stderr)
+        if os.path.ismount(mnt):
+            got = open(os.path.join(mnt, "conv1", "weight"), "rb").read()
+            check(got == run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout, "a tensor read")
+    finally:
+        if os.path.ismount(mnt):
+            u = run([BIN, "-u", mnt])
+            check(u.returncode == 0, "unmounted: %r" % u.stderr)
+        force_unmount(mnt)
+
+
 def pinned(tmp, hub):
     """main moves to another commit mid-mount while the CDN's URLs expire: the
     reads go back to the Hub at the pinned commit and get its bytes."""
@@ -317,7 +337,7 @@ def main():
 
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
-    run_tests("test_remote_hub", [with_hub(t) for t in (formats, cli_verbs, tokens, pinned)],
+    run_tests("test_remote_hub", [with_hub(t) for t in (formats, cli_verbs, tokens, helper, pinned)],
               "remote-hub")
 
 
