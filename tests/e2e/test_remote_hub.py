@@ -133,13 +133,29 @@ http {
         """main now names commit; the CDN's URLs of older generations answer 403."""
         self.main, self.gen = commit, gen
         self.write_map()
+        old = self.workers()
         self.proc.send_signal(signal.SIGHUP)
+        # the new config answers, and the old workers (which would still
+        # answer with the old one) are gone
         deadline = time.time() + 20
         while time.time() < deadline:
-            if self.resolve_head("org/pinned", "main", "x")[1] == commit:
+            if (self.resolve_head("org/pinned", "main", "x")[1] == commit
+                    and not old & self.workers()):
                 return
             time.sleep(0.05)
         raise RuntimeError("nginx did not reload within 20 s")
+
+    def workers(self):
+        """The pids of nginx's worker processes (the master's children)."""
+        out = set()
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and ("PPid:\t%d\n" % self.proc.pid) in open(
+                        "/proc/%s/status" % d).read():
+                    out.add(int(d))
+            except OSError:
+                pass
+        return out
 
     def requests(self, part):
         return [ln for ln in open(os.path.join(self.dir, "access.log")) if part in ln]
