@@ -43,6 +43,8 @@ struct bs_src_ops {
   void (*fd_put)(const struct bs_src *s, int fd);
   /* The file's identity at open; false when the source is no file. */
   bool (*ident)(const struct bs_src *s, struct bs_src_ident *id);
+  /* A remote source's URL and validator (bs_src_remote). NULL: not remote. */
+  bool (*remote)(const struct bs_src *s, const char **reopen, const char **validator);
   /* Free s->impl (and what it holds). Required. */
   void (*release)(struct bs_src *s);
 };
@@ -83,7 +85,8 @@ BS_NODISCARD int bs_src_init_borrowed(struct bs_src *s, const struct bs_src *fro
  * siblings (memory). */
 BS_NODISCARD int bs_src_open_sibling(const struct bs_src *s, const char *rel, struct bs_src *out,
                                      bs_err *err);
-/* Whether `s` is an http:// or https:// URL (a remote source). */
+/* Whether `s` is an http://, https://, hf:// (the Hugging Face Hub) or
+ * s3:// URL (a remote source, bs_src_init_http). */
 bool bs_src_is_url(const char *s);
 /* The URL without what may be a secret: "user:pass@" and the query string
  * (a presigned URL's signature) become "***" (a copy to bs_free; NULL: no
@@ -95,14 +98,26 @@ struct bs_http_opts {
       cache_bytes;    /* block cache of it and its siblings; 0: $BURNSTORE_HTTP_CACHE, or 64 MiB */
   const char *bearer; /* "Authorization: Bearer" token; NULL: $BURNSTORE_HTTP_TOKEN */
 };
-/* A file on an HTTP(S) server, read by range requests (libcurl): one
- * request now learns its size and pins its ETag (or Last-Modified); every
+/* A file on an HTTP(S) server, read by range requests (libcurl); also
+ * hf://[datasets/|spaces/]ORG/REPO[@REVISION]/PATH (the Hub's resolve URL at
+ * $HF_ENDPOINT, its token from HF_TOKEN or $HF_HOME/token, the revision
+ * pinned to the first answer's X-Repo-Commit) and s3://BUCKET/KEY (signed
+ * with Signature V4 from the AWS_* variables; AWS_ENDPOINT_URL path style).
+ * One request now learns its size and pins its ETag (or Last-Modified); every
  * later request is conditional on it, so a changed object fails reads with
  * EIO (bs_src_changed says why), never mixes bytes. Redirects followed, TLS
  * verified, retries with backoff on connection errors, 5xx and 429. s->name
- * is bs_http_redact(url); errors do not repeat it (the caller prefixes it). */
+ * is bs_http_redact(url) (hf:// and s3:// as given); errors do not repeat
+ * it (the caller prefixes it). */
 BS_NODISCARD int bs_src_init_http(struct bs_src *s, const char *url,
                                   const struct bs_http_opts *opts, bs_err *err);
+/* A remote source's identity, what a staging INDEX records so that
+ * --finish opens the same bytes or refuses: *reopen the URL that opens it
+ * again (an hf:// URL at its pinned commit; NULL when the URL holds
+ * credentials, which are never written down), *validator what its reads are
+ * conditional on ("If-Match: ETAG" or "If-Unmodified-Since: DATE"; "" when
+ * the server gave neither). Both live as long as s. false: s is not remote. */
+bool bs_src_remote(const struct bs_src *s, const char **reopen, const char **validator);
 void bs_src_destroy(struct bs_src *s); /* safe on a zeroed or half-built source */
 
 /* Read exactly n bytes at off. Reading past the end is an EINVAL error that

@@ -124,6 +124,11 @@ bool bs_src_ident(const struct bs_src *s, struct bs_src_ident *id)
   return s->ops && s->ops->ident && s->ops->ident(s, id);
 }
 
+bool bs_src_remote(const struct bs_src *s, const char **reopen, const char **validator)
+{
+  return s && s->ops && s->ops->remote && s->ops->remote(s, reopen, validator);
+}
+
 int bs_src_open_sibling(const struct bs_src *s, const char *rel, struct bs_src *out, bs_err *err)
 {
   zero(out);
@@ -733,6 +738,11 @@ static bool view_ident(const struct bs_src *s, struct bs_src_ident *id)
   return bs_src_ident(lender(s), id);
 }
 
+static bool view_remote(const struct bs_src *s, const char **reopen, const char **validator)
+{
+  return bs_src_remote(lender(s), reopen, validator);
+}
+
 static const struct bs_src_ops view_ops = {
     .pread = view_pread,
     .changed = view_changed,
@@ -740,6 +750,7 @@ static const struct bs_src_ops view_ops = {
     .fd_get = view_fd_get,
     .fd_put = view_fd_put,
     .ident = view_ident,
+    .remote = view_remote,
     .release = no_release,
 };
 

@@ -21,6 +21,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/http.h"
+#include "core/remote.h"
 
 enum {
   BLOCK = 1 << 20,        /* cache block */
@@ -39,16 +40,21 @@ enum {
 
 /* ---- pure pieces (http.h) ---- */
 
-bool bs_src_is_url(const char *s)
+static bool is_http(const char *s)
 {
   return s && (strncasecmp(s, "http://", 7) == 0 || strncasecmp(s, "https://", 8) == 0);
+}
+
+bool bs_src_is_url(const char *s)
+{
+  return is_http(s) || (s && (strncasecmp(s, "hf://", 5) == 0 || strncasecmp(s, "s3://", 5) == 0));
 }
 
 /* Where the authority (after "scheme://") starts and ends in url. */
 static bool authority(const char *url, const char **a, const char **e)
 {
   const char *p = strstr(url, "://");
-  if (!p || !bs_src_is_url(url))
+  if (!p || !is_http(url))
     return false;
   *a = p + 3;
   *e = *a + strcspn(*a, "/?#");
@@ -272,6 +278,10 @@ struct shared {
   uint64_t next_id;         /* (under lock) */
   struct bs_http_cache cache;
   char *auth; /* "Authorization: Bearer ..." or NULL */
+  /* s3: Signature V4 (sigv4 "" when unsigned: no AWS_ACCESS_KEY_ID) */
+  char sigv4[96];
+  char *aws_id, *aws_secret, *aws_token; /* aws_token: "x-amz-security-token: ..." */
+  const char *deny_hint;                 /* what a 401/403 suggests */
 };
 
 static void shared_unref(struct shared *sh)
@@ -286,10 +296,12 @@ static void shared_unref(struct shared *sh)
   for (size_t i = 0; i < sh->nidle; i++)
     curl_easy_cleanup(sh->idle[i]);
   bs_http_cache_destroy(&sh->cache);
-  if (sh->auth) {
-    memset(sh->auth, 0, strlen(sh->auth));
-    bs_free(sh->auth);
-  }
+  char *secrets[] = {sh->auth, sh->aws_id, sh->aws_secret, sh->aws_token};
+  for (size_t i = 0; i < sizeof secrets / sizeof *secrets; i++)
+    if (secrets[i]) {
+      memset(secrets[i], 0, strlen(secrets[i]));
+      bs_free(secrets[i]);
+    }
   pthread_mutex_destroy(&sh->lock);
   bs_free(sh);
 }
@@ -333,7 +345,54 @@ static uint64_t cache_env(void)
   return bs_mul_u64(n, mul, &n) ? n : 0;
 }
 
-static struct shared *shared_new(const struct bs_http_opts *o)
+/* The credentials of rm's kind: the Hub's token, S3's keys (from the
+ * environment), an HTTP server's BURNSTORE_HTTP_TOKEN. false: no memory. */
+static bool shared_creds(struct shared *sh, const struct bs_http_opts *o,
+                         const struct bs_remote *rm)
+{
+  char *tok = NULL;
+  sh->deny_hint = "a token: BURNSTORE_HTTP_TOKEN";
+  if (o && o->bearer) {
+    tok = bs_strdup(o->bearer);
+  } else if (rm->kind == BS_REMOTE_HF) {
+    tok = bs_hf_token();
+    sh->deny_hint = "a gated or private repository needs a token: HF_TOKEN, or $HF_HOME/token";
+  } else if (rm->kind == BS_REMOTE_HTTP && getenv("BURNSTORE_HTTP_TOKEN")) {
+    tok = bs_strdup(getenv("BURNSTORE_HTTP_TOKEN"));
+  }
+  bool want = tok && *tok;
+  if (want) {
+    size_t n = strlen(tok) + 32;
+    if ((sh->auth = bs_malloc(n)))
+      snprintf(sh->auth, n, "Authorization: Bearer %s", tok);
+  }
+  if (tok) {
+    memset(tok, 0, strlen(tok));
+    bs_free(tok);
+  }
+  if (want && !sh->auth)
+    return false;
+  if (rm->kind != BS_REMOTE_S3)
+    return true;
+  sh->deny_hint = "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and "
+                  "AWS_REGION";
+  const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
+  const char *session = getenv("AWS_SESSION_TOKEN");
+  if (!id || !*id) /* unsigned requests: a public bucket */
+    return true;
+  memcpy(sh->sigv4, rm->sigv4, sizeof sh->sigv4);
+  if (!(sh->aws_id = bs_strdup(id)) || !(sh->aws_secret = bs_strdup(secret ? secret : "")))
+    return false;
+  if (session && *session) {
+    size_t n = strlen(session) + 32;
+    if (!(sh->aws_token = bs_malloc(n)))
+      return false;
+    snprintf(sh->aws_token, n, "x-amz-security-token: %s", session);
+  }
+  return true;
+}
+
+static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_remote *rm)
 {
   struct shared *sh = bs_calloc(1, sizeof *sh);
   if (!sh)
@@ -348,14 +407,9 @@ static struct shared *shared_new(const struct bs_http_opts *o)
     shared_unref(sh);
     return NULL;
   }
-  const char *tok = o && o->bearer ? o->bearer : getenv("BURNSTORE_HTTP_TOKEN");
-  if (tok && *tok) {
-    size_t n = strlen(tok) + 32;
-    if (!(sh->auth = bs_malloc(n))) {
-      shared_unref(sh);
-      return NULL;
-    }
-    snprintf(sh->auth, n, "Authorization: Bearer %s", tok);
+  if (!shared_creds(sh, o, rm)) {
+    shared_unref(sh);
+    return NULL;
   }
   return sh;
 }
@@ -384,7 +438,9 @@ static void handle_put(struct shared *sh, CURL *c)
 
 struct http {
   struct shared *sh;
-  char *url; /* with what credentials it holds: never printed */
+  struct bs_remote rm; /* what was asked for: hf://, s3:// or http(s):// */
+  char *url;           /* rm.url, with what credentials it holds: never printed */
+  char *reopen;        /* bs_remote_reopen(&rm) once open (NULL: none) */
   uint64_t id;
   char pin[256];    /* "If-Match: ..." or "If-Unmodified-Since: ..." */
   char etag[200];   /* the pinned ETag ("" if none) */
@@ -424,7 +480,8 @@ struct xfer {
   uint64_t first, last, total;
   char etag[200], lastmod[64];
   long retry_ms;
-  bool overflow; /* more body than asked for */
+  bool overflow;   /* more body than asked for */
+  char commit[72]; /* the first answer's X-Repo-Commit (the Hub) */
 };
 
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
@@ -447,6 +504,10 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
   } else if (bs_http_header_is(line, n, "Last-Modified", &v, &vn)) {
     if (vn < sizeof x->lastmod)
       snprintf(x->lastmod, sizeof x->lastmod, "%.*s", (int)vn, v);
+  } else if (bs_http_header_is(line, n, "X-Repo-Commit", &v, &vn)) {
+    if (!x->commit[0]) /* (the Hub's answer, not its CDN's after the redirect) */
+      snprintf(x->commit, sizeof x->commit, "%.*s",
+               (int)(vn < sizeof x->commit ? vn : sizeof x->commit - 1), v);
   } else if (bs_http_header_is(line, n, "Retry-After", &v, &vn)) {
     char tmp[32];
     snprintf(tmp, sizeof tmp, "%.*s", (int)(vn < sizeof tmp ? vn : sizeof tmp - 1), v);
@@ -548,6 +609,13 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     hdrs = t;
   if (h && h->pin[0] && (t = curl_slist_append(hdrs, h->pin)))
     hdrs = t;
+  /* S3: libcurl signs (SigV4). libcurl 7.88 adds no x-amz-content-sha256
+   * itself, and signs the value given here as the payload's hash. */
+  bool sign = auth && sh->sigv4[0];
+  if (sign && (t = curl_slist_append(hdrs, "x-amz-content-sha256: UNSIGNED-PAYLOAD")))
+    hdrs = t;
+  if (sign && sh->aws_token && (t = curl_slist_append(hdrs, sh->aws_token)))
+    hdrs = t;
   int rc = -EIO;
   long wait = BACKOFF_MS;
   for (int attempt = 1; attempt <= TRIES; attempt++) {
@@ -574,6 +642,11 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
+    if (sign) {
+      curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sh->sigv4);
+      curl_easy_setopt(c, CURLOPT_USERNAME, sh->aws_id);
+      curl_easy_setopt(c, CURLOPT_PASSWORD, sh->aws_secret);
+    }
     CURLcode cc = curl_easy_perform(c);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -601,7 +674,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
       break;
     }
     if (code == 401 || code == 403) {
-      snprintf(msg, mn, "HTTP %ld: access denied (a token: BURNSTORE_HTTP_TOKEN)", code);
+      snprintf(msg, mn, "HTTP %ld: access denied (%s)", code, sh->deny_hint);
       rc = -EACCES;
       break;
     }
@@ -850,20 +923,18 @@ static bool http_changed(const struct bs_src *s, char *why, size_t n)
   return true;
 }
 
-static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_err *err);
+static int open_shared(struct bs_src *s, struct shared *sh, struct bs_remote *rm, bs_err *err);
 
 static int http_sibling(const struct bs_src *s, const char *rel, struct bs_src *out, bs_err *err)
 {
   struct http *h = s->impl;
-  char *url = bs_http_resolve(h->url, rel);
-  if (!url)
+  struct bs_remote rm;
+  if (bs_remote_sibling(&h->rm, rel, &rm) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   pthread_mutex_lock(&h->sh->lock);
   h->sh->refs++;
   pthread_mutex_unlock(&h->sh->lock);
-  int rc = open_shared(out, h->sh, url, err);
-  bs_free(url);
-  return rc;
+  return open_shared(out, h->sh, &rm, err);
 }
 
 static void http_free(struct http *h)
@@ -871,10 +942,8 @@ static void http_free(struct http *h)
   if (!h)
     return;
   shared_unref(h->sh);
-  if (h->url) {
-    memset(h->url, 0, strlen(h->url));
-    bs_free(h->url);
-  }
+  bs_remote_free(&h->rm);
+  bs_free(h->reopen);
   bs_free(h->eff);
   pthread_mutex_destroy(&h->lock);
   pthread_cond_destroy(&h->landed);
@@ -886,22 +955,35 @@ static void http_release(struct bs_src *s)
   http_free(s->impl);
 }
 
+static bool http_remote(const struct bs_src *s, const char **reopen, const char **validator)
+{
+  const struct http *h = s->impl;
+  if (reopen)
+    *reopen = h->reopen;
+  if (validator)
+    *validator = h->pin;
+  return true;
+}
+
 static const struct bs_src_ops http_ops = {
     .pread = http_pread,
     .changed = http_changed,
     .open_sibling = http_sibling,
+    .remote = http_remote,
     .release = http_release,
 };
 
-/* Open url on sh (whose reference the caller passes in, released on failure). */
-static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_err *err)
+/* Open rm on sh (whose reference the caller passes in, released on failure;
+ * rm is the source's from now on, freed on failure). */
+static int open_shared(struct bs_src *s, struct shared *sh, struct bs_remote *rm, bs_err *err)
 {
   memset(s, 0, sizeof *s);
-  char *name = bs_http_redact(url);
+  char *name = bs_strdup(rm->name);
   struct http *h = bs_calloc(1, sizeof *h);
   if (!name || !h || pthread_mutex_init(&h->lock, NULL) != 0) {
     bs_free(name);
     bs_free(h);
+    bs_remote_free(rm);
     shared_unref(sh);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
@@ -909,6 +991,7 @@ static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_
     pthread_mutex_destroy(&h->lock);
     bs_free(name);
     bs_free(h);
+    bs_remote_free(rm);
     shared_unref(sh);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
@@ -918,10 +1001,11 @@ static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_
   h->id = ++sh->next_id;
   pthread_mutex_unlock(&sh->lock);
   int rc = -1;
-  if (!(h->url = bs_strdup(url))) {
-    rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    goto out;
-  }
+  uint64_t size = 0;
+  h->rm = *rm;
+  memset(rm, 0, sizeof *rm);
+  h->url = h->rm.url;
+  const char *url = h->url;
   /* The first byte: the size (Content-Range), the ETag to pin. */
   uint8_t one;
   struct xfer x;
@@ -933,7 +1017,6 @@ static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_
     rc = bs_fail(err, e == -ESTALE ? EIO : -e, BS_OFF_NONE, NULL, "%s", msg);
     goto out;
   }
-  uint64_t size = 0;
   if (x.status == 206 && x.have_range && x.total != UINT64_MAX) {
     size = x.total;
   } else {
@@ -943,12 +1026,23 @@ static int open_shared(struct bs_src *s, struct shared *sh, const char *url, bs_
                  x.status);
     goto out;
   }
+  /* The Hub: the commit its revision resolved to is asked from now on (a
+   * sibling inherits it), so a branch that moves mid-mount mixes nothing. */
+  if (h->rm.kind == BS_REMOTE_HF && x.commit[0]) {
+    if (bs_remote_hf_pin(&h->rm, x.commit) != 0) {
+      rc = bs_fail(err, EIO, BS_OFF_NONE, NULL,
+                   "the Hub's X-Repo-Commit is no commit hash (40 or 64 hex digits)");
+      goto out;
+    }
+    h->url = h->rm.url;
+  }
   if (x.etag[0] && strncmp(x.etag, "W/", 2) != 0) {
     snprintf(h->etag, sizeof h->etag, "%s", x.etag);
     snprintf(h->pin, sizeof h->pin, "If-Match: %s", x.etag);
   } else if (x.lastmod[0]) {
     snprintf(h->pin, sizeof h->pin, "If-Unmodified-Since: %s", x.lastmod);
   }
+  h->reopen = bs_remote_reopen(&h->rm); /* (NULL: credentials in it, or no memory) */
   rc = 0;
 out:
   if (rc != 0) {
@@ -967,14 +1061,22 @@ int bs_src_init_http(struct bs_src *s, const char *url, const struct bs_http_opt
                      bs_err *err)
 {
   memset(s, 0, sizeof *s);
-  if (!bs_src_is_url(url))
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "not an http:// or https:// URL");
+  struct bs_remote_env env;
+  struct bs_remote rm;
+  char msg[160];
+  bs_remote_env_load(&env);
+  if (bs_remote_parse(url, &env, &rm, msg, sizeof msg) != 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s", msg);
   pthread_once(&curl_once, curl_global);
-  if (curl_global_rc != CURLE_OK)
+  if (curl_global_rc != CURLE_OK) {
+    bs_remote_free(&rm);
     return bs_fail(err, EIO, BS_OFF_NONE, NULL, "cannot initialise libcurl: %s",
                    curl_easy_strerror(curl_global_rc));
-  struct shared *sh = shared_new(opts);
-  if (!sh)
+  }
+  struct shared *sh = shared_new(opts, &rm);
+  if (!sh) {
+    bs_remote_free(&rm);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  return open_shared(s, sh, url, err);
+  }
+  return open_shared(s, sh, &rm, err);
 }

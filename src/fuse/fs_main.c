@@ -53,8 +53,14 @@ static const char usage_rest[] =
     "If SOURCE does not exist and ends in .bpk, .safetensors, .gguf or .pth (.pt, .bin),\n"
     "MOUNTPOINT is an empty writable directory that is written to SOURCE in that format\n"
     "on unmount. SOURCE (and every command's FILE) may be an http:// or https:// URL:\n"
-    "read-only, by range requests ($BURNSTORE_HTTP_TOKEN: a bearer token,\n"
-    "$BURNSTORE_HTTP_CACHE: the block cache, default 64M).\n"
+    "read by range requests, mounted read-only or written to a local -o output=\n"
+    "($BURNSTORE_HTTP_TOKEN: a bearer token,\n"
+    "$BURNSTORE_HTTP_CACHE: the block cache, default 64M); a file on the Hugging Face\n"
+    "Hub, hf://[datasets/|spaces/]ORG/REPO[@REVISION]/PATH ($HF_ENDPOINT, a token from\n"
+    "$HF_TOKEN or $HF_HOME/token; the revision pinned to its commit at open); or an S3\n"
+    "object, s3://BUCKET/KEY (Signature V4 from $AWS_ACCESS_KEY_ID,\n"
+    "$AWS_SECRET_ACCESS_KEY, $AWS_SESSION_TOKEN; $AWS_REGION; $AWS_ENDPOINT_URL for an\n"
+    "S3-compatible store, path style).\n"
     "\n"
     "  -f              stay in the foreground\n"
     "  -d              debug output (implies -f)\n"
@@ -753,9 +759,9 @@ static void scrub_url(char *url)
     memset(q + 1, '*', strlen(q + 1));
 }
 
-/* SOURCE is a URL: opened by range requests (bs_src_init_http), read-only.
- * From here on the URL is shown without credentials (messages, the mount
- * table). */
+/* SOURCE is a URL: opened by range requests (bs_src_init_http); read-only,
+ * or writable into a local output= (never in place). From here on the URL
+ * is shown without credentials (messages, the mount table). */
 static int prepare_url(struct fs *fs, struct args *a)
 {
   bs_err err;
@@ -766,13 +772,10 @@ static int prepare_url(struct fs *fs, struct args *a)
     return 1;
   }
   a->source = fs->source;
-  /* A writable mount keeps its source's identity in the staging INDEX for
-   * --finish, which a URL has not yet: refused (in place for good). */
-  if (a->rw || a->output) {
+  if (a->rw && !a->output) {
     fprintf(stderr,
-            PROG ": %s: a URL is mounted read-only (a URL is never written in place, and a "
-                 "writable mount into a local output= is not supported yet): mount it "
-                 "read-only and copy the tensors, or burnstore convert URL OUT\n",
+            PROG ": %s: a URL is never written in place: mount it with -o output=LOCAL (a "
+                 "writable mount written to a local file), or read-only\n",
             a->source);
     return 1;
   }
@@ -783,6 +786,31 @@ static int prepare_url(struct fs *fs, struct args *a)
   scrub_url((char *)url); /* argv's own memory: writable */
   if (rc != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
     return fail_line(a->source, &err);
+  if (a->output) {
+    /* The staging INDEX records the URL and each file's validator, so that
+     * --finish after a kill reads the same bytes or refuses. */
+    const char *reopen = NULL, *validator = NULL;
+    if (fs->cat.nsrcs && bs_src_remote(&fs->cat.srcs[0], &reopen, &validator) &&
+        (!reopen || !*validator)) {
+      fprintf(stderr,
+              PROG ": %s: a writable mount of it is refused: %s, so --finish after a crash could "
+                   "not tell its bytes changed; mount it read-only and copy the tensors, or "
+                   "burnstore convert URL OUT\n",
+              a->source,
+              !reopen ? "the URL holds credentials (user-info or a query), which are never "
+                        "written to the staging directory (use BURNSTORE_HTTP_TOKEN)"
+                      : "the server sends neither an ETag nor a Last-Modified");
+      return 1;
+    }
+    fs->writable = true;
+    if (!(fs->writer = choose_writer(fs, a, false)))
+      return 1;
+    if (!(fs->output = bs_abs_path(a->output))) {
+      fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
+      return 1;
+    }
+    fs->force_write = true;
+  }
   return prepare_rest(fs, a, 0444);
 }
 

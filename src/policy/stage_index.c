@@ -31,8 +31,10 @@ void bs_stage_index_destroy(struct bs_stage_index *idx)
 {
   bs_free(idx->target);
   bs_free(idx->ck.path);
-  for (size_t i = 0; i < idx->nsrcs; i++)
+  for (size_t i = 0; i < idx->nsrcs; i++) {
     bs_free(idx->srcs[i].file);
+    bs_free(idx->srcs[i].validator);
+  }
   bs_free(idx->srcs);
   bs_catalog_destroy(&idx->cat);
   bs_free(idx->incomplete);
@@ -120,7 +122,11 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
   putf(&o, "\nformat\t%s\n", bs_format_name(idx->format));
   if (idx->max_shard_size)
     putf(&o, "max_shard_size\t%llu\n", (unsigned long long)idx->max_shard_size);
-  if (idx->ck.path) {
+  if (idx->ck.path && idx->ck.remote) { /* a URL: its validators are in its src records */
+    put(&o, "remote", 6);
+    put_str(&o, idx->ck.path);
+    putf(&o, "\t%llu\t%s\n", (unsigned long long)idx->ck.size, idx->ck.strict ? "strict" : "-");
+  } else if (idx->ck.path) {
     put(&o, "checkpoint", 10);
     put_str(&o, idx->ck.path);
     putf(&o, "\t%llu\t%lld\t%ld\t%llu\t%llu\t%s\n", (unsigned long long)idx->ck.size,
@@ -138,6 +144,16 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
       return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: more checkpoint sources than sources");
     for (size_t i = 0; i < out->nsrcs; i++) {
       const struct bs_src *s = &out->srcs[i];
+      const char *validator;
+      if (i < idx->ncksrcs && idx->ck.remote) {
+        if (!bs_src_remote(s, NULL, &validator))
+          return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                         "INDEX: source %zu of the remote checkpoint is not remote", i);
+        putf(&o, "src\t%zu\tremote", i);
+        put_str(&o, validator);
+        putf(&o, "\t%llu\n", (unsigned long long)s->size);
+        continue;
+      }
       if (i < idx->ncksrcs) {
         putf(&o, "src\t%zu\tcheckpoint\t%llu\n", i, (unsigned long long)s->size);
         continue;
@@ -529,33 +545,51 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
     idx->ck.strict = strcmp(l->f[7], "strict") == 0;
     if (!(idx->ck.path = bs_strdup(l->f[1])))
       return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+  } else if (strcmp(r, "remote") == 0 && l->n == 4) {
+    if (idx->ck.path || unescape(l->f[1]) != 0 || !bs_src_is_url(l->f[1]) ||
+        !parse_u64(l->f[2], &idx->ck.size))
+      return perr(err, l, "bad remote record (a URL, once)");
+    idx->ck.remote = true;
+    idx->ck.strict = strcmp(l->f[3], "strict") == 0;
+    if (!(idx->ck.path = bs_strdup(l->f[1])))
+      return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
   } else if (strcmp(r, "incomplete") == 0 && l->n == 2) {
     if (idx->incomplete || unescape(l->f[1]) != 0 || !(idx->incomplete = bs_strdup(l->f[1])))
       return perr(err, l, "bad incomplete record");
   } else if (strcmp(r, "src") == 0 && (l->n == 4 || l->n == 5)) {
     uint64_t i, size;
-    bool stage = strcmp(l->f[2], "stage") == 0;
+    bool stage = strcmp(l->f[2], "stage") == 0, remote = strcmp(l->f[2], "remote") == 0;
     if (!parse_u64(l->f[1], &i) || i != idx->nsrcs || idx->nsrcs >= UINT32_MAX - 1 ||
-        (stage ? l->n != 5 : (l->n != 4 || strcmp(l->f[2], "checkpoint") != 0)) ||
+        (stage || remote ? l->n != 5 : (l->n != 4 || strcmp(l->f[2], "checkpoint") != 0)) ||
         !parse_u64(l->f[l->n - 1], &size))
       return perr(err, l, "bad src record (numbered from 0, in order)");
     if (!stage && idx->ncksrcs != idx->nsrcs)
       return perr(err, l, "checkpoint sources come first");
     if (!stage && !idx->ck.path)
       return perr(err, l, "a checkpoint source without a checkpoint record");
-    char *file = NULL;
+    if (!stage && remote != idx->ck.remote)
+      return perr(err, l, "a %s source of a %s checkpoint", remote ? "remote" : "local",
+                  idx->ck.remote ? "remote" : "local");
+    char *file = NULL, *validator = NULL;
     if (stage) {
       if (unescape(l->f[3]) != 0 || !staging_name_ok(l->f[3]))
         return perr(err, l, "bad staging file name");
       if (!(file = bs_strdup(l->f[3])))
         return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+    } else if (remote) {
+      if (unescape(l->f[3]) != 0)
+        return perr(err, l, "bad validator");
+      if (!(validator = bs_strdup(l->f[3])))
+        return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
     }
     size_t cap = idx->nsrcs;
     if (bs_grow((void **)&idx->srcs, &cap, idx->nsrcs + 1, sizeof *idx->srcs) != 0) {
       bs_free(file);
+      bs_free(validator);
       return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
     }
-    idx->srcs[idx->nsrcs++] = (struct bs_stage_src){.stage = stage, .file = file, .size = size};
+    idx->srcs[idx->nsrcs++] =
+        (struct bs_stage_src){.stage = stage, .file = file, .validator = validator, .size = size};
     if (!stage)
       idx->ncksrcs++;
   } else if (strcmp(r, "meta") == 0 && l->n == 3) {
@@ -691,7 +725,43 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: sources already attached");
   struct bs_catalog ck;
   bs_catalog_init(&ck);
-  if (idx->ncksrcs) {
+  if (idx->ncksrcs && idx->ck.remote) {
+    /* A URL: opened again (an hf:// one at the commit it was read at); its
+     * size and each source's validator (ETag) must be the mount's. */
+    struct bs_src s;
+    struct bs_open_opts oo = {.strict = idx->ck.strict};
+    if (bs_src_init_http(&s, idx->ck.path, NULL, err) != 0 || bs_open_any(&ck, &s, &oo, err) != 0) {
+      char m[sizeof err->msg];
+      snprintf(m, sizeof m, "%s", err->msg);
+      int code = err->code;
+      bs_err_clear(err);
+      bs_catalog_destroy(&ck);
+      return bs_fail(err, code, BS_OFF_NONE, NULL, "%s, which holds the clean tensors: %s",
+                     idx->ck.path, m);
+    }
+    if (ck.nsrcs != idx->ncksrcs || ck.srcs[0].size != idx->ck.size) {
+      bs_catalog_destroy(&ck);
+      return stale(err, idx->ck.path, "it reads differently");
+    }
+    for (size_t i = 0; i < ck.nsrcs; i++) {
+      const char *v = NULL;
+      uint32_t k;
+      if (!bs_src_remote(&ck.srcs[i], NULL, &v) || ck.srcs[i].size != idx->srcs[i].size ||
+          !idx->srcs[i].validator || strcmp(v, idx->srcs[i].validator) != 0) {
+        char what[300];
+        snprintf(what, sizeof what, "%s: %s, was %s", ck.srcs[i].name ? ck.srcs[i].name : "?",
+                 v && *v ? v : "no validator",
+                 idx->srcs[i].validator ? idx->srcs[i].validator : "none");
+        bs_catalog_destroy(&ck);
+        return stale(err, idx->ck.path, what);
+      }
+      if (bs_catalog_add_src(&idx->cat, &ck.srcs[i], &k, err) != 0) {
+        bs_catalog_destroy(&ck);
+        return -1;
+      }
+    }
+    bs_catalog_destroy(&ck);
+  } else if (idx->ncksrcs) {
     struct stat st;
     if (stat(idx->ck.path, &st) != 0) {
       int e = errno;

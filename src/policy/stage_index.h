@@ -27,7 +27,9 @@
 
 /* The checkpoint the clean tensors' bytes come from, as it was at mount. */
 struct bs_stage_checkpoint {
-  char *path; /* NULL: none (a new file) */
+  char *path;  /* NULL: none (a new file); remote: the URL that opens it again */
+  bool remote; /* a URL (record "remote"): size and each source's validator
+                * identify it, not dev/ino/mtime */
   uint64_t size, dev, ino;
   int64_t mtime_sec;
   long mtime_nsec;
@@ -46,8 +48,9 @@ struct bs_stage_file {
 };
 
 struct bs_stage_src {
-  bool stage; /* a file of the staging directory (else: of the checkpoint) */
-  char *file; /* stage only: its name in the staging directory */
+  bool stage;      /* a file of the staging directory (else: of the checkpoint) */
+  char *file;      /* stage only: its name in the staging directory */
+  char *validator; /* a remote checkpoint's: bs_src_remote's, "" when none */
   uint64_t size;
 };
 

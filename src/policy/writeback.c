@@ -192,7 +192,18 @@ static int index_head(const struct bs_wb *wb, struct bs_stage_index *idx, bs_err
   idx->format = wb->writer->format;
   idx->max_shard_size = wb->opts.max_shard_size;
   idx->ncksrcs = src->nsrcs;
-  if (src->nsrcs) {
+  const char *reopen = NULL;
+  if (src->nsrcs && bs_src_remote(&src->srcs[0], &reopen, NULL)) {
+    /* A URL: recorded as the URL that opens the same bytes again, each
+     * source with its validator (the INDEX's src records). */
+    if (!reopen)
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "%s: a URL with credentials in it is not written to the staging INDEX",
+                     wb->source ? wb->source : "?");
+    idx->ck.path = (char *)reopen; /* borrowed */
+    idx->ck.remote = true;
+    idx->ck.size = src->srcs[0].size;
+  } else if (src->nsrcs) {
     struct bs_src_ident id;
     if (!wb->source || !bs_src_ident(&src->srcs[0], &id))
       return bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s: cannot stat the checkpoint",
@@ -638,7 +649,7 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
    * owner-only); a new checkpoint's (no source) is 0644, as the mount's. */
   struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
   struct stat ck;
-  if (idx.ck.path) {
+  if (idx.ck.path && !idx.ck.remote) { /* (a URL's: the default, as at the mount) */
     wo.has_mode = true;
     wo.mode = stat(idx.ck.path, &ck) == 0
                   ? bs_sources_mode(&idx.cat, idx.ncksrcs, ck.st_mode) & 0666

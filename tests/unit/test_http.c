@@ -48,7 +48,9 @@ Test(http, credentials_never_shown)
   redacts("http://h/m.st#frag", "http://h/m.st"); /* (a fragment is never sent) */
   cr_expect(bs_src_is_url("HTTPS://h/x"));
   cr_expect(!bs_src_is_url("./http://x"));
-  cr_expect(!bs_src_is_url("s3://b/k"));
+  cr_expect(bs_src_is_url("s3://b/k"));
+  cr_expect(bs_src_is_url("hf://o/r/f"));
+  cr_expect(!bs_src_is_url("ftp://h/x"));
 }
 
 Test(http, content_range)

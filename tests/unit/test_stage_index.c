@@ -207,6 +207,40 @@ Test(stage_index, hostile_records_are_refused)
   refused(HEAD "end\t0", "no newline");
 }
 
+/* A remote checkpoint (a URL mounted with output=): its record and its
+ * sources' validators parse; mixed or misplaced records are refused. */
+#define RHEAD "burnstore-staging-index\t1\npid\t1\ntarget\t/t.st\nformat\tsafetensors\n"
+
+Test(stage_index, remote_checkpoint)
+{
+  static const char ok[] = RHEAD "remote\ths://o/r@0123/m.st\t64\t-\n"
+                                 "src\t0\tremote\tIf-Match:%20%22e1%22\t64\n"
+                                 "src\t1\tremote\t\t32\nend\t0\n";
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_parse(ok, strlen(ok) - 1, &idx, &err), -1); /* (cut) */
+  bs_stage_index_destroy(&idx);
+  bs_err_clear(&err);
+  char text[sizeof ok];
+  memcpy(text, ok, sizeof ok);
+  memcpy(strstr(text, "hs://"), "hf://", 5);
+  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
+  cr_expect(idx.ck.remote);
+  cr_expect_str_eq(idx.ck.path, "hf://o/r@0123/m.st");
+  cr_expect_eq(idx.ck.size, 64);
+  cr_assert_eq(idx.ncksrcs, 2);
+  cr_expect_str_eq(idx.srcs[0].validator, "If-Match: \"e1\"");
+  cr_expect_str_eq(idx.srcs[1].validator, "");
+  bs_stage_index_destroy(&idx);
+  refused(RHEAD "remote\t/local/path\t64\t-\nend\t0\n", "a URL");
+  refused(RHEAD "remote\ts3://b/k\t64\t-\nremote\ts3://b/k\t64\t-\nend\t0\n", "once");
+  refused(RHEAD "remote\ts3://b/k\t64\t-\nsrc\t0\tcheckpoint\t64\nend\t0\n",
+          "a local source of a remote checkpoint");
+  refused(RHEAD "checkpoint\t/c\t64\t0\t0\t0\t0\t-\nsrc\t0\tremote\tx\t64\nend\t0\n",
+          "a remote source of a local checkpoint");
+  refused(RHEAD "src\t0\tremote\tx\t64\nend\t0\n", "without a checkpoint record");
+  refused(RHEAD "remote\ts3://b/k\t64\t-\nsrc\t0\tremote\tx%zz\t64\nend\t0\n", "bad validator");
+}
+
 Test(stage_index, save_load_attach)
 {
   char *dir = bs_test_tmpdir("stage");
