@@ -346,19 +346,45 @@ static long checked(const struct bs_catalog *cat, const struct bs_tensor *t, lon
  * DECODE_STEP_ELEMS floats and their stored bytes (64 KiB of F64). */
 #define DECODE_STEP_ELEMS 8192u
 
-/* A decoded tensor's F32 bytes [off, off + n): the stored units that cover
- * them, read and decoded a step at a time into a bounded scratch. */
+/* The stored unit of a decoded tensor: bs_decode_unit's, and for F32 (as
+ * F16 or BF16: narrowed only) one element of 4 bytes. */
+static bool stored_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)
+{
+  if (dt == BS_DT_F32) {
+    *elems = 1;
+    *bytes = 4;
+    return true;
+  }
+  return bs_decode_unit(dt, elems, bytes);
+}
+
+static void to_f32(enum bs_dtype dt, const uint8_t *in, size_t n, float *out)
+{
+  if (dt != BS_DT_F32)
+    bs_decode(dt, in, n, out);
+  else
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = bs_le32(in + 4 * i);
+      memcpy(&out[i], &u, sizeof u);
+    }
+}
+
+/* A decoded tensor's bytes [off, off + n) (of dtype: F32, F16 or BF16):
+ * the stored units that cover them, read, decoded to F32 and, for F16 and
+ * BF16, narrowed, a step at a time into a bounded scratch. */
 static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                          uint8_t *buf, size_t n)
 {
   uint32_t ue, ub;
+  const enum bs_dtype sdt = (enum bs_dtype)t->stored_dtype;
   if (off >= t->nbytes)
     return 0;
-  if (!bs_decode_unit((enum bs_dtype)t->stored_dtype, &ue, &ub))
+  if (!stored_unit(sdt, &ue, &ub) || !bs_encode_ok(t->dtype))
     return -EIO; /* bs_catalog_decode_as set only decodable ones */
   if (n > t->nbytes - off)
     n = (size_t)(t->nbytes - off);
-  const uint64_t uout = (uint64_t)ue * 4; /* output bytes per unit */
+  const uint32_t osz = bs_dtype_bits(t->dtype) / 8;
+  const uint64_t uout = (uint64_t)ue * osz; /* output bytes per unit */
   const uint64_t nunits = t->nbytes / uout, stored_len = nunits * ub;
   uint32_t step = DECODE_STEP_ELEMS / ue ? DECODE_STEP_ELEMS / ue : 1;
   const uint64_t first = off / uout, cover = (off + n + uout - 1) / uout - first;
@@ -366,8 +392,9 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     step = (uint32_t)cover; /* a small read needs a small scratch */
   uint8_t *raw = bs_malloc((size_t)step * ub);
   float *dec = bs_malloc((size_t)step * ue * sizeof(float));
+  uint8_t *enc = t->dtype == BS_DT_F32 ? (uint8_t *)dec : bs_malloc((size_t)step * ue * osz);
   long ret = 0;
-  if (!raw || !dec) {
+  if (!raw || !dec || !enc) {
     ret = -ENOMEM;
     goto out;
   }
@@ -384,15 +411,19 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
       ret = -EIO;
       goto out;
     }
-    bs_decode((enum bs_dtype)t->stored_dtype, raw, (size_t)k, dec);
+    to_f32(sdt, raw, (size_t)k, dec);
+    if (enc != (uint8_t *)dec)
+      bs_encode(t->dtype, dec, (size_t)k * ue, enc);
     size_t skip = (size_t)(pos - u0 * uout), avail = (size_t)(k * uout) - skip;
     size_t chunk = avail < n - done ? avail : n - done;
-    memcpy(buf + done, (const uint8_t *)dec + skip, chunk);
+    memcpy(buf + done, enc + skip, chunk);
     done += chunk;
   }
   ret = checked(cat, t, (long)done);
 out:
   bs_free(raw);
+  if (enc != (uint8_t *)dec)
+    bs_free(enc);
   bs_free(dec);
   return ret;
 }
@@ -407,9 +438,10 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
 
 int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
 {
-  if (as != BS_DT_F32)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "as=%s: only F32 is supported",
+  if (!bs_encode_ok(as))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "as=%s: only F32, F16 or BF16",
                    bs_dtype_name(as));
+  const uint32_t osz = bs_dtype_bits(as) / 8;
   size_t kept[BS_DT_COUNT] = {0};
   for (size_t i = 0; i < cat->count; i++) {
     struct bs_tensor *t = &cat->tensors[i];
@@ -419,9 +451,9 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
     uint64_t numel, nbytes;
     /* Blocks run along the last dimension: a strided view of them (none
      * of our readers makes one) is kept as stored. */
-    if (!bs_decode_unit(t->dtype, &ue, &ub) || t->unsupported ||
+    if (!stored_unit(t->dtype, &ue, &ub) || t->unsupported ||
         (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
-        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, 4, &nbytes)) {
+        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
       kept[t->dtype]++;
       continue;
     }

@@ -254,3 +254,78 @@ bool bs_dtype_is_float(enum bs_dtype dt)
   }
   }
 }
+
+/* ---- Narrowing ---- */
+
+static uint32_t bits_of(float f)
+{
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+uint16_t bs_f32_to_f16(float f)
+{
+  uint32_t x = bits_of(f), ax = x & 0x7fffffffu;
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  if (ax > 0x7f800000u) /* NaN: quiet, the payload's top 9 bits */
+    return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax >= 0x477ff000u) /* 65520 (half a unit past 65504) and up, infinity */
+    return (uint16_t)(sign | 0x7c00u);
+  if (ax >= 0x38800000u) { /* normal: rebias the exponent (127 - 15), round 13 bits off */
+    uint32_t h = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u));
+    return (uint16_t)(sign | h); /* a carry into the exponent is right */
+  }
+  if (ax < 0x33000000u) /* below 2^-25 (half the least subnormal): zero */
+    return sign;
+  /* subnormal: the value in units of 2^-24, rounded; 2^-25 itself is the
+   * tie between 0 and 2^-24 and goes to 0 (even) */
+  uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+  unsigned shift = 126u - e; /* 14 .. 24 */
+  uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  r += rem > half || (rem == half && (r & 1u));
+  return (uint16_t)(sign | r); /* r == 0x400 is the least normal, rightly */
+}
+
+uint16_t bs_f32_to_bf16(float f)
+{
+  uint32_t x = bits_of(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, quiet */
+    return (uint16_t)((x >> 16) | 0x40u);
+  /* ties to even; the largest finite floats round up to infinity */
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+bool bs_encode_ok(enum bs_dtype dt)
+{
+  return dt == BS_DT_F32 || dt == BS_DT_F16 || dt == BS_DT_BF16;
+}
+
+void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
+{
+  switch (dt) {
+  case BS_DT_F16:
+    for (size_t i = 0; i < n; i++) {
+      uint16_t h = bs_f32_to_f16(in[i]);
+      out[2 * i] = (uint8_t)h;
+      out[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+    break;
+  case BS_DT_BF16:
+    for (size_t i = 0; i < n; i++) {
+      uint16_t h = bs_f32_to_bf16(in[i]);
+      out[2 * i] = (uint8_t)h;
+      out[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+    break;
+  default:
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = bits_of(in[i]);
+      out[4 * i] = (uint8_t)u;
+      out[4 * i + 1] = (uint8_t)(u >> 8);
+      out[4 * i + 2] = (uint8_t)(u >> 16);
+      out[4 * i + 3] = (uint8_t)(u >> 24);
+    }
+  }
+}

@@ -41,4 +41,22 @@ bool bs_dtype_is_float(enum bs_dtype dt);
 /* One IEEE half (binary16) to float, exactly (ggml's GGML_FP16_TO_FP32). */
 float bs_f16_to_f32(uint16_t h);
 
+/* ---- Narrowing F32 (convert --as, -o output_as) ---- */
+
+/* One float to IEEE binary16 / bfloat16, round to nearest, ties to even
+ * (IEEE 754's default): a value past the largest finite one by half a unit
+ * or more becomes infinity; subnormals as IEEE says; -0 stays -0. A NaN
+ * stays a NaN of the same sign, quiet, with the top bits of its payload
+ * (what x86's VCVTPS2PH does; F16C and torch's scalar code agree on every
+ * non-NaN value). */
+uint16_t bs_f32_to_f16(float f);
+uint16_t bs_f32_to_bf16(float f);
+
+/* True for the dtypes bs_encode writes: F32, F16, BF16. */
+bool bs_encode_ok(enum bs_dtype dt);
+
+/* n floats as dt (one bs_encode_ok accepts), little-endian, into out
+ * (n * 4 or n * 2 bytes). */
+void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out);
+
 #endif

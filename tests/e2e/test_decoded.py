@@ -183,8 +183,8 @@ def test_gguf_blocks(tmp):
     err = r.stderr.decode()
     check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for Q4_K" in err,
           "cat --as F32 of a Q4_K refused in one line: %r" % err)
-    r = subprocess.run([BIN, "cat", "--as", "F16", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
-    check(r.returncode == 2 and b"--as needs F32" in r.stderr, "cat --as F16 refused: %r" % r.stderr)
+    r = subprocess.run([BIN, "cat", "--as", "F64", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
+    check(r.returncode == 2 and b"--as needs F32, F16 or BF16" in r.stderr, "cat --as F64 refused: %r" % r.stderr)
 
 
 def test_refusals(tmp):
