@@ -58,7 +58,9 @@ struct fs {
   /* The output's format, chosen at mount from output's extension; NULL when read-only. */
   const struct bs_writer *writer;
   struct bs_write_opts wopts; /* -o max_shard_size= */
-  struct bs_xa_mount xa;      /* the xattr table's view of the mount (fs_xattr.c) */
+  bool has_output_as;         /* -o output_as=: the dtype floats are written as */
+  enum bs_dtype output_as;
+  struct bs_xa_mount xa; /* the xattr table's view of the mount (fs_xattr.c) */
 
   /* The .npy views (fs_npy.c, fs_views.h): -o npy / npy=only. */
   int npy_mode;       /* FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY */

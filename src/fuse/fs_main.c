@@ -29,6 +29,7 @@
 #include "burnstore/version.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 #include "core/progress.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
@@ -90,6 +91,8 @@ static const char usage_rest[] =
     "  strict                 PyTorch: refuse unknown pickle classes instead of skipping\n"
     "  npy, npy=only          read-only: NAME.npy beside (or instead of) each tensor file:\n"
     "                         a NumPy header, then the same bytes (numpy.load opens it)\n"
+    "  output_as=DT           writable: every floating tensor written back as DT (F32,\n"
+    "                         F16 or BF16; narrowed to nearest even), also when unchanged\n"
     "  as=F32                 read-only: every floating tensor not stored as F32 shown\n"
     "                         as F32, decoded on read (BF16, F16, F64, F8, ggml Q4_0..Q8_1)\n"
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
@@ -137,6 +140,7 @@ struct args {
   struct bs_keyopts keys;
   int npy;                   /* FS_NPY_*: -o npy, npy=only */
   bool as_f32;               /* -o as=F32 */
+  const char *output_as;     /* -o output_as=DT, as given (NULL: none) */
   struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
 };
 
@@ -230,6 +234,11 @@ static void parse_opts(struct args *a, const char *optstr)
       a->direct_io = true;
     } else if (strcmp(it, "npy") == 0 || strcmp(it, "npy=only") == 0) {
       a->npy = it[3] ? FS_NPY_ONLY : FS_NPY_BOTH;
+    } else if (strncmp(it, "output_as=", 10) == 0) {
+      enum bs_dtype dt;
+      if (bs_dtype_from_name(it + 10, &dt) != 0 || !bs_encode_ok(dt))
+        die_usage("option '%s': output_as= takes F32, F16 or BF16", it);
+      a->output_as = bs_dtype_name(dt);
     } else if (strncmp(it, "as=", 3) == 0) {
       if (strcmp(it + 3, "F32") != 0)
         die_usage("option '%s': only as=F32 is supported", it);
@@ -659,6 +668,26 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
+/* -o output_as=: a floating tensor of the checkpoint that cannot be decoded
+ * is refused at mount, as convert --as refuses it (one written into the
+ * mount later is kept as stored, with a note in the write-back's report). */
+static int refuse_undecodable(const char *source, const struct bs_catalog *cat, enum bs_dtype as)
+{
+  for (size_t i = 0; i < cat->count; i++) {
+    const struct bs_tensor *t = &cat->tensors[i];
+    uint32_t e, b;
+    if (t->dtype == as || !bs_dtype_is_float(t->dtype) || t->dtype == BS_DT_F32 ||
+        bs_decode_unit(t->dtype, &e, &b))
+      continue;
+    fprintf(stderr,
+            PROG ": %s: tensor '%s': output_as=%s: no decoder for %s yet (exclude it with -o "
+                 "exclude=REGEX)\n",
+            source, t->name, bs_dtype_name(as), bs_dtype_name(t->dtype));
+    return -1;
+  }
+  return 0;
+}
+
 /* The writer of a writable mount, from the output's extension (an rw mount
  * in place keeps the format the file holds). NULL after printing why. */
 static const struct bs_writer *choose_writer(const struct fs *fs, const struct args *a, bool is_new)
@@ -864,6 +893,14 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
     return 1;
   }
   fs->wopts.max_shard_size = a->max_shard_size;
+  if (a->output_as && !fs->writer) {
+    fprintf(stderr, PROG ": output_as= applies to a writable mount (rw or output=)\n");
+    return 1;
+  }
+  if (a->output_as) {
+    fs->has_output_as = true;
+    (void)bs_dtype_from_name(a->output_as, &fs->output_as); /* parse_opts checked it */
+  }
   if (fs->writable && !fs->output) {
     fprintf(stderr, PROG ": out of memory\n");
     return 1;
@@ -903,6 +940,8 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   /* A conversion that cannot succeed is refused now, not at unmount. */
   if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)
     return fail_line(a->source, &err);
+  if (fs->has_output_as && refuse_undecodable(a->source, &fs->cat, fs->output_as) != 0)
+    return 1;
   if (bs_tree_init(&fs->tree, &err) != 0 ||
       bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0 ||
       fs_npy_build(fs, a->npy, &err) != 0)
@@ -1091,7 +1130,8 @@ static int write_back(struct run *r)
   /* No op runs any more: what the journal holds the INDEX supersedes (it
    * stays until the write-back succeeds, for a kill before the INDEX). */
   fs_journal_stop(fs);
-  if (!fs->writable || !(fs->dirty || fs->force_write || fs->wopts.max_shard_size)) {
+  if (!fs->writable ||
+      !(fs->dirty || fs->force_write || fs->wopts.max_shard_size || fs->has_output_as)) {
     if (fs->writable)
       fs_staging_remove(fs);
     status_ok(r->sfd, fs, r->mnt, r->daemonized, false);

@@ -18,7 +18,7 @@ import subprocess
 import numpy as np
 import torch
 
-from bsmount import BIN, SANITIZE, check, mem_limit_kb, read_safetensors, run, run_tests
+from bsmount import BIN, SANITIZE, Mount, check, force_unmount, mem_limit_kb, read_safetensors, run, run_tests
 
 NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
@@ -124,6 +124,61 @@ def test_refusals(tmp):
         check(r.returncode == 2 and "--as needs F32, F16 or BF16" in r.stderr, "--as %r refused: %r" % (bad, r.stderr))
 
 
+def test_mount_output_as(tmp):
+    """-o output=OUT,output_as=DT: the write-back converts what the mount
+    shows, unchanged tensors and a new F32 tensor written into it alike."""
+    sd = fixture()
+    src = os.path.join(tmp, "msrc.pth")
+    torch.save(sd, src)
+    new = (torch.randn(3, 5) * 1e4).float()
+    for dt, name in ((torch.float16, "F16"), (torch.bfloat16, "BF16")):
+        for ext in (".pth", ".safetensors"):
+            out = os.path.join(tmp, "mout-%s%s" % (name, ext))
+            mnt = os.path.join(tmp, "mnt-%s%s" % (name, ext[1:]))
+            with Mount(src, mnt, "output=%s,output_as=%s" % (out, name)) as m:
+                w = os.path.join(m, "new")
+                with open(w, "wb") as f:
+                    f.write(new.numpy().tobytes())
+                os.setxattr(w, "user.burnstore.dtype", b"F32")
+                os.setxattr(w, "user.burnstore.shape", b"[3,5]")
+                # the mount shows the tensors as stored; the output is converted
+                check(os.getxattr(os.path.join(m, "bf16"), "user.burnstore.dtype") == b"BF16",
+                      "the mount shows the stored dtype")
+                r = m.unmount()
+                check(r is not None and r.returncode == 0, "-u: %r" % (r and r.stderr))
+            if ext == ".pth":
+                got = torch.load(out)
+            else:
+                ts, _ = read_safetensors(out)
+                got = {k: torch.frombuffer(bytearray(raw), dtype={"F16": torch.float16, "BF16": torch.bfloat16,
+                                                                 "I64": torch.int64, "I8": torch.int8,
+                                                                 "BOOL": torch.bool}[d]).reshape(shp)
+                       if raw else torch.zeros(shp, dtype=dt) for k, (d, shp, raw, _) in ts.items()}
+            want = dict(sd, new=new)
+            check(sorted(got) == sorted(want), "%s: keys %s" % (out, sorted(got)))
+            for k, v in want.items():
+                if k in got:
+                    if v.is_floating_point():
+                        same_floats(got[k], v.to(dt), "%s: %s" % (os.path.basename(out), k))
+                    else:
+                        check(torch.equal(got[k], v), "%s: %s unchanged" % (out, k))
+    # refusals: a read-only mount, a bad dtype, a source float without a decoder
+    mnt = os.path.join(tmp, "mnt-bad")
+    for opts, why in (("output_as=F16", "applies to a writable mount"),
+                      ("output=%s,output_as=F64" % os.path.join(tmp, "x.pth"), "takes F32, F16 or BF16")):
+        os.makedirs(mnt, exist_ok=True)
+        r = run([BIN, src, mnt, "-o", opts])
+        force_unmount(mnt)
+        check(r.returncode != 0 and why in r.stderr, "-o %s refused: %r" % (opts, r.stderr))
+    g = os.path.join(tmp, "f4.safetensors")
+    h = json.dumps({"k": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}).encode()
+    with open(g, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(2))
+    r = run([BIN, g, mnt, "-o", "output=%s,output_as=F16" % os.path.join(tmp, "f4-out.safetensors")])
+    force_unmount(mnt)
+    check(r.returncode != 0 and "'k'" in r.stderr and "F4" in r.stderr, "F4 source refused: %r" % r.stderr)
+
+
 def convert_peak_kb(src, out):
     """Peak RSS of one `convert --as F16` (a child of a fresh Python, so the
     children's maximum is this one's)."""
@@ -157,5 +212,6 @@ def test_memory_independent_of_size(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_convert_as", [test_pth_and_safetensors, test_refusals, test_memory_independent_of_size],
+    run_tests("test_convert_as", [test_pth_and_safetensors, test_refusals, test_mount_output_as,
+                                  test_memory_independent_of_size],
               "convert_as")
