@@ -411,12 +411,17 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
       ret = -EIO;
       goto out;
     }
-    to_f32(sdt, raw, (size_t)k, dec);
-    if (enc != (uint8_t *)dec)
-      bs_encode(t->dtype, dec, (size_t)k * ue, enc);
     size_t skip = (size_t)(pos - u0 * uout), avail = (size_t)(k * uout) - skip;
     size_t chunk = avail < n - done ? avail : n - done;
-    memcpy(buf + done, enc + skip, chunk);
+    if (t->dtype == BS_DT_F32 && skip == 0 && chunk == avail &&
+        (uintptr_t)(buf + done) % _Alignof(float) == 0) {
+      to_f32(sdt, raw, (size_t)k, (float *)(void *)(buf + done)); /* whole units: no copy */
+    } else {
+      to_f32(sdt, raw, (size_t)k, dec);
+      if (enc != (uint8_t *)dec)
+        bs_encode(t->dtype, dec, (size_t)k * ue, enc);
+      memcpy(buf + done, enc + skip, chunk);
+    }
     done += chunk;
   }
   ret = checked(cat, t, (long)done);
