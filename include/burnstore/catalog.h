@@ -141,6 +141,10 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
  * dtype in cat->notes. Writers see the decoded tensors (convert --as). */
 BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err);
 
+/* True if bs_catalog_decode_as can decode t's stored dtype (F32 included:
+ * narrowed), false for integers and floats without a decoder. */
+bool bs_tensor_decodable(const struct bs_tensor *t);
+
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return
  * true; the fd stays open until bs_tensor_fd_put. False: read with

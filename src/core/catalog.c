@@ -346,21 +346,37 @@ static long checked(const struct bs_catalog *cat, const struct bs_tensor *t, lon
  * DECODE_STEP_ELEMS floats and their stored bytes (64 KiB of F64). */
 #define DECODE_STEP_ELEMS 8192u
 
-/* The stored unit of a decoded tensor: bs_decode_unit's, and for F32 (as
- * F16 or BF16: narrowed only) one element of 4 bytes. */
-static bool stored_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)
+/* The quantizer of a torch quantized tensor stored as dt (the .pth
+ * reader keeps it in dtype_raw), or NULL. */
+static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype dt)
 {
-  if (dt == BS_DT_F32) {
+  if (dt != BS_DT_QI8 && dt != BS_DT_QU8 && dt != BS_DT_QI32)
+    return NULL;
+  return bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+}
+
+/* The stored unit of tensor t stored as dt: bs_decode_unit's; for F32 (as
+ * F16 or BF16: narrowed only) one element of 4 bytes; for torch's
+ * quantized types with a quantizer, one element. */
+static bool stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *elems,
+                        uint32_t *bytes)
+{
+  if (dt == BS_DT_F32 || torch_q(t, dt)) {
     *elems = 1;
-    *bytes = 4;
+    *bytes = bs_dtype_bits(dt) / 8;
     return true;
   }
   return bs_decode_unit(dt, elems, bytes);
 }
 
-static void to_f32(enum bs_dtype dt, const uint8_t *in, size_t n, float *out)
+/* n units of dt, the first being unit `first` of the tensor, to F32. */
+static void to_f32(const struct bs_tensor *t, enum bs_dtype dt, uint64_t first, const uint8_t *in,
+                   size_t n, float *out)
 {
-  if (dt != BS_DT_F32)
+  const struct bs_torch_q *q = torch_q(t, dt);
+  if (q)
+    bs_decode_torch_q(dt, q, first, in, n, out);
+  else if (dt != BS_DT_F32)
     bs_decode(dt, in, n, out);
   else
     for (size_t i = 0; i < n; i++) {
@@ -379,7 +395,7 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
   const enum bs_dtype sdt = (enum bs_dtype)t->stored_dtype;
   if (off >= t->nbytes)
     return 0;
-  if (!stored_unit(sdt, &ue, &ub) || !bs_encode_ok(t->dtype))
+  if (!stored_unit(t, sdt, &ue, &ub) || !bs_encode_ok(t->dtype))
     return -EIO; /* bs_catalog_decode_as set only decodable ones */
   if (n > t->nbytes - off)
     n = (size_t)(t->nbytes - off);
@@ -415,9 +431,9 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     size_t chunk = avail < n - done ? avail : n - done;
     if (t->dtype == BS_DT_F32 && skip == 0 && chunk == avail &&
         (uintptr_t)(buf + done) % _Alignof(float) == 0) {
-      to_f32(sdt, raw, (size_t)k, (float *)(void *)(buf + done)); /* whole units: no copy */
+      to_f32(t, sdt, u0, raw, (size_t)k, (float *)(void *)(buf + done)); /* no copy */
     } else {
-      to_f32(sdt, raw, (size_t)k, dec);
+      to_f32(t, sdt, u0, raw, (size_t)k, dec);
       if (enc != (uint8_t *)dec)
         bs_encode(t->dtype, dec, (size_t)k * ue, enc);
       memcpy(buf + done, enc + skip, chunk);
@@ -441,6 +457,12 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
+bool bs_tensor_decodable(const struct bs_tensor *t)
+{
+  uint32_t e, b;
+  return bs_dtype_is_float(t->dtype) && stored_unit(t, t->dtype, &e, &b);
+}
+
 int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
 {
   if (!bs_encode_ok(as))
@@ -456,7 +478,7 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
     uint64_t numel, nbytes;
     /* Blocks run along the last dimension: a strided view of them (none
      * of our readers makes one) is kept as stored. */
-    if (!stored_unit(t->dtype, &ue, &ub) || t->unsupported ||
+    if (!stored_unit(t, t->dtype, &ue, &ub) || t->unsupported ||
         (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
         bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
       kept[t->dtype]++;

@@ -332,3 +332,54 @@ void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
     }
   }
 }
+
+/* ---- PyTorch's quantized tensors ---- */
+
+const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
+{
+  const struct bs_torch_q *q = (const void *)raw;
+  if (!raw || len < sizeof *q || (uintptr_t)raw % _Alignof(struct bs_torch_q) != 0)
+    return NULL;
+  if (q->scheme == BS_TQ_PER_TENSOR)
+    return len == sizeof *q ? q : NULL;
+  if (q->scheme != BS_TQ_PER_CHANNEL || q->nch == 0 || q->inner == 0 ||
+      q->nch > (len - sizeof *q) / 16 || len != sizeof *q + q->nch * 16)
+    return NULL;
+  return q;
+}
+
+static int64_t tq_int(enum bs_dtype dt, const uint8_t *in, size_t i)
+{
+  switch (dt) {
+  case BS_DT_QI8: return (int8_t)in[i];
+  case BS_DT_QU8: return in[i];
+  default: return (int32_t)bs_le32(in + 4 * i);
+  }
+}
+
+void bs_decode_torch_q(enum bs_dtype dt, const struct bs_torch_q *q, uint64_t first,
+                       const uint8_t *in, size_t n, float *out)
+{
+  if (q->scheme == BS_TQ_PER_TENSOR) {
+    /* torch's dequantize_val: static_cast<float>(scale) * (value.val_ -
+     * static_cast<int32_t>(zero_point)), the difference an int32 (it wraps
+     * as torch's does for qint32 extremes) */
+    const float s = (float)q->scale;
+    const uint32_t zp = (uint32_t)(int32_t)q->zp;
+    for (size_t i = 0; i < n; i++) {
+      int32_t d = (int32_t)((uint32_t)tq_int(dt, in, i) - zp);
+      out[i] = s * (float)d;
+    }
+    return;
+  }
+  const double *scales = (const double *)(const void *)(q + 1);
+  const int64_t *zps = (const int64_t *)(const void *)(scales + q->nch);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t c = ((first + i) / q->inner) % q->nch;
+    int64_t d;
+    double dd = __builtin_sub_overflow(tq_int(dt, in, i), zps[c], &d)
+                    ? (double)tq_int(dt, in, i) - (double)zps[c] /* a hostile zero point */
+                    : (double)d;
+    out[i] = (float)(dd * scales[c]);
+  }
+}

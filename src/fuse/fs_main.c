@@ -675,9 +675,7 @@ static int refuse_undecodable(const char *source, const struct bs_catalog *cat, 
 {
   for (size_t i = 0; i < cat->count; i++) {
     const struct bs_tensor *t = &cat->tensors[i];
-    uint32_t e, b;
-    if (t->dtype == as || !bs_dtype_is_float(t->dtype) || t->dtype == BS_DT_F32 ||
-        bs_decode_unit(t->dtype, &e, &b))
+    if (t->dtype == as || !bs_dtype_is_float(t->dtype) || bs_tensor_decodable(t))
       continue;
     fprintf(stderr,
             PROG ": %s: tensor '%s': output_as=%s: no decoder for %s yet (exclude it with -o "
