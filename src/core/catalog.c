@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
+#include "formats/qfloat.h"
 
 void bs_catalog_init(struct bs_catalog *cat)
 {
@@ -355,12 +356,24 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
   return bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
 }
 
+/* A Burn QFloat tensor of a scheme decoded here (qfloat.h): its scale's
+ * dtype, or BS_DT_COUNT. */
+static enum bs_dtype qfloat_scale(const struct bs_tensor *t, enum bs_dtype dt)
+{
+  return dt == BS_DT_QFLOAT ? bs_qfloat_q8s_scale(t->dtype_raw, t->dtype_raw_len) : BS_DT_COUNT;
+}
+
 /* The stored unit of tensor t stored as dt: bs_decode_unit's; for F32 (as
  * F16 or BF16: narrowed only) one element of 4 bytes; for torch's
- * quantized types with a quantizer, one element. */
+ * quantized types with a quantizer and Burn's Q8S QFloat, one element. */
 static bool stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *elems,
                         uint32_t *bytes)
 {
+  if (qfloat_scale(t, dt) != BS_DT_COUNT) {
+    *elems = 1;
+    *bytes = 1;
+    return true;
+  }
   if (dt == BS_DT_F32 || torch_q(t, dt)) {
     *elems = 1;
     *bytes = bs_dtype_bits(dt) / 8;
@@ -369,12 +382,16 @@ static bool stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *e
   return bs_decode_unit(dt, elems, bytes);
 }
 
-/* n units of dt, the first being unit `first` of the tensor, to F32. */
+/* n units of dt, the first being unit `first` of the tensor, to F32
+ * (qscale: a QFloat tensor's scale). */
 static void to_f32(const struct bs_tensor *t, enum bs_dtype dt, uint64_t first, const uint8_t *in,
-                   size_t n, float *out)
+                   size_t n, float qscale, float *out)
 {
   const struct bs_torch_q *q = torch_q(t, dt);
-  if (q)
+  if (dt == BS_DT_QFLOAT)
+    for (size_t i = 0; i < n; i++)
+      out[i] = (float)(int8_t)in[i] * qscale; /* burn: q as f32 * scale */
+  else if (q)
     bs_decode_torch_q(dt, q, first, in, n, out);
   else if (dt != BS_DT_F32)
     bs_decode(dt, in, n, out);
@@ -414,6 +431,21 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     ret = -ENOMEM;
     goto out;
   }
+  float qscale = 0; /* a QFloat tensor's: the bytes after its values */
+  if (sdt == BS_DT_QFLOAT) {
+    const enum bs_dtype sd = qfloat_scale(t, sdt);
+    const uint32_t ssz = bs_dtype_bits(sd) / 8;
+    uint8_t sb[4];
+    long r = raw_pread(cat, t, 1, stored_len + ssz, stored_len, sb, ssz);
+    if (r != (long)ssz) {
+      ret = r < 0 ? r : -EIO;
+      goto out;
+    }
+    uint32_t u = sd == BS_DT_F32 ? bs_le32(sb) : sd == BS_DT_BF16 ? (uint32_t)bs_le16(sb) << 16 : 0;
+    memcpy(&qscale, &u, sizeof u);
+    if (sd == BS_DT_F16)
+      qscale = bs_f16_to_f32(bs_le16(sb));
+  }
   size_t done = 0;
   while (done < n) {
     uint64_t pos = off + done, u0 = pos / uout;
@@ -431,9 +463,9 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     size_t chunk = avail < n - done ? avail : n - done;
     if (t->dtype == BS_DT_F32 && skip == 0 && chunk == avail &&
         (uintptr_t)(buf + done) % _Alignof(float) == 0) {
-      to_f32(t, sdt, u0, raw, (size_t)k, (float *)(void *)(buf + done)); /* no copy */
+      to_f32(t, sdt, u0, raw, (size_t)k, qscale, (float *)(void *)(buf + done)); /* no copy */
     } else {
-      to_f32(t, sdt, u0, raw, (size_t)k, dec);
+      to_f32(t, sdt, u0, raw, (size_t)k, qscale, dec);
       if (enc != (uint8_t *)dec)
         bs_encode(t->dtype, dec, (size_t)k * ue, enc);
       memcpy(buf + done, enc + skip, chunk);
@@ -457,9 +489,23 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
+/* A Q8S QFloat tensor's bytes: numel values, then its scale, nothing else.
+ * Only numel a multiple of 4: burn-std appends the scale 4-byte aligned
+ * while its quantized_data_len counts no padding, so a length that needs
+ * padding has no one reading; such a tensor stays as stored. */
+static bool qfloat_layout(const struct bs_tensor *t, uint64_t numel)
+{
+  enum bs_dtype sd = qfloat_scale(t, BS_DT_QFLOAT);
+  return sd != BS_DT_COUNT && numel % 4 == 0 && t->nbytes >= numel &&
+         t->nbytes - numel == bs_dtype_bits(sd) / 8;
+}
+
 bool bs_tensor_decodable(const struct bs_tensor *t)
 {
   uint32_t e, b;
+  uint64_t numel;
+  if (t->dtype == BS_DT_QFLOAT)
+    return bs_shape_numel(t->rank, t->shape, &numel) == 0 && qfloat_layout(t, numel);
   return bs_dtype_is_float(t->dtype) && stored_unit(t, t->dtype, &e, &b);
 }
 
@@ -480,7 +526,8 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
      * of our readers makes one) is kept as stored. */
     if (!stored_unit(t, t->dtype, &ue, &ub) || t->unsupported ||
         (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
-        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
+        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes) ||
+        (t->dtype == BS_DT_QFLOAT && !qfloat_layout(t, numel))) {
       kept[t->dtype]++;
       continue;
     }
