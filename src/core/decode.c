@@ -309,14 +309,14 @@ void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
 {
   switch (dt) {
   case BS_DT_F16:
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = bs_vec_f32_to_f16(in, n, out); i < n; i++) {
       uint16_t h = bs_f32_to_f16(in[i]);
       out[2 * i] = (uint8_t)h;
       out[2 * i + 1] = (uint8_t)(h >> 8);
     }
     break;
   case BS_DT_BF16:
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = bs_vec_f32_to_bf16(in, n, out); i < n; i++) {
       uint16_t h = bs_f32_to_bf16(in[i]);
       out[2 * i] = (uint8_t)h;
       out[2 * i + 1] = (uint8_t)(h >> 8);

@@ -17,4 +17,10 @@ size_t bs_vec_f16_to_f32(const uint8_t *in, size_t n, float *out);
 /* bfloat16 to F32 (each value shifted into the upper half): SSE2. */
 size_t bs_vec_bf16_to_f32(const uint8_t *in, size_t n, float *out);
 
+/* F32 to IEEE binary16 and to bfloat16, round to nearest even, the bits
+ * of bs_f32_to_f16 / bs_f32_to_bf16 for every input (NaNs included):
+ * AVX2 + F16C (VCVTPS2PH) and AVX2 integer rounding. */
+size_t bs_vec_f32_to_f16(const float *in, size_t n, uint8_t *out);
+size_t bs_vec_f32_to_bf16(const float *in, size_t n, uint8_t *out);
+
 #endif

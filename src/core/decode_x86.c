@@ -51,6 +51,56 @@ size_t bs_vec_f16_to_f32(const uint8_t *in, size_t n, float *out)
   return n >= 8 && f16c() ? f16_avx2(in, n, out) : 0;
 }
 
+/* 8 floats at a time; VCVTPS2PH under round-to-nearest-even is IEEE's
+ * narrowing, and for a NaN gives sign | 0x7e00 | the fraction's top 10
+ * bits, as bs_f32_to_f16 does. */
+__attribute__((target("avx2,f16c"))) static size_t to_f16_avx2(const float *in, size_t n,
+                                                               uint8_t *out)
+{
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128((__m128i *)(out + 2 * i), h);
+  }
+  return i;
+}
+
+size_t bs_vec_f32_to_f16(const float *in, size_t n, uint8_t *out)
+{
+  return n >= 8 && f16c() ? to_f16_avx2(in, n, out) : 0;
+}
+
+/* 16 floats at a time: x + 0x7fff + (bit 16 of x), the upper halves; a
+ * NaN lane becomes its upper half with the quiet bit (0x40) set. */
+__attribute__((target("avx2"))) static size_t to_bf16_avx2(const float *in, size_t n, uint8_t *out)
+{
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i r[2];
+    for (int k = 0; k < 2; k++) {
+      __m256i x = _mm256_loadu_si256((const __m256i *)(in + i + 8 * k));
+      __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+      __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(bias, odd)), 16);
+      __m256i nanv = _mm256_or_si256(_mm256_srli_epi32(x, 16), quiet);
+      __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+      r[k] = _mm256_blendv_epi8(rounded, nanv, nan);
+    }
+    /* every lane is in [0, 0xffff]: packus keeps it; it interleaves the
+     * 128-bit halves, which the permute puts back in order */
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+    _mm256_storeu_si256((__m256i *)(out + 2 * i), p);
+  }
+  return i;
+}
+
+size_t bs_vec_f32_to_bf16(const float *in, size_t n, uint8_t *out)
+{
+  return n >= 16 && f16c() ? to_bf16_avx2(in, n, out) : 0;
+}
+
 /* SSE2 is part of x86-64: no check. Interleaving zeros below each value
  * puts it in the upper half of a 32-bit lane. */
 size_t bs_vec_bf16_to_f32(const uint8_t *in, size_t n, float *out)
@@ -74,6 +124,18 @@ size_t bs_vec_f16_to_f32(const uint8_t *in, size_t n, float *out)
 }
 
 size_t bs_vec_bf16_to_f32(const uint8_t *in, size_t n, float *out)
+{
+  (void)in, (void)n, (void)out;
+  return 0;
+}
+
+size_t bs_vec_f32_to_f16(const float *in, size_t n, uint8_t *out)
+{
+  (void)in, (void)n, (void)out;
+  return 0;
+}
+
+size_t bs_vec_f32_to_bf16(const float *in, size_t n, uint8_t *out)
 {
   (void)in, (void)n, (void)out;
   return 0;

@@ -81,3 +81,67 @@ Test(decode_vec, short_inputs_are_left_to_the_scalar_loop)
   cr_assert_eq(bs_vec_f16_to_f32(in, 7, out), 0);
   cr_assert_eq(bs_vec_bf16_to_f32(in, 7, out), 0);
 }
+
+/* Narrowing: the vector paths give bs_f32_to_f16 / bs_f32_to_bf16's bits
+ * for a sweep of every 4099th F32 bit pattern (NaNs, infinities,
+ * subnormals, both signs), every F32 whose upper half is one F16 /
+ * BF16 neighbourhood (the ties), and through bs_encode with a tail. */
+static void check_narrow(const float *in, size_t n)
+{
+  uint8_t *vh = bs_malloc(2 * n), *vb = bs_malloc(2 * n);
+  cr_assert(vh && vb);
+  size_t dh = bs_vec_f32_to_f16(in, n, vh), db = bs_vec_f32_to_bf16(in, n, vb);
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2"))
+    cr_assert(dh == n - n % 8 && db == n - n % 16, "the vector paths ran (%zu, %zu of %zu)", dh, db,
+              n);
+#endif
+  for (size_t i = 0; i < dh; i++) {
+    uint16_t got = (uint16_t)(vh[2 * i] | vh[2 * i + 1] << 8), want = bs_f32_to_f16(in[i]);
+    cr_assert_eq(got, want, "f16 of %08x: vector %04x, scalar %04x", fbits(in[i]), got, want);
+  }
+  for (size_t i = 0; i < db; i++) {
+    uint16_t got = (uint16_t)(vb[2 * i] | vb[2 * i + 1] << 8), want = bs_f32_to_bf16(in[i]);
+    cr_assert_eq(got, want, "bf16 of %08x: vector %04x, scalar %04x", fbits(in[i]), got, want);
+  }
+  bs_free(vh);
+  bs_free(vb);
+}
+
+Test(decode_vec, narrowing_matches_the_scalar_path)
+{
+  enum { N = (1u << 20) + 7 };
+  float *in = bs_malloc(N * sizeof(float));
+  cr_assert_not_null(in);
+  size_t n = 0;
+  for (uint64_t u = 0; u <= 0xffffffffu && n < N; u += 4099) {
+    uint32_t b = (uint32_t)u;
+    memcpy(&in[n++], &b, 4);
+  }
+  check_narrow(in, n);
+  /* around F16's rounding points: 1 + k * 2^-11 +- 1 ulp, subnormal ties,
+   * the overflow threshold; BF16's: the low 16 bits 0x7fff, 0x8000, 0x8001 */
+  n = 0;
+  const uint32_t bases[] = {0x3f800000, 0x33000000, 0x33c00000, 0x387fc000, 0x477fe000,
+                            0x477ff000, 0x7f7f0000, 0x00010000, 0x7f800000, 0xff800000};
+  for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++)
+    for (uint32_t d = 0; d < 0x10000 && n < N; d += 0x7ff) {
+      const uint32_t around[] = {bases[k] + d - 1, bases[k] + d, bases[k] + d + 1,
+                                 (bases[k] | 0x8000u) + d};
+      for (int j = 0; j < 4; j++)
+        memcpy(&in[n++], &around[j], 4);
+    }
+  check_narrow(in, n);
+  /* through bs_encode: the vector part and the scalar tail agree */
+  uint8_t out[2 * 37];
+  for (int dt = 0; dt < 2; dt++) {
+    enum bs_dtype t = dt ? BS_DT_BF16 : BS_DT_F16;
+    bs_encode(t, in, 37, out);
+    for (int i = 0; i < 37; i++) {
+      uint16_t got = (uint16_t)(out[2 * i] | out[2 * i + 1] << 8);
+      cr_assert_eq(got, dt ? bs_f32_to_bf16(in[i]) : bs_f32_to_f16(in[i]), "%s [%d]",
+                   bs_dtype_name(t), i);
+    }
+  }
+  bs_free(in);
+}
