@@ -6,7 +6,9 @@ with as=F32: every file equals torch's own `t.dequantize()` bit for bit, its
 xattrs say F32 and the stored dtype, `cat --as F32` gives the same bytes,
 and without the option the stored integers are shown as before. A
 per_channel_affine_float_qparams tensor (its zero points are floats) is
-shown as stored (cat --as F32 refuses it). convert --as F16 writes dequantize().half()."""
+shown as stored (cat --as F32 refuses it). convert --as F16 writes dequantize().half().
+Hostile quantizers (patched pickles): an axis past the rank is refused in one
+line; scales that do not match the channels leave the tensor as stored."""
 import os
 import subprocess
 
@@ -107,5 +109,43 @@ def test_convert_as_f16(tmp):
               "%s: convert --as F16 equals dequantize().half()" % k)
 
 
+def patched(src, dst, old, new):
+    """A copy of .pth src whose data.pkl has `old` replaced by `new` (once)."""
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            b = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                check(b.count(old) == 1, "the pickle holds %r once" % old)
+                b = b.replace(old, new)
+            zout.writestr(info.filename, b)
+
+
+def test_hostile_quantizers(tmp):
+    """A per-channel quantizer whose axis is past the rank is refused in one
+    line naming the tensor; one whose scales do not match the channels is
+    not kept (the stored integers are shown, as/--as F32 refuse them)."""
+    x = torch.randn(2, 3)
+    q = torch.quantize_per_channel(x, torch.tensor([0.1, 0.2], dtype=torch.double), torch.tensor([0, 1]), 0,
+                                   torch.qint8)
+    src = os.path.join(tmp, "pc.pth")
+    torch.save({"q": q}, src)
+    # the axis: BININT1 0 closing the quantizer tuple, before requires_grad (NEWFALSE)
+    bad = os.path.join(tmp, "pc-axis.pth")
+    patched(src, bad, b"K\x00tq\x1d\x89", b"K\x05tq\x1d\x89")
+    r = run([BIN, "ls", bad])
+    check(r.returncode != 0 and r.stderr.count("\n") == 1 and "'q'" in r.stderr and "axis 5" in r.stderr,
+          "an axis past the rank is refused in one line: %r" % r.stderr)
+    # the scales' shape (2,) -> (1,): not this tensor's channels
+    odd = os.path.join(tmp, "pc-scales.pth")
+    patched(src, odd, b"K\x02\x85q\x0f", b"K\x01\x85q\x0f")
+    r = run([BIN, "ls", odd])
+    check(r.returncode == 0 and "QI8" in r.stdout, "scales of another length: opened, QI8: %r" % (r.stdout + r.stderr))
+    r = subprocess.run([BIN, "cat", "--as", "F32", odd, "q"], capture_output=True, timeout=60)
+    check(r.returncode == 1 and b"no decoder for QI8" in r.stderr, "and not dequantized: %r" % r.stderr)
+    r = subprocess.run([BIN, "cat", odd, "q"], capture_output=True, timeout=60)
+    check(r.returncode == 0 and r.stdout == q.int_repr().numpy().tobytes(), "its stored integers shown")
+
+
 if __name__ == "__main__":
-    run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16], "tq")
+    run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_hostile_quantizers], "tq")
