@@ -93,6 +93,10 @@ def test_dequantized_views(tmp):
 
 def test_convert_as_f16(tmp):
     sd, pth = fixture(tmp)
+    for ext in (".pth", ".safetensors"):
+        r = run([BIN, "convert", "-q", pth, os.path.join(tmp, "plain" + ext)])
+        check(r.returncode != 0 and "convert --as F32 dequantizes them" in r.stderr,
+              "without --as, %s refuses a quantized tensor with the hint: %r" % (ext, r.stderr))
     out = os.path.join(tmp, "q16.pth")
     r = run([BIN, "convert", "-q", "--as", "F16", "-o", "exclude=^fq$", pth, out])
     if not check(r.returncode == 0, "convert --as F16: %r" % r.stderr):
