@@ -672,10 +672,13 @@ static int fail_line(const char *file, const bs_err *err)
 /* -o output_as=: a floating tensor of the checkpoint that cannot be decoded
  * is refused at mount, as convert --as refuses it (one written into the
  * mount later is kept as stored, with a note in the write-back's report). */
-static int refuse_undecodable(const char *source, const struct bs_catalog *cat, enum bs_dtype as)
+static int refuse_undecodable(const char *source, const struct bs_catalog *cat, enum bs_dtype as,
+                              bool skip_hidden)
 {
   for (size_t i = 0; i < cat->count; i++) {
     const struct bs_tensor *t = &cat->tensors[i];
+    if (t->hidden && skip_hidden)
+      continue; /* an extraction does not write what the key options hide */
     if (t->dtype == as || !bs_dtype_is_float(t->dtype) || bs_tensor_decodable(t))
       continue;
     fprintf(stderr,
@@ -685,6 +688,29 @@ static int refuse_undecodable(const char *source, const struct bs_catalog *cat, 
     return -1;
   }
   return 0;
+}
+
+/* bs_writer_check on the dtypes the output will hold: with output_as=,
+ * every decodable floating tensor is checked as that dtype (a quantized
+ * .pth can be written as SafeTensors once dequantized). */
+static int writer_check(struct fs *fs, bs_err *err)
+{
+  struct bs_catalog *cat = &fs->cat;
+  if (!fs->has_output_as)
+    return bs_writer_check(fs->writer, cat, err);
+  enum bs_dtype *saved = bs_malloc(cat->count ? cat->count * sizeof *saved : 1);
+  if (!saved)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < cat->count; i++) {
+    saved[i] = cat->tensors[i].dtype;
+    if (bs_tensor_decodable(&cat->tensors[i]))
+      cat->tensors[i].dtype = fs->output_as;
+  }
+  int rc = bs_writer_check(fs->writer, cat, err);
+  for (size_t i = 0; i < cat->count; i++)
+    cat->tensors[i].dtype = saved[i];
+  bs_free(saved);
+  return rc;
 }
 
 /* The writer of a writable mount, from the output's extension (an rw mount
@@ -937,9 +963,10 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
       (a->as_f32 && bs_catalog_decode_as(&fs->cat, BS_DT_F32, &err) != 0))
     return fail_line(a->source, &err);
   /* A conversion that cannot succeed is refused now, not at unmount. */
-  if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)
+  if (fs->writer && writer_check(fs, &err) != 0)
     return fail_line(a->source, &err);
-  if (fs->has_output_as && refuse_undecodable(a->source, &fs->cat, fs->output_as) != 0)
+  if (fs->has_output_as &&
+      refuse_undecodable(a->source, &fs->cat, fs->output_as, fs->force_write) != 0)
     return 1;
   if (bs_tree_init(&fs->tree, &err) != 0 ||
       bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0 ||

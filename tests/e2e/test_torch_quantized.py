@@ -113,6 +113,24 @@ def test_convert_as_f16(tmp):
               "%s: convert --as F16 equals dequantize().half()" % k)
 
 
+def test_mount_output_as(tmp):
+    """A quantized .pth mounted with output=X.safetensors,output_as=F32 is
+    written dequantized (SafeTensors has no quantized dtype: accepted at
+    mount because the output will hold F32)."""
+    sd, pth = fixture(tmp)
+    out = os.path.join(tmp, "deq.safetensors")
+    with Mount(pth, os.path.join(tmp, "mo"), "output=%s,output_as=F32,exclude=^fq$" % out) as m:
+        r = m.unmount()
+        check(r is not None and r.returncode == 0, "-u: %r" % (r and r.stderr))
+    from bsmount import read_safetensors
+    ts, _ = read_safetensors(out)
+    for k, v in sd.items():
+        if k == "fq" or not check(k in ts, "%s written" % k):
+            continue
+        if v.is_quantized:
+            check(ts[k][0] == "F32" and ts[k][2] == fbytes(v.dequantize()), "%s: dequantized in the output" % k)
+
+
 def patched(src, dst, old, new):
     """A copy of .pth src whose data.pkl has `old` replaced by `new` (once)."""
     import zipfile
@@ -152,4 +170,5 @@ def test_hostile_quantizers(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_hostile_quantizers], "tq")
+    run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_mount_output_as,
+                                       test_hostile_quantizers], "tq")
