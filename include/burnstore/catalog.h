@@ -132,13 +132,18 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
                     void *buf, size_t n);
 
 /* Present every floating tensor whose dtype is not `as` as `as`, decoded
- * on read (decode.h): dtype becomes `as`, nbytes numel * 4, decoded and
- * stored_dtype are set, and bs_tensor_read decodes the covering units of
- * each range into a bounded buffer. Only BS_DT_F32 for now (else EINVAL).
- * Integer, bool and complex tensors stay as they are; a floating dtype
- * without a decoder stays as stored, with one note per dtype in
- * cat->notes. Read-only use: writers see the decoded tensors. */
+ * on read (decode.h): dtype becomes `as`, nbytes numel * 4 (F32) or * 2
+ * (F16, BF16), decoded and stored_dtype are set, and bs_tensor_read
+ * decodes the covering units of each range into a bounded buffer (to F32,
+ * then narrowed to nearest even for F16 and BF16). `as` is F32, F16 or
+ * BF16 (else EINVAL). Integer, bool and complex tensors stay as they are;
+ * a floating dtype without a decoder stays as stored, with one note per
+ * dtype in cat->notes. Writers see the decoded tensors (convert --as). */
 BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err);
+
+/* True if bs_catalog_decode_as can decode t's stored dtype (F32 included:
+ * narrowed), false for integers and floats without a decoder. */
+bool bs_tensor_decodable(const struct bs_tensor *t);
 
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return

@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
+#include "formats/qfloat.h"
 
 void bs_catalog_init(struct bs_catalog *cat)
 {
@@ -346,19 +347,77 @@ static long checked(const struct bs_catalog *cat, const struct bs_tensor *t, lon
  * DECODE_STEP_ELEMS floats and their stored bytes (64 KiB of F64). */
 #define DECODE_STEP_ELEMS 8192u
 
-/* A decoded tensor's F32 bytes [off, off + n): the stored units that cover
- * them, read and decoded a step at a time into a bounded scratch. */
+/* The quantizer of a torch quantized tensor stored as dt (the .pth
+ * reader keeps it in dtype_raw), or NULL. */
+static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype dt)
+{
+  if (dt != BS_DT_QI8 && dt != BS_DT_QU8 && dt != BS_DT_QI32)
+    return NULL;
+  return bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+}
+
+/* A Burn QFloat tensor of a scheme decoded here (qfloat.h): its scale's
+ * dtype, or BS_DT_COUNT. */
+static enum bs_dtype qfloat_scale(const struct bs_tensor *t, enum bs_dtype dt)
+{
+  return dt == BS_DT_QFLOAT ? bs_qfloat_q8s_scale(t->dtype_raw, t->dtype_raw_len) : BS_DT_COUNT;
+}
+
+/* The stored unit of tensor t stored as dt: bs_decode_unit's; for F32 (as
+ * F16 or BF16: narrowed only) one element of 4 bytes; for torch's
+ * quantized types with a quantizer and Burn's Q8S QFloat, one element. */
+static bool stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *elems,
+                        uint32_t *bytes)
+{
+  if (qfloat_scale(t, dt) != BS_DT_COUNT) {
+    *elems = 1;
+    *bytes = 1;
+    return true;
+  }
+  if (dt == BS_DT_F32 || torch_q(t, dt)) {
+    *elems = 1;
+    *bytes = bs_dtype_bits(dt) / 8;
+    return true;
+  }
+  return bs_decode_unit(dt, elems, bytes);
+}
+
+/* n units of dt, the first being unit `first` of the tensor, to F32
+ * (qscale: a QFloat tensor's scale). */
+static void to_f32(const struct bs_tensor *t, enum bs_dtype dt, uint64_t first, const uint8_t *in,
+                   size_t n, float qscale, float *out)
+{
+  const struct bs_torch_q *q = torch_q(t, dt);
+  if (dt == BS_DT_QFLOAT)
+    for (size_t i = 0; i < n; i++)
+      out[i] = (float)(int8_t)in[i] * qscale; /* burn: q as f32 * scale */
+  else if (q)
+    bs_decode_torch_q(dt, q, first, in, n, out);
+  else if (dt != BS_DT_F32)
+    bs_decode(dt, in, n, out);
+  else
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = bs_le32(in + 4 * i);
+      memcpy(&out[i], &u, sizeof u);
+    }
+}
+
+/* A decoded tensor's bytes [off, off + n) (of dtype: F32, F16 or BF16):
+ * the stored units that cover them, read, decoded to F32 and, for F16 and
+ * BF16, narrowed, a step at a time into a bounded scratch. */
 static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                          uint8_t *buf, size_t n)
 {
   uint32_t ue, ub;
+  const enum bs_dtype sdt = (enum bs_dtype)t->stored_dtype;
   if (off >= t->nbytes)
     return 0;
-  if (!bs_decode_unit((enum bs_dtype)t->stored_dtype, &ue, &ub))
+  if (!stored_unit(t, sdt, &ue, &ub) || !bs_encode_ok(t->dtype))
     return -EIO; /* bs_catalog_decode_as set only decodable ones */
   if (n > t->nbytes - off)
     n = (size_t)(t->nbytes - off);
-  const uint64_t uout = (uint64_t)ue * 4; /* output bytes per unit */
+  const uint32_t osz = bs_dtype_bits(t->dtype) / 8;
+  const uint64_t uout = (uint64_t)ue * osz; /* output bytes per unit */
   const uint64_t nunits = t->nbytes / uout, stored_len = nunits * ub;
   uint32_t step = DECODE_STEP_ELEMS / ue ? DECODE_STEP_ELEMS / ue : 1;
   const uint64_t first = off / uout, cover = (off + n + uout - 1) / uout - first;
@@ -366,10 +425,26 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     step = (uint32_t)cover; /* a small read needs a small scratch */
   uint8_t *raw = bs_malloc((size_t)step * ub);
   float *dec = bs_malloc((size_t)step * ue * sizeof(float));
+  uint8_t *enc = t->dtype == BS_DT_F32 ? (uint8_t *)dec : bs_malloc((size_t)step * ue * osz);
   long ret = 0;
-  if (!raw || !dec) {
+  if (!raw || !dec || !enc) {
     ret = -ENOMEM;
     goto out;
+  }
+  float qscale = 0; /* a QFloat tensor's: the bytes after its values */
+  if (sdt == BS_DT_QFLOAT) {
+    const enum bs_dtype sd = qfloat_scale(t, sdt);
+    const uint32_t ssz = bs_dtype_bits(sd) / 8;
+    uint8_t sb[4];
+    long r = raw_pread(cat, t, 1, stored_len + ssz, stored_len, sb, ssz);
+    if (r != (long)ssz) {
+      ret = r < 0 ? r : -EIO;
+      goto out;
+    }
+    uint32_t u = sd == BS_DT_F32 ? bs_le32(sb) : sd == BS_DT_BF16 ? (uint32_t)bs_le16(sb) << 16 : 0;
+    memcpy(&qscale, &u, sizeof u);
+    if (sd == BS_DT_F16)
+      qscale = bs_f16_to_f32(bs_le16(sb));
   }
   size_t done = 0;
   while (done < n) {
@@ -384,15 +459,24 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
       ret = -EIO;
       goto out;
     }
-    bs_decode((enum bs_dtype)t->stored_dtype, raw, (size_t)k, dec);
     size_t skip = (size_t)(pos - u0 * uout), avail = (size_t)(k * uout) - skip;
     size_t chunk = avail < n - done ? avail : n - done;
-    memcpy(buf + done, (const uint8_t *)dec + skip, chunk);
+    if (t->dtype == BS_DT_F32 && skip == 0 && chunk == avail &&
+        (uintptr_t)(buf + done) % _Alignof(float) == 0) {
+      to_f32(t, sdt, u0, raw, (size_t)k, qscale, (float *)(void *)(buf + done)); /* no copy */
+    } else {
+      to_f32(t, sdt, u0, raw, (size_t)k, qscale, dec);
+      if (enc != (uint8_t *)dec)
+        bs_encode(t->dtype, dec, (size_t)k * ue, enc);
+      memcpy(buf + done, enc + skip, chunk);
+    }
     done += chunk;
   }
   ret = checked(cat, t, (long)done);
 out:
   bs_free(raw);
+  if (enc != (uint8_t *)dec)
+    bs_free(enc);
   bs_free(dec);
   return ret;
 }
@@ -405,11 +489,32 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
+/* A Q8S QFloat tensor's bytes: numel values, then its scale, nothing else.
+ * Only numel a multiple of 4: burn-std appends the scale 4-byte aligned
+ * while its quantized_data_len counts no padding, so a length that needs
+ * padding has no one reading; such a tensor stays as stored. */
+static bool qfloat_layout(const struct bs_tensor *t, uint64_t numel)
+{
+  enum bs_dtype sd = qfloat_scale(t, BS_DT_QFLOAT);
+  return sd != BS_DT_COUNT && numel % 4 == 0 && t->nbytes >= numel &&
+         t->nbytes - numel == bs_dtype_bits(sd) / 8;
+}
+
+bool bs_tensor_decodable(const struct bs_tensor *t)
+{
+  uint32_t e, b;
+  uint64_t numel;
+  if (t->dtype == BS_DT_QFLOAT)
+    return bs_shape_numel(t->rank, t->shape, &numel) == 0 && qfloat_layout(t, numel);
+  return bs_dtype_is_float(t->dtype) && stored_unit(t, t->dtype, &e, &b);
+}
+
 int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
 {
-  if (as != BS_DT_F32)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "as=%s: only F32 is supported",
+  if (!bs_encode_ok(as))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "as=%s: only F32, F16 or BF16",
                    bs_dtype_name(as));
+  const uint32_t osz = bs_dtype_bits(as) / 8;
   size_t kept[BS_DT_COUNT] = {0};
   for (size_t i = 0; i < cat->count; i++) {
     struct bs_tensor *t = &cat->tensors[i];
@@ -419,9 +524,10 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
     uint64_t numel, nbytes;
     /* Blocks run along the last dimension: a strided view of them (none
      * of our readers makes one) is kept as stored. */
-    if (!bs_decode_unit(t->dtype, &ue, &ub) || t->unsupported ||
+    if (!stored_unit(t, t->dtype, &ue, &ub) || t->unsupported ||
         (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
-        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, 4, &nbytes)) {
+        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes) ||
+        (t->dtype == BS_DT_QFLOAT && !qfloat_layout(t, numel))) {
       kept[t->dtype]++;
       continue;
     }

@@ -10,6 +10,7 @@
 
 #include "core/checked.h"
 #include "core/decode_ggml.h"
+#include "core/decode_vec.h"
 
 static float f32_from_bits(uint32_t u)
 {
@@ -64,15 +65,17 @@ static void dec_f64(const uint8_t *in, size_t n, float *out)
   }
 }
 
+/* F16 and BF16: the vector path (decode_vec.h) for what it can, the
+ * scalar loop for the rest; both give the same bits. */
 static void dec_f16(const uint8_t *in, size_t n, float *out)
 {
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = bs_vec_f16_to_f32(in, n, out); i < n; i++)
     out[i] = bs_f16_to_f32(bs_le16(in + 2 * i));
 }
 
 static void dec_bf16(const uint8_t *in, size_t n, float *out)
 {
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = bs_vec_bf16_to_f32(in, n, out); i < n; i++)
     out[i] = f32_from_bits((uint32_t)bs_le16(in + 2 * i) << 16);
 }
 
@@ -272,5 +275,131 @@ bool bs_dtype_is_float(enum bs_dtype dt)
     uint32_t e, b;
     return bs_dtype_block(dt, &e, &b);
   }
+  }
+}
+
+/* ---- Narrowing ---- */
+
+static uint32_t bits_of(float f)
+{
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+uint16_t bs_f32_to_f16(float f)
+{
+  uint32_t x = bits_of(f), ax = x & 0x7fffffffu;
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  if (ax > 0x7f800000u) /* NaN: quiet, the payload's top 9 bits */
+    return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax >= 0x477ff000u) /* 65520 (half a unit past 65504) and up, infinity */
+    return (uint16_t)(sign | 0x7c00u);
+  if (ax >= 0x38800000u) { /* normal: rebias the exponent (127 - 15), round 13 bits off */
+    uint32_t h = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u));
+    return (uint16_t)(sign | h); /* a carry into the exponent is right */
+  }
+  if (ax < 0x33000000u) /* below 2^-25 (half the least subnormal): zero */
+    return sign;
+  /* subnormal: the value in units of 2^-24, rounded; 2^-25 itself is the
+   * tie between 0 and 2^-24 and goes to 0 (even) */
+  uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+  unsigned shift = 126u - e; /* 14 .. 24 */
+  uint32_t r = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  r += rem > half || (rem == half && (r & 1u));
+  return (uint16_t)(sign | r); /* r == 0x400 is the least normal, rightly */
+}
+
+uint16_t bs_f32_to_bf16(float f)
+{
+  uint32_t x = bits_of(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, quiet */
+    return (uint16_t)((x >> 16) | 0x40u);
+  /* ties to even; the largest finite floats round up to infinity */
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+bool bs_encode_ok(enum bs_dtype dt)
+{
+  return dt == BS_DT_F32 || dt == BS_DT_F16 || dt == BS_DT_BF16;
+}
+
+void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
+{
+  switch (dt) {
+  case BS_DT_F16:
+    for (size_t i = bs_vec_f32_to_f16(in, n, out); i < n; i++) {
+      uint16_t h = bs_f32_to_f16(in[i]);
+      out[2 * i] = (uint8_t)h;
+      out[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+    break;
+  case BS_DT_BF16:
+    for (size_t i = bs_vec_f32_to_bf16(in, n, out); i < n; i++) {
+      uint16_t h = bs_f32_to_bf16(in[i]);
+      out[2 * i] = (uint8_t)h;
+      out[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+    break;
+  default:
+    for (size_t i = 0; i < n; i++) {
+      uint32_t u = bits_of(in[i]);
+      out[4 * i] = (uint8_t)u;
+      out[4 * i + 1] = (uint8_t)(u >> 8);
+      out[4 * i + 2] = (uint8_t)(u >> 16);
+      out[4 * i + 3] = (uint8_t)(u >> 24);
+    }
+  }
+}
+
+/* ---- PyTorch's quantized tensors ---- */
+
+const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
+{
+  const struct bs_torch_q *q = (const void *)raw;
+  if (!raw || len < sizeof *q || (uintptr_t)raw % _Alignof(struct bs_torch_q) != 0)
+    return NULL;
+  if (q->scheme == BS_TQ_PER_TENSOR)
+    return len == sizeof *q ? q : NULL;
+  if (q->scheme != BS_TQ_PER_CHANNEL || q->nch == 0 || q->inner == 0 ||
+      q->nch > (len - sizeof *q) / 16 || len != sizeof *q + q->nch * 16)
+    return NULL;
+  return q;
+}
+
+static int64_t tq_int(enum bs_dtype dt, const uint8_t *in, size_t i)
+{
+  switch (dt) {
+  case BS_DT_QI8: return (int8_t)in[i];
+  case BS_DT_QU8: return in[i];
+  default: return (int32_t)bs_le32(in + 4 * i);
+  }
+}
+
+void bs_decode_torch_q(enum bs_dtype dt, const struct bs_torch_q *q, uint64_t first,
+                       const uint8_t *in, size_t n, float *out)
+{
+  if (q->scheme == BS_TQ_PER_TENSOR) {
+    /* torch's dequantize_val: static_cast<float>(scale) * (value.val_ -
+     * static_cast<int32_t>(zero_point)), the difference an int32 (it wraps
+     * as torch's does for qint32 extremes) */
+    const float s = (float)q->scale;
+    const uint32_t zp = (uint32_t)(int32_t)q->zp;
+    for (size_t i = 0; i < n; i++) {
+      int32_t d = (int32_t)((uint32_t)tq_int(dt, in, i) - zp);
+      out[i] = s * (float)d;
+    }
+    return;
+  }
+  const double *scales = (const double *)(const void *)(q + 1);
+  const int64_t *zps = (const int64_t *)(const void *)(scales + q->nch);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t c = ((first + i) / q->inner) % q->nch;
+    int64_t d;
+    double dd = __builtin_sub_overflow(tq_int(dt, in, i), zps[c], &d)
+                    ? (double)tq_int(dt, in, i) - (double)zps[c] /* a hostile zero point */
+                    : (double)d;
+    out[i] = (float)(dd * scales[c]);
   }
 }

@@ -41,4 +41,50 @@ bool bs_dtype_is_float(enum bs_dtype dt);
 /* One IEEE half (binary16) to float, exactly (ggml's GGML_FP16_TO_FP32). */
 float bs_f16_to_f32(uint16_t h);
 
+/* ---- Narrowing F32 (convert --as, -o output_as) ---- */
+
+/* One float to IEEE binary16 / bfloat16, round to nearest, ties to even
+ * (IEEE 754's default): a value past the largest finite one by half a unit
+ * or more becomes infinity; subnormals as IEEE says; -0 stays -0. A NaN
+ * stays a NaN of the same sign, quiet, with the top bits of its payload
+ * (what x86's VCVTPS2PH does; F16C and torch's scalar code agree on every
+ * non-NaN value). */
+uint16_t bs_f32_to_f16(float f);
+uint16_t bs_f32_to_bf16(float f);
+
+/* True for the dtypes bs_encode writes: F32, F16, BF16. */
+bool bs_encode_ok(enum bs_dtype dt);
+
+/* n floats as dt (one bs_encode_ok accepts), little-endian, into out
+ * (n * 4 or n * 2 bytes). */
+void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out);
+
+/* ---- PyTorch's quantized tensors (qint8, quint8, qint32) ---- */
+
+enum { BS_TQ_NONE, BS_TQ_PER_TENSOR, BS_TQ_PER_CHANNEL };
+
+/* A torch quantized tensor's quantizer, as the .pth reader keeps it in the
+ * tensor's dtype_raw: this header, then for BS_TQ_PER_CHANNEL nch doubles
+ * (the scales) and nch int64 (the zero points), in host order. */
+struct bs_torch_q {
+  uint32_t scheme; /* BS_TQ_PER_TENSOR or BS_TQ_PER_CHANNEL */
+  uint32_t axis;   /* per channel: the dimension the channels run along */
+  double scale;    /* per tensor */
+  int64_t zp;
+  uint64_t nch;   /* per channel: shape[axis] */
+  uint64_t inner; /* per channel: elements per step of the axis (the product of
+                     the dimensions after it) */
+};
+
+/* The quantizer in a dtype_raw blob of len bytes, checked (sizes, nch
+ * against the blob); NULL if it holds none. */
+const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len);
+
+/* n elements of dt (QI8, QU8, QI32) starting at element `first` of the
+ * tensor, dequantized as torch's dequantize() does: per tensor,
+ * (float)scale * (float)(int32)(q - zero_point); per channel, in double,
+ * (q - zero_point[c]) * scale[c], rounded to float once. */
+void bs_decode_torch_q(enum bs_dtype dt, const struct bs_torch_q *q, uint64_t first,
+                       const uint8_t *in, size_t n, float *out);
+
 #endif

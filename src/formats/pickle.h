@@ -87,6 +87,12 @@ struct bs_pv {
       bool dtype_ok;
       enum bs_dtype dtype;
       const char *unsupported; /* why it cannot be read, or NULL */
+      /* _rebuild_qtensor's quantizer: BS_TQ_* (decode.h); per tensor: qscale,
+       * qzp; per channel: the tensors qscales (double), qzps (int64), qaxis */
+      unsigned qscheme;
+      double qscale;
+      int64_t qzp, qaxis;
+      struct bs_pv *qscales, *qzps;
     } tensor;
     struct {
       const char *key;

@@ -22,6 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 #include "pth_private.h"
 
 static void ctx_destroy(struct pth_ctx *c)
@@ -170,10 +171,102 @@ static int add_tensor(struct pth_ctx *c, const struct pth_found *f, pth_locate_f
   return bs_tensor_check_view(bt, base, c->err);
 }
 
+/* The bytes of a quantizer's scales or zero points: a 1-D contiguous
+ * tensor of `want` (F64 or I64) with n elements, read from the archive into
+ * out (n * 8 bytes). 0; 1 when the tensor is not that (torch writes
+ * per_channel_affine_float_qparams as per_channel_affine with F32 scales
+ * and zero points: not kept); -1 with err. */
+static int qparam_bytes(struct pth_ctx *c, const char *key, const struct bs_pv *t,
+                        enum bs_dtype want, uint64_t n, pth_locate_fn locate, uint8_t *out)
+{
+  const char *what = want == BS_DT_F64 ? "scales" : "zero points";
+  if (t->u.tensor.unsupported || !t->u.tensor.dtype_ok || t->u.tensor.dtype != want ||
+      t->u.tensor.rank != 1 || t->u.tensor.shape[0] != n || (n > 1 && t->u.tensor.stride[0] != 1))
+    return 1;
+  const struct bs_pv *st = t->u.tensor.storage;
+  struct pth_rec *r = pth_rec_get(c, st->u.storage.key);
+  if (!r)
+    return -1;
+  if (!r->located && (!locate || locate(c, r, key) != 0))
+    return locate ? -1
+                  : bs_fail(c->err, EINVAL, BS_OFF_NONE, key,
+                            "quantizer %s: storage '%.64s' is not in the file's storage list", what,
+                            st->u.storage.key);
+  uint64_t base = r->off, slen = r->len, skip, start;
+  if (st->u.storage.has_view) { /* legacy: a slice of the root storage, in elements */
+    if (!bs_mul_u64(st->u.storage.view_off, 8, &skip) || skip > slen)
+      return bs_fail(c->err, EINVAL, r->off, key, "quantizer %s: bad storage view", what);
+    base += skip;
+    slen -= skip;
+  }
+  if (!bs_mul_u64(t->u.tensor.offset, 8, &start) || start > slen || n > (slen - start) / 8)
+    return bs_fail(c->err, EINVAL, base, key,
+                   "quantizer %s: %" PRIu64 " elements from %" PRIu64
+                   " do not fit storage '%.64s' of %" PRIu64 " bytes",
+                   what, n, t->u.tensor.offset, r->key, slen);
+  long got = bs_src_pread(&c->cat->srcs[r->src], base + start, out, (size_t)(n * 8));
+  if (got < 0 || (uint64_t)got != n * 8)
+    return bs_fail(c->err, EIO, base + start, key, "quantizer %s: cannot read them", what);
+  for (uint64_t i = 0; i < n; i++) { /* little-endian in the file, host order here */
+    uint64_t u = bs_le64(out + 8 * i);
+    memcpy(out + 8 * i, &u, 8);
+  }
+  return 0;
+}
+
+/* A torch quantized tensor's quantizer, into its dtype_raw (decode.h's
+ * struct bs_torch_q), so that as=F32 can dequantize it. One whose
+ * quantizer is not kept shows its stored integers, as before. */
+static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locate_fn locate)
+{
+  const struct bs_pv *t = f->t;
+  struct bs_tensor *bt = &c->cat->tensors[c->cat->count - 1];
+  if (!t->u.tensor.qscheme || bt->unsupported || bt->strides || bt->nbytes == 0 ||
+      (bt->dtype != BS_DT_QI8 && bt->dtype != BS_DT_QU8 && bt->dtype != BS_DT_QI32))
+    return 0;
+  struct bs_torch_q h = {
+      .scheme = t->u.tensor.qscheme, .scale = t->u.tensor.qscale, .zp = t->u.tensor.qzp};
+  uint64_t len = sizeof h;
+  if (h.scheme == BS_TQ_PER_CHANNEL) {
+    int64_t ax = t->u.tensor.qaxis;
+    if (ax < 0 || (uint64_t)ax >= bt->rank || bt->shape[ax] == 0)
+      return bs_fail(c->err, EINVAL, bt->off, f->key,
+                     "per-channel quantizer axis %" PRId64 " of a rank-%u tensor", ax, bt->rank);
+    h.axis = (uint32_t)ax;
+    h.nch = bt->shape[ax];
+    h.inner = 1;
+    for (uint32_t d = h.axis + 1; d < bt->rank; d++)
+      if (!bs_mul_u64(h.inner, bt->shape[d] ? bt->shape[d] : 1, &h.inner))
+        return bs_fail(c->err, EINVAL, bt->off, f->key, "shape overflows");
+    /* nch <= numel (none is 0) <= the tensor's bytes, checked against the file */
+    len += h.nch * 16;
+  }
+  uint8_t *blob = bs_malloc((size_t)len);
+  if (!blob)
+    return pth_nomem(c);
+  memcpy(blob, &h, sizeof h);
+  if (h.scheme == BS_TQ_PER_CHANNEL) {
+    int rc =
+        qparam_bytes(c, f->key, t->u.tensor.qscales, BS_DT_F64, h.nch, locate, blob + sizeof h);
+    if (rc == 0)
+      rc = qparam_bytes(c, f->key, t->u.tensor.qzps, BS_DT_I64, h.nch, locate,
+                        blob + sizeof h + h.nch * 8);
+    if (rc != 0) {
+      bs_free(blob);
+      return rc < 0 ? -1 : 0;
+    }
+  }
+  bt = &c->cat->tensors[c->cat->count - 1]; /* pth_rec_get may not move it, but be sure */
+  bs_free(bt->dtype_raw);
+  bt->dtype_raw = blob;
+  bt->dtype_raw_len = (size_t)len;
+  return 0;
+}
+
 int pth_conclude(struct pth_ctx *c, pth_locate_fn locate)
 {
   for (size_t i = 0; i < c->nfound; i++)
-    if (add_tensor(c, &c->found[i], locate) != 0)
+    if (add_tensor(c, &c->found[i], locate) != 0 || add_quantizer(c, &c->found[i], locate) != 0)
       return -1;
   for (size_t i = 0; i < bs_pickle_nnotes(c->p); i++)
     if (bs_catalog_note(c->cat, bs_pickle_note(c->p, i), c->err) != 0)

@@ -105,7 +105,9 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
   case BS_DT_QFLOAT: hint = " (Burn's quantized tensors exist only in Burnpack)"; break;
   case BS_DT_QI8:
   case BS_DT_QU8:
-  case BS_DT_QI32: hint = " (its quantizer parameters were not kept)"; break;
+  case BS_DT_QI32:
+    hint = " (quantized tensors are not written; convert --as F32 dequantizes them)";
+    break;
   default: break;
   }
   return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,

@@ -136,7 +136,10 @@ int bs_st_can_write(const struct bs_tensor *t, bs_err *err)
   case BS_DT_QFLOAT: hint = " (Burn's quantized tensors exist only in Burnpack)"; break;
   case BS_DT_QI8:
   case BS_DT_QU8:
-  case BS_DT_QI32: hint = " (torch's quantized tensors have no SafeTensors form)"; break;
+  case BS_DT_QI32:
+    hint =
+        " (torch's quantized tensors have no SafeTensors form; convert --as F32 dequantizes them)";
+    break;
   default: break;
   }
   return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,

@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 #include "pickle_vm.h"
 
 /* ---- GLOBAL resolution ---------------------------------------------------------------------- */
@@ -310,6 +311,33 @@ static struct bs_pv *unsupported_tensor(struct vm *v, const char *why)
   return t;
 }
 
+/* _rebuild_qtensor's quantizer_params (torch/_tensor.py __reduce_ex__):
+ * (torch.per_tensor_affine, scale, zero_point) or
+ * (torch.per_channel_affine, scales, zero_points, axis). Anything else
+ * leaves the tensor without one (shown as its stored integers). */
+static void quantizer(struct bs_pv *t, const struct bs_pv *q)
+{
+  if (q->kind != BS_PV_TUPLE || q->u.seq.n < 3)
+    return;
+  struct bs_pv *const *it = q->u.seq.items;
+  if (it[0]->kind != BS_PV_GLOBAL || strcmp(it[0]->u.glob.module, "torch") != 0)
+    return;
+  const char *name = it[0]->u.glob.name;
+  if (strcmp(name, "per_tensor_affine") == 0 && q->u.seq.n == 3 &&
+      (it[1]->kind == BS_PV_FLOAT || it[1]->kind == BS_PV_INT) && it[2]->kind == BS_PV_INT) {
+    t->u.tensor.qscheme = BS_TQ_PER_TENSOR;
+    t->u.tensor.qscale = it[1]->kind == BS_PV_FLOAT ? it[1]->u.f : (double)it[1]->u.i;
+    t->u.tensor.qzp = it[2]->u.i;
+  } else if (strcmp(name, "per_channel_affine") == 0 && q->u.seq.n == 4 &&
+             it[1]->kind == BS_PV_TENSOR && it[2]->kind == BS_PV_TENSOR &&
+             it[3]->kind == BS_PV_INT) {
+    t->u.tensor.qscheme = BS_TQ_PER_CHANNEL;
+    t->u.tensor.qscales = it[1];
+    t->u.tensor.qzps = it[2];
+    t->u.tensor.qaxis = it[3]->u.i;
+  }
+}
+
 static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const struct bs_pv *args)
 {
   enum bs_pg k = g->u.glob.kind;
@@ -376,6 +404,8 @@ static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const stru
     t->u.tensor.dtype_ok = true;
     t->u.tensor.dtype = st->u.storage.dtype;
   }
+  if (k == BS_PG_REBUILD_QTENSOR && n >= 5)
+    quantizer(t, a[4]);
   return t;
 }
 

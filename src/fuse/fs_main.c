@@ -29,6 +29,7 @@
 #include "burnstore/version.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 #include "core/progress.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
@@ -96,9 +97,12 @@ static const char usage_rest[] =
     "  strict                 PyTorch: refuse unknown pickle classes instead of skipping\n"
     "  npy, npy=only          read-only: NAME.npy beside (or instead of) each tensor file:\n"
     "                         a NumPy header, then the same bytes (numpy.load opens it)\n"
+    "  output_as=DT           writable: every floating tensor written back as DT (F32,\n"
+    "                         F16 or BF16; narrowed to nearest even), also when unchanged\n"
     "  as=F32                 read-only: every floating tensor not stored as F32 shown\n"
     "                         as F32, decoded on read (BF16, F16, F64, F8, every ggml\n"
-    "                         quantized type: Q4_0..Q8_1, K-quants, TQ, MXFP4, IQ)\n"
+    "                         quantized type: Q4_0..Q8_1, K-quants, TQ, MXFP4, IQ;\n"
+    "                         PyTorch's quantized tensors)\n"
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
     "                         transposed, norm weight/bias named gamma/beta\n"
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
@@ -144,6 +148,7 @@ struct args {
   struct bs_keyopts keys;
   int npy;                   /* FS_NPY_*: -o npy, npy=only */
   bool as_f32;               /* -o as=F32 */
+  const char *output_as;     /* -o output_as=DT, as given (NULL: none) */
   struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
 };
 
@@ -237,6 +242,11 @@ static void parse_opts(struct args *a, const char *optstr)
       a->direct_io = true;
     } else if (strcmp(it, "npy") == 0 || strcmp(it, "npy=only") == 0) {
       a->npy = it[3] ? FS_NPY_ONLY : FS_NPY_BOTH;
+    } else if (strncmp(it, "output_as=", 10) == 0) {
+      enum bs_dtype dt;
+      if (bs_dtype_from_name(it + 10, &dt) != 0 || !bs_encode_ok(dt))
+        die_usage("option '%s': output_as= takes F32, F16 or BF16", it);
+      a->output_as = bs_dtype_name(dt);
     } else if (strncmp(it, "as=", 3) == 0) {
       if (strcmp(it + 3, "F32") != 0)
         die_usage("option '%s': only as=F32 is supported", it);
@@ -667,6 +677,50 @@ static int fail_line(const char *file, const bs_err *err)
   return 1;
 }
 
+/* -o output_as=: a floating tensor of the checkpoint that cannot be decoded
+ * is refused at mount, as convert --as refuses it (one written into the
+ * mount later is kept as stored, with a note in the write-back's report). */
+static int refuse_undecodable(const char *source, const struct bs_catalog *cat, enum bs_dtype as,
+                              bool skip_hidden)
+{
+  for (size_t i = 0; i < cat->count; i++) {
+    const struct bs_tensor *t = &cat->tensors[i];
+    if (t->hidden && skip_hidden)
+      continue; /* an extraction does not write what the key options hide */
+    if (t->dtype == as || !bs_dtype_is_float(t->dtype) || bs_tensor_decodable(t))
+      continue;
+    fprintf(stderr,
+            PROG ": %s: tensor '%s': output_as=%s: no decoder for %s yet (exclude it with -o "
+                 "exclude=REGEX)\n",
+            source, t->name, bs_dtype_name(as), bs_dtype_name(t->dtype));
+    return -1;
+  }
+  return 0;
+}
+
+/* bs_writer_check on the dtypes the output will hold: with output_as=,
+ * every decodable floating tensor is checked as that dtype (a quantized
+ * .pth can be written as SafeTensors once dequantized). */
+static int writer_check(struct fs *fs, bs_err *err)
+{
+  struct bs_catalog *cat = &fs->cat;
+  if (!fs->has_output_as)
+    return bs_writer_check(fs->writer, cat, err);
+  enum bs_dtype *saved = bs_malloc(cat->count ? cat->count * sizeof *saved : 1);
+  if (!saved)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < cat->count; i++) {
+    saved[i] = cat->tensors[i].dtype;
+    if (bs_tensor_decodable(&cat->tensors[i]))
+      cat->tensors[i].dtype = fs->output_as;
+  }
+  int rc = bs_writer_check(fs->writer, cat, err);
+  for (size_t i = 0; i < cat->count; i++)
+    cat->tensors[i].dtype = saved[i];
+  bs_free(saved);
+  return rc;
+}
+
 /* The writer of a writable mount, from the output's extension (an rw mount
  * in place keeps the format the file holds). NULL after printing why. */
 static const struct bs_writer *choose_writer(const struct fs *fs, const struct args *a, bool is_new)
@@ -915,6 +969,14 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
     return 1;
   }
   fs->wopts.max_shard_size = a->max_shard_size;
+  if (a->output_as && !fs->writer) {
+    fprintf(stderr, PROG ": output_as= applies to a writable mount (rw or output=)\n");
+    return 1;
+  }
+  if (a->output_as) {
+    fs->has_output_as = true;
+    (void)bs_dtype_from_name(a->output_as, &fs->output_as); /* parse_opts checked it */
+  }
   if (fs->writable && !fs->output) {
     fprintf(stderr, PROG ": out of memory\n");
     return 1;
@@ -966,8 +1028,11 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
       (a->as_f32 && bs_catalog_decode_as(&fs->cat, BS_DT_F32, &err) != 0))
     return fail_line(a->source, &err);
   /* A conversion that cannot succeed is refused now, not at unmount. */
-  if (fs->writer && bs_writer_check(fs->writer, &fs->cat, &err) != 0)
+  if (fs->writer && writer_check(fs, &err) != 0)
     return fail_line(a->source, &err);
+  if (fs->has_output_as &&
+      refuse_undecodable(a->source, &fs->cat, fs->output_as, fs->force_write) != 0)
+    return 1;
   if (check_in_place(fs, a) != 0)
     return 1;
   if (bs_tree_init(&fs->tree, &err) != 0 ||
@@ -1158,7 +1223,8 @@ static int write_back(struct run *r)
   /* No op runs any more: what the journal holds the INDEX supersedes (it
    * stays until the write-back succeeds, for a kill before the INDEX). */
   fs_journal_stop(fs);
-  if (!fs->writable || !(fs->dirty || fs->force_write || fs->wopts.max_shard_size)) {
+  if (!fs->writable ||
+      !(fs->dirty || fs->force_write || fs->wopts.max_shard_size || fs->has_output_as)) {
     if (fs->writable)
       fs_staging_remove(fs);
     status_ok(r->sfd, fs, r->mnt, r->daemonized, false);

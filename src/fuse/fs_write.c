@@ -148,6 +148,8 @@ static void fill_wb(struct fs *fs, struct bs_wb *wb)
                        .source = fs->source,
                        .edit = &fs->edit,
                        .keep_hidden = fs->cat.nsrcs > 0 && !fs->force_write, /* a source */
+                       .has_output_as = fs->has_output_as,
+                       .output_as = fs->output_as,
                        .staging = fs->staging,
                        .staging_fd = &fs->staging_fd,
                        .staging_lock = &fs->staging_lock};

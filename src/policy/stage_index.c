@@ -16,6 +16,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/decode.h"
 #include "core/journal.h"
 #include "core/target.h"
 
@@ -122,6 +123,8 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
   putf(&o, "\nformat\t%s\n", bs_format_name(idx->format));
   if (idx->max_shard_size)
     putf(&o, "max_shard_size\t%llu\n", (unsigned long long)idx->max_shard_size);
+  if (idx->has_output_as)
+    putf(&o, "output_as\t%s\n", bs_dtype_name(idx->output_as));
   if (idx->ck.path && idx->ck.remote) { /* a URL: its validators are in its src records */
     put(&o, "remote", 6);
     put_str(&o, idx->ck.path);
@@ -533,6 +536,11 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
   } else if (strcmp(r, "max_shard_size") == 0 && l->n == 2) {
     if (!parse_u64(l->f[1], &idx->max_shard_size) || idx->max_shard_size == 0)
       return perr(err, l, "bad max_shard_size");
+  } else if (strcmp(r, "output_as") == 0 && l->n == 2) {
+    if (idx->has_output_as || bs_dtype_from_name(l->f[1], &idx->output_as) != 0 ||
+        !bs_encode_ok(idx->output_as))
+      return perr(err, l, "bad output_as (F32, F16 or BF16, once)");
+    idx->has_output_as = true;
   } else if (strcmp(r, "checkpoint") == 0 && l->n == 8) {
     int64_t ns, sec;
     if (idx->ck.path || unescape(l->f[1]) != 0 || l->f[1][0] != '/' ||

@@ -59,6 +59,8 @@ struct bs_stage_index {
   char *target;
   enum bs_format format;
   uint64_t max_shard_size; /* the write's bs_write_opts (0: none) */
+  bool has_output_as;      /* "output_as DT": the tensors are written as DT (writeback.h) */
+  enum bs_dtype output_as;
   struct bs_stage_checkpoint ck;
   struct bs_stage_src *srcs; /* what out.srcs must be, in order */
   size_t nsrcs, ncksrcs;     /* ncksrcs: the first ones come from the checkpoint */

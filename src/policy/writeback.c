@@ -191,6 +191,8 @@ static int index_head(const struct bs_wb *wb, struct bs_stage_index *idx, bs_err
   idx->target = (char *)wb->target; /* borrowed, never freed */
   idx->format = wb->writer->format;
   idx->max_shard_size = wb->opts.max_shard_size;
+  idx->has_output_as = wb->has_output_as;
+  idx->output_as = wb->output_as;
   idx->ncksrcs = src->nsrcs;
   const char *reopen = NULL;
   if (src->nsrcs && bs_src_remote(&src->srcs[0], &reopen, NULL)) {
@@ -309,6 +311,9 @@ int bs_wb_run(const struct bs_wb *wb, char **report, bs_err *err)
    * completes. An INDEX that cannot be saved fails the write-back. */
   struct bs_stage_index sidx;
   if (index_head(wb, &sidx, err) != 0 || save_index(wb, &sidx, &out, err) != 0)
+    goto out;
+  /* -o output_as=: after the INDEX, which describes the bytes as stored. */
+  if (wb->has_output_as && bs_catalog_decode_as(&out, wb->output_as, err) != 0)
     goto out;
   rc = bs_writer_write_file_opts(wb->writer, &out, wb->target, &wb->opts, err);
   if (rc == 0 && out.notes)
@@ -655,7 +660,8 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
                   ? bs_sources_mode(&idx.cat, idx.ncksrcs, ck.st_mode) & 0666
                   : 0600;
   }
-  if (bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, err) != 0) {
+  if ((idx.has_output_as && bs_catalog_decode_as(&idx.cat, idx.output_as, err) != 0) ||
+      bs_writer_write_file_opts(w, &idx.cat, idx.target, &wo, err) != 0) {
     res->kept = true;
     goto out;
   }

@@ -54,6 +54,11 @@ struct bs_wb {
   const char *source;         /* the checkpoint's absolute path, recorded in the INDEX */
   const struct bs_edit *edit; /* the tree and its entries; edit->src: the source catalog */
   bool keep_hidden;           /* keep the source tensors the key options hid (rw in place) */
+  /* -o output_as=: every floating tensor written as output_as (F32, F16 or
+   * BF16; bs_catalog_decode_as at write-back). The INDEX records the
+   * tensors as stored and the option, so --finish converts them too. */
+  bool has_output_as;
+  enum bs_dtype output_as;
   /* The staging directory: created by bs_staging_create, or its template,
    * created here (once the output catalog is built) with *staging_fd < 0. */
   char *staging;

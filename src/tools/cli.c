@@ -35,9 +35,9 @@
 
 const char bs_cli_usage[] = "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
                             "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
-                            "       burnstore cat [--npy] [-o KEYOPTS] FILE KEY\n"
+                            "       burnstore cat [--npy] [--as DT] [-o KEYOPTS] FILE KEY\n"
                             "       burnstore diff [-q] [-o KEYOPTS] A B\n"
-                            "       burnstore convert [-q] [-o KEYOPTS] IN OUT\n"
+                            "       burnstore convert [-q] [--as DT] [-o KEYOPTS] IN OUT\n"
                             "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
 
 static const char keyopts_help[] =
@@ -59,8 +59,8 @@ struct opts {
   struct bs_keyopts keys;
   struct bs_adapter adapter;
   bool strict, json, npy, quiet;
-  bool as_f32;  /* --as F32 */
-  int progress; /* BS_PROGRESS_*: --progress, --no-progress */
+  enum bs_dtype as; /* --as F32|F16|BF16; BS_DT_COUNT: none */
+  int progress;     /* BS_PROGRESS_*: --progress, --no-progress */
   const char *meta;
   uint64_t max_shard_size;
   const char *pos[3];
@@ -99,6 +99,7 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
 {
   const struct cmd *c = find_cmd(argv[0]);
   memset(o, 0, sizeof *o);
+  o->as = BS_DT_COUNT;
   bs_keyopts_init(&o->keys);
   bs_adapter_init(&o->adapter);
   bool dashdash = false;
@@ -120,11 +121,12 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
     } else if (strcmp(s, "--npy") == 0 && strchr(flags, 'n')) {
       o->npy = true;
     } else if (strcmp(s, "--as") == 0 && strchr(flags, 'a')) {
-      if (++i >= argc || strcmp(argv[i], "F32") != 0) {
-        fail("%s: --as needs F32 (the only decoded dtype so far)", argv[0]);
+      enum bs_dtype dt;
+      if (++i >= argc || bs_dtype_from_name(argv[i], &dt) != 0 || !bs_encode_ok(dt)) {
+        fail("%s: --as needs F32, F16 or BF16", argv[0]);
         return -1;
       }
-      o->as_f32 = true;
+      o->as = dt;
     } else if ((strcmp(s, "-q") == 0 || strcmp(s, "--quiet") == 0) && strchr(flags, 'q')) {
       o->quiet = true;
     } else if (bs_progress_flag(s) != BS_PROGRESS_AUTO && strchr(flags, 'p')) {
@@ -468,18 +470,18 @@ static int cmd_cat(int argc, char **argv)
     fail("%s: no tensor '%s' (burnstore ls lists them)", o.pos[0], o.pos[1]);
     goto out;
   }
-  if (o.as_f32) {
+  if (o.as != BS_DT_COUNT) {
     /* The mount's rule (-o as=F32); integers pass unchanged, and a float
      * without a decoder is refused rather than printed as other numbers. */
     bs_err err;
     bs_err_clear(&err);
-    if (bs_catalog_decode_as(&cat, BS_DT_F32, &err) != 0) {
+    if (bs_catalog_decode_as(&cat, o.as, &err) != 0) {
       fail_err(o.pos[0], &err);
       goto out;
     }
-    if (bs_dtype_is_float(t->dtype) && t->dtype != BS_DT_F32) {
-      fail("%s: tensor '%s': --as F32: no decoder for %s yet", o.pos[0], t->name,
-           bs_dtype_name(t->dtype));
+    if (bs_dtype_is_float(t->dtype) && t->dtype != o.as) {
+      fail("%s: tensor '%s': --as %s: no decoder for %s yet", o.pos[0], t->name,
+           bs_dtype_name(o.as), bs_dtype_name(t->dtype));
       goto out;
     }
   }
@@ -694,10 +696,29 @@ static void progress_observer(void *ctx, uint64_t n)
   bs_progress_add(ctx, n);
 }
 
+/* convert --as: every floating tensor presented as `as` (decoded and
+ * narrowed as the writer streams it); one that has no decoder is refused
+ * before anything is written, rather than copied in its own dtype. */
+static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_catalog_decode_as(cat, as, &err) != 0)
+    return fail_err(in, &err);
+  for (size_t i = 0; i < cat->count; i++) {
+    const struct bs_tensor *t = &cat->tensors[i];
+    if (!t->hidden && t->dtype != as && bs_dtype_is_float(t->dtype))
+      return fail("%s: tensor '%s': --as %s: no decoder for %s yet (exclude it with -o "
+                  "exclude=REGEX)",
+                  in, t->name, bs_dtype_name(as), bs_dtype_name(t->dtype));
+  }
+  return 0;
+}
+
 static int cmd_convert(int argc, char **argv)
 {
   struct opts o;
-  int p = parse(argc, argv, &o, 2, "qsp");
+  int p = parse(argc, argv, &o, 2, "qspa");
   if (p != 0) {
     opts_destroy(&o);
     return p > 0 ? 0 : 2;
@@ -717,6 +738,8 @@ static int cmd_convert(int argc, char **argv)
     return 1;
   }
   int rc = 1;
+  if (o.as != BS_DT_COUNT && as_all(in, &cat, o.as) != 0)
+    goto out;
   cat.format = w->format;
   uint64_t total = 0;
   size_t n = 0;
@@ -755,6 +778,7 @@ static int cmd_convert(int argc, char **argv)
             out, cat.nmeta);
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
+out:
   bs_catalog_destroy(&cat);
   opts_destroy(&o);
   return rc;
@@ -813,11 +837,13 @@ static const struct cmd cmds[] = {
      "metadata (long values cut at 200 bytes), non-tensor values and the reader's notes.\n"
      "  --meta KEY   print only the metadata value KEY, in full (exit 1 if missing)\n",
      cmd_info, 1},
-    {"cat", "[--npy] [--as F32] [-o KEYOPTS] FILE KEY",
+    {"cat", "[--npy] [--as F32|F16|BF16] [-o KEYOPTS] FILE KEY",
      "Write one tensor's raw little-endian row-major bytes to stdout.\n"
      "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n"
-     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, ggml Q4_0..Q8_1;\n"
-     "               as -o as=F32 mounts it); integers unchanged; with --npy: <f4\n",
+     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, ggml Q4_0..Q8_1,\n"
+     "               PyTorch's quantized tensors; as -o as=F32 mounts it); integers\n"
+     "               unchanged; with --npy: <f4\n"
+     "  --as F16|BF16  decoded, then rounded to nearest even (as convert --as)\n",
      cmd_cat, 1},
     {"diff", "[-q] [-o KEYOPTS] A B",
      "Compare two checkpoints: keys only in one, dtype or shape changes, and tensors whose\n"
@@ -826,7 +852,7 @@ static const struct cmd cmds[] = {
      "Exit status: 0 the same, 1 different, 2 trouble.\n"
      "  -q           compare keys, dtypes and shapes only, not the bytes\n",
      cmd_diff, 2},
-    {"convert", "[-q] [--progress|--no-progress] [-o KEYOPTS] IN OUT",
+    {"convert", "[-q] [--progress|--no-progress] [--as F32|F16|BF16] [-o KEYOPTS] IN OUT",
      "Write checkpoint IN (any readable format) as OUT, in the format OUT's extension names\n"
      "(.bpk, .safetensors, .safetensors.index.json, .gguf), atomically (a temp file beside OUT,\n"
      "fsync, rename): OUT is complete or untouched. A shard set commits through a journal\n"
@@ -840,6 +866,10 @@ static const struct cmd cmds[] = {
      "  -q           no progress line, no summary\n"
      "  --progress   the progress line also when stderr is not a terminal (a line a second)\n"
      "  --no-progress  no progress line, also on a terminal\n"
+     "  --as DT      every floating tensor written as DT (F32, F16 or BF16): decoded (as cat\n"
+     "               --as F32) and, to F16/BF16, rounded to nearest even (too large: infinity;\n"
+     "               NaN stays NaN); integers and bools unchanged; a float type without a\n"
+     "               decoder is refused before anything is written\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert, 1},
     {"--finish", "STAGING_DIR",

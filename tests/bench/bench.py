@@ -23,6 +23,9 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
   convert   burnstore convert of a --convert-mib MiB .safetensors (64 tensors) to
             .pth, + sync, vs cp + sync of the same bytes; peak RSS of the
             convert at that size and at 1/8 of it
+  decoded   -o as=F32: first reads of BF16 and F16 decoded to F32 vs a raw
+            F32 read of the same output size (output bytes/s); convert
+            --as F16 of the BF16 tensor vs a plain convert of the F32 one
   journal   the staging journal's cost: dd (1 MiB and 32 KiB writes) and
             rsync -aX of a many-tensor model into a mount, with the journal
             and with -o nojournal
@@ -722,6 +725,51 @@ def sec_quants(a, d):
         row("quants", "  the same per CPU-second (one core)", vc, "GB/s", rawcc, vc / rawcc, ">= 1 GB/s", vc >= 1.0)
 
 
+def sec_decoded(a, d):
+    """-o as=F32: a first read of a BF16 and an F16 tensor decoded to F32 vs
+    a first read of an F32 tensor of the same output size, raw, through the
+    same kind of mount (a fresh mount each time: nothing in the FUSE page
+    cache); output bytes per second, so the ratio is raw time / decoded time.
+    Also convert --as F16 of the BF16 tensor vs convert of the F32 one."""
+    size = a.size_mib << 20
+    log("decoded: %d MiB of F32 output from BF16, F16 and F32 (raw) tensors" % a.size_mib)
+    src = os.path.join(d, "dec.safetensors")
+    n = size // 4
+    head, _ = st_header([("raw", "F32", [n], size), ("bf", "BF16", [n], size // 2), ("h", "F16", [n], size // 2)])
+    # finite random values: random 16-bit patterns less the NaN/inf exponents
+    rnd = bytearray(os.urandom(1 << 20))
+    for i in range(1, len(rnd), 2):
+        rnd[i] &= 0x3f
+    with open(src, "wb") as f:
+        f.write(head)
+        for _ in range(2 * size // len(rnd)):
+            f.write(rnd)
+    run(["cat", src])
+    mnt = os.path.join(d, "m")
+    times = {"raw": [], "bf": [], "h": []}
+    for _ in range(a.runs):
+        for k in times:
+            with BS(a.bin, src, mnt, "as=F32"):
+                times[k].append(dd_read(os.path.join(mnt, k)))
+    raw = med(times["raw"])
+    row("decoded", "first read of an F32 tensor (raw)", size / raw / 1e6, "MB/s")
+    for k, name in (("bf", "BF16"), ("h", "F16")):
+        t = med(times[k])
+        row("decoded", "first read of %s as F32 (output bytes)" % name, size / t / 1e6, "MB/s",
+            size / raw / 1e6, raw / t, ">= 0.8", raw / t >= 0.8)
+    out = os.path.join(d, "dec-out.safetensors")
+    conv = {"F32 (no --as)": [], "BF16 --as F16": []}
+    for _ in range(a.runs):
+        conv["F32 (no --as)"].append(timed([a.bin, "convert", "-q", "-o", "include=^raw$", src, out]))
+        conv["BF16 --as F16"].append(timed([a.bin, "convert", "-q", "--as", "F16", "-o", "include=^bf$", src, out]))
+    os.unlink(out)
+    base = med(conv["F32 (no --as)"])
+    row("decoded", "convert of the F32 tensor (no --as)", base, "s")
+    t = med(conv["BF16 --as F16"])
+    row("decoded", "convert --as F16 of the BF16 tensor (half the bytes)", t, "s", base, t / base)
+    os.unlink(src)
+
+
 def sec_journal(a, d):
     """What the staging journal costs (issue 18): the same writes into a mount
     with it (the default) and with -o nojournal; ratio = with / without."""
@@ -777,7 +825,7 @@ def main():
     ap.add_argument("--convert-mib", type=int, default=None)
     ap.add_argument("--quant-mib", type=int, default=None, help="quants: MiB of F32 output per tensor")
     ap.add_argument("--only", default=None,
-                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,journal,quants")
+                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,decoded,journal,quants")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--system", action="store_true",
                     help="allow system-wide actions (root): drop the page cache, start a local sshd")
@@ -796,7 +844,7 @@ def main():
     a.journal_mib = 8 if q else 256
     a.journal_files = 100 if q else 2000
     only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write",
-                                                         "convert", "journal", "quants"}
+                                                         "convert", "decoded", "journal", "quants"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
     if a.system:
@@ -818,6 +866,8 @@ def main():
             sec_write(a, d)
         if "convert" in only:
             sec_convert(a, d)
+        if "decoded" in only:
+            sec_decoded(a, d)
         if "journal" in only:
             sec_journal(a, d)
         if "quants" in only:

@@ -478,8 +478,8 @@ def test_gguf_blocks(tmp):
               "cat --npy --as F32 %s" % key)
     r = subprocess.run([BIN, "cat", "--as", "F32", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
     check(r.returncode == 0 and r.stdout == struct.pack("<2i", -1, 7), "cat --as F32 of an I32: unchanged")
-    r = subprocess.run([BIN, "cat", "--as", "F16", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
-    check(r.returncode == 2 and b"--as needs F32" in r.stderr, "cat --as F16 refused: %r" % r.stderr)
+    r = subprocess.run([BIN, "cat", "--as", "F64", src, "blk.i.weight"], capture_output=True, timeout=DEADLINE)
+    check(r.returncode == 2 and b"--as needs F32, F16 or BF16" in r.stderr, "cat --as F64 refused: %r" % r.stderr)
 
 
 def test_no_decoder(tmp):

@@ -306,7 +306,7 @@ Test(pth_write, dtypes_without_a_torch_storage_are_refused_naming_the_tensor)
   expect_refused(BS_DT_F4, "two values a byte");
   expect_refused(BS_DT_FLEX32, "user.burnstore.dtype to F32");
   expect_refused(BS_DT_BOOL_U8, "user.burnstore.dtype to BOOL");
-  expect_refused(BS_DT_QI8, "quantizer");
+  expect_refused(BS_DT_QI8, "convert --as F32 dequantizes");
   expect_refused(BS_DT_QFLOAT, "Burnpack");
 }
 

@@ -331,3 +331,38 @@ Test(stage_index, no_index_is_a_clear_error)
   bs_test_rmrf(dir);
   free(dir);
 }
+
+Test(stage_index, output_as_round_trips_and_bad_ones_are_refused)
+{
+  static const char head[] = "burnstore-staging-index\t1\ntarget\t/t/x.safetensors\nformat\t"
+                             "safetensors\n";
+  char text[256];
+  struct bs_stage_index idx;
+  const char *bad[] = {"F64", "I32", "nonsense", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(text, sizeof text, "%soutput_as\t%s\nend\t0\n", head, bad[i]);
+    bs_stage_index_init(&idx);
+    bs_err e;
+    bs_err_clear(&e);
+    cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &e), -1, "%s", bad[i]);
+    cr_assert(strstr(e.msg, "bad output_as"), "%s", e.msg);
+    bs_stage_index_destroy(&idx);
+  }
+  snprintf(text, sizeof text, "%soutput_as\tF16\noutput_as\tF16\nend\t0\n", head);
+  bs_stage_index_init(&idx);
+  bs_err e;
+  bs_err_clear(&e);
+  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &e), -1, "only once");
+  bs_stage_index_destroy(&idx);
+  snprintf(text, sizeof text, "%soutput_as\tBF16\nend\t0\n", head);
+  bs_stage_index_init(&idx);
+  bs_err_clear(&e);
+  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &e), 0, "%s", e.msg);
+  cr_assert(idx.has_output_as && idx.output_as == BS_DT_BF16);
+  struct bs_buf buf = {0};
+  idx.pid = 1;
+  cr_assert_eq(bs_stage_index_format(&idx, &idx.cat, "/t/stg", &buf, &e), 0, "%s", e.msg);
+  cr_assert_not_null(memmem(buf.data, buf.len, "\noutput_as\tBF16\n", 16));
+  bs_buf_destroy(&buf);
+  bs_stage_index_destroy(&idx);
+}

@@ -449,3 +449,55 @@ Test(writeback, a_staged_file_path_over_path_max_is_refused_never_cut)
   cr_assert_eq(bs_path_join_buf(small, sizeof small, "abc", "defg", &err), -1);
   cr_assert(err.code == ENAMETOOLONG && small[0] == '\0', "%s", err.msg);
 }
+
+/* -o output_as=BF16: the INDEX records the tensors as stored and the
+ * option; a write-back and a --finish of it both write a as BF16 (the F32
+ * 0x09090909... narrowed: its upper halves), b (U8) unchanged. */
+static void check_bf16_result(const char *path)
+{
+  struct bs_catalog out;
+  bs_test_open_file(path, &out);
+  long a = bs_catalog_find(&out, "a"), b = bs_catalog_find(&out, "b");
+  cr_assert(out.count == 2 && a >= 0 && b >= 0);
+  cr_assert_eq(out.tensors[a].dtype, BS_DT_BF16);
+  cr_assert_eq(out.tensors[b].dtype, BS_DT_U8);
+  uint8_t got[8];
+  cr_assert_eq(bs_tensor_read(&out, &out.tensors[a], 0, got, 8), 8);
+  const uint8_t want_a[8] = {9, 9, 8, 8, 7, 7, 6, 6};
+  cr_assert_arr_eq(got, want_a, 8);
+  cr_assert_eq(bs_tensor_read(&out, &out.tensors[b], 0, got, 4), 4);
+  const uint8_t want_b[4] = {17, 18, 19, 20};
+  cr_assert_arr_eq(got, want_b, 4);
+  bs_catalog_destroy(&out);
+}
+
+Test(writeback, output_as_is_applied_by_the_run_and_by_finish)
+{
+  stage_a();
+  char out[160], sub[128], out2[200];
+  snprintf(out, sizeof out, "%s/conv.safetensors", W.dir);
+  struct bs_wb wb = job(out, 0);
+  wb.has_output_as = true;
+  wb.output_as = BS_DT_BF16;
+  char *report = NULL;
+  cr_assert_eq(bs_wb_run(&wb, &report, &err), 0, "%s", err.msg);
+  bs_free(report);
+  check_bf16_result(out);
+  /* The INDEX of a run whose writer failed keeps the option for --finish. */
+  snprintf(sub, sizeof sub, "%s/later", W.dir);
+  snprintf(out2, sizeof out2, "%s/conv.safetensors", sub);
+  wb = job(out2, 0);
+  wb.has_output_as = true;
+  wb.output_as = BS_DT_BF16;
+  cr_assert_eq(bs_wb_run(&wb, &report, &err), -1, "no directory for the target");
+  kill_owner();
+  char *text = list(0);
+  cr_assert(strstr(text, "a\tF32\t[4]\t16"), "the INDEX lists a as stored: %s", text);
+  free(text);
+  cr_assert_eq(mkdir(sub, 0755), 0);
+  struct bs_wb_finished res;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  bs_free(res.target);
+  check_bf16_result(out2);
+}

@@ -1,0 +1,174 @@
+"""PyTorch quantized tensors under -o as=F32 (issue 22): a torch 1.13 .pth of
+quantize_per_tensor (qint8, quint8, qint32, the qint32 extremes whose
+q - zero_point wraps in torch's int32 arithmetic) and quantize_per_channel
+tensors (axis 0, 1 and 2 of a 3-D tensor, a scalar per channel) is mounted
+with as=F32: every file equals torch's own `t.dequantize()` bit for bit, its
+xattrs say F32 and the stored dtype, `cat --as F32` gives the same bytes,
+and without the option the stored integers are shown as before. A
+per_channel_affine_float_qparams tensor (its zero points are floats) is
+shown as stored (cat --as F32 refuses it). convert --as F16 writes dequantize().half().
+Hostile quantizers (patched pickles): an axis past the rank is refused in one
+line; scales that do not match the channels leave the tensor as stored."""
+import os
+import subprocess
+
+import numpy as np
+import torch
+
+from bsmount import BIN, Mount, check, run, run_tests
+
+X = "user.burnstore."
+
+
+def fbytes(t):
+    return t.contiguous().numpy().astype("<f4").tobytes()
+
+
+def fixture(tmp):
+    torch.manual_seed(2203)
+    x = torch.randn(4, 5, 6) * 20
+    ext = torch.tensor([2 ** 31 - 1, -2 ** 31, 33554433, -134217733, 0, 7], dtype=torch.int32)
+    sd = {
+        "t_i8": torch.quantize_per_tensor(x, 0.1, 3, torch.qint8),
+        "t_u8": torch.quantize_per_tensor(x, 1 / 3, 128, torch.quint8),
+        "t_i32": torch.quantize_per_tensor(x, 1e-3, -5, torch.qint32),
+        "t_i32_ext": torch._make_per_tensor_quantized_tensor(ext, 0.7, 5),
+        "t_tiny": torch.quantize_per_tensor(x[0, 0], 3e-39, 0, torch.qint8),  # subnormal results
+        "c0": torch.quantize_per_channel(x, torch.tensor([0.1, 1 / 3, 2e-2, 7.0], dtype=torch.double),
+                                         torch.tensor([0, 3, -5, 10]), 0, torch.qint8),
+        "c1": torch.quantize_per_channel(x, torch.rand(5, dtype=torch.double) + 0.01, torch.randint(0, 20, (5,)), 1,
+                                         torch.quint8),
+        "c2": torch.quantize_per_channel(x, torch.rand(6, dtype=torch.double) * 1e-3 + 1e-6,
+                                         torch.randint(-9, 9, (6,)), 2, torch.qint32),
+        "c_one": torch.quantize_per_channel(torch.randn(3) * 5, torch.tensor([0.5, 0.25, 1 / 7], dtype=torch.double),
+                                            torch.tensor([1, 2, 3]), 0, torch.qint8),
+        "fq": torch.quantize_per_channel(torch.randn(3, 4), torch.tensor([0.1, 0.2, 0.3], dtype=torch.double),
+                                         torch.tensor([0.5, 1.0, 2.0]), 0, torch.quint8),
+        "f": torch.randn(3),
+        "i": torch.arange(4),
+    }
+    check(sd["fq"].qscheme() == torch.per_channel_affine_float_qparams, "fq is a float_qparams tensor")
+    pth = os.path.join(tmp, "q.pth")
+    torch.save(sd, pth)
+    return sd, pth
+
+
+def test_dequantized_views(tmp):
+    sd, pth = fixture(tmp)
+    dequant = {k: v for k, v in sd.items() if v.is_quantized and k != "fq"}
+    with Mount(pth, os.path.join(tmp, "m"), "as=F32") as m:
+        for k, v in dequant.items():
+            p = os.path.join(m, k)
+            want = fbytes(v.dequantize())
+            got = open(p, "rb").read()
+            check(got == want, "%s: bytes equal torch's dequantize() (%d vs %d bytes; first difference at %s)"
+                  % (k, len(got), len(want), next((i for i in range(min(len(got), len(want))) if got[i] != want[i]),
+                                                  "end")))
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                for off in (4, 12, len(want) - 8):
+                    if off >= 0:
+                        check(os.pread(fd, 8, off) == want[off:off + 8], "%s: pread at %d" % (k, off))
+            finally:
+                os.close(fd)
+            check(os.getxattr(p, X + "dtype") == b"F32", "%s: dtype F32" % k)
+            stored = {torch.qint8: b"QI8", torch.quint8: b"QU8", torch.qint32: b"QI32"}[v.dtype]
+            check(os.getxattr(p, X + "stored_dtype") == stored, "%s: stored_dtype %s" % (k, stored))
+        fq = os.path.join(m, "fq")
+        check(os.getxattr(fq, X + "dtype") == b"QU8" and open(fq, "rb").read() == sd["fq"].int_repr().numpy().tobytes(),
+              "a float_qparams tensor is shown as stored")
+        check(open(os.path.join(m, "i"), "rb").read() == sd["i"].numpy().tobytes(), "integers unchanged")
+    # fq has no decoder: cat --as F32 refuses it rather than print other numbers
+    r = subprocess.run([BIN, "cat", "--as", "F32", pth, "fq"], capture_output=True, timeout=60)
+    check(r.returncode != 0 and b"QU8" in r.stderr, "cat --as F32 of fq is refused: %r" % r.stderr)
+    for k in ("t_i32_ext", "c1", "c2"):
+        r = subprocess.run([BIN, "cat", "--as", "F32", pth, k], capture_output=True, timeout=60)
+        check(r.returncode == 0 and r.stdout == fbytes(sd[k].dequantize()), "cat --as F32 %s" % k)
+    # without the option: the stored integers, as before
+    with Mount(pth, os.path.join(tmp, "m3")) as m:
+        for k in ("t_i8", "c2"):
+            check(open(os.path.join(m, k), "rb").read() == sd[k].int_repr().numpy().tobytes(),
+                  "%s: stored integers without as=F32" % k)
+
+
+def test_convert_as_f16(tmp):
+    sd, pth = fixture(tmp)
+    for ext in (".pth", ".safetensors"):
+        r = run([BIN, "convert", "-q", pth, os.path.join(tmp, "plain" + ext)])
+        check(r.returncode != 0 and "convert --as F32 dequantizes them" in r.stderr,
+              "without --as, %s refuses a quantized tensor with the hint: %r" % (ext, r.stderr))
+    out = os.path.join(tmp, "q16.pth")
+    r = run([BIN, "convert", "-q", "--as", "F16", "-o", "exclude=^fq$", pth, out])
+    if not check(r.returncode == 0, "convert --as F16: %r" % r.stderr):
+        return
+    got = torch.load(out)
+    for k, v in sd.items():
+        if k == "fq":
+            continue
+        want = v.dequantize().half() if v.is_quantized else v.half() if v.is_floating_point() else v
+        check(got[k].dtype == want.dtype and np.array_equal(got[k].numpy().view(np.uint8) if want.is_floating_point()
+                                                            else got[k].numpy(),
+                                                            want.numpy().view(np.uint8) if want.is_floating_point()
+                                                            else want.numpy()),
+              "%s: convert --as F16 equals dequantize().half()" % k)
+
+
+def test_mount_output_as(tmp):
+    """A quantized .pth mounted with output=X.safetensors,output_as=F32 is
+    written dequantized (SafeTensors has no quantized dtype: accepted at
+    mount because the output will hold F32)."""
+    sd, pth = fixture(tmp)
+    out = os.path.join(tmp, "deq.safetensors")
+    with Mount(pth, os.path.join(tmp, "mo"), "output=%s,output_as=F32,exclude=^fq$" % out) as m:
+        r = m.unmount()
+        check(r is not None and r.returncode == 0, "-u: %r" % (r and r.stderr))
+    from bsmount import read_safetensors
+    ts, _ = read_safetensors(out)
+    for k, v in sd.items():
+        if k == "fq" or not check(k in ts, "%s written" % k):
+            continue
+        if v.is_quantized:
+            check(ts[k][0] == "F32" and ts[k][2] == fbytes(v.dequantize()), "%s: dequantized in the output" % k)
+
+
+def patched(src, dst, old, new):
+    """A copy of .pth src whose data.pkl has `old` replaced by `new` (once)."""
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            b = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                check(b.count(old) == 1, "the pickle holds %r once" % old)
+                b = b.replace(old, new)
+            zout.writestr(info.filename, b)
+
+
+def test_hostile_quantizers(tmp):
+    """A per-channel quantizer whose axis is past the rank is refused in one
+    line naming the tensor; one whose scales do not match the channels is
+    not kept (the stored integers are shown, as/--as F32 refuse them)."""
+    x = torch.randn(2, 3)
+    q = torch.quantize_per_channel(x, torch.tensor([0.1, 0.2], dtype=torch.double), torch.tensor([0, 1]), 0,
+                                   torch.qint8)
+    src = os.path.join(tmp, "pc.pth")
+    torch.save({"q": q}, src)
+    # the axis: BININT1 0 closing the quantizer tuple, before requires_grad (NEWFALSE)
+    bad = os.path.join(tmp, "pc-axis.pth")
+    patched(src, bad, b"K\x00tq\x1d\x89", b"K\x05tq\x1d\x89")
+    r = run([BIN, "ls", bad])
+    check(r.returncode != 0 and r.stderr.count("\n") == 1 and "'q'" in r.stderr and "axis 5" in r.stderr,
+          "an axis past the rank is refused in one line: %r" % r.stderr)
+    # the scales' shape (2,) -> (1,): not this tensor's channels
+    odd = os.path.join(tmp, "pc-scales.pth")
+    patched(src, odd, b"K\x02\x85q\x0f", b"K\x01\x85q\x0f")
+    r = run([BIN, "ls", odd])
+    check(r.returncode == 0 and "QI8" in r.stdout, "scales of another length: opened, QI8: %r" % (r.stdout + r.stderr))
+    r = subprocess.run([BIN, "cat", "--as", "F32", odd, "q"], capture_output=True, timeout=60)
+    check(r.returncode == 1 and b"no decoder for QI8" in r.stderr, "and not dequantized: %r" % r.stderr)
+    r = subprocess.run([BIN, "cat", odd, "q"], capture_output=True, timeout=60)
+    check(r.returncode == 0 and r.stdout == q.int_repr().numpy().tobytes(), "its stored integers shown")
+
+
+if __name__ == "__main__":
+    run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_mount_output_as,
+                                       test_hostile_quantizers], "tq")
