@@ -58,9 +58,9 @@ struct fs {
   /* The output's format, chosen at mount from output's extension; NULL when read-only. */
   const struct bs_writer *writer;
   struct bs_write_opts wopts; /* -o max_shard_size= */
-  bool *fixed;           /* owned, NULL: none. Per catalog tensor: a rewrite in place keeps it where
-                            it is (writer->in_place_ok), so it is neither removed nor renamed */
-  bool has_output_as;         /* -o output_as=: the dtype floats are written as */
+  bool *fixed;        /* owned, NULL: none. Per catalog tensor: a rewrite in place keeps it where
+                         it is (writer->in_place_ok), so it is neither removed nor renamed */
+  bool has_output_as; /* -o output_as=: the dtype floats are written as */
   enum bs_dtype output_as;
   struct bs_xa_mount xa; /* the xattr table's view of the mount (fs_xattr.c) */
 
