@@ -29,7 +29,10 @@ rm -f "$dir"/*.deb
 # CPack (3.25) gives a package with a shared library in /usr/lib a postinst
 # and a postrm that run ldconfig; Debian packages activate the ldconfig
 # trigger instead (lintian: maintscript-calls-ldconfig). Repacked with the
-# trigger and without the two scripts, which do nothing else.
+# trigger and without the two scripts, which do nothing else, and with the
+# field CPack cannot write, Multi-Arch: same (the library is in the
+# multiarch directory, its other files are the same bytes on every
+# architecture: libburnstore0.1:amd64 and :i386 install side by side).
 lib=$(ls "$dir"/libburnstore[0-9]*_*.deb)
 [ "$(echo "$lib" | wc -l)" -eq 1 ] || { echo "build-deb: not one library package: $lib" >&2; exit 1; }
 root=$dir/lib-repack
@@ -41,6 +44,8 @@ for s in postinst postrm; do
   rm "$root/DEBIAN/$s"
 done
 install -m 644 "$here/packaging/triggers" "$root/DEBIAN/triggers"
+! grep -q '^Multi-Arch:' "$root/DEBIAN/control" || { echo "build-deb: CPack wrote a Multi-Arch field" >&2; exit 1; }
+sed -i '/^Architecture:/a Multi-Arch: same' "$root/DEBIAN/control"
 dpkg-deb --root-owner-group -Zxz -b "$root" "$lib" >&2
 rm -rf "$root"
 ls "$dir"/*.deb

@@ -92,6 +92,7 @@ field_is() { # PACKAGE FIELD VALUE
 field_is burnstore Section utils
 field_is "$lib" Section libs
 field_is libburnstore-dev Section libdevel
+field_is "$lib" Multi-Arch same
 has_deps() { # PACKAGE DEP... (each "name" or "name (op version)")
   local p=$1 d depends
   shift
