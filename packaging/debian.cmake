@@ -97,7 +97,15 @@ checkpoints as directories of tensor files, read-only or writable (written
 back on unmount), with mount -t burnstore and fstab support, and a
 checkpoint CLI: burnstore ls, info, cat, diff and convert.")
 
+# Until 0.1.0-1 one package, burnstore, held the library and the
+# development files: the packages that hold them now take them over
+# (Replaces) and make apt upgrade or remove that burnstore (Breaks), or dpkg
+# refuses to overwrite its files. The version of the split, not the current.
+set(BS_DEB_SPLIT "burnstore (<< 0.1.0-1)")
+
 set(CPACK_DEBIAN_LIB_PACKAGE_NAME ${BS_DEB_LIB})
+set(CPACK_DEBIAN_LIB_PACKAGE_BREAKS ${BS_DEB_SPLIT})
+set(CPACK_DEBIAN_LIB_PACKAGE_REPLACES ${BS_DEB_SPLIT})
 set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
 # CPack's postinst and postrm call ldconfig; build-deb.sh replaces them with
 # the ldconfig trigger (packaging/triggers) Debian uses.
@@ -113,6 +121,8 @@ This package contains the shared library.")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libburnstore-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${BS_DEB_LIB} (= ${BS_DEB_VERSION})")
+set(CPACK_DEBIAN_DEV_PACKAGE_BREAKS ${BS_DEB_SPLIT})
+set(CPACK_DEBIAN_DEV_PACKAGE_REPLACES ${BS_DEB_SPLIT})
 set(CPACK_COMPONENT_DEV_DESCRIPTION "model checkpoints as tensor catalogs (development files)
 libburnstore reads Burnpack, SafeTensors, PyTorch and GGUF checkpoints: it
 sniffs the format, lists the tensors (name, dtype, shape, where the bytes

@@ -8,6 +8,8 @@
 # lintian must report no error and no warning (the kept ones are overridden
 # in the packages, each with its reason: packaging/lintian.md). Then, with
 # apt-get:
+#   - the library and -dev over a stand-in of the one package of before the
+#     split: they take its files over, apt removes it;
 #   - the library package alone: in the ld.so cache (its ldconfig trigger),
 #     no header nor unversioned .so, and a program linked against it runs;
 #   - plus -dev: the docs' example through pkg-config (check_library.sh:
@@ -104,6 +106,10 @@ has_deps() { # PACKAGE DEP... (each "name" or "name (op version)")
 has_deps burnstore fuse3 libfuse3-3 libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
 has_deps "$lib" libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
 has_deps libburnstore-dev "$lib (= $debver)"
+for p in "$lib" libburnstore-dev; do
+  field_is "$p" Breaks "burnstore (<< 0.1.0-1)"
+  field_is "$p" Replaces "burnstore (<< 0.1.0-1)"
+done
 # Each file in its package: the runtime library only in $lib, the
 # development files only in -dev, no library in burnstore.
 multi=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
@@ -154,8 +160,34 @@ install_pkgs() { # apt-get install these package files
     { cat "$tmp/apt.log"; fail "apt-get install $*"; }
 }
 
-# ---- the library package alone --------------------------------------------
+# ---- over the one package of before the split -----------------------------
+# burnstore 0.1.0 held the library and the development files; a stand-in of
+# it with those paths (the files' contents do not matter to dpkg) is
+# installed, then the library and -dev packages over it: they must take the
+# files over (Replaces) and apt must remove the old burnstore (Breaks), not
+# fail on files that belong to another package.
 installed=1
+old=$tmp/old
+mkdir -p "$old/DEBIAN" "$old/usr/include/burnstore" "$old/usr/lib/$multi/pkgconfig"
+printf 'Package: burnstore\nVersion: 0.1.0\nArchitecture: %s\nMaintainer: test_package <root@localhost>\nDescription: stand-in of the package before the split\n' \
+  "$arch" >"$old/DEBIAN/control"
+for f in "$so.$version" /usr/include/burnstore/formats.h "/usr/lib/$multi/pkgconfig/burnstore.pc"; do
+  echo "stand-in of burnstore 0.1.0" >"$old$f"
+done
+ln -s "libburnstore.so.$version" "$old$so.${version%.*}"
+ln -s "libburnstore.so.${version%.*}" "$old$so"
+dpkg-deb --root-owner-group -b "$old" "$tmp/burnstore_0.1.0_old.deb" >/dev/null
+install_pkgs "$tmp/burnstore_0.1.0_old.deb"
+install_pkgs "${deb[$lib]}" "${deb[libburnstore-dev]}"
+! known burnstore || fail "apt left the burnstore of before the split: $(dpkg-query -W -f='${Version} ${Status}' burnstore)"
+for f in "$so.$version" /usr/include/burnstore/formats.h; do
+  [ "$(dpkg -S "$f" | cut -d: -f1)" != burnstore ] || fail "$f still belongs to burnstore"
+  ! cmp -s "$f" "$old/usr/include/burnstore/formats.h" || fail "$f is the old package's"
+done
+timeout 300 apt-get purge -y -q "$lib" libburnstore-dev >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get purge"; }
+echo "ok: $lib and libburnstore-dev install over the burnstore $version of before the split, which apt removes"
+
+# ---- the library package alone --------------------------------------------
 install_pkgs "${deb[$lib]}"
 known burnstore && fail "installing $lib installed burnstore"
 known libburnstore-dev && fail "installing $lib installed libburnstore-dev"
