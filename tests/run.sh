@@ -7,8 +7,8 @@
 #   - installs the release build (burnstore into /usr/local, mount.burnstore into
 #     /sbin: the `mount -t burnstore` tests use them) and removes those files again
 #     after the sanitizer stages (or when it exits);
-#   - then builds the Debian package in build-deb/, installs it with apt-get,
-#     mounts through it, removes and purges it (tests/package/test_package.sh);
+#   - then builds the Debian packages in build-deb/, installs them with apt-get,
+#     mounts through them, removes and purges them (tests/package/test_package.sh);
 #   - mounts only under /tmp (every mount under a deadline, always unmounted), and
 #     keeps lock and status files in /run/burnstore while a test's mount lives.
 #     The run fails if the suite leaves anything behind that was not there
@@ -217,7 +217,7 @@ stage "ThreadSanitizer tests" ctest_with_reports build-tsan
 # the tests above use) goes first, and the package test refuses to run over
 # any unpackaged helper.
 stage "release install undone" release_uninstall
-stage "Debian package (build, apt-get install, library, mount -t burnstore, remove)" \
+stage "Debian packages (build, lintian, apt-get install, library, mount -t burnstore, remove)" \
   bash tests/package/test_package.sh "$here/build-deb"
 stage "nothing left behind (/run/burnstore, staging, mounts, processes)" leftovers_check
 echo "== all tests passed ($((SECONDS - t0)) s)"

@@ -1,17 +1,27 @@
 #!/bin/bash
-# The Debian package, end to end, as root on Debian 12 (tests/run.sh runs it as
-# its last stage, after undoing its release install; runnable alone):
+# The Debian packages, end to end, as root on Debian 12 (tests/run.sh runs it
+# as its last stage, after undoing its release install; runnable alone):
 #     bash tests/package/test_package.sh [BUILD_DIR]    # default: build-deb/
-# Builds burnstore_VERSION_ARCH.deb (packaging/build-deb.sh), checks its name
-# and declared dependencies, installs it with apt-get, then checks the binary's
-# version, the man pages, the library through pkg-config (check_library.sh:
-# exports, headers, the docs' example) and a mount through the installed
-# mount.burnstore (mount -t burnstore, under a deadline, always unmounted).
-# Then apt-get remove must leave none of the package's files behind, and purge
-# forgets it. The package is purged at exit also on failure.
-# Refuses to run when a burnstore package or an unpackaged /sbin/mount.burnstore
-# (a `cmake --install`) is there: installing would overwrite it and removing
-# would delete it.
+# Builds burnstore, libburnstore0.1 and libburnstore-dev
+# (packaging/build-deb.sh) and checks their names, versions (= CMake's
+# project() and packaging/changelog), fields, dependencies and contents;
+# lintian must report no error and no warning (the kept ones are overridden
+# in the packages, each with its reason: packaging/lintian.md). Then, with
+# apt-get:
+#   - the library and -dev over a stand-in of the one package of before the
+#     split: they take its files over, apt removes it;
+#   - the library package alone: in the ld.so cache (its ldconfig trigger),
+#     no header nor unversioned .so, and a program linked against it runs;
+#   - plus -dev: the docs' example through pkg-config (check_library.sh:
+#     exports, headers, the example's output), the installed example the same;
+#   - plus burnstore: its version, man pages, and a mount through the
+#     installed mount.burnstore (mount -t burnstore, under a deadline, always
+#     unmounted).
+# apt-get remove must leave none of the packages' files behind, and purge
+# forgets them. They are purged at exit also on failure.
+# Refuses to run when one of the packages or an unpackaged
+# /sbin/mount.burnstore (a `cmake --install`) is there: installing would
+# overwrite it and removing would delete it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 dir=${1:-$here/build-deb}
@@ -23,11 +33,20 @@ fail() {
   echo "test_package: FAIL: $*" >&2
   exit 1
 }
-[ "$(id -u)" -eq 0 ] || fail "must run as root (installs a package)"
+known() { # dpkg knows package $1 (installed, or removed but not purged)
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -v "not-installed" >/dev/null
+}
+[ "$(id -u)" -eq 0 ] || fail "must run as root (installs packages)"
 [ -e /dev/fuse ] || fail "/dev/fuse is missing (the test mounts)"
-if dpkg-query -W -f='${Status}' burnstore 2>/dev/null | grep -v "not-installed" >/dev/null; then
-  fail "dpkg knows a burnstore package already (apt-get purge burnstore first)"
-fi
+command -v lintian >/dev/null || fail "lintian is not installed (bash .ci/install-deps)"
+version=$(sed -n 's/^project(burnstore VERSION \([0-9.]*\).*/\1/p' "$here/CMakeLists.txt")
+[ -n "$version" ] || fail "no version in CMakeLists.txt's project()"
+# SOVERSION is MAJOR.MINOR (CMakeLists.txt); Debian names the package after it.
+lib=libburnstore${version%.*}
+pkgs=(burnstore "$lib" libburnstore-dev)
+for p in "${pkgs[@]}"; do
+  ! known "$p" || fail "dpkg knows a $p package already (apt-get purge ${pkgs[*]} first)"
+done
 if [ -e /sbin/mount.burnstore ]; then
   fail "/sbin/mount.burnstore exists outside any package (a cmake --install?); remove it first"
 fi
@@ -42,55 +61,172 @@ cleanup() {
     timeout $DEADLINE fusermount3 -u "$mnt" 2>/dev/null || timeout $DEADLINE fusermount3 -uz "$mnt" || true
   fi
   if [ $installed -eq 1 ]; then
-    timeout 300 apt-get purge -y -q burnstore >/dev/null 2>&1 || echo "test_package: apt-get purge burnstore failed" >&2
+    local p mine=()
+    for p in "${pkgs[@]}"; do known "$p" && mine+=("$p"); done
+    if [ ${#mine[@]} -gt 0 ]; then
+      timeout 300 apt-get purge -y -q "${mine[@]}" >/dev/null 2>&1 || echo "test_package: apt-get purge ${mine[*]} failed" >&2
+    fi
   fi
   rm -rf "$tmp"
   [ $rc -eq 0 ] && echo "test_package: all checks passed" || echo "test_package: FAILED" >&2
 }
 trap cleanup EXIT
 
-# ---- build --------------------------------------------------------------
-version=$(sed -n 's/^project(burnstore VERSION \([0-9.]*\).*/\1/p' "$here/CMakeLists.txt")
-[ -n "$version" ] || fail "no version in CMakeLists.txt's project()"
-deb=$(bash "$here/packaging/build-deb.sh" "$dir" | tail -1)
+# ---- build: names, fields, dependencies, contents -------------------------
+mapfile -t debs < <(bash "$here/packaging/build-deb.sh" "$dir" | grep '\.deb$')
 arch=$(dpkg --print-architecture)
-[ "$(basename "$deb")" = "burnstore_${version}_${arch}.deb" ] ||
-  fail "package file $deb, expected burnstore_${version}_${arch}.deb"
-[ "$(dpkg-deb -f "$deb" Version)" = "$version" ] || fail "package version is not $version"
-depends=$(dpkg-deb -f "$deb" Depends)
-for d in fuse3 libfuse3-3 libcbor0.8 libpcre2-8-0 libjansson4 zlib1g; do
-  grep -qE "(^|, )$d( |,|$)" <<<"$depends" || fail "Depends does not declare $d: $depends"
+# The Debian version: the changelog's latest entry, whose upstream part must
+# be project()'s (a version bump without a changelog entry fails here).
+debver=$(sed -n '1s/^burnstore (\([^)]*\)).*/\1/p' "$here/packaging/changelog")
+[ "${debver%-*}" = "$version" ] || fail "packaging/changelog's latest entry is '$debver', project() says $version"
+declare -A deb
+for p in "${pkgs[@]}"; do
+  deb[$p]=$dir/${p}_${debver}_${arch}.deb
+  [ -f "${deb[$p]}" ] || fail "no ${deb[$p]} (built: ${debs[*]})"
+  [ "$(dpkg-deb -f "${deb[$p]}" Package)" = "$p" ] || fail "${deb[$p]}'s Package is not $p"
+  [ "$(dpkg-deb -f "${deb[$p]}" Version)" = "$debver" ] || fail "$p's version is not $debver"
+  dpkg-deb -c "${deb[$p]}" | awk '{print $6}' | sed 's:^\.::; s:/$::' >"$tmp/$p.paths"
 done
-echo "ok: $(basename "$deb"), Depends: $depends"
+[ ${#debs[@]} -eq 3 ] || fail "build-deb.sh built ${#debs[@]} packages, not 3: ${debs[*]}"
+field_is() { # PACKAGE FIELD VALUE
+  [ "$(dpkg-deb -f "${deb[$1]}" "$2")" = "$3" ] || fail "$1's $2 is '$(dpkg-deb -f "${deb[$1]}" "$2")', not '$3'"
+}
+field_is burnstore Section utils
+field_is "$lib" Section libs
+field_is libburnstore-dev Section libdevel
+field_is "$lib" Multi-Arch same
+has_deps() { # PACKAGE DEP... (each "name" or "name (op version)")
+  local p=$1 d depends
+  shift
+  depends=$(dpkg-deb -f "${deb[$p]}" Depends)
+  for d in "$@"; do
+    grep -qE "(^|, )${d//[()]/.}( |,|$)" <<<"$depends" || fail "$p's Depends does not declare $d: $depends"
+  done
+}
+has_deps burnstore fuse3 libfuse3-3 libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
+has_deps "$lib" libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
+has_deps libburnstore-dev "$lib (= $debver)"
+for p in "$lib" libburnstore-dev; do
+  field_is "$p" Breaks "burnstore (<< 0.1.0-1)"
+  field_is "$p" Replaces "burnstore (<< 0.1.0-1)"
+done
+# Each file in its package: the runtime library only in $lib, the
+# development files only in -dev, no library in burnstore.
+multi=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+so=/usr/lib/$multi/libburnstore.so
+contains() { grep -qxF "$2" "$tmp/$1.paths" || fail "$1 does not contain $2"; }
+lacks() { ! grep -qE "$2" "$tmp/$1.paths" || fail "$1 contains $(grep -E "$2" "$tmp/$1.paths" | head -1)"; }
+contains "$lib" "$so.$version"
+contains "$lib" "$so.${version%.*}"
+lacks "$lib" "^$so\$|^/usr/include|\\.pc\$|/bin/|/sbin/"
+contains libburnstore-dev "$so"
+contains libburnstore-dev /usr/include/burnstore/formats.h
+contains libburnstore-dev "/usr/lib/$multi/pkgconfig/burnstore.pc"
+contains libburnstore-dev /usr/share/doc/libburnstore-dev/examples/list_tensors.c
+lacks libburnstore-dev "^$so\\.|/bin/|/sbin/"
+contains burnstore /usr/bin/burnstore
+contains burnstore /sbin/mount.burnstore
+contains burnstore /usr/share/man/man1/burnstore.1.gz
+contains burnstore /usr/share/man/man8/mount.burnstore.8.gz
+lacks burnstore "libburnstore|^/usr/include"
+for p in "${pkgs[@]}"; do
+  contains "$p" "/usr/share/doc/$p/copyright"
+  contains "$p" "/usr/share/doc/$p/changelog.Debian.gz"
+done
+dpkg-deb -I "${deb[$lib]}" triggers | grep -qx 'activate-noawait ldconfig' || fail "$lib does not activate the ldconfig trigger"
+dpkg-deb -I "${deb[$lib]}" shlibs | grep -qx "libburnstore ${version%.*} $lib (>= $debver)" ||
+  fail "$lib's shlibs: $(dpkg-deb -I "${deb[$lib]}" shlibs)"
+dpkg-deb -I "${deb[$lib]}" symbols | head -1 | grep -qx "libburnstore.so.${version%.*} $lib #MINVER#" ||
+  fail "$lib's symbols file: $(dpkg-deb -I "${deb[$lib]}" symbols | head -2)"
+echo "ok: ${pkgs[*]} $debver: names, sections, Depends, contents, shlibs, symbols, ldconfig trigger"
 
-# The directories the package has that exist before it is installed: the
-# only ones allowed to be there after it is removed.
+# lintian: no error, no warning. What is kept is overridden in the package
+# with its reason (packaging/lintian.md); an override lintian no longer
+# needs (unused-override) fails too, so the kept list stays true.
+lintian -I --pedantic "${deb[@]}" 2>&1 | grep -v '^running with root privileges' >"$tmp/lintian" || true
+grep -E '^[EWX]: |unused-override|mismatched-override' "$tmp/lintian" && fail "lintian (above)"
+grep -E '^[IP]: ' "$tmp/lintian" | sed 's/^/test_package: note: lintian: /' || true
+echo "ok: lintian --pedantic: no error, no warning"
+
+# The directories the packages have that exist before they are installed:
+# the only ones allowed to be there after they are removed.
 declare -A before
 while read -r p; do
-  p=${p#.}
   [ -n "$p" ] && [ -d "$p" ] && before[$p]=1
-done < <(dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's:/$::')
+done < <(cat "$tmp"/*.paths)
 
-# ---- install --------------------------------------------------------------
+install_pkgs() { # apt-get install these package files
+  timeout 300 apt-get install -y -q --no-install-recommends "$@" >"$tmp/apt.log" 2>&1 ||
+    { cat "$tmp/apt.log"; fail "apt-get install $*"; }
+}
+
+# ---- over the one package of before the split -----------------------------
+# burnstore 0.1.0 held the library and the development files; a stand-in of
+# it with those paths (the files' contents do not matter to dpkg) is
+# installed, then the library and -dev packages over it: they must take the
+# files over (Replaces) and apt must remove the old burnstore (Breaks), not
+# fail on files that belong to another package.
 installed=1
-timeout 300 apt-get install -y -q --no-install-recommends "$deb" >"$tmp/apt.log" 2>&1 ||
-  { cat "$tmp/apt.log"; fail "apt-get install $deb"; }
-dpkg -L burnstore >"$tmp/files"
-echo "ok: installed ($(wc -l <"$tmp/files") paths)"
+old=$tmp/old
+mkdir -p "$old/DEBIAN" "$old/usr/include/burnstore" "$old/usr/lib/$multi/pkgconfig"
+printf 'Package: burnstore\nVersion: 0.1.0\nArchitecture: %s\nMaintainer: test_package <root@localhost>\nDescription: stand-in of the package before the split\n' \
+  "$arch" >"$old/DEBIAN/control"
+for f in "$so.$version" /usr/include/burnstore/formats.h "/usr/lib/$multi/pkgconfig/burnstore.pc"; do
+  echo "stand-in of burnstore 0.1.0" >"$old$f"
+done
+ln -s "libburnstore.so.$version" "$old$so.${version%.*}"
+ln -s "libburnstore.so.${version%.*}" "$old$so"
+dpkg-deb --root-owner-group -b "$old" "$tmp/burnstore_0.1.0_old.deb" >/dev/null
+install_pkgs "$tmp/burnstore_0.1.0_old.deb"
+install_pkgs "${deb[$lib]}" "${deb[libburnstore-dev]}"
+! known burnstore || fail "apt left the burnstore of before the split: $(dpkg-query -W -f='${Version} ${Status}' burnstore)"
+for f in "$so.$version" /usr/include/burnstore/formats.h; do
+  [ "$(dpkg -S "$f" | cut -d: -f1)" != burnstore ] || fail "$f still belongs to burnstore"
+  ! cmp -s "$f" "$old/usr/include/burnstore/formats.h" || fail "$f is the old package's"
+done
+timeout 300 apt-get purge -y -q "$lib" libburnstore-dev >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get purge"; }
+echo "ok: $lib and libburnstore-dev install over the burnstore $version of before the split, which apt removes"
 
+# ---- the library package alone --------------------------------------------
+install_pkgs "${deb[$lib]}"
+known burnstore && fail "installing $lib installed burnstore"
+known libburnstore-dev && fail "installing $lib installed libburnstore-dev"
+# (The cache may name it /lib/...: /lib is /usr/lib on a merged /usr.)
+cached=$(ldconfig -p | awk -v n="libburnstore.so.${version%.*}" '$1 == n {print $NF}')
+[ -n "$cached" ] && [ "$(realpath "$cached")" = "$(realpath "$so.${version%.*}")" ] ||
+  fail "$so.${version%.*} is not in the ld.so cache (the ldconfig trigger): '$cached'"
+[ ! -e "$so" ] && [ ! -e /usr/include/burnstore ] || fail "$lib installed a development file"
+# A program linked against the installed library (the headers of the source
+# tree: -dev is not there), run against it.
+cc -std=c11 -Wall -Werror -I"$here/include" -I"$dir/include" "$here/docs/examples/list_tensors.c" \
+  "$so.${version%.*}" -o "$tmp/linked"
+loaded=$(ldd "$tmp/linked" | awk '$1 ~ /^libburnstore\.so/ {print $3}')
+[ -n "$loaded" ] && [ "$(realpath "$loaded")" = "$(realpath "$so.${version%.*}")" ] ||
+  fail "the program does not load $so.${version%.*}: $(ldd "$tmp/linked")"
+"$tmp/linked" "$BPK" >"$tmp/ls.linked"
+"$dir/burnstore" ls "$BPK" | cmp -s - "$tmp/ls.linked" || fail "the program linked against $lib lists other tensors than burnstore ls"
+echo "ok: $lib alone: ld.so cache, no development files, a program linked against it runs"
+
+# ---- plus -dev: pkg-config, the headers, the docs' example ----------------
+install_pkgs "${deb[libburnstore-dev]}"
+known burnstore && fail "installing libburnstore-dev installed burnstore"
+bash "$here/tests/package/check_library.sh" "$dir/burnstore"
+cmp /usr/share/doc/libburnstore-dev/examples/list_tensors.c "$here/docs/examples/list_tensors.c" ||
+  fail "the installed example is not docs/examples/list_tensors.c"
+
+# ---- plus burnstore: the binary, man pages, mount -t burnstore -------------
+install_pkgs "${deb[burnstore]}"
+cat /dev/null >"$tmp/files"
+for p in "${pkgs[@]}"; do dpkg -L "$p" >>"$tmp/files"; done
+echo "ok: installed ${pkgs[*]} ($(wc -l <"$tmp/files") paths)"
 [ "$(command -v burnstore)" = /usr/bin/burnstore ] || fail "burnstore on PATH is $(command -v burnstore)"
 /usr/bin/burnstore --version | grep -F "burnstore $version " >/dev/null || fail "burnstore --version: $(/usr/bin/burnstore --version)"
-grep -q '^/usr/share/man/man1/burnstore\.1' "$tmp/files" || fail "no burnstore(1) in the package"
-grep -q '^/usr/share/man/man8/mount\.burnstore\.8' "$tmp/files" || fail "no mount.burnstore(8) in the package"
-ldconfig -p | grep "libburnstore\.so\.[0-9]" >/dev/null || fail "libburnstore is not in the ld.so cache"
-echo "ok: burnstore --version says $version; man pages; ld.so cache"
+for m in /usr/share/man/man1/burnstore.1.gz /usr/share/man/man8/mount.burnstore.8.gz; do
+  gzip -dc "$m" | head -1 | grep -q '^\.TH ' || fail "$m is not a gzipped man page"
+done
+echo "ok: burnstore --version says $version; man pages"
 
-# ---- the library, the headers, pkg-config and the docs' example -----------
-bash "$here/tests/package/check_library.sh" /usr/bin/burnstore
-
-# ---- mount -t burnstore through the installed helper ----------------------
 [ -x /sbin/mount.burnstore ] || fail "/sbin/mount.burnstore is not installed"
-grep -q '^/sbin/mount\.burnstore$\|^/usr/sbin/mount\.burnstore$' "$tmp/files" || fail "the helper is not the package's"
 timeout $DEADLINE env -u BURNSTORE_BIN mount -t burnstore "$BPK" "$mnt" || fail "mount -t burnstore $BPK"
 grep -qF " $mnt fuse.burnstore " /proc/mounts || fail "$mnt is not a burnstore mount: $(grep -F " $mnt " /proc/mounts)"
 daemon=""
@@ -109,8 +245,8 @@ timeout $DEADLINE umount "$mnt" || fail "umount $mnt"
 ! grep -qF " $mnt " /proc/mounts || fail "$mnt is still mounted after umount"
 echo "ok: mount -t burnstore through the installed helper runs /usr/bin/burnstore; bytes match; umount"
 
-# ---- remove: nothing of the package's is left -----------------------------
-timeout 300 apt-get remove -y -q burnstore >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get remove burnstore"; }
+# ---- remove: nothing of the packages' is left ------------------------------
+timeout 300 apt-get remove -y -q "${pkgs[@]}" >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get remove ${pkgs[*]}"; }
 left=()
 while read -r p; do
   if [ "$p" = /. ] || [ -n "${before[$p]:-}" ]; then
@@ -122,9 +258,14 @@ while read -r p; do
 done <"$tmp/files"
 [ ${#left[@]} -eq 0 ] || fail "apt-get remove left ${left[*]}"
 ! ldconfig -p | grep "libburnstore\.so" >/dev/null || fail "libburnstore is still in the ld.so cache"
-timeout 300 apt-get purge -y -q burnstore >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get purge burnstore"; }
-installed=0
-if dpkg-query -W -f='${Status}' burnstore 2>/dev/null | grep -v "not-installed" >/dev/null; then
-  fail "dpkg still knows burnstore after purge: $(dpkg-query -W -f='${Status}' burnstore)"
+# (apt forgets a removed package that has no conffiles: purge what dpkg knows.)
+mine=()
+for p in "${pkgs[@]}"; do known "$p" && mine+=("$p"); done
+if [ ${#mine[@]} -gt 0 ]; then
+  timeout 300 apt-get purge -y -q "${mine[@]}" >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get purge ${mine[*]}"; }
 fi
-echo "ok: apt-get remove left none of the package's $(wc -l <"$tmp/files") paths; purged"
+installed=0
+for p in "${pkgs[@]}"; do
+  ! known "$p" || fail "dpkg still knows $p after purge: $(dpkg-query -W -f='${Status}' "$p")"
+done
+echo "ok: apt-get remove left none of the packages' $(wc -l <"$tmp/files") paths; purged"

@@ -1,0 +1,133 @@
+# The three Debian packages (packaging/build-deb.sh configures with
+# -DBURNSTORE_DEBIAN=ON and runs cpack): one per install component,
+#   burnstore          bin: /usr/bin/burnstore, /sbin/mount.burnstore (beside
+#                      fuse3's mount.fuse3: mount(8) looks in /sbin), man pages
+#   libburnstore0.1    lib: libburnstore.so.0.1.0 and its SONAME link (Debian
+#                      names a library package after its SONAME, libburnstore.so.0.1)
+#   libburnstore-dev   dev: headers, the libburnstore.so link, burnstore.pc,
+#                      the docs' example
+# each with its copyright and changelog.Debian.gz in /usr/share/doc/PACKAGE,
+# man pages gzipped -9n (no name or time in the gzip header: reproducible).
+# packaging/lintian-overrides.md lists what lintian still says and why.
+get_target_property(BS_SOVERSION burnstore_shared SOVERSION)
+set(BS_DEB_LIB libburnstore${BS_SOVERSION})
+set(BS_DEB_REVISION 1)
+set(BS_DEB_VERSION ${PROJECT_VERSION}-${BS_DEB_REVISION})
+set(BS_DEB_DIR ${CMAKE_BINARY_DIR}/debian)
+set(BS_DOCDIR ${CMAKE_INSTALL_DATAROOTDIR}/doc)
+file(MAKE_DIRECTORY ${BS_DEB_DIR}/man1 ${BS_DEB_DIR}/man8)
+
+# gzip -9n, at build time.
+set(BS_DEB_GZ)
+function(bs_deb_gzip src out)
+  add_custom_command(OUTPUT ${out} COMMAND sh -c "gzip -9n -c \"$0\" >\"$1\"" ${src} ${out}
+                     DEPENDS ${src} VERBATIM)
+  set(BS_DEB_GZ ${BS_DEB_GZ} ${out} PARENT_SCOPE)
+endfunction()
+foreach(sec 1 8)
+  foreach(page ${BS_MAN${sec}})
+    get_filename_component(name ${page} NAME)
+    bs_deb_gzip(${page} ${BS_DEB_DIR}/man${sec}/${name}.gz)
+    install(FILES ${BS_DEB_DIR}/man${sec}/${name}.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man${sec}
+            COMPONENT bin)
+  endforeach()
+endforeach()
+bs_deb_gzip(${CMAKE_SOURCE_DIR}/packaging/changelog ${BS_DEB_DIR}/changelog.Debian.gz)
+
+# The symbols file (dpkg-gensymbols, from the built library's exports: every
+# symbol since this version, as the SOVERSION changes with each 0.x minor).
+# The Build-Depends-Package line names the -dev package (for dpkg-shlibdeps).
+add_custom_command(OUTPUT ${BS_DEB_DIR}/symbols
+                   COMMAND dpkg-gensymbols -q -p${BS_DEB_LIB} -v${PROJECT_VERSION}
+                           -e$<TARGET_FILE:burnstore_shared> -O${BS_DEB_DIR}/symbols
+                   COMMAND sed -i "1a * Build-Depends-Package: libburnstore-dev"
+                           ${BS_DEB_DIR}/symbols
+                   DEPENDS burnstore_shared VERBATIM)
+add_custom_target(bs_debian ALL DEPENDS ${BS_DEB_GZ} ${BS_DEB_DIR}/symbols)
+
+foreach(comp_pkg "bin;burnstore" "lib;${BS_DEB_LIB}" "dev;libburnstore-dev")
+  list(GET comp_pkg 0 comp)
+  list(GET comp_pkg 1 pkg)
+  install(FILES ${CMAKE_SOURCE_DIR}/packaging/copyright ${BS_DEB_DIR}/changelog.Debian.gz
+          DESTINATION ${BS_DOCDIR}/${pkg} COMPONENT ${comp})
+endforeach()
+# What lintian says that is right for Debian's archive but not for this
+# package (packaging/lintian.md): overridden, with the reason, where lintian
+# reads overrides.
+foreach(pkg burnstore ${BS_DEB_LIB} libburnstore-dev)
+  file(WRITE ${BS_DEB_DIR}/overrides/${pkg}
+       "# Not uploaded to Debian: there is no ITP bug to close (packaging/lintian.md).\n"
+       "${pkg}: initial-upload-closes-no-bugs\n")
+endforeach()
+foreach(comp_pkg "bin;burnstore" "lib;${BS_DEB_LIB}" "dev;libburnstore-dev")
+  list(GET comp_pkg 0 comp)
+  list(GET comp_pkg 1 pkg)
+  install(FILES ${BS_DEB_DIR}/overrides/${pkg} DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/lintian/overrides
+          COMPONENT ${comp})
+endforeach()
+install(FILES ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/docs/user-guide.md
+        DESTINATION ${BS_DOCDIR}/burnstore COMPONENT bin)
+install(FILES ${CMAKE_SOURCE_DIR}/docs/examples/list_tensors.c
+        DESTINATION ${BS_DOCDIR}/libburnstore-dev/examples COMPONENT dev)
+
+set(CPACK_GENERATOR DEB)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_COMPONENTS_ALL bin lib dev)
+set(CPACK_PACKAGE_NAME burnstore)
+set(CPACK_PACKAGE_CONTACT "burnstore maintainers <maintainers@users.noreply.a-seed-b015ea89.example>")
+set(CPACK_DEBIAN_PACKAGE_RELEASE ${BS_DEB_REVISION})
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# A shlibs file in every package with a shared library (the lib package):
+# libburnstore 0.1 libburnstore0.1 (>= 0.1.0-1).
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+set(CPACK_STRIP_FILES ON)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+
+set(CPACK_DEBIAN_BIN_PACKAGE_NAME burnstore)
+set(CPACK_DEBIAN_BIN_PACKAGE_SECTION utils)
+# The binary links the core statically (it calls private functions the
+# library does not export), so it needs no libburnstore: fuse3 for fusermount3.
+set(CPACK_DEBIAN_BIN_PACKAGE_DEPENDS "fuse3")
+set(CPACK_COMPONENT_BIN_DESCRIPTION "model checkpoints as directories of tensor files (FUSE)
+burnstore mounts Burnpack, SafeTensors (also sharded), PyTorch and GGUF
+checkpoints as directories of tensor files, read-only or writable (written
+back on unmount), with mount -t burnstore and fstab support, and a
+checkpoint CLI: burnstore ls, info, cat, diff and convert.")
+
+# Until 0.1.0-1 one package, burnstore, held the library and the
+# development files: the packages that hold them now take them over
+# (Replaces) and make apt upgrade or remove that burnstore (Breaks), or dpkg
+# refuses to overwrite its files. The version of the split, not the current.
+set(BS_DEB_SPLIT "burnstore (<< 0.1.0-1)")
+
+set(CPACK_DEBIAN_LIB_PACKAGE_NAME ${BS_DEB_LIB})
+set(CPACK_DEBIAN_LIB_PACKAGE_BREAKS ${BS_DEB_SPLIT})
+set(CPACK_DEBIAN_LIB_PACKAGE_REPLACES ${BS_DEB_SPLIT})
+set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
+# CPack's postinst and postrm call ldconfig; build-deb.sh replaces them with
+# the ldconfig trigger (packaging/triggers) Debian uses.
+set(CPACK_DEBIAN_LIB_PACKAGE_CONTROL_EXTRA ${BS_DEB_DIR}/symbols)
+set(CPACK_COMPONENT_LIB_DESCRIPTION "model checkpoints as tensor catalogs (shared library)
+libburnstore reads Burnpack, SafeTensors, PyTorch and GGUF checkpoints: it
+sniffs the format, lists the tensors (name, dtype, shape, where the bytes
+are) and reads a tensor's bytes. It is the core under the burnstore mount
+and CLI.
+.
+This package contains the shared library.")
+
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libburnstore-dev)
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${BS_DEB_LIB} (= ${BS_DEB_VERSION})")
+set(CPACK_DEBIAN_DEV_PACKAGE_BREAKS ${BS_DEB_SPLIT})
+set(CPACK_DEBIAN_DEV_PACKAGE_REPLACES ${BS_DEB_SPLIT})
+set(CPACK_COMPONENT_DEV_DESCRIPTION "model checkpoints as tensor catalogs (development files)
+libburnstore reads Burnpack, SafeTensors, PyTorch and GGUF checkpoints: it
+sniffs the format, lists the tensors (name, dtype, shape, where the bytes
+are) and reads a tensor's bytes.
+.
+This package contains the headers, the pkg-config file (burnstore) and an
+example program.")
+include(CPack)
