@@ -178,6 +178,16 @@ static bool exists(const struct bs_set *s, const char *name, struct stat *st)
   return fstatat(s->dirfd, name, st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+/* Whether a file of the set was made by this user or root (`journal`: and
+ * no one else may write it): another user who may write the directory can
+ * plant or edit a journal or a temp file, and applying it renames and
+ * removes files of the set. */
+static bool made_by_us(const struct stat *st, bool journal)
+{
+  return S_ISREG(st->st_mode) && (st->st_uid == geteuid() || st->st_uid == 0) &&
+         (!journal || !(st->st_mode & (S_IWGRP | S_IWOTH)));
+}
+
 /* The journal goes last: a kill before this re-applies the same steps. */
 static int drop_journal(struct bs_set *s, bs_err *err)
 {
@@ -202,6 +212,11 @@ static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bs_err *e
     }
     struct stat st;
     if (exists(s, r->tmp, &st) && S_ISREG(st.st_mode)) {
+      if (!made_by_us(&st, false))
+        return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                       "%s/%s: the journal renames %s over it, a file of uid %u (not this user nor "
+                       "root): refused, the journal is kept",
+                       s->dir, r->final, r->tmp, (unsigned)st.st_uid);
       if (renameat(s->dirfd, r->tmp, s->dirfd, r->final) != 0) {
         int e = errno;
         return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot rename %s over it: %s", s->dir,
@@ -368,23 +383,24 @@ static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
 }
 
 /* A reader who may not write the journal (another user's set, a read-only
- * file system): a journal without its commit record leaves the old set
- * whole, which it may read; a committed one it cannot roll forward. */
-static int read_only_reader(struct bs_set *s, bs_err *err)
+ * file system), or who must not apply it (not made_by_us): a journal
+ * without its commit record leaves the old set whole, which it may read; a
+ * committed one it cannot roll forward. `why` (a printf argument) says why. */
+static int read_only_reader(struct bs_set *s, const char *why, bs_err *err)
 {
   int e = errno;
   s->fd = openat(s->dirfd, s->jname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (s->fd < 0)
     return errno == ENOENT
                ? 0
-               : bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s", s->dir,
-                         s->jname, strerror(e));
+               : bs_fail(err, errno, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s",
+                         s->dir, s->jname, strerror(errno));
   int rc = read_all(s, &s->jb, err);
   if (rc == 0 && committed_text(s, &s->jb))
-    rc = bs_fail(err, e, BS_OFF_NONE, NULL,
+    rc = bs_fail(err, why ? EPERM : e, BS_OFF_NONE, NULL,
                  "%s/%s: the write it records passed its commit point and must be completed by "
                  "someone who may write %s (burnstore ls or convert of the set as that user): %s",
-                 s->dir, s->jname, s->dir, strerror(e));
+                 s->dir, s->jname, s->dir, why ? why : strerror(e));
   close(s->fd);
   s->fd = -1;
   return rc;
@@ -399,13 +415,25 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
   for (int tries = 0; tries < 100; tries++) {
     s->fd = openat(s->dirfd, s->jname, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (s->fd < 0 && !writer && (errno == EACCES || errno == EROFS))
-      return read_only_reader(s, err);
+      return read_only_reader(s, NULL, err);
     if (s->fd < 0) {
       if (errno == ENOENT)
         return 0;
       int e = errno;
       return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s", s->dir,
                      s->jname, strerror(e));
+    }
+    struct stat st;
+    if (fstat(s->fd, &st) != 0 || !made_by_us(&st, true)) {
+      close(s->fd);
+      s->fd = -1;
+      if (writer)
+        return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                       "%s/%s: the journal is not this user's or root's, or others may write it: "
+                       "it is not applied (its owner may complete it, or remove it)",
+                       s->dir, s->jname);
+      return read_only_reader(s, "the journal is not this user's or root's, or others may write it",
+                              err);
     }
     bool locked = flock(s->fd, LOCK_EX | LOCK_NB) == 0;
     if (!locked && !writer && read_all(s, &s->jb, err) == 0 && !committed_text(s, &s->jb))

@@ -667,10 +667,79 @@ def test_stale_journal_does_not_stop_other_readers(tmp):
     check(r.returncode == 0 and not os.path.exists(journal), "its owner's ls rolls it back: %s" % r.stderr)
 
 
+def planted_journal(index, tmp_name, final, old):
+    """A committed set journal's text that renames tmp_name over final and
+    removes old (the format of src/core/set_journal.h)."""
+    text = "burnstore-set-journal 1\nindex\t%s\nnew\t%s\nnew\t%s\nold\t%s\nprepared\nrename\t%s\t%s\n" % (
+        index, index, final, old, tmp_name, final)
+    h = 1469598103934665603
+    for ch in text.encode():
+        h = ((h ^ ch) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return text + "commit\t%016x\n" % h
+
+
+def test_planted_journal_is_not_applied(tmp):
+    """A set journal, or a temporary file it renames, that another user
+    could have planted or written (in a 1777 directory) makes no reader nor
+    writer rename or remove anything: a committed one is refused in one
+    line and every file stays; an uncommitted one leaves the old set, which
+    is read."""
+    d = shared_dir(tmp, "planted")
+    drop = os.path.join(d, "drop")
+    os.makedirs(drop)
+    os.chmod(drop, 0o1777)
+    one = os.path.join(drop, "one.safetensors")
+    write_safetensors(one, {"a": A, "b": B, "c": C})
+    index = os.path.join(drop, "model.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", one, index])
+    shards = sorted(f for f in os.listdir(drop) if f.startswith("model-"))
+    check(r.returncode == 0 and len(shards) >= 2, "convert to a set: %s %s" % (r.stderr, shards))
+    if len(shards) < 2:
+        return
+    journal = os.path.join(drop, ".model.safetensors.index.json.burnstore-journal")
+    tmp_name = "." + shards[0] + ".burnstore-tmp-evil00"
+    text = planted_journal("model.safetensors.index.json", tmp_name, shards[0], shards[1])
+
+    def snapshot():
+        return {f: sha(open(os.path.join(drop, f), "rb").read()) for f in sorted(os.listdir(drop))}
+
+    # (who owns the journal, its mode, who owns the temp file, committed)
+    cases = [("nobody's journal", NOBODY_UID, 0o644, NOBODY_UID, True),
+             ("root's journal that others may write", 0, 0o666, 0, True),
+             ("root's journal, nobody's temp file", 0, 0o644, NOBODY_UID, True),
+             ("nobody's uncommitted journal", NOBODY_UID, 0o644, NOBODY_UID, False)]
+    for name, juid, jmode, tuid, committed in cases:
+        body = text if committed else text[:text.index("rename")]
+        for path, data, uid, mode in [(journal, body.encode(), juid, jmode),
+                                      (os.path.join(drop, tmp_name), b"planted", tuid, 0o644)]:
+            with open(path, "wb") as f:
+                f.write(data)
+            os.chown(path, uid, uid)
+            os.chmod(path, mode)
+        before = snapshot()
+        for cmd in ([BIN, "ls", index], [BIN, "convert", "-q", index, os.path.join(d, "out.bpk")]):
+            r = run(cmd)
+            if committed:
+                lines = r.stderr.strip().splitlines()
+                check(r.returncode != 0 and len(lines) == 1 and "journal" in lines[0],
+                      "%s: %s is refused in one line: %d %r" % (name, cmd[1], r.returncode, r.stderr))
+            else:
+                check(r.returncode == 0, "%s: %s reads the old set: %s" % (name, cmd[1], r.stderr))
+            check(snapshot() == before, "%s: %s renamed or removed nothing" % (name, cmd[1]))
+        r = run([BIN, "convert", "-q", one, index])
+        check(r.returncode != 0 and snapshot() == before,
+              "%s: a writer of the set refuses it and changes nothing: %d %s" % (name, r.returncode, r.stderr))
+        for path in (journal, os.path.join(drop, tmp_name)):
+            if os.path.exists(path):
+                os.unlink(path)
+    r = run([BIN, "ls", index])
+    check(r.returncode == 0 and r.stdout.startswith("a\t"), "the set reads once they are gone: %s" % r.stderr)
+
+
 if __name__ == "__main__":
     run_tests("test_shared_mounts", [test_rw_allow_other, test_ro_allow_other, test_owner_options,
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
                                      test_unprivileged_mount, test_new_output_modes, test_finish_modes,
                                      test_run_dir_checked, test_sharded_modes,
-                                     test_stale_journal_does_not_stop_other_readers],
+                                     test_stale_journal_does_not_stop_other_readers, test_planted_journal_is_not_applied],
              "shared")
