@@ -56,6 +56,8 @@ struct bs_stage_index {
   char *target;
   enum bs_format format;
   uint64_t max_shard_size; /* the write's bs_write_opts (0: none) */
+  bool has_mode;           /* and its mode for a new target (an INDEX of */
+  unsigned mode;           /* before the record has none) */
   struct bs_stage_checkpoint ck;
   struct bs_stage_src *srcs; /* what out.srcs must be, in order */
   size_t nsrcs, ncksrcs;     /* ncksrcs: the first ones come from the checkpoint */

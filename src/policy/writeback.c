@@ -191,6 +191,8 @@ static int index_head(const struct bs_wb *wb, struct bs_stage_index *idx, bs_err
   idx->target = (char *)wb->target; /* borrowed, never freed */
   idx->format = wb->writer->format;
   idx->max_shard_size = wb->opts.max_shard_size;
+  idx->has_mode = wb->opts.has_mode;
+  idx->mode = wb->opts.mode & 0666;
   idx->ncksrcs = src->nsrcs;
   if (src->nsrcs) {
     struct bs_src_ident id;
@@ -633,12 +635,14 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
             bs_format_name(idx.format));
     goto out;
   }
-  /* A new target is as private as the checkpoint (the INDEX does not
-   * record its mode: stat it, it is there to read from; if that fails,
-   * owner-only); a new checkpoint's (no source) is 0644, as the mount's. */
-  struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
+  /* A new target gets the mode the mount's write-back would have given it,
+   * which the INDEX records (a new checkpoint's: none, 0644). An INDEX of
+   * before that record: as private as the checkpoint is now (owner-only if
+   * it cannot be stat'd). */
+  struct bs_write_opts wo = {
+      .max_shard_size = idx.max_shard_size, .has_mode = idx.has_mode, .mode = idx.mode};
   struct stat ck;
-  if (idx.ck.path) {
+  if (!idx.has_mode && idx.ck.path) {
     wo.has_mode = true;
     wo.mode = stat(idx.ck.path, &ck) == 0
                   ? bs_sources_mode(&idx.cat, idx.ncksrcs, ck.st_mode) & 0666

@@ -486,10 +486,11 @@ def test_new_output_modes(tmp):
         os.umask(old_umask)
 
 
-def finish_after_failed_writeback(d, src, outdir, name, change):
+def finish_after_failed_writeback(d, src, outdir, name, change, before_finish=None):
     """Mount src with output=outdir/name (src None: a new checkpoint there),
     change the tree, make the write-back fail (outdir a read-only tmpfs),
-    then --finish it with outdir writable again: the output's path, or None."""
+    call before_finish(), then --finish it with outdir writable again: the
+    output's path, or None."""
     stg = os.path.join(d, "stg-" + name)
     os.makedirs(stg)
     mnt = os.path.join(d, "mnt-" + name)
@@ -504,15 +505,18 @@ def finish_after_failed_writeback(d, src, outdir, name, change):
     left = os.listdir(stg)
     if not check(len(left) == 1, "%s: the staging is kept: %s" % (name, left)):
         return None
+    if before_finish:
+        before_finish()
     r = run([BIN, "--finish", os.path.join(stg, left[0])])
     check(r.returncode == 0, "%s: --finish: %s" % (name, r.stderr))
     return out
 
 
 def test_finish_modes(tmp):
-    """--finish gives a new target its checkpoint's mode (the checkpoint
-    is there: --finish reads its clean tensors); a new checkpoint (no
-    source) gets 0644 & ~umask, as the write-back would have given it."""
+    """--finish gives a new target the mode the mount's write-back would
+    have given it (the INDEX records it): its checkpoint's mode at mount,
+    even when the checkpoint's mode changed since; a new checkpoint (no
+    source) gets 0644 & ~umask."""
     old_umask = os.umask(0o022)
     d = shared_dir(tmp, "finishmodes")
     outdir = os.path.join(d, "out")
@@ -534,6 +538,13 @@ def test_finish_modes(tmp):
         if out:
             check(mode_of(out) == 0o640, "--finish of a 0640 checkpoint: %o" % mode_of(out))
             check(sorted(read_bpk(out)[0]) == ["a", "c", "n"], "--finish wrote the tensors")
+        # The checkpoint was 0600 at mount: opened to 0644 before --finish,
+        # the output still gets 0600, as the write-back would have made it.
+        os.chmod(src, 0o600)
+        out = finish_after_failed_writeback(d, src, outdir, "private.bpk", add_one,
+                                            lambda: os.chmod(src, 0o644))
+        if out:
+            check(mode_of(out) == 0o600, "--finish of a checkpoint 0600 at mount, 0644 now: %o" % mode_of(out))
         out = finish_after_failed_writeback(d, None, outdir, "fresh.bpk", add_one)
         if out:
             check(mode_of(out) == 0o644, "--finish of a new checkpoint: %o" % mode_of(out))
