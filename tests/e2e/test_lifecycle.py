@@ -454,6 +454,27 @@ def test_index_on_full_staging(tmp):
         run(["umount", small])
 
 
+def test_unmount_after_umount(tmp):
+    """burnstore -u of a mount already unmounted with umount(8) whose daemon
+    has finished: nothing is left to unmount nor to wait for. It exits 1, as
+    umount(8) and fusermount3 -u do for a path that is not mounted, in one
+    line that says where that daemon's result went."""
+    out = os.path.join(tmp, "after-umount.bpk")
+    mnt = os.path.join(tmp, "after-umount")
+    with Mount(out, mnt):
+        sh("printf abcd > t", mnt)
+        pid = daemon_pid(os.path.realpath(mnt))
+        r = run(["umount", mnt])
+        check(r.returncode == 0, "umount: %s" % r.stderr)
+        wait_gone(pid)
+        u = run([BIN, "-u", mnt])
+        lines = u.stderr.strip().splitlines()
+        check(u.returncode == 1 and len(lines) == 1 and "is not mounted" in lines[0] and "syslog" in lines[0]
+              and "staging" in lines[0], "-u after umount: exit 1, one line saying where the result went: %d %r"
+              % (u.returncode, u.stderr))
+    check(read_bpk(out)[0].get("t", (0, 0, b""))[2] == b"abcd", "the daemon wrote back after umount")
+
+
 if __name__ == "__main__":
     run_tests("test_lifecycle", [
         test_relative_paths,
@@ -466,4 +487,5 @@ if __name__ == "__main__":
         test_finish_after_failure,
         test_finish_after_the_rename,
         test_index_on_full_staging,
+        test_unmount_after_umount,
     ], "life")
