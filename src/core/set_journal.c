@@ -18,6 +18,7 @@
 #include "core/checked.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
+#include "core/target.h"
 
 #define MAGIC "burnstore-set-journal 1\n"
 #define TAG ".burnstore-journal"
@@ -363,15 +364,6 @@ static int read_all(struct bs_set *s, struct bs_buf *b, bs_err *err)
   return 0;
 }
 
-/* Whether the name still is the file we hold (a recoverer may have removed
- * it between our open and our lock). */
-static bool still_ours(const struct bs_set *s)
-{
-  struct stat held, now;
-  return fstat(s->fd, &held) == 0 && fstatat(s->dirfd, s->jname, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-         held.st_dev == now.st_dev && held.st_ino == now.st_ino;
-}
-
 static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
 {
   struct bs_set_plan p;
@@ -446,7 +438,7 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
       return bs_fail(err, EBUSY, BS_OFF_NONE, NULL,
                      "%s/%s: another burnstore is writing this shard set right now", s->dir,
                      s->jname);
-    if (!still_ours(s)) {
+    if (!bs_fd_named(s->dirfd, s->jname, s->fd)) { /* a recoverer removed it meanwhile */
       close(s->fd);
       s->fd = -1;
       continue;
@@ -534,7 +526,8 @@ int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
               strerror(e));
       goto fail;
     }
-    if (s->fd >= 0 && (flock(s->fd, LOCK_EX | LOCK_NB) != 0 || !still_ours(s))) {
+    if (s->fd >= 0 &&
+        (flock(s->fd, LOCK_EX | LOCK_NB) != 0 || !bs_fd_named(s->dirfd, s->jname, s->fd))) {
       close(s->fd); /* a recoverer took it between our create and our lock */
       s->fd = -1;
     }

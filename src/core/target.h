@@ -50,6 +50,10 @@ BS_NODISCARD int bs_run_path(const char *key, const char *suffix, char *out, siz
  * the file the path names now (a lock file its holder removed meanwhile is
  * opened again). The fd, or -1 with errno (EWOULDBLOCK: it is held). */
 int bs_run_lock(const char *path);
+/* Whether `name` (relative to dirfd, or AT_FDCWD; a symbolic link is not
+ * followed) still names fd's file (device and inode): a lock holder checks
+ * that no one removed or replaced the name between its open and its lock. */
+bool bs_fd_named(int dirfd, const char *name, int fd);
 /* Remove path if it still names fd's file (fd holding its lock); true if it
  * did. */
 bool bs_run_unlink(const char *path, int fd);

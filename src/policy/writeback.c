@@ -74,13 +74,10 @@ static int staging_try(char *tmpl, int *dirfd, int *lock)
     return -e;
   }
   int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  struct stat held, now;
   /* Another writer removing dead daemons' empty staging directories
    * (bs_staging_sweep) may take or remove this one between the create and
    * the lock: then try a new one. */
-  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &held) == 0 &&
-            fstatat(fd, BS_STAGE_LOCK_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-            held.st_ino == now.st_ino;
+  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && bs_fd_named(fd, BS_STAGE_LOCK_NAME, lk);
   if (!ok) {
     int e = lk >= 0 ? EAGAIN : errno;
     if (lk >= 0)
