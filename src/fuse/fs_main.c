@@ -556,11 +556,9 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
      * daemon of this mountpoint waits for that lock before it makes its
      * own), then the status file. */
     if (bs_run_holds(spath, fd)) {
-      char ppath[PATH_MAX + 16];
-      snprintf(ppath, sizeof ppath, "%s.progress", spath);
       if (lpath[0])
         unlink(lpath);
-      unlink(ppath);
+      fs_progress_remove(spath);
       bs_run_unlink(spath, fd);
     }
   }
@@ -1177,12 +1175,10 @@ static void run_files_remove(struct run *r)
   /* Only the holder of the status lock owns the log and progress files: a
    * mount refused because another daemon serves the mountpoint must not
    * remove that daemon's log. */
-  char ppath[PATH_MAX + 16];
-  snprintf(ppath, sizeof ppath, "%s.progress", r->spath);
   if (r->sfd >= 0) {
     if (r->lpath[0])
       unlink(r->lpath);
-    unlink(ppath);
+    fs_progress_remove(r->spath);
   }
   if (r->tfd >= 0)
     bs_target_unlock(r->tfd);
