@@ -213,12 +213,12 @@ def vmhwm_kb(pid):
 
 
 @contextlib.contextmanager
-def foreground_mount(source, mnt, opts, env=None):
-    """burnstore SOURCE MNT -f -o OPTS as a child (for its /proc entry):
+def foreground_mount(source, mnt, opts=None, env=None):
+    """burnstore SOURCE MNT -f [-o OPTS] as a child (for its /proc entry):
     yields the Popen once mounted; always unmounts and reaps it (its
     returncode and stderr stay readable afterwards)."""
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([BIN, source, mnt, "-f", "-o", opts], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([BIN, source, mnt, "-f"] + (["-o", opts] if opts else []), stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, env=env)
     try:
         end = time.time() + DEADLINE
