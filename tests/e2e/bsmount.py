@@ -72,6 +72,20 @@ def is_mounted(path):
         return any(unesc(line.split()[1]) == path for line in f)
 
 
+def fnv1a(s):
+    """FNV-1a 64 of a str's UTF-8 bytes, as hex (bs_fnv1a_str)."""
+    h = 1469598103934665603
+    for c in s.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def run_path(key, suffix):
+    """/run/burnstore/<FNV-1a 64 of key><suffix>: a runtime file of root's
+    (the status, log, progress and target files: bs_run_path)."""
+    return "/run/burnstore/%s%s" % (fnv1a(key), suffix)
+
+
 def daemon_pids(mnt):
     """PIDs of the burnstore processes whose command line names mnt."""
     out = []

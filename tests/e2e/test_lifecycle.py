@@ -14,22 +14,13 @@ import subprocess
 import time
 
 from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, immutable, is_mounted, read_bpk,
-                     run,
-                     tmpdir, run_tests, wait_gone)
+                     run, run_path, tmpdir, run_tests, wait_gone)
 
 
 def sh(cmd, cwd):
     r = subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, "`%s`: %s" % (cmd, r.stderr.strip()))
     return r
-
-
-def run_path(key, suffix):
-    """/run/burnstore/<FNV-1a 64 of key><suffix> (we run as root)."""
-    h = 1469598103934665603
-    for c in key.encode():
-        h = ((h ^ c) * 1099511628211) % 2 ** 64
-    return "/run/burnstore/%016x%s" % (h, suffix)
 
 
 def status(mnt):

@@ -14,8 +14,8 @@ import shutil
 import stat
 import subprocess
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk, read_safetensors,
-                     run, run_tests, write_safetensors)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, fnv1a, force_unmount, is_mounted, read_bpk, read_safetensors,
+                     run, run_path, run_tests, write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY_UID = 65534
@@ -316,13 +316,6 @@ def test_chmod_chown_created(tmp):
     check(st.st_uid == 0, "the output stays root's")
 
 
-def fnv1a(s):
-    h = 1469598103934665603
-    for ch in s.encode():
-        h = ((h ^ ch) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return "%016x" % h
-
-
 def test_private_modes(tmp):
     """A private source in a shared staging directory: the staging
     directory is 0700 and its files 0600; the status file and its directory
@@ -353,7 +346,7 @@ def test_private_modes(tmp):
             st = os.stat(os.path.join(sdir, f))
             check(stat.S_IMODE(st.st_mode) & 0o077 == 0 and st.st_uid == 0,
                   "staging file %s: %o uid %d" % (f, stat.S_IMODE(st.st_mode), st.st_uid))
-        status = "/run/burnstore/%s.status" % fnv1a(os.path.realpath(mnt))
+        status = run_path(os.path.realpath(mnt), ".status")
         check(os.path.exists(status), "the status file %s exists" % status)
         for p in ("/run/burnstore", status):
             st = os.stat(p)
@@ -683,10 +676,7 @@ def planted_journal(index, tmp_name, final, old):
     removes old (the format of src/core/set_journal.h)."""
     text = "burnstore-set-journal 1\nindex\t%s\nnew\t%s\nnew\t%s\nold\t%s\nprepared\nrename\t%s\t%s\n" % (
         index, index, final, old, tmp_name, final)
-    h = 1469598103934665603
-    for ch in text.encode():
-        h = ((h ^ ch) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return text + "commit\t%016x\n" % h
+    return text + "commit\t%s\n" % fnv1a(text)
 
 
 def test_planted_journal_is_not_applied(tmp):
