@@ -96,7 +96,17 @@ static int run_dir_ok(const char *dir, bs_err *err)
 
 int bs_run_dir(char *out, size_t n, bs_err *err)
 {
-  if (geteuid() == 0) {
+  const char *own = getenv("BURNSTORE_RUN_DIR");
+  if (own && *own) {
+    /* Another run directory (tests, containers): the same checks. Only the
+     * burnstores that share one see each other's target locks. */
+    if (own[0] != '/' || snprintf(out, n, "%s", own) >= (int)n) {
+      out[0] = '\0';
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "BURNSTORE_RUN_DIR=%.200s: not an absolute path that fits (%zu bytes)", own,
+                     n - 1);
+    }
+  } else if (geteuid() == 0) {
     snprintf(out, n, "/run/burnstore");
   } else {
     const char *xdg = getenv("XDG_RUNTIME_DIR");

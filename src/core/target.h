@@ -33,7 +33,8 @@ char *bs_abs_path(const char *p);
 BS_NODISCARD int bs_path_join_buf(char *buf, size_t n, const char *dir, const char *name,
                                   bs_err *err);
 
-/* RUN into out: /run/burnstore for root, else $XDG_RUNTIME_DIR/burnstore or
+/* RUN into out: $BURNSTORE_RUN_DIR if set (an absolute path), else
+ * /run/burnstore for root, else $XDG_RUNTIME_DIR/burnstore or
  * /tmp/burnstore-EUID; created 0700 if missing, and used only if it is a
  * real directory (not a symlink) of the effective user that no one else may
  * write to. 0, or -1 with err naming RUN and what is wrong with it. */

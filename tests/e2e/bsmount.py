@@ -81,9 +81,10 @@ def fnv1a(s):
 
 
 def run_path(key, suffix):
-    """/run/burnstore/<FNV-1a 64 of key><suffix>: a runtime file of root's
-    (the status, log, progress and target files: bs_run_path)."""
-    return "/run/burnstore/%s%s" % (fnv1a(key), suffix)
+    """RUN/<FNV-1a 64 of key><suffix>: a runtime file of root's (the status,
+    log, progress and target files: bs_run_path), RUN $BURNSTORE_RUN_DIR or
+    /run/burnstore."""
+    return "%s/%s%s" % (os.environ.get("BURNSTORE_RUN_DIR") or "/run/burnstore", fnv1a(key), suffix)
 
 
 def daemon_pids(mnt):

@@ -188,9 +188,33 @@ def runtime_files(*keys):
 
 
 def test_runtime_files_live_with_their_daemon(tmp):
-    """/run/burnstore holds a mount's files only while its daemon lives: a
+    """The run directory holds a mount's files only while its daemon lives: a
     clean unmount (fusermount3 -u, burnstore -u; read-only and writable)
-    removes them; a killed daemon's are removed by the next start."""
+    removes them; a killed daemon's are removed by the next start. The test
+    has a run directory of its own (BURNSTORE_RUN_DIR), so that a burnstore
+    started meanwhile by anyone else (another test) sweeps its own: a
+    bystander started between a kill and the check shows it."""
+    os.environ["BURNSTORE_RUN_DIR"] = os.path.join(tmp, "run")
+    try:
+        runtime_files_live_with_their_daemon(tmp)
+    finally:
+        del os.environ["BURNSTORE_RUN_DIR"]
+    check(not os.path.exists(os.path.join(tmp, "run")) or os.listdir(os.path.join(tmp, "run")) == [],
+          "nothing left in the test's run directory")
+    # The override keeps bs_run_dir's checks: an absolute path, a directory
+    # of the user that no one else may write.
+    src, out = os.path.join(tmp, "rt.bpk"), os.path.join(tmp, "rt-env.safetensors")
+    theirs = os.path.join(tmp, "run-theirs")
+    os.makedirs(theirs)
+    os.chown(theirs, 65534, 65534)
+    for val, why in (("relative/run", "not an absolute path"), (theirs, "belongs to uid 65534")):
+        r = run([BIN, "convert", "-q", src, out], env=dict(os.environ, BURNSTORE_RUN_DIR=val))
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode != 0 and len(lines) == 1 and why in lines[0] and not os.path.exists(out),
+              "BURNSTORE_RUN_DIR=%s is refused in one line: %d %r" % (val, r.returncode, r.stderr))
+
+
+def runtime_files_live_with_their_daemon(tmp):
     src = os.path.join(tmp, "rt.bpk")
     mnt = os.path.join(tmp, "rt")
     with Mount(src, mnt) as m:
@@ -241,6 +265,18 @@ def test_runtime_files_live_with_their_daemon(tmp):
                 os.kill(pid, 9)
                 wait_gone(pid)
             force_unmount(mnt)
+        # Another burnstore starts, in the default run directory: it sweeps
+        # that one, not this test's.
+        env = {k: v for k, v in os.environ.items() if k != "BURNSTORE_RUN_DIR"}
+        by = os.path.join(tmp, "rt-bystander")
+        os.makedirs(by, exist_ok=True)
+        try:
+            r = run([BIN, src, by, "-o", "ro"], env=env)
+            check(r.returncode == 0, "a bystander's mount: %s" % r.stderr)
+            r = run([BIN, "-u", by], env=env)
+            check(r.returncode == 0, "a bystander's -u: %s" % r.stderr)
+        finally:
+            force_unmount(by)
         left = runtime_files(mnt, src)
         check(len(left) >= 2, "a killed daemon leaves its files: %r" % left)
     stg = lambda: set(glob.glob(os.path.join(tmp, ".rt.bpk.staging-*")))
