@@ -200,7 +200,11 @@ static int drop_journal(struct bs_set *s, bs_err *err)
   return sync_dir(s, err);
 }
 
-static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bs_err *err)
+/* `recovering`: the journal is not the text this process just committed,
+ * so its temp files must be made_by_us (a writer's own were created and
+ * held by it: on a file system that shows other owners, vfat or NFS with
+ * root_squash, its commit goes on). */
+static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bool recovering, bs_err *err)
 {
   bool synced = false;
   for (size_t i = 0; i < p->nren; i++) {
@@ -213,7 +217,7 @@ static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bs_err *e
     }
     struct stat st;
     if (exists(s, r->tmp, &st) && S_ISREG(st.st_mode)) {
-      if (!made_by_us(&st, false))
+      if (recovering && !made_by_us(&st, false))
         return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
                        "%s/%s: the journal renames %s over it, a file of uid %u (not this user nor "
                        "root): refused, the journal is kept",
@@ -292,12 +296,12 @@ static int plan(const struct bs_set *s, const void *text, size_t n, struct bs_se
   return rc;
 }
 
-static int apply(struct bs_set *s, const char *text, size_t n, bs_err *err)
+static int apply(struct bs_set *s, const char *text, size_t n, bool recovering, bs_err *err)
 {
   struct bs_set_plan p;
   if (plan(s, text, n, &p, err) != 0)
     return -1;
-  int rc = p.committed ? roll_forward(s, &p, err) : roll_back(s, &p, err);
+  int rc = p.committed ? roll_forward(s, &p, recovering, err) : roll_back(s, &p, err);
   bs_set_plan_destroy(&p);
   return rc;
 }
@@ -443,7 +447,8 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
       s->fd = -1;
       continue;
     }
-    if (read_all(s, &s->jb, err) != 0 || apply(s, (const char *)s->jb.data, s->jb.len, err) != 0)
+    if (read_all(s, &s->jb, err) != 0 ||
+        apply(s, (const char *)s->jb.data, s->jb.len, true, err) != 0)
       return -1;
     if (did)
       *did = true;
@@ -595,7 +600,7 @@ int bs_set_commit(struct bs_set *s, struct bs_atomic *files, size_t n, bs_err *e
    * recovery applies it, from the text just written. */
   for (size_t i = 0; i < n; i++)
     bs_atomic_release(&files[i]);
-  if (apply(s, (const char *)s->jb.data, s->jb.len, err) == 0)
+  if (apply(s, (const char *)s->jb.data, s->jb.len, false, err) == 0)
     rc = 0;
 out:
   set_close(s);
