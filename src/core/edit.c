@@ -562,8 +562,7 @@ static int add_npy(const char *staging, struct bs_catalog *out, const struct bs_
                    const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
-  if (!e->stage || nd->seg || nl <= 4 || strcmp(nd->name + nl - 4, ".npy") != 0 || kl <= 4 ||
-      e->size < 6)
+  if (!e->stage || nd->seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
     return 1; /* shorter than NumPy's magic: no .npy (from 6 bytes on, the magic decides) */
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);

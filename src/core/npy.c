@@ -117,6 +117,11 @@ int bs_npy_header(enum bs_dtype dt, uint32_t rank, const uint64_t *shape, char *
   return 0;
 }
 
+bool bs_npy_name(const char *s, size_t n)
+{
+  return n > 4 && memcmp(s + n - 4, ".npy", 4) == 0;
+}
+
 bool bs_npy_is_npy(const uint8_t *p, size_t n)
 {
   return n >= 6 && memcmp(p, magic, 6) == 0;

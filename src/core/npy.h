@@ -45,6 +45,9 @@ struct bs_npy_info {
   uint64_t nbytes; /* product(shape) * element size, checked */
 };
 
+/* Whether the file name (or key) s of n bytes is NAME.npy with NAME not
+ * empty: what np.save writes for tensor NAME, written back as NAME. */
+bool bs_npy_name(const char *s, size_t n);
 /* Is this the start of a .npy file (the 6-byte magic)? */
 bool bs_npy_is_npy(const uint8_t *p, size_t n);
 /* Parse the header at the start of p[0..n). Every field is checked: the

@@ -18,6 +18,7 @@
 #include "core/checked.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
+#include "core/target.h"
 
 #define MAGIC "burnstore-set-journal 1\n"
 #define TAG ".burnstore-journal"
@@ -178,6 +179,16 @@ static bool exists(const struct bs_set *s, const char *name, struct stat *st)
   return fstatat(s->dirfd, name, st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+/* Whether a file of the set was made by this user or root (`journal`: and
+ * no one else may write it): another user who may write the directory can
+ * plant or edit a journal or a temp file, and applying it renames and
+ * removes files of the set. */
+static bool made_by_us(const struct stat *st, bool journal)
+{
+  return S_ISREG(st->st_mode) && (st->st_uid == geteuid() || st->st_uid == 0) &&
+         (!journal || !(st->st_mode & (S_IWGRP | S_IWOTH)));
+}
+
 /* The journal goes last: a kill before this re-applies the same steps. */
 static int drop_journal(struct bs_set *s, bs_err *err)
 {
@@ -189,7 +200,11 @@ static int drop_journal(struct bs_set *s, bs_err *err)
   return sync_dir(s, err);
 }
 
-static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bs_err *err)
+/* `recovering`: the journal is not the text this process just committed,
+ * so its temp files must be made_by_us (a writer's own were created and
+ * held by it: on a file system that shows other owners, vfat or NFS with
+ * root_squash, its commit goes on). */
+static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bool recovering, bs_err *err)
 {
   bool synced = false;
   for (size_t i = 0; i < p->nren; i++) {
@@ -202,6 +217,11 @@ static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bs_err *e
     }
     struct stat st;
     if (exists(s, r->tmp, &st) && S_ISREG(st.st_mode)) {
+      if (recovering && !made_by_us(&st, false))
+        return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                       "%s/%s: the journal renames %s over it, a file of uid %u (not this user nor "
+                       "root): refused, the journal is kept",
+                       s->dir, r->final, r->tmp, (unsigned)st.st_uid);
       if (renameat(s->dirfd, r->tmp, s->dirfd, r->final) != 0) {
         int e = errno;
         return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot rename %s over it: %s", s->dir,
@@ -276,12 +296,12 @@ static int plan(const struct bs_set *s, const void *text, size_t n, struct bs_se
   return rc;
 }
 
-static int apply(struct bs_set *s, const char *text, size_t n, bs_err *err)
+static int apply(struct bs_set *s, const char *text, size_t n, bool recovering, bs_err *err)
 {
   struct bs_set_plan p;
   if (plan(s, text, n, &p, err) != 0)
     return -1;
-  int rc = p.committed ? roll_forward(s, &p, err) : roll_back(s, &p, err);
+  int rc = p.committed ? roll_forward(s, &p, recovering, err) : roll_back(s, &p, err);
   bs_set_plan_destroy(&p);
   return rc;
 }
@@ -348,15 +368,6 @@ static int read_all(struct bs_set *s, struct bs_buf *b, bs_err *err)
   return 0;
 }
 
-/* Whether the name still is the file we hold (a recoverer may have removed
- * it between our open and our lock). */
-static bool still_ours(const struct bs_set *s)
-{
-  struct stat held, now;
-  return fstat(s->fd, &held) == 0 && fstatat(s->dirfd, s->jname, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-         held.st_dev == now.st_dev && held.st_ino == now.st_ino;
-}
-
 static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
 {
   struct bs_set_plan p;
@@ -368,23 +379,24 @@ static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
 }
 
 /* A reader who may not write the journal (another user's set, a read-only
- * file system): a journal without its commit record leaves the old set
- * whole, which it may read; a committed one it cannot roll forward. */
-static int read_only_reader(struct bs_set *s, bs_err *err)
+ * file system), or who must not apply it (not made_by_us): a journal
+ * without its commit record leaves the old set whole, which it may read; a
+ * committed one it cannot roll forward. `why` (a printf argument) says why. */
+static int read_only_reader(struct bs_set *s, const char *why, bs_err *err)
 {
   int e = errno;
   s->fd = openat(s->dirfd, s->jname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (s->fd < 0)
     return errno == ENOENT
                ? 0
-               : bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s", s->dir,
-                         s->jname, strerror(e));
+               : bs_fail(err, errno, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s",
+                         s->dir, s->jname, strerror(errno));
   int rc = read_all(s, &s->jb, err);
   if (rc == 0 && committed_text(s, &s->jb))
-    rc = bs_fail(err, e, BS_OFF_NONE, NULL,
+    rc = bs_fail(err, why ? EPERM : e, BS_OFF_NONE, NULL,
                  "%s/%s: the write it records passed its commit point and must be completed by "
                  "someone who may write %s (burnstore ls or convert of the set as that user): %s",
-                 s->dir, s->jname, s->dir, strerror(e));
+                 s->dir, s->jname, s->dir, why ? why : strerror(e));
   close(s->fd);
   s->fd = -1;
   return rc;
@@ -399,13 +411,25 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
   for (int tries = 0; tries < 100; tries++) {
     s->fd = openat(s->dirfd, s->jname, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (s->fd < 0 && !writer && (errno == EACCES || errno == EROFS))
-      return read_only_reader(s, err);
+      return read_only_reader(s, NULL, err);
     if (s->fd < 0) {
       if (errno == ENOENT)
         return 0;
       int e = errno;
       return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s", s->dir,
                      s->jname, strerror(e));
+    }
+    struct stat st;
+    if (fstat(s->fd, &st) != 0 || !made_by_us(&st, true)) {
+      close(s->fd);
+      s->fd = -1;
+      if (writer)
+        return bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+                       "%s/%s: the journal is not this user's or root's, or others may write it: "
+                       "it is not applied (its owner may complete it, or remove it)",
+                       s->dir, s->jname);
+      return read_only_reader(s, "the journal is not this user's or root's, or others may write it",
+                              err);
     }
     bool locked = flock(s->fd, LOCK_EX | LOCK_NB) == 0;
     if (!locked && !writer && read_all(s, &s->jb, err) == 0 && !committed_text(s, &s->jb))
@@ -418,12 +442,13 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
       return bs_fail(err, EBUSY, BS_OFF_NONE, NULL,
                      "%s/%s: another burnstore is writing this shard set right now", s->dir,
                      s->jname);
-    if (!still_ours(s)) {
+    if (!bs_fd_named(s->dirfd, s->jname, s->fd)) { /* a recoverer removed it meanwhile */
       close(s->fd);
       s->fd = -1;
       continue;
     }
-    if (read_all(s, &s->jb, err) != 0 || apply(s, (const char *)s->jb.data, s->jb.len, err) != 0)
+    if (read_all(s, &s->jb, err) != 0 ||
+        apply(s, (const char *)s->jb.data, s->jb.len, true, err) != 0)
       return -1;
     if (did)
       *did = true;
@@ -506,7 +531,8 @@ int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
               strerror(e));
       goto fail;
     }
-    if (s->fd >= 0 && (flock(s->fd, LOCK_EX | LOCK_NB) != 0 || !still_ours(s))) {
+    if (s->fd >= 0 &&
+        (flock(s->fd, LOCK_EX | LOCK_NB) != 0 || !bs_fd_named(s->dirfd, s->jname, s->fd))) {
       close(s->fd); /* a recoverer took it between our create and our lock */
       s->fd = -1;
     }
@@ -574,7 +600,7 @@ int bs_set_commit(struct bs_set *s, struct bs_atomic *files, size_t n, bs_err *e
    * recovery applies it, from the text just written. */
   for (size_t i = 0; i < n; i++)
     bs_atomic_release(&files[i]);
-  if (apply(s, (const char *)s->jb.data, s->jb.len, err) == 0)
+  if (apply(s, (const char *)s->jb.data, s->jb.len, false, err) == 0)
     rc = 0;
 out:
   set_close(s);

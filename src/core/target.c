@@ -96,7 +96,17 @@ static int run_dir_ok(const char *dir, bs_err *err)
 
 int bs_run_dir(char *out, size_t n, bs_err *err)
 {
-  if (geteuid() == 0) {
+  const char *own = getenv("BURNSTORE_RUN_DIR");
+  if (own && *own) {
+    /* Another run directory (tests, containers): the same checks. Only the
+     * burnstores that share one see each other's target locks. */
+    if (own[0] != '/' || snprintf(out, n, "%s", own) >= (int)n) {
+      out[0] = '\0';
+      return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                     "BURNSTORE_RUN_DIR=%.200s: not an absolute path that fits (%zu bytes)", own,
+                     n - 1);
+    }
+  } else if (geteuid() == 0) {
     snprintf(out, n, "/run/burnstore");
   } else {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
@@ -148,11 +158,11 @@ unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode)
   return mode;
 }
 
-static bool names_fd(const char *path, int fd)
+bool bs_fd_named(int dirfd, const char *name, int fd)
 {
   struct stat held, now;
-  return fstat(fd, &held) == 0 && lstat(path, &now) == 0 && held.st_dev == now.st_dev &&
-         held.st_ino == now.st_ino;
+  return fstat(fd, &held) == 0 && fstatat(dirfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+         held.st_dev == now.st_dev && held.st_ino == now.st_ino;
 }
 
 int bs_run_lock(const char *path)
@@ -169,7 +179,7 @@ int bs_run_lock(const char *path)
       errno = e;
       return -1;
     }
-    if (names_fd(path, fd))
+    if (bs_fd_named(AT_FDCWD, path, fd))
       return fd;
     close(fd);
   }
@@ -179,12 +189,12 @@ int bs_run_lock(const char *path)
 
 bool bs_run_holds(const char *path, int fd)
 {
-  return fd >= 0 && path[0] && names_fd(path, fd);
+  return fd >= 0 && path[0] && bs_fd_named(AT_FDCWD, path, fd);
 }
 
 bool bs_run_unlink(const char *path, int fd)
 {
-  return fd >= 0 && path[0] && names_fd(path, fd) && unlink(path) == 0;
+  return fd >= 0 && path[0] && bs_fd_named(AT_FDCWD, path, fd) && unlink(path) == 0;
 }
 
 /* dir/name: removed if nobody holds its lock (taken without creating it). */
@@ -193,10 +203,7 @@ static void remove_if_free(int dfd, const char *name)
   int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return;
-  struct stat held, now;
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 &&
-      fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && held.st_ino == now.st_ino &&
-      held.st_dev == now.st_dev)
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && bs_fd_named(dfd, name, fd))
     unlinkat(dfd, name, 0);
   close(fd);
 }

@@ -33,7 +33,8 @@ char *bs_abs_path(const char *p);
 BS_NODISCARD int bs_path_join_buf(char *buf, size_t n, const char *dir, const char *name,
                                   bs_err *err);
 
-/* RUN into out: /run/burnstore for root, else $XDG_RUNTIME_DIR/burnstore or
+/* RUN into out: $BURNSTORE_RUN_DIR if set (an absolute path), else
+ * /run/burnstore for root, else $XDG_RUNTIME_DIR/burnstore or
  * /tmp/burnstore-EUID; created 0700 if missing, and used only if it is a
  * real directory (not a symlink) of the effective user that no one else may
  * write to. 0, or -1 with err naming RUN and what is wrong with it. */
@@ -50,6 +51,10 @@ BS_NODISCARD int bs_run_path(const char *key, const char *suffix, char *out, siz
  * the file the path names now (a lock file its holder removed meanwhile is
  * opened again). The fd, or -1 with errno (EWOULDBLOCK: it is held). */
 int bs_run_lock(const char *path);
+/* Whether `name` (relative to dirfd, or AT_FDCWD; a symbolic link is not
+ * followed) still names fd's file (device and inode): a lock holder checks
+ * that no one removed or replaced the name between its open and its lock. */
+bool bs_fd_named(int dirfd, const char *name, int fd);
 /* Remove path if it still names fd's file (fd holding its lock); true if it
  * did. */
 bool bs_run_unlink(const char *path, int fd);

@@ -466,7 +466,8 @@ struct tw {
   bs_err *err;
 };
 
-static int cmp_byname(const void *a, const void *b, void *c)
+/* qsort_r's order of catalog indices (c: the catalog) by tensor name. */
+static int cmp_name(const void *a, const void *b, void *c)
 {
   const struct bs_catalog *cat = c;
   return strcmp(cat->tensors[*(const size_t *)a].name, cat->tensors[*(const size_t *)b].name);
@@ -682,9 +683,11 @@ static void tw_destroy(struct tw *w)
   bs_free(w->st);
 }
 
-/* Pass 1 of root against cat (hidden tensors ignored). */
+/* Pass 1 of root against cat (hidden tensors ignored). `sorted`: cat's
+ * tensors that are not hidden, sorted by cmp_name (plan's), or NULL to sort
+ * them here. */
 static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_pv *root,
-                   bool *fixed, bs_err *err)
+                   const size_t *sorted, bool *fixed, bs_err *err)
 {
   memset(w, 0, sizeof *w);
   w->cat = cat;
@@ -707,7 +710,10 @@ static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_p
     if (!cat->tensors[i].hidden)
       w->byname[w->nby++] = i;
   }
-  qsort_r(w->byname, w->nby, sizeof *w->byname, cmp_byname, (void *)cat);
+  if (sorted)
+    memcpy(w->byname, sorted, w->nby * sizeof *w->byname);
+  else
+    qsort_r(w->byname, w->nby, sizeof *w->byname, cmp_name, (void *)cat);
   if (root->kind != BS_PV_DICT)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
                    "its pickle holds a %s, not a dict (a state dict or a checkpoint)",
@@ -720,7 +726,7 @@ static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_p
 static int tw_same_names(const struct bs_catalog *src_cat, const struct bs_pv *root, bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, src_cat, root, NULL, err);
+  int rc = tw_init(&w, src_cat, root, NULL, NULL, err);
   for (size_t i = 0; rc == 0 && i < src_cat->count; i++)
     if (w.hits[i] != 1)
       rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
@@ -732,12 +738,13 @@ static int tw_same_names(const struct bs_catalog *src_cat, const struct bs_pv *r
   return rc;
 }
 
-/* Pass 2: the pickle of the tree with cat's tensors, and their order. */
-static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, struct pk *p,
-                     size_t **order, size_t *n, bs_err *err)
+/* Pass 2: the pickle of the tree with cat's tensors, and their order
+ * (sorted: as tw_init takes it). */
+static int tw_pickle(const struct bs_catalog *cat, const struct bs_pv *root, const size_t *sorted,
+                     struct pk *p, size_t **order, size_t *n, bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, cat, root, NULL, err);
+  int rc = tw_init(&w, cat, root, sorted, NULL, err);
   for (size_t i = 0; rc == 0 && i < w.nby; i++) { /* the tensors no path names: their dicts */
     size_t t = w.byname[i], best = 0;
     const char *name = cat->tensors[t].name;
@@ -772,7 +779,7 @@ int bs_pth_keep_fixed(const struct bs_pth_keep *keep, const struct bs_catalog *c
                       bs_err *err)
 {
   struct tw w;
-  int rc = tw_init(&w, cat, keep->root, fixed, err);
+  int rc = tw_init(&w, cat, keep->root, NULL, fixed, err);
   tw_destroy(&w);
   return rc;
 }
@@ -1027,14 +1034,10 @@ static void archive_prefix(const char *path, char *buf, size_t cap)
   buf[n] = '\0';
 }
 
-static int cmp_name(const void *a, const void *b, void *c)
-{
-  const struct bs_catalog *cat = c;
-  return strcmp(cat->tensors[*(const size_t *)a].name, cat->tensors[*(const size_t *)b].name);
-}
-
-/* Every tensor to write, in catalog order, checked; names unique. */
-static int plan(const struct bs_catalog *cat, size_t **order, size_t *n, bs_err *err)
+/* Every tensor to write, in catalog order, checked; names unique. *sorted
+ * (if not NULL): the same, sorted by cmp_name (owned by the caller). */
+static int plan(const struct bs_catalog *cat, size_t **order, size_t **sorted, size_t *n,
+                bs_err *err)
 {
   size_t cnt = 0;
   for (size_t i = 0; i < cat->count; i++)
@@ -1069,11 +1072,15 @@ static int plan(const struct bs_catalog *cat, size_t **order, size_t *n, bs_err 
         rc = bs_fail(err, EINVAL, BS_OFF_NONE, cat->tensors[byname[i]].name,
                      "two tensors to write have this name; a state dict's keys must be unique");
   }
-  bs_free(byname);
   if (rc != 0) {
+    bs_free(byname);
     bs_free(o);
     return -1;
   }
+  if (sorted)
+    *sorted = byname;
+  else
+    bs_free(byname);
   *order = o;
   *n = cnt;
   return 0;
@@ -1102,19 +1109,19 @@ int bs_pth_write_kept(const struct bs_catalog *cat, const struct bs_pth_keep *ke
                       struct bs_sink *k, bs_err *err)
 {
   char prefix[256], name[512];
-  size_t *order = NULL, n = 0;
+  size_t *order = NULL, *sorted = NULL, n = 0;
   uint8_t *chunk = NULL;
   struct pk p;
   struct zw z = {.k = k, .prefix = prefix};
   int rc = -1;
   memset(&p, 0, sizeof p);
   archive_prefix(k->name, prefix, sizeof prefix);
-  if (plan(cat, &order, &n, err) != 0)
+  if (plan(cat, &order, keep ? &sorted : NULL, &n, err) != 0)
     goto out;
   if (keep) { /* the source's pickle, its tensors replaced: another order */
     bs_free(order);
     order = NULL;
-    if (tw_pickle(cat, keep->root, &p, &order, &n, err) != 0)
+    if (tw_pickle(cat, keep->root, sorted, &p, &order, &n, err) != 0)
       goto out;
   } else if (make_pickle(cat, order, n, &p, err) != 0)
     goto out;
@@ -1146,6 +1153,7 @@ int bs_pth_write_kept(const struct bs_catalog *cat, const struct bs_pth_keep *ke
 out:
   bs_free(chunk);
   bs_free(order);
+  bs_free(sorted);
   bs_free(z.m);
   bs_buf_destroy(&p.b);
   return rc;

@@ -493,9 +493,15 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
   int lfd = fd >= 0 && lpath[0] ? open(lpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
   int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
-   * writes back: just wait for it. */
+   * writes back: just wait for it. Once it has exited nothing of it is left
+   * to wait for nor to report: exit 1, as umount(8) and fusermount3 -u do
+   * for a path that is not mounted, saying where its result went. */
   if (fd < 0 && !bs_is_mounted(mnt)) {
-    fprintf(stderr, PROG ": %s is not mounted\n", mnt);
+    fprintf(stderr,
+            PROG ": %s is not mounted, and no burnstore of it is left to wait for (after umount "
+                 "or fusermount3 -u a write-back reports to syslog, and a failed one also to the "
+                 "log of the staging directory it keeps)\n",
+            mnt);
     bs_free(mnt);
     return 1;
   }
@@ -567,11 +573,9 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
      * daemon of this mountpoint waits for that lock before it makes its
      * own), then the status file. */
     if (bs_run_holds(spath, fd)) {
-      char ppath[PATH_MAX + 16];
-      snprintf(ppath, sizeof ppath, "%s.progress", spath);
       if (lpath[0])
         unlink(lpath);
-      unlink(ppath);
+      fs_progress_remove(spath);
       bs_run_unlink(spath, fd);
     }
   }
@@ -1266,12 +1270,10 @@ static void run_files_remove(struct run *r)
   /* Only the holder of the status lock owns the log and progress files: a
    * mount refused because another daemon serves the mountpoint must not
    * remove that daemon's log. */
-  char ppath[PATH_MAX + 16];
-  snprintf(ppath, sizeof ppath, "%s.progress", r->spath);
   if (r->sfd >= 0) {
     if (r->lpath[0])
       unlink(r->lpath);
-    unlink(ppath);
+    fs_progress_remove(r->spath);
   }
   if (r->tfd >= 0)
     bs_target_unlock(r->tfd);

@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,27 @@
 #include "burnstore/sink.h"
 #include "core/progress.h"
 #include "fs_views.h"
+
+#define PROGRESS_PATH_MAX (PATH_MAX + 16)
+
+/* STATUS.progress into path; false (path "") if it would not fit: never a
+ * cut path, which could name another file. */
+static bool progress_path(const char *status_path, char path[PROGRESS_PATH_MAX])
+{
+  int n = snprintf(path, PROGRESS_PATH_MAX, "%s.progress", status_path);
+  if (n < 0 || n >= PROGRESS_PATH_MAX) {
+    path[0] = '\0';
+    return false;
+  }
+  return true;
+}
+
+void fs_progress_remove(const char *status_path)
+{
+  char path[PROGRESS_PATH_MAX];
+  if (progress_path(status_path, path))
+    unlink(path);
+}
 
 static struct {
   int fd;
@@ -49,8 +72,9 @@ static void observe(void *ctx, uint64_t n)
 
 void fs_progress_init(const char *status_path)
 {
-  char path[4200];
-  snprintf(path, sizeof path, "%s.progress", status_path);
+  char path[PROGRESS_PATH_MAX];
+  if (!progress_path(status_path, path))
+    return;
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0)
     close(fd);
@@ -58,15 +82,15 @@ void fs_progress_init(const char *status_path)
 
 int fs_progress_open(const char *status_path)
 {
-  char path[4200];
-  snprintf(path, sizeof path, "%s.progress", status_path);
-  return open(path, O_RDONLY | O_CLOEXEC);
+  char path[PROGRESS_PATH_MAX];
+  return progress_path(status_path, path) ? open(path, O_RDONLY | O_CLOEXEC) : -1;
 }
 
 void fs_progress_begin(struct fs *fs, const char *status_path)
 {
-  char path[4200];
-  snprintf(path, sizeof path, "%s.progress", status_path);
+  char path[PROGRESS_PATH_MAX];
+  if (!progress_path(status_path, path))
+    return;
   uint64_t total = 0;
   for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
     const struct bs_node *nd = &fs->tree.nodes[ino];

@@ -27,8 +27,9 @@ int fs_npy_read(const struct fs *fs, const struct bs_tensor *t, size_t size, uin
  * waiter: wait for the daemon's lock on the status file (fd), drawing a
  * progress line when stderr is a terminal (or as mode says), from progress_fd
  * (fs_progress_open, before the unmount). */
-void fs_progress_init(const char *status_path); /* the empty file, at mount */
-int fs_progress_open(const char *status_path);  /* the waiter's fd on it, or -1 */
+void fs_progress_init(const char *status_path);   /* the empty file, at mount */
+int fs_progress_open(const char *status_path);    /* the waiter's fd on it, or -1 */
+void fs_progress_remove(const char *status_path); /* unlink it (its holder's, or a dead one's) */
 void fs_progress_begin(struct fs *fs, const char *status_path);
 void fs_progress_end(void);
 void fs_progress_wait(int fd, int progress_fd, int mode); /* mode: BS_PROGRESS_* */

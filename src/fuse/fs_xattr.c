@@ -21,8 +21,7 @@ static void unlock_e(struct bs_entry *e);
  * is written back as tensor NAME (core/edit.c, add_npy). */
 static bool staged_npy(struct fs *fs, const struct fs_ref *r, const char *key)
 {
-  size_t kl = strlen(key);
-  if (!r->e || kl <= 4 || strcmp(key + kl - 4, ".npy") != 0)
+  if (!r->e || !bs_npy_name(key, strlen(key)))
     return false;
   bool npy = false;
   lock_rd(r->e);

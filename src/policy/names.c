@@ -5,6 +5,7 @@
 
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/npy.h"
 
 /* Lookups one check may spend under the tree lock. The walk below visits
  * each node whose key is a prefix of the key at most once, trying each dot
@@ -101,7 +102,7 @@ int bs_name_check(const struct bs_tree *t, bool flat, const struct bs_writer *w,
     key[pl++] = '.';
   memcpy(key + pl, seg, sl + 1);
   size_t kl = pl + sl;
-  bool npy = !is_dir && kl > 4 && strcmp(key + kl - 4, ".npy") == 0;
+  bool npy = !is_dir && bs_npy_name(key, kl);
   if (npy)
     key[kl - 4] = '\0'; /* np.save's NAME.npy becomes tensor NAME */
   if (w && w->name_ok(key, err) != 0)

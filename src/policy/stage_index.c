@@ -123,6 +123,8 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
   putf(&o, "\nformat\t%s\n", bs_format_name(idx->format));
   if (idx->max_shard_size)
     putf(&o, "max_shard_size\t%llu\n", (unsigned long long)idx->max_shard_size);
+  if (idx->has_mode)
+    putf(&o, "mode\t%04o\n", idx->mode & 0666);
   if (idx->has_output_as)
     putf(&o, "output_as\t%s\n", bs_dtype_name(idx->output_as));
   if (idx->ck.path && idx->ck.remote) { /* a URL: its validators are in its src records */
@@ -541,6 +543,15 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
         !bs_encode_ok(idx->output_as))
       return perr(err, l, "bad output_as (F32, F16 or BF16, once)");
     idx->has_output_as = true;
+  } else if (strcmp(r, "mode") == 0 && l->n == 2) {
+    const char *m = l->f[1];
+    unsigned v = 0;
+    for (; *m >= '0' && *m <= '7' && m - l->f[1] < 4; m++)
+      v = v * 8 + (unsigned)(*m - '0');
+    if (idx->has_mode || *m || m == l->f[1] || (v & ~0666u))
+      return perr(err, l, "bad mode (octal, within 0666, once)");
+    idx->has_mode = true;
+    idx->mode = v;
   } else if (strcmp(r, "checkpoint") == 0 && l->n == 8) {
     int64_t ns, sec;
     if (idx->ck.path || unescape(l->f[1]) != 0 || l->f[1][0] != '/' ||

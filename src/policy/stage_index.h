@@ -61,6 +61,8 @@ struct bs_stage_index {
   uint64_t max_shard_size; /* the write's bs_write_opts (0: none) */
   bool has_output_as;      /* "output_as DT": the tensors are written as DT (writeback.h) */
   enum bs_dtype output_as;
+  bool has_mode; /* and its mode for a new target (an INDEX of */
+  unsigned mode; /* before the record has none) */
   struct bs_stage_checkpoint ck;
   struct bs_stage_src *srcs; /* what out.srcs must be, in order */
   size_t nsrcs, ncksrcs;     /* ncksrcs: the first ones come from the checkpoint */

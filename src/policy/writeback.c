@@ -74,13 +74,10 @@ static int staging_try(char *tmpl, int *dirfd, int *lock)
     return -e;
   }
   int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  struct stat held, now;
   /* Another writer removing dead daemons' empty staging directories
    * (bs_staging_sweep) may take or remove this one between the create and
    * the lock: then try a new one. */
-  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &held) == 0 &&
-            fstatat(fd, BS_STAGE_LOCK_NAME, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-            held.st_ino == now.st_ino;
+  bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && bs_fd_named(fd, BS_STAGE_LOCK_NAME, lk);
   if (!ok) {
     int e = lk >= 0 ? EAGAIN : errno;
     if (lk >= 0)
@@ -193,6 +190,8 @@ static int index_head(const struct bs_wb *wb, struct bs_stage_index *idx, bs_err
   idx->max_shard_size = wb->opts.max_shard_size;
   idx->has_output_as = wb->has_output_as;
   idx->output_as = wb->output_as;
+  idx->has_mode = wb->opts.has_mode;
+  idx->mode = wb->opts.mode & 0666;
   idx->ncksrcs = src->nsrcs;
   const char *reopen = NULL;
   if (src->nsrcs && bs_src_remote(&src->srcs[0], &reopen, NULL)) {
@@ -649,12 +648,14 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
             bs_format_name(idx.format));
     goto out;
   }
-  /* A new target is as private as the checkpoint (the INDEX does not
-   * record its mode: stat it, it is there to read from; if that fails,
-   * owner-only); a new checkpoint's (no source) is 0644, as the mount's. */
-  struct bs_write_opts wo = {.max_shard_size = idx.max_shard_size};
+  /* A new target gets the mode the mount's write-back would have given it,
+   * which the INDEX records (a new checkpoint's: none, 0644). An INDEX of
+   * before that record: as private as the checkpoint is now (owner-only if
+   * it cannot be stat'd). */
+  struct bs_write_opts wo = {
+      .max_shard_size = idx.max_shard_size, .has_mode = idx.has_mode, .mode = idx.mode};
   struct stat ck;
-  if (idx.ck.path && !idx.ck.remote) { /* (a URL's: the default, as at the mount) */
+  if (!idx.has_mode && idx.ck.path && !idx.ck.remote) { /* (a URL's: the default) */
     wo.has_mode = true;
     wo.mode = stat(idx.ck.path, &ck) == 0
                   ? bs_sources_mode(&idx.cat, idx.ncksrcs, ck.st_mode) & 0666

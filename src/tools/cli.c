@@ -535,6 +535,32 @@ static bool as_double(enum bs_dtype dt, const uint8_t *p, double *out)
   }
 }
 
+/* The bytes of the smallest run of whole elements of a `bits`-bit type
+ * (F6: 3 bytes of 4 elements). */
+static size_t sub_group(unsigned bits)
+{
+  unsigned g = bits, h = 8;
+  while (h) { /* gcd(bits, 8) */
+    unsigned t = g % h;
+    g = h;
+    h = t;
+  }
+  return bits / g;
+}
+
+/* How many `bits`-bit elements differ between two groups of n bytes
+ * (n <= 8: sub_group's), element k in bits k*bits.. of the little-endian
+ * group. */
+static uint64_t sub_diff(const uint8_t *a, const uint8_t *b, size_t n, unsigned bits)
+{
+  uint64_t x = 0, mask = (1ull << bits) - 1, count = 0;
+  for (size_t k = 0; k < n; k++)
+    x |= (uint64_t)(a[k] ^ b[k]) << (8 * k);
+  for (size_t e = 0; e < n * 8 / bits; e++)
+    count += (x >> (e * bits) & mask) != 0;
+  return count;
+}
+
 struct cmp {
   uint64_t diff_bytes, diff_elems; /* diff_elems: blocks, for a block type */
   double maxabs;
@@ -557,10 +583,11 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
   unsigned bits = bs_dtype_bits(ta->dtype);
   uint32_t belems, bbytes;
   /* A block type (ggml's quantized types) is compared block by block: its
-   * elements have no bytes of their own. */
-  size_t esz = bs_dtype_block(ta->dtype, &belems, &bbytes) ? bbytes
-               : bits >= 8 && bits % 8 == 0                ? bits / 8
-                                                           : 1;
+   * elements have no bytes of their own. A sub-byte type (F4: 2 elements a
+   * byte, F6: 4 in 3 bytes) by the bytes that hold a whole number of
+   * elements, then element by element (first element in the low bits). */
+  bool block = bs_dtype_block(ta->dtype, &belems, &bbytes), sub = !block && bits && bits % 8;
+  size_t esz = block ? bbytes : sub ? sub_group(bits) : bits >= 8 ? bits / 8 : 1;
   size_t chunk = CHUNK / esz * esz;
   for (uint64_t off = 0; off < ta->nbytes;) {
     size_t want = (size_t)(ta->nbytes - off < chunk ? ta->nbytes - off : chunk);
@@ -575,10 +602,11 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
     }
     if (memcmp(a, b, want) != 0) {
       for (size_t i = 0; i < want; i += esz) {
-        if (memcmp(a + i, b + i, esz) == 0)
+        size_t n = want - i < esz ? want - i : esz;
+        if (memcmp(a + i, b + i, n) == 0)
           continue;
-        c->diff_elems++;
-        for (size_t k = 0; k < esz; k++)
+        c->diff_elems += sub ? sub_diff(a + i, b + i, n, bits) : 1;
+        for (size_t k = 0; k < n; k++)
           c->diff_bytes += a[i + k] != b[i + k];
         double x, y;
         if (esz > 1 || bits == 8) {

@@ -72,6 +72,21 @@ def is_mounted(path):
         return any(unesc(line.split()[1]) == path for line in f)
 
 
+def fnv1a(s):
+    """FNV-1a 64 of a str's UTF-8 bytes, as hex (bs_fnv1a_str)."""
+    h = 1469598103934665603
+    for c in s.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def run_path(key, suffix):
+    """RUN/<FNV-1a 64 of key><suffix>: a runtime file of root's (the status,
+    log, progress and target files: bs_run_path), RUN $BURNSTORE_RUN_DIR or
+    /run/burnstore."""
+    return "%s/%s%s" % (os.environ.get("BURNSTORE_RUN_DIR") or "/run/burnstore", fnv1a(key), suffix)
+
+
 def daemon_pids(mnt):
     """PIDs of the burnstore processes whose command line names mnt."""
     out = []
@@ -213,12 +228,12 @@ def vmhwm_kb(pid):
 
 
 @contextlib.contextmanager
-def foreground_mount(source, mnt, opts, env=None):
-    """burnstore SOURCE MNT -f -o OPTS as a child (for its /proc entry):
+def foreground_mount(source, mnt, opts=None, env=None):
+    """burnstore SOURCE MNT -f [-o OPTS] as a child (for its /proc entry):
     yields the Popen once mounted; always unmounts and reaps it (its
     returncode and stderr stay readable afterwards)."""
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([BIN, source, mnt, "-f", "-o", opts], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([BIN, source, mnt, "-f"] + (["-o", opts] if opts else []), stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, env=env)
     try:
         end = time.time() + DEADLINE

@@ -362,13 +362,32 @@ def test_help(tmp):
         check('"burnstore %s"' % version in th, "docs/%s says version %s: %r" % (page, version, th))
 
 
+def test_diff_sub_byte(tmp):
+    """diff counts the elements of F4 (2 a byte) and F6 (4 in 3 bytes) that
+    differ, not their bytes. The changed bits are chosen so that the count
+    is the same whichever end of a byte holds the first element."""
+    a, b = os.path.join(tmp, "sub-a.safetensors"), os.path.join(tmp, "sub-b.safetensors")
+    f4, f6 = bytes(4), bytes(6)
+    write_st(a, {"f4": ("F4", [8], f4), "f6": ("F6_E2M3", [8], f6), "f6b": ("F6_E3M2", [4], f6[:3])}, {})
+    # F4: both halves of byte 0, one half of byte 2: 3 elements in 2 bytes.
+    # F6: bits 0 and 7 of byte 0, bits 0 and 7 of byte 1: elements 0, 1, 2 in 2 bytes.
+    g4 = bytes([0x81, 0, 0x10, 0])
+    g6 = bytes([0x81, 0x81, 0, 0, 0, 0])
+    write_st(b, {"f4": ("F4", [8], g4), "f6": ("F6_E2M3", [8], g6), "f6b": ("F6_E3M2", [4], bytes([0, 0, 0x80]))}, {})
+    r = run([BIN, "diff", a, b])
+    lines = sorted(r.stdout.splitlines())
+    check(r.returncode == 1 and lines == ["differs: f4: 3 elements, 2 bytes", "differs: f6: 3 elements, 2 bytes",
+                                          "differs: f6b: 1 elements, 1 bytes"],
+          "diff counts sub-byte elements: %d %r %s" % (r.returncode, lines, r.stderr))
+
+
 def main():
     with tmpdir("cli") as tmp:
         sd = make_state()
         pth = os.path.join(tmp, "a.pth")
         torch.save(sd, pth)
         for t in (lambda: test_ls_info_cat(tmp, sd, pth), lambda: test_info_meta(tmp),
-                  lambda: test_diff(tmp, sd, pth), lambda: test_stdout_write_errors(tmp, pth),
+                  lambda: test_diff(tmp, sd, pth), lambda: test_diff_sub_byte(tmp), lambda: test_stdout_write_errors(tmp, pth),
                   lambda: test_convert(tmp, sd, pth), lambda: test_info_details(tmp, pth),
                   lambda: test_help(tmp), lambda: test_unmount_progress(tmp)):
             try:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, key_to_relpath,
+from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, is_mounted, key_to_relpath,
                      SANITIZE, mem_limit_kb, run, run_tests, tensor_files, xattrs)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
@@ -211,23 +211,12 @@ def test_refusal_reason_reaches_the_user_without_syslog(tmp):
     check(r.returncode == 1 and "no burnstore daemon serves it" in r.stderr,
           "status of an unmounted directory: %d %r" % (r.returncode, r.stderr))
     # In the foreground, on stderr.
-    p = subprocess.Popen([BIN, "-f", "-o", "rw", src, mnt], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    try:
-        end = time.time() + 30
-        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
-        if check(is_mounted(mnt), "foreground mount"):
+    with foreground_mount(src, mnt, "rw") as p:
+        if is_mounted(mnt):
             run(["setfattr", "-n", META + "t.u8", "-v", "256", mnt])
-            run(["fusermount3", "-u", mnt])
-        _, err = p.communicate(timeout=60)
-        check(META + "t.u8" in err.decode() and "refused" in err.decode(),
-              "-f: the refusal on stderr: %r" % err)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        force_unmount(mnt)
+    err = p.stderr.read()
+    check(META + "t.u8" in err.decode() and "refused" in err.decode(),
+          "-f: the refusal on stderr: %r" % err)
 
 
 def test_remove_and_add_tensors(tmp):

@@ -14,22 +14,13 @@ import subprocess
 import time
 
 from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, immutable, is_mounted, read_bpk,
-                     run,
-                     tmpdir, run_tests, wait_gone)
+                     run, run_path, tmpdir, run_tests, wait_gone)
 
 
 def sh(cmd, cwd):
     r = subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, "`%s`: %s" % (cmd, r.stderr.strip()))
     return r
-
-
-def run_path(key, suffix):
-    """/run/burnstore/<FNV-1a 64 of key><suffix> (we run as root)."""
-    h = 1469598103934665603
-    for c in key.encode():
-        h = ((h ^ c) * 1099511628211) % 2 ** 64
-    return "/run/burnstore/%016x%s" % (h, suffix)
 
 
 def status(mnt):
@@ -197,9 +188,33 @@ def runtime_files(*keys):
 
 
 def test_runtime_files_live_with_their_daemon(tmp):
-    """/run/burnstore holds a mount's files only while its daemon lives: a
+    """The run directory holds a mount's files only while its daemon lives: a
     clean unmount (fusermount3 -u, burnstore -u; read-only and writable)
-    removes them; a killed daemon's are removed by the next start."""
+    removes them; a killed daemon's are removed by the next start. The test
+    has a run directory of its own (BURNSTORE_RUN_DIR), so that a burnstore
+    started meanwhile by anyone else (another test) sweeps its own: a
+    bystander started between a kill and the check shows it."""
+    os.environ["BURNSTORE_RUN_DIR"] = os.path.join(tmp, "run")
+    try:
+        runtime_files_live_with_their_daemon(tmp)
+    finally:
+        del os.environ["BURNSTORE_RUN_DIR"]
+    check(not os.path.exists(os.path.join(tmp, "run")) or os.listdir(os.path.join(tmp, "run")) == [],
+          "nothing left in the test's run directory")
+    # The override keeps bs_run_dir's checks: an absolute path, a directory
+    # of the user that no one else may write.
+    src, out = os.path.join(tmp, "rt.bpk"), os.path.join(tmp, "rt-env.safetensors")
+    theirs = os.path.join(tmp, "run-theirs")
+    os.makedirs(theirs)
+    os.chown(theirs, 65534, 65534)
+    for val, why in (("relative/run", "not an absolute path"), (theirs, "belongs to uid 65534")):
+        r = run([BIN, "convert", "-q", src, out], env=dict(os.environ, BURNSTORE_RUN_DIR=val))
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode != 0 and len(lines) == 1 and why in lines[0] and not os.path.exists(out),
+              "BURNSTORE_RUN_DIR=%s is refused in one line: %d %r" % (val, r.returncode, r.stderr))
+
+
+def runtime_files_live_with_their_daemon(tmp):
     src = os.path.join(tmp, "rt.bpk")
     mnt = os.path.join(tmp, "rt")
     with Mount(src, mnt) as m:
@@ -250,6 +265,18 @@ def test_runtime_files_live_with_their_daemon(tmp):
                 os.kill(pid, 9)
                 wait_gone(pid)
             force_unmount(mnt)
+        # Another burnstore starts, in the default run directory: it sweeps
+        # that one, not this test's.
+        env = {k: v for k, v in os.environ.items() if k != "BURNSTORE_RUN_DIR"}
+        by = os.path.join(tmp, "rt-bystander")
+        os.makedirs(by, exist_ok=True)
+        try:
+            r = run([BIN, src, by, "-o", "ro"], env=env)
+            check(r.returncode == 0, "a bystander's mount: %s" % r.stderr)
+            r = run([BIN, "-u", by], env=env)
+            check(r.returncode == 0, "a bystander's -u: %s" % r.stderr)
+        finally:
+            force_unmount(by)
         left = runtime_files(mnt, src)
         check(len(left) >= 2, "a killed daemon leaves its files: %r" % left)
     stg = lambda: set(glob.glob(os.path.join(tmp, ".rt.bpk.staging-*")))
@@ -454,6 +481,27 @@ def test_index_on_full_staging(tmp):
         run(["umount", small])
 
 
+def test_unmount_after_umount(tmp):
+    """burnstore -u of a mount already unmounted with umount(8) whose daemon
+    has finished: nothing is left to unmount nor to wait for. It exits 1, as
+    umount(8) and fusermount3 -u do for a path that is not mounted, in one
+    line that says where that daemon's result went."""
+    out = os.path.join(tmp, "after-umount.bpk")
+    mnt = os.path.join(tmp, "after-umount")
+    with Mount(out, mnt):
+        sh("printf abcd > t", mnt)
+        pid = daemon_pid(os.path.realpath(mnt))
+        r = run(["umount", mnt])
+        check(r.returncode == 0, "umount: %s" % r.stderr)
+        wait_gone(pid)
+        u = run([BIN, "-u", mnt])
+        lines = u.stderr.strip().splitlines()
+        check(u.returncode == 1 and len(lines) == 1 and "is not mounted" in lines[0] and "syslog" in lines[0]
+              and "staging" in lines[0], "-u after umount: exit 1, one line saying where the result went: %d %r"
+              % (u.returncode, u.stderr))
+    check(read_bpk(out)[0].get("t", (0, 0, b""))[2] == b"abcd", "the daemon wrote back after umount")
+
+
 if __name__ == "__main__":
     run_tests("test_lifecycle", [
         test_relative_paths,
@@ -466,4 +514,5 @@ if __name__ == "__main__":
         test_finish_after_failure,
         test_finish_after_the_rename,
         test_index_on_full_staging,
+        test_unmount_after_umount,
     ], "life")

@@ -14,9 +14,8 @@ import struct
 import sys
 
 import subprocess
-import time
 
-from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk,
+from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, is_mounted, read_bpk,
                      read_safetensors, run, run_tests)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
@@ -224,21 +223,9 @@ def test_refusal_is_logged(tmp):
     """The daemon says why, in one line of its log (stderr with -f)."""
     mnt = os.path.join(tmp, "log-mnt")
     os.makedirs(mnt)
-    p = subprocess.Popen([BIN, "-f", os.path.join(tmp, "log.safetensors"), mnt],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        end = time.monotonic() + DEADLINE
-        while not is_mounted(mnt) and p.poll() is None and time.monotonic() < end:
-            time.sleep(0.05)
-        check(is_mounted(mnt), "foreground mount")
+    with foreground_mount(os.path.join(tmp, "log.safetensors"), mnt) as p:
         expect(lambda: tensor(os.path.join(os.fsencode(mnt), b"caf\xe9")), errno.EINVAL, "create caf\\xe9")
-        run(["fusermount3", "-u", mnt])
-        _, err = p.communicate(timeout=DEADLINE)
-    finally:
-        force_unmount(mnt)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    err = p.stderr.read()
     lines = [l for l in err.decode(errors="replace").splitlines() if "refused" in l]
     check(len(lines) == 1 and "create 'caf\\xe9' refused" in lines[0] and "not valid UTF-8" in lines[0],
           "one log line says why: %r" % err)

@@ -14,8 +14,8 @@ import shutil
 import stat
 import subprocess
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, is_mounted, read_bpk, read_safetensors,
-                     run, run_tests, write_safetensors)
+from bsmount import (BIN, SOURCE_DIR, Mount, check, fnv1a, force_unmount, is_mounted, read_bpk, read_safetensors,
+                     run, run_path, run_tests, write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY_UID = 65534
@@ -316,13 +316,6 @@ def test_chmod_chown_created(tmp):
     check(st.st_uid == 0, "the output stays root's")
 
 
-def fnv1a(s):
-    h = 1469598103934665603
-    for ch in s.encode():
-        h = ((h ^ ch) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-    return "%016x" % h
-
-
 def test_private_modes(tmp):
     """A private source in a shared staging directory: the staging
     directory is 0700 and its files 0600; the status file and its directory
@@ -353,7 +346,7 @@ def test_private_modes(tmp):
             st = os.stat(os.path.join(sdir, f))
             check(stat.S_IMODE(st.st_mode) & 0o077 == 0 and st.st_uid == 0,
                   "staging file %s: %o uid %d" % (f, stat.S_IMODE(st.st_mode), st.st_uid))
-        status = "/run/burnstore/%s.status" % fnv1a(os.path.realpath(mnt))
+        status = run_path(os.path.realpath(mnt), ".status")
         check(os.path.exists(status), "the status file %s exists" % status)
         for p in ("/run/burnstore", status):
             st = os.stat(p)
@@ -486,10 +479,11 @@ def test_new_output_modes(tmp):
         os.umask(old_umask)
 
 
-def finish_after_failed_writeback(d, src, outdir, name, change):
+def finish_after_failed_writeback(d, src, outdir, name, change, before_finish=None):
     """Mount src with output=outdir/name (src None: a new checkpoint there),
     change the tree, make the write-back fail (outdir a read-only tmpfs),
-    then --finish it with outdir writable again: the output's path, or None."""
+    call before_finish(), then --finish it with outdir writable again: the
+    output's path, or None."""
     stg = os.path.join(d, "stg-" + name)
     os.makedirs(stg)
     mnt = os.path.join(d, "mnt-" + name)
@@ -504,15 +498,18 @@ def finish_after_failed_writeback(d, src, outdir, name, change):
     left = os.listdir(stg)
     if not check(len(left) == 1, "%s: the staging is kept: %s" % (name, left)):
         return None
+    if before_finish:
+        before_finish()
     r = run([BIN, "--finish", os.path.join(stg, left[0])])
     check(r.returncode == 0, "%s: --finish: %s" % (name, r.stderr))
     return out
 
 
 def test_finish_modes(tmp):
-    """--finish gives a new target its checkpoint's mode (the checkpoint
-    is there: --finish reads its clean tensors); a new checkpoint (no
-    source) gets 0644 & ~umask, as the write-back would have given it."""
+    """--finish gives a new target the mode the mount's write-back would
+    have given it (the INDEX records it): its checkpoint's mode at mount,
+    even when the checkpoint's mode changed since; a new checkpoint (no
+    source) gets 0644 & ~umask."""
     old_umask = os.umask(0o022)
     d = shared_dir(tmp, "finishmodes")
     outdir = os.path.join(d, "out")
@@ -534,6 +531,13 @@ def test_finish_modes(tmp):
         if out:
             check(mode_of(out) == 0o640, "--finish of a 0640 checkpoint: %o" % mode_of(out))
             check(sorted(read_bpk(out)[0]) == ["a", "c", "n"], "--finish wrote the tensors")
+        # The checkpoint was 0600 at mount: opened to 0644 before --finish,
+        # the output still gets 0600, as the write-back would have made it.
+        os.chmod(src, 0o600)
+        out = finish_after_failed_writeback(d, src, outdir, "private.bpk", add_one,
+                                            lambda: os.chmod(src, 0o644))
+        if out:
+            check(mode_of(out) == 0o600, "--finish of a checkpoint 0600 at mount, 0644 now: %o" % mode_of(out))
         out = finish_after_failed_writeback(d, None, outdir, "fresh.bpk", add_one)
         if out:
             check(mode_of(out) == 0o644, "--finish of a new checkpoint: %o" % mode_of(out))
@@ -665,6 +669,78 @@ def test_stale_journal_does_not_stop_other_readers(tmp):
     check(os.path.exists(journal), "the journal is left for a writer")
     r = run([BIN, "ls", index])
     check(r.returncode == 0 and not os.path.exists(journal), "its owner's ls rolls it back: %s" % r.stderr)
+    # The killed convert could not remove its target lock's file, and no
+    # mount follows here to sweep it: the test does, leaving nothing behind.
+    lock = run_path(os.path.join(os.path.realpath(d), "model.safetensors"), ".target")
+    check(os.path.exists(lock), "the killed convert left its target lock's file %s" % lock)
+    if os.path.exists(lock):
+        os.unlink(lock)
+
+
+def planted_journal(index, tmp_name, final, old):
+    """A committed set journal's text that renames tmp_name over final and
+    removes old (the format of src/core/set_journal.h)."""
+    text = "burnstore-set-journal 1\nindex\t%s\nnew\t%s\nnew\t%s\nold\t%s\nprepared\nrename\t%s\t%s\n" % (
+        index, index, final, old, tmp_name, final)
+    return text + "commit\t%s\n" % fnv1a(text)
+
+
+def test_planted_journal_is_not_applied(tmp):
+    """A set journal, or a temporary file it renames, that another user
+    could have planted or written (in a 1777 directory) makes no reader nor
+    writer rename or remove anything: a committed one is refused in one
+    line and every file stays; an uncommitted one leaves the old set, which
+    is read."""
+    d = shared_dir(tmp, "planted")
+    drop = os.path.join(d, "drop")
+    os.makedirs(drop)
+    os.chmod(drop, 0o1777)
+    one = os.path.join(drop, "one.safetensors")
+    write_safetensors(one, {"a": A, "b": B, "c": C})
+    index = os.path.join(drop, "model.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=4096", one, index])
+    shards = sorted(f for f in os.listdir(drop) if f.startswith("model-"))
+    check(r.returncode == 0 and len(shards) >= 2, "convert to a set: %s %s" % (r.stderr, shards))
+    if len(shards) < 2:
+        return
+    journal = os.path.join(drop, ".model.safetensors.index.json.burnstore-journal")
+    tmp_name = "." + shards[0] + ".burnstore-tmp-evil00"
+    text = planted_journal("model.safetensors.index.json", tmp_name, shards[0], shards[1])
+
+    def snapshot():
+        return {f: sha(open(os.path.join(drop, f), "rb").read()) for f in sorted(os.listdir(drop))}
+
+    # (who owns the journal, its mode, who owns the temp file, committed)
+    cases = [("nobody's journal", NOBODY_UID, 0o644, NOBODY_UID, True),
+             ("root's journal that others may write", 0, 0o666, 0, True),
+             ("root's journal, nobody's temp file", 0, 0o644, NOBODY_UID, True),
+             ("nobody's uncommitted journal", NOBODY_UID, 0o644, NOBODY_UID, False)]
+    for name, juid, jmode, tuid, committed in cases:
+        body = text if committed else text[:text.index("rename")]
+        for path, data, uid, mode in [(journal, body.encode(), juid, jmode),
+                                      (os.path.join(drop, tmp_name), b"planted", tuid, 0o644)]:
+            with open(path, "wb") as f:
+                f.write(data)
+            os.chown(path, uid, uid)
+            os.chmod(path, mode)
+        before = snapshot()
+        for cmd in ([BIN, "ls", index], [BIN, "convert", "-q", index, os.path.join(d, "out.bpk")]):
+            r = run(cmd)
+            if committed:
+                lines = r.stderr.strip().splitlines()
+                check(r.returncode != 0 and len(lines) == 1 and "journal" in lines[0],
+                      "%s: %s is refused in one line: %d %r" % (name, cmd[1], r.returncode, r.stderr))
+            else:
+                check(r.returncode == 0, "%s: %s reads the old set: %s" % (name, cmd[1], r.stderr))
+            check(snapshot() == before, "%s: %s renamed or removed nothing" % (name, cmd[1]))
+        r = run([BIN, "convert", "-q", one, index])
+        check(r.returncode != 0 and snapshot() == before,
+              "%s: a writer of the set refuses it and changes nothing: %d %s" % (name, r.returncode, r.stderr))
+        for path in (journal, os.path.join(drop, tmp_name)):
+            if os.path.exists(path):
+                os.unlink(path)
+    r = run([BIN, "ls", index])
+    check(r.returncode == 0 and r.stdout.startswith("a\t"), "the set reads once they are gone: %s" % r.stderr)
 
 
 if __name__ == "__main__":
@@ -672,5 +748,5 @@ if __name__ == "__main__":
                                      test_fstab_options, test_chmod_chown_created, test_private_modes,
                                      test_unprivileged_mount, test_new_output_modes, test_finish_modes,
                                      test_run_dir_checked, test_sharded_modes,
-                                     test_stale_journal_does_not_stop_other_readers],
+                                     test_stale_journal_does_not_stop_other_readers, test_planted_journal_is_not_applied],
              "shared")

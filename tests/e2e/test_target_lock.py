@@ -6,24 +6,10 @@ mounted are all refused with one line naming the holder (its mountpoint and
 pid), and the first mount's write-back is intact."""
 import fcntl
 import glob
-import json
 import os
-import struct
 
 from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, immutable, read_bpk, read_safetensors, run,
-                     run_tests)
-
-
-def write_st(path, ts):
-    """A SafeTensors file of U8 tensors {key: bytes}."""
-    header, off = {}, 0
-    for k, v in ts.items():
-        header[k] = {"dtype": "U8", "shape": [len(v)], "data_offsets": [off, off + len(v)]}
-        off += len(v)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(ts.values()))
+                     run_path, run_tests, write_safetensors)
 
 
 def refused(r, mnt, what):
@@ -38,7 +24,7 @@ def refused(r, mnt, what):
 def test_single_file(tmp):
     out = os.path.join(tmp, "one.bpk")
     other = os.path.join(tmp, "other.safetensors")
-    write_st(other, {"o": b"oooo"})
+    write_safetensors(other, {"o": b"oooo"})
     a, b = os.path.join(tmp, "one-a"), os.path.join(tmp, "one-b")
     os.makedirs(b)
     with Mount(out, a) as ma:
@@ -71,7 +57,7 @@ def test_shard_set(tmp):
     os.makedirs(d)
     one = os.path.join(tmp, "flat.safetensors")
     ts = {"a": b"a" * 40, "b": b"b" * 40, "c": b"c" * 40}
-    write_st(one, ts)
+    write_safetensors(one, ts)
     r = run([BIN, "convert", "-o", "max_shard_size=50", one, os.path.join(d, "model.safetensors")])
     if not check(r.returncode == 0, "convert into a set: %s" % r.stderr):
         return
@@ -79,7 +65,7 @@ def test_shard_set(tmp):
     shards = sorted(glob.glob(os.path.join(d, "model-*-of-*.safetensors")))
     check(os.path.exists(index) and len(shards) == 3, "a set of 3 shards: %r" % shards)
     other = os.path.join(tmp, "other2.safetensors")
-    write_st(other, {"o": b"oooo"})
+    write_safetensors(other, {"o": b"oooo"})
     a, b = os.path.join(tmp, "set-a"), os.path.join(tmp, "set-b")
     os.makedirs(b)
     # The set mounted rw in place through its index ...
@@ -107,14 +93,6 @@ def test_shard_set(tmp):
     check({k: v[2] for k, v in got.items()} == want, "the set holds the mount's write-back: %r" % sorted(got))
 
 
-def lock_path(key):
-    """/run/burnstore/<FNV-1a 64 of the target's key>.target (we run as root)."""
-    h = 1469598103934665603
-    for c in key.encode():
-        h = ((h ^ c) * 1099511628211) % 2 ** 64
-    return "/run/burnstore/%016x.target" % h
-
-
 def test_mount_while_convert_writes(tmp):
     """A writer that is not a mount (convert, --finish) holds the lock: a
     writable mount of its target is refused naming it. The lock is held here
@@ -124,7 +102,7 @@ def test_mount_while_convert_writes(tmp):
     mnt = os.path.join(tmp, "conv-m")
     os.makedirs(mnt)
     # Every name of the set is the one key DIR/NAME.safetensors.
-    fd = os.open(lock_path(os.path.join(os.path.realpath(tmp), "conv.safetensors")), os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(run_path(os.path.join(os.path.realpath(tmp), "conv.safetensors"), ".target"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, b"pid 4242\nholder convert\ntarget %s\n" % out.encode())

@@ -278,3 +278,15 @@ Test(adapter, explicit_lists_and_collisions)
   bs_adapter_destroy(&a);
   bs_catalog_destroy(&cat);
 }
+
+/* The one NAME.npy rule of the mount's names, edits and xattrs. */
+Test(npy, name_rule)
+{
+  cr_assert(bs_npy_name("w.npy", 5));
+  cr_assert(bs_npy_name("enc.w.npy", 9));
+  cr_assert_not(bs_npy_name(".npy", 4)); /* no NAME */
+  cr_assert_not(bs_npy_name("w.NPY", 5));
+  cr_assert_not(bs_npy_name("w.npz", 5));
+  cr_assert_not(bs_npy_name("npy", 3));
+  cr_assert(bs_npy_name("w.npy.txt", 5)); /* only its first n bytes count */
+}

@@ -84,6 +84,8 @@ static void head(struct bs_stage_index *h)
   h->ck.ino = 99;
   h->ck.mtime_sec = 1700000000;
   h->ck.mtime_nsec = 123456789;
+  h->has_mode = true;
+  h->mode = 0640;
 }
 
 static void format(struct bs_buf *b)
@@ -109,6 +111,8 @@ Test(stage_index, round_trip)
   cr_assert_str_eq(idx.ck.path, "/ck.bpk");
   cr_assert_eq(idx.ck.ino, 99);
   cr_assert_eq(idx.ck.mtime_nsec, 123456789);
+  cr_assert(idx.has_mode);
+  cr_assert_eq(idx.mode, 0640);
   cr_assert_eq(idx.nsrcs, 2);
   cr_assert_eq(idx.ncksrcs, 1);
   cr_assert(idx.srcs[1].stage);
@@ -205,6 +209,11 @@ Test(stage_index, hostile_records_are_refused)
   refused("burnstore-staging-index\t1\npid\t1\nformat\tburnpack\nend\t0\n", "no target");
   refused("burnstore-staging-index\t1\ntarget\trel.bpk\n", "bad target");
   refused(HEAD "end\t0", "no newline");
+  refused(HEAD "mode\t0777\nend\t0\n", "bad mode");
+  refused(HEAD "mode\t00644\nend\t0\n", "bad mode");
+  refused(HEAD "mode\t0x1\nend\t0\n", "bad mode");
+  refused(HEAD "mode\t\nend\t0\n", "bad mode");
+  refused(HEAD "mode\t0600\nmode\t0600\nend\t0\n", "bad mode");
 }
 
 /* A remote checkpoint (a URL mounted with output=): its record and its
