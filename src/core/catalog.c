@@ -8,7 +8,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
-#include "formats/qfloat.h"
+#include "core/qfloat.h"
 
 void bs_catalog_init(struct bs_catalog *cat)
 {

@@ -8,7 +8,7 @@
 
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
-#include "formats/qfloat.h"
+#include "core/qfloat.h"
 
 static bs_err err;
 

@@ -3,9 +3,11 @@
  * store), one per-tensor scale and no blocks. Their bytes (burn-std's
  * QuantizedBytes): the numel values as i8, then the scale, little-endian, of
  * the scale dtype; a value is q * scale in F32. Other schemes (packed
- * stores, blocks, Q4/Q2, the float values, two-level scales) stay opaque. */
-#ifndef BURNSTORE_FORMATS_QFLOAT_H
-#define BURNSTORE_FORMATS_QFLOAT_H
+ * stores, blocks, Q4/Q2, the float values, two-level scales) stay opaque.
+ * A dtype description, read in the core (as ggml's block layouts are) because
+ * the catalog's decoded reads need it and the core includes no format. */
+#ifndef BURNSTORE_CORE_QFLOAT_H
+#define BURNSTORE_CORE_QFLOAT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * map's spelling: /work/shared/docs/burnpack-format.md section 4.2 (cubecl's
  * QuantScheme serialized by serde); the byte layout: burn-std's
  * QuantizedBytes and quantized_data_len. */
-#include "formats/qfloat.h"
+#include "core/qfloat.h"
 
 #include <cbor.h>
 #include <stdbool.h>
