@@ -112,6 +112,39 @@ def sharded_output(tmp, ng):
     check(r.returncode == 0, "the output holds every tensor of the shards: %s" % r.stdout[:300])
 
 
+def shard_without_validator(tmp, _ng):
+    """A shard served without ETag and Last-Modified (proxied with both
+    hidden): --finish could not tell it changed, so output= is refused in
+    one line, as for a single file without them; nothing staged."""
+    d = os.path.join(tmp, "novalidator")
+    os.makedirs(d)
+    ng = Nginx(d)
+    ng.extra["server"] = (
+        "location ~ ^/nv/(.*-00002-of-.*)$ { proxy_pass http://127.0.0.1:%d/sh/$1; "
+        "proxy_hide_header ETag; proxy_hide_header Last-Modified; }\n"
+        "    location /nv/ { alias %s/sh/; }" % (ng.port, ng.root))
+    with ng:
+        os.makedirs(os.path.join(ng.root, "sh"))
+        idx = os.path.join(ng.root, "sh", "model.safetensors.index.json")
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=8KB", ST, idx])
+        names = os.listdir(os.path.dirname(idx))
+        check(r.returncode == 0 and any("-00002-of-" in f for f in names), "shards: %s" % r.stderr)
+        url = ng.url("nv/model.safetensors.index.json")
+        out = os.path.join(d, "out.safetensors")
+        mnt = os.path.join(d, "mnt")
+        os.makedirs(mnt)
+        r = run([BIN, url, mnt, "-o", "output=" + out])
+        if r.returncode == 0:
+            force_unmount(mnt)
+        check(r.returncode != 0 and "neither an ETag nor a Last-Modified" in r.stderr
+              and "00002" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+              "a shard without validators: output= refused in one line naming it: %r" % r.stderr)
+        check(not os.path.ismount(mnt) and not glob.glob(os.path.join(d, ".out*")),
+              "nothing mounted, no staging")
+        r = run([BIN, "ls", url])
+        check(r.returncode == 0, "read-only, the same URL lists: %r" % r.stderr)
+
+
 def killed_then_finish(tmp, ng):
     d = os.path.join(tmp, "killed")
     os.makedirs(d)
@@ -222,7 +255,8 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote_write", [with_nginx(t) for t in (
-        https_output, sharded_output, killed_then_finish, changed_then_finish, refusals, hub_output)],
+        https_output, sharded_output, shard_without_validator, killed_then_finish,
+        changed_then_finish, refusals, hub_output)],
         "remote-write")
 
 
