@@ -63,9 +63,13 @@ static bool authority(const char *url, const char **a, const char **e)
 
 char *bs_http_redact(const char *url)
 {
-  const char *a, *e;
-  if (!authority(url, &a, &e))
+  /* any scheme bs_src_is_url takes: an hf:// or s3:// URL given with
+   * user-info or a query is named in errors too */
+  const char *a = strstr(url, "://"), *e;
+  if (!a || !bs_src_is_url(url))
     return bs_strdup(url);
+  a += 3;
+  e = a + strcspn(a, "/?#");
   const char *at = NULL;
   for (const char *p = a; p < e; p++)
     if (*p == '@')
