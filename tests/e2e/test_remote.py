@@ -40,6 +40,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Env:
+    """os.environ (which the mounts inherit) set to env for a block."""
+
+    def __init__(self, env):
+        self.env, self.old = env, None
+
+    def __enter__(self):
+        self.old = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        os.environ.clear()
+        os.environ.update(self.old)
+        return False
+
+
 class Nginx:
     """nginx on 127.0.0.1:PORT serving ROOT: / (ranges on by default),
     /redir/X answers 302 to /X, /auth/X needs "Authorization: Bearer TOKEN";

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 from bsmount import BIN, Mount, check, daemon_pid, run, run_tests  # noqa: E402
 from sigv4_proxy import SigV4Proxy, sign  # noqa: E402
-from test_remote import BPK, NGINX, ST, Nginx, free_port, run_bytes, same_as_local  # noqa: E402
+from test_remote import (BPK, NGINX, ST, Env, Nginx, free_port, run_bytes,  # noqa: E402
+                         same_as_local)
 
 S3RVER = os.environ.get("BS_S3RVER", "/opt/burnstore-test-npm/node_modules/.bin/s3rver")
 KEY_ID = SECRET = "S3RVER"  # s3rver's one account
@@ -91,23 +92,6 @@ def aws_env(s3, **kw):
                AWS_SESSION_TOKEN=SESSION, AWS_ENDPOINT_URL=s3.endpoint())
     env.update(kw)
     return env
-
-
-class Env:
-    """os.environ (which the mounts inherit) set to env for a block."""
-
-    def __init__(self, env):
-        self.env, self.old = env, None
-
-    def __enter__(self):
-        self.old = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        os.environ.clear()
-        os.environ.update(self.old)
-        return False
 
 
 def formats(tmp, s3):

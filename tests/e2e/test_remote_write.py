@@ -20,8 +20,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, read_safetensors, run,  # noqa: E402
                      run_tests, wait_gone, write_safetensors)
-from test_remote import NGINX, ST, Nginx  # noqa: E402
-from test_remote_hub import COMMIT_A, COMMIT_B, Env, Hub, hf_env  # noqa: E402
+from test_remote import NGINX, ST, Env, Nginx  # noqa: E402
+from test_remote_hub import COMMIT_A, COMMIT_B, Hub, hf_env  # noqa: E402
 
 WINDOW = 1.0  # BS_JOURNAL_SYNC_MS: the journal is on disk after it
 
