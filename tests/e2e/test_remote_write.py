@@ -71,8 +71,8 @@ def kill_daemon(mnt):
     force_unmount(mnt)
 
 
-def https_output(tmp, ng):
-    d = os.path.join(tmp, "https")
+def http_output(tmp, ng):
+    d = os.path.join(tmp, "http")
     os.makedirs(d)
     src = model(os.path.join(ng.root, "w.safetensors"), 1)
     out = os.path.join(d, "out.safetensors")
@@ -255,7 +255,7 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote_write", [with_nginx(t) for t in (
-        https_output, sharded_output, shard_without_validator, killed_then_finish,
+        http_output, sharded_output, shard_without_validator, killed_then_finish,
         changed_then_finish, refusals, hub_output)],
         "remote-write")
 
