@@ -214,7 +214,10 @@ def session_token_redirect(tmp):
         r = run([BIN, "ls", url], env=env)
         one_line(r, url, "a redirect with a session token")
         check("redirect" in r.stderr, "the redirect is named: %r" % r.stderr)
-        time.sleep(0.2)  # (nginx writes its log line after the answer)
+        deadline = time.time() + 10  # (nginx writes its log line after the answer)
+        while not (os.path.exists(log) and open(log).read()) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
         lines = open(log).read().splitlines() if os.path.exists(log) else []
         check(lines and lines[0].startswith("127.0.0.1 ") and SESSION in lines[0],
               "the endpoint got the token: %r" % lines)
