@@ -8,11 +8,14 @@
  * https://BUCKET.s3.REGION.amazonaws.com/KEY (path style at
  * s3.REGION.amazonaws.com for a bucket with a '.', as AWS's CLI does). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "burnstore/mem.h"
 #include "burnstore/source.h"
@@ -366,16 +369,30 @@ char *bs_remote_reopen(const struct bs_remote *r)
   return plain ? bs_strdup(r->url) : NULL;
 }
 
-/* The first line of `path` without blanks at its ends, or NULL (none, or
- * longer than TOKEN_MAX). */
+/* The first line of `path` without blanks at its ends, or NULL (none, no
+ * regular file, or longer than TOKEN_MAX). Opened without blocking: a FIFO
+ * there waits for no writer. */
 static char *first_line(const char *path)
 {
-  FILE *f = fopen(path, "re");
-  if (!f)
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  struct stat st;
+  if (fd < 0)
     return NULL;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return NULL;
+  }
   char buf[TOKEN_MAX + 2];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
+  size_t n = 0;
+  while (n < sizeof buf - 1) {
+    ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+  }
+  close(fd);
   buf[n] = '\0';
   size_t e = strcspn(buf, "\r\n");
   char *out = NULL;

@@ -63,9 +63,13 @@ static bool authority(const char *url, const char **a, const char **e)
 
 char *bs_http_redact(const char *url)
 {
-  const char *a, *e;
-  if (!authority(url, &a, &e))
+  /* any scheme bs_src_is_url takes: an hf:// or s3:// URL given with
+   * user-info or a query is named in errors too */
+  const char *a = strstr(url, "://"), *e;
+  if (!a || !bs_src_is_url(url))
     return bs_strdup(url);
+  a += 3;
+  e = a + strcspn(a, "/?#");
   const char *at = NULL;
   for (const char *p = a; p < e; p++)
     if (*p == '@')
@@ -616,6 +620,9 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     hdrs = t;
   if (sign && sh->aws_token && (t = curl_slist_append(hdrs, sh->aws_token)))
     hdrs = t;
+  /* libcurl drops only its own auth at a redirect to another host, never a
+   * header given here: with the session token in them, none is followed. */
+  bool follow = !(sign && sh->aws_token);
   int rc = -EIO;
   long wait = BACKOFF_MS;
   for (int attempt = 1; attempt <= TRIES; attempt++) {
@@ -628,7 +635,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
@@ -681,6 +688,14 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     if (code == 404) {
       snprintf(msg, mn, "HTTP 404: no such file on the server");
       rc = -ENOENT;
+      break;
+    }
+    if (!follow && code >= 300 && code < 400) {
+      snprintf(msg, mn,
+               "HTTP %ld: a redirect, not followed with AWS_SESSION_TOKEN set (the token would go "
+               "to the redirect's host)",
+               code);
+      rc = -EIO;
       break;
     }
     if (code != 200 && code != 206) {

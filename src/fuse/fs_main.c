@@ -848,16 +848,22 @@ static int prepare_url(struct fs *fs, struct args *a)
     /* The staging INDEX records the URL and each file's validator, so that
      * --finish after a kill reads the same bytes or refuses. */
     const char *reopen = NULL, *validator = NULL;
-    if (fs->cat.nsrcs && bs_src_remote(&fs->cat.srcs[0], &reopen, &validator) &&
-        (!reopen || !*validator)) {
+    bool remote = fs->cat.nsrcs && bs_src_remote(&fs->cat.srcs[0], &reopen, &validator);
+    size_t bare = 0; /* (each shard's validator is checked at --finish too) */
+    while (remote && reopen && bare < fs->cat.nsrcs &&
+           bs_src_remote(&fs->cat.srcs[bare], NULL, &validator) && *validator)
+      bare++;
+    if (remote && (!reopen || bare < fs->cat.nsrcs)) {
+      const char *shard = reopen && fs->cat.nsrcs > 1 ? fs->cat.srcs[bare].name : NULL;
       fprintf(stderr,
-              PROG ": %s: a writable mount of it is refused: %s, so --finish after a crash could "
-                   "not tell its bytes changed; mount it read-only and copy the tensors, or "
-                   "burnstore convert URL OUT\n",
+              PROG ": %s: a writable mount of it is refused: %s%s%s, so --finish after a crash "
+                   "could not tell its bytes changed; mount it read-only and copy the tensors, "
+                   "or burnstore convert URL OUT\n",
               a->source,
               !reopen ? "the URL holds credentials (user-info or a query), which are never "
                         "written to the staging directory (use BURNSTORE_HTTP_TOKEN)"
-                      : "the server sends neither an ETag nor a Last-Modified");
+                      : "the server sends neither an ETag nor a Last-Modified",
+              shard ? " for " : "", shard ? shard : "");
       return 1;
     }
     fs->writable = true;

@@ -151,9 +151,11 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
       const struct bs_src *s = &out->srcs[i];
       const char *validator;
       if (i < idx->ncksrcs && idx->ck.remote) {
-        if (!bs_src_remote(s, NULL, &validator))
+        if (!bs_src_remote(s, NULL, &validator) || !*validator)
           return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                         "INDEX: source %zu of the remote checkpoint is not remote", i);
+                         "INDEX: source %zu of the remote checkpoint is not remote or has no "
+                         "validator",
+                         i);
         putf(&o, "src\t%zu\tremote", i);
         put_str(&o, validator);
         putf(&o, "\t%llu\n", (unsigned long long)s->size);
@@ -598,6 +600,8 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
     } else if (remote) {
       if (unescape(l->f[3]) != 0)
         return perr(err, l, "bad validator");
+      if (!*l->f[3]) /* (--finish could not tell the file changed) */
+        return perr(err, l, "a remote source without a validator (ETag or Last-Modified)");
       if (!(validator = bs_strdup(l->f[3])))
         return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
     }

@@ -50,7 +50,7 @@ struct bs_stage_file {
 struct bs_stage_src {
   bool stage;      /* a file of the staging directory (else: of the checkpoint) */
   char *file;      /* stage only: its name in the staging directory */
-  char *validator; /* a remote checkpoint's: bs_src_remote's, "" when none */
+  char *validator; /* a remote checkpoint's: bs_src_remote's, never "" */
   uint64_t size;
 };
 

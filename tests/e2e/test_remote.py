@@ -40,11 +40,30 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Env:
+    """os.environ (which the mounts inherit) set to env for a block."""
+
+    def __init__(self, env):
+        self.env, self.old = env, None
+
+    def __enter__(self):
+        self.old = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        os.environ.clear()
+        os.environ.update(self.old)
+        return False
+
+
 class Nginx:
     """nginx on 127.0.0.1:PORT serving ROOT: / (ranges on by default),
-    /redir/X answers 302 to /X, /auth/X needs "Authorization: Bearer TOKEN"."""
+    /redir/X answers 302 to /X, /auth/X needs "Authorization: Bearer TOKEN";
+    `http` and `server`: more of the configuration, in those blocks."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, http="", server=""):
+        self.extra = {"http": http, "server": server}
         self.dir = os.path.join(tmp, "nginx")
         self.root = os.path.join(self.dir, "www")
         os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
@@ -66,6 +85,7 @@ http {
   access_log %(d)s/access.log;
   client_body_temp_path %(d)s/tmp; proxy_temp_path %(d)s/tmp; fastcgi_temp_path %(d)s/tmp;
   uwsgi_temp_path %(d)s/tmp; scgi_temp_path %(d)s/tmp;
+  %(http)s
   server {
     listen 127.0.0.1:%(port)d;
     root %(root)s;
@@ -74,9 +94,10 @@ http {
       if ($http_authorization != "Bearer %(token)s") { return 401; }
       alias %(root)s/;
     }
+    %(server)s
   }
 }
-""" % {"d": d, "port": self.port, "root": self.root, "token": TOKEN})
+""" % dict(self.extra, d=d, port=self.port, root=self.root, token=TOKEN))
         self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.time() + 20

@@ -26,7 +26,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 from bsmount import (BIN, SOURCE_DIR, Mount, check, daemon_pid, force_unmount, run,  # noqa: E402
                      run_tests, write_safetensors)
-from test_remote import (BPK, NGINX, ST, free_port, read_all, run_bytes,  # noqa: E402
+from test_remote import (BPK, NGINX, ST, Env, free_port, read_all, run_bytes,  # noqa: E402
                          same_as_local)
 
 TOKEN = "hf_t0kenAbCdEf"
@@ -177,23 +177,6 @@ def hf_env(hub, **kw):
     env["HF_HOME"] = os.path.join(hub.dir, "no-hf-home")
     env.update(kw)
     return env
-
-
-class Env:
-    """os.environ (which the mounts inherit) set to env for a block."""
-
-    def __init__(self, env):
-        self.env, self.old = env, None
-
-    def __enter__(self):
-        self.old = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        os.environ.clear()
-        os.environ.update(self.old)
-        return False
 
 
 def formats(tmp, hub):

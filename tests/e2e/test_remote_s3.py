@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 from bsmount import BIN, Mount, check, daemon_pid, run, run_tests  # noqa: E402
 from sigv4_proxy import SigV4Proxy, sign  # noqa: E402
-from test_remote import BPK, ST, free_port, run_bytes, same_as_local  # noqa: E402
+from test_remote import (BPK, NGINX, ST, Env, Nginx, free_port, run_bytes,  # noqa: E402
+                         same_as_local)
 
 S3RVER = os.environ.get("BS_S3RVER", "/opt/burnstore-test-npm/node_modules/.bin/s3rver")
 KEY_ID = SECRET = "S3RVER"  # s3rver's one account
@@ -91,23 +92,6 @@ def aws_env(s3, **kw):
                AWS_SESSION_TOKEN=SESSION, AWS_ENDPOINT_URL=s3.endpoint())
     env.update(kw)
     return env
-
-
-class Env:
-    """os.environ (which the mounts inherit) set to env for a block."""
-
-    def __init__(self, env):
-        self.env, self.old = env, None
-
-    def __enter__(self):
-        self.old = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        os.environ.clear()
-        os.environ.update(self.old)
-        return False
 
 
 def formats(tmp, s3):
@@ -202,6 +186,45 @@ def refusals(tmp, s3):
                   == run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout, "a tensor read")
 
 
+def session_token_redirect(tmp):
+    """An endpoint that redirects to another host (here localhost for
+    127.0.0.1, the same nginx, which logs the headers it gets): libcurl drops
+    the signature there but would send every other header it was given, the
+    session token too. Refused in one line instead, the token sent nowhere
+    but to the endpoint."""
+    d = os.path.join(tmp, "redirect")
+    os.makedirs(d)
+    ng = Nginx(d)
+    log = os.path.join(d, "headers.log")
+    ng.extra = {
+        "http": "log_format hdrs '$host $request_uri [$http_x_amz_security_token]';",
+        "server": "location /%s/ { access_log %s hdrs; "
+                  "return 307 http://localhost:%d/plain$request_uri; }\n"
+                  "    location /plain/ { access_log %s hdrs; alias %s/; }"
+                  % (BUCKET, log, ng.port, log, ng.root)}
+    if not check(os.path.exists(NGINX), "nginx at %s" % NGINX):
+        return
+    with ng:
+        os.makedirs(os.path.join(ng.root, BUCKET))
+        shutil.copy(ST, os.path.join(ng.root, BUCKET, "m.safetensors"))
+        url = "s3://%s/m.safetensors" % BUCKET
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(AWS_ACCESS_KEY_ID=KEY_ID, AWS_SECRET_ACCESS_KEY=SECRET, AWS_REGION=REGION,
+                   AWS_SESSION_TOKEN=SESSION, AWS_ENDPOINT_URL="http://127.0.0.1:%d" % ng.port)
+        r = run([BIN, "ls", url], env=env)
+        one_line(r, url, "a redirect with a session token")
+        check("redirect" in r.stderr, "the redirect is named: %r" % r.stderr)
+        deadline = time.time() + 10  # (nginx writes its log line after the answer)
+        while not (os.path.exists(log) and open(log).read()) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        lines = open(log).read().splitlines() if os.path.exists(log) else []
+        check(lines and lines[0].startswith("127.0.0.1 ") and SESSION in lines[0],
+              "the endpoint got the token: %r" % lines)
+        check(not any(SESSION in l for l in lines if not l.startswith("127.0.0.1 ")),
+              "no other host got the session token: %r" % lines)
+
+
 def main():
     if not os.path.exists(S3RVER):
         print("FAIL: no s3rver at %s (bash .ci/install-deps installs it)" % S3RVER)
@@ -216,8 +239,8 @@ def main():
 
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
-    run_tests("test_remote_s3", [with_s3(t) for t in (formats, cli_verbs, refusals)],
-              "remote-s3")
+    run_tests("test_remote_s3", [with_s3(t) for t in (formats, cli_verbs, refusals)]
+              + [session_token_redirect], "remote-s3")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, read_safetensors, run,  # noqa: E402
                      run_tests, wait_gone, write_safetensors)
-from test_remote import NGINX, ST, Nginx  # noqa: E402
-from test_remote_hub import COMMIT_A, COMMIT_B, Env, Hub, hf_env  # noqa: E402
+from test_remote import NGINX, ST, Env, Nginx  # noqa: E402
+from test_remote_hub import COMMIT_A, COMMIT_B, Hub, hf_env  # noqa: E402
 
 WINDOW = 1.0  # BS_JOURNAL_SYNC_MS: the journal is on disk after it
 
@@ -71,8 +71,8 @@ def kill_daemon(mnt):
     force_unmount(mnt)
 
 
-def https_output(tmp, ng):
-    d = os.path.join(tmp, "https")
+def http_output(tmp, ng):
+    d = os.path.join(tmp, "http")
     os.makedirs(d)
     src = model(os.path.join(ng.root, "w.safetensors"), 1)
     out = os.path.join(d, "out.safetensors")
@@ -110,6 +110,39 @@ def sharded_output(tmp, ng):
         check(r is not None and r.returncode == 0, "unmount: %r" % (r.stderr if r else None))
     r = run([BIN, "diff", ST, out])
     check(r.returncode == 0, "the output holds every tensor of the shards: %s" % r.stdout[:300])
+
+
+def shard_without_validator(tmp, _ng):
+    """A shard served without ETag and Last-Modified (proxied with both
+    hidden): --finish could not tell it changed, so output= is refused in
+    one line, as for a single file without them; nothing staged."""
+    d = os.path.join(tmp, "novalidator")
+    os.makedirs(d)
+    ng = Nginx(d)
+    ng.extra["server"] = (
+        "location ~ ^/nv/(.*-00002-of-.*)$ { proxy_pass http://127.0.0.1:%d/sh/$1; "
+        "proxy_hide_header ETag; proxy_hide_header Last-Modified; }\n"
+        "    location /nv/ { alias %s/sh/; }" % (ng.port, ng.root))
+    with ng:
+        os.makedirs(os.path.join(ng.root, "sh"))
+        idx = os.path.join(ng.root, "sh", "model.safetensors.index.json")
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=8KB", ST, idx])
+        names = os.listdir(os.path.dirname(idx))
+        check(r.returncode == 0 and any("-00002-of-" in f for f in names), "shards: %s" % r.stderr)
+        url = ng.url("nv/model.safetensors.index.json")
+        out = os.path.join(d, "out.safetensors")
+        mnt = os.path.join(d, "mnt")
+        os.makedirs(mnt)
+        r = run([BIN, url, mnt, "-o", "output=" + out])
+        if r.returncode == 0:
+            force_unmount(mnt)
+        check(r.returncode != 0 and "neither an ETag nor a Last-Modified" in r.stderr
+              and "00002" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+              "a shard without validators: output= refused in one line naming it: %r" % r.stderr)
+        check(not os.path.ismount(mnt) and not glob.glob(os.path.join(d, ".out*")),
+              "nothing mounted, no staging")
+        r = run([BIN, "ls", url])
+        check(r.returncode == 0, "read-only, the same URL lists: %r" % r.stderr)
 
 
 def killed_then_finish(tmp, ng):
@@ -222,7 +255,8 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote_write", [with_nginx(t) for t in (
-        https_output, sharded_output, killed_then_finish, changed_then_finish, refusals, hub_output)],
+        http_output, sharded_output, shard_without_validator, killed_then_finish,
+        changed_then_finish, refusals, hub_output)],
         "remote-write")
 
 

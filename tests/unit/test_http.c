@@ -46,6 +46,12 @@ Test(http, credentials_never_shown)
   redacts("http://h/m.st", "http://h/m.st");
   redacts("http://h/a@b.st", "http://h/a@b.st");  /* an @ in the path is no userinfo */
   redacts("http://h/m.st#frag", "http://h/m.st"); /* (a fragment is never sent) */
+  /* hf:// and s3:// as well: what such a URL holds before its first '/' and
+   * after a '?' is kept out of the error that names it */
+  redacts("s3://AKIA:s3cr3t@bucket/k.gguf", "s3://***@bucket/k.gguf");
+  redacts("s3://bucket/k.gguf?X-Amz-Signature=abc", "s3://bucket/k.gguf?***");
+  redacts("hf://user:hf_tok@org/repo/m.st", "hf://***@org/repo/m.st");
+  redacts("hf://org/repo@v1.0/m.st", "hf://org/repo@v1.0/m.st"); /* a revision is no userinfo */
   cr_expect(bs_src_is_url("HTTPS://h/x"));
   cr_expect(!bs_src_is_url("./http://x"));
   cr_expect(bs_src_is_url("s3://b/k"));

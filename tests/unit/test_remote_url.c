@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "burnstore/mem.h"
@@ -168,6 +169,26 @@ Test(remote_url, hf_token)
   cr_expect_null(bs_hf_token()); /* no file: no token */
   setenv("HF_HOME", "/nonexistent-bs", 1);
   cr_expect_null(bs_hf_token());
+  unsetenv("HF_HOME");
+  rmdir(dir);
+}
+
+/* $HF_HOME/token that is no regular file (a FIFO nobody writes, a
+ * directory): no token, at once (a FIFO's open used to wait for a writer). */
+Test(remote_url, hf_token_not_a_file, .timeout = 10)
+{
+  char dir[] = "/tmp/bs-hf-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char path[64];
+  snprintf(path, sizeof path, "%s/token", dir);
+  cr_assert_eq(mkfifo(path, 0600), 0);
+  unsetenv("HF_TOKEN");
+  setenv("HF_HOME", dir, 1);
+  cr_expect_null(bs_hf_token());
+  unlink(path);
+  cr_assert_eq(mkdir(path, 0700), 0);
+  cr_expect_null(bs_hf_token());
+  rmdir(path);
   unsetenv("HF_HOME");
   rmdir(dir);
 }

@@ -224,7 +224,7 @@ Test(stage_index, remote_checkpoint)
 {
   static const char ok[] = RHEAD "remote\ths://o/r@0123/m.st\t64\t-\n"
                                  "src\t0\tremote\tIf-Match:%20%22e1%22\t64\n"
-                                 "src\t1\tremote\t\t32\nend\t0\n";
+                                 "src\t1\tremote\tIf-Unmodified-Since:%20x\t32\nend\t0\n";
   struct bs_stage_index idx;
   cr_assert_eq(bs_stage_index_parse(ok, strlen(ok) - 1, &idx, &err), -1); /* (cut) */
   bs_stage_index_destroy(&idx);
@@ -238,7 +238,7 @@ Test(stage_index, remote_checkpoint)
   cr_expect_eq(idx.ck.size, 64);
   cr_assert_eq(idx.ncksrcs, 2);
   cr_expect_str_eq(idx.srcs[0].validator, "If-Match: \"e1\"");
-  cr_expect_str_eq(idx.srcs[1].validator, "");
+  cr_expect_str_eq(idx.srcs[1].validator, "If-Unmodified-Since: x");
   bs_stage_index_destroy(&idx);
   refused(RHEAD "remote\t/local/path\t64\t-\nend\t0\n", "a URL");
   refused(RHEAD "remote\ts3://b/k\t64\t-\nremote\ts3://b/k\t64\t-\nend\t0\n", "once");
@@ -248,6 +248,9 @@ Test(stage_index, remote_checkpoint)
           "a remote source of a local checkpoint");
   refused(RHEAD "src\t0\tremote\tx\t64\nend\t0\n", "without a checkpoint record");
   refused(RHEAD "remote\ts3://b/k\t64\t-\nsrc\t0\tremote\tx%zz\t64\nend\t0\n", "bad validator");
+  /* no validator: --finish would read whatever the URL holds by then */
+  refused(RHEAD "remote\ts3://b/k\t64\t-\nsrc\t0\tremote\t%\t64\nend\t0\n", "without a validator");
+  refused(RHEAD "remote\ts3://b/k\t64\t-\nsrc\t0\tremote\t\t64\nend\t0\n", "without a validator");
 }
 
 Test(stage_index, save_load_attach)
