@@ -40,9 +40,22 @@ void bs_http_cache_destroy(struct bs_http_cache *c);
  * copied (the block may be short: the file's last), or -1 on a miss. */
 long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, void *dst,
                        size_t n);
-/* Store a copy of block (id, idx), len <= block bytes. false: no memory. */
+/* Store a copy of block (id, idx), len <= block bytes. false: no memory.
+ * A block shorter than `block` is the block's first len bytes (the file's
+ * last block, or a prefix: a get past its end misses). A block already held
+ * at least as long is kept. */
 bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const void *data,
                        size_t len);
+/* The same, taking data (bs_malloc'd) over without a copy: freed when the
+ * block is evicted, or at once when it is not kept. */
+void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx, uint8_t *data,
+                             size_t len);
+/* Copy up to max bytes from the start of block (id, idx) into dst: the
+ * bytes copied, 0 when it is not held. */
+size_t bs_http_cache_prefix(struct bs_http_cache *c, uint64_t id, uint64_t idx, void *dst,
+                            size_t max);
+/* Whether block (id, idx) is held with at least len bytes. */
+bool bs_http_cache_has(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t len);
 /* Bytes held now (the blocks' sizes). */
 size_t bs_http_cache_bytes(struct bs_http_cache *c);
 
