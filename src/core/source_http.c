@@ -41,6 +41,7 @@ enum {
   CONNECT_TIMEOUT_S = 15, /* connection */
   LOW_SPEED_S = 30,       /* under 1 byte/s for this long: a stalled transfer */
   FLYING = 32,            /* ranges in flight or queued, tracked (all sources) */
+  BAD_MS = 2000,          /* a failed range fails again at once this long */
 };
 #define CACHE_DEFAULT ((uint64_t)64 << 20)
 
@@ -447,8 +448,12 @@ struct http {
   uint64_t seq_end; /* where reading got to (read-ahead) (under lock) */
   unsigned run;     /* reads in a row that went on from seq_end (under lock) */
   uint64_t ahead;   /* read-ahead asked for up to this block (under lock) */
-  char *eff;        /* where url redirects to, or NULL (under lock) */
-  bool eff_auth;    /* eff is on url's host: the token goes there too (under lock) */
+  /* The last failed read's range, and until when (CLOCK_MONOTONIC ms) a
+   * read that overlaps it fails at once, unlogged: the kernel reads a
+   * range again after an error (a line and the retries once) (under lock) */
+  uint64_t bad_from, bad_to, bad_until;
+  char *eff;     /* where url redirects to, or NULL (under lock) */
+  bool eff_auth; /* eff is on url's host: the token goes there too (under lock) */
 };
 
 /* The object changed: every later read fails; why is kept for `changed`. */
@@ -725,12 +730,24 @@ static void set_eff(struct http *h, char *eff)
  * read from its body when off is small enough; else refused. 0 or -errno;
  * a failure other than a changed object is logged unless quiet (read-ahead:
  * the reader that needs the bytes asks again and logs). */
+static uint64_t now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, bool quiet)
 {
   if (atomic_load(&h->gone))
     return -EIO;
   struct xfer x = {0};
   char msg[256];
+  pthread_mutex_lock(&h->lock);
+  bool bad = !quiet && off < h->bad_to && off + n > h->bad_from && now_ms() < h->bad_until;
+  pthread_mutex_unlock(&h->lock);
+  if (bad)
+    return -EIO;
   pthread_mutex_lock(&h->lock);
   char *eff = h->eff ? bs_strdup(h->eff) : NULL;
   bool auth = h->eff_auth, had_eff = h->eff != NULL;
@@ -771,6 +788,11 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
   if (rc != 0 && !quiet) {
     fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
             (unsigned long long)off, msg);
+    pthread_mutex_lock(&h->lock);
+    h->bad_from = off;
+    h->bad_to = off + n;
+    h->bad_until = now_ms() + BAD_MS;
+    pthread_mutex_unlock(&h->lock);
   }
   return rc;
 }

@@ -11,13 +11,12 @@ FaultProxy(port): a threaded HTTP/1.1 proxy on a free port of 127.0.0.1 to
 connection (keep-alive both ways), after `latency` seconds (one round trip
 added a request). Faults are armed by setting `fault` (and `every`): the
 n-th request after arming with n % every == 0 gets it, and only GETs that
-carry a Range other than bytes=0-... opening ones when `skip_open`:
+carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "drop"     half the body, then the connection closed
   "short"    the headers (Content-Length promised), fewer bytes, closed
   "500", "503"  that status, a small body
   "429"      429 with Retry-After: 1
   "full200"  the Range header removed: 200 with the whole body
-  "stall"    the headers, part of the body, then nothing for `stall` s
 `faults` counts the faults given. Stopped by close() (a context manager).
 """
 import os
@@ -147,7 +146,6 @@ class FaultProxy:
         self.fault = None
         self.every = 1
         self.skip_open = True
-        self.stall = 60.0
         self.faults = 0
         self.count = 0
         self.lock = threading.Lock()
@@ -223,12 +221,10 @@ class FaultProxy:
                 _, rhs = _headers(rhead)
                 n = int(rhs.get("content-length", "0"))
                 c.sendall(rhead)
-                if fault in ("drop", "short", "stall"):
+                if fault in ("drop", "short"):
                     # part of the body (drop: half; short: all but 1000 bytes)
-                    part = n // 2 if fault != "short" else max(0, n - 1000)
+                    part = n // 2 if fault == "drop" else max(0, n - 1000)
                     self._relay(u, c, rest, part)
-                    if fault == "stall":
-                        time.sleep(self.stall)
                     return  # the connection closes: fewer bytes than promised
                 self._relay(u, c, rest, n)
         except OSError:
