@@ -640,6 +640,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10); /* fewer, larger body callbacks */
     CURLcode cc = curl_easy_perform(c);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
