@@ -9,6 +9,7 @@ whole run is under a deadline); the daemon (-f, its VmHWM) stays within the
 cache (BURNSTORE_HTTP_CACHE=8M) plus a fixed amount while it reads a 96 MiB
 tensor."""
 import errno
+import json
 import os
 import signal
 import struct
@@ -168,6 +169,53 @@ def replaced(tmp):
         check("changed" in err, "replaced: the log says the object changed: %r" % err)
 
 
+def requests_and_parallel(tmp):
+    """What goes over the wire (nginx's access log, the proxy's count of
+    requests under way at once): a header of over 64 KiB mounts in 2
+    requests with no byte past it; the 4 shards of an index are asked for
+    at once; a tensor read on gets read-ahead as parallel 4 MiB requests."""
+    with Nginx(tmp) as ng:
+        many = {"t%05d" % i: b"\0\0\0\0" for i in range(4000)}
+        path = ng.path("many.safetensors")
+        write_safetensors(path, many)
+        with open(path, "rb") as f:
+            header = 8 + struct.unpack("<Q", f.read(8))[0]
+        check(header > 64 << 10, "the header is over 64 KiB (%d)" % header)
+        ng.requests()
+        with Mount(ng.url("many.safetensors"), os.path.join(tmp, "mnt-many")) as m:
+            check(len(os.listdir(m)) == 4000, "4000 tensors listed")
+        reqs = ng.requests()
+        sent = sum(r[2] for r in reqs)
+        check(len(reqs) <= 3 and sent <= header + (64 << 10),
+              "mount: %d requests (<= 3), %d bytes for a %d-byte header (<= +64 KiB): %r"
+              % (len(reqs), sent, header, reqs[:4]))
+        # an index of 4 shards, through a proxy adding 0.3 s a request
+        wmap = {}
+        for i in range(4):
+            name = "model-%05d-of-00004.safetensors" % (i + 1)
+            write_safetensors(ng.path(name), {"s%d.t%d" % (i, j): os.urandom(16) for j in range(50)})
+            wmap.update({"s%d.t%d" % (i, j): name for j in range(50)})
+        with open(ng.path("model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": wmap}, f)
+        with FaultProxy(ng.port, latency=0.3) as px:
+            with Mount(px.url("model.safetensors.index.json"), os.path.join(tmp, "mnt-idx")) as m:
+                check(sorted(os.listdir(m)) == ["s0", "s1", "s2", "s3"], "the 4 shards mounted")
+            check(px.max_inflight >= 4, "the shards' requests went out at once (%d at most)"
+                  % px.max_inflight)
+        # read-ahead: a 96 MiB tensor read on, through 50 ms a request
+        c = Case(tmp, ng, model())
+        write_safetensors(ng.path("m.safetensors"), c.want)
+        with FaultProxy(ng.port, latency=0.05) as px:
+            with Mount(px.url("m.safetensors"), os.path.join(tmp, "mnt-ra")) as m:
+                ng.requests()
+                got = open(os.path.join(m, "d"), "rb").read()
+                check(got == c.want["d"], "read-ahead: the right bytes")
+                reqs = ng.requests()
+        check(px.max_inflight >= 3, "read-ahead: requests in parallel (%d at most)" % px.max_inflight)
+        big = sum(1 for r in reqs if r[2] == 4 << 20)
+        check(big * 4 >= 96 * 3 // 4, "read-ahead: in 4 MiB requests (%d of %d)" % (big, len(reqs)))
+
+
 def main():
     if not os.path.exists(NGINX):
         print("SKIP: no nginx (Debian's nginx-light; .ci/install-deps installs it)")
@@ -176,7 +224,7 @@ def main():
     # unmount and stop nginx and the proxy) if it hangs.
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
-    run_tests("test_remote_faults", [faults, always_down, replaced], "rfault")
+    run_tests("test_remote_faults", [requests_and_parallel, faults, always_down, replaced], "rfault")
 
 
 if __name__ == "__main__":

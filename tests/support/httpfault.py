@@ -17,7 +17,9 @@ carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "500", "503"  that status, a small body
   "429"      429 with Retry-After: 1
   "full200"  the Range header removed: 200 with the whole body
-`faults` counts the faults given. Stopped by close() (a context manager).
+`faults` counts the faults given; `max_inflight` the most requests under
+way at once (from the request's head to its answer's end). Stopped by
+close() (a context manager).
 """
 import os
 import shutil
@@ -148,6 +150,7 @@ class FaultProxy:
         self.skip_open = True
         self.faults = 0
         self.count = 0
+        self.inflight = self.max_inflight = 0
         self.lock = threading.Lock()
         self.ls = socket.socket()
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -191,7 +194,7 @@ class FaultProxy:
             return self.fault
 
     def _serve(self, c):
-        u = None
+        u = [None]  # the upstream connection, kept across requests
         buf = b""
         try:
             while not self.closing:
@@ -199,43 +202,58 @@ class FaultProxy:
                 if head is None:
                     return
                 line, hs = _headers(head)
-                if self.latency:
-                    time.sleep(self.latency)
-                fault = self._pick(line, hs)
-                if fault in ("500", "503", "429"):
-                    body = b"fault\n"
-                    extra = "Retry-After: 1\r\n" if fault == "429" else ""
-                    c.sendall(("HTTP/1.1 %s Fault\r\nContent-Length: %d\r\n%s\r\n"
-                               % (fault, len(body), extra)).encode() + body)
-                    continue
-                if fault == "full200":
-                    head = b"\r\n".join(x for x in head.split(b"\r\n")
-                                        if not x.lower().startswith(b"range:"))
-                if u is None:
-                    u = socket.create_connection(("127.0.0.1", self.up))
-                    u.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                u.sendall(head)
-                rhead, rest = _read_head(u, b"")
-                if rhead is None:
+                with self.lock:
+                    self.inflight += 1
+                    self.max_inflight = max(self.max_inflight, self.inflight)
+                try:
+                    keep = self._one(c, head, line, hs, u)
+                finally:
+                    with self.lock:
+                        self.inflight -= 1
+                if not keep:
                     return
-                _, rhs = _headers(rhead)
-                n = int(rhs.get("content-length", "0"))
-                c.sendall(rhead)
-                if fault in ("drop", "short"):
-                    # part of the body (drop: half; short: all but 1000 bytes)
-                    part = n // 2 if fault == "drop" else max(0, n - 1000)
-                    self._relay(u, c, rest, part)
-                    return  # the connection closes: fewer bytes than promised
-                self._relay(u, c, rest, n)
         except OSError:
             return
         finally:
-            for s in (c, u):
+            for s in (c, u[0]):
                 if s is not None:
                     try:
                         s.close()
                     except OSError:
                         pass
+
+    def _one(self, c, head, line, hs, u):
+        """Answer one request (u[0]: the upstream connection, made when
+        needed); whether the client's connection stays open."""
+        if self.latency:
+            time.sleep(self.latency)
+        fault = self._pick(line, hs)
+        if fault in ("500", "503", "429"):
+            body = b"fault\n"
+            extra = "Retry-After: 1\r\n" if fault == "429" else ""
+            c.sendall(("HTTP/1.1 %s Fault\r\nContent-Length: %d\r\n%s\r\n"
+                       % (fault, len(body), extra)).encode() + body)
+            return True
+        if fault == "full200":
+            head = b"\r\n".join(x for x in head.split(b"\r\n")
+                                if not x.lower().startswith(b"range:"))
+        if u[0] is None:
+            u[0] = socket.create_connection(("127.0.0.1", self.up))
+            u[0].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        u[0].sendall(head)
+        rhead, rest = _read_head(u[0], b"")
+        if rhead is None:
+            return False
+        _, rhs = _headers(rhead)
+        n = int(rhs.get("content-length", "0"))
+        c.sendall(rhead)
+        if fault in ("drop", "short"):
+            # part of the body (drop: half; short: all but 1000 bytes)
+            part = n // 2 if fault == "drop" else max(0, n - 1000)
+            self._relay(u[0], c, rest, part)
+            return False  # the connection closes: fewer bytes than promised
+        self._relay(u[0], c, rest, n)
+        return True
 
     @staticmethod
     def _relay(u, c, rest, n):
