@@ -26,11 +26,17 @@ bool bs_http_header_is(const char *line, size_t n, const char *name, const char 
  * block index), least recently used evicted first: it never holds more than
  * `nmax` blocks of `block` bytes. Thread-safe. */
 struct bs_http_block;
+#define BS_HTTP_SPARE 16 /* whole-block buffers kept for reuse */
 struct bs_http_cache {
   pthread_mutex_t lock;
   size_t block, nmax, n;
   uint64_t tick;
   struct bs_http_block *b; /* nmax slots */
+  /* Buffers of evicted whole blocks, for the next fetch: a fresh 1 MiB
+   * allocation is a fresh mapping, every page of it faulted in and zeroed
+   * by the kernel, each time. */
+  uint8_t *spare[BS_HTTP_SPARE];
+  size_t nspare;
 };
 #define BS_HTTP_CACHE_BLOCKS_MAX 16384 /* 16 GiB of 1 MiB blocks */
 /* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
@@ -50,6 +56,13 @@ bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const
  * block is evicted, or at once when it is not kept. */
 void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx, uint8_t *data,
                              size_t len);
+/* A buffer of `block` bytes for a block to fetch (a spare one, else
+ * bs_malloc'd), NULL without memory; it goes back through put_owned or
+ * unused. */
+uint8_t *bs_http_cache_block(struct bs_http_cache *c);
+/* A buffer from bs_http_cache_block (or bs_malloc'd, len bytes) not put:
+ * kept as a spare or freed. */
+void bs_http_cache_unused(struct bs_http_cache *c, uint8_t *data, size_t len);
 /* Copy up to max bytes from the start of block (id, idx) into dst: the
  * bytes copied, 0 when it is not held. */
 size_t bs_http_cache_prefix(struct bs_http_cache *c, uint64_t id, uint64_t idx, void *dst,

@@ -203,6 +203,8 @@ void bs_http_cache_destroy(struct bs_http_cache *c)
     return;
   for (size_t i = 0; i < c->nmax; i++)
     bs_free(c->b[i].data);
+  for (size_t i = 0; i < c->nspare; i++)
+    bs_free(c->spare[i]);
   bs_free(c->b);
   c->b = NULL;
   pthread_mutex_destroy(&c->lock);
@@ -270,6 +272,24 @@ bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const
   return true;
 }
 
+/* A block buffer given up (under c->lock): kept for reuse when it is a
+ * whole block and there is room, else freed. */
+static void spare_put(struct bs_http_cache *c, uint8_t *data, size_t len)
+{
+  if (len == c->block && c->nspare < BS_HTTP_SPARE)
+    c->spare[c->nspare++] = data;
+  else
+    bs_free(data);
+}
+
+uint8_t *bs_http_cache_block(struct bs_http_cache *c)
+{
+  pthread_mutex_lock(&c->lock);
+  uint8_t *b = c->nspare ? c->spare[--c->nspare] : NULL;
+  pthread_mutex_unlock(&c->lock);
+  return b ? b : bs_malloc(c->block);
+}
+
 void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx, uint8_t *data,
                              size_t len)
 {
@@ -281,8 +301,8 @@ void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx,
   struct bs_http_block *b = cache_find(c, id, idx);
   if (b && b->len >= len) { /* as long already (another reader's): keep it */
     b->used = ++c->tick;
+    spare_put(c, data, len);
     pthread_mutex_unlock(&c->lock);
-    bs_free(data);
     return;
   }
   if (!b) { /* a free slot, else the least recently used */
@@ -293,8 +313,16 @@ void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx,
   }
   if (!b->data)
     c->n++;
-  bs_free(b->data);
+  else
+    spare_put(c, b->data, b->len);
   *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = data, .len = len};
+  pthread_mutex_unlock(&c->lock);
+}
+
+void bs_http_cache_unused(struct bs_http_cache *c, uint8_t *data, size_t len)
+{
+  pthread_mutex_lock(&c->lock);
+  spare_put(c, data, len);
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -902,7 +930,7 @@ static int fetch_into_cache(struct http *h, uint64_t idx, uint64_t start, uint64
   size_t made = 0;
   for (; made < nb; made++) {
     uint64_t bs = b0 + made * (uint64_t)BLOCK, be = bs + BLOCK < end ? bs + BLOCK : end;
-    if (!(segs[made] = bs_malloc((size_t)(be - bs)))) {
+    if (!(segs[made] = be - bs == BLOCK ? bs_http_cache_block(c) : bs_malloc((size_t)(be - bs)))) {
       rc = -ENOMEM;
       break;
     }
@@ -931,7 +959,7 @@ static int fetch_into_cache(struct http *h, uint64_t idx, uint64_t start, uint64
     if (rc == 0)
       bs_http_cache_put_owned(c, h->id, idx + i, segs[i], (size_t)(be - bs));
     else
-      bs_free(segs[i]);
+      bs_http_cache_unused(c, segs[i], (size_t)(be - bs));
   }
   if (segs != seg)
     bs_free(segs);

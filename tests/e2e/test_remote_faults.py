@@ -23,7 +23,7 @@ from bsmount import (SANITIZE, Mount, check, foreground_mount, run_tests,  # noq
 from httpfault import NGINX, FaultProxy, Nginx  # noqa: E402
 
 CACHE_MIB = 8
-FIXED_MIB = 48  # read-ahead in flight (4 x 4 MiB), readers' blocks, curl, the daemon itself
+FIXED_MIB = 32  # read-ahead in flight (4 x 4 MiB), spare blocks, readers' blocks, the daemon
 
 
 def model():

@@ -170,3 +170,35 @@ Test(http, cache_prefix_blocks)
   cr_expect_eq(bs_http_cache_get(&c, 2, 0, 0, out, 1), -1);
   bs_http_cache_destroy(&c);
 }
+
+Test(http, cache_reuses_evicted_buffers)
+{
+  struct bs_http_cache c;
+  enum { B = 4096 };
+  cr_assert_eq(bs_http_cache_init(&c, B, 2 * B), 0);
+  uint8_t *a = bs_http_cache_block(&c), *b = bs_http_cache_block(&c);
+  uint8_t *d = bs_http_cache_block(&c);
+  cr_assert(a && b && d);
+  memset(a, 1, B);
+  memset(b, 2, B);
+  memset(d, 3, B);
+  bs_http_cache_put_owned(&c, 1, 0, a, B);
+  bs_http_cache_put_owned(&c, 1, 1, b, B);
+  bs_http_cache_put_owned(&c, 1, 2, d, B); /* evicts block 0: its buffer is kept */
+  cr_expect_eq(c.nspare, 1);
+  uint8_t *e = bs_http_cache_block(&c);
+  cr_expect_eq(e, a, "the evicted block's buffer is handed out again");
+  cr_expect_eq(c.nspare, 0);
+  /* a short block is not kept as a spare; an unused whole one is */
+  uint8_t *f = bs_malloc(10);
+  cr_assert_not_null(f);
+  bs_http_cache_unused(&c, f, 10);
+  cr_expect_eq(c.nspare, 0);
+  bs_http_cache_unused(&c, e, B);
+  cr_expect_eq(c.nspare, 1);
+  /* the bytes held are still right */
+  uint8_t out[B];
+  cr_expect_eq(bs_http_cache_get(&c, 1, 2, 0, out, B), B);
+  cr_expect_eq(out[B - 1], 3);
+  bs_http_cache_destroy(&c); /* frees the spares (ASan: no leak) */
+}
