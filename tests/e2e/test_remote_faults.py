@@ -14,6 +14,7 @@ import os
 import signal
 import struct
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -23,7 +24,7 @@ from bsmount import (SANITIZE, Mount, check, foreground_mount, run_tests,  # noq
 from httpfault import NGINX, FaultProxy, Nginx  # noqa: E402
 
 CACHE_MIB = 8
-FIXED_MIB = 32  # read-ahead in flight (4 x 4 MiB), spare blocks, readers' blocks, the daemon
+FIXED_MIB = 40  # read-ahead in flight (4 x 4 MiB), spare blocks, readers' blocks, the daemon
 
 
 def model():
@@ -114,6 +115,26 @@ def faults(tmp):
         # 200 with the whole body: read from it up to 64 MiB in; past that
         # refused (EIO, one line), never the body's first bytes as the range
         c.run("full200", "full200", every=2, expect_all=False)
+
+        # every tensor at once (6 readers, the big one twice), drops every 3rd request
+        def together(mnt, px):
+            out, lock = {}, threading.Lock()
+
+            def one(k, tag):
+                r = read_all(mnt, [k])[k]
+                with lock:
+                    out[k + tag] = r
+            ts = [threading.Thread(target=one, args=(k, "")) for k in sorted(c.want)]
+            ts.append(threading.Thread(target=one, args=("d", "2")))
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(timeout=120)
+            check(not any(t.is_alive() for t in ts), "together: every reader ended")
+            d2 = out.pop("d2", None)
+            check(d2 == c.want["d"], "together: the second reader of d has its bytes")
+            return out
+        c.run("together", "drop", every=3, during=together)
 
 
 def always_down(tmp):
