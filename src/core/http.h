@@ -26,11 +26,17 @@ bool bs_http_header_is(const char *line, size_t n, const char *name, const char 
  * block index), least recently used evicted first: it never holds more than
  * `nmax` blocks of `block` bytes. Thread-safe. */
 struct bs_http_block;
+#define BS_HTTP_SPARE 16 /* whole-block buffers kept for reuse */
 struct bs_http_cache {
   pthread_mutex_t lock;
   size_t block, nmax, n;
   uint64_t tick;
   struct bs_http_block *b; /* nmax slots */
+  /* Buffers of evicted whole blocks, for the next fetch: a fresh 1 MiB
+   * allocation is a fresh mapping, every page of it faulted in and zeroed
+   * by the kernel, each time. */
+  uint8_t *spare[BS_HTTP_SPARE];
+  size_t nspare;
 };
 #define BS_HTTP_CACHE_BLOCKS_MAX 16384 /* 16 GiB of 1 MiB blocks */
 /* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
@@ -40,9 +46,29 @@ void bs_http_cache_destroy(struct bs_http_cache *c);
  * copied (the block may be short: the file's last), or -1 on a miss. */
 long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, void *dst,
                        size_t n);
-/* Store a copy of block (id, idx), len <= block bytes. false: no memory. */
+/* Store a copy of block (id, idx), len <= block bytes. false: no memory.
+ * A block shorter than `block` is the block's first len bytes (the file's
+ * last block, or a prefix: a get past its end misses). A block already held
+ * at least as long is kept. */
 bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const void *data,
                        size_t len);
+/* The same, taking data (bs_malloc'd) over without a copy: freed when the
+ * block is evicted, or at once when it is not kept. */
+void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx, uint8_t *data,
+                             size_t len);
+/* A buffer of `block` bytes for a block to fetch (a spare one, else
+ * bs_malloc'd), NULL without memory; it goes back through put_owned or
+ * unused. */
+uint8_t *bs_http_cache_block(struct bs_http_cache *c);
+/* A buffer from bs_http_cache_block (or bs_malloc'd, len bytes) not put:
+ * kept as a spare or freed. */
+void bs_http_cache_unused(struct bs_http_cache *c, uint8_t *data, size_t len);
+/* Copy up to max bytes from the start of block (id, idx) into dst: the
+ * bytes copied, 0 when it is not held. */
+size_t bs_http_cache_prefix(struct bs_http_cache *c, uint64_t id, uint64_t idx, void *dst,
+                            size_t max);
+/* Whether block (id, idx) is held with at least len bytes. */
+bool bs_http_cache_has(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t len);
 /* Bytes held now (the blocks' sizes). */
 size_t bs_http_cache_bytes(struct bs_http_cache *c);
 

@@ -4,10 +4,14 @@
  * without a strong one, Last-Modified); every later request carries
  * If-Match (If-Unmodified-Since) and is checked again on the answer, so an
  * object replaced on the server fails reads with EIO, never mixes bytes.
+ * The opening request fetches the first 64 KiB (a header's start, kept).
  * Bytes come through a bounded cache of 1 MiB blocks shared by a source and
- * its siblings (shards), with read-ahead that doubles while a file is read
- * sequentially. curl easy handles are not thread-safe: each request takes
- * one from a small pool (connections are reused through it). */
+ * its siblings (shards); a request writes straight into fresh blocks that
+ * the cache takes over. A read that is not (yet) sequential fetches what it
+ * asked for; while a file is read on, read-ahead doubles up to 32 blocks
+ * (at most half the cache) and goes out as parallel requests of 4 blocks on
+ * a pool of threads. curl easy handles are not thread-safe: each request
+ * takes one from a small pool (connections are reused through it). */
 #include <curl/curl.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -25,7 +29,10 @@
 
 enum {
   BLOCK = 1 << 20,        /* cache block */
-  RA_MAX = 16,            /* read-ahead: at most this many blocks a request */
+  FIRST = 64 << 10,       /* the opening request's bytes (a header's start) */
+  RA_MAX = 32,            /* read-ahead: at most this many blocks ahead */
+  CHUNK = 4,              /* blocks of one read-ahead request */
+  WORKERS = 4,            /* read-ahead threads (all sources) */
   HANDLES_KEPT = 8,       /* idle curl handles kept for reuse */
   TRIES = 6,              /* attempts of one request (5 retries) */
   BACKOFF_MS = 200,       /* first retry's wait, doubled each time */
@@ -34,7 +41,8 @@ enum {
   SKIP_MAX = 64 << 20,    /* a server ignoring Range: bytes skipped at most */
   CONNECT_TIMEOUT_S = 15, /* connection */
   LOW_SPEED_S = 30,       /* under 1 byte/s for this long: a stalled transfer */
-  FLYING = 8,             /* ranges of one source in flight, tracked */
+  FLYING = 32,            /* ranges in flight or queued, tracked (all sources) */
+  BAD_MS = 2000,          /* a failed range fails again at once this long */
 };
 #define CACHE_DEFAULT ((uint64_t)64 << 20)
 
@@ -205,6 +213,8 @@ void bs_http_cache_destroy(struct bs_http_cache *c)
     return;
   for (size_t i = 0; i < c->nmax; i++)
     bs_free(c->b[i].data);
+  for (size_t i = 0; i < c->nspare; i++)
+    bs_free(c->spare[i]);
   bs_free(c->b);
   c->b = NULL;
   pthread_mutex_destroy(&c->lock);
@@ -236,6 +246,29 @@ long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_
   return r;
 }
 
+size_t bs_http_cache_prefix(struct bs_http_cache *c, uint64_t id, uint64_t idx, void *dst,
+                            size_t max)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  size_t k = 0;
+  if (b) {
+    k = b->len < max ? b->len : max;
+    memcpy(dst, b->data, k);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return k;
+}
+
+bool bs_http_cache_has(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t len)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  bool r = b && b->len >= len;
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
 bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const void *data,
                        size_t len)
 {
@@ -245,8 +278,43 @@ bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const
   if (!copy)
     return false;
   memcpy(copy, data, len);
+  bs_http_cache_put_owned(c, id, idx, copy, len);
+  return true;
+}
+
+/* A block buffer given up (under c->lock): kept for reuse when it is a
+ * whole block and there is room, else freed. */
+static void spare_put(struct bs_http_cache *c, uint8_t *data, size_t len)
+{
+  if (len == c->block && c->nspare < BS_HTTP_SPARE)
+    c->spare[c->nspare++] = data;
+  else
+    bs_free(data);
+}
+
+uint8_t *bs_http_cache_block(struct bs_http_cache *c)
+{
+  pthread_mutex_lock(&c->lock);
+  uint8_t *b = c->nspare ? c->spare[--c->nspare] : NULL;
+  pthread_mutex_unlock(&c->lock);
+  return b ? b : bs_malloc(c->block);
+}
+
+void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx, uint8_t *data,
+                             size_t len)
+{
+  if (len > c->block) {
+    bs_free(data);
+    return;
+  }
   pthread_mutex_lock(&c->lock);
   struct bs_http_block *b = cache_find(c, id, idx);
+  if (b && b->len >= len) { /* as long already (another reader's): keep it */
+    b->used = ++c->tick;
+    spare_put(c, data, len);
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
   if (!b) { /* a free slot, else the least recently used */
     b = &c->b[0];
     for (size_t i = 0; i < c->nmax && b->data; i++)
@@ -255,10 +323,17 @@ bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const
   }
   if (!b->data)
     c->n++;
-  bs_free(b->data);
-  *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = copy, .len = len};
+  else
+    spare_put(c, b->data, b->len);
+  *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = data, .len = len};
   pthread_mutex_unlock(&c->lock);
-  return true;
+}
+
+void bs_http_cache_unused(struct bs_http_cache *c, uint8_t *data, size_t len)
+{
+  pthread_mutex_lock(&c->lock);
+  spare_put(c, data, len);
+  pthread_mutex_unlock(&c->lock);
 }
 
 size_t bs_http_cache_bytes(struct bs_http_cache *c)
@@ -313,9 +388,14 @@ static void shared_unref(struct shared *sh)
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_global_rc = CURLE_FAILED_INIT;
 
+static void fork_prepare(void);
+static void fork_parent(void);
+static void fork_child(void);
+
 static void curl_global(void)
 {
   curl_global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 /* $BURNSTORE_HTTP_CACHE: bytes, with an optional K, M or G (binary); 0
@@ -449,19 +529,19 @@ struct http {
   char pin[256];    /* "If-Match: ..." or "If-Unmodified-Since: ..." */
   char etag[200];   /* the pinned ETag ("" if none) */
   atomic_bool gone; /* the object changed: every read fails */
+  uint64_t size;    /* the object's (s->size) */
+  const char *name; /* s->name (it outlives every fetch: release waits) */
   pthread_mutex_t lock;
   char why[256];    /* (under lock, once gone) */
   uint64_t seq_end; /* where reading got to (read-ahead) (under lock) */
-  unsigned ra;      /* blocks fetched a miss (under lock) */
-  char *eff;        /* where url redirects to, or NULL (under lock) */
-  bool eff_auth;    /* eff is on url's host: the token goes there too (under lock) */
-  /* Ranges being fetched now (under lock): a reader that needs one of their
-   * blocks waits for it instead of asking the server again. */
-  pthread_cond_t landed;
-  struct {
-    bool on;
-    uint64_t from, to; /* blocks [from, to) */
-  } fly[FLYING];
+  unsigned run;     /* reads in a row that went on from seq_end (under lock) */
+  uint64_t ahead;   /* read-ahead asked for up to this block (under lock) */
+  /* The last failed read's range, and until when (CLOCK_MONOTONIC ms) a
+   * read that overlaps it fails at once, unlogged: the kernel reads a
+   * range again after an error (a line and the retries once) (under lock) */
+  uint64_t bad_from, bad_to, bad_until;
+  char *eff;     /* where url redirects to, or NULL (under lock) */
+  bool eff_auth; /* eff is on url's host: the token goes there too (under lock) */
 };
 
 /* The object changed: every later read fails; why is kept for `changed`. */
@@ -474,9 +554,17 @@ static void mark_gone(struct http *h, const char *why)
   pthread_mutex_unlock(&h->lock);
 }
 
+/* Where a request's body goes: byte i of the range at seg[(base + i) /
+ * BLOCK] + (base + i) % BLOCK (one buffer of at most BLOCK bytes: one
+ * segment, base 0). */
+struct dst {
+  uint8_t *const *seg;
+  size_t base;
+};
+
 /* One request's answer. */
 struct xfer {
-  uint8_t *buf;
+  struct dst to;
   size_t cap, got;
   uint64_t skip; /* a 200 to a range request: body bytes before ours */
   long status;
@@ -534,8 +622,14 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
     x->overflow = true;
     k = room;
   }
-  memcpy(x->buf + x->got, data + used, k);
-  x->got += k;
+  for (size_t done = 0; done < k;) { /* straight into the blocks */
+    size_t at = x->to.base + x->got, in = at % BLOCK, m = BLOCK - in;
+    if (m > k - done)
+      m = k - done;
+    memcpy(x->to.seg[at / BLOCK] + in, data + used + done, m);
+    done += m;
+    x->got += m;
+  }
   /* Our range is complete: stop a body that goes on (a 200 to a range). */
   return x->got == x->cap && used + k < n ? 0 : n;
 }
@@ -592,12 +686,12 @@ static size_t on_body_checked(char *data, size_t size, size_t nmemb, void *ud)
   return on_body(data, size, nmemb, &r->x);
 }
 
-/* GET bytes first..first+n-1 of url into buf (n >= 1), conditional on
+/* GET bytes first..first+n-1 of url into buf's blocks (n >= 1), conditional on
  * h's pin (h NULL: the opening request, which learns it). 0, or -errno
  * with msg (n bytes) saying why, credentials left out. */
 static int http_get(struct shared *sh, const struct http *h, const char *url, bool auth,
-                    uint64_t first, void *buf, size_t n, struct xfer *out, char **eff, char *msg,
-                    size_t mn)
+                    uint64_t first, const struct dst *buf, size_t n, struct xfer *out, char **eff,
+                    char *msg, size_t mn)
 {
   memset(out, 0, sizeof *out);
   CURL *c = handle_get(sh);
@@ -627,7 +721,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
   long wait = BACKOFF_MS;
   for (int attempt = 1; attempt <= TRIES; attempt++) {
     struct req r = {.c = c, .first = first};
-    r.x.buf = buf;
+    r.x.to = *buf;
     r.x.cap = n;
     r.x.retry_ms = -1;
     char cerr[CURL_ERROR_SIZE] = "";
@@ -654,6 +748,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
       curl_easy_setopt(c, CURLOPT_USERNAME, sh->aws_id);
       curl_easy_setopt(c, CURLOPT_PASSWORD, sh->aws_secret);
     }
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10); /* fewer, larger body callbacks */
     CURLcode cc = curl_easy_perform(c);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -747,23 +842,36 @@ static void set_eff(struct http *h, char *eff)
   pthread_mutex_unlock(&h->lock);
 }
 
-/* A range request for [off, off+n) into buf, checked: exactly those bytes
- * of the pinned object. A 200 (the server ignores Range) is read from its
- * body when off is small enough; else refused. 0 or -errno. */
-static int fetch(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+/* A range request for [off, off+n) into buf's blocks, checked: exactly
+ * those bytes of the pinned object. A 200 (the server ignores Range) is
+ * read from its body when off is small enough; else refused. 0 or -errno;
+ * a failure other than a changed object is logged unless quiet (read-ahead:
+ * the reader that needs the bytes asks again and logs). */
+static uint64_t now_ms(void)
 {
-  struct http *h = s->impl;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, bool quiet)
+{
   if (atomic_load(&h->gone))
     return -EIO;
   struct xfer x = {0};
   char msg[256];
   pthread_mutex_lock(&h->lock);
-  char *eff = h->eff ? bs_strdup(h->eff) : NULL;
-  bool auth = h->eff_auth;
+  bool bad = !quiet && off < h->bad_to && off + n > h->bad_from && now_ms() < h->bad_until;
   pthread_mutex_unlock(&h->lock);
-  int rc = h->eff && !eff ? -ENOMEM
-                          : http_get(h->sh, h, eff ? eff : h->url, eff ? auth : true, off, buf, n,
-                                     &x, NULL, msg, sizeof msg);
+  if (bad)
+    return -EIO;
+  pthread_mutex_lock(&h->lock);
+  char *eff = h->eff ? bs_strdup(h->eff) : NULL;
+  bool auth = h->eff_auth, had_eff = h->eff != NULL;
+  pthread_mutex_unlock(&h->lock);
+  int rc = had_eff && !eff ? -ENOMEM
+                           : http_get(h->sh, h, eff ? eff : h->url, eff ? auth : true, off, buf, n,
+                                      &x, NULL, msg, sizeof msg);
   if (eff && (rc == -EACCES || rc == -ENOENT || x.status == 410)) {
     /* The redirect's target expired (a signed CDN URL): from the URL again. */
     char *again = NULL;
@@ -778,9 +886,9 @@ static int fetch(const struct bs_src *s, uint64_t off, void *buf, size_t n)
              (unsigned long long)off);
   if (rc == 0 && x.status == 206 &&
       (!x.have_range || x.first != off || x.last != off + n - 1 ||
-       (x.total != UINT64_MAX && x.total != s->size))) {
+       (x.total != UINT64_MAX && x.total != h->size))) {
     snprintf(msg, sizeof msg, "the server answered another range than asked");
-    rc = x.total != s->size ? -ESTALE : -EIO;
+    rc = x.total != h->size ? -ESTALE : -EIO;
   }
   if (rc == 0 && h->etag[0] && x.etag[0] && strcmp(x.etag, h->etag) != 0) {
     snprintf(msg, sizeof msg, "its ETag changed from %s", h->etag);
@@ -794,67 +902,264 @@ static int fetch(const struct bs_src *s, uint64_t off, void *buf, size_t n)
     mark_gone(h, msg);
     return -EIO;
   }
-  if (rc != 0) {
-    fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", s->name, n,
+  if (rc != 0 && !quiet) {
+    fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
             (unsigned long long)off, msg);
+    pthread_mutex_lock(&h->lock);
+    h->bad_from = off;
+    h->bad_to = off + n;
+    h->bad_until = now_ms() + BAD_MS;
+    pthread_mutex_unlock(&h->lock);
   }
   return rc;
 }
 
-/* Whether block idx is being fetched (under h->lock); *cut lowers to the
- * first block in flight above idx (a new request stops there). */
+/* ---- fetches in flight, and the read-ahead threads ----
+ *
+ * Every range being fetched, or queued for a read-ahead thread, is in
+ * `fly` (all sources of the process: one pool of threads), so that a
+ * reader that needs one of its blocks waits for it instead of asking the
+ * server again. A fetch writes the body straight into fresh block buffers
+ * that the cache then takes over (no copy between them). Threads start at
+ * the first read-ahead; a fork (the daemon's, after the source is opened)
+ * waits for the running fetches and the child starts its own threads. */
+
+struct fly {
+  struct http *h;
+  uint64_t from, to; /* blocks [from, to) */
+  uint64_t seq;      /* queue order */
+  bool on, queued;   /* in use; waiting for a thread (else being fetched) */
+};
+
+static pthread_mutex_t fly_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fly_landed = PTHREAD_COND_INITIALIZER; /* a fetch ended */
+static pthread_cond_t fly_work = PTHREAD_COND_INITIALIZER;   /* a fetch queued */
+static struct fly fly[FLYING];                               /* (under fly_lock) */
+static uint64_t fly_seq;                                     /* (under fly_lock) */
+static int fly_threads;                                      /* (under fly_lock) */
+
+static bool fly_running(const struct http *h)
+{
+  for (int i = 0; i < FLYING; i++)
+    if (fly[i].on && !fly[i].queued && (!h || fly[i].h == h))
+      return true;
+  return false;
+}
+
+static void fork_prepare(void)
+{
+  pthread_mutex_lock(&fly_lock);
+  while (fly_running(NULL))
+    pthread_cond_wait(&fly_landed, &fly_lock);
+}
+
+static void fork_parent(void)
+{
+  pthread_mutex_unlock(&fly_lock);
+}
+
+static void fork_child(void)
+{
+  /* The threads stayed in the parent; what was queued for them is dropped
+   * (a reader asks again). The condition variables may hold the parent's
+   * waiters: new ones. */
+  for (int i = 0; i < FLYING; i++)
+    fly[i].on = false;
+  fly_threads = 0;
+  pthread_cond_init(&fly_landed, NULL);
+  pthread_cond_init(&fly_work, NULL);
+  pthread_mutex_unlock(&fly_lock);
+}
+
+/* Whether block idx of h is in flight (under fly_lock); *cut lowers to the
+ * first block in flight above idx (a new fetch stops there). */
 static bool in_flight(const struct http *h, uint64_t idx, uint64_t *cut)
 {
   for (int i = 0; i < FLYING; i++) {
-    if (!h->fly[i].on)
+    if (!fly[i].on || fly[i].h != h)
       continue;
-    if (idx >= h->fly[i].from && idx < h->fly[i].to)
+    if (idx >= fly[i].from && idx < fly[i].to)
       return true;
-    if (h->fly[i].from > idx && h->fly[i].from < *cut)
-      *cut = h->fly[i].from;
+    if (fly[i].from > idx && fly[i].from < *cut)
+      *cut = fly[i].from;
   }
   return false;
 }
 
-/* Fetch blocks [idx, idx+want) into tmp (*len bytes) and the cache; 0 or
- * -errno. When may_wait and another reader is fetching block idx, waits for
- * it instead and returns 1 (the caller looks in the cache again). */
-static int fetch_blocks(const struct bs_src *s, uint64_t idx, uint64_t want, uint8_t *tmp,
-                        size_t *len, bool may_wait)
+/* A free entry of fly, taken (under fly_lock); -1 when all are in use. */
+static int fly_take(struct http *h, uint64_t from, uint64_t to, bool queued)
 {
-  struct http *h = s->impl;
-  uint64_t cut = idx + want;
-  int slot = -1;
+  for (int i = 0; i < FLYING; i++) {
+    if (fly[i].on)
+      continue;
+    fly[i] = (struct fly){
+        .h = h, .from = from, .to = to, .seq = ++fly_seq, .on = true, .queued = queued};
+    return i;
+  }
+  return -1;
+}
+
+/* Fetch [start, end) of h, which lies in blocks idx.. (start in block
+ * idx), into fresh blocks that go to the cache; what the cache holds of
+ * block idx's start is copied in first, and not fetched again. Bytes [at,
+ * at + dn) of what was fetched are also copied to dst (dn may be 0). 0 or
+ * -errno. */
+static int fetch_into_cache(struct http *h, uint64_t idx, uint64_t start, uint64_t end, uint64_t at,
+                            uint8_t *dst, size_t dn, bool quiet)
+{
+  struct bs_http_cache *c = &h->sh->cache;
+  uint64_t b0 = idx * BLOCK;
+  size_t nb = (size_t)((end - 1) / BLOCK - idx + 1);
+  uint8_t *seg[RA_MAX + 64];
+  uint8_t **segs = nb <= sizeof seg / sizeof *seg ? seg : bs_calloc(nb, sizeof *segs);
+  if (!segs)
+    return -ENOMEM;
+  int rc = 0;
+  size_t made = 0;
+  for (; made < nb; made++) {
+    uint64_t bs = b0 + made * (uint64_t)BLOCK, be = bs + BLOCK < end ? bs + BLOCK : end;
+    if (!(segs[made] = be - bs == BLOCK ? bs_http_cache_block(c) : bs_malloc((size_t)(be - bs)))) {
+      rc = -ENOMEM;
+      break;
+    }
+  }
+  /* What the cache holds of block idx's start (a prefix) is not asked for
+   * again; short of start, from the block's start. */
+  if (rc == 0) {
+    uint64_t e0 = b0 + BLOCK < end ? b0 + BLOCK : end;
+    size_t p = bs_http_cache_prefix(c, h->id, idx, segs[0], (size_t)(e0 - b0));
+    start = p >= start - b0 ? b0 + p : b0;
+  }
+  if (rc == 0 && start < end) {
+    struct dst d = {.seg = segs, .base = (size_t)(start - b0)};
+    rc = fetch(h, start, &d, (size_t)(end - start), quiet);
+  }
+  for (size_t i = 0; rc == 0 && i < dn;) { /* the reader's bytes */
+    uint64_t p = at + i - b0;
+    size_t in = (size_t)(p % BLOCK), m = BLOCK - in;
+    if (m > dn - i)
+      m = dn - i;
+    memcpy(dst + i, segs[p / BLOCK] + in, m);
+    i += m;
+  }
+  for (size_t i = 0; i < made; i++) {
+    uint64_t bs = b0 + i * (uint64_t)BLOCK, be = bs + BLOCK < end ? bs + BLOCK : end;
+    if (rc == 0)
+      bs_http_cache_put_owned(c, h->id, idx + i, segs[i], (size_t)(be - bs));
+    else
+      bs_http_cache_unused(c, segs[i], (size_t)(be - bs));
+  }
+  if (segs != seg)
+    bs_free(segs);
+  return rc;
+}
+
+static void *fly_thread(void *arg)
+{
+  (void)arg;
+  pthread_mutex_lock(&fly_lock);
+  for (;;) {
+    int j = -1;
+    for (int i = 0; i < FLYING; i++)
+      if (fly[i].on && fly[i].queued && (j < 0 || fly[i].seq < fly[j].seq))
+        j = i;
+    if (j < 0) {
+      pthread_cond_wait(&fly_work, &fly_lock);
+      continue;
+    }
+    fly[j].queued = false;
+    struct http *h = fly[j].h;
+    uint64_t from = fly[j].from, to = fly[j].to;
+    pthread_mutex_unlock(&fly_lock);
+    uint64_t end = to * BLOCK < h->size ? to * BLOCK : h->size;
+    (void)fetch_into_cache(h, from, from * BLOCK, end, 0, NULL, 0, true);
+    pthread_mutex_lock(&fly_lock);
+    fly[j].on = false;
+    pthread_cond_broadcast(&fly_landed);
+  }
+  return NULL;
+}
+
+/* Queue read-ahead of blocks [from, from + count) of h that are neither
+ * held nor in flight, in requests of up to CHUNK blocks. */
+static void read_ahead(struct http *h, uint64_t from, uint64_t count)
+{
+  struct bs_http_cache *c = &h->sh->cache;
+  const uint64_t nblocks = (h->size + BLOCK - 1) / BLOCK;
+  uint64_t to = from + count < nblocks ? from + count : nblocks;
   pthread_mutex_lock(&h->lock);
+  if (h->ahead > from)
+    from = h->ahead;
+  /* whole requests: the window moves on by a block a block read, and a
+   * request a block would pay a round trip a block */
+  bool go = from < to && (to - from >= (count < CHUNK ? count : CHUNK) || to == nblocks);
+  if (go)
+    h->ahead = to;
+  pthread_mutex_unlock(&h->lock);
+  if (!go)
+    return;
+  pthread_mutex_lock(&fly_lock);
+  while (fly_threads < WORKERS) {
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&t, &at, fly_thread, NULL);
+    pthread_attr_destroy(&at);
+    if (e != 0)
+      break;
+    fly_threads++;
+  }
+  bool queued = false;
+  for (uint64_t b = from; fly_threads > 0 && b < to;) {
+    uint64_t cut = to, last = b == nblocks - 1 ? h->size - b * BLOCK : BLOCK;
+    if (in_flight(h, b, &cut) || bs_http_cache_has(c, h->id, b, (size_t)last)) {
+      b++;
+      continue;
+    }
+    uint64_t e = b + 1;
+    while (e < cut && e - b < CHUNK && !bs_http_cache_has(c, h->id, e, 1))
+      e++;
+    if (fly_take(h, b, e, true) < 0)
+      break;
+    queued = true;
+    b = e;
+  }
+  if (queued)
+    pthread_cond_broadcast(&fly_work);
+  pthread_mutex_unlock(&fly_lock);
+}
+
+/* The reader's miss at `at` (block idx): fetch [at, end) (the part from
+ * idx's start the cache does not hold), copying what the read needs (up to
+ * dn bytes) to dst; *copied says how much. 0 or -errno; 1 when another
+ * fetch had block idx in flight and may_wait: it waited until that fetch
+ * ended (the caller looks in the cache again). */
+static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, size_t dn,
+                      size_t *copied, bool may_wait)
+{
+  uint64_t idx = at / BLOCK, last = (end - 1) / BLOCK, cut = last + 1;
+  pthread_mutex_lock(&fly_lock);
   if (in_flight(h, idx, &cut) && may_wait) {
-    pthread_cond_wait(&h->landed, &h->lock);
-    pthread_mutex_unlock(&h->lock);
+    do /* (another fetch landing wakes this one too) */
+      pthread_cond_wait(&fly_landed, &fly_lock);
+    while (in_flight(h, idx, &cut));
+    pthread_mutex_unlock(&fly_lock);
     return 1;
   }
-  for (int i = 0; i < FLYING && slot < 0; i++)
-    if (!h->fly[i].on)
-      slot = i;
-  if (slot >= 0) {
-    h->fly[slot].on = true;
-    h->fly[slot].from = idx;
-    h->fly[slot].to = cut;
-  }
-  pthread_mutex_unlock(&h->lock);
-  want = cut - idx;
-  uint64_t from = idx * BLOCK, to = (idx + want) * BLOCK;
-  if (to > s->size)
-    to = s->size;
-  *len = (size_t)(to - from);
-  int rc = fetch(s, from, tmp, *len);
-  for (uint64_t b = 0; rc == 0 && b < want; b++) {
-    size_t bl = *len - b * BLOCK < BLOCK ? (size_t)(*len - b * BLOCK) : BLOCK;
-    bs_http_cache_put(&h->sh->cache, h->id, idx + b, tmp + b * BLOCK, bl);
-  }
-  pthread_mutex_lock(&h->lock);
+  int slot = fly_take(h, idx, cut, false);
+  pthread_mutex_unlock(&fly_lock);
+  if (cut * BLOCK < end)
+    end = cut * BLOCK;
+  if (dn > end - at)
+    dn = (size_t)(end - at);
+  int rc = fetch_into_cache(h, idx, at, end, at, dst, dn, false);
+  *copied = rc == 0 ? dn : 0;
+  pthread_mutex_lock(&fly_lock);
   if (slot >= 0)
-    h->fly[slot].on = false;
-  pthread_cond_broadcast(&h->landed);
-  pthread_mutex_unlock(&h->lock);
+    fly[slot].on = false;
+  pthread_cond_broadcast(&fly_landed);
+  pthread_mutex_unlock(&fly_lock);
   return rc;
 }
 
@@ -862,68 +1167,55 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
 {
   struct http *h = s->impl;
   struct bs_http_cache *c = &h->sh->cache;
-  const uint64_t nblocks = (s->size + BLOCK - 1) / BLOCK;
   const uint64_t near = (uint64_t)RA_MAX * BLOCK;
   /* Reading on from where reading got to (the kernel's parallel read-ahead
-   * arrives a little out of order) grows the read-ahead; a jump resets it. */
+   * arrives a little out of order) grows the read-ahead from the second
+   * read past the first (a header, read as its size then the rest, gets no
+   * more than it asked for); a jump resets it. */
   pthread_mutex_lock(&h->lock);
-  if (off + near < h->seq_end || off > h->seq_end + near) {
-    h->ra = 1;
+  bool on = h->seq_end && off + near >= h->seq_end && off <= h->seq_end + near;
+  h->run = !on ? 0 : off + n > h->seq_end ? h->run + 1 : h->run;
+  if (!on)
+    h->ahead = 0;
+  if (!on || off + n > h->seq_end)
     h->seq_end = off + n;
-  } else {
-    if (h->ra < RA_MAX)
-      h->ra *= 2;
-    if (off + n > h->seq_end)
-      h->seq_end = off + n;
-  }
-  unsigned ra = h->ra;
+  uint64_t ra = h->run < 2 ? 0 : h->run - 2 >= 5 ? RA_MAX : 1u << (h->run - 2);
   pthread_mutex_unlock(&h->lock);
-  if (ra > c->nmax / 2)
-    ra = c->nmax / 2 ? (unsigned)(c->nmax / 2) : 1;
+  if (ra > c->nmax / 2) /* never so far ahead that it evicts itself */
+    ra = c->nmax / 2;
+  uint64_t need_end = off + n; /* the read's blocks, whole, then ra more */
+  uint64_t blk_end = (need_end + BLOCK - 1) / BLOCK * BLOCK;
+  if (blk_end > h->size)
+    blk_end = h->size;
+  if (ra)
+    read_ahead(h, blk_end / BLOCK, ra);
   size_t got = 0;
-  uint8_t *tmp = NULL;
   int waits = 0;
   while (got < n) {
-    if (atomic_load(&h->gone)) {
-      bs_free(tmp);
+    if (atomic_load(&h->gone))
       return -EIO;
-    }
     uint64_t at = off + got, idx = at / BLOCK;
-    size_t in = (size_t)(at % BLOCK);
-    long k = bs_http_cache_get(c, h->id, idx, in, (uint8_t *)buf + got, n - got);
+    long k = bs_http_cache_get(c, h->id, idx, (size_t)(at % BLOCK), (uint8_t *)buf + got, n - got);
     if (k > 0) {
       got += (size_t)k;
       continue;
     }
-    /* A miss: the blocks from idx the read still needs, and read-ahead. */
-    uint64_t need = ((off + n - 1) / BLOCK) - idx + 1, want = need > ra ? need : ra;
-    if (want > RA_MAX)
-      want = need < RA_MAX ? RA_MAX : need;
-    if (want > c->nmax)
-      want = c->nmax;
-    if (idx + want > nblocks)
-      want = nblocks - idx;
-    if (!tmp && !(tmp = bs_malloc((size_t)want * BLOCK)))
-      return got ? (long)got : -ENOMEM;
-    size_t len = 0;
-    /* (after a few waits, fetch anyway: the cache may be too small to keep
-     * what others fetched) */
-    int rc = fetch_blocks(s, idx, want, tmp, &len, waits < 4);
+    /* A miss: from here to the read's end (no read-ahead yet), or to the
+     * end of its last block. */
+    size_t k2 = 0;
+    /* (after a few waits that did not bring the block, fetch anyway: the
+     * cache may be too small to keep what others fetched, or theirs failed) */
+    int rc =
+        fetch_miss(h, at, ra ? blk_end : need_end, (uint8_t *)buf + got, n - got, &k2, waits < 4);
     if (rc == 1) {
       waits++;
       continue;
     }
-    if (rc != 0) {
-      bs_free(tmp);
+    if (rc != 0)
       return rc;
-    }
-    /* Copy from what was fetched (the cache may be smaller than the read). */
-    size_t have = len - in, k2 = n - got < have ? n - got : have;
-    memcpy((uint8_t *)buf + got, tmp + in, k2);
     got += k2;
     waits = 0;
   }
-  bs_free(tmp);
   return (long)got;
 }
 
@@ -956,12 +1248,19 @@ static void http_free(struct http *h)
 {
   if (!h)
     return;
+  /* No read-ahead of h queued any more, none running. */
+  pthread_mutex_lock(&fly_lock);
+  for (int i = 0; i < FLYING; i++)
+    if (fly[i].on && fly[i].queued && fly[i].h == h)
+      fly[i].on = false;
+  while (fly_running(h))
+    pthread_cond_wait(&fly_landed, &fly_lock);
+  pthread_mutex_unlock(&fly_lock);
   shared_unref(h->sh);
   bs_remote_free(&h->rm);
   bs_free(h->reopen);
   bs_free(h->eff);
   pthread_mutex_destroy(&h->lock);
-  pthread_cond_destroy(&h->landed);
   bs_free(h);
 }
 
@@ -1002,38 +1301,40 @@ static int open_shared(struct bs_src *s, struct shared *sh, struct bs_remote *rm
     shared_unref(sh);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  if (pthread_cond_init(&h->landed, NULL) != 0) {
-    pthread_mutex_destroy(&h->lock);
-    bs_free(name);
-    bs_free(h);
-    bs_remote_free(rm);
-    shared_unref(sh);
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  }
   h->sh = sh;
-  h->ra = 1;
   pthread_mutex_lock(&sh->lock);
   h->id = ++sh->next_id;
   pthread_mutex_unlock(&sh->lock);
   int rc = -1;
   uint64_t size = 0;
+  uint8_t *first = NULL;
   h->rm = *rm;
   memset(rm, 0, sizeof *rm);
   h->url = h->rm.url;
   const char *url = h->url;
-  /* The first byte: the size (Content-Range), the ETag to pin. */
-  uint8_t one;
+  /* The first FIRST bytes: the size (Content-Range), the ETag to pin, and
+   * the start of a header, kept as block 0's first bytes. */
+  if (!(first = bs_malloc(FIRST))) {
+    rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    goto out;
+  }
   struct xfer x;
   char msg[256];
   char *eff = NULL;
-  int e = http_get(sh, NULL, url, true, 0, &one, 1, &x, &eff, msg, sizeof msg);
+  struct dst d = {.seg = &first};
+  int e = http_get(sh, NULL, url, true, 0, &d, FIRST, &x, &eff, msg, sizeof msg);
   set_eff(h, eff);
   if (e != 0) {
     rc = bs_fail(err, e == -ESTALE ? EIO : -e, BS_OFF_NONE, NULL, "%s", msg);
     goto out;
   }
-  if (x.status == 206 && x.have_range && x.total != UINT64_MAX) {
+  if (x.status == 206 && x.have_range && x.total != UINT64_MAX && x.first == 0 &&
+      x.got == x.last + 1) {
     size = x.total;
+  } else if (x.status == 206 && x.have_range && x.total != UINT64_MAX) {
+    rc = bs_fail(err, EIO, BS_OFF_NONE, NULL, "short body: %zu of %llu bytes", x.got,
+                 (unsigned long long)(x.last - x.first + 1));
+    goto out;
   } else {
     rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL,
                  "the server does not answer Range requests with their size (HTTP %ld, no "
@@ -1061,10 +1362,14 @@ static int open_shared(struct bs_src *s, struct shared *sh, struct bs_remote *rm
   rc = 0;
 out:
   if (rc != 0) {
+    bs_free(first);
     bs_free(name);
     http_free(h);
     return rc;
   }
+  h->size = size;
+  h->name = name;
+  bs_http_cache_put_owned(&sh->cache, h->id, 0, first, x.got);
   s->ops = &http_ops;
   s->impl = h;
   s->size = size;

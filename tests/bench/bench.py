@@ -26,6 +26,14 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
   decoded   -o as=F32: first reads of BF16 and F16 decoded to F32 vs a raw
             F32 read of the same output size (output bytes/s); convert
             --as F16 of the BF16 tensor vs a plain convert of the F32 one
+  remote    a --size-mib MiB tensor of a SafeTensors file on nginx (127.0.0.1):
+            burnstore mount of its URL vs curl of the same byte range, direct
+            and through the fault proxy with 20 ms added a request; vs
+            burnstore on `rclone mount` of the same server; time to the first
+            byte of a tensor of a mounted model (in round trips); requests and
+            bytes to mount a 100,000-tensor file (nginx's access log); mount of
+            a 4-shard index through the proxy (round trips in series: its
+            mount time with 20 ms added, less without, over 20 ms)
   journal   the staging journal's cost: dd (1 MiB and 32 KiB writes) and
             rsync -aX of a many-tensor model into a mount, with the journal
             and with -o nojournal
@@ -815,6 +823,112 @@ def sec_journal(a, d):
     row("journal", "  the same, mount + rsync + burnstore -u", w, "s", n, w / n)
 
 
+def sec_remote(a, d):
+    log("remote: a %d MiB tensor on nginx on 127.0.0.1 (files in the page cache)" % a.size_mib)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../support"))
+    from httpfault import FaultProxy, Nginx
+    if not os.path.exists("/usr/sbin/nginx") and not have("nginx"):
+        log("  skipped (nginx-light not installed)")
+        return
+    size = a.size_mib << 20
+    lat = 0.02
+    mnt = os.path.join(d, "m")
+    with Nginx(d, extra="autoindex on;") as ng:  # (rclone's http backend lists directories)
+        st = ng.path("big.safetensors")
+        off = write_st_tensors(st, [("big", size)], os.urandom(1 << 20))
+        run(["cat", st])
+        url = ng.url("big.safetensors")
+
+        def curl(u):
+            return timed(["curl", "-sf", "-o", "/dev/null", "-r", "%d-%d" % (off, off + size - 1), u])
+
+        def bs_read(u, src=None):
+            with BS(a.bin, src or u, mnt):
+                return dd_read(os.path.join(mnt, "big"))
+
+        c = med([curl(url) for _ in range(a.runs)])
+        b = med([bs_read(url) for _ in range(a.runs)])
+        loc = med([bs_read(None, st) for _ in range(a.runs)])
+        row("remote", "curl of the tensor's byte range", c, "s")
+        row("remote", "burnstore mount of the local file (FUSE's ceiling)", loc, "s", c, c / loc)
+        row("remote", "burnstore mount of the URL, first read", b, "s", c, c / b, ">= 0.9", c / b >= 0.9)
+        with FaultProxy(ng.port, latency=lat) as px:
+            purl = px.url("big.safetensors")
+            c = med([curl(purl) for _ in range(a.runs)])
+            b = med([bs_read(purl) for _ in range(a.runs)])
+            row("remote", "curl through the proxy (+20 ms a request)", c, "s")
+            row("remote", "burnstore through the proxy, first read", b, "s", c, c / b, ">= 0.8", c / b >= 0.8)
+            # time to the first byte of a tensor of a mounted model (a round
+            # trip is the added latency: loopback's own is ~0.1 ms)
+            ttfb = []
+            for _ in range(a.runs):
+                with BS(a.bin, purl, mnt):
+                    t = time.perf_counter()
+                    first_4k(os.path.join(mnt, "big"))
+                    ttfb.append(time.perf_counter() - t)
+            t = med(ttfb)
+            row("remote", "first 4 KiB of a mounted tensor (+20 ms)", t, "s", lat, t / lat,
+                "<= 1.5 round trips", t / lat <= 1.5)
+        if have("rclone"):
+            net = os.path.join(d, "net")
+            os.makedirs(net, exist_ok=True)
+            ts = []
+            for _ in range(a.runs):
+                rc = subprocess.Popen(["rclone", "mount", ":http:", net, "--http-url", ng.url(""),
+                                       "--vfs-cache-mode", "off", "--read-only"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    wait_mounted(net, rc, timeout=30)
+                    ts.append(bs_read(None, os.path.join(net, "big.safetensors")))
+                finally:
+                    force_unmount(net)
+                    rc.terminate()
+                    rc.wait(timeout=30)
+            r = med(ts)
+            b = med([bs_read(url) for _ in range(a.runs)])
+            row("remote", "burnstore on rclone mount of the server", r, "s")
+            row("remote", "burnstore mount of the URL (same run)", b, "s", r, r / b, ">= 1.5", r / b >= 1.5)
+        else:
+            log("  rclone: skipped (rclone not installed)")
+        os.unlink(st)
+        # mount of a file of many tensors: requests and bytes (nginx's log)
+        keys = flat_keys(a.tensors)
+        many = ng.path("many.safetensors")
+        write_many(many, keys)
+        hlen = st_header([(k, "F32", [1], 4) for k in keys])[0].__len__()
+        ng.requests()
+        with BS(a.bin, ng.url("many.safetensors"), mnt):
+            pass
+        reqs = [r for r in ng.requests() if "many.safetensors" in r[0]]
+        n, sent = len(reqs), sum(r[2] for r in reqs)
+        row("remote", "requests to mount %d tensors" % a.tensors, n, "", None, None, "<= 3", n <= 3)
+        row("remote", "bytes sent to mount them, over the header", sent - hlen, "B", None, None,
+            "<= 64 KiB", sent - hlen <= 64 << 10)
+        # a 4-shard index through the proxy: mount time in round trips
+        shards = {}
+        for i in range(4):
+            name = "model-%05d-of-00004.safetensors" % (i + 1)
+            ks = ["s%d.t%d" % (i, j) for j in range(500)]  # (the round trips, not parsing, dominate)
+            write_many(ng.path(name), ks)
+            shards.update({k: name for k in ks})
+        with open(ng.path("model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": shards}, f)
+        # (the same proxy without latency: the difference is the round trips
+        # in series, whatever the daemon's own start costs)
+        mt = {}
+        for l in (0.0, lat):
+            with FaultProxy(ng.port, latency=l) as px:
+                ts = []
+                for _ in range(a.runs):
+                    with BS(a.bin, px.url("model.safetensors.index.json"), mnt) as m:
+                        ts.append(m.mount_time)
+                mt[l] = med(ts)
+        rt = (mt[lat] - mt[0.0]) / lat
+        row("remote", "mount of a 4-shard index, no latency", mt[0.0], "s")
+        row("remote", "the same +20 ms a request: round trips in series", rt, "", None, None,
+            "< 4 (shards in parallel)", rt < 4)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run: checks that it works")
@@ -825,7 +939,7 @@ def main():
     ap.add_argument("--convert-mib", type=int, default=None)
     ap.add_argument("--quant-mib", type=int, default=None, help="quants: MiB of F32 output per tensor")
     ap.add_argument("--only", default=None,
-                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,decoded,journal,quants")
+                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,decoded,remote,journal,quants")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--system", action="store_true",
                     help="allow system-wide actions (root): drop the page cache, start a local sshd")
@@ -844,7 +958,7 @@ def main():
     a.journal_mib = 8 if q else 256
     a.journal_files = 100 if q else 2000
     only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write",
-                                                         "convert", "decoded", "journal", "quants"}
+                                                         "convert", "decoded", "remote", "journal", "quants"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
     if a.system:
@@ -868,6 +982,8 @@ def main():
             sec_convert(a, d)
         if "decoded" in only:
             sec_decoded(a, d)
+        if "remote" in only:
+            sec_remote(a, d)
         if "journal" in only:
             sec_journal(a, d)
         if "quants" in only:

@@ -364,7 +364,8 @@ def retry_500(tmp, ng):
         want = run_bytes([BIN, "cat", ST, "conv1.weight"])
         check(r.returncode == 0 and r.stdout == want.stdout,
               "a 500 then 200: retried, the right bytes: %r" % r.stderr)
-        check(fs.srv.requests >= 3, "the 500 was answered and retried (%d requests)"
+        # (the opening request's 64 KiB hold this small file whole: a 500, then its retry)
+        check(fs.srv.requests >= 2, "the 500 was answered and retried (%d requests)"
               % fs.srv.requests)
         # The redirect's target expires mid-mount: the read starts from the URL again.
         # (b is past the first 1 MiB block, which the open fetched)

@@ -8,6 +8,7 @@
 
 #include "burnstore/mem.h"
 #include "burnstore/source.h"
+#include "core/alloc.h"
 #include "core/http.h"
 
 static void resolves(const char *base, const char *rel, const char *want)
@@ -137,4 +138,75 @@ Test(http, not_a_url_refused)
   cr_expect_neq(bs_src_init_http(&s, "http://127.0.0.1:1/x.safetensors", NULL, &err), 0);
   cr_expect_null(s.ops);
   cr_expect(strstr(err.msg, "127.0.0.1") || strstr(err.msg, "onnect"), "%s", err.msg);
+}
+
+Test(http, cache_prefix_blocks)
+{
+  struct bs_http_cache c;
+  enum { B = 4096 };
+  cr_assert_eq(bs_http_cache_init(&c, B, 4 * B), 0);
+  static uint8_t blk[B], out[B];
+  for (size_t i = 0; i < B; i++)
+    blk[i] = (uint8_t)(i * 7);
+  /* a block's first 100 bytes: a get within them hits, past them misses */
+  cr_assert(bs_http_cache_put(&c, 1, 0, blk, 100));
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 90, out, B), 10);
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 100, out, B), 0);
+  cr_expect(bs_http_cache_has(&c, 1, 0, 100));
+  cr_expect(!bs_http_cache_has(&c, 1, 0, 101));
+  cr_expect(!bs_http_cache_has(&c, 1, 1, 1));
+  /* the prefix, copied out: at most what is held, at most max */
+  memset(out, 0, sizeof out);
+  cr_expect_eq(bs_http_cache_prefix(&c, 1, 0, out, B), 100);
+  cr_expect_eq(memcmp(out, blk, 100), 0);
+  cr_expect_eq(bs_http_cache_prefix(&c, 1, 0, out, 10), 10);
+  cr_expect_eq(bs_http_cache_prefix(&c, 1, 5, out, B), 0);
+  /* a longer block replaces it; a shorter one does not replace a longer */
+  uint8_t *whole = bs_malloc(B);
+  cr_assert_not_null(whole);
+  memcpy(whole, blk, B);
+  bs_http_cache_put_owned(&c, 1, 0, whole, B);
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 100, out, B), B - 100);
+  cr_expect_eq(memcmp(out, blk + 100, B - 100), 0);
+  cr_assert(bs_http_cache_put(&c, 1, 0, blk, 50));
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 0, out, B), B);
+  cr_expect_eq(bs_http_cache_bytes(&c), B);
+  /* an owned block larger than a block is freed, not kept (ASan: no leak) */
+  uint8_t *big = bs_malloc(B + 1);
+  cr_assert_not_null(big);
+  bs_http_cache_put_owned(&c, 2, 0, big, B + 1);
+  cr_expect_eq(bs_http_cache_get(&c, 2, 0, 0, out, 1), -1);
+  bs_http_cache_destroy(&c);
+}
+
+Test(http, cache_reuses_evicted_buffers)
+{
+  struct bs_http_cache c;
+  enum { B = 4096 };
+  cr_assert_eq(bs_http_cache_init(&c, B, 2 * B), 0);
+  uint8_t *a = bs_http_cache_block(&c), *b = bs_http_cache_block(&c);
+  uint8_t *d = bs_http_cache_block(&c);
+  cr_assert(a && b && d);
+  memset(a, 1, B);
+  memset(b, 2, B);
+  memset(d, 3, B);
+  bs_http_cache_put_owned(&c, 1, 0, a, B);
+  bs_http_cache_put_owned(&c, 1, 1, b, B);
+  bs_http_cache_put_owned(&c, 1, 2, d, B); /* evicts block 0: its buffer is kept */
+  cr_expect_eq(c.nspare, 1);
+  uint8_t *e = bs_http_cache_block(&c);
+  cr_expect_eq(e, a, "the evicted block's buffer is handed out again");
+  cr_expect_eq(c.nspare, 0);
+  /* a short block is not kept as a spare; an unused whole one is */
+  uint8_t *f = bs_malloc(10);
+  cr_assert_not_null(f);
+  bs_http_cache_unused(&c, f, 10);
+  cr_expect_eq(c.nspare, 0);
+  bs_http_cache_unused(&c, e, B);
+  cr_expect_eq(c.nspare, 1);
+  /* the bytes held are still right */
+  uint8_t out[B];
+  cr_expect_eq(bs_http_cache_get(&c, 1, 2, 0, out, B), B);
+  cr_expect_eq(out[B - 1], 3);
+  bs_http_cache_destroy(&c); /* frees the spares (ASan: no leak) */
 }

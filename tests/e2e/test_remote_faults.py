@@ -1,0 +1,252 @@
+"""Remote reads through a fault-injecting proxy (tests/support/httpfault.py)
+in front of a real nginx on 127.0.0.1 (issue 20): added latency, connections
+dropped mid-body, 500/503/429 (with Retry-After) answers, short bodies
+(Content-Length promised, fewer bytes sent), 200 with the whole body to a
+Range request, and the object replaced mid-mount. In every case each read
+gives the same bytes as the same tensor read through a local mount of the
+same file, or EIO with one log line; never other bytes, never a hang (the
+whole run is under a deadline); the daemon (-f, its VmHWM) stays within the
+cache (BURNSTORE_HTTP_CACHE=8M) plus a fixed amount while it reads a 96 MiB
+tensor."""
+import errno
+import json
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../support"))
+from bsmount import (SANITIZE, Mount, check, foreground_mount, run_tests,  # noqa: E402
+                     vmhwm_kb, write_safetensors)
+from httpfault import NGINX, FaultProxy, Nginx  # noqa: E402
+
+CACHE_MIB = 8
+FIXED_MIB = 40  # read-ahead in flight (4 x 4 MiB), spare blocks, readers' blocks, the daemon
+
+
+def model():
+    """Tensors of several sizes; the big one's 1 MiB blocks each start with
+    their index (a block from the wrong place cannot pass for the right one)."""
+    pool = [os.urandom(1 << 20) for _ in range(3)]
+    big = b"".join(struct.pack("<Q", i) + pool[i % 3][8:] for i in range(96))
+    return {"a": os.urandom(3 << 20), "b": os.urandom((5 << 20) + 17), "c": os.urandom(100),
+            "d": big, "e": os.urandom(1 << 20), "f": os.urandom(4096)}
+
+
+def read_all(m, names):
+    """{name: bytes or the errno of the read}."""
+    out = {}
+    for k in names:
+        try:
+            with open(os.path.join(m, k), "rb") as f:
+                out[k] = f.read()
+        except OSError as e:
+            out[k] = e.errno
+    return out
+
+
+class Case:
+    def __init__(self, tmp, ng, want):
+        self.tmp, self.ng, self.want = tmp, ng, want
+
+    def run(self, name, fault=None, every=1, latency=0.0, expect_all=True, during=None):
+        """Mount through a proxy, arm the fault, read every tensor; check
+        each is right or EIO (all right when expect_all), one log line per
+        EIO, the daemon's peak memory. Returns (results, stderr)."""
+        mnt = os.path.join(self.tmp, "mnt-" + name)
+        env = dict(os.environ, BURNSTORE_HTTP_CACHE="%dM" % CACHE_MIB)
+        with FaultProxy(self.ng.port, latency=latency) as px:
+            with foreground_mount(px.url("m.safetensors"), mnt, "ro", env=env) as p:
+                if fault:
+                    px.arm(fault, every)
+                got = read_all(mnt, sorted(self.want)) if not during else during(mnt, px)
+                hwm = vmhwm_kb(p.pid)
+            err = p.stderr.read().decode(errors="replace")
+            if fault:
+                check(px.faults > 0, "%s: the proxy gave the fault (%d times)" % (name, px.faults))
+        for k, v in got.items():
+            if isinstance(v, int):
+                check(v == errno.EIO and not expect_all,
+                      "%s: %s failed with %s" % (name, k, errno.errorcode.get(v, v)))
+            else:
+                check(v == self.want[k], "%s: %s has the right bytes (%d of %d)"
+                      % (name, k, len(v), len(self.want[k])))
+        fails = sum(1 for v in got.values() if isinstance(v, int))
+        lines = [x for x in err.splitlines() if x.strip()]
+        if expect_all:
+            check(not lines, "%s: retried, no failure logged: %r" % (name, lines[:4]))
+        else:  # (the kernel's read-ahead reads fail too: a line each, unseen by the reader)
+            check(len(lines) >= fails and all(" failed: " in x or "changed" in x for x in lines),
+                  "%s: a line for each failed read: %r" % (name, lines[:4]))
+        print("  %s: daemon peak %d kB, %d log line(s)" % (name, hwm, len(lines)))
+        limit = (CACHE_MIB + FIXED_MIB) << 10
+        if SANITIZE == "OFF":
+            check(hwm <= limit, "%s: daemon peak %d kB within the cache + %d MiB (%d kB)"
+                  % (name, hwm, FIXED_MIB, limit))
+        return got, err
+
+
+def setup(tmp, ng):
+    want_raw = model()
+    path = ng.path("m.safetensors")
+    write_safetensors(path, want_raw)
+    # the reference: the same file through a local mount
+    with Mount(path, os.path.join(tmp, "mnt-local")) as m:
+        want = {k: open(os.path.join(m, k), "rb").read() for k in want_raw}
+    check(want == want_raw, "the local mount reads the fixture")
+    return Case(tmp, ng, want)
+
+
+def faults(tmp):
+    with Nginx(tmp) as ng:
+        c = setup(tmp, ng)
+        c.run("plain")
+        c.run("latency", latency=0.02)
+        c.run("drop", "drop", every=2)
+        c.run("short", "short", every=2)
+        c.run("s500", "500", every=2)
+        c.run("s503", "503", every=3)
+        t = time.time()
+        c.run("s429", "429", every=6)
+        check(time.time() - t >= 1.0, "429: Retry-After: 1 was waited for")
+        # 200 with the whole body: read from it up to 64 MiB in; past that
+        # refused (EIO, one line), never the body's first bytes as the range
+        c.run("full200", "full200", every=2, expect_all=False)
+
+        # every tensor at once (6 readers, the big one twice), drops every 3rd request
+        def together(mnt, px):
+            out, lock = {}, threading.Lock()
+
+            def one(k, tag):
+                r = read_all(mnt, [k])[k]
+                with lock:
+                    out[k + tag] = r
+            ts = [threading.Thread(target=one, args=(k, "")) for k in sorted(c.want)]
+            ts.append(threading.Thread(target=one, args=("d", "2")))
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(timeout=120)
+            check(not any(t.is_alive() for t in ts), "together: every reader ended")
+            d2 = out.pop("d2", None)
+            check(d2 == c.want["d"], "together: the second reader of d has its bytes")
+            return out
+        c.run("together", "drop", every=3, during=together)
+
+
+def always_down(tmp):
+    """Every range request dropped: the retries give up, EIO, one line a read."""
+    with Nginx(tmp) as ng:
+        c = setup(tmp, ng)
+
+        def during(mnt, px):
+            return read_all(mnt, ["c", "f"])
+        t = time.time()
+        got, err = c.run("down", "drop", every=1, expect_all=False, during=during)
+        check(got == {"c": errno.EIO, "f": errno.EIO}, "down: both reads fail with EIO: %r" % got)
+        lines = [x for x in err.splitlines() if x.strip()]
+        check(len(lines) == 2 and all("failed" in x for x in lines),
+              "down: one line each: %r" % lines)
+        check(time.time() - t < 50, "down: the retries end (%.1f s)" % (time.time() - t))
+
+
+def replaced(tmp):
+    """The object replaced mid-read: the bytes read are the old object's,
+    then EIO (and one line); never the new object's bytes."""
+    with Nginx(tmp) as ng:
+        c = setup(tmp, ng)
+        path = ng.path("m.safetensors")
+        new = model()
+
+        def during(mnt, px):
+            out = {"d": None}
+            old_d = c.want["d"]
+            bad = 0
+            with open(os.path.join(mnt, "d"), "rb") as f:
+                pos = 0
+                try:
+                    while True:
+                        if pos == 16 << 20:  # replaced: a new mtime, a new ETag
+                            write_safetensors(path + ".new", new)
+                            os.utime(path + ".new", (time.time() + 10, time.time() + 10))
+                            os.rename(path + ".new", path)
+                        b = f.read(1 << 20)
+                        if not b:
+                            break
+                        if b != old_d[pos:pos + len(b)]:
+                            bad += 1
+                        pos += len(b)
+                    out["d"] = b"" if bad else old_d[:pos]
+                except OSError as e:
+                    out["d"] = e.errno
+            check(bad == 0, "replaced: no chunk other than the old object's bytes (%d)" % bad)
+            return out
+        got, err = c.run("replaced", expect_all=False, during=during)
+        check(got["d"] == errno.EIO, "replaced: the read ends in EIO: %r" %
+              (got["d"] if isinstance(got["d"], int) else len(got["d"])))
+        check("changed" in err, "replaced: the log says the object changed: %r" % err)
+
+
+def requests_and_parallel(tmp):
+    """What goes over the wire (nginx's access log, the proxy's count of
+    requests under way at once): a header of over 64 KiB mounts in 2
+    requests with no byte past it; the 4 shards of an index are asked for
+    at once; a tensor read on gets read-ahead as parallel 4 MiB requests."""
+    with Nginx(tmp) as ng:
+        many = {"t%05d" % i: b"\0\0\0\0" for i in range(4000)}
+        path = ng.path("many.safetensors")
+        write_safetensors(path, many)
+        with open(path, "rb") as f:
+            header = 8 + struct.unpack("<Q", f.read(8))[0]
+        check(header > 64 << 10, "the header is over 64 KiB (%d)" % header)
+        ng.requests()
+        with Mount(ng.url("many.safetensors"), os.path.join(tmp, "mnt-many")) as m:
+            check(len(os.listdir(m)) == 4000, "4000 tensors listed")
+        reqs = ng.requests()
+        sent = sum(r[2] for r in reqs)
+        check(len(reqs) <= 3 and sent <= header + (64 << 10),
+              "mount: %d requests (<= 3), %d bytes for a %d-byte header (<= +64 KiB): %r"
+              % (len(reqs), sent, header, reqs[:4]))
+        # an index of 4 shards, through a proxy adding 0.3 s a request
+        wmap = {}
+        for i in range(4):
+            name = "model-%05d-of-00004.safetensors" % (i + 1)
+            write_safetensors(ng.path(name), {"s%d.t%d" % (i, j): os.urandom(16) for j in range(50)})
+            wmap.update({"s%d.t%d" % (i, j): name for j in range(50)})
+        with open(ng.path("model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": wmap}, f)
+        with FaultProxy(ng.port, latency=0.3) as px:
+            with Mount(px.url("model.safetensors.index.json"), os.path.join(tmp, "mnt-idx")) as m:
+                check(sorted(os.listdir(m)) == ["s0", "s1", "s2", "s3"], "the 4 shards mounted")
+            check(px.max_inflight >= 4, "the shards' requests went out at once (%d at most)"
+                  % px.max_inflight)
+        # read-ahead: a 96 MiB tensor read on, through 50 ms a request
+        c = Case(tmp, ng, model())
+        write_safetensors(ng.path("m.safetensors"), c.want)
+        with FaultProxy(ng.port, latency=0.05) as px:
+            with Mount(px.url("m.safetensors"), os.path.join(tmp, "mnt-ra")) as m:
+                ng.requests()
+                got = open(os.path.join(m, "d"), "rb").read()
+                check(got == c.want["d"], "read-ahead: the right bytes")
+                reqs = ng.requests()
+        check(px.max_inflight >= 3, "read-ahead: requests in parallel (%d at most)" % px.max_inflight)
+        big = sum(1 for r in reqs if r[2] == 4 << 20)
+        check(big * 4 >= 96 * 3 // 4, "read-ahead: in 4 MiB requests (%d of %d)" % (big, len(reqs)))
+
+
+def main():
+    if not os.path.exists(NGINX):
+        print("SKIP: no nginx (Debian's nginx-light; .ci/install-deps installs it)")
+        sys.exit(77)
+    # A deadline on everything: the whole run is killed (its finally blocks
+    # unmount and stop nginx and the proxy) if it hangs.
+    signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
+    signal.alarm(600)
+    run_tests("test_remote_faults", [requests_and_parallel, faults, always_down, replaced], "rfault")
+
+
+if __name__ == "__main__":
+    main()

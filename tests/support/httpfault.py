@@ -1,0 +1,295 @@
+"""Real HTTP servers for the remote tests and the benchmark, and a
+fault-injecting proxy to put in front of them (stdlib only).
+
+Nginx(tmp): Debian's nginx-light on a free port of 127.0.0.1, serving a
+directory, every request in an access log as "$request $status
+$body_bytes_sent" (requests() reads it back). Started and stopped by the
+caller (a context manager); the port is free, the files are in tmp.
+
+FaultProxy(port): a threaded HTTP/1.1 proxy on a free port of 127.0.0.1 to
+127.0.0.1:port. Every request is forwarded on the client's own upstream
+connection (keep-alive both ways), after `latency` seconds (one round trip
+added a request). Faults are armed by setting `fault` (and `every`): the
+n-th request after arming with n % every == 0 gets it, and only GETs that
+carry a Range (not the opening bytes=0-... ones while `skip_open`):
+  "drop"     half the body, then the connection closed
+  "short"    the headers (Content-Length promised), fewer bytes, closed
+  "500", "503"  that status, a small body
+  "429"      429 with Retry-After: 1
+  "full200"  the Range header removed: 200 with the whole body
+`faults` counts the faults given; `max_inflight` the most requests under
+way at once (from the request's head to its answer's end). Stopped by
+close() (a context manager).
+"""
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Nginx:
+    """nginx on 127.0.0.1:PORT serving ROOT (ranges, ETags, If-Match)."""
+
+    def __init__(self, tmp, extra=""):
+        self.dir = os.path.join(tmp, "nginx-%d" % free_port())
+        self.root = os.path.join(self.dir, "www")
+        self.log = os.path.join(self.dir, "access.log")
+        os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
+        os.makedirs(self.root, exist_ok=True)
+        self.port = free_port()
+        self.extra = extra
+        self.proc = None
+
+    def __enter__(self):
+        d = self.dir
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write("""daemon off;
+master_process off;
+worker_processes 1;
+pid %(d)s/nginx.pid;
+error_log %(d)s/error.log;
+events { worker_connections 256; }
+http {
+  log_format counted '$request $http_range $status $body_bytes_sent';
+  access_log %(log)s counted;
+  sendfile on;
+  keepalive_requests 100000;
+  client_body_temp_path %(d)s/tmp; proxy_temp_path %(d)s/tmp; fastcgi_temp_path %(d)s/tmp;
+  uwsgi_temp_path %(d)s/tmp; scgi_temp_path %(d)s/tmp;
+  server {
+    listen 127.0.0.1:%(port)d;
+    root %(root)s;
+    %(extra)s
+  }
+}
+""" % {"d": d, "port": self.port, "root": self.root, "log": self.log, "extra": self.extra})
+        self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("nginx failed: %s" % self.proc.stderr.read().decode())
+                time.sleep(0.05)
+        self.close()
+        raise RuntimeError("nginx did not listen within 20 s")
+
+    def url(self, name, port=None):
+        return "http://127.0.0.1:%d/%s" % (port or self.port, name)
+
+    def path(self, name):
+        return os.path.join(self.root, name)
+
+    def requests(self):
+        """The access log: [(request line, status, body bytes)], and empties it."""
+        out = []
+        # nginx writes each line as the request ends (no buffer is configured)
+        with open(self.log, "r+") as f:
+            for line in f:
+                p = line.rsplit(" ", 2)
+                if len(p) == 3:
+                    out.append((p[0], int(p[1]), int(p[2])))
+            f.truncate(0)
+        return out
+
+    def close(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _read_head(sock, buf):
+    """Read up to the end of an HTTP head: (head bytes, rest) or (None, b"")."""
+    while b"\r\n\r\n" not in buf:
+        d = sock.recv(65536)
+        if not d:
+            return None, b""
+        buf += d
+    i = buf.index(b"\r\n\r\n") + 4
+    return buf[:i], buf[i:]
+
+
+def _headers(head):
+    lines = head.decode("latin-1").split("\r\n")
+    hs = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            hs[k.strip().lower()] = v.strip()
+    return lines[0], hs
+
+
+class FaultProxy:
+    def __init__(self, port, latency=0.0):
+        self.up = port
+        self.latency = latency
+        self.fault = None
+        self.every = 1
+        self.skip_open = True
+        self.faults = 0
+        self.count = 0
+        self.inflight = self.max_inflight = 0
+        self.lock = threading.Lock()
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(64)
+        self.port = self.ls.getsockname()[1]
+        self.closing = False
+        self.conns = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def arm(self, fault, every=1):
+        with self.lock:
+            self.fault, self.every, self.count = fault, every, 0
+
+    def _accept(self):
+        while not self.closing:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _pick(self, line, hs):
+        """The fault for this request, or None."""
+        with self.lock:
+            if not self.fault:
+                return None
+            rng = hs.get("range", "")
+            if not line.startswith("GET ") or not rng:
+                return None
+            if self.skip_open and rng.startswith("bytes=0-"):
+                return None
+            self.count += 1
+            if self.count % self.every:
+                return None
+            self.faults += 1
+            return self.fault
+
+    def _serve(self, c):
+        u = [None]  # the upstream connection, kept across requests
+        buf = b""
+        try:
+            while not self.closing:
+                head, buf = _read_head(c, buf)
+                if head is None:
+                    return
+                line, hs = _headers(head)
+                with self.lock:
+                    self.inflight += 1
+                    self.max_inflight = max(self.max_inflight, self.inflight)
+                try:
+                    keep = self._one(c, head, line, hs, u)
+                finally:
+                    with self.lock:
+                        self.inflight -= 1
+                if not keep:
+                    return
+        except OSError:
+            return
+        finally:
+            for s in (c, u[0]):
+                if s is not None:
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+
+    def _one(self, c, head, line, hs, u):
+        """Answer one request (u[0]: the upstream connection, made when
+        needed); whether the client's connection stays open."""
+        if self.latency:
+            time.sleep(self.latency)
+        fault = self._pick(line, hs)
+        if fault in ("500", "503", "429"):
+            body = b"fault\n"
+            extra = "Retry-After: 1\r\n" if fault == "429" else ""
+            c.sendall(("HTTP/1.1 %s Fault\r\nContent-Length: %d\r\n%s\r\n"
+                       % (fault, len(body), extra)).encode() + body)
+            return True
+        if fault == "full200":
+            head = b"\r\n".join(x for x in head.split(b"\r\n")
+                                if not x.lower().startswith(b"range:"))
+        if u[0] is None:
+            u[0] = socket.create_connection(("127.0.0.1", self.up))
+            u[0].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        u[0].sendall(head)
+        rhead, rest = _read_head(u[0], b"")
+        if rhead is None:
+            return False
+        _, rhs = _headers(rhead)
+        n = int(rhs.get("content-length", "0"))
+        c.sendall(rhead)
+        if fault in ("drop", "short"):
+            # part of the body (drop: half; short: all but 1000 bytes)
+            part = n // 2 if fault == "drop" else max(0, n - 1000)
+            self._relay(u[0], c, rest, part)
+            return False  # the connection closes: fewer bytes than promised
+        self._relay(u[0], c, rest, n)
+        return True
+
+    @staticmethod
+    def _relay(u, c, rest, n):
+        """n bytes of body from u (rest already read) to c."""
+        first = rest[:n]
+        c.sendall(first)
+        left = n - len(first)
+        mv = memoryview(bytearray(1 << 20))
+        while left > 0:
+            k = u.recv_into(mv, min(left, len(mv)))
+            if not k:
+                raise OSError("upstream closed")
+            c.sendall(mv[:k])
+            left -= k
+
+    def url(self, name):
+        return "http://127.0.0.1:%d/%s" % (self.port, name)
+
+    def close(self):
+        self.closing = True
+        try:
+            self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
+        except OSError:
+            pass
+        self.ls.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
