@@ -446,15 +446,24 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
       goto out;
     }
     for (size_t k = 0; k < hl / 2; k++) {
-      unsigned v;
-      if (sscanf(h + 2 * k, "%2x", &v) != 1) {
+      int hi = bs_hex_digit(h[2 * k]), lo = bs_hex_digit(h[2 * k + 1]);
+      if (hi < 0 || lo < 0) { /* two hex digits a byte; sscanf's %2x took "-1" and " f" */
         perr(err, l, "bad raw dtype");
         goto out;
       }
-      t->dtype_raw[k] = (uint8_t)v;
+      t->dtype_raw[k] = (uint8_t)(hi * 16 + lo);
     }
     t->dtype_raw_len = hl / 2;
     i += 2;
+    /* a torch quantizer (decode.h) must be this tensor's: the channels
+     * index its scales, so another shape's would dequantize wrong values */
+    const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
+                                     ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
+                                     : NULL;
+    if (q && (t->strides || !bs_torch_q_fits(q, rank, t->shape))) {
+      perr(err, l, "a quantizer that does not fit the tensor's shape");
+      goto out;
+    }
   }
   if (i != l->n) {
     perr(err, l, "unexpected field '%.40s'", l->f[i]);
