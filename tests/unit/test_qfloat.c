@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
+#include "bs_test.h"
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
 #include "formats/qfloat.h"
@@ -109,12 +110,8 @@ Test(qfloat, decoded_as_f32)
   st[17] = 0x34;
   memset(st + 18, 1, 7);
   struct bs_catalog cat;
-  bs_catalog_init(&cat);
+  bs_test_mem_catalog(&cat, st, sizeof st);
   bs_err_clear(&err);
-  struct bs_src s;
-  uint32_t idx;
-  cr_assert_eq(bs_src_init_mem(&s, st, sizeof st, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(&cat, &s, &idx, &err), 0);
   uint8_t b[128];
   size_t n = scheme(b, "Q8S", "Native", "F32", false, false);
   add(&cat, "a", b, n, 8, 0, 12);
@@ -150,12 +147,8 @@ Test(qfloat, a_strided_one_is_kept)
 {
   uint8_t st[8 + 4] = {1, 2, 3, 4, 5, 6, 7, 8, 0x00, 0x00, 0x00, 0x3f};
   struct bs_catalog cat;
-  bs_catalog_init(&cat);
+  bs_test_mem_catalog(&cat, st, sizeof st);
   bs_err_clear(&err);
-  struct bs_src s;
-  uint32_t idx;
-  cr_assert_eq(bs_src_init_mem(&s, st, sizeof st, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(&cat, &s, &idx, &err), 0);
   uint8_t b[128];
   size_t n = scheme(b, "Q8S", "Native", "F32", false, false);
   add(&cat, "v", b, n, 8, 0, 12);
