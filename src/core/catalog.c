@@ -354,7 +354,9 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
   if (dt != BS_DT_QI8 && dt != BS_DT_QU8 && dt != BS_DT_QI32)
     return NULL;
   const struct bs_torch_q *q = bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
-  return q && bs_torch_q_fits(q, t->rank, t->shape) ? q : NULL;
+  uint64_t numel;
+  return q && bs_shape_numel(t->rank, t->shape, &numel) == 0 && bs_torch_q_fits(q, numel) ? q
+                                                                                          : NULL;
 }
 
 /* A Burn QFloat tensor of a scheme decoded here (qfloat.h): its scale's

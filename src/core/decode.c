@@ -368,17 +368,11 @@ const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
   return q;
 }
 
-bool bs_torch_q_fits(const struct bs_torch_q *q, uint32_t rank, const uint64_t *shape)
+bool bs_torch_q_fits(const struct bs_torch_q *q, uint64_t numel)
 {
-  if (q->scheme == BS_TQ_PER_TENSOR)
-    return true;
-  if (q->axis >= rank || shape[q->axis] != q->nch)
-    return false;
-  uint64_t inner = 1;
-  for (uint32_t d = q->axis + 1; d < rank; d++)
-    if (!bs_mul_u64(inner, shape[d] ? shape[d] : 1, &inner))
-      return false;
-  return inner == q->inner;
+  uint64_t period;
+  return q->scheme == BS_TQ_PER_TENSOR ||
+         (bs_mul_u64(q->nch, q->inner, &period) && period && numel % period == 0);
 }
 
 static int64_t tq_int(enum bs_dtype dt, const uint8_t *in, size_t i)

@@ -455,13 +455,15 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
     }
     t->dtype_raw_len = hl / 2;
     i += 2;
-    /* a torch quantizer (decode.h) must be this tensor's: the channels
-     * index its scales, so another shape's would dequantize wrong values */
+    /* a torch quantizer (decode.h) must tile this tensor's elements (its
+     * channels run over the flat index: a reshaped tensor keeps it) */
     const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
                                      ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
                                      : NULL;
-    if (q && (t->strides || !bs_torch_q_fits(q, rank, t->shape))) {
-      perr(err, l, "a quantizer that does not fit the tensor's shape");
+    uint64_t numel;
+    if (q &&
+        (t->strides || bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
+      perr(err, l, "a quantizer that does not fit the tensor's elements");
       goto out;
     }
   }

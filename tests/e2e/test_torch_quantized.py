@@ -134,6 +134,26 @@ def test_mount_output_as(tmp):
             check(ts[k][0] == "F32" and ts[k][2] == fbytes(v.dequantize()), "%s: dequantized in the output" % k)
 
 
+def test_reshaped_in_the_mount(tmp):
+    """A per-channel tensor reshaped in a writable mount (its shape xattr;
+    the bytes stay) keeps its quantizer: output_as=F32 writes
+    dequantize().reshape(), its channels following the flat order."""
+    x = torch.randn(4, 6) * 10
+    c = torch.quantize_per_channel(x, torch.rand(4, dtype=torch.double) + 0.1, torch.randint(-3, 3, (4,)), 0,
+                                   torch.qint8)
+    src = os.path.join(tmp, "rs.pth")
+    torch.save({"c": c}, src)
+    out = os.path.join(tmp, "rs.safetensors")
+    with Mount(src, os.path.join(tmp, "mr"), "output=%s,output_as=F32" % out) as m:
+        os.setxattr(os.path.join(m, "c"), X + "shape", b"[2,12]")
+        r = m.unmount()
+        check(r is not None and r.returncode == 0, "-u: %r" % (r and r.stderr))
+    from bsmount import read_safetensors
+    ts, _ = read_safetensors(out)
+    check("c" in ts and ts["c"][0] == "F32" and list(ts["c"][1]) == [2, 12] and
+          ts["c"][2] == fbytes(c.dequantize().reshape(2, 12)), "reshaped, dequantized: %r" % (ts.get("c", "")[:2],))
+
+
 def patched(src, dst, old, new):
     """A copy of .pth src whose data.pkl has `old` replaced by `new` (once)."""
     import zipfile
@@ -196,4 +216,4 @@ def test_shared_quantizer_budget(tmp):
 
 if __name__ == "__main__":
     run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_mount_output_as,
-                                       test_hostile_quantizers, test_shared_quantizer_budget], "tq")
+                                       test_hostile_quantizers, test_shared_quantizer_budget, test_reshaped_in_the_mount], "tq")

@@ -213,7 +213,7 @@ Test(stage_index, hostile_records_are_refused)
  * channels along axis, inner elements a step. */
 static void qline(char *text, size_t cap, uint32_t axis, uint64_t nch, uint64_t inner)
 {
-  uint8_t blob[sizeof(struct bs_torch_q) + 3 * 16] = {0};
+  uint8_t blob[sizeof(struct bs_torch_q) + 4 * 16] = {0};
   struct bs_torch_q h = {.scheme = BS_TQ_PER_CHANNEL, .axis = axis, .nch = nch, .inner = inner};
   memcpy(blob, &h, sizeof h);
   size_t len = sizeof h + nch * 16;
@@ -224,25 +224,23 @@ static void qline(char *text, size_t cap, uint32_t axis, uint64_t nch, uint64_t 
   snprintf(text + n, cap - (size_t)n, "\nend\t1\n");
 }
 
-/* A torch quantizer read back for --finish must be its tensor's: channels
- * along another axis, or another count, would index the scales wrongly
- * (the blob's own lengths agree, so only the shape tells). */
+/* A torch quantizer read back for --finish must tile its tensor's elements
+ * (nch * inner divides numel: its channels run over the flat index, so a
+ * reshaped tensor keeps it); the blob's own lengths agree either way. */
 Test(stage_index, quantizers_must_fit_their_tensor)
 {
   char text[1024];
   struct bs_stage_index idx;
-  qline(text, sizeof text, 0, 2, 3); /* the right one */
-  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
-  bs_stage_index_destroy(&idx);
-  qline(text, sizeof text, 1, 3, 1); /* axis 1: also right */
-  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
-  bs_stage_index_destroy(&idx);
-  qline(text, sizeof text, 0, 3, 1); /* 3 channels on an axis of 2 */
-  refused(text, "does not fit the tensor's shape");
-  qline(text, sizeof text, 1, 3, 2); /* inner 2, not 1 */
-  refused(text, "does not fit the tensor's shape");
-  qline(text, sizeof text, 2, 1, 1); /* an axis past the rank */
-  refused(text, "does not fit the tensor's shape");
+  const uint64_t ok[][3] = {{0, 2, 3}, {1, 3, 1}, {0, 3, 2}, {0, 1, 6}};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    qline(text, sizeof text, (uint32_t)ok[i][0], ok[i][1], ok[i][2]);
+    cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
+    bs_stage_index_destroy(&idx);
+  }
+  qline(text, sizeof text, 0, 2, 2); /* 4 does not divide 6 */
+  refused(text, "does not fit the tensor's elements");
+  qline(text, sizeof text, 0, 3, 3); /* 9 > 6 */
+  refused(text, "does not fit the tensor's elements");
   /* two hex digits a byte, nothing else (sscanf's %2x read "-1" as 0xff) */
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1-1\nend\t1\n", "bad raw dtype");
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1 f\nend\t1\n", "bad raw dtype");
