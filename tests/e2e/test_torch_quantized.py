@@ -216,4 +216,5 @@ def test_shared_quantizer_budget(tmp):
 
 if __name__ == "__main__":
     run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_mount_output_as,
-                                       test_hostile_quantizers, test_shared_quantizer_budget, test_reshaped_in_the_mount], "tq")
+                                       test_hostile_quantizers, test_shared_quantizer_budget,
+                                       test_reshaped_in_the_mount], "tq")
