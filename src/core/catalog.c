@@ -353,7 +353,10 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
 {
   if (dt != BS_DT_QI8 && dt != BS_DT_QU8 && dt != BS_DT_QI32)
     return NULL;
-  return bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+  const struct bs_torch_q *q = bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+  uint64_t numel;
+  return q && bs_shape_numel(t->rank, t->shape, &numel) == 0 && bs_torch_q_fits(q, numel) ? q
+                                                                                          : NULL;
 }
 
 /* A Burn QFloat tensor of a scheme decoded here (qfloat.h): its scale's
@@ -492,11 +495,13 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
 /* A Q8S QFloat tensor's bytes: numel values, then its scale, nothing else.
  * Only numel a multiple of 4: burn-std appends the scale 4-byte aligned
  * while its quantized_data_len counts no padding, so a length that needs
- * padding has no one reading; such a tensor stays as stored. */
+ * padding has no one reading; such a tensor stays as stored. So does a
+ * strided one (only a staging INDEX can say one): its scale is at no
+ * position of the view. */
 static bool qfloat_layout(const struct bs_tensor *t, uint64_t numel)
 {
   enum bs_dtype sd = qfloat_scale(t, BS_DT_QFLOAT);
-  return sd != BS_DT_COUNT && numel % 4 == 0 && t->nbytes >= numel &&
+  return sd != BS_DT_COUNT && !t->strides && numel % 4 == 0 && t->nbytes >= numel &&
          t->nbytes - numel == bs_dtype_bits(sd) / 8;
 }
 

@@ -325,23 +325,23 @@ bool bs_encode_ok(enum bs_dtype dt)
   return dt == BS_DT_F32 || dt == BS_DT_F16 || dt == BS_DT_BF16;
 }
 
+/* Elements [from, n) of in narrowed by `one`, little-endian, into out (the
+ * vector path did the ones before `from`). */
+static inline void encode16(const float *in, size_t from, size_t n, uint8_t *out,
+                            uint16_t (*one)(float))
+{
+  for (size_t i = from; i < n; i++) {
+    uint16_t h = one(in[i]);
+    out[2 * i] = (uint8_t)h;
+    out[2 * i + 1] = (uint8_t)(h >> 8);
+  }
+}
+
 void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
 {
   switch (dt) {
-  case BS_DT_F16:
-    for (size_t i = bs_vec_f32_to_f16(in, n, out); i < n; i++) {
-      uint16_t h = bs_f32_to_f16(in[i]);
-      out[2 * i] = (uint8_t)h;
-      out[2 * i + 1] = (uint8_t)(h >> 8);
-    }
-    break;
-  case BS_DT_BF16:
-    for (size_t i = bs_vec_f32_to_bf16(in, n, out); i < n; i++) {
-      uint16_t h = bs_f32_to_bf16(in[i]);
-      out[2 * i] = (uint8_t)h;
-      out[2 * i + 1] = (uint8_t)(h >> 8);
-    }
-    break;
+  case BS_DT_F16: encode16(in, bs_vec_f32_to_f16(in, n, out), n, out, bs_f32_to_f16); break;
+  case BS_DT_BF16: encode16(in, bs_vec_f32_to_bf16(in, n, out), n, out, bs_f32_to_bf16); break;
   default:
     for (size_t i = 0; i < n; i++) {
       uint32_t u = bits_of(in[i]);
@@ -366,6 +366,13 @@ const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
       q->nch > (len - sizeof *q) / 16 || len != sizeof *q + q->nch * 16)
     return NULL;
   return q;
+}
+
+bool bs_torch_q_fits(const struct bs_torch_q *q, uint64_t numel)
+{
+  uint64_t period;
+  return q->scheme == BS_TQ_PER_TENSOR ||
+         (bs_mul_u64(q->nch, q->inner, &period) && period && numel % period == 0);
 }
 
 static int64_t tq_int(enum bs_dtype dt, const uint8_t *in, size_t i)

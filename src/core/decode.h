@@ -80,6 +80,14 @@ struct bs_torch_q {
  * against the blob); NULL if it holds none. */
 const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len);
 
+/* True if quantizer q's channels tile a tensor of numel elements: per
+ * channel, nch * inner divides numel. The channel of an element is a
+ * function of its flat index, so a tensor reshaped in a writable mount
+ * (user.burnstore.shape) keeps its quantizer and dequantizes to the same
+ * values; one whose element count no longer fits it does not (a dtype_raw
+ * read back from a staging INDEX is checked so, not only its length). */
+bool bs_torch_q_fits(const struct bs_torch_q *q, uint64_t numel);
+
 /* n elements of dt (QI8, QU8, QI32) starting at element `first` of the
  * tensor, dequantized as torch's dequantize() does: per tensor,
  * (float)scale * (float)(int32)(q - zero_point); per channel, in double,

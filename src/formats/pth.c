@@ -238,7 +238,18 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
     for (uint32_t d = h.axis + 1; d < bt->rank; d++)
       if (!bs_mul_u64(h.inner, bt->shape[d] ? bt->shape[d] : 1, &h.inner))
         return bs_fail(c->err, EINVAL, bt->off, f->key, "shape overflows");
-    /* nch <= numel (none is 0) <= the tensor's bytes, checked against the file */
+    /* nch <= numel (none is 0) <= the tensor's bytes, checked against the file;
+     * but the keys of one shared tensor each keep a copy: bounded in all */
+    const uint64_t fsize = pth_src(c)->size;
+    uint64_t limit = fsize > (UINT64_MAX - PTH_QPARAM_SLACK) / PTH_QPARAM_RATIO
+                         ? UINT64_MAX
+                         : fsize * PTH_QPARAM_RATIO + PTH_QPARAM_SLACK;
+    if (h.nch * 16 > limit - c->qbytes)
+      return bs_fail(c->err, EFBIG, bt->off, f->key,
+                     "per-channel quantizers of more than %" PRIu64
+                     " bytes (%u x the file + 16 MiB; shared references multiply them)",
+                     limit, PTH_QPARAM_RATIO);
+    c->qbytes += h.nch * 16;
     len += h.nch * 16;
   }
   uint8_t *blob = bs_malloc((size_t)len);

@@ -20,6 +20,13 @@
 #define PTH_TENSOR_SHARING 16u        /* keys per distinct tensor, on average, past the first */
 #define PTH_TENSOR_SLACK 4096u        /* 4096 keys of the others */
 #define PTH_WALK_NOTES 100u           /* notes the walk writes (cycles, bare storages) */
+/* Per-channel quantizers kept (scales and zero points, 16 bytes a channel,
+ * one copy per key): at most this many times the file's size, plus the
+ * slack below. Each key of a shared tensor holds its own copy, so a small
+ * file naming one large quantizer under thousands of keys would otherwise
+ * cost gigabytes. */
+#define PTH_QPARAM_RATIO 4u
+#define PTH_QPARAM_SLACK (16u << 20)
 
 /* Where a storage's bytes are. */
 struct pth_rec {
@@ -65,6 +72,7 @@ struct pth_ctx {
   uint64_t tensors;  /* distinct tensor values found (nfound counts their keys) */
   unsigned walk_notes;
   uint64_t vbytes; /* values budget spent */
+  uint64_t qbytes; /* per-channel quantizer bytes kept (PTH_QPARAM_RATIO) */
   char *path;      /* BS_MAX_KEY_LEN + 2 bytes */
   struct pth_frame *stack;
   size_t depth, stackcap;

@@ -8,7 +8,10 @@ and without the option the stored integers are shown as before. A
 per_channel_affine_float_qparams tensor (its zero points are floats) is
 shown as stored (cat --as F32 refuses it). convert --as F16 writes dequantize().half().
 Hostile quantizers (patched pickles): an axis past the rank is refused in one
-line; scales that do not match the channels leave the tensor as stored."""
+line; scales that do not match the channels leave the tensor as stored. One
+per-channel tensor shared by a thousand keys (each keeps a copy of its
+quantizer: 200 MB from a 220 KB file) is refused in one line; the same
+tensor under two keys opens."""
 import os
 import subprocess
 
@@ -131,6 +134,26 @@ def test_mount_output_as(tmp):
             check(ts[k][0] == "F32" and ts[k][2] == fbytes(v.dequantize()), "%s: dequantized in the output" % k)
 
 
+def test_reshaped_in_the_mount(tmp):
+    """A per-channel tensor reshaped in a writable mount (its shape xattr;
+    the bytes stay) keeps its quantizer: output_as=F32 writes
+    dequantize().reshape(), its channels following the flat order."""
+    x = torch.randn(4, 6) * 10
+    c = torch.quantize_per_channel(x, torch.rand(4, dtype=torch.double) + 0.1, torch.randint(-3, 3, (4,)), 0,
+                                   torch.qint8)
+    src = os.path.join(tmp, "rs.pth")
+    torch.save({"c": c}, src)
+    out = os.path.join(tmp, "rs.safetensors")
+    with Mount(src, os.path.join(tmp, "mr"), "output=%s,output_as=F32" % out) as m:
+        os.setxattr(os.path.join(m, "c"), X + "shape", b"[2,12]")
+        r = m.unmount()
+        check(r is not None and r.returncode == 0, "-u: %r" % (r and r.stderr))
+    from bsmount import read_safetensors
+    ts, _ = read_safetensors(out)
+    check("c" in ts and ts["c"][0] == "F32" and list(ts["c"][1]) == [2, 12] and
+          ts["c"][2] == fbytes(c.dequantize().reshape(2, 12)), "reshaped, dequantized: %r" % (ts.get("c", "")[:2],))
+
+
 def patched(src, dst, old, new):
     """A copy of .pth src whose data.pkl has `old` replaced by `new` (once)."""
     import zipfile
@@ -169,6 +192,29 @@ def test_hostile_quantizers(tmp):
     check(r.returncode == 0 and r.stdout == q.int_repr().numpy().tobytes(), "its stored integers shown")
 
 
+def test_shared_quantizer_budget(tmp):
+    """Shared references multiply a quantizer: 1000 keys of one tensor with
+    12,500 channels would keep 1000 copies of 200 KB. Refused in one line,
+    fast and small; two keys of it open and dequantize."""
+    n = 12500
+    q = torch.quantize_per_channel(torch.randn(n, 1), torch.rand(n, dtype=torch.double) + 0.1,
+                                   torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+    many = os.path.join(tmp, "many.pth")
+    torch.save({"k%d" % i: q for i in range(1000)}, many)
+    r = subprocess.run(["/usr/bin/time", "-f", "maxrss %M", BIN, "ls", many], capture_output=True, text=True,
+                       timeout=60)
+    err = [l for l in r.stderr.splitlines() if not l.startswith(("maxrss ", "Command exited"))]
+    rss = int(r.stderr.rsplit("maxrss ", 1)[1].split()[0])
+    check(r.returncode == 1 and len(err) == 1 and "per-channel quantizers" in err[0] and "many.pth" in err[0],
+          "1000 keys of one quantizer refused in one line: %r" % r.stderr)
+    check(rss < 64 * 1024, "and it costs no more than 64 MiB (%d KiB)" % rss)
+    two = os.path.join(tmp, "two.pth")
+    torch.save({"a": q, "b": q}, two)
+    r = subprocess.run([BIN, "cat", "--as", "F32", two, "b"], capture_output=True, timeout=60)
+    check(r.returncode == 0 and r.stdout == fbytes(q.dequantize()), "two keys of it: dequantized: %r" % r.stderr)
+
+
 if __name__ == "__main__":
     run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_mount_output_as,
-                                       test_hostile_quantizers], "tq")
+                                       test_hostile_quantizers, test_shared_quantizer_budget,
+                                       test_reshaped_in_the_mount], "tq")
