@@ -17,6 +17,9 @@ carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "500", "503"  that status, a small body
   "429"      429 with Retry-After: 1
   "full200"  the Range header removed: 200 with the whole body
+  "stall"    the headers and half the body, then silence (the connection
+             kept open) until the proxy closes
+`min_len`: only ranges of at least that many bytes get the fault (0: any).
 `faults` counts the faults given; `max_inflight` the most requests under
 way at once (from the request's head to its answer's end). Stopped by
 close() (a context manager).
@@ -148,6 +151,8 @@ class FaultProxy:
         self.fault = None
         self.every = 1
         self.skip_open = True
+        self.min_len = 0
+        self.stop = threading.Event()  # (set by close: ends the stalls)
         self.faults = 0
         self.count = 0
         self.inflight = self.max_inflight = 0
@@ -162,9 +167,9 @@ class FaultProxy:
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
-    def arm(self, fault, every=1):
+    def arm(self, fault, every=1, min_len=0):
         with self.lock:
-            self.fault, self.every, self.count = fault, every, 0
+            self.fault, self.every, self.count, self.min_len = fault, every, 0, min_len
 
     def _accept(self):
         while not self.closing:
@@ -187,6 +192,13 @@ class FaultProxy:
                 return None
             if self.skip_open and rng.startswith("bytes=0-"):
                 return None
+            if self.min_len:
+                try:
+                    a, b = rng.split("=", 1)[1].split("-")
+                    if int(b) - int(a) + 1 < self.min_len:
+                        return None
+                except ValueError:
+                    return None
             self.count += 1
             if self.count % self.every:
                 return None
@@ -247,6 +259,10 @@ class FaultProxy:
         _, rhs = _headers(rhead)
         n = int(rhs.get("content-length", "0"))
         c.sendall(rhead)
+        if fault == "stall":
+            self._relay(u[0], c, rest, n // 2)
+            self.stop.wait(3600)
+            return False
         if fault in ("drop", "short"):
             # part of the body (drop: half; short: all but 1000 bytes)
             part = n // 2 if fault == "drop" else max(0, n - 1000)
@@ -274,6 +290,7 @@ class FaultProxy:
 
     def close(self):
         self.closing = True
+        self.stop.set()
         try:
             self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
         except OSError:
