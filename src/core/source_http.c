@@ -364,6 +364,9 @@ struct shared {
   char *aws_id, *aws_secret, *aws_token; /* aws_token: "x-amz-security-token: ..." */
   const char *deny_hint;                 /* what a 401/403 suggests */
   long timeout_s;                        /* how long a read may block (BURNSTORE_HTTP_TIMEOUT) */
+  /* The CAs TLS trusts, as the curl tool takes them: CURL_CA_BUNDLE, else
+   * SSL_CERT_DIR and SSL_CERT_FILE (NULL: libcurl's default, the system's) */
+  char *cainfo, *capath;
 };
 
 static void shared_unref(struct shared *sh)
@@ -378,6 +381,8 @@ static void shared_unref(struct shared *sh)
   for (size_t i = 0; i < sh->nidle; i++)
     curl_easy_cleanup(sh->idle[i]);
   bs_http_cache_destroy(&sh->cache);
+  bs_free(sh->cainfo);
+  bs_free(sh->capath);
   char *secrets[] = {sh->auth, sh->aws_id, sh->aws_secret, sh->aws_token};
   for (size_t i = 0; i < sizeof secrets / sizeof *secrets; i++)
     if (secrets[i]) {
@@ -501,6 +506,14 @@ static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_r
   }
   sh->refs = 1;
   sh->timeout_s = timeout_env();
+  const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
+  const char *file = getenv("SSL_CERT_FILE");
+  if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||
+      (!bundle && dir && *dir && !(sh->capath = bs_strdup(dir))) ||
+      (!bundle && file && *file && !(sh->cainfo = bs_strdup(file)))) {
+    shared_unref(sh);
+    return NULL;
+  }
   uint64_t cache = o && o->cache_bytes ? o->cache_bytes : cache_env();
   if (bs_http_cache_init(&sh->cache, BLOCK, cache ? cache : CACHE_DEFAULT)) {
     shared_unref(sh);
@@ -822,6 +835,10 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
+    if (sh->cainfo)
+      curl_easy_setopt(c, CURLOPT_CAINFO, sh->cainfo);
+    if (sh->capath)
+      curl_easy_setopt(c, CURLOPT_CAPATH, sh->capath);
     if (sign) {
       curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sh->sigv4);
       curl_easy_setopt(c, CURLOPT_USERNAME, sh->aws_id);
@@ -903,8 +920,9 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
   return rc;
 }
 
-/* The host[:port] of an http(s) URL, without user-info, into out. */
-static void host_of(const char *url, char *out, size_t n)
+/* The origin of an http(s) URL, "scheme://host:port" (the port written
+ * out: 80 or 443 when none is), without user-info, into out. */
+static void origin_of(const char *url, char *out, size_t n)
 {
   const char *a, *e;
   out[0] = '\0';
@@ -913,20 +931,32 @@ static void host_of(const char *url, char *out, size_t n)
   for (const char *p = a; p < e; p++)
     if (*p == '@')
       a = p + 1;
-  snprintf(out, n, "%.*s", (int)(e - a), a);
+  bool tls = strncasecmp(url, "https://", 8) == 0;
+  const char *colon = NULL; /* the port's, not an IPv6 address's */
+  for (const char *p = a; p < e; p++)
+    if (*p == ':')
+      colon = p;
+    else if (*p == ']')
+      colon = NULL;
+  if (colon && colon + 1 < e)
+    snprintf(out, n, "%s://%.*s", tls ? "https" : "http", (int)(e - a), a);
+  else
+    snprintf(out, n, "%s://%.*s:%s", tls ? "https" : "http", (int)((colon ? colon : e) - a), a,
+             tls ? "443" : "80");
 }
 
 /* Reads go where the opening request's redirects led (one round trip, not
- * a redirect each time); the token only to the host it was given for. */
+ * a redirect each time); the token only to the origin it was given for:
+ * the same scheme (never http when the URL is https), host and port. */
 static void set_eff(struct http *h, char *eff)
 {
-  char a[256], b[256];
-  host_of(h->url, a, sizeof a);
-  host_of(eff ? eff : h->url, b, sizeof b);
+  char a[300], b[300];
+  origin_of(h->url, a, sizeof a);
+  origin_of(eff ? eff : h->url, b, sizeof b);
   pthread_mutex_lock(&h->lock);
   bs_free(h->eff);
   h->eff = eff;
-  h->eff_auth = strcasecmp(a, b) == 0;
+  h->eff_auth = a[0] && strcasecmp(a, b) == 0;
   pthread_mutex_unlock(&h->lock);
 }
 

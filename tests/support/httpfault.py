@@ -5,6 +5,11 @@ Nginx(tmp): Debian's nginx-light on a free port of 127.0.0.1, serving a
 directory, every request in an access log as "$request $status
 $body_bytes_sent" (requests() reads it back). Started and stopped by the
 caller (a context manager); the port is free, the files are in tmp.
+Nginx(tmp, tls=True) serves HTTPS instead, with a certificate for
+127.0.0.1 and localhost signed by a CA made for it with openssl (its
+`ca` file, which CURL_CA_BUNDLE points burnstore at); `log_format
+authlog` ($scheme, whether TLS carried it, the Authorization header, the
+request, the status) is defined for an `extra` access_log.
 
 FaultProxy(port): a threaded HTTP/1.1 proxy on a free port of 127.0.0.1 to
 127.0.0.1:port. Every request is forwarded on the client's own upstream
@@ -43,7 +48,7 @@ def free_port():
 class Nginx:
     """nginx on 127.0.0.1:PORT serving ROOT (ranges, ETags, If-Match)."""
 
-    def __init__(self, tmp, extra=""):
+    def __init__(self, tmp, extra="", tls=False):
         self.dir = os.path.join(tmp, "nginx-%d" % free_port())
         self.root = os.path.join(self.dir, "www")
         self.log = os.path.join(self.dir, "access.log")
@@ -51,10 +56,30 @@ class Nginx:
         os.makedirs(self.root, exist_ok=True)
         self.port = free_port()
         self.extra = extra
+        self.tls = tls
+        self.ca = os.path.join(self.dir, "ca.pem")
         self.proc = None
+
+    def _certs(self):
+        """A CA, and a certificate for 127.0.0.1 and localhost it signs."""
+        d = self.dir
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        with open(os.path.join(d, "san.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for cmd in (["req", "-x509"] + ec + ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+                                             "-subj", "/CN=burnstore test CA"],
+                    ["req"] + ec + ["-keyout", "srv.key", "-out", "srv.csr", "-subj",
+                                    "/CN=127.0.0.1"],
+                    ["x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                     "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "san.ext"]):
+            subprocess.run(["openssl"] + cmd, cwd=d, check=True, capture_output=True, timeout=60)
 
     def __enter__(self):
         d = self.dir
+        listen = "127.0.0.1:%d" % self.port
+        if self.tls:
+            self._certs()
+            listen += " ssl;\n    ssl_certificate %s/srv.pem;\n    ssl_certificate_key %s/srv.key" % (d, d)
         conf = os.path.join(d, "nginx.conf")
         with open(conf, "w") as f:
             f.write("""daemon off;
@@ -65,18 +90,19 @@ error_log %(d)s/error.log;
 events { worker_connections 256; }
 http {
   log_format counted '$request $http_range $status $body_bytes_sent';
+  log_format authlog '$scheme tls=$https auth="$http_authorization" $request $status';
   access_log %(log)s counted;
   sendfile on;
   keepalive_requests 100000;
   client_body_temp_path %(d)s/tmp; proxy_temp_path %(d)s/tmp; fastcgi_temp_path %(d)s/tmp;
   uwsgi_temp_path %(d)s/tmp; scgi_temp_path %(d)s/tmp;
   server {
-    listen 127.0.0.1:%(port)d;
+    listen %(listen)s;
     root %(root)s;
     %(extra)s
   }
 }
-""" % {"d": d, "port": self.port, "root": self.root, "log": self.log, "extra": self.extra})
+""" % {"d": d, "listen": listen, "root": self.root, "log": self.log, "extra": self.extra})
         self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.time() + 20
@@ -92,7 +118,7 @@ http {
         raise RuntimeError("nginx did not listen within 20 s")
 
     def url(self, name, port=None):
-        return "http://127.0.0.1:%d/%s" % (port or self.port, name)
+        return "%s://127.0.0.1:%d/%s" % ("https" if self.tls else "http", port or self.port, name)
 
     def path(self, name):
         return os.path.join(self.root, name)
