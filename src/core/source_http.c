@@ -1365,6 +1365,9 @@ static int http_sibling(const struct bs_src *s, const char *rel, struct bs_src *
 {
   struct http *h = s->impl;
   struct bs_remote rm;
+  char msg[160];
+  if (bs_remote_shard_check(&h->rm, rel, msg, sizeof msg) != 0)
+    return bs_fail(err, EACCES, BS_OFF_NONE, NULL, "%s", msg);
   if (bs_remote_sibling(&h->rm, rel, &rm) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   pthread_mutex_lock(&h->sh->lock);
