@@ -12,6 +12,7 @@ HTTP server with Range support defined in this file (FlakyServer). Everything ru
 are stopped in teardown also on failure."""
 import errno
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -335,7 +336,6 @@ def shard_escape(tmp, ng):
     server: "%2E%2E/..." (which nginx decodes, then climbs) used to open
     /secret/s.safetensors beside the model's directory; refused in one line
     naming the index and the shard, nothing mounted."""
-    import json
     os.makedirs(os.path.join(ng.root, "secret"), exist_ok=True)
     os.makedirs(os.path.join(ng.root, "model"), exist_ok=True)
     write_safetensors(os.path.join(ng.root, "secret", "s.safetensors"), {"w": b"secret"})
