@@ -102,7 +102,7 @@ static const char usage_rest[] =
     "  as=F32                 read-only: every floating tensor not stored as F32 shown\n"
     "                         as F32, decoded on read (BF16, F16, F64, F8, every ggml\n"
     "                         quantized type: Q4_0..Q8_1, K-quants, TQ, MXFP4, IQ;\n"
-    "                         PyTorch's quantized tensors)\n"
+    "                         PyTorch's quantized tensors; Burn's symmetric QFloat)\n"
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
     "                         transposed, norm weight/bias named gamma/beta\n"
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
