@@ -141,7 +141,7 @@ static int add_tensor(struct pth_ctx *c, const struct pth_found *f, pth_locate_f
     slen = vl;
   }
   enum bs_dtype dt = t->u.tensor.dtype;
-  uint64_t esize = bs_dtype_bits(dt) / 8;
+  uint64_t esize = dt == BS_DT_F4 ? 1 : bs_dtype_bits(dt) / 8; /* F4: offset in bytes */
   struct bs_tensor *bt =
       bs_catalog_add(c->cat, key, dt, t->u.tensor.rank, t->u.tensor.shape, base, c->err);
   if (!bt)
