@@ -188,6 +188,14 @@ static bool parse(const cbor_item_t *s, uint32_t rank, struct bs_qfloat *q, bool
         *why = "an unknown level";
         return false;
       }
+      /* only blocks along the last dimension: with it a whole number of
+       * blocks they are also runs of the flattened tensor, whichever way
+       * that burn counted them */
+      for (uint32_t d = 0; d + 1 < rank; d++)
+        if (q->block[d] != 1) {
+          *why = "a v0.19-0.21 block over more than the last dimension";
+          return false;
+        }
       has_block = true;
     }
   } else {

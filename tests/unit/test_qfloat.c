@@ -132,6 +132,48 @@ static bool ok(const uint8_t *raw, size_t len, uint32_t rank, const uint64_t *sh
   return r;
 }
 
+/* v0.20-0.21: {value, param, store, level: {"Block": BlockSize}, mode} */
+static size_t old_block(uint8_t *p, const uint8_t dims[5], unsigned len)
+{
+  size_t n = 0;
+  p[n++] = 0xa1;
+  n += text(p + n, "QFloat");
+  p[n++] = 0xa5;
+  n += text(p + n, "value");
+  n += text(p + n, "Q8S");
+  n += text(p + n, "param");
+  n += text(p + n, "F32");
+  n += text(p + n, "store");
+  n += text(p + n, "Native");
+  n += text(p + n, "level");
+  p[n++] = 0xa1;
+  n += text(p + n, "Block");
+  p[n++] = 0xa2;
+  n += text(p + n, "storage");
+  p[n++] = 0x85;
+  for (int i = 0; i < 5; i++)
+    p[n++] = dims[i];
+  n += text(p + n, "len");
+  p[n++] = (uint8_t)len;
+  n += text(p + n, "mode");
+  n += text(p + n, "Symmetric");
+  return n;
+}
+
+Test(qfloat, old_blocks_along_the_last_dimension_only)
+{
+  uint8_t b[160];
+  struct bs_qfloat q;
+  const uint64_t s48[2] = {4, 8};
+  const char *why = NULL;
+  size_t n = old_block(b, (const uint8_t[5]){4, 1, 1, 1, 1}, 1);
+  cr_expect(bs_qfloat_layout(b, n, 2, s48, 32 + 8 * 4, &q, &why), "%s", why);
+  cr_expect(q.nscales == 8 && q.block[0] == 1 && q.block[1] == 4);
+  n = old_block(b, (const uint8_t[5]){2, 4, 1, 1, 1}, 2);
+  cr_expect(!bs_qfloat_layout(b, n, 2, s48, 32 + 4 * 4, &q, &why));
+  cr_expect(strstr(why, "last dimension") != NULL, "%s", why);
+}
+
 Test(qfloat, schemes)
 {
   uint8_t b[160], blk[64];
