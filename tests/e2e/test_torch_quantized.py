@@ -12,6 +12,7 @@ quint4x2 one (packed, no dtype here) is not shown as numbers.
 convert --as F16 writes dequantize().half().
 Hostile quantizers (patched pickles): an axis past the rank is refused in one
 line; scales that do not match the channels leave the tensor as stored."""
+import errno
 import os
 import subprocess
 
@@ -189,6 +190,39 @@ def test_hostile_quantizers(tmp):
     check(r.returncode == 0 and r.stdout == q.int_repr().numpy().tobytes(), "its stored integers shown")
 
 
+def test_sub_byte_not_read(tmp):
+    """torch 1.13's quint4x2 and quint2x4 tensors (float_qparams, two or four
+    values a byte) are not read: ls lists them unsupported, cat and cat --as
+    F32 exit 1 with one line naming the storage class (they printed nothing
+    and exited 0), reading their files in a mount with as=F32 fails (no bytes) and
+    the rest is served."""
+    x = torch.randn(3, 5)
+    sd = {"q4": torch.quantize_per_channel(x, torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 1.0, 2.0]), 0,
+                                           torch.quint4x2),
+          "q2": torch.quantize_per_channel(x, torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.5, 1.0, 2.0]), 0,
+                                           torch.quint2x4),
+          "f": torch.randn(4)}
+    pth = os.path.join(tmp, "sub.pth")
+    torch.save(sd, pth)
+    r = run([BIN, "ls", pth])
+    check(r.returncode == 0 and "QUInt4x2Storage is not supported" in r.stdout
+          and "QUInt2x4Storage is not supported" in r.stdout, "ls lists them unsupported: %r" % r.stdout)
+    for k, cls in (("q4", "QUInt4x2Storage"), ("q2", "QUInt2x4Storage")):
+        for extra in ([], ["--as", "F32"]):
+            r = subprocess.run([BIN, "cat"] + extra + [pth, k], capture_output=True, timeout=60)
+            check(r.returncode == 1 and r.stdout == b"" and r.stderr.count(b"\n") == 1
+                  and cls.encode() in r.stderr and b"'%s'" % k.encode() in r.stderr,
+                  "cat %s %s: refused in one line: %r" % (" ".join(extra), k, r.stderr))
+    with Mount(pth, os.path.join(tmp, "ms"), "as=F32") as m:
+        check(open(os.path.join(m, "f"), "rb").read() == fbytes(sd["f"]), "the mount serves the rest")
+        for k in ("q4", "q2"):
+            try:
+                open(os.path.join(m, k), "rb").read()
+                check(False, "%s: reading it fails, never gives bytes" % k)
+            except OSError as e:
+                check(e.errno in (errno.EIO, errno.ENOTSUP, errno.EOPNOTSUPP), "%s: %s" % (k, e))
+
+
 if __name__ == "__main__":
     run_tests("test_torch_quantized", [test_dequantized_views, test_convert_as_f16, test_mount_output_as,
-                                       test_hostile_quantizers], "tq")
+                                       test_hostile_quantizers, test_sub_byte_not_read], "tq")
