@@ -218,6 +218,18 @@ Test(qfloat, schemes)
   cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s270,
                 140 + 12, &q),
             "a partial block");
+  bl = block(blk, (const uint8_t[5]){0, 1, 1, 1, 1}, 1, "F16");
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+                128 + 8, &q),
+            "a block of 0");
+  bl = block(blk, (const uint8_t[5]){32, 1, 1, 1, 1}, 6, "F16");
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+                128 + 8, &q),
+            "len 6 of 5 dims");
+  bl = block(blk, (const uint8_t[5]){32, 1, 1, 1, 1}, 1, "F64");
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+                128 + 16, &q),
+            "an unknown scale dtype");
   n = scheme(b, "Q8S", "Native", "F32", false, false);
   for (size_t cut = 0; cut < n; cut++)
     cr_expect(!ok(b, cut, 1, s8, 12, &q), "cut at %zu", cut);
