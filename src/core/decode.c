@@ -362,8 +362,9 @@ const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
     return NULL;
   if (q->scheme == BS_TQ_PER_TENSOR)
     return len == sizeof *q ? q : NULL;
-  if (q->scheme != BS_TQ_PER_CHANNEL || q->nch == 0 || q->inner == 0 ||
-      q->nch > (len - sizeof *q) / 16 || len != sizeof *q + q->nch * 16)
+  const uint64_t per = q->scheme == BS_TQ_PER_CHANNEL ? 16 : 8; /* bytes per channel */
+  if ((q->scheme != BS_TQ_PER_CHANNEL && q->scheme != BS_TQ_PER_CHANNEL_FQ) || q->nch == 0 ||
+      q->inner == 0 || q->nch > (len - sizeof *q) / per || len != sizeof *q + q->nch * per)
     return NULL;
   return q;
 }
@@ -396,6 +397,19 @@ void bs_decode_torch_q(enum bs_dtype dt, const struct bs_torch_q *q, uint64_t fi
     for (size_t i = 0; i < n; i++) {
       int32_t d = (int32_t)((uint32_t)tq_int(dt, in, i) - zp);
       out[i] = s * (float)d;
+    }
+    return;
+  }
+  if (q->scheme == BS_TQ_PER_CHANNEL_FQ) {
+    /* torch's dequantize_tensor_per_channel_float_qparams_cpu
+     * (aten/src/ATen/native/quantized/cpu/kernels/QuantizedOpKernels.cpp):
+     * rd[i] = (static_cast<float>(q) - zero_points_data[c]) * scales_data[c],
+     * zero points and scales floats: two F32 operations */
+    const float *fs = (const float *)(const void *)(q + 1), *fz = fs + q->nch;
+    for (size_t i = 0; i < n; i++) {
+      uint64_t c = ((first + i) / q->inner) % q->nch;
+      float d = (float)tq_int(dt, in, i) - fz[c];
+      out[i] = d * fs[c];
     }
     return;
   }
