@@ -316,16 +316,23 @@ int bs_remote_shard_check(const struct bs_remote *r, const char *rel, char *msg,
   char *dec = bs_malloc(strlen(rel) + 1), *w = dec;
   if (!dec)
     return snprintf(msg, mn, "out of memory"), -1;
+  bool ctl = false; /* a %XX that decodes to a control character (%00 too) */
   for (const char *p = rel; *p; p++) {
     int hi, lo;
     if (p[0] == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0) {
-      *w++ = (char)(hi << 4 | lo);
+      *w = (char)(hi << 4 | lo);
+      ctl |= (unsigned char)*w < 0x20 || *w == 0x7f;
+      w++;
       p += 2;
     } else {
       *w++ = *p;
     }
   }
   *w = '\0';
+  if (ctl) {
+    bs_free(dec);
+    return snprintf(msg, mn, "the shard name holds a control character (%%XX)"), -1;
+  }
   long depth = 0;
   bool out = false;
   for (const char *p = dec; *p && !out;) {

@@ -42,8 +42,9 @@ int bs_remote_parse(const char *spec, const struct bs_remote_env *env, struct bs
  * same repository and revision (hf), bucket (s3), or the server's
  * directory tree below the index (http). 0; -1 with the reason in msg
  * when it is empty, absolute, a URL (a scheme), climbs out with ".."
- * (also written %2E%2E, or with '\\'), holds a control character, or (http)
- * a '?' or '#' (another query). */
+ * (also written %2E%2E, or with '\\'), holds a control character (also
+ * %-encoded: a %00 would end the ".." check early), or (http) a '?' or
+ * '#' (another query). */
 int bs_remote_shard_check(const struct bs_remote *r, const char *rel, char *msg, size_t mn);
 /* `rel` (bs_remote_shard_check passed) beside r's file, in the same
  * repository and revision (hf) or bucket (s3). 0 or -1 (no memory). */

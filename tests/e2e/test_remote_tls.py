@@ -1,7 +1,8 @@
 """Remote checkpoints over HTTPS (issue 20): Debian's nginx on a free port
 of 127.0.0.1 serving TLS with a certificate signed by a CA the test makes
 with openssl (tests/support/httpfault.py, Nginx(tls=True)).
-- trusted the way curl users do it (CURL_CA_BUNDLE, SSL_CERT_FILE): every
+- trusted the way curl users do it (CURL_CA_BUNDLE, SSL_CERT_FILE,
+  SSL_CERT_DIR): every
   tensor read through a mount of the https:// URL equals the local mount's
   bytes, and `burnstore ls` lists it;
 - without them (the system's CAs, which do not hold the test's CA) the open
@@ -21,6 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../support"))
 from bsmount import BIN, Mount, check, run, run_tests, write_safetensors  # noqa: E402
 from httpfault import NGINX, Nginx  # noqa: E402
+from test_remote import Env  # noqa: E402
 
 TOKEN = "tls-t0ken-n3ver-in-clear"
 
@@ -40,37 +42,28 @@ def read_tree(m, names):
     return {k: open(os.path.join(m, k), "rb").read() for k in names}
 
 
-class Environ:
-    """os.environ (which Mount's burnstore inherits) set to env for a block."""
-
-    def __init__(self, env):
-        self.env, self.old = env, None
-
-    def __enter__(self):
-        self.old = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        os.environ.clear()
-        os.environ.update(self.old)
-        return False
-
-
 def trusted(tmp):
     with Nginx(tmp, tls=True) as ng:
         want = model()
         write_safetensors(ng.path("m.safetensors"), want)
         url = ng.url("m.safetensors")
         check(url.startswith("https://"), "the server is https: %s" % url)
-        with Environ(env_with(CURL_CA_BUNDLE=ng.ca)):
+        with Env(env_with(CURL_CA_BUNDLE=ng.ca)):
             with Mount(url, os.path.join(tmp, "mnt-tls")) as m:
                 check(read_tree(m, want) == want, "CURL_CA_BUNDLE: every tensor over https")
         r = run([BIN, "ls", url], env=env_with(SSL_CERT_FILE=ng.ca))
         check(r.returncode == 0 and "a" in r.stdout.split(),
               "SSL_CERT_FILE: ls over https: %d %r" % (r.returncode, r.stderr))
+        # SSL_CERT_DIR: a directory of CA certificates by subject hash
+        certs = os.path.join(tmp, "certs")
+        os.makedirs(certs, exist_ok=True)
+        h = run(["openssl", "x509", "-hash", "-noout", "-in", ng.ca]).stdout.strip()
+        os.symlink(ng.ca, os.path.join(certs, h + ".0"))
+        r = run([BIN, "ls", url], env=env_with(SSL_CERT_DIR=certs))
+        check(r.returncode == 0 and "a" in r.stdout.split(),
+              "SSL_CERT_DIR: ls over https: %d %r" % (r.returncode, r.stderr))
         reqs = ng.requests()
-        check(len(reqs) >= 3, "nginx served them (%d requests)" % len(reqs))
+        check(len(reqs) >= 4, "nginx served them (%d requests)" % len(reqs))
 
         # the system's CAs only: refused in one line, the URL and the reason named
         r = run([BIN, "ls", url], env=env_with())
@@ -103,7 +96,7 @@ def no_token_over_http(tmp):
         os.makedirs(ng.path("cdn"))
         write_safetensors(ng.path("cdn/m.safetensors"), want)
         url = ng.url("m.safetensors")
-        with Environ(env_with(CURL_CA_BUNDLE=ng.ca, BURNSTORE_HTTP_TOKEN=TOKEN)):
+        with Env(env_with(CURL_CA_BUNDLE=ng.ca, BURNSTORE_HTTP_TOKEN=TOKEN)):
             with Mount(url, os.path.join(tmp, "mnt-redir")) as m:
                 got = read_tree(m, want)
         check(got == want, "https -> http redirect: every tensor")

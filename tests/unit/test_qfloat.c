@@ -8,11 +8,13 @@
  * scales, stays as stored with a note. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bs_test.h"
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/decode.h"
 #include "core/qfloat.h"
 
 static bs_err err;
@@ -466,4 +468,65 @@ Test(qfloat, e4m3_ue8m0)
       cr_expect_eq(fbits(got[i]), fbits(want), "[%d] %a vs %a", i, got[i], want);
   }
   bs_catalog_destroy(&cat);
+}
+
+/* Q4S packed in rows of [3, 20001] (rows padded to words), blocks [1, 3]
+ * with F32 scales: 20001 scales (more than one window of them) and more
+ * elements than a decode step. Every range, read as F16 from a byte that
+ * may fall mid-element and mid-word, is the same bytes as that range of
+ * the whole read, and the whole read is each value times its block's
+ * scale. */
+Test(qfloat, ranges_of_packed_blocks)
+{
+  enum { R = 3, C = 20001, WPR = (C + 7) / 8, NS = R * (C / 3) };
+  const size_t vb = (size_t)R * WPR * 4, len = vb + (size_t)NS * 4;
+  uint8_t *st = calloc(1, len), raw[256], blk[64];
+  int8_t *v = malloc((size_t)R * C);
+  uint32_t seed = 12345;
+  for (size_t i = 0; i < (size_t)R * C; i++) {
+    seed = seed * 1103515245u + 12345u;
+    v[i] = (int8_t)((int)(seed >> 16) % 16 - 8);
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      size_t word = (size_t)r * WPR + (size_t)c / 8;
+      uint32_t nib = (uint32_t)(v[(size_t)r * C + c] & 0xf) << (4 * (c % 8));
+      st[4 * word + (size_t)(c % 8) / 2] |= (uint8_t)(nib >> (8 * ((c % 8) / 2)));
+    }
+  for (int i = 0; i < NS; i++) {
+    float f = 0.5f + (float)(i % 7);
+    memcpy(st + vb + 4 * (size_t)i, &f, 4);
+  }
+  size_t bl = block(blk, (const uint8_t[5]){1, 3, 1, 1, 1}, 2, "F32");
+  size_t n = scheme2(raw, "Q4S", PACKED0, sizeof PACKED0, "Symmetric", NULL, blk, bl);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, len, raw, n, 2, (const uint64_t[]){R, C}, BS_DT_F16);
+  const size_t total = (size_t)R * C * 2;
+  uint8_t *all = malloc(total), *part = malloc(total);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, all, total), (long)total);
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      size_t i = (size_t)r * C + c;
+      float want = (float)v[i] * (0.5f + (float)((r * (C / 3) + c / 3) % 7));
+      uint16_t h = (uint16_t)(all[2 * i] | all[2 * i + 1] << 8);
+      cr_assert_eq(bs_f16_to_f32(h), want, "(%d, %d)", r, c);
+    }
+  for (int k = 0; k < 300; k++) {
+    seed = seed * 1103515245u + 12345u;
+    size_t off = (seed >> 3) % total;
+    seed = seed * 1103515245u + 12345u;
+    size_t m = 1 + (seed >> 3) % (k % 3 == 0 ? total - off : 41);
+    if (m > total - off)
+      m = total - off;
+    cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], off, part, m), (long)m, "%zu+%zu", off, m);
+    cr_assert(memcmp(part, all + off, m) == 0, "bytes %zu+%zu differ", off, m);
+  }
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], total - 1, part, 5), 1);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], total, part, 5), 0);
+  bs_catalog_destroy(&cat);
+  free(all);
+  free(part);
+  free(v);
+  free(st);
 }

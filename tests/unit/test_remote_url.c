@@ -275,6 +275,10 @@ Test(remote_url, shard_names_stay_inside)
     shard(u, "s3:other/m", false, "URL");
     shard(u, "", false, "empty");
     shard(u, "m\n.safetensors", false, "control");
+    /* a %00 must not end the ".." check early: curl still removes the
+     * dot segments after it */
+    shard(u, "%00/../../../other/m.safetensors", false, "control");
+    shard(u, "m%0D%0A.safetensors", false, "control");
   }
   shard(hf, "../../other", false, "its repository and revision");
   shard(s3, "../../other-bucket/k", false, "its bucket");
