@@ -91,6 +91,9 @@ set(CPACK_DEBIAN_BIN_PACKAGE_SECTION utils)
 # The binary links the core statically (it calls private functions the
 # library does not export), so it needs no libburnstore: fuse3 for fusermount3.
 set(CPACK_DEBIAN_BIN_PACKAGE_DEPENDS "fuse3")
+# https:// sources (hf://, s3://) verify TLS against the system's CA store.
+set(CPACK_DEBIAN_BIN_PACKAGE_RECOMMENDS "ca-certificates")
+set(CPACK_DEBIAN_LIB_PACKAGE_RECOMMENDS "ca-certificates")
 set(CPACK_COMPONENT_BIN_DESCRIPTION "model checkpoints as directories of tensor files (FUSE)
 burnstore mounts Burnpack, SafeTensors (also sharded), PyTorch and GGUF
 checkpoints as directories of tensor files, read-only or writable (written

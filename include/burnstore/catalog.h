@@ -51,7 +51,8 @@ struct bs_tensor {
                              strides == NULL, else of the storage's first byte */
   int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
   uint64_t storage_off;   /* strided only: element offset into the storage */
-  uint64_t storage_bytes; /* strided only: bytes of the storage from off */
+  uint64_t storage_bytes; /* strided only: bytes of the storage from off; a decoded
+                             QFloat tensor (never strided): its stored length */
   uint64_t param_id;
   uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
                          encoded it (QFloat's CBOR scheme map), for round trips */

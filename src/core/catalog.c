@@ -353,27 +353,25 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
 {
   if (dt != BS_DT_QI8 && dt != BS_DT_QU8 && dt != BS_DT_QI32)
     return NULL;
-  return bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+  const struct bs_torch_q *q = bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+  uint64_t numel;
+  return q && bs_shape_numel(t->rank, t->shape, &numel) == 0 && bs_torch_q_fits(q, numel) ? q
+                                                                                          : NULL;
 }
 
-/* A Burn QFloat tensor of a scheme decoded here (qfloat.h): its scale's
- * dtype, or BS_DT_COUNT. */
-static enum bs_dtype qfloat_scale(const struct bs_tensor *t, enum bs_dtype dt)
+/* A Burn QFloat tensor of a scheme decoded here (qfloat.h), stored in
+ * `stored_len` bytes: true with its layout in *q. */
+static bool qfloat_of(const struct bs_tensor *t, uint64_t stored_len, struct bs_qfloat *q)
 {
-  return dt == BS_DT_QFLOAT ? bs_qfloat_q8s_scale(t->dtype_raw, t->dtype_raw_len) : BS_DT_COUNT;
+  return bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, stored_len, q, NULL);
 }
 
 /* The stored unit of tensor t stored as dt: bs_decode_unit's; for F32 (as
  * F16 or BF16: narrowed only) one element of 4 bytes; for torch's
- * quantized types with a quantizer and Burn's Q8S QFloat, one element. */
+ * quantized types with a quantizer, one element. (QFloat: qfloat_read.) */
 static bool stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *elems,
                         uint32_t *bytes)
 {
-  if (qfloat_scale(t, dt) != BS_DT_COUNT) {
-    *elems = 1;
-    *bytes = 1;
-    return true;
-  }
   if (dt == BS_DT_F32 || torch_q(t, dt)) {
     *elems = 1;
     *bytes = bs_dtype_bits(dt) / 8;
@@ -382,16 +380,12 @@ static bool stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *e
   return bs_decode_unit(dt, elems, bytes);
 }
 
-/* n units of dt, the first being unit `first` of the tensor, to F32
- * (qscale: a QFloat tensor's scale). */
+/* n units of dt, the first being unit `first` of the tensor, to F32. */
 static void to_f32(const struct bs_tensor *t, enum bs_dtype dt, uint64_t first, const uint8_t *in,
-                   size_t n, float qscale, float *out)
+                   size_t n, float *out)
 {
   const struct bs_torch_q *q = torch_q(t, dt);
-  if (dt == BS_DT_QFLOAT)
-    for (size_t i = 0; i < n; i++)
-      out[i] = (float)(int8_t)in[i] * qscale; /* burn: q as f32 * scale */
-  else if (q)
+  if (q)
     bs_decode_torch_q(dt, q, first, in, n, out);
   else if (dt != BS_DT_F32)
     bs_decode(dt, in, n, out);
@@ -402,6 +396,77 @@ static void to_f32(const struct bs_tensor *t, enum bs_dtype dt, uint64_t first, 
     }
 }
 
+/* Scales cached per QFloat read: a window of them, read as needed. */
+#define QF_SCALES 1024u
+
+/* A decoded QFloat tensor's bytes [off, off + n): the value bytes that
+ * cover a step of elements, read, each value times its scale (from a
+ * window of scales read as needed), encoded as t->dtype. */
+static long qfloat_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
+                        uint8_t *buf, size_t n)
+{
+  struct bs_qfloat q;
+  const uint32_t osz = bs_dtype_bits(t->dtype) / 8;
+  const uint64_t stored_len = t->storage_bytes; /* bs_catalog_decode_as kept it */
+  if (off >= t->nbytes)
+    return 0;
+  if (!qfloat_of(t, stored_len, &q) || !bs_encode_ok(t->dtype))
+    return -EIO;
+  if (n > t->nbytes - off)
+    n = (size_t)(t->nbytes - off);
+  const uint64_t e_end = (off + n + osz - 1) / osz, ssz = bs_dtype_bits(q.scale_dt) / 8;
+  uint64_t e = off / osz;
+  uint64_t step = e_end - e < DECODE_STEP_ELEMS ? e_end - e : DECODE_STEP_ELEMS;
+  uint8_t *raw = bs_malloc((size_t)step * 4 + 8), *sb = bs_malloc(QF_SCALES * 4);
+  float *dec = bs_malloc((size_t)step * sizeof(float)), *sc = bs_malloc(QF_SCALES * sizeof(float));
+  uint8_t *enc = bs_malloc((size_t)step * osz);
+  uint64_t sc0 = 0, scn = 0; /* the window: scales [sc0, sc0 + scn) */
+  long ret = 0;
+  size_t done = 0;
+  if (!raw || !sb || !dec || !sc || !enc) {
+    ret = -ENOMEM;
+    goto out;
+  }
+  for (; e < e_end; e += step) {
+    const uint64_t k = e_end - e < step ? e_end - e : step;
+    uint64_t b0, b1;
+    bs_qfloat_span(&q, e, e + k, &b0, &b1); /* b1 - b0 <= 4 k + 4 */
+    long r = raw_pread(cat, t, 1, q.value_bytes, b0, raw, (size_t)(b1 - b0));
+    if (r < 0 || (uint64_t)r != b1 - b0) {
+      ret = r < 0 && !done ? r : done ? (long)done : -EIO;
+      goto out;
+    }
+    for (uint64_t i = 0; i < k; i++) {
+      uint64_t si = bs_qfloat_scale_index(&q, e + i);
+      if (si < sc0 || si >= sc0 + scn) {
+        sc0 = si;
+        scn = q.nscales - si < QF_SCALES ? q.nscales - si : QF_SCALES;
+        r = raw_pread(cat, t, 1, stored_len, q.value_bytes + si * ssz, sb, (size_t)(scn * ssz));
+        if (r < 0 || (uint64_t)r != scn * ssz) {
+          ret = r < 0 && !done ? r : done ? (long)done : -EIO;
+          goto out;
+        }
+        for (uint64_t j = 0; j < scn; j++)
+          sc[j] = bs_qfloat_scale(&q, sb + j * ssz);
+      }
+      dec[i] = bs_qfloat_value(&q, raw, b0, e + i) * sc[si - sc0]; /* burn: q as f32 * scale */
+    }
+    bs_encode(t->dtype, dec, (size_t)k, enc);
+    const uint64_t skip = off + done - e * osz;
+    const size_t chunk = (size_t)(k * osz - skip) < n - done ? (size_t)(k * osz - skip) : n - done;
+    memcpy(buf + done, enc + skip, chunk);
+    done += chunk;
+  }
+  ret = checked(cat, t, (long)done);
+out:
+  bs_free(raw);
+  bs_free(sb);
+  bs_free(dec);
+  bs_free(sc);
+  bs_free(enc);
+  return ret;
+}
+
 /* A decoded tensor's bytes [off, off + n) (of dtype: F32, F16 or BF16):
  * the stored units that cover them, read, decoded to F32 and, for F16 and
  * BF16, narrowed, a step at a time into a bounded scratch. */
@@ -410,6 +475,8 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
 {
   uint32_t ue, ub;
   const enum bs_dtype sdt = (enum bs_dtype)t->stored_dtype;
+  if (sdt == BS_DT_QFLOAT)
+    return qfloat_read(cat, t, off, buf, n);
   if (off >= t->nbytes)
     return 0;
   if (!stored_unit(t, sdt, &ue, &ub) || !bs_encode_ok(t->dtype))
@@ -431,21 +498,6 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     ret = -ENOMEM;
     goto out;
   }
-  float qscale = 0; /* a QFloat tensor's: the bytes after its values */
-  if (sdt == BS_DT_QFLOAT) {
-    const enum bs_dtype sd = qfloat_scale(t, sdt);
-    const uint32_t ssz = bs_dtype_bits(sd) / 8;
-    uint8_t sb[4];
-    long r = raw_pread(cat, t, 1, stored_len + ssz, stored_len, sb, ssz);
-    if (r != (long)ssz) {
-      ret = r < 0 ? r : -EIO;
-      goto out;
-    }
-    uint32_t u = sd == BS_DT_F32 ? bs_le32(sb) : sd == BS_DT_BF16 ? (uint32_t)bs_le16(sb) << 16 : 0;
-    memcpy(&qscale, &u, sizeof u);
-    if (sd == BS_DT_F16)
-      qscale = bs_f16_to_f32(bs_le16(sb));
-  }
   size_t done = 0;
   while (done < n) {
     uint64_t pos = off + done, u0 = pos / uout;
@@ -463,9 +515,9 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     size_t chunk = avail < n - done ? avail : n - done;
     if (t->dtype == BS_DT_F32 && skip == 0 && chunk == avail &&
         (uintptr_t)(buf + done) % _Alignof(float) == 0) {
-      to_f32(t, sdt, u0, raw, (size_t)k, qscale, (float *)(void *)(buf + done)); /* no copy */
+      to_f32(t, sdt, u0, raw, (size_t)k, (float *)(void *)(buf + done)); /* no copy */
     } else {
-      to_f32(t, sdt, u0, raw, (size_t)k, qscale, dec);
+      to_f32(t, sdt, u0, raw, (size_t)k, dec);
       if (enc != (uint8_t *)dec)
         bs_encode(t->dtype, dec, (size_t)k * ue, enc);
       memcpy(buf + done, enc + skip, chunk);
@@ -489,23 +541,12 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
-/* A Q8S QFloat tensor's bytes: numel values, then its scale, nothing else.
- * Only numel a multiple of 4: burn-std appends the scale 4-byte aligned
- * while its quantized_data_len counts no padding, so a length that needs
- * padding has no one reading; such a tensor stays as stored. */
-static bool qfloat_layout(const struct bs_tensor *t, uint64_t numel)
-{
-  enum bs_dtype sd = qfloat_scale(t, BS_DT_QFLOAT);
-  return sd != BS_DT_COUNT && numel % 4 == 0 && t->nbytes >= numel &&
-         t->nbytes - numel == bs_dtype_bits(sd) / 8;
-}
-
 bool bs_tensor_decodable(const struct bs_tensor *t)
 {
   uint32_t e, b;
-  uint64_t numel;
+  struct bs_qfloat q;
   if (t->dtype == BS_DT_QFLOAT)
-    return bs_shape_numel(t->rank, t->shape, &numel) == 0 && qfloat_layout(t, numel);
+    return !t->unsupported && !t->strides && qfloat_of(t, t->nbytes, &q);
   return bs_dtype_is_float(t->dtype) && stored_unit(t, t->dtype, &e, &b);
 }
 
@@ -522,15 +563,17 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
     if (t->decoded || t->dtype == as || !bs_dtype_is_float(t->dtype))
       continue;
     uint64_t numel, nbytes;
+    const bool qf = t->dtype == BS_DT_QFLOAT;
     /* Blocks run along the last dimension: a strided view of them (none
      * of our readers makes one) is kept as stored. */
-    if (!stored_unit(t, t->dtype, &ue, &ub) || t->unsupported ||
-        (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
-        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes) ||
-        (t->dtype == BS_DT_QFLOAT && !qfloat_layout(t, numel))) {
+    if ((qf ? !bs_tensor_decodable(t) : !stored_unit(t, t->dtype, &ue, &ub)) || t->unsupported ||
+        (t->strides && (qf || bs_dtype_block(t->dtype, &be, &bb))) ||
+        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
       kept[t->dtype]++;
       continue;
     }
+    if (qf)
+      t->storage_bytes = t->nbytes; /* the stored length, for qfloat_read */
     t->stored_dtype = (uint8_t)t->dtype;
     t->dtype = as;
     t->nbytes = nbytes;

@@ -325,23 +325,23 @@ bool bs_encode_ok(enum bs_dtype dt)
   return dt == BS_DT_F32 || dt == BS_DT_F16 || dt == BS_DT_BF16;
 }
 
+/* Elements [from, n) of in narrowed by `one`, little-endian, into out (the
+ * vector path did the ones before `from`). */
+static inline void encode16(const float *in, size_t from, size_t n, uint8_t *out,
+                            uint16_t (*one)(float))
+{
+  for (size_t i = from; i < n; i++) {
+    uint16_t h = one(in[i]);
+    out[2 * i] = (uint8_t)h;
+    out[2 * i + 1] = (uint8_t)(h >> 8);
+  }
+}
+
 void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
 {
   switch (dt) {
-  case BS_DT_F16:
-    for (size_t i = bs_vec_f32_to_f16(in, n, out); i < n; i++) {
-      uint16_t h = bs_f32_to_f16(in[i]);
-      out[2 * i] = (uint8_t)h;
-      out[2 * i + 1] = (uint8_t)(h >> 8);
-    }
-    break;
-  case BS_DT_BF16:
-    for (size_t i = bs_vec_f32_to_bf16(in, n, out); i < n; i++) {
-      uint16_t h = bs_f32_to_bf16(in[i]);
-      out[2 * i] = (uint8_t)h;
-      out[2 * i + 1] = (uint8_t)(h >> 8);
-    }
-    break;
+  case BS_DT_F16: encode16(in, bs_vec_f32_to_f16(in, n, out), n, out, bs_f32_to_f16); break;
+  case BS_DT_BF16: encode16(in, bs_vec_f32_to_bf16(in, n, out), n, out, bs_f32_to_bf16); break;
   default:
     for (size_t i = 0; i < n; i++) {
       uint32_t u = bits_of(in[i]);
@@ -362,10 +362,18 @@ const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
     return NULL;
   if (q->scheme == BS_TQ_PER_TENSOR)
     return len == sizeof *q ? q : NULL;
-  if (q->scheme != BS_TQ_PER_CHANNEL || q->nch == 0 || q->inner == 0 ||
-      q->nch > (len - sizeof *q) / 16 || len != sizeof *q + q->nch * 16)
+  const uint64_t per = q->scheme == BS_TQ_PER_CHANNEL ? 16 : 8; /* bytes per channel */
+  if ((q->scheme != BS_TQ_PER_CHANNEL && q->scheme != BS_TQ_PER_CHANNEL_FQ) || q->nch == 0 ||
+      q->inner == 0 || q->nch > (len - sizeof *q) / per || len != sizeof *q + q->nch * per)
     return NULL;
   return q;
+}
+
+bool bs_torch_q_fits(const struct bs_torch_q *q, uint64_t numel)
+{
+  uint64_t period;
+  return q->scheme == BS_TQ_PER_TENSOR ||
+         (bs_mul_u64(q->nch, q->inner, &period) && period && numel % period == 0);
 }
 
 static int64_t tq_int(enum bs_dtype dt, const uint8_t *in, size_t i)
@@ -389,6 +397,19 @@ void bs_decode_torch_q(enum bs_dtype dt, const struct bs_torch_q *q, uint64_t fi
     for (size_t i = 0; i < n; i++) {
       int32_t d = (int32_t)((uint32_t)tq_int(dt, in, i) - zp);
       out[i] = s * (float)d;
+    }
+    return;
+  }
+  if (q->scheme == BS_TQ_PER_CHANNEL_FQ) {
+    /* torch's dequantize_tensor_per_channel_float_qparams_cpu
+     * (aten/src/ATen/native/quantized/cpu/kernels/QuantizedOpKernels.cpp):
+     * rd[i] = (static_cast<float>(q) - zero_points_data[c]) * scales_data[c],
+     * zero points and scales floats: two F32 operations */
+    const float *fs = (const float *)(const void *)(q + 1), *fz = fs + q->nch;
+    for (size_t i = 0; i < n; i++) {
+      uint64_t c = ((first + i) / q->inner) % q->nch;
+      float d = (float)tq_int(dt, in, i) - fz[c];
+      out[i] = d * fs[c];
     }
     return;
   }

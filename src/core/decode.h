@@ -61,13 +61,16 @@ void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out);
 
 /* ---- PyTorch's quantized tensors (qint8, quint8, qint32) ---- */
 
-enum { BS_TQ_NONE, BS_TQ_PER_TENSOR, BS_TQ_PER_CHANNEL };
+/* BS_TQ_PER_CHANNEL_FQ: torch's per_channel_affine_float_qparams (float
+ * zero points; embedding quantization). */
+enum { BS_TQ_NONE, BS_TQ_PER_TENSOR, BS_TQ_PER_CHANNEL, BS_TQ_PER_CHANNEL_FQ };
 
 /* A torch quantized tensor's quantizer, as the .pth reader keeps it in the
  * tensor's dtype_raw: this header, then for BS_TQ_PER_CHANNEL nch doubles
- * (the scales) and nch int64 (the zero points), in host order. */
+ * (the scales) and nch int64 (the zero points), for BS_TQ_PER_CHANNEL_FQ
+ * nch floats (the scales) and nch floats (the zero points), in host order. */
 struct bs_torch_q {
-  uint32_t scheme; /* BS_TQ_PER_TENSOR or BS_TQ_PER_CHANNEL */
+  uint32_t scheme; /* BS_TQ_PER_TENSOR, BS_TQ_PER_CHANNEL or _FQ */
   uint32_t axis;   /* per channel: the dimension the channels run along */
   double scale;    /* per tensor */
   int64_t zp;
@@ -80,10 +83,19 @@ struct bs_torch_q {
  * against the blob); NULL if it holds none. */
 const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len);
 
+/* True if quantizer q's channels tile a tensor of numel elements: per
+ * channel, nch * inner divides numel. The channel of an element is a
+ * function of its flat index, so a tensor reshaped in a writable mount
+ * (user.burnstore.shape) keeps its quantizer and dequantizes to the same
+ * values; one whose element count no longer fits it does not (a dtype_raw
+ * read back from a staging INDEX is checked so, not only its length). */
+bool bs_torch_q_fits(const struct bs_torch_q *q, uint64_t numel);
+
 /* n elements of dt (QI8, QU8, QI32) starting at element `first` of the
  * tensor, dequantized as torch's dequantize() does: per tensor,
  * (float)scale * (float)(int32)(q - zero_point); per channel, in double,
- * (q - zero_point[c]) * scale[c], rounded to float once. */
+ * (q - zero_point[c]) * scale[c], rounded to float once; per channel with
+ * float qparams, in float, ((float)q - zero_point[c]) * scale[c]. */
 void bs_decode_torch_q(enum bs_dtype dt, const struct bs_torch_q *q, uint64_t first,
                        const uint8_t *in, size_t n, float *out);
 

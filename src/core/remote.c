@@ -294,6 +294,61 @@ int bs_remote_parse(const char *spec, const struct bs_remote_env *env, struct bs
   return 0;
 }
 
+int bs_remote_shard_check(const struct bs_remote *r, const char *rel, char *msg, size_t mn)
+{
+  const char *where = r->kind == BS_REMOTE_HF   ? "its repository and revision"
+                      : r->kind == BS_REMOTE_S3 ? "its bucket"
+                                                : "the index's directory on the server";
+  if (!*rel)
+    return snprintf(msg, mn, "the shard name is empty"), -1;
+  if (rel[0] == '/' || rel[0] == '\\')
+    return snprintf(msg, mn, "the shard name is absolute: it must stay in %s", where), -1;
+  size_t seg0 = strcspn(rel, "/\\");
+  if (memchr(rel, ':', seg0) || strstr(rel, "://"))
+    return snprintf(msg, mn, "the shard name is a URL: it must stay in %s", where), -1;
+  for (const char *p = rel; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      return snprintf(msg, mn, "the shard name holds a control character"), -1;
+  if (r->kind == BS_REMOTE_HTTP && strpbrk(rel, "?#"))
+    return snprintf(msg, mn, "the shard name holds a '?' or '#' (it would change the URL)"), -1;
+  /* %XX decoded (as a server may), then its segments (split at '/' and
+   * '\\'): ".." may not climb above where it starts. */
+  char *dec = bs_malloc(strlen(rel) + 1), *w = dec;
+  if (!dec)
+    return snprintf(msg, mn, "out of memory"), -1;
+  bool ctl = false; /* a %XX that decodes to a control character (%00 too) */
+  for (const char *p = rel; *p; p++) {
+    int hi, lo;
+    if (p[0] == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0) {
+      *w = (char)(hi << 4 | lo);
+      ctl |= (unsigned char)*w < 0x20 || *w == 0x7f;
+      w++;
+      p += 2;
+    } else {
+      *w++ = *p;
+    }
+  }
+  *w = '\0';
+  if (ctl) {
+    bs_free(dec);
+    return snprintf(msg, mn, "the shard name holds a control character (%%XX)"), -1;
+  }
+  long depth = 0;
+  bool out = false;
+  for (const char *p = dec; *p && !out;) {
+    size_t n = strcspn(p, "/\\");
+    if (n == 2 && p[0] == '.' && p[1] == '.')
+      out = --depth < 0;
+    else if (n > 0 && !(n == 1 && p[0] == '.'))
+      depth++;
+    p += n + (p[n] != '\0');
+  }
+  bs_free(dec);
+  if (out)
+    return snprintf(msg, mn, "the shard name climbs out of %s (..)", where), -1;
+  return 0;
+}
+
 /* s up to and with its last '/' (all of it when none), then tail. */
 static char *beside(const char *s, const char *tail)
 {

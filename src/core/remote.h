@@ -38,8 +38,16 @@ struct bs_remote {
  * http URL's user-info, which is not repeated). r is freed on failure. */
 int bs_remote_parse(const char *spec, const struct bs_remote_env *env, struct bs_remote *r,
                     char *msg, size_t mn);
-/* `rel` (relative, no "..": the caller checked) beside r's file, in the
- * same repository and revision (hf) or bucket (s3). 0 or -1 (no memory). */
+/* Whether `rel`, a shard's name in an index at r, stays beside it: in the
+ * same repository and revision (hf), bucket (s3), or the server's
+ * directory tree below the index (http). 0; -1 with the reason in msg
+ * when it is empty, absolute, a URL (a scheme), climbs out with ".."
+ * (also written %2E%2E, or with '\\'), holds a control character (also
+ * %-encoded: a %00 would end the ".." check early), or (http) a '?' or
+ * '#' (another query). */
+int bs_remote_shard_check(const struct bs_remote *r, const char *rel, char *msg, size_t mn);
+/* `rel` (bs_remote_shard_check passed) beside r's file, in the same
+ * repository and revision (hf) or bucket (s3). 0 or -1 (no memory). */
 int bs_remote_sibling(const struct bs_remote *r, const char *rel, struct bs_remote *out);
 /* hf: ask at `commit` from now on (what X-Repo-Commit named). 0; -1 when
  * commit is no commit hash (40 or 64 hex digits) or no memory. */

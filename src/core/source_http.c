@@ -41,6 +41,8 @@ enum {
   SKIP_MAX = 64 << 20,    /* a server ignoring Range: bytes skipped at most */
   CONNECT_TIMEOUT_S = 15, /* connection */
   LOW_SPEED_S = 30,       /* under 1 byte/s for this long: a stalled transfer */
+  TIMEOUT_S = 60,         /* a read blocks at most this long (BURNSTORE_HTTP_TIMEOUT) */
+  TIMEOUT_MAX_S = 3600,   /* the longest BURNSTORE_HTTP_TIMEOUT taken */
   FLYING = 32,            /* ranges in flight or queued, tracked (all sources) */
   BAD_MS = 2000,          /* a failed range fails again at once this long */
 };
@@ -361,6 +363,10 @@ struct shared {
   char sigv4[96];
   char *aws_id, *aws_secret, *aws_token; /* aws_token: "x-amz-security-token: ..." */
   const char *deny_hint;                 /* what a 401/403 suggests */
+  long timeout_s;                        /* how long a read may block (BURNSTORE_HTTP_TIMEOUT) */
+  /* The CAs TLS trusts, as the curl tool takes them: CURL_CA_BUNDLE, else
+   * SSL_CERT_DIR and SSL_CERT_FILE (NULL: libcurl's default, the system's) */
+  char *cainfo, *capath;
 };
 
 static void shared_unref(struct shared *sh)
@@ -375,6 +381,8 @@ static void shared_unref(struct shared *sh)
   for (size_t i = 0; i < sh->nidle; i++)
     curl_easy_cleanup(sh->idle[i]);
   bs_http_cache_destroy(&sh->cache);
+  bs_free(sh->cainfo);
+  bs_free(sh->capath);
   char *secrets[] = {sh->auth, sh->aws_id, sh->aws_secret, sh->aws_token};
   for (size_t i = 0; i < sizeof secrets / sizeof *secrets; i++)
     if (secrets[i]) {
@@ -476,6 +484,17 @@ static bool shared_creds(struct shared *sh, const struct bs_http_opts *o,
   return true;
 }
 
+/* $BURNSTORE_HTTP_TIMEOUT: whole seconds, 1 to TIMEOUT_MAX_S; TIMEOUT_S
+ * when unset or not such a number. */
+static long timeout_env(void)
+{
+  const char *v = getenv("BURNSTORE_HTTP_TIMEOUT"), *p = v;
+  uint64_t n;
+  if (!v || !parse_u64(&p, &n) || *p || n == 0 || n > TIMEOUT_MAX_S)
+    return TIMEOUT_S;
+  return (long)n;
+}
+
 static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_remote *rm)
 {
   struct shared *sh = bs_calloc(1, sizeof *sh);
@@ -486,6 +505,15 @@ static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_r
     return NULL;
   }
   sh->refs = 1;
+  sh->timeout_s = timeout_env();
+  const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
+  const char *file = getenv("SSL_CERT_FILE");
+  if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||
+      (!bundle && dir && *dir && !(sh->capath = bs_strdup(dir))) ||
+      (!bundle && file && *file && !(sh->cainfo = bs_strdup(file)))) {
+    shared_unref(sh);
+    return NULL;
+  }
   uint64_t cache = o && o->cache_bytes ? o->cache_bytes : cache_env();
   if (bs_http_cache_init(&sh->cache, BLOCK, cache ? cache : CACHE_DEFAULT)) {
     shared_unref(sh);
@@ -526,11 +554,12 @@ struct http {
   char *url;           /* rm.url, with what credentials it holds: never printed */
   char *reopen;        /* bs_remote_reopen(&rm) once open (NULL: none) */
   uint64_t id;
-  char pin[256];    /* "If-Match: ..." or "If-Unmodified-Since: ..." */
-  char etag[200];   /* the pinned ETag ("" if none) */
-  atomic_bool gone; /* the object changed: every read fails */
-  uint64_t size;    /* the object's (s->size) */
-  const char *name; /* s->name (it outlives every fetch: release waits) */
+  char pin[256];       /* "If-Match: ..." or "If-Unmodified-Since: ..." */
+  char etag[200];      /* the pinned ETag ("" if none) */
+  atomic_bool gone;    /* the object changed: every read fails */
+  atomic_bool closing; /* released: running requests stop, none starts */
+  uint64_t size;       /* the object's (s->size) */
+  const char *name;    /* s->name (it outlives every fetch: release waits) */
   pthread_mutex_t lock;
   char why[256];    /* (under lock, once gone) */
   uint64_t seq_end; /* where reading got to (read-ahead) (under lock) */
@@ -543,6 +572,11 @@ struct http {
   char *eff;     /* where url redirects to, or NULL (under lock) */
   bool eff_auth; /* eff is on url's host: the token goes there too (under lock) */
 };
+
+static bool closing(const struct http *h)
+{
+  return h && atomic_load(&h->closing);
+}
 
 /* The object changed: every later read fails; why is kept for `changed`. */
 static void mark_gone(struct http *h, const char *why)
@@ -658,12 +692,60 @@ static void sleep_ms(long ms)
   }
 }
 
+static uint64_t now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 struct req {
   struct xfer x;
   CURL *c;
   uint64_t first; /* asked for */
   bool started;
+  const struct http *h; /* (NULL: the opening request) */
+  uint64_t deadline;    /* CLOCK_MONOTONIC ms */
 };
+
+/* libcurl calls this at least once a second, also while no byte comes:
+ * a released source's requests end, and so does one past its deadline. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
+  const struct req *r = ud;
+  return closing(r->h) || now_ms() >= r->deadline;
+}
+
+/* Why a request of h (NULL: the opening one) stops now: -ECANCELED (h
+ * released), -EIO (past the deadline; msg, holding the last attempt's
+ * failure or "", says so), or 0 (it goes on). */
+static int stopped(const struct shared *sh, const struct http *h, uint64_t now, uint64_t deadline,
+                   char *msg, size_t mn)
+{
+  if (closing(h)) {
+    snprintf(msg, mn, "cancelled: the source was closed");
+    return -ECANCELED;
+  }
+  if (now < deadline)
+    return 0;
+  char last[160];
+  snprintf(last, sizeof last, "%s", msg);
+  snprintf(msg, mn, "no answer within %ld s (BURNSTORE_HTTP_TIMEOUT)%s%s", sh->timeout_s,
+           last[0] ? ": " : "", last);
+  return -EIO;
+}
+
+/* Wait ms, or less: until the deadline, or h is released. */
+static void wait_ms(const struct http *h, long ms, uint64_t deadline)
+{
+  uint64_t end = now_ms() + (uint64_t)ms;
+  if (end > deadline)
+    end = deadline;
+  for (uint64_t t = now_ms(); t < end && !closing(h); t = now_ms())
+    sleep_ms(end - t < 100 ? (long)(end - t) : 100);
+}
 
 /* Only a success's body is ours (an error page is drained). A 200 to a
  * range request is the whole object: ours starts `first` bytes in, skipped
@@ -691,7 +773,7 @@ static size_t on_body_checked(char *data, size_t size, size_t nmemb, void *ud)
  * with msg (n bytes) saying why, credentials left out. */
 static int http_get(struct shared *sh, const struct http *h, const char *url, bool auth,
                     uint64_t first, const struct dst *buf, size_t n, struct xfer *out, char **eff,
-                    char *msg, size_t mn)
+                    uint64_t deadline, char *msg, size_t mn)
 {
   memset(out, 0, sizeof *out);
   CURL *c = handle_get(sh);
@@ -719,8 +801,14 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
   bool follow = !(sign && sh->aws_token);
   int rc = -EIO;
   long wait = BACKOFF_MS;
+  msg[0] = '\0';
   for (int attempt = 1; attempt <= TRIES; attempt++) {
-    struct req r = {.c = c, .first = first};
+    uint64_t now = now_ms();
+    if ((rc = stopped(sh, h, now, deadline, msg, mn)) != 0)
+      break;
+    rc = -EIO;
+    long low = sh->timeout_s < LOW_SPEED_S ? sh->timeout_s : LOW_SPEED_S;
+    struct req r = {.c = c, .first = first, .h = h, .deadline = deadline};
     r.x.to = *buf;
     r.x.cap = n;
     r.x.retry_ms = -1;
@@ -734,7 +822,11 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)LOW_SPEED_S);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(deadline - now));
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &r);
     curl_easy_setopt(c, CURLOPT_RANGE, range);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
@@ -743,6 +835,10 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
+    if (sh->cainfo)
+      curl_easy_setopt(c, CURLOPT_CAINFO, sh->cainfo);
+    if (sh->capath)
+      curl_easy_setopt(c, CURLOPT_CAPATH, sh->capath);
     if (sign) {
       curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sh->sigv4);
       curl_easy_setopt(c, CURLOPT_USERNAME, sh->aws_id);
@@ -758,6 +854,15 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     if (cc != CURLE_OK && !done_early) {
       snprintf(msg, mn, "%s", cerr[0] ? cerr : curl_easy_strerror(cc));
       rc = -EIO;
+      /* (stopped by on_progress, or by CURLOPT_TIMEOUT_MS: the loop's
+       * start says which) */
+      if (cc == CURLE_ABORTED_BY_CALLBACK || cc == CURLE_OPERATION_TIMEDOUT) {
+        if (cc == CURLE_ABORTED_BY_CALLBACK)
+          msg[0] = '\0';
+        if ((rc = stopped(sh, h, now_ms(), deadline, msg, mn)) != 0)
+          break;
+        rc = -EIO;
+      }
       if (retryable(cc) && attempt < TRIES)
         goto retry;
       break;
@@ -802,7 +907,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     break;
   retry:;
     long ms = r.x.retry_ms >= 0 ? r.x.retry_ms : wait;
-    sleep_ms(ms);
+    wait_ms(h, ms, deadline);
     wait = wait * 2 > RETRY_CAP_MS ? RETRY_CAP_MS : wait * 2;
   }
   if (rc == 0 && eff) { /* where the redirects led */
@@ -815,8 +920,9 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
   return rc;
 }
 
-/* The host[:port] of an http(s) URL, without user-info, into out. */
-static void host_of(const char *url, char *out, size_t n)
+/* The origin of an http(s) URL, "scheme://host:port" (the port written
+ * out: 80 or 443 when none is), without user-info, into out. */
+static void origin_of(const char *url, char *out, size_t n)
 {
   const char *a, *e;
   out[0] = '\0';
@@ -825,20 +931,32 @@ static void host_of(const char *url, char *out, size_t n)
   for (const char *p = a; p < e; p++)
     if (*p == '@')
       a = p + 1;
-  snprintf(out, n, "%.*s", (int)(e - a), a);
+  bool tls = strncasecmp(url, "https://", 8) == 0;
+  const char *colon = NULL; /* the port's, not an IPv6 address's */
+  for (const char *p = a; p < e; p++)
+    if (*p == ':')
+      colon = p;
+    else if (*p == ']')
+      colon = NULL;
+  if (colon && colon + 1 < e)
+    snprintf(out, n, "%s://%.*s", tls ? "https" : "http", (int)(e - a), a);
+  else
+    snprintf(out, n, "%s://%.*s:%s", tls ? "https" : "http", (int)((colon ? colon : e) - a), a,
+             tls ? "443" : "80");
 }
 
 /* Reads go where the opening request's redirects led (one round trip, not
- * a redirect each time); the token only to the host it was given for. */
+ * a redirect each time); the token only to the origin it was given for:
+ * the same scheme (never http when the URL is https), host and port. */
 static void set_eff(struct http *h, char *eff)
 {
-  char a[256], b[256];
-  host_of(h->url, a, sizeof a);
-  host_of(eff ? eff : h->url, b, sizeof b);
+  char a[300], b[300];
+  origin_of(h->url, a, sizeof a);
+  origin_of(eff ? eff : h->url, b, sizeof b);
   pthread_mutex_lock(&h->lock);
   bs_free(h->eff);
   h->eff = eff;
-  h->eff_auth = strcasecmp(a, b) == 0;
+  h->eff_auth = a[0] && strcasecmp(a, b) == 0;
   pthread_mutex_unlock(&h->lock);
 }
 
@@ -847,14 +965,8 @@ static void set_eff(struct http *h, char *eff)
  * read from its body when off is small enough; else refused. 0 or -errno;
  * a failure other than a changed object is logged unless quiet (read-ahead:
  * the reader that needs the bytes asks again and logs). */
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, bool quiet)
+static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, uint64_t deadline,
+                 bool quiet)
 {
   if (atomic_load(&h->gone))
     return -EIO;
@@ -871,11 +983,11 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
   pthread_mutex_unlock(&h->lock);
   int rc = had_eff && !eff ? -ENOMEM
                            : http_get(h->sh, h, eff ? eff : h->url, eff ? auth : true, off, buf, n,
-                                      &x, NULL, msg, sizeof msg);
+                                      &x, NULL, deadline, msg, sizeof msg);
   if (eff && (rc == -EACCES || rc == -ENOENT || x.status == 410)) {
     /* The redirect's target expired (a signed CDN URL): from the URL again. */
     char *again = NULL;
-    rc = http_get(h->sh, h, h->url, true, off, buf, n, &x, &again, msg, sizeof msg);
+    rc = http_get(h->sh, h, h->url, true, off, buf, n, &x, &again, deadline, msg, sizeof msg);
     set_eff(h, again);
   }
   bs_free(eff);
@@ -902,7 +1014,7 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
     mark_gone(h, msg);
     return -EIO;
   }
-  if (rc != 0 && !quiet) {
+  if (rc != 0 && rc != -ECANCELED && !quiet) {
     fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
             (unsigned long long)off, msg);
     pthread_mutex_lock(&h->lock);
@@ -1005,7 +1117,7 @@ static int fly_take(struct http *h, uint64_t from, uint64_t to, bool queued)
  * at + dn) of what was fetched are also copied to dst (dn may be 0). 0 or
  * -errno. */
 static int fetch_into_cache(struct http *h, uint64_t idx, uint64_t start, uint64_t end, uint64_t at,
-                            uint8_t *dst, size_t dn, bool quiet)
+                            uint8_t *dst, size_t dn, uint64_t deadline, bool quiet)
 {
   struct bs_http_cache *c = &h->sh->cache;
   uint64_t b0 = idx * BLOCK;
@@ -1032,7 +1144,7 @@ static int fetch_into_cache(struct http *h, uint64_t idx, uint64_t start, uint64
   }
   if (rc == 0 && start < end) {
     struct dst d = {.seg = segs, .base = (size_t)(start - b0)};
-    rc = fetch(h, start, &d, (size_t)(end - start), quiet);
+    rc = fetch(h, start, &d, (size_t)(end - start), deadline, quiet);
   }
   for (size_t i = 0; rc == 0 && i < dn;) { /* the reader's bytes */
     uint64_t p = at + i - b0;
@@ -1072,7 +1184,8 @@ static void *fly_thread(void *arg)
     uint64_t from = fly[j].from, to = fly[j].to;
     pthread_mutex_unlock(&fly_lock);
     uint64_t end = to * BLOCK < h->size ? to * BLOCK : h->size;
-    (void)fetch_into_cache(h, from, from * BLOCK, end, 0, NULL, 0, true);
+    uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
+    (void)fetch_into_cache(h, from, from * BLOCK, end, 0, NULL, 0, deadline, true);
     pthread_mutex_lock(&fly_lock);
     fly[j].on = false;
     pthread_cond_broadcast(&fly_landed);
@@ -1136,16 +1249,31 @@ static void read_ahead(struct http *h, uint64_t from, uint64_t count)
  * fetch had block idx in flight and may_wait: it waited until that fetch
  * ended (the caller looks in the cache again). */
 static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, size_t dn,
-                      size_t *copied, bool may_wait)
+                      size_t *copied, bool may_wait, uint64_t deadline)
 {
   uint64_t idx = at / BLOCK, last = (end - 1) / BLOCK, cut = last + 1;
   pthread_mutex_lock(&fly_lock);
   if (in_flight(h, idx, &cut) && may_wait) {
-    do /* (another fetch landing wakes this one too) */
-      pthread_cond_wait(&fly_landed, &fly_lock);
-    while (in_flight(h, idx, &cut));
+    bool late = false;
+    do { /* (another fetch landing wakes this one too) */
+      uint64_t now = now_ms();
+      if ((late = now >= deadline))
+        break;
+      struct timespec ts; /* (fly_landed waits on CLOCK_REALTIME) */
+      clock_gettime(CLOCK_REALTIME, &ts);
+      uint64_t ns = (uint64_t)ts.tv_nsec + (deadline - now) * 1000000;
+      ts.tv_sec += (time_t)(ns / 1000000000);
+      ts.tv_nsec = (long)(ns % 1000000000);
+      pthread_cond_timedwait(&fly_landed, &fly_lock, &ts);
+    } while (in_flight(h, idx, &cut));
     pthread_mutex_unlock(&fly_lock);
-    return 1;
+    if (!late)
+      return 1;
+    fprintf(stderr,
+            "burnstore: %s: read at offset %llu failed: no answer within %ld s "
+            "(BURNSTORE_HTTP_TIMEOUT) to the read-ahead request holding it\n",
+            h->name, (unsigned long long)at, h->sh->timeout_s);
+    return -EIO;
   }
   int slot = fly_take(h, idx, cut, false);
   pthread_mutex_unlock(&fly_lock);
@@ -1153,7 +1281,7 @@ static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, s
     end = cut * BLOCK;
   if (dn > end - at)
     dn = (size_t)(end - at);
-  int rc = fetch_into_cache(h, idx, at, end, at, dst, dn, false);
+  int rc = fetch_into_cache(h, idx, at, end, at, dst, dn, deadline, false);
   *copied = rc == 0 ? dn : 0;
   pthread_mutex_lock(&fly_lock);
   if (slot >= 0)
@@ -1191,6 +1319,7 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
     read_ahead(h, blk_end / BLOCK, ra);
   size_t got = 0;
   int waits = 0;
+  const uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
   while (got < n) {
     if (atomic_load(&h->gone))
       return -EIO;
@@ -1205,8 +1334,8 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
     size_t k2 = 0;
     /* (after a few waits that did not bring the block, fetch anyway: the
      * cache may be too small to keep what others fetched, or theirs failed) */
-    int rc =
-        fetch_miss(h, at, ra ? blk_end : need_end, (uint8_t *)buf + got, n - got, &k2, waits < 4);
+    int rc = fetch_miss(h, at, ra ? blk_end : need_end, (uint8_t *)buf + got, n - got, &k2,
+                        waits < 4, deadline);
     if (rc == 1) {
       waits++;
       continue;
@@ -1236,6 +1365,9 @@ static int http_sibling(const struct bs_src *s, const char *rel, struct bs_src *
 {
   struct http *h = s->impl;
   struct bs_remote rm;
+  char msg[160];
+  if (bs_remote_shard_check(&h->rm, rel, msg, sizeof msg) != 0)
+    return bs_fail(err, EACCES, BS_OFF_NONE, NULL, "%s", msg);
   if (bs_remote_sibling(&h->rm, rel, &rm) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   pthread_mutex_lock(&h->sh->lock);
@@ -1248,7 +1380,9 @@ static void http_free(struct http *h)
 {
   if (!h)
     return;
-  /* No read-ahead of h queued any more, none running. */
+  /* No read-ahead of h queued any more, none running: a running one ends
+   * within a second (on_progress sees closing). */
+  atomic_store(&h->closing, true);
   pthread_mutex_lock(&fly_lock);
   for (int i = 0; i < FLYING; i++)
     if (fly[i].on && fly[i].queued && fly[i].h == h)
@@ -1322,7 +1456,8 @@ static int open_shared(struct bs_src *s, struct shared *sh, struct bs_remote *rm
   char msg[256];
   char *eff = NULL;
   struct dst d = {.seg = &first};
-  int e = http_get(sh, NULL, url, true, 0, &d, FIRST, &x, &eff, msg, sizeof msg);
+  int e = http_get(sh, NULL, url, true, 0, &d, FIRST, &x, &eff,
+                   now_ms() + (uint64_t)sh->timeout_s * 1000, msg, sizeof msg);
   set_eff(h, eff);
   if (e != 0) {
     rc = bs_fail(err, e == -ESTALE ? EIO : -e, BS_OFF_NONE, NULL, "%s", msg);

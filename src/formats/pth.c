@@ -141,7 +141,7 @@ static int add_tensor(struct pth_ctx *c, const struct pth_found *f, pth_locate_f
     slen = vl;
   }
   enum bs_dtype dt = t->u.tensor.dtype;
-  uint64_t esize = bs_dtype_bits(dt) / 8;
+  uint64_t esize = dt == BS_DT_F4 ? 1 : bs_dtype_bits(dt) / 8; /* F4: offset in bytes */
   struct bs_tensor *bt =
       bs_catalog_add(c->cat, key, dt, t->u.tensor.rank, t->u.tensor.shape, base, c->err);
   if (!bt)
@@ -171,18 +171,23 @@ static int add_tensor(struct pth_ctx *c, const struct pth_found *f, pth_locate_f
   return bs_tensor_check_view(bt, base, c->err);
 }
 
-/* The bytes of a quantizer's scales or zero points: a 1-D contiguous
- * tensor of `want` (F64 or I64) with n elements, read from the archive into
- * out (n * 8 bytes). 0; 1 when the tensor is not that (torch writes
- * per_channel_affine_float_qparams as per_channel_affine with F32 scales
- * and zero points: not kept); -1 with err. */
+/* A quantizer's scales or zero points: a 1-D contiguous tensor of n
+ * elements, read from the archive and converted as torch's
+ * make_per_channel_affine_quantizer converts them, into out: `want` F64
+ * (n doubles, from F64 or F32: scales.to(kDouble)), I64 (n int64, from I64)
+ * or F32 (n floats, from F32 or F64: .to(kFloat), nearest). 0; 1 when the
+ * tensor is none of those (the quantizer is then not kept); -1 with err. */
 static int qparam_bytes(struct pth_ctx *c, const char *key, const struct bs_pv *t,
                         enum bs_dtype want, uint64_t n, pth_locate_fn locate, uint8_t *out)
 {
-  const char *what = want == BS_DT_F64 ? "scales" : "zero points";
-  if (t->u.tensor.unsupported || !t->u.tensor.dtype_ok || t->u.tensor.dtype != want ||
-      t->u.tensor.rank != 1 || t->u.tensor.shape[0] != n || (n > 1 && t->u.tensor.stride[0] != 1))
+  const char *what = want == BS_DT_I64 ? "zero points" : "scales";
+  if (t->u.tensor.unsupported || !t->u.tensor.dtype_ok || t->u.tensor.rank != 1 ||
+      t->u.tensor.shape[0] != n || (n > 1 && t->u.tensor.stride[0] != 1))
     return 1;
+  const enum bs_dtype have = t->u.tensor.dtype;
+  if (want == BS_DT_I64 ? have != BS_DT_I64 : (have != BS_DT_F64 && have != BS_DT_F32))
+    return 1;
+  const uint64_t esz = have == BS_DT_F32 ? 4 : 8, osz = want == BS_DT_F32 ? 4 : 8;
   const struct bs_pv *st = t->u.tensor.storage;
   struct pth_rec *r = pth_rec_get(c, st->u.storage.key);
   if (!r)
@@ -194,22 +199,54 @@ static int qparam_bytes(struct pth_ctx *c, const char *key, const struct bs_pv *
                             st->u.storage.key);
   uint64_t base = r->off, slen = r->len, skip, start;
   if (st->u.storage.has_view) { /* legacy: a slice of the root storage, in elements */
-    if (!bs_mul_u64(st->u.storage.view_off, 8, &skip) || skip > slen)
+    if (!bs_mul_u64(st->u.storage.view_off, esz, &skip) || skip > slen)
       return bs_fail(c->err, EINVAL, r->off, key, "quantizer %s: bad storage view", what);
     base += skip;
     slen -= skip;
   }
-  if (!bs_mul_u64(t->u.tensor.offset, 8, &start) || start > slen || n > (slen - start) / 8)
+  if (!bs_mul_u64(t->u.tensor.offset, esz, &start) || start > slen || n > (slen - start) / esz)
     return bs_fail(c->err, EINVAL, base, key,
                    "quantizer %s: %" PRIu64 " elements from %" PRIu64
                    " do not fit storage '%.64s' of %" PRIu64 " bytes",
                    what, n, t->u.tensor.offset, r->key, slen);
-  long got = bs_src_pread(&c->cat->srcs[r->src], base + start, out, (size_t)(n * 8));
-  if (got < 0 || (uint64_t)got != n * 8)
-    return bs_fail(c->err, EIO, base + start, key, "quantizer %s: cannot read them", what);
-  for (uint64_t i = 0; i < n; i++) { /* little-endian in the file, host order here */
-    uint64_t u = bs_le64(out + 8 * i);
-    memcpy(out + 8 * i, &u, 8);
+  /* read into the end of out (n * osz >= n * esz unless F64 to F32, read
+   * then in halves), then convert forwards: element i is read before
+   * output element i (at or before it) is written */
+  uint8_t *in = osz >= esz ? out + n * (osz - esz) : NULL;
+  uint8_t tmp[8 * 64];
+  for (uint64_t done = 0; done < n;) {
+    uint64_t k = in ? n : (n - done < 64 ? n - done : 64);
+    uint8_t *dst = in ? in : tmp;
+    long got =
+        bs_src_pread(&c->cat->srcs[r->src], base + start + done * esz, dst, (size_t)(k * esz));
+    if (got < 0 || (uint64_t)got != k * esz)
+      return bs_fail(c->err, EIO, base + start, key, "quantizer %s: cannot read them", what);
+    for (uint64_t i = 0; i < k; i++) { /* little-endian in the file, host order here */
+      const uint8_t *e = dst + i * esz;
+      uint8_t *o = out + (done + i) * osz;
+      if (have == BS_DT_F32) {
+        uint32_t u = bs_le32(e);
+        float f;
+        memcpy(&f, &u, 4);
+        if (want == BS_DT_F32) {
+          memcpy(o, &f, 4);
+        } else {
+          double d = f;
+          memcpy(o, &d, 8);
+        }
+      } else {
+        uint64_t u = bs_le64(e);
+        if (want == BS_DT_F32) {
+          double d;
+          memcpy(&d, &u, 8);
+          float f = (float)d;
+          memcpy(o, &f, 4);
+        } else {
+          memcpy(o, &u, 8);
+        }
+      }
+    }
+    done += k;
   }
   return 0;
 }
@@ -227,7 +264,11 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
   struct bs_torch_q h = {
       .scheme = t->u.tensor.qscheme, .scale = t->u.tensor.qscale, .zp = t->u.tensor.qzp};
   uint64_t len = sizeof h;
-  if (h.scheme == BS_TQ_PER_CHANNEL) {
+  const struct bs_pv *zps = t->u.tensor.qzps;
+  if (h.scheme == BS_TQ_PER_CHANNEL && zps && zps->kind == BS_PV_TENSOR &&
+      (zps->u.tensor.dtype == BS_DT_F32 || zps->u.tensor.dtype == BS_DT_F64))
+    h.scheme = BS_TQ_PER_CHANNEL_FQ; /* float zero points: float_qparams, as torch makes it */
+  if (h.scheme != BS_TQ_PER_TENSOR) {
     int64_t ax = t->u.tensor.qaxis;
     if (ax < 0 || (uint64_t)ax >= bt->rank || bt->shape[ax] == 0)
       return bs_fail(c->err, EINVAL, bt->off, f->key,
@@ -240,28 +281,31 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
         return bs_fail(c->err, EINVAL, bt->off, f->key, "shape overflows");
     /* nch <= numel (none is 0) <= the tensor's bytes, checked against the file;
      * but the keys of one shared tensor each keep a copy: bounded in all */
+    const uint64_t qb = h.nch * (h.scheme == BS_TQ_PER_CHANNEL ? 16 : 8);
     const uint64_t fsize = pth_src(c)->size;
     uint64_t limit = fsize > (UINT64_MAX - PTH_QPARAM_SLACK) / PTH_QPARAM_RATIO
                          ? UINT64_MAX
                          : fsize * PTH_QPARAM_RATIO + PTH_QPARAM_SLACK;
-    if (h.nch * 16 > limit - c->qbytes)
+    if (qb > limit - c->qbytes)
       return bs_fail(c->err, EFBIG, bt->off, f->key,
                      "per-channel quantizers of more than %" PRIu64
                      " bytes (%u x the file + 16 MiB; shared references multiply them)",
                      limit, PTH_QPARAM_RATIO);
-    c->qbytes += h.nch * 16;
-    len += h.nch * 16;
+    c->qbytes += qb;
+    len += qb;
   }
   uint8_t *blob = bs_malloc((size_t)len);
   if (!blob)
     return pth_nomem(c);
   memcpy(blob, &h, sizeof h);
-  if (h.scheme == BS_TQ_PER_CHANNEL) {
-    int rc =
-        qparam_bytes(c, f->key, t->u.tensor.qscales, BS_DT_F64, h.nch, locate, blob + sizeof h);
+  if (h.scheme != BS_TQ_PER_TENSOR) {
+    const bool fq = h.scheme == BS_TQ_PER_CHANNEL_FQ;
+    const uint64_t w = fq ? 4 : 8;
+    int rc = qparam_bytes(c, f->key, t->u.tensor.qscales, fq ? BS_DT_F32 : BS_DT_F64, h.nch, locate,
+                          blob + sizeof h);
     if (rc == 0)
-      rc = qparam_bytes(c, f->key, t->u.tensor.qzps, BS_DT_I64, h.nch, locate,
-                        blob + sizeof h + h.nch * 8);
+      rc = qparam_bytes(c, f->key, zps, fq ? BS_DT_F32 : BS_DT_I64, h.nch, locate,
+                        blob + sizeof h + h.nch * w);
     if (rc != 0) {
       bs_free(blob);
       return rc < 0 ? -1 : 0;

@@ -81,6 +81,11 @@ static const char *const v3_dtype[BS_DT_COUNT] = {
     [BS_DT_U16] = "uint16",
     [BS_DT_U32] = "uint32",
     [BS_DT_U64] = "uint64",
+    /* two E2M1 values a byte, element 2j in the low nibble, 2j + 1 in the
+     * high one (c10/util/Float4_e2m1fn_x2.h: "val1 : val0" is bits
+     * "7654 : 3210"); one torch element is a byte, so the last dimension is
+     * halved (F4: its bytes as they are) */
+    [BS_DT_F4] = "float4_e2m1fn_x2",
 };
 
 int bs_pth_name_ok(const char *name, bs_err *err)
@@ -95,13 +100,17 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
   if (t->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
                    t->unsupported);
+  if (t->dtype == BS_DT_F4 && (t->rank == 0 || t->shape[t->rank - 1] % 2 != 0))
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
+                   "an F4 tensor goes to torch as float4_e2m1fn_x2, two values a byte along the "
+                   "last dimension, which must then be even (shape [..., %" PRIu64 "])",
+                   t->rank ? t->shape[t->rank - 1] : 0);
   if (t->dtype < BS_DT_COUNT && (storage_class[t->dtype] || v3_dtype[t->dtype]))
     return 0;
   const char *hint = bs_writer_alias_hint(t->dtype);
   switch (t->dtype) {
   case BS_DT_F6_E2M3:
   case BS_DT_F6_E3M2: hint = " (torch has no 6-bit float)"; break;
-  case BS_DT_F4: hint = " (torch's float4_e2m1fn_x2 packs two values a byte: another shape)"; break;
   case BS_DT_QFLOAT: hint = " (Burn's quantized tensors exist only in Burnpack)"; break;
   case BS_DT_QI8:
   case BS_DT_QU8:
@@ -112,7 +121,7 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
   }
   return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                  "a torch.save file has no storage for %s (BOOL, U8-U64, I8-I64, F16, BF16, F32, "
-                 "F64, C64, C128, F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0)%s",
+                 "F64, C64, C128, F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F4)%s",
                  bs_dtype_name(t->dtype), hint);
 }
 
@@ -278,12 +287,12 @@ static void pk_tuple(struct pk *p, const uint64_t *v, uint32_t n)
 
 /* Row-major strides in elements, as torch computes them (a dimension of size
  * 0 counts as 1). Into st[rank]. */
-static int row_major(const struct bs_tensor *t, uint64_t *st, bs_err *err)
+static int row_major(const struct bs_tensor *t, const uint64_t *shape, uint64_t *st, bs_err *err)
 {
   uint64_t s = 1;
   for (uint32_t d = t->rank; d-- > 0;) {
     st[d] = s;
-    if (!bs_mul_u64(s, t->shape[d] ? t->shape[d] : 1, &s) || s > INT64_MAX)
+    if (!bs_mul_u64(s, shape[d] ? shape[d] : 1, &s) || s > INT64_MAX)
       return bs_fail(err, EFBIG, BS_OFF_NONE, t->name,
                      "its strides overflow the 64-bit integers torch keeps them in");
   }
@@ -295,7 +304,17 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   char key[24];
   const char *v3 = v3_dtype[t->dtype];
   unsigned esize = bs_dtype_bits(t->dtype) / 8;
-  if (row_major(t, st, err) != 0)
+  /* F4: torch's shape, the last dimension in bytes (st's second half) */
+  const uint64_t *shape = t->shape;
+  if (t->dtype == BS_DT_F4) {
+    if (t->rank == 0 || t->shape[t->rank - 1] % 2 != 0)
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
+                     "an F4 tensor needs an even last dimension");
+    memcpy(st + t->rank, t->shape, t->rank * sizeof *st);
+    st[2 * t->rank - 1] /= 2;
+    shape = st + t->rank;
+  }
+  if (row_major(t, shape, st, err) != 0)
     return -1;
   if (v3)
     pk_global_memo(p, &p->rebuild_v3, "torch._utils", "_rebuild_tensor_v3");
@@ -315,7 +334,7 @@ static int pk_tensor(struct pk *p, const struct bs_tensor *t, size_t idx, uint64
   op(p, 't');
   op(p, 'Q');   /* BINPERSID */
   pk_int(p, 0); /* storage_offset */
-  pk_tuple(p, t->shape, t->rank);
+  pk_tuple(p, shape, t->rank);
   pk_tuple(p, st, t->rank);
   op(p, 0x89); /* requires_grad: NEWFALSE */
   pk_odict(p);
@@ -336,7 +355,7 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
   for (size_t i = 0; i < n; i++)
     if (cat->tensors[order[i]].rank > maxrank)
       maxrank = cat->tensors[order[i]].rank;
-  uint64_t *st = bs_malloc((maxrank ? maxrank : 1) * sizeof *st);
+  uint64_t *st = bs_malloc((maxrank ? maxrank : 1) * 2 * sizeof *st); /* strides, F4's shape */
   if (!st)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   static const uint8_t head[] = {0x80, 2};
@@ -701,7 +720,7 @@ static int tw_init(struct tw *w, const struct bs_catalog *cat, const struct bs_p
   for (size_t i = 0; i < cat->count; i++)
     if (cat->tensors[i].rank > maxrank)
       maxrank = cat->tensors[i].rank;
-  w->st = bs_malloc(maxrank * sizeof *w->st);
+  w->st = bs_malloc((size_t)maxrank * 2 * sizeof *w->st); /* strides, F4's shape */
   if (!w->byname || !w->hits || !w->home || !w->st)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   for (size_t i = 0; i < cat->count; i++) {

@@ -92,7 +92,7 @@ static const struct {
     {"bits1x8", false, BS_DT_U8},
     {"bits2x4", false, BS_DT_U8},
     {"bits4x2", false, BS_DT_U8},
-    {"float4_e2m1fn_x2", false, BS_DT_U8},
+    {"float4_e2m1fn_x2", true, BS_DT_F4}, /* two F4 a byte: make_tensor */
 };
 
 static bool starts_with(const char *s, const char *prefix)
@@ -338,6 +338,43 @@ static void quantizer(struct bs_pv *t, const struct bs_pv *q)
   }
 }
 
+/* torch's float4_e2m1fn_x2 holds two E2M1 values a byte, element 2j in the
+ * low nibble (c10/util/Float4_e2m1fn_x2.h): its size counts bytes along the
+ * last dimension. As F4, that dimension counts values: doubled, the strides
+ * row-major again. A view that is not row-major (its bytes cannot be F4
+ * rows) is left unsupported; 0, or -1 with the VM's error. */
+static int f4_elements(struct vm *v, struct bs_pv *t)
+{
+  uint32_t r = t->u.tensor.rank;
+  uint64_t *shape = t->u.tensor.shape, expect = 1;
+  int64_t *stride = t->u.tensor.stride;
+  const char *why = NULL;
+  for (uint32_t d = r; d-- > 0 && !why;) {
+    if (shape[d] == 0)
+      break;
+    if (shape[d] != 1 && (stride[d] < 0 || (uint64_t)stride[d] != expect))
+      why = "a float4_e2m1fn_x2 view that is not row-major is not supported";
+    else if (!bs_mul_u64(expect, shape[d], &expect))
+      why = "float4_e2m1fn_x2 size overflows";
+  }
+  if (!why && r == 0)
+    why = "a 0-dimensional float4_e2m1fn_x2 tensor is not supported";
+  if (!why && shape[r - 1] > UINT64_MAX / 2)
+    why = "float4_e2m1fn_x2 size overflows";
+  if (why) {
+    t->u.tensor.unsupported = pk_strndup(v, why, strlen(why));
+    return t->u.tensor.unsupported ? 1 : -1;
+  }
+  shape[r - 1] *= 2;
+  uint64_t s = 1;
+  for (uint32_t d = r; d-- > 0;) {
+    stride[d] = s > INT64_MAX ? INT64_MAX : (int64_t)s;
+    if (shape[d] > 1 && !bs_mul_u64(s, shape[d], &s))
+      s = UINT64_MAX;
+  }
+  return 0;
+}
+
 static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const struct bs_pv *args)
 {
   enum bs_pg k = g->u.glob.kind;
@@ -394,6 +431,8 @@ static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const stru
     }
     t->u.tensor.dtype_ok = true;
     t->u.tensor.dtype = dt->u.glob.dtype;
+    if (t->u.tensor.dtype == BS_DT_F4 && f4_elements(v, t) != 0)
+      return t->u.tensor.unsupported ? t : NULL;
   } else if (!st->u.storage.dtype_ok || st->u.storage.esize == 0 ||
              !strcmp(st->u.storage.cls, "UntypedStorage")) {
     char tmp[160];

@@ -56,7 +56,9 @@ static const char usage_rest[] =
     "on unmount. SOURCE (and every command's FILE) may be an http:// or https:// URL:\n"
     "read by range requests, mounted read-only or written to a local -o output=\n"
     "($BURNSTORE_HTTP_TOKEN: a bearer token,\n"
-    "$BURNSTORE_HTTP_CACHE: the block cache, default 64M); a file on the Hugging Face\n"
+    "$BURNSTORE_HTTP_CACHE: the block cache, default 64M; $BURNSTORE_HTTP_TIMEOUT: the\n"
+    "seconds a read may block, default 60; $CURL_CA_BUNDLE or $SSL_CERT_FILE: the CAs\n"
+    "https trusts, as for curl); a file on the Hugging Face\n"
     "Hub, hf://[datasets/|spaces/]ORG/REPO[@REVISION]/PATH ($HF_ENDPOINT, a token from\n"
     "$HF_TOKEN or $HF_HOME/token; the revision pinned to its commit at open); or an S3\n"
     "object, s3://BUCKET/KEY (Signature V4 from $AWS_ACCESS_KEY_ID,\n"
@@ -99,10 +101,11 @@ static const char usage_rest[] =
     "                         a NumPy header, then the same bytes (numpy.load opens it)\n"
     "  output_as=DT           writable: every floating tensor written back as DT (F32,\n"
     "                         F16 or BF16; narrowed to nearest even), also when unchanged\n"
-    "  as=F32                 read-only: every floating tensor not stored as F32 shown\n"
-    "                         as F32, decoded on read (BF16, F16, F64, F8, every ggml\n"
-    "                         quantized type: Q4_0..Q8_1, K-quants, TQ, MXFP4, IQ;\n"
-    "                         PyTorch's quantized tensors)\n"
+    "  as=F32|F16|BF16        read-only: every floating tensor not stored as that dtype\n"
+    "                         shown as it, decoded on read (BF16, F16, F64, F8, every\n"
+    "                         ggml quantized type: Q4_0..Q8_1, K-quants, TQ, MXFP4, IQ;\n"
+    "                         PyTorch's quantized tensors; Burn's symmetric QFloat);\n"
+    "                         F16 and BF16 rounded to nearest even, as convert --as\n"
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
     "                         transposed, norm weight/bias named gamma/beta\n"
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
@@ -147,7 +150,8 @@ struct args {
   char fuse_extra[2048];
   struct bs_keyopts keys;
   int npy;                   /* FS_NPY_*: -o npy, npy=only */
-  bool as_f32;               /* -o as=F32 */
+  const char *as;            /* -o as=F32|F16|BF16: the dtype's name, or NULL */
+  enum bs_dtype as_dt;       /* and the dtype */
   const char *output_as;     /* -o output_as=DT, as given (NULL: none) */
   struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
 };
@@ -248,9 +252,11 @@ static void parse_opts(struct args *a, const char *optstr)
         die_usage("option '%s': output_as= takes F32, F16 or BF16", it);
       a->output_as = bs_dtype_name(dt);
     } else if (strncmp(it, "as=", 3) == 0) {
-      if (strcmp(it + 3, "F32") != 0)
-        die_usage("option '%s': only as=F32 is supported", it);
-      a->as_f32 = true;
+      enum bs_dtype dt;
+      if (bs_dtype_from_name(it + 3, &dt) != 0 || !bs_encode_ok(dt))
+        die_usage("option '%s': as= takes F32, F16 or BF16", it);
+      a->as = bs_dtype_name(dt);
+      a->as_dt = dt;
     } else if (strncmp(it, "adapter", 7) == 0 && bs_adapter_add_item(&a->adapter, it, &err) <= 0) {
       if (err.code)
         die_usage("option '%s': %s", it, err.msg);
@@ -1025,17 +1031,18 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   }
   if (bs_keys_apply(&fs->cat, &a->keys, &err) != 0)
     return fail_line(a->source, &err);
-  if ((a->npy || bs_adapter_any(&a->adapter) || a->as_f32) && fs->writable) {
+  if ((a->npy || bs_adapter_any(&a->adapter) || a->as) && fs->writable) {
     fprintf(stderr,
-            PROG ": %s are read-only views: mount without rw and output= (burnstore "
+            PROG ": %s%s are read-only views: mount without rw and output= (burnstore "
                  "convert -o adapter=pytorch writes an adapted file)\n",
-            a->npy      ? "npy and npy=only"
-            : a->as_f32 ? "as=F32"
-                        : "adapter=");
+            a->npy  ? "npy and npy=only"
+            : a->as ? "as="
+                    : "adapter=",
+            !a->npy && a->as ? a->as : "");
     return 1;
   }
   if (bs_adapter_apply(&fs->cat, &a->adapter, NULL, NULL, &err) != 0 ||
-      (a->as_f32 && bs_catalog_decode_as(&fs->cat, BS_DT_F32, &err) != 0))
+      (a->as && bs_catalog_decode_as(&fs->cat, a->as_dt, &err) != 0))
     return fail_line(a->source, &err);
   /* A conversion that cannot succeed is refused now, not at unmount. */
   if (fs->writer && writer_check(fs, &err) != 0)

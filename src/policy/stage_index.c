@@ -450,15 +450,26 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
       goto out;
     }
     for (size_t k = 0; k < hl / 2; k++) {
-      unsigned v;
-      if (sscanf(h + 2 * k, "%2x", &v) != 1) {
+      int hi = bs_hex_digit(h[2 * k]), lo = bs_hex_digit(h[2 * k + 1]);
+      if (hi < 0 || lo < 0) { /* two hex digits a byte; sscanf's %2x took "-1" and " f" */
         perr(err, l, "bad raw dtype");
         goto out;
       }
-      t->dtype_raw[k] = (uint8_t)v;
+      t->dtype_raw[k] = (uint8_t)(hi * 16 + lo);
     }
     t->dtype_raw_len = hl / 2;
     i += 2;
+    /* a torch quantizer (decode.h) must tile this tensor's elements (its
+     * channels run over the flat index: a reshaped tensor keeps it) */
+    const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
+                                     ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
+                                     : NULL;
+    uint64_t numel;
+    if (q &&
+        (t->strides || bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
+      perr(err, l, "a quantizer that does not fit the tensor's elements");
+      goto out;
+    }
   }
   if (i != l->n) {
     perr(err, l, "unexpected field '%.40s'", l->f[i]);

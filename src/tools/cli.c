@@ -429,6 +429,8 @@ static int cmd_info(int argc, char **argv)
 static int stream(const char *file, const struct bs_catalog *cat, const struct bs_tensor *t,
                   int (*fn)(void *ctx, const uint8_t *p, size_t n), void *ctx)
 {
+  if (t->unsupported) /* no bytes to show (nbytes 0): an error, not an empty tensor */
+    return fail("%s: tensor '%s' cannot be read: %s", file, t->name, t->unsupported);
   uint8_t *buf = bs_malloc(CHUNK);
   if (!buf)
     return fail("out of memory");

@@ -24,8 +24,10 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             .pth, + sync, vs cp + sync of the same bytes; peak RSS of the
             convert at that size and at 1/8 of it
   decoded   -o as=F32: first reads of BF16 and F16 decoded to F32 vs a raw
-            F32 read of the same output size (output bytes/s); convert
-            --as F16 of the BF16 tensor vs a plain convert of the F32 one
+            F32 read of the same output size (output bytes/s); -o as=F16:
+            first reads of the F32 and the BF16 tensor narrowed to F16 (output
+            bytes/s, against the same raw read); convert --as F16 of the BF16
+            tensor vs a plain convert of the F32 one
   remote    a --size-mib MiB tensor of a SafeTensors file on nginx (127.0.0.1):
             burnstore mount of its URL vs curl of the same byte range, direct
             and through the fault proxy with 20 ms added a request; vs
@@ -765,6 +767,16 @@ def sec_decoded(a, d):
         t = med(times[k])
         row("decoded", "first read of %s as F32 (output bytes)" % name, size / t / 1e6, "MB/s",
             size / raw / 1e6, raw / t, ">= 0.8", raw / t >= 0.8)
+    # -o as=F16: the F32 tensor shown narrowed to F16 (half the output bytes), and the BF16 one
+    nar = {"raw": [], "bf": []}
+    for _ in range(a.runs):
+        for k in nar:
+            with BS(a.bin, src, mnt, "as=F16"):
+                nar[k].append(dd_read(os.path.join(mnt, k)))
+    for k, name in (("raw", "F32"), ("bf", "BF16")):
+        t = med(nar[k])
+        row("decoded", "first read of %s as F16 via as=F16 (output bytes)" % name, size / 2 / t / 1e6, "MB/s",
+            size / raw / 1e6, (size / 2 / t) / (size / raw))
     out = os.path.join(d, "dec-out.safetensors")
     conv = {"F32 (no --as)": [], "BF16 --as F16": []}
     for _ in range(a.runs):

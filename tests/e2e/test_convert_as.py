@@ -179,6 +179,53 @@ def test_mount_output_as(tmp):
     check(r.returncode != 0 and "'k'" in r.stderr and "F4" in r.stderr, "F4 source refused: %r" % r.stderr)
 
 
+def test_mount_as_narrowed(tmp):
+    """-o as=F16 and as=BF16 on a read-only mount: every floating tensor not
+    stored in that dtype (F32, F64, the other 16-bit one, a strided view, a
+    qint8 tensor dequantized) is shown narrowed, equal to torch's own
+    `.to(dtype)` bit for bit (NaN for NaN); a tensor already in it and the
+    integers are unchanged; the xattrs say the dtype shown and the stored
+    one; the .npy view says <f2 for F16 (np.load gives the same values) and
+    <u2 for BF16 (NumPy has no bfloat16: the bits, as for a stored BF16)."""
+    sd = fixture()
+    sd["q"] = torch.quantize_per_tensor(torch.randn(7) * 3, 0.05, 2, torch.qint8)
+    src = os.path.join(tmp, "src.pth")
+    torch.save(sd, src)
+    X = "user.burnstore."
+    for name, dt in (("F16", torch.float16), ("BF16", torch.bfloat16)):
+        with Mount(src, os.path.join(tmp, "m" + name), "as=%s,npy" % name) as m:
+            for k, v in sd.items():
+                p = os.path.join(m, k)
+                raw = open(p, "rb").read()
+                if v.is_quantized:
+                    v = v.dequantize()
+                stored = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                          torch.float64: "F64", torch.qint8: "QI8"}.get(sd[k].dtype)
+                what = "as=%s: %s" % (name, k)
+                if v.is_floating_point():
+                    got = (torch.frombuffer(bytearray(raw), dtype=dt) if raw else torch.zeros(0, dtype=dt))
+                    same_floats(got.reshape(v.shape), v.to(dt), what)
+                    check(os.getxattr(p, X + "dtype") == name.encode(), "%s: dtype %s" % (what, name))
+                    has = X + "stored_dtype" in os.listxattr(p)
+                    if stored == name:
+                        check(not has, "%s: already %s: no stored_dtype" % (what, name))
+                    else:
+                        check(has and os.getxattr(p, X + "stored_dtype") == stored.encode(),
+                              "%s: stored_dtype %s" % (what, stored))
+                    if v.numel():
+                        hdr = open(p + ".npy", "rb").read(128)
+                        descr = b"'<f2'" if name == "F16" else b"'<u2'"
+                        check(descr in hdr, "%s.npy: descr %s: %r" % (what, descr, hdr[:80]))
+                        a = np.load(p + ".npy")
+                        if name == "F16":
+                            same_floats(torch.from_numpy(a.copy()).reshape(v.shape), v.to(dt), what + ".npy")
+                        else:
+                            check(a.tobytes() == raw, "%s.npy: the same bits as the file" % what)
+                else:
+                    check(raw == v.contiguous().numpy().tobytes(), "%s: unchanged" % what)
+                    check(os.getxattr(p, X + "dtype") != name.encode(), "%s: its own dtype" % what)
+
+
 def convert_peak_kb(src, out):
     """Peak RSS of one `convert --as F16` (a child of a fresh Python, so the
     children's maximum is this one's)."""
@@ -213,5 +260,5 @@ def test_memory_independent_of_size(tmp):
 
 if __name__ == "__main__":
     run_tests("test_convert_as", [test_pth_and_safetensors, test_refusals, test_mount_output_as,
-                                  test_memory_independent_of_size],
+                                  test_mount_as_narrowed, test_memory_independent_of_size],
               "convert_as")

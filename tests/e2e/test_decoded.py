@@ -508,9 +508,12 @@ def test_refusals(tmp):
         force_unmount(mnt)
         check(r.returncode != 0 and "as=F32 are read-only views" in r.stderr and r.stderr.count("\n") == 1,
               "-o %s refused in one line: %r" % (opts, r.stderr))
-    r = run([BIN, src, os.path.join(tmp, "mr"), "-o", "as=F16"])
+    r = run([BIN, src, os.path.join(tmp, "mr"), "-o", "as=F8_E4M3"])
     force_unmount(os.path.join(tmp, "mr"))
-    check(r.returncode != 0 and "only as=F32" in r.stderr, "as=F16 refused: %r" % r.stderr)
+    check(r.returncode != 0 and "as= takes F32, F16 or BF16" in r.stderr, "as=F8_E4M3 refused: %r" % r.stderr)
+    r = run([BIN, src, os.path.join(tmp, "mr"), "-o", "as=F16,rw"])
+    force_unmount(os.path.join(tmp, "mr"))
+    check(r.returncode != 0 and "as=F16 are read-only views" in r.stderr, "as=F16,rw refused: %r" % r.stderr)
 
 
 def daemon_read_peak(src, mnt, name):

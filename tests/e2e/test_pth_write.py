@@ -33,7 +33,7 @@ DT = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": 
 # persistent_id): burnstore's name -> torch's. torch 1.13 has none of them.
 NEW_DT = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
           "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "U16": "uint16", "U32": "uint32",
-          "U64": "uint64"}
+          "U64": "uint64", "F4": "float4_e2m1fn_x2"}
 # torch/storage.py _dtype_to_storage_type_map, for the dtypes 1.13 has
 STORAGE = {"F64": "DoubleStorage", "F32": "FloatStorage", "F16": "HalfStorage", "BF16": "BFloat16Storage",
            "I64": "LongStorage", "I32": "IntStorage", "I16": "ShortStorage", "I8": "CharStorage",
@@ -379,6 +379,63 @@ def test_torch2_dtypes(tmp):
         check(not aligned(out), "aligned after the rewrite")
 
 
+def test_f4(tmp):
+    """F4 goes to torch as float4_e2m1fn_x2 (torch 2.8's two-E2M1-a-byte
+    dtype; c10/util/Float4_e2m1fn_x2.h: element 2j in the low nibble): the
+    same bytes in an UntypedStorage of that many bytes, the last dimension
+    halved, rebuilt by _rebuild_tensor_v3 with torch.float4_e2m1fn_x2;
+    burnstore reads the file back as F4 of the source's shape and bytes
+    (also through a mount); an odd last dimension is refused naming the
+    tensor; torch 1.13 (no such dtype) refuses the file."""
+    st = os.path.join(tmp, "f4.safetensors")
+    ts = {"a": ("F4", [2, 6], bytes([0x21, 0x43, 0x65, 0x87, 0xa9, 0xcb])),
+          "b": ("F4", [4], bytes([0x0f, 0xf0])),
+          "c": ("F4", [3, 0, 2], b""),
+          "f": ("F32", [1], struct.pack("<f", 0.5))}
+    write_st(st, ts)
+    out = os.path.join(tmp, "f4.pth")
+    r = run([BIN, "convert", "-q", st, out])
+    if not check(r.returncode == 0, "convert F4: %r" % r.stderr):
+        return
+    sd, ops = pickled(out)
+    check(list(sd) == list(ts), "keys in order: %s" % list(sd))
+    for i, (k, (dt, shape, _)) in enumerate(ts.items()):
+        torch_shape = shape[:-1] + [shape[-1] // 2] if dt == "F4" else shape
+        rebuild_as_torch(k, sd.get(k), dt, torch_shape, i)
+    check(ops <= WEIGHTS_ONLY_OPS, "opcodes: %s" % (ops - WEIGHTS_ONLY_OPS))
+    check(not aligned(out), "aligned")
+    with zipfile.ZipFile(out) as z:
+        names = [n for n in z.namelist() if "/data/" in n]
+        check(z.read([n for n in names if n.endswith("/data/0")][0]) == ts["a"][2], "a's bytes as they are")
+    got = {w["key"]: w for w in ls(out) or []}
+    for k, (dt, shape, b) in ts.items():
+        w = got.get(k, {})
+        check(w.get("dtype") == dt and w.get("shape") == shape, "%s: read back as %s %s: %s" % (k, dt, shape, w))
+        check(cat_bytes(out, k) == b, "%s: the same bytes read back" % k)
+    with Mount(out, os.path.join(tmp, "m")) as m:
+        check(open(os.path.join(m, "a"), "rb").read() == ts["a"][2]
+              and os.getxattr(os.path.join(m, "a"), "user.burnstore.dtype") == b"F4", "a mount shows it as F4")
+    r = run(["/usr/bin/python3", "-c", "import sys, torch; torch.load(sys.argv[1], weights_only=True)", out])
+    check(r.returncode != 0, "torch 1.13 cannot load it: %r" % r.stderr[-200:])
+    # a float4_e2m1fn_x2 view that is not row-major (strides (3, 1) -> (1, 2)): listed unsupported
+    view = os.path.join(tmp, "view.pth")
+    with zipfile.ZipFile(out) as zin, zipfile.ZipFile(view, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            b = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                check(b.count(b"K\x03K\x01\x86") == 1, "a's strides in the pickle once")
+                b = b.replace(b"K\x03K\x01\x86", b"K\x01K\x02\x86")
+            zout.writestr(info.filename, b)
+    got = {w["key"]: w for w in ls(view) or []}
+    check("not row-major" in str(got.get("a", {})) and got.get("b", {}).get("dtype") == "F4",
+          "a non-row-major float4 view is unsupported, the others read: %s" % got)
+    odd = os.path.join(tmp, "odd.safetensors")
+    write_st(odd, {"o": ("F4", [2, 3], bytes(3))})
+    r = run([BIN, "convert", "-q", odd, os.path.join(tmp, "odd.pth")])
+    check(r.returncode != 0 and "'o'" in r.stderr and "even" in r.stderr and len(r.stderr.splitlines()) == 1,
+          "an odd last dimension is refused in one line: %r" % r.stderr)
+
+
 def make_sources(tmp):
     """torch-made files: a module's state dict (OrderedDict with _metadata),
     a plain dict with shared storages and views, a nested checkpoint, a
@@ -718,7 +775,7 @@ def in_own_dir(t):
 
 def main():
     run_tests("test_pth_write", [in_own_dir(t) for t in (
-        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_torch2_dtypes,
+        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_torch2_dtypes, test_f4,
         test_rw_in_place, test_list_items_fixed,
         test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib)], "pthw")
 

@@ -12,6 +12,7 @@ HTTP server with Range support defined in this file (FlakyServer). Everything ru
 are stopped in teardown also on failure."""
 import errno
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -330,6 +331,33 @@ def refusals(tmp, ng):
     check(not os.path.ismount(mnt), "nothing mounted after a refusal")
 
 
+def shard_escape(tmp, ng):
+    """An index's shard names may not leave the index's directory on the
+    server: "%2E%2E/..." (which nginx decodes, then climbs) used to open
+    /secret/s.safetensors beside the model's directory; refused in one line
+    naming the index and the shard, nothing mounted."""
+    os.makedirs(os.path.join(ng.root, "secret"), exist_ok=True)
+    os.makedirs(os.path.join(ng.root, "model"), exist_ok=True)
+    write_safetensors(os.path.join(ng.root, "secret", "s.safetensors"), {"w": b"secret"})
+    # ("%00/%2E%2E/...": a %00 ended the decoded ".." check; a server that
+    # decodes, then normalizes the path (Python's http.server) climbs; nginx
+    # answers 400, which is no refusal of ours either)
+    for i, rel in enumerate(("%2E%2E/secret/s.safetensors", "..%5Csecret%5Cs.safetensors",
+                             "http://127.0.0.1:%d/secret/s.safetensors" % ng.port,
+                             "%00/%2E%2E/%2E%2E/secret/s.safetensors")):
+        name = "model/i%d.safetensors.index.json" % i
+        with open(os.path.join(ng.root, name), "w") as f:
+            json.dump({"metadata": {}, "weight_map": {"w": rel}}, f)
+        r = run([BIN, "ls", ng.url(name)])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and "i%d.safetensors.index.json" % i in lines[0]
+              and rel in lines[0]
+              and any(w in lines[0] for w in ("climbs out", "URL", "control character")),
+              "shard %s refused in one line naming the index and the shard: %d %r"
+              % (rel, r.returncode, lines))
+        check("w" not in r.stdout.split(), "shard %s: nothing listed: %r" % (rel, r.stdout))
+
+
 def etag_pin(tmp, ng):
     """The object replaced mid-mount: a read of bytes not yet fetched fails
     with EIO (If-Match answered 412), never the new bytes beside the old."""
@@ -400,7 +428,8 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote", [with_nginx(t) for t in
-                              (formats, cli_verbs, bearer, refusals, etag_pin, retry_500)], "remote")
+                              (formats, cli_verbs, bearer, refusals, shard_escape, etag_pin,
+                               retry_500)], "remote")
 
 
 if __name__ == "__main__":

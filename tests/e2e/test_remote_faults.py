@@ -13,14 +13,15 @@ import json
 import os
 import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../support"))
-from bsmount import (SANITIZE, Mount, check, foreground_mount, run_tests,  # noqa: E402
-                     vmhwm_kb, write_safetensors)
+from bsmount import (SANITIZE, Mount, check, force_unmount, foreground_mount,  # noqa: E402
+                     run_tests, vmhwm_kb, write_safetensors)
 from httpfault import NGINX, FaultProxy, Nginx  # noqa: E402
 
 CACHE_MIB = 8
@@ -190,6 +191,67 @@ def replaced(tmp):
         check("changed" in err, "replaced: the log says the object changed: %r" % err)
 
 
+def stalled(tmp):
+    """A server that stalls mid-body (headers and half the body, then
+    silence, the connection open): an unmount while read-ahead is stalled
+    returns within a few seconds (the release cancels its requests), and a
+    read of a stalled range fails with EIO and one line within
+    BURNSTORE_HTTP_TIMEOUT (+ the second in which libcurl looks), never a
+    hang (a stall used to be waited for 30 s a try, 6 tries)."""
+    with Nginx(tmp) as ng:
+        c = setup(tmp, ng)
+        # 1. read-ahead stalled (requests of 2 MiB and more: the reader's own
+        # stay under), then unmount with the default timeout (60 s)
+        mnt = os.path.join(tmp, "mnt-stall-ra")
+        with FaultProxy(ng.port) as px:
+            with foreground_mount(px.url("m.safetensors"), mnt, "ro") as p:
+                px.arm("stall", min_len=2 << 20)
+                fd = os.open(os.path.join(mnt, "d"), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # (no kernel read-ahead)
+                    got = b"".join(os.pread(fd, 128 << 10, i << 17) for i in range(8))
+                finally:
+                    os.close(fd)
+                check(got == c.want["d"][:1 << 20], "stall: the first MiB read before the stall")
+                end = time.time() + 5
+                while px.faults == 0 and time.time() < end:
+                    time.sleep(0.05)
+                check(px.faults > 0, "stall: read-ahead requests stalled (%d)" % px.faults)
+                t = time.time()
+                force_unmount(mnt)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+                took = time.time() - t
+            check(took < 5, "stall: the unmount (and the daemon's exit) took %.1f s (< 5)" % took)
+        # 2. every range stalled, BURNSTORE_HTTP_TIMEOUT=3: EIO within it
+        mnt = os.path.join(tmp, "mnt-stall-read")
+        env = dict(os.environ, BURNSTORE_HTTP_TIMEOUT="3")
+        with FaultProxy(ng.port) as px:
+            with foreground_mount(px.url("m.safetensors"), mnt, "ro", env=env) as p:
+                px.arm("stall")
+                t = time.time()
+                fd = os.open(os.path.join(mnt, "c"), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    os.pread(fd, 100, 0)
+                    r = "bytes"
+                except OSError as e:
+                    r = e.errno
+                finally:
+                    os.close(fd)
+                took = time.time() - t
+                check(r == errno.EIO, "stalled read: EIO (%r)" % r)
+                check(took < 3 + 2, "stalled read: failed after %.1f s (3 s bound, + 2)" % took)
+                t = time.time()
+            check(time.time() - t < 5, "stalled read: unmount in %.1f s" % (time.time() - t))
+            err = p.stderr.read().decode(errors="replace")
+        lines = [x for x in err.splitlines() if x.strip()]
+        check(len(lines) == 1 and "no answer within 3 s" in lines[0],
+              "stalled read: one line naming the bound: %r" % lines)
+
+
 def requests_and_parallel(tmp):
     """What goes over the wire (nginx's access log, the proxy's count of
     requests under way at once): a header of over 64 KiB mounts in 2
@@ -245,7 +307,8 @@ def main():
     # unmount and stop nginx and the proxy) if it hangs.
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
-    run_tests("test_remote_faults", [requests_and_parallel, faults, always_down, replaced], "rfault")
+    run_tests("test_remote_faults", [stalled, requests_and_parallel, faults, always_down,
+                                         replaced], "rfault")
 
 
 if __name__ == "__main__":

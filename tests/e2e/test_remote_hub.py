@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -313,13 +314,45 @@ def pinned(tmp, hub):
     with Env(hf_env(hub, BURNSTORE_HTTP_CACHE="1M")):
         with Mount("hf://org/pinned/model.safetensors.index.json", mnt) as m:
             hub.move_main(COMMIT_B, 2)
-            got = {k: open(os.path.join(m, k), "rb").read() for k in sorted(a)}
+            # every tensor at once: the shards' expired CDN URLs are resolved
+            # again by several threads while others read where they lead
+            # (the ThreadSanitizer pass checks it is race-free)
+            got = {}
+
+            def one(k):
+                got[k] = open(os.path.join(m, k), "rb").read()
+            ts = [threading.Thread(target=one, args=(k,)) for k in sorted(a) for _ in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(timeout=60)
     for k in sorted(a):
-        check(got[k] == a[k], "%s: the pinned commit's bytes (main moved mid-mount)" % k)
+        check(got.get(k) == a[k], "%s: the pinned commit's bytes (main moved mid-mount)" % k)
     again = [ln for ln in hub.requests("/org/pinned/resolve/%s/" % COMMIT_A)]
     check(len(again) >= 1, "expired CDN URLs resolved again at the commit: %d" % len(again))
     check(not hub.requests("/org/pinned/resolve/%s/" % COMMIT_B) and
           not hub.requests("/org/pinned/%s/" % COMMIT_B), "nothing asked at the new commit")
+
+
+def shard_escape(tmp, hub):
+    """A sharded index on the Hub naming a shard in another repository
+    (".." written %2E%2E, which the Hub would decode; a URL): refused in one
+    line naming the index and the shard, with the token never sent for it."""
+    d = os.path.join(tmp, "esc")
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "s.safetensors"), {"w": b"other repo"})
+    hub.put("org/other", COMMIT_A, os.path.join(d, "s.safetensors"))
+    for i, rel in enumerate(("%2E%2E/%2E%2E/%2E%2E/org/other/resolve/" + COMMIT_A + "/s.safetensors",
+                             "hf://org/other/s.safetensors")):
+        idx = os.path.join(d, "i%d.safetensors.index.json" % i)
+        with open(idx, "w") as f:
+            json.dump({"metadata": {}, "weight_map": {"w": rel}}, f)
+        hub.put("org/esc", COMMIT_A, idx)
+        r = run([BIN, "ls", "hf://org/esc/i%d.safetensors.index.json" % i], env=hf_env(hub))
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and "hf://org/esc/i%d" % i in lines[0]
+              and rel in lines[0] and ("its repository and revision" in lines[0]),
+              "hf shard %s refused in one line: %d %r" % (rel, r.returncode, lines))
 
 
 def main():
@@ -336,7 +369,8 @@ def main():
 
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
-    run_tests("test_remote_hub", [with_hub(t) for t in (formats, cli_verbs, tokens, helper, pinned)],
+    run_tests("test_remote_hub", [with_hub(t) for t in (formats, cli_verbs, tokens, helper, pinned,
+                                                             shard_escape)],
               "remote-hub")
 
 

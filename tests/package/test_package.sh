@@ -106,6 +106,9 @@ has_deps() { # PACKAGE DEP... (each "name" or "name (op version)")
 has_deps burnstore fuse3 libfuse3-3 libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
 has_deps "$lib" libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
 has_deps libburnstore-dev "$lib (= $debver)"
+for p in burnstore "$lib"; do
+  field_is "$p" Recommends ca-certificates
+done
 for p in "$lib" libburnstore-dev; do
   field_is "$p" Breaks "burnstore (<< 0.1.0-1)"
   field_is "$p" Replaces "burnstore (<< 0.1.0-1)"

@@ -206,6 +206,19 @@ void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
   cr_assert_eq(idx, 0);
 }
 
+void bs_test_check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,
+                          const uint8_t *whole, uint64_t step)
+{
+  uint8_t got[64];
+  for (uint64_t off = 0; off < t->nbytes; off += step)
+    for (size_t n = 1; n < sizeof got && off + n <= t->nbytes + 3; n += 5) {
+      long r = bs_tensor_read(cat, t, off, got, n);
+      size_t want = off + n > t->nbytes ? (size_t)(t->nbytes - off) : n;
+      cr_assert_eq(r, (long)want, "off %llu n %zu: %ld", (unsigned long long)off, n, r);
+      cr_assert_eq(memcmp(got, whole + off, want), 0, "off %llu n %zu", (unsigned long long)off, n);
+    }
+}
+
 struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
                               uint32_t rank, const uint64_t *shape, uint64_t off)
 {

@@ -61,6 +61,10 @@ size_t bs_test_rollback_sweep_mem(const void *buf, size_t len, const char *name,
 
 /* A catalog whose only source is `mem` (borrowed, named "mem"). */
 void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n);
+/* Reads of t at every step-th offset, of lengths 1, 6, 11, ... (to 3 past
+ * the end), equal the same slice of `whole` (t's bytes, t->nbytes). */
+void bs_test_check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,
+                          const uint8_t *whole, uint64_t step);
 /* bs_catalog_add of a tensor at `off` of source 0 (cr_assert on failure). */
 struct bs_tensor *bs_test_add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
                               uint32_t rank, const uint64_t *shape, uint64_t off);

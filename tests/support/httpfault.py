@@ -5,6 +5,11 @@ Nginx(tmp): Debian's nginx-light on a free port of 127.0.0.1, serving a
 directory, every request in an access log as "$request $status
 $body_bytes_sent" (requests() reads it back). Started and stopped by the
 caller (a context manager); the port is free, the files are in tmp.
+Nginx(tmp, tls=True) serves HTTPS instead, with a certificate for
+127.0.0.1 and localhost signed by a CA made for it with openssl (its
+`ca` file, which CURL_CA_BUNDLE points burnstore at); `log_format
+authlog` ($scheme, whether TLS carried it, the Authorization header, the
+request, the status) is defined for an `extra` access_log.
 
 FaultProxy(port): a threaded HTTP/1.1 proxy on a free port of 127.0.0.1 to
 127.0.0.1:port. Every request is forwarded on the client's own upstream
@@ -17,6 +22,9 @@ carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "500", "503"  that status, a small body
   "429"      429 with Retry-After: 1
   "full200"  the Range header removed: 200 with the whole body
+  "stall"    the headers and half the body, then silence (the connection
+             kept open) until the proxy closes
+`min_len`: only ranges of at least that many bytes get the fault (0: any).
 `faults` counts the faults given; `max_inflight` the most requests under
 way at once (from the request's head to its answer's end). Stopped by
 close() (a context manager).
@@ -40,7 +48,7 @@ def free_port():
 class Nginx:
     """nginx on 127.0.0.1:PORT serving ROOT (ranges, ETags, If-Match)."""
 
-    def __init__(self, tmp, extra=""):
+    def __init__(self, tmp, extra="", tls=False):
         self.dir = os.path.join(tmp, "nginx-%d" % free_port())
         self.root = os.path.join(self.dir, "www")
         self.log = os.path.join(self.dir, "access.log")
@@ -48,10 +56,30 @@ class Nginx:
         os.makedirs(self.root, exist_ok=True)
         self.port = free_port()
         self.extra = extra
+        self.tls = tls
+        self.ca = os.path.join(self.dir, "ca.pem")
         self.proc = None
+
+    def _certs(self):
+        """A CA, and a certificate for 127.0.0.1 and localhost it signs."""
+        d = self.dir
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        with open(os.path.join(d, "san.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for cmd in (["req", "-x509"] + ec + ["-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+                                             "-subj", "/CN=burnstore test CA"],
+                    ["req"] + ec + ["-keyout", "srv.key", "-out", "srv.csr", "-subj",
+                                    "/CN=127.0.0.1"],
+                    ["x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                     "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "san.ext"]):
+            subprocess.run(["openssl"] + cmd, cwd=d, check=True, capture_output=True, timeout=60)
 
     def __enter__(self):
         d = self.dir
+        listen = "127.0.0.1:%d" % self.port
+        if self.tls:
+            self._certs()
+            listen += " ssl;\n    ssl_certificate %s/srv.pem;\n    ssl_certificate_key %s/srv.key" % (d, d)
         conf = os.path.join(d, "nginx.conf")
         with open(conf, "w") as f:
             f.write("""daemon off;
@@ -62,18 +90,19 @@ error_log %(d)s/error.log;
 events { worker_connections 256; }
 http {
   log_format counted '$request $http_range $status $body_bytes_sent';
+  log_format authlog '$scheme tls=$https auth="$http_authorization" $request $status';
   access_log %(log)s counted;
   sendfile on;
   keepalive_requests 100000;
   client_body_temp_path %(d)s/tmp; proxy_temp_path %(d)s/tmp; fastcgi_temp_path %(d)s/tmp;
   uwsgi_temp_path %(d)s/tmp; scgi_temp_path %(d)s/tmp;
   server {
-    listen 127.0.0.1:%(port)d;
+    listen %(listen)s;
     root %(root)s;
     %(extra)s
   }
 }
-""" % {"d": d, "port": self.port, "root": self.root, "log": self.log, "extra": self.extra})
+""" % {"d": d, "listen": listen, "root": self.root, "log": self.log, "extra": self.extra})
         self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         deadline = time.time() + 20
@@ -89,7 +118,7 @@ http {
         raise RuntimeError("nginx did not listen within 20 s")
 
     def url(self, name, port=None):
-        return "http://127.0.0.1:%d/%s" % (port or self.port, name)
+        return "%s://127.0.0.1:%d/%s" % ("https" if self.tls else "http", port or self.port, name)
 
     def path(self, name):
         return os.path.join(self.root, name)
@@ -148,6 +177,8 @@ class FaultProxy:
         self.fault = None
         self.every = 1
         self.skip_open = True
+        self.min_len = 0
+        self.stop = threading.Event()  # (set by close: ends the stalls)
         self.faults = 0
         self.count = 0
         self.inflight = self.max_inflight = 0
@@ -162,9 +193,9 @@ class FaultProxy:
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
-    def arm(self, fault, every=1):
+    def arm(self, fault, every=1, min_len=0):
         with self.lock:
-            self.fault, self.every, self.count = fault, every, 0
+            self.fault, self.every, self.count, self.min_len = fault, every, 0, min_len
 
     def _accept(self):
         while not self.closing:
@@ -187,6 +218,13 @@ class FaultProxy:
                 return None
             if self.skip_open and rng.startswith("bytes=0-"):
                 return None
+            if self.min_len:
+                try:
+                    a, b = rng.split("=", 1)[1].split("-")
+                    if int(b) - int(a) + 1 < self.min_len:
+                        return None
+                except ValueError:
+                    return None
             self.count += 1
             if self.count % self.every:
                 return None
@@ -247,6 +285,10 @@ class FaultProxy:
         _, rhs = _headers(rhead)
         n = int(rhs.get("content-length", "0"))
         c.sendall(rhead)
+        if fault == "stall":
+            self._relay(u[0], c, rest, n // 2)
+            self.stop.wait(3600)
+            return False
         if fault in ("drop", "short"):
             # part of the body (drop: half; short: all but 1000 bytes)
             part = n // 2 if fault == "drop" else max(0, n - 1000)
@@ -274,6 +316,7 @@ class FaultProxy:
 
     def close(self):
         self.closing = True
+        self.stop.set()
         try:
             self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
         except OSError:

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bs_test.h"
 #include "core/decode.h"
 #include "core/decode_grids.h"
 
@@ -706,21 +707,6 @@ static void add_mem_src(struct bs_catalog *cat, const void *mem, size_t n)
   cr_assert_eq(bs_catalog_add_src(cat, &s, &idx, &cerr), 0);
 }
 
-/* Reads of every offset and length of the decoded bytes equal the same
- * slice of the whole decode. */
-static void check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,
-                         const uint8_t *whole)
-{
-  uint8_t got[64];
-  for (uint64_t off = 0; off < t->nbytes; off += 7)
-    for (size_t n = 1; n < sizeof got && off + n <= t->nbytes + 3; n += 5) {
-      long r = bs_tensor_read(cat, t, off, got, n);
-      size_t want = off + n > t->nbytes ? (size_t)(t->nbytes - off) : n;
-      cr_assert_eq(r, (long)want, "off %llu n %zu: %ld", (unsigned long long)off, n, r);
-      cr_assert_eq(memcmp(got, whole + off, want), 0, "off %llu n %zu", (unsigned long long)off, n);
-    }
-}
-
 Test(decode_as, bf16_strided_and_kept_dtypes)
 {
   struct bs_catalog cat;
@@ -757,7 +743,7 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   cr_assert(!bs_tensor_fd_range(&cat, t, &fd, &base), "a decoded tensor is never spliced");
   /* row-major of the transpose: 1, -0, 2, 0.5, 3, inf */
   const uint32_t want[] = {0x3f800000, 0x80000000, 0x40000000, 0x3f000000, 0x40400000, 0x7f800000};
-  check_slices(&cat, t, (const uint8_t *)want);
+  bs_test_check_slices(&cat, t, (const uint8_t *)want, 7);
   /* idempotent; other targets refused */
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0);
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_I32, &cerr), -1);
@@ -789,8 +775,8 @@ Test(decode_as, superblocks_read_mid_block)
   bs_decode(BS_DT_IQ1_M, st + 144 * 3, 2, whole_m);
   cr_assert(cat.tensors[0].decoded && cat.tensors[0].nbytes == sizeof whole_k);
   cr_assert(cat.tensors[1].decoded && cat.tensors[1].nbytes == sizeof whole_m);
-  check_slices(&cat, &cat.tensors[0], (const uint8_t *)whole_k);
-  check_slices(&cat, &cat.tensors[1], (const uint8_t *)whole_m);
+  bs_test_check_slices(&cat, &cat.tensors[0], (const uint8_t *)whole_k, 7);
+  bs_test_check_slices(&cat, &cat.tensors[1], (const uint8_t *)whole_m, 7);
   bs_catalog_destroy(&cat);
 }
 

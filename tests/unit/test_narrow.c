@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bs_test.h"
 #include "core/decode.h"
 
 static float fbits(uint32_t u)
@@ -185,21 +186,6 @@ Test(narrow, encode)
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
 
-/* Reads of every offset and length of the tensor's bytes equal the same
- * slice of `whole`. */
-static void check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,
-                         const uint8_t *whole)
-{
-  uint8_t got[64];
-  for (uint64_t off = 0; off < t->nbytes; off += 3)
-    for (size_t n = 1; n < sizeof got && off + n <= t->nbytes + 3; n += 5) {
-      long r = bs_tensor_read(cat, t, off, got, n);
-      size_t want = off + n > t->nbytes ? (size_t)(t->nbytes - off) : n;
-      cr_assert_eq(r, (long)want, "off %llu n %zu: %ld", (unsigned long long)off, n, r);
-      cr_assert_eq(memcmp(got, whole + off, want), 0, "off %llu n %zu", (unsigned long long)off, n);
-    }
-}
-
 Test(narrow_as, f32_bf16_q8_0_to_f16_and_bf16)
 {
   /* "a": F32 [4]: 1 + 2^-11 (a tie for F16), 65520 (F16 overflow), -0, NaN;
@@ -222,12 +208,8 @@ Test(narrow_as, f32_bf16_q8_0_to_f16_and_bf16)
   bs_err err;
   for (int pass = 0; pass < 2; pass++) {
     enum bs_dtype as = pass ? BS_DT_BF16 : BS_DT_F16;
-    bs_catalog_init(&cat);
+    bs_test_mem_catalog(&cat, st, sizeof st);
     bs_err_clear(&err);
-    struct bs_src s;
-    uint32_t idx;
-    cr_assert_eq(bs_src_init_mem(&s, st, sizeof st, "mem", &err), 0);
-    cr_assert_eq(bs_catalog_add_src(&cat, &s, &idx, &err), 0);
     cr_assert_not_null(bs_catalog_add(&cat, "a", BS_DT_F32, 1, (uint64_t[]){4}, 0, &err));
     cr_assert_not_null(bs_catalog_add(&cat, "b", BS_DT_BF16, 1, (uint64_t[]){3}, 16, &err));
     cat.tensors[cat.count - 1].off = 16;
@@ -246,15 +228,15 @@ Test(narrow_as, f32_bf16_q8_0_to_f16_and_bf16)
       const uint16_t f16a[] = {0x3c00, 0x7c00, 0x8000, 0x7e00};
       memcpy(wa, f16a, sizeof wa);
       const uint16_t wb[] = {0x3c00, 0xc000, 0x0001};
-      check_slices(&cat, tb, (const uint8_t *)wb);
+      bs_test_check_slices(&cat, tb, (const uint8_t *)wb, 3);
     } else {
       const uint16_t bf16a[] = {0x3f80, 0x4780, 0x8000, 0x7fc0};
       memcpy(wa, bf16a, sizeof wa);
     }
     for (int j = 0; j < 32; j++)
       wq[j] = pass ? bs_f32_to_bf16((float)(j - 16) * 0.5f) : bs_f32_to_f16((float)(j - 16) * 0.5f);
-    check_slices(&cat, ta, (const uint8_t *)wa);
-    check_slices(&cat, tq, (const uint8_t *)wq);
+    bs_test_check_slices(&cat, ta, (const uint8_t *)wa, 3);
+    bs_test_check_slices(&cat, tq, (const uint8_t *)wq, 3);
     bs_catalog_destroy(&cat);
   }
 }

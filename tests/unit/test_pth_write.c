@@ -303,11 +303,43 @@ static void expect_refused(enum bs_dtype dt, const char *words)
 
 Test(pth_write, dtypes_without_a_torch_storage_are_refused_naming_the_tensor)
 {
-  expect_refused(BS_DT_F4, "two values a byte");
   expect_refused(BS_DT_FLEX32, "user.burnstore.dtype to F32");
   expect_refused(BS_DT_BOOL_U8, "user.burnstore.dtype to BOOL");
   expect_refused(BS_DT_QI8, "convert --as F32 dequantizes");
   expect_refused(BS_DT_QFLOAT, "Burnpack");
+}
+
+/* F4 as torch's float4_e2m1fn_x2: the bytes as they are, the last
+ * dimension halved in the pickle, read back as F4 of the same shape; an
+ * odd last dimension is refused. */
+Test(pth_write, f4_as_float4_e2m1fn_x2)
+{
+  uint8_t mem[8] = {0x21, 0x43, 0x65, 0x87, 0xa9, 0xcb, 0xed, 0x0f};
+  struct bs_catalog cat;
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "w", BS_DT_F4, 2, (uint64_t[]){2, 8}, 0);
+  struct bs_buf b = write_mem(&cat, "f4.pth");
+  cr_assert(memmem(b.data, b.len, "float4_e2m1fn_x2", 16) != NULL);
+  /* the size (2, 4) and strides (4, 1) as TUPLE2s of BININT1 */
+  cr_assert(memmem(b.data, b.len, "K\x02K\x04\x86", 5) != NULL, "size (2, 4)");
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_catalog back;
+  cr_assert_eq(read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
+  const struct bs_tensor *t = &back.tensors[0];
+  cr_assert(t->dtype == BS_DT_F4 && t->rank == 2 && t->shape[0] == 2 && t->shape[1] == 8 &&
+            t->nbytes == 8 && !t->unsupported);
+  cr_assert_arr_eq(b.data + t->off, mem, 8);
+  bs_catalog_destroy(&back);
+  bs_buf_destroy(&b);
+  bs_catalog_destroy(&cat);
+  bs_test_mem_catalog(&cat, mem, sizeof mem);
+  bs_test_add(&cat, "odd", BS_DT_F4, 2, (uint64_t[]){2, 3}, 0);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_writer_check(bs_writer_for_path("o.pth"), &cat, &err), -1);
+  cr_assert(err.code == ENOTSUP && strcmp(err.key, "odd") == 0 && strstr(err.msg, "even"), "%s",
+            err.msg);
+  bs_catalog_destroy(&cat);
 }
 
 Test(pth_write, bad_names_and_sizes_are_refused)

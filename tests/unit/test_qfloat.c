@@ -1,13 +1,20 @@
-/* Burn's QFloat under as=F32, on hand-built CBOR schemes and bytes: Q8S,
- * Native store, symmetric, one per-tensor scale (F32, F16, BF16; the
- * current 5-entry scheme map and the v0.20-0.21 one) decode to q * scale;
- * any other scheme, or a length that is not values + scale, stays as
- * stored with a note. */
+/* Burn's QFloat under as=F32, on hand-built CBOR schemes and bytes laid
+ * out as burn-std's QuantizedBytes lays them out (values: an i8 or float
+ * code a byte, or u32 words along the innermost dimension, low bits first,
+ * rows padded to whole words; then the scales, row-major over the block
+ * grid), the expected floats computed here from that description: the
+ * integer and float values, per-tensor and block scales of every scale
+ * dtype, both packings; any other scheme, or a length that is not values +
+ * scales, stays as stored with a note. */
 #include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "bs_test.h"
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/decode.h"
 #include "core/qfloat.h"
 
 static bs_err err;
@@ -59,27 +66,178 @@ static size_t scheme(uint8_t *p, const char *value, const char *store, const cha
   return n;
 }
 
+/* The current 5-entry map with a free store and levels: store_cbor and
+ * tensor_cbor / block_cbor are raw CBOR (NULL: null). */
+static size_t scheme2(uint8_t *p, const char *value, const uint8_t *store, size_t store_len,
+                      const char *mode, const char *tensor, const uint8_t *block, size_t block_len)
+{
+  size_t n = 0;
+  p[n++] = 0xa1;
+  n += text(p + n, "QFloat");
+  p[n++] = 0xa5;
+  n += text(p + n, "value");
+  n += text(p + n, value);
+  n += text(p + n, "store");
+  memcpy(p + n, store, store_len);
+  n += store_len;
+  n += text(p + n, "mode");
+  n += text(p + n, mode);
+  n += text(p + n, "tensor");
+  if (tensor)
+    n += text(p + n, tensor);
+  else
+    p[n++] = 0xf6;
+  n += text(p + n, "block");
+  if (block) {
+    memcpy(p + n, block, block_len);
+    n += block_len;
+  } else {
+    p[n++] = 0xf6;
+  }
+  return n;
+}
+
+static const uint8_t NATIVE[] = {0x66, 'N', 'a', 't', 'i', 'v', 'e'};
+/* {"PackedU32": 0} and {"PackedU32": 1} */
+static const uint8_t PACKED0[] = {0xa1, 0x69, 'P', 'a', 'c', 'k', 'e', 'd', 'U', '3', '2', 0x00};
+static const uint8_t PACKED1[] = {0xa1, 0x69, 'P', 'a', 'c', 'k', 'e', 'd', 'U', '3', '2', 0x01};
+
+/* {"size": {"storage": [d0..d4], "len": len}, "dtype": dt} */
+static size_t block(uint8_t *p, const uint8_t dims[5], unsigned len, const char *dt)
+{
+  size_t n = 0;
+  p[n++] = 0xa2;
+  n += text(p + n, "size");
+  p[n++] = 0xa2;
+  n += text(p + n, "storage");
+  p[n++] = 0x85;
+  for (int i = 0; i < 5; i++) {
+    if (dims[i] < 24) {
+      p[n++] = dims[i];
+    } else {
+      p[n++] = 0x18;
+      p[n++] = dims[i];
+    }
+  }
+  n += text(p + n, "len");
+  p[n++] = (uint8_t)len;
+  n += text(p + n, "dtype");
+  n += text(p + n, dt);
+  return n;
+}
+
+static bool ok(const uint8_t *raw, size_t len, uint32_t rank, const uint64_t *shape,
+               uint64_t nbytes, struct bs_qfloat *q)
+{
+  const char *why = NULL;
+  bool r = bs_qfloat_layout(raw, len, rank, shape, nbytes, q, &why);
+  cr_assert(r || why);
+  return r;
+}
+
+/* v0.20-0.21: {value, param, store, level: {"Block": BlockSize}, mode} */
+static size_t old_block(uint8_t *p, const uint8_t dims[5], unsigned len)
+{
+  size_t n = 0;
+  p[n++] = 0xa1;
+  n += text(p + n, "QFloat");
+  p[n++] = 0xa5;
+  n += text(p + n, "value");
+  n += text(p + n, "Q8S");
+  n += text(p + n, "param");
+  n += text(p + n, "F32");
+  n += text(p + n, "store");
+  n += text(p + n, "Native");
+  n += text(p + n, "level");
+  p[n++] = 0xa1;
+  n += text(p + n, "Block");
+  p[n++] = 0xa2;
+  n += text(p + n, "storage");
+  p[n++] = 0x85;
+  for (int i = 0; i < 5; i++)
+    p[n++] = dims[i];
+  n += text(p + n, "len");
+  p[n++] = (uint8_t)len;
+  n += text(p + n, "mode");
+  n += text(p + n, "Symmetric");
+  return n;
+}
+
+Test(qfloat, old_blocks_along_the_last_dimension_only)
+{
+  uint8_t b[160];
+  struct bs_qfloat q;
+  const uint64_t s48[2] = {4, 8};
+  const char *why = NULL;
+  size_t n = old_block(b, (const uint8_t[5]){4, 1, 1, 1, 1}, 1);
+  cr_expect(bs_qfloat_layout(b, n, 2, s48, 32 + 8 * 4, &q, &why), "%s", why);
+  cr_expect(q.nscales == 8 && q.block[0] == 1 && q.block[1] == 4);
+  n = old_block(b, (const uint8_t[5]){2, 4, 1, 1, 1}, 2);
+  cr_expect(!bs_qfloat_layout(b, n, 2, s48, 32 + 4 * 4, &q, &why));
+  cr_expect(strstr(why, "last dimension") != NULL, "%s", why);
+}
+
 Test(qfloat, schemes)
 {
-  uint8_t b[128];
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q8S", "Native", "F32", false, false)), BS_DT_F32);
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q8S", "Native", "BF16", false, false)),
-               BS_DT_BF16);
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q8S", "Native", "F16", true, false)), BS_DT_F16);
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q4S", "Native", "F32", false, false)),
-               BS_DT_COUNT);
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q8S", "PackedU32", "F32", false, false)),
-               BS_DT_COUNT);
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q8S", "Native", "UE8M0", false, false)),
-               BS_DT_COUNT);
-  cr_expect_eq(bs_qfloat_q8s_scale(b, scheme(b, "Q8S", "Native", "F32", false, true)), BS_DT_COUNT,
-               "a block scheme");
-  size_t n = scheme(b, "Q8S", "Native", "F32", false, false);
+  uint8_t b[160], blk[64];
+  struct bs_qfloat q;
+  const uint64_t s8[1] = {8}, s33[2] = {3, 3}, s25[2] = {2, 5};
+  cr_expect(ok(b, scheme(b, "Q8S", "Native", "F32", false, false), 1, s8, 12, &q));
+  cr_expect(q.layout == BS_QF_BYTES && q.scale_dt == BS_DT_F32 && q.nscales == 1);
+  cr_expect(ok(b, scheme(b, "Q8S", "Native", "BF16", true, false), 1, s8, 10, &q), "v0.20-0.21");
+  cr_expect(!ok(b, scheme(b, "Q8S", "Native", "F32", false, false), 1, s8, 13, &q), "a byte more");
+  /* Q4S Native: an i8 a value (QuantizedBytes' Bytes layout) */
+  cr_expect(ok(b, scheme(b, "Q4S", "Native", "F32", false, false), 1, s8, 12, &q));
+  cr_expect(ok(b, scheme(b, "Q8S", "Native", "UE8M0", false, false), 1, s8, 9, &q));
+  cr_expect(q.scale_dt == BS_DT_F8_E8M0);
+  /* no level at all: per tensor, F32 (QuantScheme::tensor_scale) */
+  cr_expect(
+      ok(b, scheme2(b, "Q8F", NATIVE, sizeof NATIVE, "Symmetric", NULL, NULL, 0), 1, s8, 12, &q));
+  /* packed: [3, 3] Q4: rows padded, 3 words (flattened would be 2) */
+  size_t n = scheme2(b, "Q4S", PACKED0, sizeof PACKED0, "Symmetric", "F32", NULL, 0);
+  cr_expect(ok(b, n, 2, s33, 12 + 4, &q) && q.layout == BS_QF_ROWS && q.words_per_row == 1);
+  cr_expect(ok(b, n, 2, s33, 8 + 4, &q) && q.layout == BS_QF_FLAT, "older burn: flattened");
+  cr_expect(!ok(b, n, 2, s25, 8 + 4, &q), "[2, 5]: 2 words either way, packed differently");
+  cr_expect(!ok(b, scheme2(b, "Q4S", PACKED1, sizeof PACKED1, "Symmetric", "F32", NULL, 0), 2, s33,
+                16, &q),
+            "packed along an outer dimension");
+  cr_expect(!ok(b, scheme2(b, "E2M1", NATIVE, sizeof NATIVE, "Symmetric", "F32", NULL, 0), 1, s8,
+                12, &q));
+  cr_expect(
+      !ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Lookup", "F32", NULL, 0), 1, s8, 12, &q));
+  cr_expect(!ok(b, scheme2(b, "E4M3", PACKED0, sizeof PACKED0, "Symmetric", "F32", NULL, 0), 1, s8,
+                12, &q),
+            "float codes in u32 words");
+  /* blocks: [32] of F16 over [2, 64] is a grid [2, 2]; two-level refused */
+  const uint64_t s264[2] = {2, 64};
+  size_t bl = block(blk, (const uint8_t[5]){32, 1, 1, 1, 1}, 1, "F16");
+  cr_expect(ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+               128 + 8, &q));
+  cr_expect(q.nscales == 4 && q.block[0] == 1 && q.block[1] == 32 && q.grid[1] == 2);
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", "F32", blk, bl), 2, s264,
+                128 + 8 + 4, &q),
+            "two-level");
+  const uint64_t s270[2] = {2, 70};
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s270,
+                140 + 12, &q),
+            "a partial block");
+  bl = block(blk, (const uint8_t[5]){0, 1, 1, 1, 1}, 1, "F16");
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+                128 + 8, &q),
+            "a block of 0");
+  bl = block(blk, (const uint8_t[5]){32, 1, 1, 1, 1}, 6, "F16");
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+                128 + 8, &q),
+            "len 6 of 5 dims");
+  bl = block(blk, (const uint8_t[5]){32, 1, 1, 1, 1}, 1, "F64");
+  cr_expect(!ok(b, scheme2(b, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl), 2, s264,
+                128 + 16, &q),
+            "an unknown scale dtype");
+  n = scheme(b, "Q8S", "Native", "F32", false, false);
   for (size_t cut = 0; cut < n; cut++)
-    cr_expect_eq(bs_qfloat_q8s_scale(b, cut), BS_DT_COUNT, "cut at %zu", cut);
-  b[n] = 0;
-  cr_expect_eq(bs_qfloat_q8s_scale(b, n + 1), BS_DT_COUNT, "trailing bytes");
-  cr_expect_eq(bs_qfloat_q8s_scale(NULL, 0), BS_DT_COUNT);
+    cr_expect(!ok(b, cut, 1, s8, 12, &q), "cut at %zu", cut);
+  cr_expect(!ok(b, n + 1, 1, s8, 12, &q), "trailing bytes");
+  cr_expect(!ok(NULL, 0, 1, s8, 12, &q));
 }
 
 static void add(struct bs_catalog *cat, const char *key, const uint8_t *raw, size_t rawlen,
@@ -97,7 +255,7 @@ static void add(struct bs_catalog *cat, const char *key, const uint8_t *raw, siz
 Test(qfloat, decoded_as_f32)
 {
   /* "a": 8 values, F32 scale 0.5; "h": 4 values, F16 scale 0.25 (0x3400);
-   * "odd": 3 values (padding unclear): kept; "q4": a Q4S scheme: kept */
+   * "odd": 3 values (padding unclear): kept; "q4": Q4S, an i8 a value */
   uint8_t st[8 + 4 + 4 + 2 + 3 + 4];
   const int8_t qa[8] = {-128, -1, 0, 1, 2, 3, 127, 64};
   memcpy(st, qa, 8);
@@ -109,12 +267,8 @@ Test(qfloat, decoded_as_f32)
   st[17] = 0x34;
   memset(st + 18, 1, 7);
   struct bs_catalog cat;
-  bs_catalog_init(&cat);
+  bs_test_mem_catalog(&cat, st, sizeof st);
   bs_err_clear(&err);
-  struct bs_src s;
-  uint32_t idx;
-  cr_assert_eq(bs_src_init_mem(&s, st, sizeof st, "mem", &err), 0);
-  cr_assert_eq(bs_catalog_add_src(&cat, &s, &idx, &err), 0);
   uint8_t b[128];
   size_t n = scheme(b, "Q8S", "Native", "F32", false, false);
   add(&cat, "a", b, n, 8, 0, 12);
@@ -129,9 +283,9 @@ Test(qfloat, decoded_as_f32)
   cr_assert(ta->decoded && ta->dtype == BS_DT_F32 && ta->nbytes == 32);
   cr_assert(th->decoded && th->nbytes == 16);
   cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_QFLOAT);
-  cr_assert(!cat.tensors[3].decoded);
-  cr_assert(!bs_tensor_decodable(&cat.tensors[2]) && !bs_tensor_decodable(&cat.tensors[3]));
-  cr_assert_str_eq(cat.notes, "as=F32: 2 QFLOAT tensors shown as stored (no decoder for QFLOAT)\n");
+  cr_assert(cat.tensors[3].decoded);
+  cr_assert(!bs_tensor_decodable(&cat.tensors[2]));
+  cr_assert_str_eq(cat.notes, "as=F32: 1 QFLOAT tensor shown as stored (no decoder for QFLOAT)\n");
   float got[8], want[8];
   cr_assert_eq(bs_tensor_read(&cat, ta, 0, got, 32), 32);
   for (int i = 0; i < 8; i++)
@@ -141,4 +295,238 @@ Test(qfloat, decoded_as_f32)
   for (int i = 1; i < 4; i++)
     cr_expect_eq(got[i - 1], (float)qh[i] * 0.25f, "[%d]", i);
   bs_catalog_destroy(&cat);
+}
+
+/* A strided view of a QFloat tensor (only a staging INDEX can say one):
+ * its scale lies after the values, not at a position of the view, and the
+ * gather wrapped round to the first values' bytes for it. Kept as stored. */
+Test(qfloat, a_strided_one_is_kept)
+{
+  uint8_t st[8 + 4] = {1, 2, 3, 4, 5, 6, 7, 8, 0x00, 0x00, 0x00, 0x3f};
+  struct bs_catalog cat;
+  bs_test_mem_catalog(&cat, st, sizeof st);
+  bs_err_clear(&err);
+  uint8_t b[128];
+  size_t n = scheme(b, "Q8S", "Native", "F32", false, false);
+  add(&cat, "v", b, n, 8, 0, 12);
+  struct bs_tensor *t = &cat.tensors[0];
+  t->strides = bs_malloc(sizeof *t->strides);
+  t->strides[0] = 1;
+  t->storage_off = 0;
+  t->storage_bytes = 12;
+  cr_assert(!bs_tensor_decodable(t));
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &err), 0, "%s", err.msg);
+  cr_assert(!t->decoded && t->dtype == BS_DT_QFLOAT);
+  bs_catalog_destroy(&cat);
+}
+
+static uint32_t fbits(float f)
+{
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static float fl(uint32_t u)
+{
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* A catalog of one tensor of `shape` over the bytes st (kept alive by the
+ * caller), decoded as `as`. */
+static void one(struct bs_catalog *cat, struct bs_src *s, const uint8_t *st, size_t len,
+                const uint8_t *raw, size_t rawlen, uint32_t rank, const uint64_t *shape,
+                enum bs_dtype as)
+{
+  uint32_t idx;
+  bs_catalog_init(cat);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_src_init_mem(s, st, len, "mem", &err), 0);
+  cr_assert_eq(bs_catalog_add_src(cat, s, &idx, &err), 0);
+  struct bs_tensor *t = bs_catalog_add(cat, "t", BS_DT_QFLOAT, rank, shape, 0, &err);
+  cr_assert_not_null(t);
+  t->nbytes = len;
+  t->dtype_raw = bs_malloc(rawlen);
+  memcpy(t->dtype_raw, raw, rawlen);
+  t->dtype_raw_len = rawlen;
+  cr_assert_eq(bs_catalog_decode_as(cat, as, &err), 0, "%s", err.msg);
+  cr_assert(cat->tensors[0].decoded, "%s", cat->notes ? cat->notes : "");
+}
+
+/* Q4S packed along the innermost dimension of [3, 3]: each row is one u32
+ * (values in bits 0-3, 4-7, 8-11, sign-extended), then an F32 scale. */
+Test(qfloat, packed_q4_rows)
+{
+  const int8_t v[9] = {-8, 7, -1, 0, 3, -5, 6, -7, 1};
+  uint8_t st[12 + 4], raw[128];
+  for (int r = 0; r < 3; r++) {
+    uint32_t w = 0;
+    for (int k = 0; k < 3; k++)
+      w |= (uint32_t)(v[3 * r + k] & 0xf) << (4 * k);
+    w |= 0xfff000u; /* padding: never read as values */
+    for (int i = 0; i < 4; i++)
+      st[4 * r + i] = (uint8_t)(w >> (8 * i));
+  }
+  const float scale = 0.1f;
+  memcpy(st + 12, &scale, 4);
+  size_t n = scheme2(raw, "Q4S", PACKED0, sizeof PACKED0, "Symmetric", "F32", NULL, 0);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, sizeof st, raw, n, 2, (const uint64_t[]){3, 3}, BS_DT_F32);
+  float got[9];
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 36), 36);
+  for (int i = 0; i < 9; i++)
+    cr_expect_eq(fbits(got[i]), fbits((float)v[i] * scale), "[%d] %g", i, got[i]);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 14, got, 10), 10, "a range: from element 3");
+  float w2;
+  memcpy(&w2, (uint8_t *)got + 2, 4);
+  cr_expect_eq(fbits(w2), fbits((float)v[4] * scale));
+  bs_catalog_destroy(&cat);
+}
+
+/* Q2F in u32 words over the flattened [3, 3] (older burn): 16 values a
+ * word, one word, then the F32 scale; read as BF16. */
+Test(qfloat, packed_flat_q2)
+{
+  const int8_t v[9] = {-2, 1, 0, -1, 1, 1, -2, 0, -1};
+  uint8_t st[8], raw[128];
+  uint32_t w = 0;
+  for (int k = 0; k < 9; k++)
+    w |= (uint32_t)(v[k] & 3) << (2 * k);
+  memset(st, 0, sizeof st);
+  for (int i = 0; i < 4; i++)
+    st[i] = (uint8_t)(w >> (8 * i));
+  /* [3, 3] in rows would take 3 words, flattened 1: the length (4 + 4) picks flattened */
+  const float scale = 3.0f;
+  memcpy(st + 4, &scale, 4);
+  size_t n = scheme2(raw, "Q2F", PACKED0, sizeof PACKED0, "Symmetric", "F32", NULL, 0);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, 8, raw, n, 2, (const uint64_t[]){3, 3}, BS_DT_BF16);
+  uint16_t got[9];
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 18), 18);
+  for (int i = 0; i < 9; i++) /* small integers times 3: exact in BF16 */
+    cr_expect_eq(got[i], (uint16_t)(fbits((float)v[i] * scale) >> 16), "[%d]", i);
+  bs_catalog_destroy(&cat);
+}
+
+/* Q8S a byte a value, [4, 8] in blocks [2, 4] with F16 scales: a grid
+ * [2, 2], scales row-major; element (r, c) uses scale (r / 2) * 2 + c / 4. */
+Test(qfloat, blocks_f16)
+{
+  uint8_t st[32 + 8], raw[160], blk[64];
+  int8_t v[32];
+  for (int i = 0; i < 32; i++)
+    v[i] = (int8_t)(i * 9 - 127);
+  memcpy(st, v, 32);
+  const uint16_t h[4] = {0x3c00, 0x3800, 0x0001, 0xfc00}; /* 1, 0.5, 2^-24, -inf */
+  const float hf[4] = {1.0f, 0.5f, 0x1p-24f, -INFINITY};
+  for (int i = 0; i < 4; i++) {
+    st[32 + 2 * i] = (uint8_t)h[i];
+    st[33 + 2 * i] = (uint8_t)(h[i] >> 8);
+  }
+  size_t bl = block(blk, (const uint8_t[5]){2, 4, 1, 1, 1}, 2, "F16");
+  size_t n = scheme2(raw, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, sizeof st, raw, n, 2, (const uint64_t[]){4, 8}, BS_DT_F32);
+  float got[32];
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 128), 128);
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 8; c++) {
+      float want = (float)v[8 * r + c] * hf[(r / 2) * 2 + c / 4];
+      cr_expect_eq(fbits(got[8 * r + c]), fbits(want), "(%d, %d): %g", r, c, got[8 * r + c]);
+    }
+  bs_catalog_destroy(&cat);
+}
+
+/* E4M3 codes a byte a value, blocks of 4 along [8], UE8M0 scales: code 128
+ * is 2, code 0 is 2^-127 (an F32 subnormal), 0xff NaN. */
+Test(qfloat, e4m3_ue8m0)
+{
+  /* 0x38 = 1.0, 0x7e = 448, 0xb8 = -1.0, 0x01 = 2^-9, 0x7f = NaN, 0x00 = 0, 0x80 = -0, 0x40 = 2 */
+  const uint8_t codes[8] = {0x38, 0x7e, 0xb8, 0x01, 0x7f, 0x00, 0x80, 0x40};
+  const float vals[8] = {1.0f, 448.0f, -1.0f, 0x1p-9f, NAN, 0.0f, -0.0f, 2.0f};
+  uint8_t st[8 + 2], raw[160], blk[64];
+  memcpy(st, codes, 8);
+  st[8] = 128;
+  st[9] = 0;
+  size_t bl = block(blk, (const uint8_t[5]){4, 1, 1, 1, 1}, 1, "UE8M0");
+  size_t n = scheme2(raw, "E4M3", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, sizeof st, raw, n, 1, (const uint64_t[]){8}, BS_DT_F32);
+  float got[8];
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 32), 32);
+  for (int i = 0; i < 8; i++) {
+    float want = vals[i] * (i < 4 ? 2.0f : fl(0x00400000u));
+    if (isnan(want))
+      cr_expect(isnan(got[i]), "[%d]", i);
+    else
+      cr_expect_eq(fbits(got[i]), fbits(want), "[%d] %a vs %a", i, got[i], want);
+  }
+  bs_catalog_destroy(&cat);
+}
+
+/* Q4S packed in rows of [3, 20001] (rows padded to words), blocks [1, 3]
+ * with F32 scales: 20001 scales (more than one window of them) and more
+ * elements than a decode step. Every range, read as F16 from a byte that
+ * may fall mid-element and mid-word, is the same bytes as that range of
+ * the whole read, and the whole read is each value times its block's
+ * scale. */
+Test(qfloat, ranges_of_packed_blocks)
+{
+  enum { R = 3, C = 20001, WPR = (C + 7) / 8, NS = R * (C / 3) };
+  const size_t vb = (size_t)R * WPR * 4, len = vb + (size_t)NS * 4;
+  uint8_t *st = calloc(1, len), raw[256], blk[64];
+  int8_t *v = malloc((size_t)R * C);
+  uint32_t seed = 12345;
+  for (size_t i = 0; i < (size_t)R * C; i++) {
+    seed = seed * 1103515245u + 12345u;
+    v[i] = (int8_t)((int)(seed >> 16) % 16 - 8);
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      size_t word = (size_t)r * WPR + (size_t)c / 8;
+      uint32_t nib = (uint32_t)(v[(size_t)r * C + c] & 0xf) << (4 * (c % 8));
+      st[4 * word + (size_t)(c % 8) / 2] |= (uint8_t)(nib >> (8 * ((c % 8) / 2)));
+    }
+  for (int i = 0; i < NS; i++) {
+    float f = 0.5f + (float)(i % 7);
+    memcpy(st + vb + 4 * (size_t)i, &f, 4);
+  }
+  size_t bl = block(blk, (const uint8_t[5]){1, 3, 1, 1, 1}, 2, "F32");
+  size_t n = scheme2(raw, "Q4S", PACKED0, sizeof PACKED0, "Symmetric", NULL, blk, bl);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, len, raw, n, 2, (const uint64_t[]){R, C}, BS_DT_F16);
+  const size_t total = (size_t)R * C * 2;
+  uint8_t *all = malloc(total), *part = malloc(total);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, all, total), (long)total);
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      size_t i = (size_t)r * C + c;
+      float want = (float)v[i] * (0.5f + (float)((r * (C / 3) + c / 3) % 7));
+      uint16_t h = (uint16_t)(all[2 * i] | all[2 * i + 1] << 8);
+      cr_assert_eq(bs_f16_to_f32(h), want, "(%d, %d)", r, c);
+    }
+  for (int k = 0; k < 300; k++) {
+    seed = seed * 1103515245u + 12345u;
+    size_t off = (seed >> 3) % total;
+    seed = seed * 1103515245u + 12345u;
+    size_t m = 1 + (seed >> 3) % (k % 3 == 0 ? total - off : 41);
+    if (m > total - off)
+      m = total - off;
+    cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], off, part, m), (long)m, "%zu+%zu", off, m);
+    cr_assert(memcmp(part, all + off, m) == 0, "bytes %zu+%zu differ", off, m);
+  }
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], total - 1, part, 5), 1);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], total, part, 5), 0);
+  bs_catalog_destroy(&cat);
+  free(all);
+  free(part);
+  free(v);
+  free(st);
 }

@@ -233,3 +233,55 @@ Test(remote_url, reopen)
   bs_remote_free(&s);
   bs_remote_free(&r);
 }
+
+/* A shard's name in an index stays beside it: in the repository and
+ * revision (hf), the bucket (s3), below the index's directory (http). */
+static void shard(const char *url, const char *rel, bool ok, const char *why)
+{
+  struct bs_remote r;
+  char msg[160] = "";
+  struct bs_remote_env env = {.aws_endpoint = "http://127.0.0.1:9000"};
+  cr_assert_eq(bs_remote_parse(url, &env, &r, msg, sizeof msg), 0, "%s", msg);
+  msg[0] = '\0';
+  int rc = bs_remote_shard_check(&r, rel, msg, sizeof msg);
+  cr_expect_eq(rc, ok ? 0 : -1, "%s + %s: %d (%s)", url, rel, rc, msg);
+  if (!ok)
+    cr_expect(strstr(msg, why), "%s + %s: '%s' says '%s'", url, rel, msg, why);
+  bs_remote_free(&r);
+}
+
+Test(remote_url, shard_names_stay_inside)
+{
+  const char *hf = "hf://org/repo@main/d/model.safetensors.index.json";
+  const char *s3 = "s3://bkt/d/i.json";
+  const char *web = "https://h.example/m/d/i.json";
+  const char *urls[] = {hf, s3, web};
+  for (size_t i = 0; i < 3; i++) {
+    const char *u = urls[i];
+    shard(u, "model-00001-of-00002.safetensors", true, NULL);
+    shard(u, "sub/m.safetensors", true, NULL);
+    shard(u, "sub/../m.safetensors", true, NULL); /* back to where it started */
+    shard(u, "./m.safetensors", true, NULL);
+    shard(u, "../../other/repo/resolve/main/m.safetensors", false, "climbs out");
+    shard(u, "..", false, "climbs out");
+    shard(u, "sub/../../m.safetensors", false, "climbs out");
+    shard(u, "%2E%2E/%2e%2e/other/m.safetensors", false, "climbs out");
+    shard(u, "..\\..\\other\\m.safetensors", false, "climbs out");
+    shard(u, ".%2E/m.safetensors", false, "climbs out");
+    shard(u, "/org/other/m.safetensors", false, "absolute");
+    shard(u, "\\m.safetensors", false, "absolute");
+    shard(u, "https://evil.example/m.safetensors", false, "URL");
+    shard(u, "hf://org/other/m.safetensors", false, "URL");
+    shard(u, "s3:other/m", false, "URL");
+    shard(u, "", false, "empty");
+    shard(u, "m\n.safetensors", false, "control");
+    /* a %00 must not end the ".." check early: curl still removes the
+     * dot segments after it */
+    shard(u, "%00/../../../other/m.safetensors", false, "control");
+    shard(u, "m%0D%0A.safetensors", false, "control");
+  }
+  shard(hf, "../../other", false, "its repository and revision");
+  shard(s3, "../../other-bucket/k", false, "its bucket");
+  shard(web, "m.safetensors?x=1", false, "'?'");
+  shard(hf, "m #1.safetensors", true, NULL); /* (encoded: a name) */
+}

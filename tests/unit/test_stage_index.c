@@ -10,6 +10,7 @@
 
 #include "bs_test.h"
 #include "core/alloc.h"
+#include "core/decode.h"
 #include "formats/burnpack_write.h"
 #include "policy/stage_index.h"
 
@@ -214,6 +215,44 @@ Test(stage_index, hostile_records_are_refused)
   refused(HEAD "mode\t0x1\nend\t0\n", "bad mode");
   refused(HEAD "mode\t\nend\t0\n", "bad mode");
   refused(HEAD "mode\t0600\nmode\t0600\nend\t0\n", "bad mode");
+}
+
+/* The INDEX line of a QI8 tensor of shape [2,3] (its 6 bytes at offset 0
+ * of the checkpoint) whose dtype_raw is a per-channel quantizer of nch
+ * channels along axis, inner elements a step. */
+static void qline(char *text, size_t cap, uint32_t axis, uint64_t nch, uint64_t inner)
+{
+  uint8_t blob[sizeof(struct bs_torch_q) + 4 * 16] = {0};
+  struct bs_torch_q h = {.scheme = BS_TQ_PER_CHANNEL, .axis = axis, .nch = nch, .inner = inner};
+  memcpy(blob, &h, sizeof h);
+  size_t len = sizeof h + nch * 16;
+  cr_assert_leq(len, sizeof blob);
+  int n = snprintf(text, cap, HEAD "tensor\tq\tQI8\t[2,3]\t-\t0\t0\t6\traw\t");
+  for (size_t k = 0; k < len; k++)
+    n += snprintf(text + n, cap - (size_t)n, "%02x", blob[k]);
+  snprintf(text + n, cap - (size_t)n, "\nend\t1\n");
+}
+
+/* A torch quantizer read back for --finish must tile its tensor's elements
+ * (nch * inner divides numel: its channels run over the flat index, so a
+ * reshaped tensor keeps it); the blob's own lengths agree either way. */
+Test(stage_index, quantizers_must_fit_their_tensor)
+{
+  char text[1024];
+  struct bs_stage_index idx;
+  const uint64_t ok[][3] = {{0, 2, 3}, {1, 3, 1}, {0, 3, 2}, {0, 1, 6}};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    qline(text, sizeof text, (uint32_t)ok[i][0], ok[i][1], ok[i][2]);
+    cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
+    bs_stage_index_destroy(&idx);
+  }
+  qline(text, sizeof text, 0, 2, 2); /* 4 does not divide 6 */
+  refused(text, "does not fit the tensor's elements");
+  qline(text, sizeof text, 0, 3, 3); /* 9 > 6 */
+  refused(text, "does not fit the tensor's elements");
+  /* two hex digits a byte, nothing else (sscanf's %2x read "-1" as 0xff) */
+  refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1-1\nend\t1\n", "bad raw dtype");
+  refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1 f\nend\t1\n", "bad raw dtype");
 }
 
 /* A remote checkpoint (a URL mounted with output=): its record and its

@@ -105,3 +105,29 @@ Test(torch_q, get_refuses_partial_blobs)
   memcpy(blob, &h, sizeof h);
   cr_expect_null(bs_torch_q_get(blob, sizeof h));
 }
+
+/* per_channel_affine_float_qparams: float scales and zero points after the
+ * header (8 bytes a channel); ((float)q - zp[c]) * scale[c] in float, as
+ * torch's dequantize_tensor_per_channel_float_qparams_cpu computes it. */
+Test(torch_q, per_channel_float_qparams)
+{
+  alignas(struct bs_torch_q) uint8_t blob[sizeof(struct bs_torch_q) + 2 * 8];
+  struct bs_torch_q h = {.scheme = BS_TQ_PER_CHANNEL_FQ, .axis = 0, .nch = 2, .inner = 2};
+  const float sc[2] = {0.1f, 1.0f / 3}, zp[2] = {0.5f, -3.25f};
+  memcpy(blob, &h, sizeof h);
+  memcpy(blob + sizeof h, sc, 8);
+  memcpy(blob + sizeof h + 8, zp, 8);
+  cr_expect_null(bs_torch_q_get(blob, sizeof h + 32), "float qparams: 8 bytes a channel");
+  const struct bs_torch_q *q = bs_torch_q_get(blob, sizeof blob);
+  cr_assert_not_null(q);
+  const uint8_t v[] = {0, 255, 7, 0x80};
+  float out[4];
+  bs_decode_torch_q(BS_DT_QU8, q, 0, v, 4, out);
+  for (int i = 0; i < 4; i++) {
+    volatile float d = (float)v[i] - zp[i / 2]; /* one rounding, then the product */
+    cr_expect_eq(fbits(out[i]), fbits(d * sc[i / 2]), "[%d]", i);
+  }
+  bs_decode_torch_q(BS_DT_QI8, q, 3, v + 3, 1, out);
+  volatile float d = -128.0f - zp[1];
+  cr_expect_eq(fbits(out[0]), fbits(d * sc[1]), "qint8 -128 in channel 1");
+}
