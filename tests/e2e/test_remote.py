@@ -16,29 +16,23 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 from bsmount import (BIN, FIX, Mount, check, daemon_pid, run, run_tests,  # noqa: E402
                      tensor_files, write_safetensors)
+from httpfault import NGINX, start_server, stop_server  # noqa: E402
 
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 TOKEN = "s3cr3t-t0ken"
 
 ST = os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors")
 BPK = os.path.join(FIX, "examples/mnist-inference-web/model.bpk")
 PT_ZIP = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data/checkpoint.pt")
 PT_LEGACY = os.path.join(FIX, "burn-store/src/pytorch/tests/reader/test_data/simple_legacy.pt")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Env:
@@ -69,10 +63,14 @@ class Nginx:
         self.root = os.path.join(self.dir, "www")
         os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
         os.makedirs(self.root, exist_ok=True)
-        self.port = free_port()
+        self.port = None  # chosen when it starts
         self.proc = None
 
     def __enter__(self):
+        self.proc, (self.port,) = start_server(self._start, 1, "nginx")
+        return self
+
+    def _start(self, ports):
         d = self.dir
         conf = os.path.join(d, "nginx.conf")
         with open(conf, "w") as f:
@@ -98,21 +96,9 @@ http {
     %(server)s
   }
 }
-""" % dict(self.extra, d=d, port=self.port, root=self.root, token=TOKEN))
-        self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("nginx failed: %s" % self.proc.stderr.read().decode())
-                time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-        raise RuntimeError("nginx did not listen within 20 s")
+""" % dict(self.extra, d=d, port=ports[0], root=self.root, token=TOKEN))
+        return subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
 
     def url(self, name, prefix=""):
         return "http://127.0.0.1:%d/%s%s" % (self.port, prefix, name)
@@ -122,13 +108,7 @@ http {
         return name or os.path.basename(src)
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_server(self.proc)
         return False
 
 

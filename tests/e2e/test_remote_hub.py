@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 from bsmount import (BIN, SOURCE_DIR, Mount, check, daemon_pid, force_unmount, run,  # noqa: E402
                      run_tests, write_safetensors)
-from test_remote import (BPK, NGINX, ST, Env, free_port, read_all, run_bytes,  # noqa: E402
+from test_remote import (BPK, NGINX, ST, Env, run_bytes, start_server, stop_server,  # noqa: E402
                          same_as_local)
 
 TOKEN = "hf_t0kenAbCdEf"
@@ -45,7 +44,7 @@ class Hub:
         self.www = os.path.join(self.dir, "www")
         os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
         os.makedirs(self.www, exist_ok=True)
-        self.port, self.cdn = free_port(), free_port()
+        self.port = self.cdn = None  # chosen when it starts
         self.proc = None
         self.main, self.gen = COMMIT_A, 1
 
@@ -55,8 +54,12 @@ class Hub:
                     "map $host $cdn_gen { default g%d; }\n" % (self.main, self.gen))
 
     def __enter__(self):
-        d = self.dir
         self.write_map()
+        self.proc, (self.port, self.cdn) = start_server(self._start, 2, "nginx")
+        return self
+
+    def _start(self, ports):
+        d = self.dir
         conf = os.path.join(d, "nginx.conf")
         with open(conf, "w") as f:
             f.write("""daemon off;
@@ -93,21 +96,9 @@ http {
 }
 """ % {"user": "user root;" if os.geteuid() == 0 else "",  # (as root its worker
        # would be nobody, who cannot read the test's temp dir)
-       "d": d, "port": self.port, "cdn": self.cdn, "www": self.www, "token": TOKEN})
-        self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                for p in (self.port, self.cdn):
-                    socket.create_connection(("127.0.0.1", p), timeout=1).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("nginx failed: %s" % self.proc.stderr.read().decode())
-                time.sleep(0.05)
-        self.__exit__()
-        raise RuntimeError("nginx did not listen within 20 s")
+       "d": d, "port": ports[0], "cdn": ports[1], "www": self.www, "token": TOKEN})
+        return subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
 
     def endpoint(self):
         return "http://127.0.0.1:%d" % self.port
@@ -162,13 +153,7 @@ http {
         return [ln for ln in open(os.path.join(self.dir, "access.log")) if part in ln]
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_server(self.proc)
         return False
 
 

@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 from bsmount import BIN, Mount, check, daemon_pid, run, run_tests  # noqa: E402
 from sigv4_proxy import SigV4Proxy, sign  # noqa: E402
-from test_remote import (BPK, NGINX, ST, Env, Nginx, free_port, run_bytes,  # noqa: E402
+from test_remote import (BPK, NGINX, ST, Env, Nginx, run_bytes, start_server, stop_server,  # noqa: E402
                          same_as_local)
 
 S3RVER = os.environ.get("BS_S3RVER", "/opt/burnstore-test-npm/node_modules/.bin/s3rver")
@@ -40,24 +39,15 @@ class S3:
     def __init__(self, tmp):
         self.dir = os.path.join(tmp, "s3rver")
         os.makedirs(self.dir, exist_ok=True)
-        self.port = free_port()
+        self.port = None  # chosen when it starts
         self.proc = self.proxy = None
 
     def __enter__(self):
-        self.proc = subprocess.Popen(
-            [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
-             "--configure-bucket", BUCKET], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    self.__exit__()
-                    raise RuntimeError("s3rver did not start: %s" % (
-                        self.proc.stderr.read().decode()[-500:] if self.proc.stderr else ""))
-                time.sleep(0.05)
+        def start(ports):
+            return subprocess.Popen(
+                [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(ports[0]), "--silent",
+                 "--configure-bucket", BUCKET], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc, (self.port,) = start_server(start, 1, "s3rver")
         self.proxy = SigV4Proxy(self.port, KEY_ID, SECRET, REGION).__enter__()
         return self
 
@@ -76,13 +66,7 @@ class S3:
     def __exit__(self, *exc):
         if self.proxy:
             self.proxy.__exit__()
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_server(self.proc)
         return False
 
 
@@ -199,9 +183,9 @@ def session_token_redirect(tmp):
     ng.extra = {
         "http": "log_format hdrs '$host $request_uri [$http_x_amz_security_token]';",
         "server": "location /%s/ { access_log %s hdrs; "
-                  "return 307 http://localhost:%d/plain$request_uri; }\n"
+                  "return 307 http://localhost:$server_port/plain$request_uri; }\n"
                   "    location /plain/ { access_log %s hdrs; alias %s/; }"
-                  % (BUCKET, log, ng.port, log, ng.root)}
+                  % (BUCKET, log, log, ng.root)}
     if not check(os.path.exists(NGINX), "nginx at %s" % NGINX):
         return
     with ng:

@@ -120,9 +120,9 @@ def shard_without_validator(tmp, _ng):
     os.makedirs(d)
     ng = Nginx(d)
     ng.extra["server"] = (
-        "location ~ ^/nv/(.*-00002-of-.*)$ { proxy_pass http://127.0.0.1:%d/sh/$1; "
+        "location ~ ^/nv/(.*-00002-of-.*)$ { proxy_pass http://127.0.0.1:$server_port/sh/$1; "
         "proxy_hide_header ETag; proxy_hide_header Last-Modified; }\n"
-        "    location /nv/ { alias %s/sh/; }" % (ng.port, ng.root))
+        "    location /nv/ { alias %s/sh/; }" % ng.root)
     with ng:
         os.makedirs(os.path.join(ng.root, "sh"))
         idx = os.path.join(ng.root, "sh", "model.safetensors.index.json")

@@ -45,6 +45,72 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _listens(pid, ports):
+    """Whether process pid itself holds a listening socket on each of ports."""
+    want = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            port = int(f[1].rsplit(":", 1)[1], 16)
+            if f[3] == "0A" and port in ports:  # 0A: LISTEN
+                want[f[9]] = port
+    held = set()
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in want:
+            held.add(want[link[8:-1]])
+    return held == set(ports)
+
+
+def start_server(start, nports, what, timeout=30, tries=5):
+    """Start a server on nports free ports of 127.0.0.1: start(ports) writes
+    its configuration and returns its Popen (stderr piped). It is ready when
+    that process itself listens on every port: a port chosen free can be
+    taken by another program before the server binds it, and a connection
+    would then reach that program (another test's server answering 404).
+    A server that fails to bind is started again on other ports.
+    Returns (proc, ports)."""
+    err = ""
+    for _ in range(tries):
+        ports = [free_port() for _ in range(nports)]
+        if len(set(ports)) < nports:
+            continue
+        proc = start(ports)
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            if _listens(proc.pid, ports):
+                return proc, ports
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        if "in use" not in err and "EADDRINUSE" not in err:
+            break
+    raise RuntimeError("%s did not listen on 127.0.0.1 within %d s: %s" % (what, timeout, err[-500:]))
+
+
+def stop_server(proc):
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class Nginx:
     """nginx on 127.0.0.1:PORT serving ROOT (ranges, ETags, If-Match)."""
 
@@ -54,7 +120,7 @@ class Nginx:
         self.log = os.path.join(self.dir, "access.log")
         os.makedirs(os.path.join(self.dir, "tmp"), exist_ok=True)
         os.makedirs(self.root, exist_ok=True)
-        self.port = free_port()
+        self.port = None  # chosen when it starts
         self.extra = extra
         self.tls = tls
         self.ca = os.path.join(self.dir, "ca.pem")
@@ -76,13 +142,16 @@ class Nginx:
 
     def __enter__(self):
         d = self.dir
-        listen = "127.0.0.1:%d" % self.port
         if self.tls:
             self._certs()
-            listen += " ssl;\n    ssl_certificate %s/srv.pem;\n    ssl_certificate_key %s/srv.key" % (d, d)
         conf = os.path.join(d, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write("""daemon off;
+
+        def start(ports):
+            listen = "127.0.0.1:%d" % ports[0]
+            if self.tls:
+                listen += " ssl;\n    ssl_certificate %s/srv.pem;\n    ssl_certificate_key %s/srv.key" % (d, d)
+            with open(conf, "w") as f:
+                f.write("""daemon off;
 master_process off;
 worker_processes 1;
 pid %(d)s/nginx.pid;
@@ -103,19 +172,10 @@ http {
   }
 }
 """ % {"d": d, "listen": listen, "root": self.root, "log": self.log, "extra": self.extra})
-        self.proc = subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("nginx failed: %s" % self.proc.stderr.read().decode())
-                time.sleep(0.05)
-        self.close()
-        raise RuntimeError("nginx did not listen within 20 s")
+            return subprocess.Popen([NGINX, "-c", conf, "-p", d], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+        self.proc, (self.port,) = start_server(start, 1, "nginx")
+        return self
 
     def url(self, name, port=None):
         return "%s://127.0.0.1:%d/%s" % ("https" if self.tls else "http", port or self.port, name)
@@ -136,13 +196,7 @@ http {
         return out
 
     def close(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_server(self.proc)
 
     def __exit__(self, *exc):
         self.close()
