@@ -96,8 +96,15 @@ char *bs_http_redact(const char *url);
 struct bs_http_opts {
   uint64_t
       cache_bytes;    /* block cache of it and its siblings; 0: $BURNSTORE_HTTP_CACHE, or 64 MiB */
+  long timeout_s;     /* how long a read may block; 0: $BURNSTORE_HTTP_TIMEOUT, or 60 s */
   const char *bearer; /* "Authorization: Bearer" token; NULL: $BURNSTORE_HTTP_TOKEN */
 };
+/* The syntax of BURNSTORE_HTTP_CACHE and -o http_cache=: bytes with an
+ * optional K, M or G (binary; a trailing B or iB allowed), 1 MiB to 16 GiB;
+ * of BURNSTORE_HTTP_TIMEOUT and -o http_timeout=: whole seconds, 1 to 3600.
+ * 0, or -1 when v is not one. */
+int bs_http_parse_cache(const char *v, uint64_t *bytes);
+int bs_http_parse_timeout(const char *v, long *seconds);
 /* A file on an HTTP(S) server, read by range requests (libcurl); also
  * hf://[datasets/|spaces/]ORG/REPO[@REVISION]/PATH (the Hub's resolve URL at
  * $HF_ENDPOINT, its token from HF_TOKEN or $HF_HOME/token, the revision

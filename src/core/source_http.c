@@ -406,14 +406,12 @@ static void curl_global(void)
   pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
-/* $BURNSTORE_HTTP_CACHE: bytes, with an optional K, M or G (binary); 0
- * when unset or not a size (the default then). */
-static uint64_t cache_env(void)
+int bs_http_parse_cache(const char *v, uint64_t *bytes)
 {
-  const char *v = getenv("BURNSTORE_HTTP_CACHE"), *p = v;
+  const char *p = v;
   uint64_t n, mul = 1;
   if (!v || !parse_u64(&p, &n))
-    return 0;
+    return -1;
   switch (*p) {
   case 'k':
   case 'K':
@@ -433,8 +431,21 @@ static uint64_t cache_env(void)
   default: break;
   }
   if (*p && strcmp(p, "iB") != 0 && strcmp(p, "B") != 0)
-    return 0;
-  return bs_mul_u64(n, mul, &n) ? n : 0;
+    return -1;
+  if (!bs_mul_u64(n, mul, &n) || n < BLOCK || n > (uint64_t)BS_HTTP_CACHE_BLOCKS_MAX * BLOCK)
+    return -1;
+  *bytes = n;
+  return 0;
+}
+
+int bs_http_parse_timeout(const char *v, long *seconds)
+{
+  const char *p = v;
+  uint64_t n;
+  if (!v || !parse_u64(&p, &n) || *p || n == 0 || n > TIMEOUT_MAX_S)
+    return -1;
+  *seconds = (long)n;
+  return 0;
 }
 
 /* The credentials of rm's kind: the Hub's token, S3's keys (from the
@@ -484,18 +495,32 @@ static bool shared_creds(struct shared *sh, const struct bs_http_opts *o,
   return true;
 }
 
-/* $BURNSTORE_HTTP_TIMEOUT: whole seconds, 1 to TIMEOUT_MAX_S; TIMEOUT_S
- * when unset or not such a number. */
-static long timeout_env(void)
+/* The cache size and read timeout: opts', else $BURNSTORE_HTTP_CACHE's and
+ * $BURNSTORE_HTTP_TIMEOUT's, else the defaults. A variable that is set to
+ * something else is an error naming it (it was taken as the default). */
+static int tunables(const struct bs_http_opts *o, uint64_t *cache, long *timeout_s, bs_err *err)
 {
-  const char *v = getenv("BURNSTORE_HTTP_TIMEOUT"), *p = v;
-  uint64_t n;
-  if (!v || !parse_u64(&p, &n) || *p || n == 0 || n > TIMEOUT_MAX_S)
-    return TIMEOUT_S;
-  return (long)n;
+  const char *v;
+  *cache = CACHE_DEFAULT;
+  *timeout_s = TIMEOUT_S;
+  if (o && o->cache_bytes)
+    *cache = o->cache_bytes;
+  else if ((v = getenv("BURNSTORE_HTTP_CACHE")) && bs_http_parse_cache(v, cache) != 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "BURNSTORE_HTTP_CACHE='%.40s' is not a cache size (1M to 16G; K, M, G "
+                   "binary, e.g. 256M)",
+                   v);
+  if (o && o->timeout_s)
+    *timeout_s = o->timeout_s;
+  else if ((v = getenv("BURNSTORE_HTTP_TIMEOUT")) && bs_http_parse_timeout(v, timeout_s) != 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "BURNSTORE_HTTP_TIMEOUT='%.40s' is not whole seconds from 1 to %d", v,
+                   TIMEOUT_MAX_S);
+  return 0;
 }
 
-static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_remote *rm)
+static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_remote *rm,
+                                 uint64_t cache, long timeout_s)
 {
   struct shared *sh = bs_calloc(1, sizeof *sh);
   if (!sh)
@@ -505,7 +530,7 @@ static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_r
     return NULL;
   }
   sh->refs = 1;
-  sh->timeout_s = timeout_env();
+  sh->timeout_s = timeout_s;
   const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
   const char *file = getenv("SSL_CERT_FILE");
   if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||
@@ -514,8 +539,7 @@ static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_r
     shared_unref(sh);
     return NULL;
   }
-  uint64_t cache = o && o->cache_bytes ? o->cache_bytes : cache_env();
-  if (bs_http_cache_init(&sh->cache, BLOCK, cache ? cache : CACHE_DEFAULT)) {
+  if (bs_http_cache_init(&sh->cache, BLOCK, cache)) {
     shared_unref(sh);
     return NULL;
   }
@@ -1528,7 +1552,13 @@ int bs_src_init_http(struct bs_src *s, const char *url, const struct bs_http_opt
     return bs_fail(err, EIO, BS_OFF_NONE, NULL, "cannot initialise libcurl: %s",
                    curl_easy_strerror(curl_global_rc));
   }
-  struct shared *sh = shared_new(opts, &rm);
+  uint64_t cache;
+  long timeout_s;
+  if (tunables(opts, &cache, &timeout_s, err) != 0) {
+    bs_remote_free(&rm);
+    return -1;
+  }
+  struct shared *sh = shared_new(opts, &rm, cache, timeout_s);
   if (!sh) {
     bs_remote_free(&rm);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");

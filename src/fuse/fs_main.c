@@ -109,6 +109,10 @@ static const char usage_rest[] =
     "  adapter=pytorch        read-only: PyTorchToBurnAdapter's view: Linear weights\n"
     "                         transposed, norm weight/bias named gamma/beta\n"
     "  adapter_linear=REGEX, adapter_norm=REGEX  name those weights instead of the rule\n"
+    "  http_cache=SIZE        a URL SOURCE: its block cache (default 64M, 1M to 16G;\n"
+    "                         as $BURNSTORE_HTTP_CACHE, which it overrides)\n"
+    "  http_timeout=SECONDS   a URL SOURCE: how long a read may block (default 60, 1 to\n"
+    "                         3600; as $BURNSTORE_HTTP_TIMEOUT, which it overrides)\n"
     "  direct_io              read-only: reads bypass the page cache in ~1 MiB requests\n"
     "                         (faster first reads; shared mmap of tensor files then fails)\n"
     "  uid=ID, gid=ID         owner and group of SOURCE's files (number or name;\n"
@@ -154,6 +158,7 @@ struct args {
   enum bs_dtype as_dt;       /* and the dtype */
   const char *output_as;     /* -o output_as=DT, as given (NULL: none) */
   struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
+  struct bs_http_opts http;  /* -o http_cache=, http_timeout= (a URL SOURCE) */
 };
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -279,6 +284,12 @@ static void parse_opts(struct args *a, const char *optstr)
       } else {
         a->umask = v;
       }
+    } else if (eq && nlen == 10 && strncmp(it, "http_cache", 10) == 0) {
+      if (bs_http_parse_cache(val, &a->http.cache_bytes) != 0)
+        die_usage("http_cache=%s: not a cache size (1M to 16G; K, M, G binary, e.g. 256M)", val);
+    } else if (eq && nlen == 12 && strncmp(it, "http_timeout", 12) == 0) {
+      if (bs_http_parse_timeout(val, &a->http.timeout_s) != 0)
+        die_usage("http_timeout=%s: not whole seconds from 1 to 3600", val);
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
       bs_free(a->staging);
       a->staging = bs_strdup(val);
@@ -846,7 +857,7 @@ static int prepare_url(struct fs *fs, struct args *a)
   clock_gettime(CLOCK_REALTIME, &fs->mtime);
   struct bs_src src;
   struct bs_open_opts oo = {.strict = a->strict};
-  int rc = bs_src_init_http(&src, url, NULL, &err);
+  int rc = bs_src_init_http(&src, url, &a->http, &err);
   scrub_url((char *)url); /* argv's own memory: writable */
   if (rc != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
     return fail_line(a->source, &err);
@@ -900,6 +911,10 @@ static int prepare(struct fs *fs, struct args *a)
   bs_catalog_init(&fs->cat);
   if (bs_src_is_url(a->source))
     return prepare_url(fs, a);
+  if (a->http.cache_bytes || a->http.timeout_s) {
+    fprintf(stderr, PROG ": %s: http_cache= and http_timeout= apply to a URL SOURCE\n", a->source);
+    return 1;
+  }
   fs->source = bs_abs_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));

@@ -309,6 +309,32 @@ def refusals(tmp, ng):
           and len(r.stderr.strip().splitlines()) == 1,
           "a URL written in place (-o rw) refused in one line: %r" % r.stderr)
     check(not os.path.ismount(mnt), "nothing mounted after a refusal")
+    # the cache and timeout options: a bad value is refused in one line
+    # (mount: exit 2, usage); so is one that cannot apply (a local SOURCE)
+    for opt, what in (("http_cache=lots", "not a cache size"), ("http_cache=512K", "not a cache size"),
+                      ("http_cache=17G", "not a cache size"), ("http_timeout=0", "not whole seconds"),
+                      ("http_timeout=3601", "not whole seconds"), ("http_timeout=5s", "not whole seconds")):
+        r = run([BIN, ng.url(name), mnt, "-o", opt])
+        check(r.returncode == 2 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+              "-o %s refused in one line: %d %r" % (opt, r.returncode, r.stderr))
+    r = run([BIN, ST, mnt, "-o", "http_timeout=5"])
+    check(r.returncode == 1 and "apply to a URL" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+          "-o http_timeout= of a local SOURCE refused in one line: %r" % r.stderr)
+    check(not os.path.ismount(mnt), "nothing mounted after these refusals")
+    # the variables: set to something that is not a value, an error naming
+    # the variable (it was taken as the default, silently)
+    for var, val in (("BURNSTORE_HTTP_CACHE", "lots"), ("BURNSTORE_HTTP_CACHE", "0"),
+                     ("BURNSTORE_HTTP_TIMEOUT", "-1"), ("BURNSTORE_HTTP_TIMEOUT", "1m")):
+        r = run([BIN, "ls", ng.url(name)], env=dict(os.environ, **{var: val}))
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and var in lines[0] and ng.url(name) in lines[0],
+              "%s=%s: one line naming the URL and the variable: %d %r" % (var, val, r.returncode, lines))
+        r = run([BIN, ng.url(name), mnt], env=dict(os.environ, **{var: val}))
+        check(r.returncode != 0 and var in r.stderr and not os.path.ismount(mnt),
+              "%s=%s: the mount refused: %r" % (var, val, r.stderr))
+    r = run([BIN, "ls", ng.url(name)], env=dict(os.environ, BURNSTORE_HTTP_CACHE="2MiB",
+                                                BURNSTORE_HTTP_TIMEOUT="3600"))
+    check(r.returncode == 0, "good values are taken: %r" % r.stderr)
 
 
 def shard_escape(tmp, ng):

@@ -58,9 +58,11 @@ class Case:
         each is right or EIO (all right when expect_all), one log line per
         EIO, the daemon's peak memory. Returns (results, stderr)."""
         mnt = os.path.join(self.tmp, "mnt-" + name)
-        env = dict(os.environ, BURNSTORE_HTTP_CACHE="%dM" % CACHE_MIB)
+        # the option, over a variable that would allow 8 times the memory
+        env = dict(os.environ, BURNSTORE_HTTP_CACHE="%dM" % (8 * CACHE_MIB))
         with FaultProxy(self.ng.port, latency=latency) as px:
-            with foreground_mount(px.url("m.safetensors"), mnt, "ro", env=env) as p:
+            with foreground_mount(px.url("m.safetensors"), mnt, "ro,http_cache=%dM" % CACHE_MIB,
+                                  env=env) as p:
                 if fault:
                     px.arm(fault, every)
                 got = read_all(mnt, sorted(self.want)) if not during else during(mnt, px)
@@ -250,6 +252,28 @@ def stalled(tmp):
         lines = [x for x in err.splitlines() if x.strip()]
         check(len(lines) == 1 and "no answer within 3 s" in lines[0],
               "stalled read: one line naming the bound: %r" % lines)
+        # 3. the same bound as a mount option (fstab cannot set a variable),
+        # which overrides the variable
+        mnt = os.path.join(tmp, "mnt-stall-opt")
+        env = dict(os.environ, BURNSTORE_HTTP_TIMEOUT="60")
+        with FaultProxy(ng.port) as px:
+            with foreground_mount(px.url("m.safetensors"), mnt, "ro,http_timeout=2", env=env) as p:
+                px.arm("stall")
+                t = time.time()
+                fd = os.open(os.path.join(mnt, "c"), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    os.pread(fd, 100, 0)
+                    r = "bytes"
+                except OSError as e:
+                    r = e.errno
+                finally:
+                    os.close(fd)
+                took = time.time() - t
+                check(r == errno.EIO and took < 2 + 2,
+                      "-o http_timeout=2: EIO after %.1f s (%r)" % (took, r))
+            err = p.stderr.read().decode(errors="replace")
+        check("no answer within 2 s" in err, "-o http_timeout=2 named in the line: %r" % err)
 
 
 def requests_and_parallel(tmp):
