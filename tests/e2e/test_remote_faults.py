@@ -228,52 +228,39 @@ def stalled(tmp):
                 took = time.time() - t
             check(took < 5, "stall: the unmount (and the daemon's exit) took %.1f s (< 5)" % took)
         # 2. every range stalled, BURNSTORE_HTTP_TIMEOUT=3: EIO within it
-        mnt = os.path.join(tmp, "mnt-stall-read")
-        env = dict(os.environ, BURNSTORE_HTTP_TIMEOUT="3")
-        with FaultProxy(ng.port) as px:
-            with foreground_mount(px.url("m.safetensors"), mnt, "ro", env=env) as p:
-                px.arm("stall")
-                t = time.time()
-                fd = os.open(os.path.join(mnt, "c"), os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                    os.pread(fd, 100, 0)
-                    r = "bytes"
-                except OSError as e:
-                    r = e.errno
-                finally:
-                    os.close(fd)
-                took = time.time() - t
-                check(r == errno.EIO, "stalled read: EIO (%r)" % r)
-                check(took < 3 + 2, "stalled read: failed after %.1f s (3 s bound, + 2)" % took)
-                t = time.time()
-            check(time.time() - t < 5, "stalled read: unmount in %.1f s" % (time.time() - t))
-            err = p.stderr.read().decode(errors="replace")
-        lines = [x for x in err.splitlines() if x.strip()]
-        check(len(lines) == 1 and "no answer within 3 s" in lines[0],
-              "stalled read: one line naming the bound: %r" % lines)
+        stalled_read(tmp, ng, "mnt-stall-read", "ro", dict(os.environ, BURNSTORE_HTTP_TIMEOUT="3"), 3)
         # 3. the same bound as a mount option (fstab cannot set a variable),
         # which overrides the variable
-        mnt = os.path.join(tmp, "mnt-stall-opt")
-        env = dict(os.environ, BURNSTORE_HTTP_TIMEOUT="60")
-        with FaultProxy(ng.port) as px:
-            with foreground_mount(px.url("m.safetensors"), mnt, "ro,http_timeout=2", env=env) as p:
-                px.arm("stall")
-                t = time.time()
-                fd = os.open(os.path.join(mnt, "c"), os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                    os.pread(fd, 100, 0)
-                    r = "bytes"
-                except OSError as e:
-                    r = e.errno
-                finally:
-                    os.close(fd)
-                took = time.time() - t
-                check(r == errno.EIO and took < 2 + 2,
-                      "-o http_timeout=2: EIO after %.1f s (%r)" % (took, r))
-            err = p.stderr.read().decode(errors="replace")
-        check("no answer within 2 s" in err, "-o http_timeout=2 named in the line: %r" % err)
+        stalled_read(tmp, ng, "mnt-stall-opt", "ro,http_timeout=2",
+                     dict(os.environ, BURNSTORE_HTTP_TIMEOUT="60"), 2)
+
+
+def stalled_read(tmp, ng, name, opts, env, bound):
+    """Every range stalled: a read fails with EIO within bound seconds (+ 2),
+    the unmount is quick, and the log has one line naming the bound."""
+    mnt = os.path.join(tmp, name)
+    with FaultProxy(ng.port) as px:
+        with foreground_mount(px.url("m.safetensors"), mnt, opts, env=env) as p:
+            px.arm("stall")
+            t = time.time()
+            fd = os.open(os.path.join(mnt, "c"), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                os.pread(fd, 100, 0)
+                r = "bytes"
+            except OSError as e:
+                r = e.errno
+            finally:
+                os.close(fd)
+            took = time.time() - t
+            check(r == errno.EIO, "%s (-o %s): EIO (%r)" % (name, opts, r))
+            check(took < bound + 2, "%s: failed after %.1f s (%d s bound, + 2)" % (name, took, bound))
+            t = time.time()
+        check(time.time() - t < 5, "%s: unmount in %.1f s" % (name, time.time() - t))
+        err = p.stderr.read().decode(errors="replace")
+    lines = [x for x in err.splitlines() if x.strip()]
+    check(len(lines) == 1 and "no answer within %d s" % bound in lines[0],
+          "%s: one line naming the bound: %r" % (name, lines))
 
 
 def requests_and_parallel(tmp):
