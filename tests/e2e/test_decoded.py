@@ -6,7 +6,8 @@ are mounted with the option; the bytes equal NumPy's own decode written here
 from ggml's description (never our C code; the IQ grids built from ggml's
 quantizer tables and checked against decode_grids.c), at odd offsets too (reads that
 start and end mid-block), through mmap, and through the .npy views (<f4);
-the xattrs name F32 and the stored dtype; integers stay; a type without a
+the xattrs name F32 and the stored dtype; every code of the five 8-bit float
+types against NumPy's decode of their descriptions; integers stay; a type without a
 decoder (F4) is shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
 the same bytes; writable mounts refuse the option; a 256 MiB
 BF16 tensor read whole costs the daemon no more peak memory than a small one."""
@@ -498,6 +499,65 @@ def test_no_decoder(tmp):
           "cat --as F32 of an F4 refused in one line: %r" % err)
 
 
+def f8_decode(name, b):
+    """The 256 codes of an 8-bit float as float32, from the descriptions
+    (OCP OFP8 1.0 for E4M3FN and E5M2; PyTorch's FNUZ types: bias 8 and 16,
+    0x80 the only NaN; OCP MX 1.0 for E8M0), in float64 then rounded (every
+    value is exact in F32)."""
+    b = b.astype(np.int64)
+    if name == "F8_E8M0":
+        return np.where(b == 255, np.nan, np.ldexp(1.0, b - 127)).astype(np.float32)
+    eb, mb, bias, fnuz = {"F8_E4M3": (4, 3, 7, False), "F8_E5M2": (5, 2, 15, False),
+                          "F8_E4M3FNUZ": (4, 3, 8, True), "F8_E5M2FNUZ": (5, 2, 16, True)}[name]
+    sign = np.where(b >> 7, -1.0, 1.0)
+    e, m = (b >> mb) & ((1 << eb) - 1), b & ((1 << mb) - 1)
+    v = np.where(e == 0, np.ldexp(m.astype(np.float64), 1 - bias - mb),
+                 np.ldexp((m | 1 << mb).astype(np.float64), e - bias - mb)) * sign
+    if fnuz:
+        v = np.where(b == 0x80, np.nan, v)
+    elif name == "F8_E4M3":  # no infinities; S.1111.111 is NaN
+        v = np.where((e == 15) & (m == 7), np.nan, v)
+    else:  # E5M2: exponent 31 is infinity (m = 0) or NaN
+        v = np.where(e == 31, np.where(m == 0, sign * np.inf, np.nan), v)
+    return v.astype(np.float32)
+
+
+def test_f8_every_code(tmp):
+    """Every code of the five 8-bit float types under as=F32 and with
+    cat --as F32: each finite value and infinity bit for bit NumPy's decode
+    of the description (subnormals, -0, the largest finite), NaN exactly
+    where the description has one (OCP E4M3 and E5M2: with the code's sign)."""
+    import json
+    names = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
+    codes = np.arange(256, dtype=np.uint8)
+    h = json.dumps({n.lower(): {"dtype": n, "shape": [16, 16], "data_offsets": [256 * i, 256 * i + 256]}
+                    for i, n in enumerate(names)}).encode()
+    h += b" " * (-len(h) % 8)
+    src = os.path.join(tmp, "f8.safetensors")
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + codes.tobytes() * len(names))
+
+    def same(got, name, what):
+        want = f8_decode(name, codes)
+        g = np.frombuffer(got, "<f4") if len(got) == 1024 else np.zeros(256, np.float32)
+        nan = np.isnan(want)
+        check(len(got) == 1024 and np.array_equal(np.isnan(g), nan), "%s %s: NaN at the NaN codes" % (what, name))
+        check(np.array_equal(g[~nan].view("<u4"), want[~nan].view("<u4")),
+              "%s %s: every value bit for bit (first difference at code %s)" % (what, name, next(
+                  (i for i in range(256) if not nan[i] and g[i].view("<u4") != want[i].view("<u4")), None)))
+        if name in ("F8_E4M3", "F8_E5M2"):
+            check(np.array_equal(np.signbit(g[nan]), codes[nan] >= 0x80), "%s %s: NaN sign" % (what, name))
+    with Mount(src, os.path.join(tmp, "m8"), "as=F32") as m:
+        for n in names:
+            p = os.path.join(m, n.lower())
+            check(os.getxattr(p, X + "stored_dtype") == n.encode(), "%s: stored_dtype" % n)
+            same(read_all(p), n, "as=F32")
+    for n in names:
+        r = subprocess.run([BIN, "cat", "--as", "F32", src, n.lower()], capture_output=True, timeout=DEADLINE)
+        check(r.returncode == 0, "cat --as F32 %s: %r" % (n, r.stderr))
+        same(r.stdout, n, "cat --as F32")
+
+
 def test_refusals(tmp):
     src = os.path.join(tmp, "r.gguf")
     G.write_tiny(src)
@@ -561,5 +621,5 @@ def test_memory_independent_of_size(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_no_decoder, test_refusals, test_memory_independent_of_size],
+    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_f8_every_code, test_no_decoder, test_refusals, test_memory_independent_of_size],
               "decoded")
