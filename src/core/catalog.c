@@ -461,8 +461,13 @@ static long qfloat_read(const struct bs_catalog *cat, const struct bs_tensor *t,
       fail = r < 0 ? r : -EIO;
       k = qfloat_whole(q, e, k, b0 + (r > 0 ? (uint64_t)r : 0));
     }
-    for (i = 0; i < k; i++) {
-      uint64_t si = bs_qfloat_scale_index(q, e + i);
+    for (i = 0; i < k;) {
+      /* the elements to the end of this block along the innermost
+       * dimension share a scale: its index (divisions) once a run */
+      const uint64_t si = bs_qfloat_scale_index(q, e + i), bl = q->block[q->rank - 1];
+      uint64_t run = bl - (e + i) % q->inner % bl;
+      if (run > k - i)
+        run = k - i;
       if (si < sc0 || si >= sc0 + scn) {
         sc0 = si;
         scn = q->nscales - si < QF_SCALES ? q->nscales - si : QF_SCALES;
@@ -474,7 +479,13 @@ static long qfloat_read(const struct bs_catalog *cat, const struct bs_tensor *t,
         for (uint64_t j = 0; j < scn; j++)
           sc[j] = bs_qfloat_scale(q, sb + j * ssz);
       }
-      dec[i] = bs_qfloat_value(q, raw, b0, e + i) * sc[si - sc0]; /* burn: q as f32 * scale */
+      const float s = sc[si - sc0];
+      if (q->layout == BS_QF_BYTES && q->fdt == BS_DT_I8)
+        for (const uint64_t end = i + run; i < end; i++)
+          dec[i] = (float)(int8_t)raw[e + i - b0] * s; /* burn: q as f32 * scale */
+      else
+        for (const uint64_t end = i + run; i < end; i++)
+          dec[i] = bs_qfloat_value(q, raw, b0, e + i) * s;
     }
     if (i == 0)
       break;
