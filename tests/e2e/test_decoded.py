@@ -526,16 +526,19 @@ def test_f8_every_code(tmp):
     """Every code of the five 8-bit float types under as=F32 and with
     cat --as F32: each finite value and infinity bit for bit NumPy's decode
     of the description (subnormals, -0, the largest finite), NaN exactly
-    where the description has one (OCP E4M3 and E5M2: with the code's sign)."""
+    where the description has one (OCP E4M3 and E5M2: with the code's sign);
+    a BOOL tensor beside them is shown unchanged."""
     import json
     names = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
     codes = np.arange(256, dtype=np.uint8)
-    h = json.dumps({n.lower(): {"dtype": n, "shape": [16, 16], "data_offsets": [256 * i, 256 * i + 256]}
-                    for i, n in enumerate(names)}).encode()
+    hd = {n.lower(): {"dtype": n, "shape": [16, 16], "data_offsets": [256 * i, 256 * i + 256]}
+          for i, n in enumerate(names)}
+    hd["mask"] = {"dtype": "BOOL", "shape": [4], "data_offsets": [256 * len(names), 256 * len(names) + 4]}
+    h = json.dumps(hd).encode()
     h += b" " * (-len(h) % 8)
     src = os.path.join(tmp, "f8.safetensors")
     with open(src, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + codes.tobytes() * len(names))
+        f.write(struct.pack("<Q", len(h)) + h + codes.tobytes() * len(names) + b"\1\0\0\1")
 
     def same(got, name, what):
         want = f8_decode(name, codes)
@@ -552,6 +555,9 @@ def test_f8_every_code(tmp):
             p = os.path.join(m, n.lower())
             check(os.getxattr(p, X + "stored_dtype") == n.encode(), "%s: stored_dtype" % n)
             same(read_all(p), n, "as=F32")
+        p = os.path.join(m, "mask")
+        check(read_all(p) == b"\1\0\0\1" and os.getxattr(p, X + "dtype") == b"BOOL", "BOOL shown unchanged")
+        check(X + "stored_dtype" not in os.listxattr(p), "no stored_dtype on BOOL")
     for n in names:
         r = subprocess.run([BIN, "cat", "--as", "F32", src, n.lower()], capture_output=True, timeout=DEADLINE)
         check(r.returncode == 0, "cat --as F32 %s: %r" % (n, r.stderr))
