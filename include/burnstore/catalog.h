@@ -55,7 +55,9 @@ struct bs_tensor {
                              QFloat tensor (never strided): its stored length */
   uint64_t param_id;
   uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
-                         encoded it (QFloat's CBOR scheme map), for round trips */
+                         encoded it (QFloat's CBOR scheme map), for round trips;
+                         a torch quantizer (decode.h); a decoded QFloat tensor:
+                         its scheme parsed once (qfloat.h's struct bs_qfloat) */
   size_t dtype_raw_len;
   char *unsupported; /* owned, may be NULL: the tensor cannot be read, and why */
 };

@@ -360,10 +360,33 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
 }
 
 /* A Burn QFloat tensor of a scheme decoded here (qfloat.h), stored in
- * `stored_len` bytes: true with its layout in *q. */
+ * `stored_len` bytes: true with its layout in *q (its CBOR parsed). */
 static bool qfloat_of(const struct bs_tensor *t, uint64_t stored_len, struct bs_qfloat *q)
 {
   return bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, stored_len, q, NULL);
+}
+
+/* A decoded QFloat tensor's layout, parsed once by bs_catalog_decode_as
+ * and kept in its dtype_raw (as the .pth reader keeps a torch quantizer
+ * there), or NULL. */
+static const struct bs_qfloat *qfloat_kept(const struct bs_tensor *t)
+{
+  return t->dtype_raw && t->dtype_raw_len == sizeof(struct bs_qfloat)
+             ? (const struct bs_qfloat *)(const void *)t->dtype_raw
+             : NULL;
+}
+
+/* The elements of [e, e + k) whose value bytes are all in the value bytes
+ * [b0, got) (a short read stopped at got): how many, from e on. */
+static uint64_t qfloat_whole(const struct bs_qfloat *q, uint64_t e, uint64_t k, uint64_t got)
+{
+  uint64_t i = 0, x0, x1;
+  for (; i < k; i++) {
+    bs_qfloat_span(q, e + i, e + i + 1, &x0, &x1);
+    if (x1 > got)
+      break;
+  }
+  return i;
 }
 
 /* The stored unit of tensor t stored as dt: bs_decode_unit's; for F32 (as
@@ -401,63 +424,78 @@ static void to_f32(const struct bs_tensor *t, enum bs_dtype dt, uint64_t first, 
 
 /* A decoded QFloat tensor's bytes [off, off + n): the value bytes that
  * cover a step of elements, read, each value times its scale (from a
- * window of scales read as needed), encoded as t->dtype. */
+ * window of scales read as needed), encoded as t->dtype. A read that fails
+ * part way returns the whole elements before the failure (a short read, as
+ * raw_pread does), or its error if there are none. */
 static long qfloat_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                         uint8_t *buf, size_t n)
 {
-  struct bs_qfloat q;
+  const struct bs_qfloat *q = qfloat_kept(t);
   const uint32_t osz = bs_dtype_bits(t->dtype) / 8;
   const uint64_t stored_len = t->storage_bytes; /* bs_catalog_decode_as kept it */
   if (off >= t->nbytes)
     return 0;
-  if (!qfloat_of(t, stored_len, &q) || !bs_encode_ok(t->dtype))
+  if (!q || !bs_encode_ok(t->dtype))
     return -EIO;
   if (n > t->nbytes - off)
     n = (size_t)(t->nbytes - off);
-  const uint64_t e_end = (off + n + osz - 1) / osz, ssz = bs_dtype_bits(q.scale_dt) / 8;
+  const uint64_t e_end = (off + n + osz - 1) / osz, ssz = bs_dtype_bits(q->scale_dt) / 8;
   uint64_t e = off / osz;
   uint64_t step = e_end - e < DECODE_STEP_ELEMS ? e_end - e : DECODE_STEP_ELEMS;
   uint8_t *raw = bs_malloc((size_t)step * 4 + 8), *sb = bs_malloc(QF_SCALES * 4);
   float *dec = bs_malloc((size_t)step * sizeof(float)), *sc = bs_malloc(QF_SCALES * sizeof(float));
   uint8_t *enc = bs_malloc((size_t)step * osz);
   uint64_t sc0 = 0, scn = 0; /* the window: scales [sc0, sc0 + scn) */
-  long ret = 0;
+  long ret = 0, fail = 0;    /* fail: the source's error, after done bytes */
   size_t done = 0;
   if (!raw || !sb || !dec || !sc || !enc) {
     ret = -ENOMEM;
     goto out;
   }
-  for (; e < e_end; e += step) {
-    const uint64_t k = e_end - e < step ? e_end - e : step;
-    uint64_t b0, b1;
-    bs_qfloat_span(&q, e, e + k, &b0, &b1); /* b1 - b0 <= 4 k + 4 */
-    long r = raw_pread(cat, t, 1, q.value_bytes, b0, raw, (size_t)(b1 - b0));
+  for (; e < e_end && !fail; e += step) {
+    uint64_t k = e_end - e < step ? e_end - e : step;
+    uint64_t b0, b1, i;
+    bs_qfloat_span(q, e, e + k, &b0, &b1); /* b1 - b0 <= 4 k + 4 */
+    long r = raw_pread(cat, t, 1, q->value_bytes, b0, raw, (size_t)(b1 - b0));
     if (r < 0 || (uint64_t)r != b1 - b0) {
-      ret = r < 0 && !done ? r : done ? (long)done : -EIO;
-      goto out;
+      fail = r < 0 ? r : -EIO;
+      k = qfloat_whole(q, e, k, b0 + (r > 0 ? (uint64_t)r : 0));
     }
-    for (uint64_t i = 0; i < k; i++) {
-      uint64_t si = bs_qfloat_scale_index(&q, e + i);
+    for (i = 0; i < k;) {
+      /* the elements to the end of this block along the innermost
+       * dimension share a scale: its index (divisions) once a run */
+      const uint64_t si = bs_qfloat_scale_index(q, e + i), bl = q->block[q->rank - 1];
+      uint64_t run = bl - (e + i) % q->inner % bl;
+      if (run > k - i)
+        run = k - i;
       if (si < sc0 || si >= sc0 + scn) {
         sc0 = si;
-        scn = q.nscales - si < QF_SCALES ? q.nscales - si : QF_SCALES;
-        r = raw_pread(cat, t, 1, stored_len, q.value_bytes + si * ssz, sb, (size_t)(scn * ssz));
+        scn = q->nscales - si < QF_SCALES ? q->nscales - si : QF_SCALES;
+        r = raw_pread(cat, t, 1, stored_len, q->value_bytes + si * ssz, sb, (size_t)(scn * ssz));
         if (r < 0 || (uint64_t)r != scn * ssz) {
-          ret = r < 0 && !done ? r : done ? (long)done : -EIO;
-          goto out;
+          fail = r < 0 ? r : -EIO;
+          break;
         }
         for (uint64_t j = 0; j < scn; j++)
-          sc[j] = bs_qfloat_scale(&q, sb + j * ssz);
+          sc[j] = bs_qfloat_scale(q, sb + j * ssz);
       }
-      dec[i] = bs_qfloat_value(&q, raw, b0, e + i) * sc[si - sc0]; /* burn: q as f32 * scale */
+      const float s = sc[si - sc0];
+      if (q->layout == BS_QF_BYTES && q->fdt == BS_DT_I8)
+        for (const uint64_t end = i + run; i < end; i++)
+          dec[i] = (float)(int8_t)raw[e + i - b0] * s; /* burn: q as f32 * scale */
+      else
+        for (const uint64_t end = i + run; i < end; i++)
+          dec[i] = bs_qfloat_value(q, raw, b0, e + i) * s;
     }
-    bs_encode(t->dtype, dec, (size_t)k, enc);
-    const uint64_t skip = off + done - e * osz;
-    const size_t chunk = (size_t)(k * osz - skip) < n - done ? (size_t)(k * osz - skip) : n - done;
+    if (i == 0)
+      break;
+    bs_encode(t->dtype, dec, (size_t)i, enc);
+    const uint64_t skip = off + done - e * osz; /* < osz: i * osz > skip */
+    const size_t chunk = (size_t)(i * osz - skip) < n - done ? (size_t)(i * osz - skip) : n - done;
     memcpy(buf + done, enc + skip, chunk);
     done += chunk;
   }
-  ret = checked(cat, t, (long)done);
+  ret = done ? checked(cat, t, (long)done) : fail;
 out:
   bs_free(raw);
   bs_free(sb);
@@ -469,7 +507,10 @@ out:
 
 /* A decoded tensor's bytes [off, off + n) (of dtype: F32, F16 or BF16):
  * the stored units that cover them, read, decoded to F32 and, for F16 and
- * BF16, narrowed, a step at a time into a bounded scratch. */
+ * BF16, narrowed, a step at a time into a bounded scratch. A read of the
+ * stored bytes that fails part way (raw_pread's short read) gives the
+ * decoded bytes of the whole units it read: a short read, as the raw path
+ * returns the bytes it has; its error only when there are none. */
 static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                          uint8_t *buf, size_t n)
 {
@@ -499,17 +540,17 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     goto out;
   }
   size_t done = 0;
-  while (done < n) {
+  long fail = 0; /* the source's error, after done bytes */
+  while (done < n && !fail) {
     uint64_t pos = off + done, u0 = pos / uout;
     uint64_t k = nunits - u0 < step ? nunits - u0 : step;
     long r = raw_pread(cat, t, ub, stored_len, u0 * ub, raw, (size_t)(k * ub));
-    if (r < 0) {
-      ret = done ? (long)done : r;
-      goto out;
-    }
-    if ((uint64_t)r != k * ub) {
-      ret = -EIO;
-      goto out;
+    if (r < 0 || (uint64_t)r != k * ub) {
+      /* failed part way: decode the whole units it read, then stop */
+      fail = r < 0 ? r : -EIO;
+      k = r > 0 ? (uint64_t)r / ub : 0;
+      if (k == 0)
+        break;
     }
     size_t skip = (size_t)(pos - u0 * uout), avail = (size_t)(k * uout) - skip;
     size_t chunk = avail < n - done ? avail : n - done;
@@ -524,7 +565,7 @@ static long decoded_read(const struct bs_catalog *cat, const struct bs_tensor *t
     }
     done += chunk;
   }
-  ret = checked(cat, t, (long)done);
+  ret = done ? checked(cat, t, (long)done) : fail;
 out:
   bs_free(raw);
   if (enc != (uint8_t *)dec)
@@ -560,20 +601,31 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
   for (size_t i = 0; i < cat->count; i++) {
     struct bs_tensor *t = &cat->tensors[i];
     uint32_t ue, ub, be, bb;
+    struct bs_qfloat ql;
     if (t->decoded || t->dtype == as || !bs_dtype_is_float(t->dtype))
       continue;
     uint64_t numel, nbytes;
     const bool qf = t->dtype == BS_DT_QFLOAT;
     /* Blocks run along the last dimension: a strided view of them (none
-     * of our readers makes one) is kept as stored. */
-    if ((qf ? !bs_tensor_decodable(t) : !stored_unit(t, t->dtype, &ue, &ub)) || t->unsupported ||
-        (t->strides && (qf || bs_dtype_block(t->dtype, &be, &bb))) ||
+     * of our readers makes one) is kept as stored. A QFloat scheme's CBOR
+     * is parsed here, once (as bs_tensor_decodable does). */
+    if (t->unsupported ||
+        (qf ? t->strides || !qfloat_of(t, t->nbytes, &ql) : !stored_unit(t, t->dtype, &ue, &ub)) ||
+        (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
         bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
       kept[t->dtype]++;
       continue;
     }
-    if (qf)
+    if (qf) { /* the parsed layout replaces the CBOR: reads use it (qfloat_kept) */
+      struct bs_qfloat *q = bs_malloc(sizeof *q);
+      if (!q)
+        return bs_fail(err, ENOMEM, BS_OFF_NONE, t->key, "out of memory");
+      *q = ql;
+      bs_free(t->dtype_raw);
+      t->dtype_raw = (uint8_t *)q;
+      t->dtype_raw_len = sizeof *q;
       t->storage_bytes = t->nbytes; /* the stored length, for qfloat_read */
+    }
     t->stored_dtype = (uint8_t)t->dtype;
     t->dtype = as;
     t->nbytes = nbytes;

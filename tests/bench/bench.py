@@ -27,7 +27,9 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             F32 read of the same output size (output bytes/s); -o as=F16:
             first reads of the F32 and the BF16 tensor narrowed to F16 (output
             bytes/s, against the same raw read); convert --as F16 of the BF16
-            tensor vs a plain convert of the F32 one
+            tensor vs a plain convert of the F32 one; a Burn QFloat tensor
+            (Q8S, block scales) read as F32 vs a raw F32 read of a Burnpack,
+            and the daemon's peak memory for it vs for one of 1/8 its size
   remote    a --size-mib MiB tensor of a SafeTensors file on nginx (127.0.0.1):
             burnstore mount of its URL vs curl of the same byte range, direct
             and through the fault proxy with 20 ms added a request; vs
@@ -161,6 +163,41 @@ def write_st_tensors(path, tensors, chunk):
             f.write(chunk[:n])
             left -= n
     return len(head)
+
+
+def cbor(v):
+    """CBOR (RFC 8949) of None, bool, int >= 0, str, list, dict: what a
+    Burnpack's metadata needs (definite lengths, shortest heads)."""
+    def head(major, n):
+        if n < 24:
+            return bytes([major << 5 | n])
+        for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+            if n < 1 << (8 * size):
+                return bytes([major << 5 | info]) + n.to_bytes(size, "big")
+    if v is None or isinstance(v, bool):
+        return bytes([0xf6 if v is None else 0xf5 if v else 0xf4])
+    if isinstance(v, int):
+        return head(0, v)
+    if isinstance(v, str):
+        return head(3, len(v.encode())) + v.encode()
+    if isinstance(v, list):
+        return head(4, len(v)) + b"".join(cbor(x) for x in v)
+    return head(5, len(v)) + b"".join(cbor(k) + cbor(x) for k, x in sorted(v.items()))
+
+
+def write_bpk(path, tensors):
+    """A Burnpack (shared docs burnpack-format.md): tensors = [(key, dtype
+    (a name or a CBOR-able map), shape, bytes)], data in that order."""
+    meta, off = {}, 0
+    for k, dt, shape, b in tensors:
+        meta[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    m = cbor({"tensors": meta})
+    pad = -(10 + len(m)) % 256
+    with open(path, "wb") as f:
+        f.write(b"NRUB" + struct.pack("<HI", 1, len(m)) + m + b"\0" * pad)
+        for _, _, _, b in tensors:
+            f.write(b)
 
 
 def write_many(path, keys):
@@ -787,6 +824,56 @@ def sec_decoded(a, d):
     row("decoded", "convert of the F32 tensor (no --as)", base, "s")
     t = med(conv["BF16 --as F16"])
     row("decoded", "convert --as F16 of the BF16 tensor (half the bytes)", t, "s", base, t / base)
+    os.unlink(src)
+    sec_decoded_qfloat(a, d)
+
+
+def sec_decoded_qfloat(a, d):
+    """Burn QFloat as=F32 (Q8S a byte a value, blocks of 32 along the rows,
+    F32 scales): a first read through a fresh -f mount vs the raw read of an
+    F32 tensor of the same output size from the same Burnpack (wall and per
+    daemon CPU-second); the daemon's peak memory (VmHWM) after a decoded
+    read of the QFloat tensor vs after one of a tensor 1/8 its size."""
+    import numpy as np
+    size = a.size_mib << 20
+    n = size // 4
+    log("decoded: a QFloat (Q8S, blocks of 32) tensor of %d MiB of F32 output vs an F32 tensor" % a.size_mib)
+    rng = np.random.default_rng(22)
+    scheme = {"QFloat": {"value": "Q8S", "store": "Native", "mode": "Symmetric", "tensor": None,
+                         "block": {"size": {"storage": [32, 1, 1, 1, 1], "len": 1}, "dtype": "F32"}}}
+
+    def qf(elems):
+        v = rng.integers(-127, 128, elems, dtype=np.int8).tobytes()
+        return v + (rng.random(elems // 32, dtype=np.float32) * 0.01).astype("<f4").tobytes()
+    src = os.path.join(d, "qf.bpk")
+    write_bpk(src, [("raw", "F32", [n // 4096, 4096], rng.standard_normal(n, dtype=np.float32).tobytes()),
+                    ("qf", scheme, [n // 4096, 4096], qf(n)),
+                    ("qs", scheme, [n // 8 // 4096, 4096], qf(n // 8))])
+    run(["cat", src])
+    mnt = os.path.join(d, "m")
+    tck = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(pid):
+        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tck
+
+    def first_read(name):
+        ts, cs, hw = [], [], []
+        for _ in range(a.runs):
+            with BS(a.bin, src, mnt, "as=F32", foreground=True) as m:
+                c = cpu_s(m.proc.pid)
+                ts.append(dd_read(os.path.join(mnt, name)))
+                cs.append(cpu_s(m.proc.pid) - c)
+                hw.append(m.hwm_kb())
+        return med(ts), max(med(cs), 1.0 / tck), max(hw)
+    raw, rawc, _ = first_read("raw")
+    q, qc, q_hwm = first_read("qf")
+    _, _, s_hwm = first_read("qs")
+    row("decoded", "QFloat: first read of an F32 tensor (raw, Burnpack)", size / raw / 1e6, "MB/s")
+    row("decoded", "QFloat Q8S as F32, first read (output bytes)", size / q / 1e6, "MB/s", size / raw / 1e6, raw / q)
+    row("decoded", "  the same per daemon CPU-second", size / qc / 1e6, "MB/s", size / rawc / 1e6, rawc / qc)
+    row("decoded", "peak daemon memory, decoded read of %d MiB of QFloat (vs 1/8 of it)" % a.size_mib, q_hwm / 1024.0,
+        "MiB", s_hwm / 1024.0, q_hwm / s_hwm, "unchanged by size (< 1.5; a buffer of the tensor: 8)", q_hwm / s_hwm < 1.5)
     os.unlink(src)
 
 

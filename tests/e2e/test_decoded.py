@@ -6,7 +6,9 @@ are mounted with the option; the bytes equal NumPy's own decode written here
 from ggml's description (never our C code; the IQ grids built from ggml's
 quantizer tables and checked against decode_grids.c), at odd offsets too (reads that
 start and end mid-block), through mmap, and through the .npy views (<f4);
-the xattrs name F32 and the stored dtype; integers stay; a type without a
+the xattrs name F32 and the stored dtype; every code of the five 8-bit float
+types against NumPy's decode of their descriptions; Burnpack QFloat tensors
+(block and tensor scales, bytes and packed words) the same way; integers stay; a type without a
 decoder (F4) is shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
 the same bytes; writable mounts refuse the option; a 256 MiB
 BF16 tensor read whole costs the daemon no more peak memory than a small one."""
@@ -498,6 +500,145 @@ def test_no_decoder(tmp):
           "cat --as F32 of an F4 refused in one line: %r" % err)
 
 
+def f8_decode(name, b):
+    """The 256 codes of an 8-bit float as float32, from the descriptions
+    (OCP OFP8 1.0 for E4M3FN and E5M2; PyTorch's FNUZ types: bias 8 and 16,
+    0x80 the only NaN; OCP MX 1.0 for E8M0), in float64 then rounded (every
+    value is exact in F32)."""
+    b = b.astype(np.int64)
+    if name == "F8_E8M0":
+        return np.where(b == 255, np.nan, np.ldexp(1.0, b - 127)).astype(np.float32)
+    eb, mb, bias, fnuz = {"F8_E4M3": (4, 3, 7, False), "F8_E5M2": (5, 2, 15, False),
+                          "F8_E4M3FNUZ": (4, 3, 8, True), "F8_E5M2FNUZ": (5, 2, 16, True)}[name]
+    sign = np.where(b >> 7, -1.0, 1.0)
+    e, m = (b >> mb) & ((1 << eb) - 1), b & ((1 << mb) - 1)
+    v = np.where(e == 0, np.ldexp(m.astype(np.float64), 1 - bias - mb),
+                 np.ldexp((m | 1 << mb).astype(np.float64), e - bias - mb)) * sign
+    if fnuz:
+        v = np.where(b == 0x80, np.nan, v)
+    elif name == "F8_E4M3":  # no infinities; S.1111.111 is NaN
+        v = np.where((e == 15) & (m == 7), np.nan, v)
+    else:  # E5M2: exponent 31 is infinity (m = 0) or NaN
+        v = np.where(e == 31, np.where(m == 0, sign * np.inf, np.nan), v)
+    return v.astype(np.float32)
+
+
+def test_f8_every_code(tmp):
+    """Every code of the five 8-bit float types under as=F32 and with
+    cat --as F32: each finite value and infinity bit for bit NumPy's decode
+    of the description (subnormals, -0, the largest finite), NaN exactly
+    where the description has one (OCP E4M3 and E5M2: with the code's sign);
+    a BOOL tensor beside them is shown unchanged."""
+    import json
+    names = ("F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0")
+    codes = np.arange(256, dtype=np.uint8)
+    hd = {n.lower(): {"dtype": n, "shape": [16, 16], "data_offsets": [256 * i, 256 * i + 256]}
+          for i, n in enumerate(names)}
+    hd["mask"] = {"dtype": "BOOL", "shape": [4], "data_offsets": [256 * len(names), 256 * len(names) + 4]}
+    h = json.dumps(hd).encode()
+    h += b" " * (-len(h) % 8)
+    src = os.path.join(tmp, "f8.safetensors")
+    with open(src, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + codes.tobytes() * len(names) + b"\1\0\0\1")
+
+    def same(got, name, what):
+        want = f8_decode(name, codes)
+        g = np.frombuffer(got, "<f4") if len(got) == 1024 else np.zeros(256, np.float32)
+        nan = np.isnan(want)
+        check(len(got) == 1024 and np.array_equal(np.isnan(g), nan), "%s %s: NaN at the NaN codes" % (what, name))
+        check(np.array_equal(g[~nan].view("<u4"), want[~nan].view("<u4")),
+              "%s %s: every value bit for bit (first difference at code %s)" % (what, name, next(
+                  (i for i in range(256) if not nan[i] and g[i].view("<u4") != want[i].view("<u4")), None)))
+        if name in ("F8_E4M3", "F8_E5M2"):
+            check(np.array_equal(np.signbit(g[nan]), codes[nan] >= 0x80), "%s %s: NaN sign" % (what, name))
+    with Mount(src, os.path.join(tmp, "m8"), "as=F32") as m:
+        for n in names:
+            p = os.path.join(m, n.lower())
+            check(os.getxattr(p, X + "stored_dtype") == n.encode(), "%s: stored_dtype" % n)
+            same(read_all(p), n, "as=F32")
+        p = os.path.join(m, "mask")
+        check(read_all(p) == b"\1\0\0\1" and os.getxattr(p, X + "dtype") == b"BOOL", "BOOL shown unchanged")
+        check(X + "stored_dtype" not in os.listxattr(p), "no stored_dtype on BOOL")
+    for n in names:
+        r = subprocess.run([BIN, "cat", "--as", "F32", src, n.lower()], capture_output=True, timeout=DEADLINE)
+        check(r.returncode == 0, "cat --as F32 %s: %r" % (n, r.stderr))
+        same(r.stdout, n, "cat --as F32")
+
+
+def cbor(v):
+    """CBOR of None, int >= 0, str, list, dict (a Burnpack's metadata)."""
+    def head(major, n):
+        if n < 24:
+            return bytes([major << 5 | n])
+        for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+            if n < 1 << (8 * size):
+                return bytes([major << 5 | info]) + n.to_bytes(size, "big")
+    if v is None:
+        return b"\xf6"
+    if isinstance(v, int):
+        return head(0, v)
+    if isinstance(v, str):
+        return head(3, len(v.encode())) + v.encode()
+    if isinstance(v, list):
+        return head(4, len(v)) + b"".join(cbor(x) for x in v)
+    return head(5, len(v)) + b"".join(cbor(k) + cbor(x) for k, x in v.items())
+
+
+def qscheme(value, store, tensor=None, block=None, bdt=None):
+    """The current QFloat map (burnpack-format.md 4.2): block is its dims."""
+    b = None if block is None else {"size": {"storage": list(block) + [1] * (5 - len(block)), "len": len(block)},
+                                    "dtype": bdt}
+    return {"QFloat": {"value": value, "store": store, "mode": "Symmetric", "tensor": tensor, "block": b}}
+
+
+def test_burn_qfloat(tmp):
+    """Burnpack QFloat tensors under as=F32 and cat --as F32, against NumPy's
+    decode of burn-std's QuantizedBytes layout (the values, then the scales
+    row-major over the block grid; y = value x scale in F32): Q8S a byte a
+    value in [2, 32] blocks with F32 scales (-0, subnormal, infinite ones);
+    Q4S in u32 words along rows of 20 (3 words a row, padded, low bits
+    first, sign-extended) with one F16 scale; E4M3 codes (OCP) in blocks of
+    4 with UE8M0 scales (2^(code - 127), code 0 a subnormal)."""
+    rng = np.random.default_rng(22)
+    q8 = rng.integers(-128, 128, (8, 64), dtype=np.int8)
+    s8 = np.array([0.5, -0.0, 1e-40, np.inf, 3.0, -2.5, 1e-3, 65504.0], np.float32)  # grid [4, 2]
+    w8 = q8.astype(np.float32) * np.repeat(np.repeat(s8.reshape(4, 2), 2, 0), 32, 1)
+    q4 = rng.integers(-8, 8, (3, 20))
+    words = np.zeros((3, 3), np.uint32)
+    for r in range(3):
+        for c in range(20):
+            words[r, c // 8] |= np.uint32((int(q4[r, c]) & 15) << (4 * (c % 8)))
+    s4 = np.float16(0.125)
+    w4 = q4.astype(np.float32) * np.float32(s4)
+    e4 = np.arange(0, 256, 8, dtype=np.uint8).reshape(4, 8)  # 32 codes, NaN-free: 0x7f, 0xff left out
+    ue = np.array([127, 0, 128, 254, 120, 130, 1, 127], np.uint8)  # grid [4, 2]
+    we = f8_decode("F8_E4M3", e4) * np.repeat(np.ldexp(1.0, ue.astype(np.int64) - 127).astype(np.float32)
+                                              .reshape(4, 2), 4, 1)
+    tensors = [("e4", qscheme("E4M3", "Native", block=[4], bdt="UE8M0"), [4, 8], e4.tobytes() + ue.tobytes()),
+               ("q4", qscheme("Q4S", {"PackedU32": 0}, tensor="F16"), [3, 20],
+                words.astype("<u4").tobytes() + np.array(s4, "<f2").tobytes()),
+               ("q8", qscheme("Q8S", "Native", block=[2, 32], bdt="F32"), [8, 64], q8.tobytes() + s8.astype("<f4").tobytes())]
+    meta, off, data = {}, 0, b""
+    for k, dt, shape, b in tensors:
+        meta[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        off, data = off + len(b), data + b
+    m = cbor({"tensors": meta})
+    src = os.path.join(tmp, "qf.bpk")
+    with open(src, "wb") as f:
+        f.write(b"NRUB" + struct.pack("<HI", 1, len(m)) + m + b"\0" * (-(10 + len(m)) % 256) + data)
+    want = {"e4": we, "q4": w4, "q8": w8}
+    with Mount(src, os.path.join(tmp, "mq"), "as=F32,npy") as mq:
+        check(X + "notes" not in os.listxattr(mq), "every QFloat decoded (no note)")
+        for k, w in want.items():
+            p = os.path.join(mq, k)
+            check_file(p, w, "QFloat " + k)
+            check_npy(p + ".npy", w, "QFloat %s.npy" % k)
+            check(os.getxattr(p, X + "stored_dtype") == b"QFLOAT", "%s: stored_dtype QFLOAT" % k)
+    for k, w in want.items():
+        r = subprocess.run([BIN, "cat", "--as", "F32", src, k], capture_output=True, timeout=DEADLINE)
+        check(r.returncode == 0 and r.stdout == w.astype("<f4").tobytes(), "cat --as F32 QFloat %s: %r" % (k, r.stderr))
+
+
 def test_refusals(tmp):
     src = os.path.join(tmp, "r.gguf")
     G.write_tiny(src)
@@ -561,5 +702,5 @@ def test_memory_independent_of_size(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_no_decoder, test_refusals, test_memory_independent_of_size],
+    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_f8_every_code, test_burn_qfloat, test_no_decoder, test_refusals, test_memory_independent_of_size],
               "decoded")

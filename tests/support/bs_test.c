@@ -206,6 +206,54 @@ void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n)
   cr_assert_eq(idx, 0);
 }
 
+struct fault_src {
+  const uint8_t *mem;
+  uint64_t bad0, bad1;
+  bool changed;
+};
+
+static long fault_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  const struct fault_src *f = s->impl;
+  if (off >= f->bad0 && off < f->bad1)
+    return -EIO;
+  if (off < f->bad0 && n > f->bad0 - off)
+    n = (size_t)(f->bad0 - off);
+  memcpy(buf, f->mem + off, n);
+  return (long)n;
+}
+
+static bool fault_changed(const struct bs_src *s, char *why, size_t n)
+{
+  const struct fault_src *f = s->impl;
+  if (f->changed)
+    snprintf(why, n, "changed (test)");
+  return f->changed;
+}
+
+static void fault_release(struct bs_src *s)
+{
+  bs_free(s->impl);
+}
+
+static const struct bs_src_ops fault_ops = {
+    .pread = fault_pread, .changed = fault_changed, .release = fault_release};
+
+void bs_test_fault_catalog(struct bs_catalog *cat, const void *mem, size_t n, uint64_t bad0,
+                           uint64_t bad1, bool changed)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  bs_catalog_init(cat);
+  struct fault_src *f = bs_malloc(sizeof *f);
+  cr_assert_not_null(f);
+  *f = (struct fault_src){mem, bad0, bad1, changed};
+  struct bs_src s = {.ops = &fault_ops, .impl = f, .size = n, .name = bs_strdup("fault")};
+  uint32_t idx;
+  cr_assert_eq(bs_catalog_add_src(cat, &s, &idx, &err), 0);
+  cr_assert_eq(idx, 0);
+}
+
 void bs_test_check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,
                           const uint8_t *whole, uint64_t step)
 {

@@ -2,6 +2,7 @@
 #ifndef BS_TEST_H
 #define BS_TEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,13 @@ size_t bs_test_rollback_sweep_mem(const void *buf, size_t len, const char *name,
 
 /* A catalog whose only source is `mem` (borrowed, named "mem"). */
 void bs_test_mem_catalog(struct bs_catalog *cat, const void *mem, size_t n);
+/* A catalog whose only source is `mem` (borrowed, named "fault") with a bad
+ * range [bad0, bad1), as a disk with a bad sector: a read that starts in it
+ * fails with EIO, one that runs into it returns the bytes before it (a
+ * short read, as pread(2) does), the rest reads as mem. `changed`: the
+ * source says its file changed (bs_src_changed) from the start. */
+void bs_test_fault_catalog(struct bs_catalog *cat, const void *mem, size_t n, uint64_t bad0,
+                           uint64_t bad1, bool changed);
 /* Reads of t at every step-th offset, of lengths 1, 6, 11, ... (to 3 past
  * the end), equal the same slice of `whole` (t's bytes, t->nbytes). */
 void bs_test_check_slices(const struct bs_catalog *cat, const struct bs_tensor *t,

@@ -818,3 +818,89 @@ Test(decode_as, q8_0_across_steps)
   bs_free(st);
   bs_free(whole);
 }
+
+/* A source whose bytes from fail_at on cannot be read (a bad sector): a
+ * decoded read that reaches it returns the decoded bytes of the whole
+ * stored units before it, a short read, as the raw read returns the stored
+ * bytes it has (the old code failed the whole read with EIO); a read that
+ * starts at a unit it cannot read fails with EIO; a source that changed
+ * fails it with EIO (the old code returned the bytes of its partial read
+ * without asking). */
+Test(decode_as, a_read_failing_part_way_is_short)
+{
+  enum { N = 20000, NB = 600 };
+  static uint8_t st[2 * N];
+  static uint32_t whole[N];
+  for (int i = 0; i < N; i++) { /* BF16 values i / 8 and their F32 bits */
+    float f = (float)i / 8.0f;
+    memcpy(&whole[i], &f, 4);
+    st[2 * i] = (uint8_t)(whole[i] >> 16);
+    st[2 * i + 1] = (uint8_t)(whole[i] >> 24);
+    whole[i] &= 0xffff0000u; /* the BF16 is the F32 cut to its upper half */
+  }
+  const uint64_t fail_at = 2 * 10000 + 1; /* in element 10000's second byte */
+  static uint8_t got[4 * N];
+  struct bs_catalog cat;
+  bs_test_fault_catalog(&cat, st, sizeof st, fail_at, sizeof st, false);
+  uint64_t shape[] = {N};
+  struct bs_tensor *t = bs_test_add(&cat, "b", BS_DT_BF16, 1, shape, 0);
+  /* the raw read: the stored bytes it has */
+  cr_assert_eq(bs_tensor_read(&cat, t, 0, got, 2 * N), (long)fail_at);
+  cr_assert_eq(memcmp(got, st, fail_at), 0);
+  cr_assert_eq(bs_tensor_read(&cat, t, fail_at, got, 2 * N), -EIO);
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+  t = &cat.tensors[0];
+  cr_assert(t->decoded && t->nbytes == 4 * N);
+  /* decoded: elements 0..9999 (more than one step of 8192) */
+  cr_assert_eq(bs_tensor_read(&cat, t, 0, got, 4 * N), 4 * 10000);
+  cr_assert_eq(memcmp(got, whole, 4 * 10000), 0);
+  cr_assert_eq(bs_tensor_read(&cat, t, 3, got, 4 * N), 4 * 10000 - 3, "from mid-element");
+  cr_assert_eq(memcmp(got, (uint8_t *)whole + 3, 4 * 10000 - 3), 0);
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 9990 + 1, got, 100), 4 * 10 - 1, "within a step");
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 10000, got, 4 * N), -EIO, "element 10000 is unread");
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 10000 + 2, got, 8), -EIO);
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 10001, got, 8), -EIO);
+  bs_catalog_destroy(&cat);
+
+  /* as=F16 (decoded, then narrowed in a scratch): the same elements, 2 bytes each */
+  bs_test_fault_catalog(&cat, st, sizeof st, fail_at, sizeof st, false);
+  bs_test_add(&cat, "b", BS_DT_BF16, 1, shape, 0);
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F16, &cerr), 0, "%s", cerr.msg);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 1, got, 2 * N), 2 * 10000 - 1);
+  bs_catalog_destroy(&cat);
+
+  /* Q8_0 blocks (34 bytes for 32): a bad byte in block 400 leaves 400 blocks */
+  uint8_t *q = bs_malloc(NB * 34);
+  for (int b = 0; b < NB; b++) {
+    q[b * 34] = 0x00;
+    q[b * 34 + 1] = 0x3c; /* d = 1 */
+    for (int j = 0; j < 32; j++)
+      q[b * 34 + 2 + j] = (uint8_t)(b + j);
+  }
+  bs_test_fault_catalog(&cat, q, NB * 34, 400 * 34 + 20, 400 * 34 + 21, false);
+  bs_test_add(&cat, "q", BS_DT_Q8_0, 2, (uint64_t[]){NB, 32}, 0);
+  cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+  float *qf = (float *)(void *)got;
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 4 * 32 * 500), 4 * 32 * 400);
+  for (int i = 0; i < 32 * 400; i++)
+    cr_assert_eq(qf[i], (float)(int8_t)(uint8_t)(i / 32 + i % 32), "[%d]", i);
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 4 * 32 * 400, got, 64), -EIO);
+  /* past the bad range the source reads again, and so does the view */
+  cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 4 * 32 * 401, got, 64), 64);
+  cr_assert_eq(qf[0], (float)(int8_t)(uint8_t)401);
+  bs_catalog_destroy(&cat);
+
+  /* a source that changed: EIO, not the bytes of the partial read (also
+   * when the failure falls at the start of a step of 8192 elements, where
+   * the old code returned the steps before it unchecked) */
+  const uint64_t fails[] = {fail_at, 2 * 8192};
+  for (int k = 0; k < 2; k++) {
+    bs_test_fault_catalog(&cat, st, sizeof st, fails[k], sizeof st, true);
+    bs_test_add(&cat, "b", BS_DT_BF16, 1, shape, 0);
+    cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 2 * N), -EIO, "raw");
+    cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
+    cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, got, 4 * N), -EIO, "decoded %d", k);
+    bs_catalog_destroy(&cat);
+  }
+  bs_free(q);
+}

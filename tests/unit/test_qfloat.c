@@ -7,6 +7,7 @@
  * dtype, both packings; any other scheme, or a length that is not values +
  * scales, stays as stored with a note. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -529,4 +530,102 @@ Test(qfloat, ranges_of_packed_blocks)
   free(part);
   free(v);
   free(st);
+}
+
+/* A decoded QFloat tensor over one of bs_test_fault_catalog's sources. */
+static const struct bs_tensor *on_fault(struct bs_catalog *cat, const uint8_t *st, size_t len,
+                                        uint64_t bad0, const uint8_t *raw, size_t rawlen,
+                                        uint32_t rank, const uint64_t *shape)
+{
+  bs_err_clear(&err);
+  bs_test_fault_catalog(cat, st, len, bad0, bad0 + 1, false);
+  struct bs_tensor *t = bs_test_add(cat, "t", BS_DT_QFLOAT, rank, shape, 0);
+  t->nbytes = len;
+  t->dtype_raw = bs_malloc(rawlen);
+  memcpy(t->dtype_raw, raw, rawlen);
+  t->dtype_raw_len = rawlen;
+  cr_assert_eq(bs_catalog_decode_as(cat, BS_DT_F32, &err), 0, "%s", err.msg);
+  cr_assert(cat->tensors[0].decoded, "%s", cat->notes ? cat->notes : "");
+  return &cat->tensors[0];
+}
+
+/* A bad byte in the stored values or scales: a read that reaches it gives
+ * the elements before it whose value bytes and scale it read (a short
+ * read; the old code stopped at the last whole step of 8192 elements), a
+ * read from an element it cannot decode fails with EIO. Q8S a byte a
+ * value in blocks of 32 with F32 scales (1250 scales: two windows of
+ * 1024), and Q4S in u32 words along rows of 16000 with one scale. */
+Test(qfloat, a_read_failing_part_way_is_short)
+{
+  enum { N = 40000, NS = N / 32, C = 16000 };
+  static uint8_t st[N + 4 * NS];
+  static float got[N];
+  uint8_t raw[160], blk[64];
+  for (int i = 0; i < N; i++)
+    st[i] = (uint8_t)(i * 7);
+  for (int b = 0; b < NS; b++) {
+    float f = ldexpf(1.0f, b % 5 - 2);
+    memcpy(st + N + 4 * b, &f, 4);
+  }
+  size_t bl = block(blk, (const uint8_t[5]){32, 1, 1, 1, 1}, 1, "F32");
+  size_t rl = scheme2(raw, "Q8S", NATIVE, sizeof NATIVE, "Symmetric", NULL, blk, bl);
+  struct bs_catalog cat;
+  /* a bad value byte: elements 0..30000 */
+  const struct bs_tensor *t = on_fault(&cat, st, sizeof st, 30001, raw, rl, 1, (uint64_t[]){N});
+  cr_assert_eq(bs_tensor_read(&cat, t, 0, got, 4 * N), 4 * 30001);
+  for (int i = 0; i <= 30000; i++)
+    cr_assert_eq(fbits(got[i]), fbits((float)(int8_t)st[i] * ldexpf(1.0f, i / 32 % 5 - 2)), "[%d]",
+                 i);
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 30001, got, 8), -EIO);
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 30002, got, 4 * N), 4 * (N - 30002), "after it");
+  cr_assert_eq(fbits(got[0]), fbits((float)(int8_t)st[30002] * ldexpf(1.0f, 30002 / 32 % 5 - 2)));
+  bs_catalog_destroy(&cat);
+  /* a bad scale (1100, in the second window): the elements of the first window */
+  t = on_fault(&cat, st, sizeof st, N + 4 * 1100, raw, rl, 1, (uint64_t[]){N});
+  cr_assert_eq(bs_tensor_read(&cat, t, 0, got, 4 * N), 4 * 32768);
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 32768, got, 8), -EIO);
+  bs_catalog_destroy(&cat);
+
+  /* Q4S packed along rows of C: 8 values a word, 2000 words a row; a bad
+   * byte inside word 1250 leaves the 10000 elements of words 0..1249 */
+  static uint8_t pk[2 * C / 2 + 4];
+  for (size_t i = 0; i < 2 * C / 2; i++)
+    pk[i] = (uint8_t)(i * 37 + 11);
+  const float scale = 0.25f;
+  memcpy(pk + C, &scale, 4);
+  rl = scheme2(raw, "Q4S", PACKED0, sizeof PACKED0, "Symmetric", "F32", NULL, 0);
+  t = on_fault(&cat, pk, sizeof pk, 4 * 1250 + 1, raw, rl, 2, (uint64_t[]){2, C});
+  cr_assert_eq(bs_tensor_read(&cat, t, 2, got, 4 * 2 * C), 4 * 10000 - 2);
+  cr_assert_eq(bs_tensor_read(&cat, t, 0, got, 4 * 2 * C), 4 * 10000);
+  for (int i = 0; i < 10000; i++) { /* nibble i % 8 of word i / 8, sign-extended */
+    int nib = pk[i / 2] >> (4 * (i % 2)) & 0xf;
+    cr_assert_eq(got[i], (float)(nib >= 8 ? nib - 16 : nib) * scale, "[%d]", i);
+  }
+  cr_assert_eq(bs_tensor_read(&cat, t, 4 * 10000, got, 8), -EIO);
+  bs_catalog_destroy(&cat);
+}
+
+/* The scheme's CBOR is parsed once, by bs_catalog_decode_as, and the
+ * layout kept in the tensor's dtype_raw: a read parses nothing (it
+ * parsed the CBOR again on every read, a FUSE request each 128 KiB). */
+Test(qfloat, the_scheme_is_parsed_once)
+{
+  uint8_t st[8 + 4] = {1, 2, 3, 4, 5, 6, 7, 8, 0x00, 0x00, 0x00, 0x3f}, raw[128];
+  size_t rl = scheme(raw, "Q8S", "Native", "F32", false, false);
+  struct bs_catalog cat;
+  struct bs_src s;
+  one(&cat, &s, st, sizeof st, raw, rl, 1, (const uint64_t[]){8}, BS_DT_F32);
+  const struct bs_tensor *t = &cat.tensors[0];
+  cr_assert_eq(t->dtype_raw_len, sizeof(struct bs_qfloat));
+  struct bs_qfloat want;
+  cr_assert(bs_qfloat_layout(raw, rl, 1, (const uint64_t[]){8}, sizeof st, &want, NULL));
+  const struct bs_qfloat *kept = (const struct bs_qfloat *)(const void *)t->dtype_raw;
+  cr_assert(kept->layout == want.layout && kept->scale_dt == want.scale_dt &&
+            kept->numel == want.numel && kept->value_bytes == want.value_bytes &&
+            kept->nscales == want.nscales);
+  float got[8];
+  cr_assert_eq(bs_tensor_read(&cat, t, 0, got, 32), 32);
+  for (int i = 0; i < 8; i++)
+    cr_expect_eq(got[i], (float)(i + 1) * 0.5f);
+  bs_catalog_destroy(&cat);
 }
