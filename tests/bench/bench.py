@@ -67,8 +67,10 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../support"))
+from cbor_fixture import cbor_encode  # noqa: E402
 
 ROWS = []  # (section, name, value, unit, baseline, ratio, target, ok)
 
@@ -165,26 +167,6 @@ def write_st_tensors(path, tensors, chunk):
     return len(head)
 
 
-def cbor(v):
-    """CBOR (RFC 8949) of None, bool, int >= 0, str, list, dict: what a
-    Burnpack's metadata needs (definite lengths, shortest heads)."""
-    def head(major, n):
-        if n < 24:
-            return bytes([major << 5 | n])
-        for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
-            if n < 1 << (8 * size):
-                return bytes([major << 5 | info]) + n.to_bytes(size, "big")
-    if v is None or isinstance(v, bool):
-        return bytes([0xf6 if v is None else 0xf5 if v else 0xf4])
-    if isinstance(v, int):
-        return head(0, v)
-    if isinstance(v, str):
-        return head(3, len(v.encode())) + v.encode()
-    if isinstance(v, list):
-        return head(4, len(v)) + b"".join(cbor(x) for x in v)
-    return head(5, len(v)) + b"".join(cbor(k) + cbor(x) for k, x in sorted(v.items()))
-
-
 def write_bpk(path, tensors):
     """A Burnpack (shared docs burnpack-format.md): tensors = [(key, dtype
     (a name or a CBOR-able map), shape, bytes)], data in that order."""
@@ -192,7 +174,7 @@ def write_bpk(path, tensors):
     for k, dt, shape, b in tensors:
         meta[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
         off += len(b)
-    m = cbor({"tensors": meta})
+    m = cbor_encode({"tensors": meta})
     pad = -(10 + len(m)) % 256
     with open(path, "wb") as f:
         f.write(b"NRUB" + struct.pack("<HI", 1, len(m)) + m + b"\0" * pad)

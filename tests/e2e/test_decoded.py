@@ -28,6 +28,7 @@ from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, for
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
+from cbor_fixture import cbor_encode  # noqa: E402
 
 X = "user.burnstore."
 
@@ -565,25 +566,6 @@ def test_f8_every_code(tmp):
         same(r.stdout, n, "cat --as F32")
 
 
-def cbor(v):
-    """CBOR of None, int >= 0, str, list, dict (a Burnpack's metadata)."""
-    def head(major, n):
-        if n < 24:
-            return bytes([major << 5 | n])
-        for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
-            if n < 1 << (8 * size):
-                return bytes([major << 5 | info]) + n.to_bytes(size, "big")
-    if v is None:
-        return b"\xf6"
-    if isinstance(v, int):
-        return head(0, v)
-    if isinstance(v, str):
-        return head(3, len(v.encode())) + v.encode()
-    if isinstance(v, list):
-        return head(4, len(v)) + b"".join(cbor(x) for x in v)
-    return head(5, len(v)) + b"".join(cbor(k) + cbor(x) for k, x in v.items())
-
-
 def qscheme(value, store, tensor=None, block=None, bdt=None):
     """The current QFloat map (burnpack-format.md 4.2): block is its dims."""
     b = None if block is None else {"size": {"storage": list(block) + [1] * (5 - len(block)), "len": len(block)},
@@ -622,7 +604,7 @@ def test_burn_qfloat(tmp):
     for k, dt, shape, b in tensors:
         meta[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
         off, data = off + len(b), data + b
-    m = cbor({"tensors": meta})
+    m = cbor_encode({"tensors": meta})
     src = os.path.join(tmp, "qf.bpk")
     with open(src, "wb") as f:
         f.write(b"NRUB" + struct.pack("<HI", 1, len(m)) + m + b"\0" * (-(10 + len(m)) % 256) + data)

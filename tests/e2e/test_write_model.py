@@ -8,10 +8,14 @@ import glob
 import os
 import struct
 import subprocess
+import sys
 import threading
 import time
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, read_bpk, run, tmpdir, run_tests)
+from bsmount import BIN, SOURCE_DIR, Mount, check, force_unmount, read_bpk, run, run_tests
+
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
+from cbor_fixture import cbor_encode  # noqa: E402
 
 
 def sh(cmd, cwd, ok=True):
@@ -211,29 +215,6 @@ def test_copy_tools(tmp):
           "inferred shapes written by size: %r" % {k: v[:2] for k, v in got.items()})
     check(got.get("cpa", (0, 0, b""))[2] == b"12345678" and got.get("mvd", (0, 0, b""))[2] == b"12345678"
           and got.get("sub.y", (0, 0, b""))[2] == b"abcd", "copied files written")
-
-
-def cbor_encode(v):
-    def head(major, n):
-        if n < 24:
-            return bytes([major << 5 | n])
-        for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
-            if n < 1 << (8 * size):
-                return bytes([major << 5 | info]) + n.to_bytes(size, "big")
-    if isinstance(v, bool) or v is None:
-        return bytes([0xf5 if v is True else 0xf4 if v is False else 0xf6])
-    if isinstance(v, int):
-        return head(0, v) if v >= 0 else head(1, -1 - v)
-    if isinstance(v, str):
-        b = v.encode()
-        return head(3, len(b)) + b
-    if isinstance(v, bytes):
-        return head(2, len(v)) + v
-    if isinstance(v, list):
-        return head(4, len(v)) + b"".join(cbor_encode(x) for x in v)
-    if isinstance(v, dict):
-        return head(5, len(v)) + b"".join(cbor_encode(k) + cbor_encode(x) for k, x in v.items())
-    raise TypeError(type(v))
 
 
 def test_qfloat_kept(tmp):
