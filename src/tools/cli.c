@@ -882,7 +882,7 @@ static const struct cmd cmds[] = {
     {"cat", "[--npy] [--as F32|F16|BF16] [-o KEYOPTS] FILE KEY",
      "Write one tensor's raw little-endian row-major bytes to stdout.\n"
      "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n"
-     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, ggml Q4_0..Q8_1,\n"
+     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, F4, ggml Q4_0..Q8_1,\n"
      "               PyTorch's quantized tensors; as -o as=F32 mounts it); integers\n"
      "               unchanged; with --npy: <f4\n"
      "  --as F16|BF16  decoded, then rounded to nearest even (as convert --as)\n",
