@@ -600,19 +600,21 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
   size_t kept[BS_DT_COUNT] = {0};
   for (size_t i = 0; i < cat->count; i++) {
     struct bs_tensor *t = &cat->tensors[i];
-    uint32_t ue, ub, be, bb;
+    uint32_t ue = 1, ub;
     struct bs_qfloat ql;
     if (t->decoded || t->dtype == as || !bs_dtype_is_float(t->dtype))
       continue;
     uint64_t numel, nbytes;
     const bool qf = t->dtype == BS_DT_QFLOAT;
-    /* Blocks run along the last dimension: a strided view of them (none
-     * of our readers makes one) is kept as stored. A QFloat scheme's CBOR
-     * is parsed here, once (as bs_tensor_decodable does). */
+    /* Units of several elements (ggml's blocks, F4's pairs) run along the
+     * last dimension: a strided view of them (none of our readers makes
+     * one) is kept as stored, and so is a count of elements that is not a
+     * whole number of units (the readers refuse one). A QFloat scheme's
+     * CBOR is parsed here, once (as bs_tensor_decodable does). */
     if (t->unsupported ||
         (qf ? t->strides || !qfloat_of(t, t->nbytes, &ql) : !stored_unit(t, t->dtype, &ue, &ub)) ||
-        (t->strides && bs_dtype_block(t->dtype, &be, &bb)) ||
-        bs_shape_numel(t->rank, t->shape, &numel) != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
+        (t->strides && ue > 1) || bs_shape_numel(t->rank, t->shape, &numel) != 0 ||
+        numel % ue != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
       kept[t->dtype]++;
       continue;
     }
@@ -634,10 +636,15 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
   for (int dt = 0; dt < BS_DT_COUNT; dt++) {
     if (!kept[dt])
       continue;
-    char line[160];
-    snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (no decoder for %s)",
-             bs_dtype_name(as), kept[dt], bs_dtype_name((enum bs_dtype)dt),
-             kept[dt] == 1 ? "" : "s", bs_dtype_name((enum bs_dtype)dt));
+    char line[320];
+    const char *why = bs_decode_why_not((enum bs_dtype)dt);
+    if (why)
+      snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (%s)", bs_dtype_name(as),
+               kept[dt], bs_dtype_name((enum bs_dtype)dt), kept[dt] == 1 ? "" : "s", why);
+    else
+      snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (no decoder for %s)",
+               bs_dtype_name(as), kept[dt], bs_dtype_name((enum bs_dtype)dt),
+               kept[dt] == 1 ? "" : "s", bs_dtype_name((enum bs_dtype)dt));
     if (bs_catalog_note(cat, line, err) != 0)
       return -1;
   }

@@ -1,8 +1,9 @@
 /* Stored dtypes to F32 (decode.h). Our own code from the public format
  * descriptions: IEEE 754 binary16/binary64, Google's bfloat16, the OCP 8-bit
- * floating point spec (E4M3FN, E5M2, E8M0), the FNUZ variants as PyTorch and
- * ml_dtypes define them, and ggml's block layouts (ggml-common.h) with the
- * formulas of its reference dequantize_row_* (ggml-quants.c). */
+ * floating point spec (E4M3FN, E5M2, E8M0), the OCP MX spec's E2M1 (F4) with
+ * PyTorch's nibble order, the FNUZ variants as PyTorch and ml_dtypes define
+ * them, and ggml's block layouts (ggml-common.h) with the formulas of its
+ * reference dequantize_row_* (ggml-quants.c). */
 #include "core/decode.h"
 
 #include <math.h>
@@ -117,6 +118,25 @@ static void dec_e8m0(const uint8_t *in, size_t n, float *out)
     out[i] = in[i] == 0xff ? NAN : pow2f((int)in[i] - 127);
 }
 
+/* F4: E2M1 (OCP Microscaling Formats 1.0, section 5.3.3): a sign, 2
+ * exponent bits (bias 1) and 1 mantissa bit; codes 0-7 are 0, 0.5, 1, 1.5,
+ * 2, 3, 4, 6 (code 1 the one subnormal), 8-15 their negatives (8 is -0); no
+ * infinity or NaN. Two a byte, element 2j in the low nibble and 2j + 1 in
+ * the high one: torch's float4_e2m1fn_x2 (c10/util/Float4_e2m1fn_x2.h,
+ * "val1 : val0" in bits "7654 : 3210"), whose storage bytes are what an F4
+ * SafeTensors tensor holds (safetensors' torch binding writes them with the
+ * last dimension doubled) and what the .pth reader and writer keep. */
+static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static void dec_f4(const uint8_t *in, size_t n, float *out)
+{
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = e2m1[in[i] & 0x0f];
+    out[2 * i + 1] = e2m1[in[i] >> 4];
+  }
+}
+
 /* ggml's 32-element blocks (ggml-common.h): an fp16 scale d, then for
  * Q4_1/Q5_1 an fp16 minimum m, for Q5_* 4 bytes of fifth bits (qh, little
  * endian), then the quants. Element j < 16 is the low nibble of qs[j] (and
@@ -210,6 +230,7 @@ static const struct {
     [BS_DT_F8_E8M0] = {dec_e8m0, 1, 1},
     [BS_DT_F8_E4M3FNUZ] = {dec_e4m3fnuz, 1, 1},
     [BS_DT_F8_E5M2FNUZ] = {dec_e5m2fnuz, 1, 1},
+    [BS_DT_F4] = {dec_f4, 2, 1}, /* a unit is a byte: a read may start or end mid-byte */
     [BS_DT_Q4_0] = {dec_q4_0, 32, 18},
     [BS_DT_Q4_1] = {dec_q4_1, 32, 20},
     [BS_DT_Q5_0] = {dec_q5_0, 32, 22},
@@ -249,6 +270,14 @@ bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes)
 void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out)
 {
   rows[dt].fn(in, n, out);
+}
+
+const char *bs_decode_why_not(enum bs_dtype dt)
+{
+  if (dt == BS_DT_F6_E2M3 || dt == BS_DT_F6_E3M2)
+    return "SafeTensors does not define how 4 F6 values are packed in 3 bytes, and "
+           "producers differ: decoding with a guessed order would give wrong numbers";
+  return NULL;
 }
 
 bool bs_dtype_is_float(enum bs_dtype dt)

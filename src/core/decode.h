@@ -25,14 +25,20 @@
 #define BS_DECODE_MAX_UNIT_BYTES 512u
 
 /* True if dt decodes to F32, with its unit; false (F32 itself, integers,
- * bool, complex, and types whose decoding is not defined here: F4/F6
- * (packing order unspecified), QFLOAT, torch's quantized types). */
+ * bool, complex, and types whose decoding is not defined here: F6 (its
+ * packing order is unspecified: bs_decode_why_not), QFLOAT, torch's
+ * quantized types). F4's unit is a byte, 2 elements. */
 bool bs_decode_unit(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes);
 
 /* Decode n units of dt from in (n * bytes bytes) into out (n * elems
  * floats). dt must be one bs_decode_unit accepts; every bit pattern of the
  * input decodes to some float (no input is an error). */
 void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out);
+
+/* Why a floating dtype has no decoder, when that is a decision and not
+ * work left to do (F6: its packing is not defined), as a clause for a
+ * message; NULL otherwise. A static string. */
+const char *bs_decode_why_not(enum bs_dtype dt);
 
 /* A floating type: F64, F32, F16, BF16, FLEX32, the F8/F6/F4 types, Burn's
  * QFLOAT, torch's quantized types and ggml's blocks (not complex). */

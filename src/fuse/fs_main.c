@@ -102,7 +102,7 @@ static const char usage_rest[] =
     "  output_as=DT           writable: every floating tensor written back as DT (F32,\n"
     "                         F16 or BF16; narrowed to nearest even), also when unchanged\n"
     "  as=F32|F16|BF16        read-only: every floating tensor not stored as that dtype\n"
-    "                         shown as it, decoded on read (BF16, F16, F64, F8, every\n"
+    "                         shown as it, decoded on read (BF16, F16, F64, F8, F4, every\n"
     "                         ggml quantized type: Q4_0..Q8_1, K-quants, TQ, MXFP4, IQ;\n"
     "                         PyTorch's quantized tensors; Burn's symmetric QFloat);\n"
     "                         F16 and BF16 rounded to nearest even, as convert --as\n"
@@ -710,10 +710,11 @@ static int refuse_undecodable(const char *source, const struct bs_catalog *cat, 
       continue; /* an extraction does not write what the key options hide */
     if (t->dtype == as || !bs_dtype_is_float(t->dtype) || bs_tensor_decodable(t))
       continue;
+    const char *why = bs_decode_why_not(t->dtype);
     fprintf(stderr,
-            PROG ": %s: tensor '%s': output_as=%s: no decoder for %s yet (exclude it with -o "
-                 "exclude=REGEX)\n",
-            source, t->name, bs_dtype_name(as), bs_dtype_name(t->dtype));
+            PROG ": %s: tensor '%s': output_as=%s: %s%s%s (exclude it with -o exclude=REGEX)\n",
+            source, t->name, bs_dtype_name(as), why ? why : "no decoder for ",
+            why ? "" : bs_dtype_name(t->dtype), why ? "" : " yet");
     return -1;
   }
   return 0;

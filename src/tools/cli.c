@@ -79,6 +79,17 @@ static int fail(const char *fmt, ...)
   return -1;
 }
 
+/* Why --as cannot show a dtype: the decided reason (F6), or "no decoder
+ * for DT yet" written into buf. */
+static const char *no_decoder(enum bs_dtype dt, char *buf, size_t n)
+{
+  const char *why = bs_decode_why_not(dt);
+  if (why)
+    return why;
+  snprintf(buf, n, "no decoder for %s yet", bs_dtype_name(dt));
+  return buf;
+}
+
 static int fail_err(const char *file, const bs_err *err)
 {
   char line[700];
@@ -482,8 +493,9 @@ static int cmd_cat(int argc, char **argv)
       goto out;
     }
     if (bs_dtype_is_float(t->dtype) && t->dtype != o.as) {
-      fail("%s: tensor '%s': --as %s: no decoder for %s yet", o.pos[0], t->name,
-           bs_dtype_name(o.as), bs_dtype_name(t->dtype));
+      char why[64];
+      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as),
+           no_decoder(t->dtype, why, sizeof why));
       goto out;
     }
   }
@@ -737,10 +749,10 @@ static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
     return fail_err(in, &err);
   for (size_t i = 0; i < cat->count; i++) {
     const struct bs_tensor *t = &cat->tensors[i];
+    char why[64];
     if (!t->hidden && t->dtype != as && bs_dtype_is_float(t->dtype))
-      return fail("%s: tensor '%s': --as %s: no decoder for %s yet (exclude it with -o "
-                  "exclude=REGEX)",
-                  in, t->name, bs_dtype_name(as), bs_dtype_name(t->dtype));
+      return fail("%s: tensor '%s': --as %s: %s (exclude it with -o exclude=REGEX)", in, t->name,
+                  bs_dtype_name(as), no_decoder(t->dtype, why, sizeof why));
   }
   return 0;
 }
@@ -870,7 +882,7 @@ static const struct cmd cmds[] = {
     {"cat", "[--npy] [--as F32|F16|BF16] [-o KEYOPTS] FILE KEY",
      "Write one tensor's raw little-endian row-major bytes to stdout.\n"
      "  --npy        as a .npy file (numpy.load reads it; BF16 comes as <u2, F8 as |u1)\n"
-     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, ggml Q4_0..Q8_1,\n"
+     "  --as F32     a floating tensor decoded to F32 (BF16, F16, F64, F8, F4, ggml Q4_0..Q8_1,\n"
      "               PyTorch's quantized tensors; as -o as=F32 mounts it); integers\n"
      "               unchanged; with --npy: <f4\n"
      "  --as F16|BF16  decoded, then rounded to nearest even (as convert --as)\n",

@@ -23,7 +23,7 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
   convert   burnstore convert of a --convert-mib MiB .safetensors (64 tensors) to
             .pth, + sync, vs cp + sync of the same bytes; peak RSS of the
             convert at that size and at 1/8 of it
-  decoded   -o as=F32: first reads of BF16 and F16 decoded to F32 vs a raw
+  decoded   -o as=F32: first reads of BF16, F16 and F4 decoded to F32 vs a raw
             F32 read of the same output size (output bytes/s); -o as=F16:
             first reads of the F32 and the BF16 tensor narrowed to F16 (output
             bytes/s, against the same raw read); convert --as F16 of the BF16
@@ -764,7 +764,8 @@ def sec_decoded(a, d):
     log("decoded: %d MiB of F32 output from BF16, F16 and F32 (raw) tensors" % a.size_mib)
     src = os.path.join(d, "dec.safetensors")
     n = size // 4
-    head, _ = st_header([("raw", "F32", [n], size), ("bf", "BF16", [n], size // 2), ("h", "F16", [n], size // 2)])
+    head, _ = st_header([("raw", "F32", [n], size), ("bf", "BF16", [n], size // 2), ("h", "F16", [n], size // 2),
+                         ("f4", "F4", [n], size // 8)])
     # finite random values: random 16-bit patterns less the NaN/inf exponents
     rnd = bytearray(os.urandom(1 << 20))
     for i in range(1, len(rnd), 2):
@@ -773,9 +774,10 @@ def sec_decoded(a, d):
         f.write(head)
         for _ in range(2 * size // len(rnd)):
             f.write(rnd)
+        f.write(os.urandom(size // 8))  # F4: every byte is two values
     run(["cat", src])
     mnt = os.path.join(d, "m")
-    times = {"raw": [], "bf": [], "h": []}
+    times = {"raw": [], "bf": [], "h": [], "f4": []}
     for _ in range(a.runs):
         for k in times:
             with BS(a.bin, src, mnt, "as=F32"):
@@ -786,6 +788,9 @@ def sec_decoded(a, d):
         t = med(times[k])
         row("decoded", "first read of %s as F32 (output bytes)" % name, size / t / 1e6, "MB/s",
             size / raw / 1e6, raw / t, ">= 0.8", raw / t >= 0.8)
+    t = med(times["f4"])
+    row("decoded", "first read of F4 as F32 (output bytes; 1/8 the stored bytes)", size / t / 1e6, "MB/s",
+        size / raw / 1e6, raw / t)
     # -o as=F16: the F32 tensor shown narrowed to F16 (half the output bytes), and the BF16 one
     nar = {"raw": [], "bf": []}
     for _ in range(a.runs):

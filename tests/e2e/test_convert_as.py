@@ -7,8 +7,8 @@ tests' own reader); every float tensor equals torch's own `.to(dtype)`
 bit for bit (a NaN only has to stay a NaN: torch's scalar and vector
 paths give NaNs different payloads), integers and bools are unchanged,
 and the header says the new dtype. `cat --as F16` gives the same bytes.
-A type without a decoder (F4) is refused before anything is
-written. A 256 MiB BF16 tensor converted --as F16 costs no more peak
+A type without a decoder (F6: its packing is not defined) is refused
+before anything is written, saying why. A 256 MiB BF16 tensor converted --as F16 costs no more peak
 memory than a small one."""
 import json
 import os
@@ -107,16 +107,17 @@ def test_pth_and_safetensors(tmp):
 
 
 def test_refusals(tmp):
-    # F4 (its packing order is not specified) has no decoder
+    # F6 (SafeTensors does not define how 4 values pack in 3 bytes) has no decoder
     g = os.path.join(tmp, "k.safetensors")
-    h = json.dumps({"k": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]},
-                    "f": {"dtype": "F32", "shape": [2], "data_offsets": [2, 10]}}).encode()
+    h = json.dumps({"k": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]},
+                    "f": {"dtype": "F32", "shape": [2], "data_offsets": [3, 11]}}).encode()
     with open(g, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + bytes(10))
+        f.write(struct.pack("<Q", len(h)) + h + bytes(11))
     out = os.path.join(tmp, "k-out.safetensors")
     r = run([BIN, "convert", "-q", "--as", "F16", g, out])
-    check(r.returncode != 0 and "'k'" in r.stderr and "F4" in r.stderr and not os.path.exists(out),
-          "an F4 tensor is refused, nothing written: %r" % r.stderr)
+    check(r.returncode != 0 and "'k'" in r.stderr and "4 F6 values are packed in 3 bytes" in r.stderr
+          and r.stderr.count("\n") == 1 and not os.path.exists(out),
+          "an F6 tensor is refused in one line saying why, nothing written: %r" % r.stderr)
     r = run([BIN, "convert", "-q", "--as", "F16", "-o", "exclude=^k$", g, out])
     check(r.returncode == 0 and read_safetensors(out)[0]["f"][0] == "F16", "excluded, the rest converts: %r" % r.stderr)
     for bad in ("F64", "I32", "f16", ""):
@@ -170,13 +171,14 @@ def test_mount_output_as(tmp):
         r = run([BIN, src, mnt, "-o", opts])
         force_unmount(mnt)
         check(r.returncode != 0 and why in r.stderr, "-o %s refused: %r" % (opts, r.stderr))
-    g = os.path.join(tmp, "f4.safetensors")
-    h = json.dumps({"k": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}).encode()
+    g = os.path.join(tmp, "f6.safetensors")
+    h = json.dumps({"k": {"dtype": "F6_E3M2", "shape": [4], "data_offsets": [0, 3]}}).encode()
     with open(g, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + bytes(2))
-    r = run([BIN, g, mnt, "-o", "output=%s,output_as=F16" % os.path.join(tmp, "f4-out.safetensors")])
+        f.write(struct.pack("<Q", len(h)) + h + bytes(3))
+    r = run([BIN, g, mnt, "-o", "output=%s,output_as=F16" % os.path.join(tmp, "f6-out.safetensors")])
     force_unmount(mnt)
-    check(r.returncode != 0 and "'k'" in r.stderr and "F4" in r.stderr, "F4 source refused: %r" % r.stderr)
+    check(r.returncode != 0 and "'k'" in r.stderr and "4 F6 values are packed in 3 bytes" in r.stderr,
+          "F6 source refused saying why: %r" % r.stderr)
 
 
 def test_mount_as_narrowed(tmp):

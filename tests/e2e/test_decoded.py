@@ -9,7 +9,8 @@ start and end mid-block), through mmap, and through the .npy views (<f4);
 the xattrs name F32 and the stored dtype; every code of the five 8-bit float
 types against NumPy's decode of their descriptions; Burnpack QFloat tensors
 (block and tensor scales, bytes and packed words) the same way; integers stay; a type without a
-decoder (F4) is shown as stored with a note; `burnstore cat --as F32` (and with --npy) gives
+decoder (F6: its packing is not defined) is shown as stored with a note, and F4
+is decoded with torch's nibble order; `burnstore cat --as F32` (and with --npy) gives
 the same bytes; writable mounts refuse the option; a 256 MiB
 BF16 tensor read whole costs the daemon no more peak memory than a small one."""
 import io
@@ -485,20 +486,109 @@ def test_gguf_blocks(tmp):
     check(r.returncode == 2 and b"--as needs F32, F16 or BF16" in r.stderr, "cat --as F64 refused: %r" % r.stderr)
 
 
-def test_no_decoder(tmp):
-    """A floating dtype without a decoder (F4: its packing order is not
-    specified) is shown as stored, with a note; cat --as F32 refuses it."""
+def e2m1_table():
+    """The 16 E2M1 codes (OCP MX 1.0, section 5.3.3) as float32, from the
+    description: sign bit 3, exponent bits 1-2 (bias 1), mantissa bit 0;
+    exponent 0 is subnormal (mantissa x 0.5). No infinity, no NaN; code 8
+    is -0."""
+    vals = []
+    for c in range(16):
+        e, m = (c >> 1) & 3, c & 1
+        v = m * 0.5 if e == 0 else (1 + m / 2) * 2.0 ** (e - 1)
+        vals.append(-v if c & 8 else v)
+    return np.array(vals, dtype=np.float32)
+
+
+def f4_decode(raw, shape):
+    """F4 bytes as torch's float4_e2m1fn_x2 holds them (the storage bytes
+    safetensors' torch binding writes): element 2j in the low nibble of
+    byte j, element 2j + 1 in the high one."""
+    b = np.frombuffer(raw, dtype=np.uint8)
+    codes = np.empty(2 * len(b), dtype=np.uint8)
+    codes[0::2], codes[1::2] = b & 0x0F, b >> 4
+    return e2m1_table()[codes].reshape(shape)
+
+
+def write_st_tensors(path, tensors):
+    """tensors: {name: (dtype, shape, bytes)}, in that order, no padding."""
+    import json
+    h, off = {}, 0
+    for k, (dt, shape, b) in tensors.items():
+        h[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    hb = json.dumps(h).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + b"".join(b for _, _, b in tensors.values()))
+
+
+F6_WHY = "SafeTensors does not define how 4 F6 values are packed in 3 bytes"
+
+
+def test_f4_and_f6(tmp):
+    """F4 (E2M1, two a byte) is decoded: every code in both nibbles, in a
+    [6, 10] tensor, equals NumPy's decode of the description with the
+    nibble order of torch's float4_e2m1fn_x2, through as=F32 (reads at odd
+    offsets, mmap, the .npy view, the xattrs), cat --as F32, convert --as
+    F16 (NumPy's astype(float16)) and a .pth written from a writable mount
+    and read back decoded. F6 (4 values in 3 bytes, in an order SafeTensors
+    does not define) stays as stored with a note saying so; cat --as F32
+    refuses it saying the same."""
+    rng = np.random.default_rng(4)
+    f4 = bytes([c | (15 - c) << 4 for c in range(16)]) + rng.integers(0, 256, 14, dtype=np.uint8).tobytes()
+    f6 = rng.integers(0, 256, 12, dtype=np.uint8).tobytes()
+    ts = {"w": ("F4", [6, 10], f4), "s": ("F6_E2M3", [2, 8], f6), "t": ("F6_E3M2", [4], f6[:3])}
     src = os.path.join(tmp, "f4.safetensors")
-    write_st(src, "w", "F4", [2, 8], 8)
-    with Mount(src, os.path.join(tmp, "mf"), "as=F32") as m:
+    write_st_tensors(src, ts)
+    want = f4_decode(f4, (6, 10))
+    check(sorted(set(want.view(np.uint32).ravel().tolist())) == sorted(set(e2m1_table().view(np.uint32).tolist())),
+          "the tensor holds every E2M1 code (both zeros)")
+    check(want[0, 0] == 0 and want[0, 1] == -6 and want[1, 6] == 0 and np.signbit(want[1, 6]) and want[1, 7] == 6,
+          "byte 0 is 0 then -6, byte 8 is -0 then 6 (element 2j in the low nibble)")
+    with Mount(src, os.path.join(tmp, "m"), "as=F32,npy") as m:
         w = os.path.join(m, "w")
-        check(os.getxattr(w, X + "dtype") == b"F4" and os.path.getsize(w) == 8, "F4 shown as stored")
+        check_file(w, want, "F4 as F32")
+        check_npy(w + ".npy", want, "F4 .npy")
+        check(os.getxattr(w, X + "dtype") == b"F32" and os.getxattr(w, X + "stored_dtype") == b"F4",
+              "xattrs: F32, stored F4")
+        check(os.getxattr(w, X + "shape") == b"[6,10]", "shape: %r" % os.getxattr(w, X + "shape"))
+        for k in ("s", "t"):
+            p = os.path.join(m, k)
+            check(os.getxattr(p, X + "dtype") == ts[k][0].encode() and read_all(p) == ts[k][2],
+                  "%s: %s shown as stored" % (k, ts[k][0]))
+            check(X + "stored_dtype" not in os.listxattr(p), "%s: no stored_dtype" % k)
         notes = os.getxattr(m, X + "notes").decode()
-        check("as=F32: 1 F4 tensor shown as stored (no decoder for F4)" in notes, "the note: %r" % notes)
+        for dt in ("F6_E2M3", "F6_E3M2"):
+            check("as=F32: 1 %s tensor shown as stored (%s" % (dt, F6_WHY) in notes
+                  and "a guessed order would give wrong numbers" in notes, "the note: %r" % notes)
+        check("F4" not in notes, "no note for F4: %r" % notes)
     r = subprocess.run([BIN, "cat", "--as", "F32", src, "w"], capture_output=True, timeout=DEADLINE)
+    check(r.returncode == 0 and r.stdout == want.astype("<f4").tobytes(), "cat --as F32 of F4: %r" % r.stderr)
+    r = subprocess.run([BIN, "cat", "--as", "F32", src, "s"], capture_output=True, timeout=DEADLINE)
     err = r.stderr.decode()
-    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and "no decoder for F4" in err,
-          "cat --as F32 of an F4 refused in one line: %r" % err)
+    check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and F6_WHY in err,
+          "cat --as F32 of an F6 refused in one line saying why: %r" % err)
+    # convert --as F16 (F6 left out): NumPy's astype(float16), the header F16
+    out = os.path.join(tmp, "f4-f16.safetensors")
+    r = run([BIN, "convert", "-q", "--as", "F16", "-o", "exclude=^[st]$", src, out])
+    if check(r.returncode == 0, "convert --as F16: %r" % r.stderr):
+        r = subprocess.run([BIN, "cat", out, "w"], capture_output=True, timeout=DEADLINE)
+        check(r.stdout == want.astype("<f2").tobytes(), "convert --as F16 of F4 = NumPy's astype(float16)")
+        r = run([BIN, "ls", out])
+        check(r.stdout == "w\tF16\t[6,10]\t120\n", "ls: %r" % r.stdout)
+    # unchanged bytes through a copy (the writers keep F4's bytes as they are)
+    cp = os.path.join(tmp, "copy.safetensors")
+    r = run([BIN, "convert", "-q", src, cp])
+    r2 = subprocess.run([BIN, "cat", cp, "w"], capture_output=True, timeout=DEADLINE)
+    check(r.returncode == 0 and r2.stdout == f4, "convert (no --as) keeps F4's bytes: %r" % r.stderr)
+    # .pth written from a writable mount (torch's float4_e2m1fn_x2), read back decoded
+    pth = os.path.join(tmp, "f4.pth")
+    with Mount(src, os.path.join(tmp, "mw"), "output=%s,exclude=^[st]$" % pth) as m:
+        check(read_all(os.path.join(m, "w")) == f4, "the writable mount shows F4 as stored")
+    if check(os.path.exists(pth), "the .pth was written"):
+        with Mount(pth, os.path.join(tmp, "mp"), "as=F32") as m:
+            w = os.path.join(m, "w")
+            check_file(w, want, ".pth F4 as F32")
+            check(os.getxattr(w, X + "stored_dtype") == b"F4", ".pth: stored_dtype F4")
 
 
 def f8_decode(name, b):
@@ -684,5 +774,5 @@ def test_memory_independent_of_size(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_f8_every_code, test_burn_qfloat, test_no_decoder, test_refusals, test_memory_independent_of_size],
+    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_f8_every_code, test_burn_qfloat, test_f4_and_f6, test_refusals, test_memory_independent_of_size],
               "decoded")
