@@ -480,6 +480,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_err(req, rc);
     return;
   }
+  fs_readahead_apply(fs);         /* (once: before the kernel takes a file's read-ahead) */
   fi->keep_cache = !fs->writable; /* the files of a read-only mount never change */
   /* -o direct_io: no page cache, requests up to max_read (fs_main.c sets it
    * just under libfuse's 1 MiB splice pipe). libfuse 3.14 cannot allow
