@@ -12,6 +12,7 @@
  * (at most half the cache) and goes out as parallel requests of 4 blocks on
  * a pool of threads. curl easy handles are not thread-safe: each request
  * takes one from a small pool (connections are reused through it). */
+#include <assert.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -191,6 +192,7 @@ struct bs_http_block {
   uint64_t id, idx, used;
   uint8_t *data; /* NULL: a free slot */
   size_t len;
+  unsigned pins; /* readers replying from data: neither evicted nor replaced */
 };
 
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
@@ -311,23 +313,60 @@ void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx,
   }
   pthread_mutex_lock(&c->lock);
   struct bs_http_block *b = cache_find(c, id, idx);
-  if (b && b->len >= len) { /* as long already (another reader's): keep it */
+  /* As long already (another reader's), or shorter but pinned (its bytes
+   * are being sent): keep it. */
+  if (b && (b->len >= len || b->pins)) {
     b->used = ++c->tick;
     spare_put(c, data, len);
     pthread_mutex_unlock(&c->lock);
     return;
   }
-  if (!b) { /* a free slot, else the least recently used */
-    b = &c->b[0];
-    for (size_t i = 0; i < c->nmax && b->data; i++)
-      if (!c->b[i].data || c->b[i].used < b->used)
-        b = &c->b[i];
+  if (!b) { /* a free slot, else the least recently used that is not pinned */
+    for (size_t i = 0; i < c->nmax; i++) {
+      struct bs_http_block *x = &c->b[i];
+      if (!x->data) {
+        b = x;
+        break;
+      }
+      if (!x->pins && (!b || x->used < b->used))
+        b = x;
+    }
+    if (!b) { /* every block pinned: this one is not kept */
+      spare_put(c, data, len);
+      pthread_mutex_unlock(&c->lock);
+      return;
+    }
   }
   if (!b->data)
     c->n++;
   else
     spare_put(c, b->data, b->len);
   *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = data, .len = len};
+  pthread_mutex_unlock(&c->lock);
+}
+
+bool bs_http_cache_pin(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, size_t n,
+                       const uint8_t **p)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  bool ok = b && off <= b->len && n <= b->len - off;
+  if (ok) {
+    b->used = ++c->tick;
+    b->pins++;
+    *p = b->data + off;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return ok;
+}
+
+void bs_http_cache_unpin(struct bs_http_cache *c, uint64_t id, uint64_t idx)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  assert(b && b->pins > 0); /* (a pinned block stays) */
+  if (b && b->pins)
+    b->pins--;
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -1291,9 +1330,11 @@ static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, s
   return rc;
 }
 
-static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+/* A read of [off, off + n): note where reading got to, start read-ahead;
+ * the read-ahead depth in blocks, *blk_end the end of the read's last
+ * block (within the file). */
+static uint64_t read_begins(struct http *h, uint64_t off, size_t n, uint64_t *blk_end)
 {
-  struct http *h = s->impl;
   struct bs_http_cache *c = &h->sh->cache;
   const uint64_t near = (uint64_t)RA_MAX * BLOCK;
   /* Reading on from where reading got to (the kernel's parallel read-ahead
@@ -1312,11 +1353,21 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
   if (ra > c->nmax / 2) /* never so far ahead that it evicts itself */
     ra = c->nmax / 2;
   uint64_t need_end = off + n; /* the read's blocks, whole, then ra more */
-  uint64_t blk_end = (need_end + BLOCK - 1) / BLOCK * BLOCK;
-  if (blk_end > h->size)
-    blk_end = h->size;
+  uint64_t be = (need_end + BLOCK - 1) / BLOCK * BLOCK;
+  if (be > h->size)
+    be = h->size;
   if (ra)
-    read_ahead(h, blk_end / BLOCK, ra);
+    read_ahead(h, be / BLOCK, ra);
+  *blk_end = be;
+  return ra;
+}
+
+static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  struct http *h = s->impl;
+  struct bs_http_cache *c = &h->sh->cache;
+  uint64_t blk_end, need_end = off + n;
+  uint64_t ra = read_begins(h, off, n, &blk_end);
   size_t got = 0;
   int waits = 0;
   const uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
@@ -1346,6 +1397,63 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
     waits = 0;
   }
   return (long)got;
+}
+
+static void http_view_put(const struct bs_src *s, struct bs_src_view *v)
+{
+  struct http *h = s->impl;
+  for (size_t i = 0; i < v->count; i++)
+    bs_http_cache_unpin(&h->sh->cache, h->id, v->pin[i]);
+  v->count = 0;
+}
+
+/* The bytes lent from the cache blocks themselves (pinned), fetched first
+ * as http_pread fetches them; -EAGAIN when they do not stay in the cache
+ * long enough to be pinned (a cache smaller than what is in flight). */
+static int http_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_src_view *v)
+{
+  struct http *h = s->impl;
+  struct bs_http_cache *c = &h->sh->cache;
+  const uint64_t first = off / BLOCK, last = (off + n - 1) / BLOCK;
+  v->count = 0;
+  if (last - first >= BS_SRC_SPANS)
+    return -EAGAIN;
+  uint64_t blk_end, need_end = off + n;
+  uint64_t ra = read_begins(h, off, n, &blk_end);
+  const uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
+  int waits = 0, fetches = 0;
+  for (;;) {
+    if (atomic_load(&h->gone))
+      return -EIO;
+    uint64_t miss = UINT64_MAX;
+    for (uint64_t idx = first; idx <= last; idx++) {
+      uint64_t b0 = idx * BLOCK, from = off > b0 ? off : b0;
+      uint64_t to = need_end < b0 + BLOCK ? need_end : b0 + BLOCK;
+      const uint8_t *p;
+      if (!bs_http_cache_pin(c, h->id, idx, (size_t)(from - b0), (size_t)(to - from), &p)) {
+        miss = from;
+        break;
+      }
+      v->p[v->count] = p;
+      v->n[v->count] = (size_t)(to - from);
+      v->pin[v->count++] = idx;
+    }
+    if (miss == UINT64_MAX)
+      return 0;
+    http_view_put(s, v);
+    if (fetches >= 3) /* fetched, and evicted before it was pinned */
+      return -EAGAIN;
+    size_t k = 0;
+    int rc = fetch_miss(h, miss, ra ? blk_end : need_end, NULL, 0, &k, waits < 4, deadline);
+    if (rc == 1) {
+      waits++;
+      continue;
+    }
+    if (rc != 0)
+      return rc;
+    waits = 0;
+    fetches++;
+  }
 }
 
 static bool http_changed(const struct bs_src *s, char *why, size_t n)
@@ -1415,6 +1523,8 @@ static bool http_remote(const struct bs_src *s, const char **reopen, const char 
 
 static const struct bs_src_ops http_ops = {
     .pread = http_pread,
+    .view = http_view,
+    .view_put = http_view_put,
     .changed = http_changed,
     .open_sibling = http_sibling,
     .remote = http_remote,
