@@ -606,7 +606,9 @@ struct http {
   uint64_t ahead;   /* read-ahead asked for up to this block (under lock) */
   /* The last failed read's range, and until when (CLOCK_MONOTONIC ms) a
    * read that overlaps it fails at once, unlogged: the kernel reads a
-   * range again after an error (a line and the retries once) (under lock) */
+   * range again after an error (a line and the retries once). The range
+   * the reader asked for: a read of the next tensor in the same block
+   * fetches again, and logs its own failure (under lock) */
   uint64_t bad_from, bad_to, bad_until;
   char *eff;     /* where url redirects to, or NULL (under lock) */
   bool eff_auth; /* eff is on url's host: the token goes there too (under lock) */
@@ -1012,11 +1014,6 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
   struct xfer x = {0};
   char msg[256];
   pthread_mutex_lock(&h->lock);
-  bool bad = !quiet && off < h->bad_to && off + n > h->bad_from && now_ms() < h->bad_until;
-  pthread_mutex_unlock(&h->lock);
-  if (bad)
-    return -EIO;
-  pthread_mutex_lock(&h->lock);
   char *eff = h->eff ? bs_strdup(h->eff) : NULL;
   bool auth = h->eff_auth, had_eff = h->eff != NULL;
   pthread_mutex_unlock(&h->lock);
@@ -1056,12 +1053,31 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
   if (rc != 0 && rc != -ECANCELED && !quiet) {
     fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
             (unsigned long long)off, msg);
-    pthread_mutex_lock(&h->lock);
-    h->bad_from = off;
-    h->bad_to = off + n;
-    h->bad_until = now_ms() + BAD_MS;
-    pthread_mutex_unlock(&h->lock);
   }
+  return rc;
+}
+
+/* A read of [off, off + n) overlaps the last failed read's range, recently:
+ * it fails at once. */
+static bool bad_now(struct http *h, uint64_t off, size_t n)
+{
+  pthread_mutex_lock(&h->lock);
+  bool bad = off < h->bad_to && off + n > h->bad_from && now_ms() < h->bad_until;
+  pthread_mutex_unlock(&h->lock);
+  return bad;
+}
+
+/* A read failed with rc: its range (the reader's, not the fetch's, which
+ * reaches into the next tensor's bytes) fails at once for BAD_MS. */
+static int bad_note(struct http *h, uint64_t off, size_t n, int rc)
+{
+  if (rc == -ECANCELED || atomic_load(&h->gone))
+    return rc;
+  pthread_mutex_lock(&h->lock);
+  h->bad_from = off;
+  h->bad_to = off + n;
+  h->bad_until = now_ms() + BAD_MS;
+  pthread_mutex_unlock(&h->lock);
   return rc;
 }
 
@@ -1367,6 +1383,8 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
   struct http *h = s->impl;
   struct bs_http_cache *c = &h->sh->cache;
   uint64_t blk_end, need_end = off + n;
+  if (bad_now(h, off, n))
+    return -EIO;
   uint64_t ra = read_begins(h, off, n, &blk_end);
   size_t got = 0;
   int waits = 0;
@@ -1392,7 +1410,7 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
       continue;
     }
     if (rc != 0)
-      return rc;
+      return bad_note(h, off, n, rc);
     got += k2;
     waits = 0;
   }
@@ -1419,6 +1437,8 @@ static int http_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_s
   if (last - first >= BS_SRC_SPANS)
     return -EAGAIN;
   uint64_t blk_end, need_end = off + n;
+  if (bad_now(h, off, n))
+    return -EIO;
   uint64_t ra = read_begins(h, off, n, &blk_end);
   const uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
   int waits = 0, fetches = 0;
@@ -1450,7 +1470,7 @@ static int http_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_s
       continue;
     }
     if (rc != 0)
-      return rc;
+      return bad_note(h, off, n, rc);
     waits = 0;
     fetches++;
   }
