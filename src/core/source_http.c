@@ -10,8 +10,9 @@
  * the cache takes over. A read that is not (yet) sequential fetches what it
  * asked for; while a file is read on, read-ahead doubles up to 32 blocks
  * (at most half the cache) and goes out as parallel requests of 4 blocks on
- * a pool of threads. curl easy handles are not thread-safe: each request
- * takes one from a small pool (connections are reused through it). */
+ * a pool of threads (4 at once, 8 on a link with latency). A FUSE read is
+ * answered from the blocks themselves (http_view: pinned, not copied). curl easy handles are not
+ * thread-safe: each request takes one from a small pool (connections are reused through it). */
 #include <assert.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -33,7 +34,9 @@ enum {
   FIRST = 64 << 10,       /* the opening request's bytes (a header's start) */
   RA_MAX = 32,            /* read-ahead: at most this many blocks ahead */
   CHUNK = 4,              /* blocks of one read-ahead request */
-  WORKERS = 4,            /* read-ahead threads (all sources) */
+  WORKERS = 4,            /* read-ahead requests at once (all sources) */
+  WORKERS_FAR = 8,        /* the same on a link with latency (threads) */
+  FAR_US = 5000,          /* a request's first byte later than this: latency */
   HANDLES_KEPT = 8,       /* idle curl handles kept for reuse */
   TRIES = 6,              /* attempts of one request (5 retries) */
   BACKOFF_MS = 200,       /* first retry's wait, doubled each time */
@@ -48,6 +51,10 @@ enum {
   BAD_MS = 2000,          /* a failed range fails again at once this long */
 };
 #define CACHE_DEFAULT ((uint64_t)64 << 20)
+
+/* The last request's first byte came after FAR_US: WORKERS_FAR requests at
+ * once cover the round trips (on loopback, 8 were slower than 4). */
+static atomic_bool far_link;
 
 /* ---- pure pieces (http.h) ---- */
 
@@ -887,6 +894,9 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     }
     curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10); /* fewer, larger body callbacks */
     CURLcode cc = curl_easy_perform(c);
+    curl_off_t ttfb = 0; /* (a reused connection's: the round trip and the server) */
+    if (cc == CURLE_OK && curl_easy_getinfo(c, CURLINFO_STARTTRANSFER_TIME_T, &ttfb) == CURLE_OK)
+      atomic_store(&far_link, ttfb > FAR_US);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
     *out = r.x;
@@ -1104,6 +1114,7 @@ static pthread_cond_t fly_work = PTHREAD_COND_INITIALIZER;   /* a fetch queued *
 static struct fly fly[FLYING];                               /* (under fly_lock) */
 static uint64_t fly_seq;                                     /* (under fly_lock) */
 static int fly_threads;                                      /* (under fly_lock) */
+static int fly_busy; /* read-ahead threads fetching (under fly_lock) */
 
 static bool fly_running(const struct http *h)
 {
@@ -1132,7 +1143,7 @@ static void fork_child(void)
    * waiters: new ones. */
   for (int i = 0; i < FLYING; i++)
     fly[i].on = false;
-  fly_threads = 0;
+  fly_threads = fly_busy = 0;
   pthread_cond_init(&fly_landed, NULL);
   pthread_cond_init(&fly_work, NULL);
   pthread_mutex_unlock(&fly_lock);
@@ -1230,11 +1241,12 @@ static void *fly_thread(void *arg)
     for (int i = 0; i < FLYING; i++)
       if (fly[i].on && fly[i].queued && (j < 0 || fly[i].seq < fly[j].seq))
         j = i;
-    if (j < 0) {
+    if (j < 0 || fly_busy >= (atomic_load(&far_link) ? WORKERS_FAR : WORKERS)) {
       pthread_cond_wait(&fly_work, &fly_lock);
       continue;
     }
     fly[j].queued = false;
+    fly_busy++;
     struct http *h = fly[j].h;
     uint64_t from = fly[j].from, to = fly[j].to;
     pthread_mutex_unlock(&fly_lock);
@@ -1243,7 +1255,9 @@ static void *fly_thread(void *arg)
     (void)fetch_into_cache(h, from, from * BLOCK, end, 0, NULL, 0, deadline, true);
     pthread_mutex_lock(&fly_lock);
     fly[j].on = false;
+    fly_busy--;
     pthread_cond_broadcast(&fly_landed);
+    pthread_cond_signal(&fly_work); /* (a thread held back by the limit) */
   }
   return NULL;
 }
@@ -1267,7 +1281,7 @@ static void read_ahead(struct http *h, uint64_t from, uint64_t count)
   if (!go)
     return;
   pthread_mutex_lock(&fly_lock);
-  while (fly_threads < WORKERS) {
+  while (fly_threads < WORKERS_FAR) {
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
