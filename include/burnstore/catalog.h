@@ -156,6 +156,16 @@ bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t,
                         uint64_t *abs_off);
 void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, int fd);
 
+/* Bytes [off, off + n) of the tensor (clamped to nbytes; off < nbytes, n >
+ * 0), lent from its source's memory without a copy (bs_src_view): 0 with v
+ * filled (release with bs_tensor_view_put), -EAGAIN or -ENOTSUP (read with
+ * bs_tensor_read: a source that holds no bytes in memory, a strided or
+ * decoded tensor), or -errno (-EIO also when the source changed). */
+int bs_tensor_view(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off, size_t n,
+                   struct bs_src_view *v);
+void bs_tensor_view_put(const struct bs_catalog *cat, const struct bs_tensor *t,
+                        struct bs_src_view *v);
+
 /* Validate a strided view against its storage (strides >= 0, max element
  * within storage_bytes). Called by readers that set strides. */
 BS_NODISCARD int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err);

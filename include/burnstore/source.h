@@ -16,6 +16,17 @@
 
 struct bs_src;
 
+/* Bytes a source holds in its own memory, lent without a copy (a reply
+ * sent straight from them): up to BS_SRC_SPANS pieces, in order, pinned
+ * until bs_src_view_put. `pin` is the kind's. */
+#define BS_SRC_SPANS 4
+struct bs_src_view {
+  const void *p[BS_SRC_SPANS];
+  size_t n[BS_SRC_SPANS];
+  size_t count;
+  uint64_t pin[BS_SRC_SPANS];
+};
+
 /* Who a file source was at open (a file-backed source's identity), for the
  * INDEX of a write-back and for "is this output file my source?". */
 struct bs_src_ident {
@@ -41,6 +52,12 @@ struct bs_src_ops {
    * NULL: never an fd (a network source); callers pread instead. */
   int (*fd_get)(const struct bs_src *s);
   void (*fd_put)(const struct bs_src *s, int fd);
+  /* Lend the n bytes at off (off < s->size, 0 < n <= s->size - off, all
+   * of them) in *v, pinned until view_put: 0, -EAGAIN when they cannot be
+   * lent now (more than BS_SRC_SPANS pieces, a cache too small to keep
+   * them: pread them instead), or -errno as pread. NULL: never. */
+  int (*view)(const struct bs_src *s, uint64_t off, size_t n, struct bs_src_view *v);
+  void (*view_put)(const struct bs_src *s, struct bs_src_view *v);
   /* The file's identity at open; false when the source is no file. */
   bool (*ident)(const struct bs_src *s, struct bs_src_ident *id);
   /* A remote source's URL and validator (bs_src_remote). NULL: not remote. */
@@ -156,6 +173,11 @@ bool bs_src_changed(const struct bs_src *s, char *why, size_t n);
  * bs_src_fd_put; -1 when the source has none (read with bs_src_pread). */
 int bs_src_fd_get(const struct bs_src *s);
 void bs_src_fd_put(const struct bs_src *s, int fd); /* no-op for fd -1 */
+/* The n bytes at off lent without a copy (the source's ops->view): 0 with
+ * v filled (release with bs_src_view_put), -EAGAIN or -ENOTSUP (read with
+ * bs_src_pread instead), or -errno. Thread-safe. */
+int bs_src_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_src_view *v);
+void bs_src_view_put(const struct bs_src *s, struct bs_src_view *v);
 /* The file's identity at open; false when the source is not a file. */
 bool bs_src_ident(const struct bs_src *s, struct bs_src_ident *id);
 

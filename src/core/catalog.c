@@ -227,6 +227,32 @@ void bs_tensor_fd_put(const struct bs_catalog *cat, const struct bs_tensor *t, i
     bs_src_fd_put(&cat->srcs[t->src], fd);
 }
 
+int bs_tensor_view(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off, size_t n,
+                   struct bs_src_view *v)
+{
+  v->count = 0;
+  if (t->strides || t->unsupported || t->decoded || t->src >= cat->nsrcs)
+    return -ENOTSUP;
+  if (off >= t->nbytes || n == 0)
+    return -EINVAL;
+  if (n > t->nbytes - off)
+    n = (size_t)(t->nbytes - off);
+  const struct bs_src *s = &cat->srcs[t->src];
+  int rc = bs_src_view(s, t->off + off, n, v);
+  if (rc == 0 && bs_src_changed(s, NULL, 0)) {
+    bs_src_view_put(s, v);
+    rc = -EIO;
+  }
+  return rc;
+}
+
+void bs_tensor_view_put(const struct bs_catalog *cat, const struct bs_tensor *t,
+                        struct bs_src_view *v)
+{
+  if (t->src < cat->nsrcs)
+    bs_src_view_put(&cat->srcs[t->src], v);
+}
+
 int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)
 {
   uint64_t numel;

@@ -67,6 +67,13 @@ void bs_http_cache_unused(struct bs_http_cache *c, uint8_t *data, size_t len);
  * bytes copied, 0 when it is not held. */
 size_t bs_http_cache_prefix(struct bs_http_cache *c, uint64_t id, uint64_t idx, void *dst,
                             size_t max);
+/* Pin block (id, idx) if it holds bytes [off, off + n) of it: *p points
+ * at them until bs_http_cache_unpin (a reply sent straight from the
+ * block). A pinned block is neither evicted nor replaced by a longer one;
+ * when every block is pinned a new one is not kept. false: a miss. */
+bool bs_http_cache_pin(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, size_t n,
+                       const uint8_t **p);
+void bs_http_cache_unpin(struct bs_http_cache *c, uint64_t id, uint64_t idx);
 /* Whether block (id, idx) is held with at least len bytes. */
 bool bs_http_cache_has(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t len);
 /* Bytes held now (the blocks' sizes). */

@@ -119,6 +119,23 @@ void bs_src_fd_put(const struct bs_src *s, int fd)
     s->ops->fd_put(s, fd);
 }
 
+int bs_src_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_src_view *v)
+{
+  v->count = 0;
+  if (!s->ops || !s->ops->view)
+    return -ENOTSUP;
+  if (n == 0 || !bs_range_ok(off, n, s->size))
+    return -EINVAL;
+  return s->ops->view(s, off, n, v);
+}
+
+void bs_src_view_put(const struct bs_src *s, struct bs_src_view *v)
+{
+  if (v->count && s->ops && s->ops->view_put)
+    s->ops->view_put(s, v);
+  v->count = 0;
+}
+
 bool bs_src_ident(const struct bs_src *s, struct bs_src_ident *id)
 {
   return s->ops && s->ops->ident && s->ops->ident(s, id);
@@ -733,6 +750,16 @@ static void view_fd_put(const struct bs_src *s, int fd)
   bs_src_fd_put(lender(s), fd);
 }
 
+static int view_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_src_view *v)
+{
+  return bs_src_view(lender(s), off, n, v);
+}
+
+static void view_view_put(const struct bs_src *s, struct bs_src_view *v)
+{
+  bs_src_view_put(lender(s), v);
+}
+
 static bool view_ident(const struct bs_src *s, struct bs_src_ident *id)
 {
   return bs_src_ident(lender(s), id);
@@ -749,6 +776,8 @@ static const struct bs_src_ops view_ops = {
     .open_sibling = view_sibling,
     .fd_get = view_fd_get,
     .fd_put = view_fd_put,
+    .view = view_view,
+    .view_put = view_view_put,
     .ident = view_ident,
     .remote = view_remote,
     .release = no_release,

@@ -10,8 +10,10 @@
  * the cache takes over. A read that is not (yet) sequential fetches what it
  * asked for; while a file is read on, read-ahead doubles up to 32 blocks
  * (at most half the cache) and goes out as parallel requests of 4 blocks on
- * a pool of threads. curl easy handles are not thread-safe: each request
- * takes one from a small pool (connections are reused through it). */
+ * a pool of threads (4 at once, 8 on a link with latency). A FUSE read is
+ * answered from the blocks themselves (http_view: pinned, not copied). curl easy handles are not
+ * thread-safe: each request takes one from a small pool (connections are reused through it). */
+#include <assert.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -32,7 +34,9 @@ enum {
   FIRST = 64 << 10,       /* the opening request's bytes (a header's start) */
   RA_MAX = 32,            /* read-ahead: at most this many blocks ahead */
   CHUNK = 4,              /* blocks of one read-ahead request */
-  WORKERS = 4,            /* read-ahead threads (all sources) */
+  WORKERS = 4,            /* read-ahead requests at once (all sources) */
+  WORKERS_FAR = 8,        /* the same on a link with latency (threads) */
+  FAR_US = 5000,          /* a request's first byte later than this: latency */
   HANDLES_KEPT = 8,       /* idle curl handles kept for reuse */
   TRIES = 6,              /* attempts of one request (5 retries) */
   BACKOFF_MS = 200,       /* first retry's wait, doubled each time */
@@ -47,6 +51,10 @@ enum {
   BAD_MS = 2000,          /* a failed range fails again at once this long */
 };
 #define CACHE_DEFAULT ((uint64_t)64 << 20)
+
+/* The last request's first byte came after FAR_US: WORKERS_FAR requests at
+ * once cover the round trips (on loopback, 8 were slower than 4). */
+static atomic_bool far_link;
 
 /* ---- pure pieces (http.h) ---- */
 
@@ -191,6 +199,7 @@ struct bs_http_block {
   uint64_t id, idx, used;
   uint8_t *data; /* NULL: a free slot */
   size_t len;
+  unsigned pins; /* readers replying from data: neither evicted nor replaced */
 };
 
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
@@ -311,23 +320,60 @@ void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx,
   }
   pthread_mutex_lock(&c->lock);
   struct bs_http_block *b = cache_find(c, id, idx);
-  if (b && b->len >= len) { /* as long already (another reader's): keep it */
+  /* As long already (another reader's), or shorter but pinned (its bytes
+   * are being sent): keep it. */
+  if (b && (b->len >= len || b->pins)) {
     b->used = ++c->tick;
     spare_put(c, data, len);
     pthread_mutex_unlock(&c->lock);
     return;
   }
-  if (!b) { /* a free slot, else the least recently used */
-    b = &c->b[0];
-    for (size_t i = 0; i < c->nmax && b->data; i++)
-      if (!c->b[i].data || c->b[i].used < b->used)
-        b = &c->b[i];
+  if (!b) { /* a free slot, else the least recently used that is not pinned */
+    for (size_t i = 0; i < c->nmax; i++) {
+      struct bs_http_block *x = &c->b[i];
+      if (!x->data) {
+        b = x;
+        break;
+      }
+      if (!x->pins && (!b || x->used < b->used))
+        b = x;
+    }
+    if (!b) { /* every block pinned: this one is not kept */
+      spare_put(c, data, len);
+      pthread_mutex_unlock(&c->lock);
+      return;
+    }
   }
   if (!b->data)
     c->n++;
   else
     spare_put(c, b->data, b->len);
   *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = data, .len = len};
+  pthread_mutex_unlock(&c->lock);
+}
+
+bool bs_http_cache_pin(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, size_t n,
+                       const uint8_t **p)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  bool ok = b && off <= b->len && n <= b->len - off;
+  if (ok) {
+    b->used = ++c->tick;
+    b->pins++;
+    *p = b->data + off;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return ok;
+}
+
+void bs_http_cache_unpin(struct bs_http_cache *c, uint64_t id, uint64_t idx)
+{
+  pthread_mutex_lock(&c->lock);
+  struct bs_http_block *b = cache_find(c, id, idx);
+  assert(b && b->pins > 0); /* (a pinned block stays) */
+  if (b && b->pins)
+    b->pins--;
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -591,7 +637,9 @@ struct http {
   uint64_t ahead;   /* read-ahead asked for up to this block (under lock) */
   /* The last failed read's range, and until when (CLOCK_MONOTONIC ms) a
    * read that overlaps it fails at once, unlogged: the kernel reads a
-   * range again after an error (a line and the retries once) (under lock) */
+   * range again after an error (a line and the retries once). The range
+   * the reader asked for: a read of the next tensor in the same block
+   * fetches again, and logs its own failure (under lock) */
   uint64_t bad_from, bad_to, bad_until;
   char *eff;     /* where url redirects to, or NULL (under lock) */
   bool eff_auth; /* eff is on url's host: the token goes there too (under lock) */
@@ -870,6 +918,9 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     }
     curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10); /* fewer, larger body callbacks */
     CURLcode cc = curl_easy_perform(c);
+    curl_off_t ttfb = 0; /* (a reused connection's: the round trip and the server) */
+    if (cc == CURLE_OK && curl_easy_getinfo(c, CURLINFO_STARTTRANSFER_TIME_T, &ttfb) == CURLE_OK)
+      atomic_store(&far_link, ttfb > FAR_US);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
     *out = r.x;
@@ -997,11 +1048,6 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
   struct xfer x = {0};
   char msg[256];
   pthread_mutex_lock(&h->lock);
-  bool bad = !quiet && off < h->bad_to && off + n > h->bad_from && now_ms() < h->bad_until;
-  pthread_mutex_unlock(&h->lock);
-  if (bad)
-    return -EIO;
-  pthread_mutex_lock(&h->lock);
   char *eff = h->eff ? bs_strdup(h->eff) : NULL;
   bool auth = h->eff_auth, had_eff = h->eff != NULL;
   pthread_mutex_unlock(&h->lock);
@@ -1041,12 +1087,31 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
   if (rc != 0 && rc != -ECANCELED && !quiet) {
     fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
             (unsigned long long)off, msg);
-    pthread_mutex_lock(&h->lock);
-    h->bad_from = off;
-    h->bad_to = off + n;
-    h->bad_until = now_ms() + BAD_MS;
-    pthread_mutex_unlock(&h->lock);
   }
+  return rc;
+}
+
+/* A read of [off, off + n) overlaps the last failed read's range, recently:
+ * it fails at once. */
+static bool bad_now(struct http *h, uint64_t off, size_t n)
+{
+  pthread_mutex_lock(&h->lock);
+  bool bad = off < h->bad_to && off + n > h->bad_from && now_ms() < h->bad_until;
+  pthread_mutex_unlock(&h->lock);
+  return bad;
+}
+
+/* A read failed with rc: its range (the reader's, not the fetch's, which
+ * reaches into the next tensor's bytes) fails at once for BAD_MS. */
+static int bad_note(struct http *h, uint64_t off, size_t n, int rc)
+{
+  if (rc == -ECANCELED || atomic_load(&h->gone))
+    return rc;
+  pthread_mutex_lock(&h->lock);
+  h->bad_from = off;
+  h->bad_to = off + n;
+  h->bad_until = now_ms() + BAD_MS;
+  pthread_mutex_unlock(&h->lock);
   return rc;
 }
 
@@ -1073,6 +1138,7 @@ static pthread_cond_t fly_work = PTHREAD_COND_INITIALIZER;   /* a fetch queued *
 static struct fly fly[FLYING];                               /* (under fly_lock) */
 static uint64_t fly_seq;                                     /* (under fly_lock) */
 static int fly_threads;                                      /* (under fly_lock) */
+static int fly_busy; /* read-ahead threads fetching (under fly_lock) */
 
 static bool fly_running(const struct http *h)
 {
@@ -1101,7 +1167,7 @@ static void fork_child(void)
    * waiters: new ones. */
   for (int i = 0; i < FLYING; i++)
     fly[i].on = false;
-  fly_threads = 0;
+  fly_threads = fly_busy = 0;
   pthread_cond_init(&fly_landed, NULL);
   pthread_cond_init(&fly_work, NULL);
   pthread_mutex_unlock(&fly_lock);
@@ -1199,11 +1265,12 @@ static void *fly_thread(void *arg)
     for (int i = 0; i < FLYING; i++)
       if (fly[i].on && fly[i].queued && (j < 0 || fly[i].seq < fly[j].seq))
         j = i;
-    if (j < 0) {
+    if (j < 0 || fly_busy >= (atomic_load(&far_link) ? WORKERS_FAR : WORKERS)) {
       pthread_cond_wait(&fly_work, &fly_lock);
       continue;
     }
     fly[j].queued = false;
+    fly_busy++;
     struct http *h = fly[j].h;
     uint64_t from = fly[j].from, to = fly[j].to;
     pthread_mutex_unlock(&fly_lock);
@@ -1212,7 +1279,9 @@ static void *fly_thread(void *arg)
     (void)fetch_into_cache(h, from, from * BLOCK, end, 0, NULL, 0, deadline, true);
     pthread_mutex_lock(&fly_lock);
     fly[j].on = false;
+    fly_busy--;
     pthread_cond_broadcast(&fly_landed);
+    pthread_cond_signal(&fly_work); /* (a thread held back by the limit) */
   }
   return NULL;
 }
@@ -1236,7 +1305,7 @@ static void read_ahead(struct http *h, uint64_t from, uint64_t count)
   if (!go)
     return;
   pthread_mutex_lock(&fly_lock);
-  while (fly_threads < WORKERS) {
+  while (fly_threads < WORKERS_FAR) {
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -1315,9 +1384,11 @@ static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, s
   return rc;
 }
 
-static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+/* A read of [off, off + n): note where reading got to, start read-ahead;
+ * the read-ahead depth in blocks, *blk_end the end of the read's last
+ * block (within the file). */
+static uint64_t read_begins(struct http *h, uint64_t off, size_t n, uint64_t *blk_end)
 {
-  struct http *h = s->impl;
   struct bs_http_cache *c = &h->sh->cache;
   const uint64_t near = (uint64_t)RA_MAX * BLOCK;
   /* Reading on from where reading got to (the kernel's parallel read-ahead
@@ -1336,11 +1407,23 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
   if (ra > c->nmax / 2) /* never so far ahead that it evicts itself */
     ra = c->nmax / 2;
   uint64_t need_end = off + n; /* the read's blocks, whole, then ra more */
-  uint64_t blk_end = (need_end + BLOCK - 1) / BLOCK * BLOCK;
-  if (blk_end > h->size)
-    blk_end = h->size;
+  uint64_t be = (need_end + BLOCK - 1) / BLOCK * BLOCK;
+  if (be > h->size)
+    be = h->size;
   if (ra)
-    read_ahead(h, blk_end / BLOCK, ra);
+    read_ahead(h, be / BLOCK, ra);
+  *blk_end = be;
+  return ra;
+}
+
+static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  struct http *h = s->impl;
+  struct bs_http_cache *c = &h->sh->cache;
+  uint64_t blk_end, need_end = off + n;
+  if (bad_now(h, off, n))
+    return -EIO;
+  uint64_t ra = read_begins(h, off, n, &blk_end);
   size_t got = 0;
   int waits = 0;
   const uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
@@ -1365,11 +1448,70 @@ static long http_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n
       continue;
     }
     if (rc != 0)
-      return rc;
+      return bad_note(h, off, n, rc);
     got += k2;
     waits = 0;
   }
   return (long)got;
+}
+
+static void http_view_put(const struct bs_src *s, struct bs_src_view *v)
+{
+  struct http *h = s->impl;
+  for (size_t i = 0; i < v->count; i++)
+    bs_http_cache_unpin(&h->sh->cache, h->id, v->pin[i]);
+  v->count = 0;
+}
+
+/* The bytes lent from the cache blocks themselves (pinned), fetched first
+ * as http_pread fetches them; -EAGAIN when they do not stay in the cache
+ * long enough to be pinned (a cache smaller than what is in flight). */
+static int http_view(const struct bs_src *s, uint64_t off, size_t n, struct bs_src_view *v)
+{
+  struct http *h = s->impl;
+  struct bs_http_cache *c = &h->sh->cache;
+  const uint64_t first = off / BLOCK, last = (off + n - 1) / BLOCK;
+  v->count = 0;
+  if (last - first >= BS_SRC_SPANS)
+    return -EAGAIN;
+  uint64_t blk_end, need_end = off + n;
+  if (bad_now(h, off, n))
+    return -EIO;
+  uint64_t ra = read_begins(h, off, n, &blk_end);
+  const uint64_t deadline = now_ms() + (uint64_t)h->sh->timeout_s * 1000;
+  int waits = 0, fetches = 0;
+  for (;;) {
+    if (atomic_load(&h->gone))
+      return -EIO;
+    uint64_t miss = UINT64_MAX;
+    for (uint64_t idx = first; idx <= last; idx++) {
+      uint64_t b0 = idx * BLOCK, from = off > b0 ? off : b0;
+      uint64_t to = need_end < b0 + BLOCK ? need_end : b0 + BLOCK;
+      const uint8_t *p;
+      if (!bs_http_cache_pin(c, h->id, idx, (size_t)(from - b0), (size_t)(to - from), &p)) {
+        miss = from;
+        break;
+      }
+      v->p[v->count] = p;
+      v->n[v->count] = (size_t)(to - from);
+      v->pin[v->count++] = idx;
+    }
+    if (miss == UINT64_MAX)
+      return 0;
+    http_view_put(s, v);
+    if (fetches >= 3) /* fetched, and evicted before it was pinned */
+      return -EAGAIN;
+    size_t k = 0;
+    int rc = fetch_miss(h, miss, ra ? blk_end : need_end, NULL, 0, &k, waits < 4, deadline);
+    if (rc == 1) {
+      waits++;
+      continue;
+    }
+    if (rc != 0)
+      return bad_note(h, off, n, rc);
+    waits = 0;
+    fetches++;
+  }
 }
 
 static bool http_changed(const struct bs_src *s, char *why, size_t n)
@@ -1439,6 +1581,8 @@ static bool http_remote(const struct bs_src *s, const char **reopen, const char 
 
 static const struct bs_src_ops http_ops = {
     .pread = http_pread,
+    .view = http_view,
+    .view_put = http_view_put,
     .changed = http_changed,
     .open_sibling = http_sibling,
     .remote = http_remote,

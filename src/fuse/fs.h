@@ -36,6 +36,10 @@ struct fs {
   _Atomic fuse_ino_t wb_error_ino;
   unsigned max_read;          /* -o max_read= (direct_io sets one), 0: libfuse's */
   bool direct_io;             /* -o direct_io (read-only): files opened FOPEN_DIRECT_IO */
+  unsigned readahead_kb;      /* -o readahead= (a URL's default: 1024), 0: the kernel's */
+  bool readahead_given;       /* -o readahead= was given (a failure to apply it is logged) */
+  char bdi[32];               /* the mount's "MAJOR:MINOR" (serve), "" if not found */
+  atomic_bool readahead_done; /* fs_readahead_apply ran */
   _Atomic bool dirty;         /* something changed since mount */
   bool force_write;           /* output= differs from source: always write */
   char *source;               /* absolute path of SOURCE */
@@ -131,6 +135,15 @@ void fs_staging_remove(struct fs *fs);
  * setuid root, or allow_other/allow_root (in the FUSE option string `opts`)
  * without user_allow_other in /etc/fuse.conf. false (out "") otherwise. */
 bool fs_mount_diagnose(const char *opts, char *out, size_t n);
+
+/* -o readahead= (fs_readahead.c): the "MAJOR:MINOR" of the mount on mnt
+ * (the last one, from /proc/self/mountinfo) into out; false when there is
+ * none. */
+bool fs_bdi_of(const char *mnt, char *out, size_t n);
+/* Write fs->readahead_kb to the mount's bdi once (the first call: op_open,
+ * after the kernel took the INIT reply); a failure is logged when the
+ * option was given. */
+void fs_readahead_apply(struct fs *fs);
 
 /* Writable mounts (fs_stop.c): from just before the session loop until just
  * after it, SIGTERM, SIGINT and SIGHUP flush and unmount the mount while

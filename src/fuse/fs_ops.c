@@ -26,10 +26,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -480,6 +482,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_err(req, rc);
     return;
   }
+  fs_readahead_apply(fs);         /* (once: before the kernel takes a file's read-ahead) */
   fi->keep_cache = !fs->writable; /* the files of a read-only mount never change */
   /* -o direct_io: no page cache, requests up to max_read (fs_main.c sets it
    * just under libfuse's 1 MiB splice pipe). libfuse 3.14 cannot allow
@@ -613,6 +616,24 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   }
   if (size > len - (uint64_t)off)
     size = (size_t)(len - (uint64_t)off);
+  /* Bytes the source holds in memory (a URL's cache blocks): sent from
+   * there, pinned until the reply is written, not copied first. */
+  struct bs_src_view v;
+  int vr = e ? -ENOTSUP : bs_tensor_view(&fs->cat, t, (uint64_t)off, size, &v);
+  if (vr == 0) {
+    struct iovec iov[BS_SRC_SPANS];
+    for (size_t i = 0; i < v.count; i++)
+      iov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)v.p[i], .iov_len = v.n[i]};
+    fuse_reply_iov(req, iov, (int)v.count);
+    bs_tensor_view_put(&fs->cat, t, &v);
+    return;
+  }
+  if (vr != -EAGAIN && vr != -ENOTSUP) {
+    if (vr == -EIO)
+      source_changed(fs, t);
+    fuse_reply_err(req, -vr);
+    return;
+  }
   char *buf = bs_malloc(size);
   if (!buf) {
     fuse_reply_err(req, ENOMEM);

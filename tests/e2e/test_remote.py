@@ -6,7 +6,7 @@ mount; the CLI verbs on URLs; -o rw of a URL refused; a 302 redirect followed; a
 a bearer token; a file replaced on the server mid-mount fails reads with EIO
 (the ETag pin), never old and new bytes mixed; a 500 then 200 and a 429
 with Retry-After retried; a redirect target that expires (403) read again
-from the URL.
+from the URL; -o readahead= applied, defaulted, refused when invalid.
 nginx cannot fail only the first request, so that case uses a small Python
 HTTP server with Range support defined in this file (FlakyServer). Everything runs under deadlines; nginx and the Python server
 are stopped in teardown also on failure."""
@@ -364,6 +364,47 @@ def shard_escape(tmp, ng):
         check("w" not in r.stdout.split(), "shard %s: nothing listed: %r" % (rel, r.stdout))
 
 
+def bdi_ra(mnt):
+    d = os.stat(mnt).st_dev
+    with open("/sys/class/bdi/%d:%d/read_ahead_kb" % (os.major(d), os.minor(d))) as f:
+        return int(f.read())
+
+
+def readahead(tmp, ng):
+    """-o readahead=KIB: the mount's read-ahead (the size of the kernel's
+    READs), applied at the first open (root only); 1024 by default for a
+    URL, the kernel's for a local file; refused in one line when it is no
+    KiB count in range; the bytes are the local mount's."""
+    name = ng.put(ST)
+    mnt = os.path.join(tmp, "mnt-ra")
+    root = os.geteuid() == 0
+    for src, opts, want in ((ng.url(name), None, 1024), (ng.url(name), "readahead=256", 256),
+                            (ng.url(name), "readahead=0", None), (ST, None, None),
+                            (ST, "readahead=512", 512)):
+        with Mount(src, mnt, opts) as m:
+            before = bdi_ra(m)
+            files = tensor_files(m)
+            got = {rel: open(p, "rb").read() for rel, p in files.items()}
+            after = bdi_ra(m)
+            what = "%s -o %s" % ("URL" if src != ST else "local", opts)
+            if root:
+                check(after == (before if want is None else want),
+                      "%s: read_ahead_kb %d after an open (want %s, %d before)"
+                      % (what, after, want, before))
+            check(len(got) > 0 and all(v for v in got.values()), "%s: tensors read" % what)
+    same_as_local(tmp, ng.url(name), ST, "ra4096", "readahead=4096")
+    for bad in ("readahead=2", "readahead=65537", "readahead=1M", "readahead=-1", "readahead="):
+        r = run([BIN, ng.url(name), mnt, "-o", bad])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 2 and len(lines) == 1 and "readahead=" in lines[0],
+              "%s refused in one line: %d %r" % (bad, r.returncode, lines))
+        check(not os.path.ismount(mnt), "%s: nothing mounted" % bad)
+    r = run([BIN, "--help"])
+    check("readahead=KIB" in r.stdout, "--help names readahead=")
+    man = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "burnstore.1")
+    check("readahead" in open(man).read(), "the man page names readahead=")
+
+
 def etag_pin(tmp, ng):
     """The object replaced mid-mount: a read of bytes not yet fetched fails
     with EIO (If-Match answered 412), never the new bytes beside the old."""
@@ -434,8 +475,8 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote", [with_nginx(t) for t in
-                              (formats, cli_verbs, bearer, refusals, shard_escape, etag_pin,
-                               retry_500)], "remote")
+                              (formats, cli_verbs, bearer, refusals, shard_escape, readahead,
+                               etag_pin, retry_500)], "remote")
 
 
 if __name__ == "__main__":

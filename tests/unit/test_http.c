@@ -210,3 +210,52 @@ Test(http, cache_reuses_evicted_buffers)
   cr_expect_eq(out[B - 1], 3);
   bs_http_cache_destroy(&c); /* frees the spares (ASan: no leak) */
 }
+
+Test(http, cache_pinned_blocks_stay)
+{
+  /* A block lent to a reply (pinned) is neither evicted nor replaced until
+   * unpinned: its bytes stay the same under eviction pressure, the cache
+   * stays within its bound (a new block is then not kept), and unpinned it
+   * goes first again. */
+  struct bs_http_cache c;
+  enum { B = 4096 };
+  cr_assert_eq(bs_http_cache_init(&c, B, 2 * B), 0);
+  static uint8_t blk[B], out[B];
+  memset(blk, 'a', B);
+  cr_assert(bs_http_cache_put(&c, 1, 0, blk, 100)); /* a prefix */
+  memset(blk, 'b', B);
+  cr_assert(bs_http_cache_put(&c, 1, 1, blk, B));
+  const uint8_t *p0, *p1, *p;
+  cr_expect(!bs_http_cache_pin(&c, 1, 0, 50, 51, &p)); /* past the prefix: a miss */
+  cr_expect(!bs_http_cache_pin(&c, 1, 2, 0, 1, &p));   /* not held */
+  cr_assert(bs_http_cache_pin(&c, 1, 0, 10, 90, &p0));
+  cr_assert(bs_http_cache_pin(&c, 1, 1, 0, B, &p1));
+  cr_assert(bs_http_cache_pin(&c, 1, 1, B - 1, 1, &p)); /* twice */
+  cr_expect_eq(p, p1 + B - 1);
+  for (uint64_t i = 2; i < 20; i++) { /* pressure: none of them is kept */
+    memset(blk, (int)i, B);
+    cr_assert(bs_http_cache_put(&c, 2, i, blk, B));
+    cr_assert_leq(bs_http_cache_bytes(&c), 2 * B);
+  }
+  memset(blk, 'z', B);
+  cr_assert(bs_http_cache_put(&c, 1, 0, blk, B)); /* longer, but block 0 is pinned */
+  cr_expect_eq(p0[0], 'a');
+  cr_expect_eq(p0[89], 'a');
+  cr_expect_eq(p1[0], 'b');
+  cr_expect_eq(p1[B - 1], 'b');
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 0, out, B), 100);
+  cr_expect_eq(bs_http_cache_get(&c, 2, 19, 0, out, B), -1);
+  bs_http_cache_unpin(&c, 1, 0);
+  bs_http_cache_unpin(&c, 1, 1);
+  cr_assert(bs_http_cache_put(&c, 2, 30, blk, B)); /* evicts block 0 (least recent) */
+  cr_expect_eq(bs_http_cache_get(&c, 1, 0, 0, out, B), -1);
+  cr_expect_eq(bs_http_cache_get(&c, 1, 1, 0, out, 1), 1); /* still pinned once */
+  cr_assert(bs_http_cache_put(&c, 2, 31, blk, B));
+  cr_expect_eq(bs_http_cache_get(&c, 1, 1, 0, out, 1), 1);
+  cr_expect_eq(bs_http_cache_get(&c, 2, 31, 0, out, 1), 1);
+  bs_http_cache_unpin(&c, 1, 1);
+  cr_assert(bs_http_cache_put(&c, 2, 32, blk, B));
+  cr_assert(bs_http_cache_put(&c, 2, 33, blk, B));
+  cr_expect_eq(bs_http_cache_get(&c, 1, 1, 0, out, 1), -1); /* unpinned: evicted */
+  bs_http_cache_destroy(&c);
+}
