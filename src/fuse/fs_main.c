@@ -1226,7 +1226,12 @@ static int serve(struct run *r, char *argv0)
   }
   if (fuse_set_signal_handlers(se) != 0)
     goto out_session;
+  /* The mount is on the mountpoint's real path (a symlink's target), as
+   * /proc/self/mountinfo names it; resolved now: after mounting, resolving
+   * it would stat our own root before the loop answers. */
+  char *real = fs->readahead_kb ? realpath(r->mnt, NULL) : NULL;
   if (fuse_session_mount(se, r->mnt) != 0) {
+    free(real);
     char why[PATH_MAX + 256];
     if (fs_mount_diagnose(fsname, why, sizeof why))
       fprintf(stderr, PROG ": cannot mount on %s: %s\n", r->mnt, why);
@@ -1236,8 +1241,10 @@ static int serve(struct run *r, char *argv0)
               r->mnt);
     goto out_signals;
   }
-  if (fs->readahead_kb && !fs_bdi_of(r->mnt, fs->bdi, sizeof fs->bdi) && fs->readahead_given)
+  if (fs->readahead_kb && !fs_bdi_of(real ? real : r->mnt, fs->bdi, sizeof fs->bdi) &&
+      fs->readahead_given)
     fprintf(stderr, PROG ": readahead=: %s is not in /proc/self/mountinfo: not applied\n", r->mnt);
+  free(real);
   r->daemonized = !r->a.foreground;
   if (r->daemonized) {
     if (fuse_daemonize(0) != 0) {

@@ -6,7 +6,8 @@ mount; the CLI verbs on URLs; -o rw of a URL refused; a 302 redirect followed; a
 a bearer token; a file replaced on the server mid-mount fails reads with EIO
 (the ETag pin), never old and new bytes mixed; a 500 then 200 and a 429
 with Retry-After retried; a redirect target that expires (403) read again
-from the URL; -o readahead= applied, defaulted, refused when invalid.
+from the URL; -o readahead= applied (also on a mountpoint reached through a
+symlink, or with a space in its path), defaulted, refused when invalid.
 nginx cannot fail only the first request, so that case uses a small Python
 HTTP server with Range support defined in this file (FlakyServer). Everything runs under deadlines; nginx and the Python server
 are stopped in teardown also on failure."""
@@ -392,6 +393,23 @@ def readahead(tmp, ng):
                       "%s: read_ahead_kb %d after an open (want %s, %d before)"
                       % (what, after, want, before))
             check(len(got) > 0 and all(v for v in got.values()), "%s: tensors read" % what)
+    # The mount found in /proc/self/mountinfo also on a path it escapes (a
+    # space, a backslash) and through a symlink to the mountpoint (the mount
+    # is on its target: the link's path is in no line, and the read-ahead
+    # stayed the kernel's 128 KiB).
+    real = os.path.join(tmp, "mnt ra\\real")
+    link = os.path.join(tmp, "mnt-ra-link")
+    os.makedirs(real, exist_ok=True)
+    if not os.path.islink(link):
+        os.symlink(real, link)
+    for mp in (real, link):
+        with Mount(ng.url(name), mp) as m:
+            m.mount.mnt = real  # (unmounted by the real path: -u of a symlink fails)
+            got = [open(p, "rb").read() for p in tensor_files(m).values()]
+            check(len(got) > 0 and all(got), "%r: tensors read" % mp)
+            if root:
+                check(bdi_ra(m) == 1024, "%r: read_ahead_kb %d after an open (want 1024)"
+                      % (mp, bdi_ra(m)))
     same_as_local(tmp, ng.url(name), ST, "ra4096", "readahead=4096")
     for bad in ("readahead=2", "readahead=65537", "readahead=1M", "readahead=-1", "readahead="):
         r = run([BIN, ng.url(name), mnt, "-o", bad])
