@@ -58,6 +58,25 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
+char *bs_mountpoint_path(const char *p)
+{
+  char *abs = bs_abs_path(p);
+  char link[8];
+  /* readlink of a directory (a mount's root too) fails without asking the
+   * file system mounted there; only a symlink is followed. */
+  if (!abs || readlink(abs, link, sizeof link) < 0)
+    return abs;
+  char *rp = realpath(abs, NULL);
+  if (!rp)
+    return abs;
+  char *out = bs_strdup(rp);
+  free(rp);
+  if (!out)
+    return abs;
+  bs_free(abs);
+  return out;
+}
+
 /* The checks of bs_run_dir on its directory. */
 static int run_dir_ok(const char *dir, bs_err *err)
 {
@@ -270,12 +289,16 @@ bool bs_is_mounted(const char *mnt)
   FILE *f = fopen("/proc/self/mounts", "r");
   if (!f)
     return true;
-  char line[PATH_MAX * 2 + 256];
+  /* No line limit: a mountpoint escapes to up to 4 bytes a character (a
+   * line cut short would hide the mount, and -u would wait for ever). */
+  char *line = NULL;
+  size_t cap = 0;
   bool found = false;
-  while (!found && fgets(line, sizeof line, f)) {
+  while (!found && getline(&line, &cap, f) > 0) {
     char *a = strchr(line, ' ');
     found = a && strcmp(mounts_field(a + 1), mnt) == 0;
   }
+  free(line);
   fclose(f);
   return found;
 }

@@ -27,6 +27,11 @@ struct bs_catalog;
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
+/* A mountpoint as the mount table names it: bs_abs_path, and when the
+ * last component is a symlink, its target resolved (the kernel mounts on
+ * the target). Does not stat a directory there. Owned; NULL with errno. */
+char *bs_mountpoint_path(const char *p);
+
 /* "dir/name" into buf (n bytes). 0, or -1 with err (ENAMETOOLONG) naming
  * dir and name when it does not fit: never a cut path, which could name
  * another file. */

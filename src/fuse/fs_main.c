@@ -512,7 +512,7 @@ static int run_fusermount_u(const char *mnt)
 
 static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
-  char *mnt = bs_abs_path(mountpoint);
+  char *mnt = bs_mountpoint_path(mountpoint);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
     return 1;
@@ -638,7 +638,7 @@ static int do_status(int argc, char **argv)
   }
   if (argc != 3 || argv[2][0] == '-')
     die_usage("status takes one MOUNTPOINT");
-  char *mnt = bs_abs_path(argv[2]);
+  char *mnt = bs_mountpoint_path(argv[2]);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
     return 1;
@@ -1126,7 +1126,7 @@ struct run {
 static int claim(struct run *r)
 {
   struct fs *fs = &r->fs;
-  char *mnt = r->mnt = bs_abs_path(r->a.mountpoint);
+  char *mnt = r->mnt = bs_mountpoint_path(r->a.mountpoint);
   struct stat mst;
   if (!mnt || stat(mnt, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
     fprintf(stderr, PROG ": mountpoint %s: %s\n", r->a.mountpoint,
@@ -1226,12 +1226,9 @@ static int serve(struct run *r, char *argv0)
   }
   if (fuse_set_signal_handlers(se) != 0)
     goto out_session;
-  /* The mount is on the mountpoint's real path (a symlink's target), as
-   * /proc/self/mountinfo names it; resolved now: after mounting, resolving
-   * it would stat our own root before the loop answers. */
-  char *real = fs->readahead_kb ? realpath(r->mnt, NULL) : NULL;
+  /* r->mnt is the mountpoint's real path (a symlink's target): the mount
+   * table's name of it, for -u, status and readahead= alike. */
   if (fuse_session_mount(se, r->mnt) != 0) {
-    free(real);
     char why[PATH_MAX + 256];
     if (fs_mount_diagnose(fsname, why, sizeof why))
       fprintf(stderr, PROG ": cannot mount on %s: %s\n", r->mnt, why);
@@ -1241,10 +1238,8 @@ static int serve(struct run *r, char *argv0)
               r->mnt);
     goto out_signals;
   }
-  if (fs->readahead_kb && !fs_bdi_of(real ? real : r->mnt, fs->bdi, sizeof fs->bdi) &&
-      fs->readahead_given)
+  if (fs->readahead_kb && !fs_bdi_of(r->mnt, fs->bdi, sizeof fs->bdi) && fs->readahead_given)
     fprintf(stderr, PROG ": readahead=: %s is not in /proc/self/mountinfo: not applied\n", r->mnt);
-  free(real);
   r->daemonized = !r->a.foreground;
   if (r->daemonized) {
     if (fuse_daemonize(0) != 0) {

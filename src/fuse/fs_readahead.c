@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -38,11 +39,13 @@ bool fs_bdi_of(const char *mnt, char *out, size_t n)
   FILE *f = fopen("/proc/self/mountinfo", "re");
   if (!f)
     return false;
-  char line[8192];
+  char *line = NULL;
+  size_t cap = 0;
   bool found = false;
   /* "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...": the last line of mnt is the
-   * mount on top (ours, just made). */
-  while (fgets(line, sizeof line, f)) {
+   * mount on top (ours, just made). A line has no length limit: a
+   * mountpoint may be up to PATH_MAX escaped (4 bytes a space). */
+  while (getline(&line, &cap, f) > 0) {
     char *p = line, *fld[5];
     size_t len[5];
     int k = 0;
@@ -59,6 +62,7 @@ bool fs_bdi_of(const char *mnt, char *out, size_t n)
       found = true;
     }
   }
+  free(line);
   fclose(f);
   return found;
 }

@@ -57,19 +57,22 @@ def run_tests(name, tests, tag):
                 t(tmp)
             except Exception as e:  # keep going: report every failure
                 check(False, "%s raised %r" % (t.__name__, e))
-        for d in os.listdir(tmp):
-            force_unmount(os.path.join(tmp, d))
+        unmount_all_under(tmp)
     finish(name)
 
 def run(cmd, timeout=DEADLINE, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def is_mounted(path):
-    path = os.path.realpath(path)
+def mountpoints():
+    """Every mountpoint of /proc/self/mounts, unescaped (\\ooo)."""
     unesc = lambda f: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f)
     with open("/proc/self/mounts") as f:
-        return any(unesc(line.split()[1]) == path for line in f)
+        return {unesc(line.split()[1]) for line in f}
+
+
+def is_mounted(path):
+    return os.path.realpath(path) in mountpoints()
 
 
 def fnv1a(s):
@@ -126,6 +129,15 @@ def wait_gone(pid, timeout=60):
         time.sleep(0.002)
 
 
+def unmount_all_under(d):
+    """Force-unmount every mount at or below d, deepest first (a test may
+    mount on a nested path)."""
+    d = os.path.realpath(d)
+    mps = mountpoints()
+    for mp in sorted((m for m in mps if m == d or m.startswith(d + "/")), key=len, reverse=True):
+        force_unmount(mp)
+
+
 def force_unmount(mnt):
     for args in (["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt]):
         if not is_mounted(mnt):
@@ -158,6 +170,7 @@ def tmpdir(tag="e2e"):
     try:
         yield d
     finally:
+        unmount_all_under(d)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -13,8 +13,8 @@ import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, finish, force_unmount, immutable, is_mounted, read_bpk,
-                     run, run_path, tmpdir, run_tests, wait_gone)
+from bsmount import (BIN, Mount, check, daemon_pid, daemon_pids, force_unmount, immutable, is_mounted, read_bpk,
+                     run, run_path, run_tests, wait_gone)
 
 
 def sh(cmd, cwd):
@@ -502,6 +502,42 @@ def test_unmount_after_umount(tmp):
     check(read_bpk(out)[0].get("t", (0, 0, b""))[2] == b"abcd", "the daemon wrote back after umount")
 
 
+def test_symlinked_mountpoint(tmp):
+    """A mountpoint given through a symlink: the kernel mounts on its
+    target, so status files, `burnstore -u` and `status` go by the target
+    whichever path names it. -u of the link used to wait for ever (its
+    path is in no line of the mount table), and -u of the target returned
+    before the write-back (the daemon's files were under the link's name)."""
+    real = os.path.join(tmp, "sym-real")
+    link = os.path.join(tmp, "sym-link")
+    os.makedirs(real)
+    os.symlink(real, link)
+    blob = os.urandom(1 << 20) * 48
+    for mount_by, unmount_by in ((link, link), (link, real), (real, link)):
+        out = os.path.join(tmp, "sym-%s-%s.bpk" % (os.path.basename(mount_by), os.path.basename(unmount_by)))
+        what = "mounted by %s, -u by %s" % (os.path.basename(mount_by), os.path.basename(unmount_by))
+        r = run([BIN, out, mount_by])
+        if not check(r.returncode == 0, "%s: mounts: %s" % (what, r.stderr)):
+            continue
+        try:
+            check(is_mounted(real), "%s: the mount is on the target" % what)
+            with open(os.path.join(real, "t"), "wb") as f:
+                f.write(blob)
+            st = run([BIN, "status", unmount_by])
+            check(st.returncode == 0 and "mounted" in st.stdout, "%s: status: %d %r" % (what, st.returncode, st.stdout))
+            try:
+                u = run([BIN, "-u", unmount_by], timeout=30)
+                check(u.returncode == 0, "%s: -u: %d %s" % (what, u.returncode, u.stderr))
+            except subprocess.TimeoutExpired:
+                check(False, "%s: -u still waiting after 30 s" % what)
+            check(not is_mounted(real), "%s: unmounted" % what)
+            got = read_bpk(out)[0].get("t", (0, 0, b""))[2] if os.path.exists(out) else b""
+            check(got == blob, "%s: written back when -u returned (%d of %d bytes)" % (what, len(got), len(blob)))
+        finally:
+            force_unmount(real)
+            wait_gone(daemon_pid(mount_by))
+
+
 if __name__ == "__main__":
     run_tests("test_lifecycle", [
         test_relative_paths,
@@ -515,4 +551,5 @@ if __name__ == "__main__":
         test_finish_after_the_rename,
         test_index_on_full_staging,
         test_unmount_after_umount,
+        test_symlinked_mountpoint,
     ], "life")

@@ -396,15 +396,17 @@ def readahead(tmp, ng):
     # The mount found in /proc/self/mountinfo also on a path it escapes (a
     # space, a backslash) and through a symlink to the mountpoint (the mount
     # is on its target: the link's path is in no line, and the read-ahead
-    # stayed the kernel's 128 KiB).
+    # stayed the kernel's 128 KiB), and on a path whose mountinfo line is
+    # longer than 8 KiB (14 names of 200 spaces, each escaped to 800 bytes).
     real = os.path.join(tmp, "mnt ra\\real")
     link = os.path.join(tmp, "mnt-ra-link")
-    os.makedirs(real, exist_ok=True)
+    deep = os.path.join(tmp, *([" " * 200] * 14))
+    for d in (real, deep):
+        os.makedirs(d, exist_ok=True)
     if not os.path.islink(link):
         os.symlink(real, link)
-    for mp in (real, link):
+    for mp in (real, link, deep):
         with Mount(ng.url(name), mp) as m:
-            m.mount.mnt = real  # (unmounted by the real path: -u of a symlink fails)
             got = [open(p, "rb").read() for p in tensor_files(m).values()]
             check(len(got) > 0 and all(got), "%r: tensors read" % mp)
             if root:

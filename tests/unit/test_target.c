@@ -84,6 +84,32 @@ Test(target, key_follows_a_symlink)
   bs_free(b);
 }
 
+/* The mount table's name of a mountpoint: a directory as given (its
+ * parent resolved), a symlink to one by its target, a dangling or missing
+ * name by its own absolute path. */
+Test(target, mountpoint_path_resolves_only_a_symlink)
+{
+  char *real = realpath(dir, NULL), p[PATH_MAX], want[PATH_MAX];
+  cr_assert_not_null(real);
+  snprintf(p, sizeof p, "%s/m", dir);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  snprintf(p, sizeof p, "%s/l", dir);
+  cr_assert_eq(symlink("m", p), 0);
+  snprintf(p, sizeof p, "%s/d", dir);
+  cr_assert_eq(symlink("gone", p), 0);
+  const char *cases[][2] = {{"/m", "/m"},   {"/l", "/m"}, {"/l/", "/m"},
+                            {"/./l", "/m"}, {"/d", "/d"}, {"/none", "/none"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(p, sizeof p, "%s%s", dir, cases[i][0]);
+    snprintf(want, sizeof want, "%s%s", real, cases[i][1]);
+    char *got = bs_mountpoint_path(p);
+    cr_assert_not_null(got, "%s", p);
+    cr_assert_str_eq(got, want, "%s", p);
+    bs_free(got);
+  }
+  free(real);
+}
+
 Test(target, second_writer_refused_naming_the_holder)
 {
   char t[PATH_MAX], idx[PATH_MAX];
