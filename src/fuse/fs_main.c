@@ -1019,6 +1019,26 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   fs->readahead_kb = fs->readahead_given        ? (unsigned)a->readahead_kb
                      : bs_src_is_url(a->source) ? READAHEAD_URL
                                                 : 0;
+  /* libfuse splices a local file's reply through a pipe that must hold it
+   * whole, plus 3 pages and the header, and no pipe grows past
+   * pipe-max-size (EPERM even for root here): a larger READ is read into
+   * memory and copied instead, half the speed in bench.py. */
+  if (fs->readahead_given && !bs_src_is_url(a->source)) {
+    unsigned long pmax = 1048576;
+    FILE *pf = fopen("/proc/sys/fs/pipe-max-size", "re");
+    if (pf) {
+      if (fscanf(pf, "%lu", &pmax) != 1)
+        pmax = 1048576;
+      fclose(pf);
+    }
+    unsigned long fit = pmax > 3 * 4096 + 16 ? (pmax - 3 * 4096 - 16) / 4096 * 4 : 0;
+    if (fs->readahead_kb > fit && fit >= 4)
+      fprintf(stderr,
+              PROG ": readahead=%u: reads of a local file larger than %lu KiB cannot be spliced "
+                   "(pipe-max-size is %lu bytes): they are copied, about half as fast; "
+                   "readahead=%lu keeps splicing\n",
+              fs->readahead_kb, fit, pmax, fit);
+  }
   if (a->max_shard_size && !fs->writer) {
     fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
                          "(.safetensors or .safetensors.index.json)\n");

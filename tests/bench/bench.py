@@ -283,6 +283,15 @@ def dd_read(path, skip=0, count=None, bs="1M"):
     return timed(cmd)
 
 
+TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    """A process's CPU time so far (utime + stime, all its threads), in s."""
+    f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / TCK
+
+
 def first_4k(path):
     with open(path, "rb") as f:
         return len(f.read(4096))
@@ -310,10 +319,10 @@ def sec_read(a, d):
         firsts, agains, t4k = [], [], []
         for _ in range(a.runs):
             t = time.perf_counter()
-            with BS(a.bin, src, mnt, opts) as m:
+            with BS(a.bin, src, mnt, opts):
                 first_4k(os.path.join(mnt, path))
                 t4k.append(time.perf_counter() - t)
-            with BS(a.bin, src, mnt, opts) as m:
+            with BS(a.bin, src, mnt, opts):
                 firsts.append(dd_read(os.path.join(mnt, path)))
                 agains.append(med([dd_read(os.path.join(mnt, path)) for _ in range(2)]))
         res[label] = (med(firsts), med(agains), med(t4k))
@@ -705,11 +714,7 @@ def sec_quants(a, d):
     run(["cat", src])
     mnt = os.path.join(d, "m")
 
-    tck = os.sysconf("SC_CLK_TCK")
-
-    def cpu_s(pid):
-        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / tck  # utime + stime
+    tck = TCK
 
     def first_read(name):
         """GB/s of the first read (wall clock), and per CPU-second of the
@@ -838,11 +843,7 @@ def sec_decoded_qfloat(a, d):
                     ("qs", scheme, [n // 8 // 4096, 4096], qf(n // 8))])
     run(["cat", src])
     mnt = os.path.join(d, "m")
-    tck = os.sysconf("SC_CLK_TCK")
-
-    def cpu_s(pid):
-        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / tck
+    tck = TCK
 
     def first_read(name):
         ts, cs, hw = [], [], []
@@ -928,9 +929,15 @@ def sec_remote(a, d):
         def curl(u):
             return timed(["curl", "-sf", "-o", "/dev/null", "-r", "%d-%d" % (off, off + size - 1), u])
 
+        cpu = {}
+
         def bs_read(u, src=None):
-            with BS(a.bin, src or u, mnt):
-                return dd_read(os.path.join(mnt, "big"))
+            """The read's wall time; its daemon's CPU time in cpu[source]."""
+            with BS(a.bin, src or u, mnt, foreground=True) as m:
+                c0 = cpu_s(m.proc.pid)
+                t = dd_read(os.path.join(mnt, "big"))
+                cpu.setdefault(src or u, []).append(cpu_s(m.proc.pid) - c0)
+                return t
 
         c = med([curl(url) for _ in range(a.runs)])
         b = med([bs_read(url) for _ in range(a.runs)])
@@ -938,6 +945,12 @@ def sec_remote(a, d):
         row("remote", "curl of the tensor's byte range", c, "s")
         row("remote", "burnstore mount of the local file (FUSE's ceiling)", loc, "s", c, c / loc)
         row("remote", "burnstore mount of the URL, first read", b, "s", c, c / b, ">= 0.9", c / b >= 0.9)
+        # what the URL's bytes cost the daemon over a spliced local read of
+        # the same bytes: libcurl's receive and the cache block, and a reply
+        # written from memory (writev) instead of spliced from a file
+        cl, cu = med(cpu[st]), med(cpu[url])
+        row("remote", "daemon CPU for the read, local file (spliced)", cl, "s")
+        row("remote", "daemon CPU for the read, URL", cu, "s", cl, cu / max(cl, 1.0 / TCK))
         with FaultProxy(ng.port, latency=lat) as px:
             purl = px.url("big.safetensors")
             c = med([curl(purl) for _ in range(a.runs)])

@@ -353,17 +353,26 @@ class FaultProxy:
 
     @staticmethod
     def _relay(u, c, rest, n):
-        """n bytes of body from u (rest already read) to c."""
+        """n bytes of body from u (rest already read) to c: spliced through
+        a pipe in the kernel (no copy into Python, and the GIL released),
+        so that the proxy's own CPU stays small next to what it measures:
+        a relay in Python took about a core at 1 GB/s, shared by every
+        connection, on the same cores as the client under test."""
         first = rest[:n]
         c.sendall(first)
         left = n - len(first)
-        mv = memoryview(bytearray(1 << 20))
-        while left > 0:
-            k = u.recv_into(mv, min(left, len(mv)))
-            if not k:
-                raise OSError("upstream closed")
-            c.sendall(mv[:k])
-            left -= k
+        pr, pw = os.pipe()
+        try:
+            while left > 0:
+                k = os.splice(u.fileno(), pw, min(left, 1 << 16))
+                if not k:
+                    raise OSError("upstream closed")
+                left -= k
+                while k:
+                    k -= os.splice(pr, c.fileno(), k)
+        finally:
+            os.close(pr)
+            os.close(pw)
 
     def url(self, name):
         return "http://127.0.0.1:%d/%s" % (self.port, name)
