@@ -61,20 +61,29 @@ char *bs_abs_path(const char *p)
 char *bs_mountpoint_path(const char *p)
 {
   char *abs = bs_abs_path(p);
-  char link[8];
-  /* readlink of a directory (a mount's root too) fails without asking the
-   * file system mounted there; only a symlink is followed. */
-  if (!abs || readlink(abs, link, sizeof link) < 0)
-    return abs;
-  char *rp = realpath(abs, NULL);
-  if (!rp)
-    return abs;
-  char *out = bs_strdup(rp);
-  free(rp);
-  if (!out)
-    return abs;
-  bs_free(abs);
-  return out;
+  /* A symlink is followed by hand, each target resolved as bs_abs_path
+   * does (its parent only): realpath would check the last directory itself
+   * (a target written with a trailing slash: faccessat), which asks the
+   * file system mounted there, and a hung daemon never answers. readlink
+   * of a directory fails without asking it. As many hops as the kernel's
+   * own limit (40). */
+  for (int hop = 0; abs && hop < 40; hop++) {
+    char t[PATH_MAX], joined[PATH_MAX * 2 + 2];
+    ssize_t n = readlink(abs, t, sizeof t);
+    if (n <= 0 || (size_t)n >= sizeof t)
+      break;
+    t[n] = '\0';
+    if (t[0] != '/') { /* relative to the link's directory */
+      size_t dir = (size_t)(strrchr(abs, '/') - abs);
+      snprintf(joined, sizeof joined, "%.*s/%s", (int)dir, abs, t);
+    }
+    char *next = bs_abs_path(t[0] == '/' ? t : joined);
+    if (!next)
+      break; /* (a target in no directory: the link's own path) */
+    bs_free(abs);
+    abs = next;
+  }
+  return abs;
 }
 
 /* The checks of bs_run_dir on its directory. */

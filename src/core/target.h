@@ -28,8 +28,10 @@ struct bs_catalog;
 char *bs_abs_path(const char *p);
 
 /* A mountpoint as the mount table names it: bs_abs_path, and when the
- * last component is a symlink, its target resolved (the kernel mounts on
- * the target). Does not stat a directory there. Owned; NULL with errno. */
+ * last component is a symlink, its target (a chain followed, 40 hops at
+ * most) resolved the same way: the kernel mounts on the target. Never
+ * stats the directory it ends at (a mount whose daemon may hang). Owned;
+ * NULL with errno. */
 char *bs_mountpoint_path(const char *p);
 
 /* "dir/name" into buf (n bytes). 0, or -1 with err (ENAMETOOLONG) naming

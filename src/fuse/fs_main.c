@@ -494,6 +494,43 @@ static void status_ok(int sfd, const struct fs *fs, const char *mnt, bool daemon
   bs_free(text);
 }
 
+/* libfuse splices a local file's reply through a pipe that must hold it
+ * whole, with 3 pages and the header (fuse_send_data_iov), and grows the
+ * pipe with F_SETPIPE_SZ: past pipe-max-size only with CAP_SYS_RESOURCE.
+ * Where the pipe cannot grow so far, every READ of readahead= KiB is read
+ * into memory and copied instead, half as fast (bench.py): said in one
+ * line, with the largest value that still splices. Probed on a pipe of
+ * our own, as the daemon's threads will ask for theirs. */
+static void warn_unspliced(unsigned kib)
+{
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0)
+    pg = 4096;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return;
+  bool fits = fcntl(fds[0], F_SETPIPE_SZ, (int)((size_t)kib * 1024 + 3 * (size_t)pg + 16)) >= 0;
+  close(fds[0]);
+  close(fds[1]);
+  if (fits)
+    return;
+  unsigned long pmax = 1048576;
+  FILE *f = fopen("/proc/sys/fs/pipe-max-size", "re");
+  if (f) {
+    if (fscanf(f, "%lu", &pmax) != 1)
+      pmax = 1048576;
+    fclose(f);
+  }
+  unsigned long over = 3 * (unsigned long)pg + 16;
+  unsigned long fit =
+      pmax > over ? (pmax - over) / (unsigned long)pg * (unsigned long)pg / 1024 : 0;
+  fprintf(stderr,
+          PROG ": readahead=%u: reads of a local file larger than %lu KiB cannot be spliced here "
+               "(pipe-max-size is %lu bytes): they are copied, about half as fast; readahead=%lu "
+               "keeps splicing\n",
+          kib, fit, pmax, fit);
+}
+
 static int run_fusermount_u(const char *mnt)
 {
   pid_t pid = fork();
@@ -1019,26 +1056,8 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   fs->readahead_kb = fs->readahead_given        ? (unsigned)a->readahead_kb
                      : bs_src_is_url(a->source) ? READAHEAD_URL
                                                 : 0;
-  /* libfuse splices a local file's reply through a pipe that must hold it
-   * whole, plus 3 pages and the header, and no pipe grows past
-   * pipe-max-size (EPERM even for root here): a larger READ is read into
-   * memory and copied instead, half the speed in bench.py. */
-  if (fs->readahead_given && !bs_src_is_url(a->source)) {
-    unsigned long pmax = 1048576;
-    FILE *pf = fopen("/proc/sys/fs/pipe-max-size", "re");
-    if (pf) {
-      if (fscanf(pf, "%lu", &pmax) != 1)
-        pmax = 1048576;
-      fclose(pf);
-    }
-    unsigned long fit = pmax > 3 * 4096 + 16 ? (pmax - 3 * 4096 - 16) / 4096 * 4 : 0;
-    if (fs->readahead_kb > fit && fit >= 4)
-      fprintf(stderr,
-              PROG ": readahead=%u: reads of a local file larger than %lu KiB cannot be spliced "
-                   "(pipe-max-size is %lu bytes): they are copied, about half as fast; "
-                   "readahead=%lu keeps splicing\n",
-              fs->readahead_kb, fit, pmax, fit);
-  }
+  if (fs->readahead_given && fs->readahead_kb && !bs_src_is_url(a->source))
+    warn_unspliced(fs->readahead_kb);
   if (a->max_shard_size && !fs->writer) {
     fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
                          "(.safetensors or .safetensors.index.json)\n");

@@ -71,8 +71,11 @@ def mountpoints():
         return {unesc(line.split()[1]) for line in f}
 
 
-def is_mounted(path):
-    return os.path.realpath(path) in mountpoints()
+def is_mounted(path, resolved=False):
+    """Whether path is a mountpoint; resolved: it is the mount table's own
+    name (no realpath, which would stat a mount's root: a hung daemon
+    never answers)."""
+    return (path if resolved else os.path.realpath(path)) in mountpoints()
 
 
 def fnv1a(s):
@@ -135,12 +138,12 @@ def unmount_all_under(d):
     d = os.path.realpath(d)
     mps = mountpoints()
     for mp in sorted((m for m in mps if m == d or m.startswith(d + "/")), key=len, reverse=True):
-        force_unmount(mp)
+        force_unmount(mp, resolved=True)
 
 
-def force_unmount(mnt):
+def force_unmount(mnt, resolved=False):
     for args in (["fusermount3", "-u", mnt], ["fusermount3", "-uz", mnt]):
-        if not is_mounted(mnt):
+        if not is_mounted(mnt, resolved):
             return
         try:
             subprocess.run(args, capture_output=True, timeout=DEADLINE)
@@ -203,6 +206,7 @@ class Mount:
     def __init__(self, source, mnt, opts=None, extra=()):
         self.source, self.mnt, self.opts, self.extra = source, mnt, opts, list(extra)
         self.unmount_result = None
+        self.unmount_timeout = 600  # (burnstore -u waits for the write-back)
 
     def __enter__(self):
         os.makedirs(self.mnt, exist_ok=True)
@@ -219,7 +223,7 @@ class Mount:
 
     def unmount(self):
         if self.unmount_result is None and is_mounted(self.mnt):
-            self.unmount_result = run([BIN, "-u", self.mnt], timeout=600)
+            self.unmount_result = run([BIN, "-u", self.mnt], timeout=self.unmount_timeout)
         return self.unmount_result
 
     def __exit__(self, *exc):

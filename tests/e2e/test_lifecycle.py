@@ -524,7 +524,7 @@ def test_symlinked_mountpoint(tmp):
             with open(os.path.join(real, "t"), "wb") as f:
                 f.write(blob)
             st = run([BIN, "status", unmount_by])
-            check(st.returncode == 0 and "mounted" in st.stdout, "%s: status: %d %r" % (what, st.returncode, st.stdout))
+            check(st.returncode == 0 and "(mounted)" in st.stdout, "%s: status: %d %r" % (what, st.returncode, st.stdout))
             try:
                 u = run([BIN, "-u", unmount_by], timeout=30)
                 check(u.returncode == 0, "%s: -u: %d %s" % (what, u.returncode, u.stderr))

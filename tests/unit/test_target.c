@@ -85,8 +85,8 @@ Test(target, key_follows_a_symlink)
 }
 
 /* The mount table's name of a mountpoint: a directory as given (its
- * parent resolved), a symlink to one by its target, a dangling or missing
- * name by its own absolute path. */
+ * parent resolved), a symlink (or a chain of them) by its target, a
+ * missing name by its own absolute path. */
 Test(target, mountpoint_path_resolves_only_a_symlink)
 {
   char *real = realpath(dir, NULL), p[PATH_MAX], want[PATH_MAX];
@@ -97,8 +97,17 @@ Test(target, mountpoint_path_resolves_only_a_symlink)
   cr_assert_eq(symlink("m", p), 0);
   snprintf(p, sizeof p, "%s/d", dir);
   cr_assert_eq(symlink("gone", p), 0);
-  const char *cases[][2] = {{"/m", "/m"},   {"/l", "/m"}, {"/l/", "/m"},
-                            {"/./l", "/m"}, {"/d", "/d"}, {"/none", "/none"}};
+  snprintf(p, sizeof p, "%s/s", dir); /* a trailing slash: not stat-ed either */
+  cr_assert_eq(symlink("m/", p), 0);
+  snprintf(p, sizeof p, "%s/chain", dir); /* a chain, absolute then relative */
+  char abs[PATH_MAX];
+  snprintf(abs, sizeof abs, "%s/l", dir);
+  cr_assert_eq(symlink(abs, p), 0);
+  snprintf(p, sizeof p, "%s/loop", dir); /* a loop ends after 40 hops */
+  cr_assert_eq(symlink("loop", p), 0);
+  const char *cases[][2] = {{"/m", "/m"},   {"/l", "/m"},     {"/l/", "/m"},
+                            {"/./l", "/m"}, {"/d", "/gone"},  {"/none", "/none"},
+                            {"/s", "/m"},   {"/chain", "/m"}, {"/loop", "/loop"}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     snprintf(p, sizeof p, "%s%s", dir, cases[i][0]);
     snprintf(want, sizeof want, "%s%s", real, cases[i][1]);
