@@ -1,26 +1,14 @@
-/* The HTTP(S) byte source's pure pieces (no network), for its unit tests:
- * URL handling, header parsing and the bounded block cache. */
-#ifndef BURNSTORE_CORE_HTTP_H
-#define BURNSTORE_CORE_HTTP_H
+/* The HTTP source's block cache: fixed-size blocks of many sources, least
+ * recently used evicted first, bounded. Pure (no network), unit-tested. */
+#ifndef BURNSTORE_CORE_HTTP_CACHE_H
+#define BURNSTORE_CORE_HTTP_CACHE_H
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* `rel` (a relative name, no "..": the caller checked) beside the file that
- * `base` names: its last path segment replaced; the query and fragment of
- * base dropped. bs_malloc'd; NULL: no memory, or base is no http(s) URL. */
-char *bs_http_resolve(const char *base, const char *rel);
-/* "bytes FIRST-LAST/TOTAL" (TOTAL may be "*": UINT64_MAX). 0, or -1 when
- * val is not one (or LAST < FIRST, or LAST >= TOTAL). */
-int bs_http_content_range(const char *val, uint64_t *first, uint64_t *last, uint64_t *total);
-/* Retry-After in milliseconds, at most cap_ms: delta seconds only (an
- * HTTP date, or garbage: -1, the caller backs off on its own). */
-long bs_http_retry_after(const char *val, long cap_ms);
-/* A header line "Name: value\r\n": whether it is `name` (any case); *v and
- * *vn the value without surrounding blanks. */
-bool bs_http_header_is(const char *line, size_t n, const char *name, const char **v, size_t *vn);
+#include "core/http_parse.h"
 
 /* A cache of fixed-size blocks of many sources (keyed by a source id and a
  * block index), least recently used evicted first: it never holds more than
@@ -38,7 +26,6 @@ struct bs_http_cache {
   uint8_t *spare[BS_HTTP_SPARE];
   size_t nspare;
 };
-#define BS_HTTP_CACHE_BLOCKS_MAX 16384 /* 16 GiB of 1 MiB blocks */
 /* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes);
 void bs_http_cache_destroy(struct bs_http_cache *c);
