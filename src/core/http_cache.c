@@ -6,23 +6,32 @@
 #include "core/alloc.h"
 #include "core/http_cache.h"
 
+/* A slot: a block held (data not NULL), in its hash bucket's chain and
+ * in the recency list (slot numbers + 1; 0: none). */
 struct bs_http_block {
-  uint64_t id, idx, used;
+  uint64_t id, idx;
   uint8_t *data; /* NULL: a free slot */
   size_t len;
-  unsigned pins; /* readers replying from data: neither evicted nor replaced */
+  unsigned pins;         /* readers replying from data: neither evicted nor replaced */
+  uint32_t chain;        /* the next slot of its hash bucket */
+  uint32_t newer, older; /* the recency list */
 };
 
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
 {
   memset(c, 0, sizeof *c);
   c->block = block;
-  /* (a lookup scans the slots: a bound keeps it a few microseconds) */
   uint64_t nb = bytes / block;
   c->nmax = nb == 0 ? 1 : nb > BS_HTTP_CACHE_BLOCKS_MAX ? BS_HTTP_CACHE_BLOCKS_MAX : (size_t)nb;
+  size_t nb2 = 1;
+  while (nb2 < c->nmax * 2) /* (nmax <= 16384: no overflow) */
+    nb2 *= 2;
+  c->hmask = nb2 - 1;
   c->b = bs_calloc(c->nmax, sizeof *c->b);
-  if (!c->b || pthread_mutex_init(&c->lock, NULL) != 0) {
+  c->bucket = bs_calloc(nb2, sizeof *c->bucket);
+  if (!c->b || !c->bucket || pthread_mutex_init(&c->lock, NULL) != 0) {
     bs_free(c->b);
+    bs_free(c->bucket);
     c->b = NULL;
     return -ENOMEM;
   }
@@ -38,16 +47,71 @@ void bs_http_cache_destroy(struct bs_http_cache *c)
   for (size_t i = 0; i < c->nspare; i++)
     bs_free(c->spare[i]);
   bs_free(c->b);
+  bs_free(c->bucket);
   c->b = NULL;
   pthread_mutex_destroy(&c->lock);
 }
 
+static uint32_t *bucket_of(struct bs_http_cache *c, uint64_t id, uint64_t idx)
+{
+  uint64_t h = (id * 0x9E3779B97F4A7C15ull) ^ (idx * 0xC2B2AE3D27D4EB4Full);
+  h ^= h >> 29;
+  return &c->bucket[(size_t)h & c->hmask];
+}
+
 static struct bs_http_block *cache_find(struct bs_http_cache *c, uint64_t id, uint64_t idx)
 {
-  for (size_t i = 0; i < c->nmax; i++)
-    if (c->b[i].data && c->b[i].id == id && c->b[i].idx == idx)
-      return &c->b[i];
+  for (uint32_t s = *bucket_of(c, id, idx); s; s = c->b[s - 1].chain)
+    if (c->b[s - 1].id == id && c->b[s - 1].idx == idx)
+      return &c->b[s - 1];
   return NULL;
+}
+
+static uint32_t slot_of(struct bs_http_cache *c, struct bs_http_block *b)
+{
+  return (uint32_t)(b - c->b) + 1;
+}
+
+static void unlist(struct bs_http_cache *c, struct bs_http_block *b)
+{
+  if (b->newer)
+    c->b[b->newer - 1].older = b->older;
+  else
+    c->newest = b->older;
+  if (b->older)
+    c->b[b->older - 1].newer = b->newer;
+  else
+    c->oldest = b->newer;
+  b->newer = b->older = 0;
+}
+
+/* b becomes the most recently used. */
+static void touch(struct bs_http_cache *c, struct bs_http_block *b)
+{
+  uint32_t s = slot_of(c, b);
+  if (c->newest == s)
+    return;
+  if (b->newer || b->older || c->oldest == s)
+    unlist(c, b);
+  b->older = c->newest;
+  if (c->newest)
+    c->b[c->newest - 1].newer = s;
+  c->newest = s;
+  if (!c->oldest)
+    c->oldest = s;
+}
+
+/* b leaves its bucket and the recency list (its data stays the caller's). */
+static void forget(struct bs_http_cache *c, struct bs_http_block *b)
+{
+  uint32_t s = slot_of(c, b);
+  for (uint32_t *p = bucket_of(c, b->id, b->idx); *p; p = &c->b[*p - 1].chain)
+    if (*p == s) {
+      *p = b->chain;
+      break;
+    }
+  b->chain = 0;
+  unlist(c, b);
 }
 
 long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_t off, void *dst,
@@ -55,17 +119,22 @@ long bs_http_cache_get(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_
 {
   pthread_mutex_lock(&c->lock);
   struct bs_http_block *b = cache_find(c, id, idx);
-  long r = -1;
-  if (b) {
-    b->used = ++c->tick;
-    size_t k = off < b->len ? b->len - off : 0;
-    if (k > n)
-      k = n;
-    memcpy(dst, b->data + off, k);
-    r = (long)k;
+  if (!b) {
+    pthread_mutex_unlock(&c->lock);
+    return -1;
   }
+  touch(c, b);
+  size_t k = off < b->len ? b->len - off : 0;
+  if (k > n)
+    k = n;
+  const uint8_t *p = b->data + off;
+  b->pins++; /* (copied outside the lock: other readers are not held up) */
   pthread_mutex_unlock(&c->lock);
-  return r;
+  memcpy(dst, p, k);
+  pthread_mutex_lock(&c->lock);
+  b->pins--;
+  pthread_mutex_unlock(&c->lock);
+  return (long)k;
 }
 
 size_t bs_http_cache_prefix(struct bs_http_cache *c, uint64_t id, uint64_t idx, void *dst,
@@ -134,32 +203,42 @@ void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx,
   /* As long already (another reader's), or shorter but pinned (its bytes
    * are being sent): keep it. */
   if (b && (b->len >= len || b->pins)) {
-    b->used = ++c->tick;
+    touch(c, b);
     spare_put(c, data, len);
     pthread_mutex_unlock(&c->lock);
     return;
   }
-  if (!b) { /* a free slot, else the least recently used that is not pinned */
-    for (size_t i = 0; i < c->nmax; i++) {
-      struct bs_http_block *x = &c->b[i];
-      if (!x->data) {
-        b = x;
-        break;
-      }
-      if (!x->pins && (!b || x->used < b->used))
-        b = x;
-    }
+  if (b) { /* shorter, not pinned: replaced in place */
+    spare_put(c, b->data, b->len);
+    c->bytes -= b->len;
+    b->data = data;
+    b->len = len;
+    c->bytes += len;
+    touch(c, b);
+    pthread_mutex_unlock(&c->lock);
+    return;
+  }
+  if (c->n < c->nmax) { /* a free slot */
+    b = &c->b[c->n++];
+  } else { /* the least recently used that is not pinned */
+    for (uint32_t s = c->oldest; s && !b; s = c->b[s - 1].newer)
+      if (!c->b[s - 1].pins)
+        b = &c->b[s - 1];
     if (!b) { /* every block pinned: this one is not kept */
       spare_put(c, data, len);
       pthread_mutex_unlock(&c->lock);
       return;
     }
-  }
-  if (!b->data)
-    c->n++;
-  else
+    forget(c, b);
     spare_put(c, b->data, b->len);
-  *b = (struct bs_http_block){.id = id, .idx = idx, .used = ++c->tick, .data = data, .len = len};
+    c->bytes -= b->len;
+  }
+  *b = (struct bs_http_block){.id = id, .idx = idx, .data = data, .len = len};
+  c->bytes += len;
+  uint32_t *head = bucket_of(c, id, idx);
+  b->chain = *head;
+  *head = slot_of(c, b);
+  touch(c, b);
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -170,7 +249,7 @@ bool bs_http_cache_pin(struct bs_http_cache *c, uint64_t id, uint64_t idx, size_
   struct bs_http_block *b = cache_find(c, id, idx);
   bool ok = b && off <= b->len && n <= b->len - off;
   if (ok) {
-    b->used = ++c->tick;
+    touch(c, b);
     b->pins++;
     *p = b->data + off;
   }
@@ -198,10 +277,7 @@ void bs_http_cache_unused(struct bs_http_cache *c, uint8_t *data, size_t len)
 size_t bs_http_cache_bytes(struct bs_http_cache *c)
 {
   pthread_mutex_lock(&c->lock);
-  size_t t = 0;
-  for (size_t i = 0; i < c->nmax; i++)
-    if (c->b[i].data)
-      t += c->b[i].len;
+  size_t t = c->bytes;
   pthread_mutex_unlock(&c->lock);
   return t;
 }

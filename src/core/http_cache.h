@@ -17,9 +17,15 @@ struct bs_http_block;
 #define BS_HTTP_SPARE 16 /* whole-block buffers kept for reuse */
 struct bs_http_cache {
   pthread_mutex_t lock;
-  size_t block, nmax, n;
-  uint64_t tick;
-  struct bs_http_block *b; /* nmax slots */
+  size_t block, nmax, n; /* block size, slots, slots used (0..n-1) */
+  size_t bytes;          /* the blocks' sizes */
+  struct bs_http_block *b;
+  /* A hash of (id, idx) to the slots (chained: slot + 1, 0 ends), and the
+   * slots by recency (newest first): a lookup and an eviction cost a few
+   * steps, not a scan of the slots. */
+  uint32_t *bucket;
+  size_t hmask;
+  uint32_t newest, oldest;
   /* Buffers of evicted whole blocks, for the next fetch: a fresh 1 MiB
    * allocation is a fresh mapping, every page of it faulted in and zeroed
    * by the kernel, each time. */

@@ -1,257 +1,215 @@
-/* The HTTP client of the byte source (http_client.h): range requests by
- * libcurl with retries and backoff, deadlines, redirects, TLS trust, the
- * Hub's token and S3's Signature V4. curl easy handles are not thread-safe:
- * each request takes one from a small pool (connections are reused through
- * it). */
+/* The HTTP client of the byte source (http_client.h): every request on one
+ * libcurl multi handle, driven by one thread (curl_multi_poll, woken by
+ * curl_multi_wakeup), with a share handle for connections, DNS and TLS
+ * sessions, as libcurl's own multi examples do. A request is a struct the
+ * caller owns: submitted, it is started (and started again after a
+ * retryable failure, with backoff) by the thread, which writes its body
+ * straight into the caller's blocks and ends it at its deadline, when its
+ * stop flag turns true, when it is cancelled, or with its answer; then it
+ * calls the request's done callback, or wakes the caller waiting for it.
+ * Waits use CLOCK_MONOTONIC. The thread starts with the first request: a
+ * daemon stops it (bs_http_client_stop) before it forks, never in a fork
+ * handler. */
 #include <curl/curl.h>
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
 #include "core/alloc.h"
-#include "core/checked.h"
 #include "core/http_client.h"
+#include "core/http_parse.h"
 
 enum {
-  TRIES = 6,              /* attempts of one request (5 retries) */
-  BACKOFF_MS = 200,       /* first retry's wait, doubled each time */
-  RETRY_CAP_MS = 10000,   /* the longest wait (Retry-After included) */
-  MAX_REDIRS = 8,         /* redirect hops followed */
-  CONNECT_TIMEOUT_S = 15, /* connection */
-  LOW_SPEED_S = 30,       /* under 1 byte/s for this long: a stalled transfer */
-  TIMEOUT_S = 60,         /* a read blocks at most this long (BURNSTORE_HTTP_TIMEOUT) */
-  FAR_US = 5000,          /* a request's first byte later than this: latency */
+  TRIES = 6,               /* attempts of one request (5 retries) */
+  BACKOFF_MS = 200,        /* first retry's wait, doubled each time */
+  RETRY_CAP_MS = 10000,    /* the longest wait (Retry-After included) */
+  MAX_REDIRS = 8,          /* redirect hops followed */
+  CONNECT_TIMEOUT_S = 15,  /* connection */
+  LOW_SPEED_S = 30,        /* under 1 byte/s for this long: a stalled transfer */
+  FAR_US = 5000,           /* a request's first byte later than this: latency */
+  ERR_BODY_MAX = 64 << 10, /* an error's body read at most (then the transfer ends) */
+  TICK_MS = 250,           /* the thread looks at stop flags at least this often */
+  EASY_KEPT = 32,          /* idle easy handles kept */
+  MAX_CONNECTS = 64,       /* connections kept open */
+  BUFFER = 512 << 10,      /* libcurl's receive buffer: fewer, larger body callbacks */
 };
-#define CACHE_DEFAULT ((uint64_t)64 << 20)
+_Static_assert(sizeof(((struct bs_http_req *)0)->errbuf) >= CURL_ERROR_SIZE, "errbuf");
 
-/* The last request's first byte came after FAR_US. */
+enum { NEW, RUNNING, BACKING_OFF }; /* a request's state */
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t landed; /* (CLOCK_MONOTONIC) a request ended */
+  CURLM *multi;
+  CURLSH *share;
+  pthread_mutex_t share_lock[CURL_LOCK_DATA_LAST];
+  pthread_t thread;
+  bool running, quit;      /* the thread runs; it is to end */
+  struct bs_http_req *all; /* submitted, not ended */
+  CURL *idle[EASY_KEPT];
+  size_t nidle;
+  uint64_t cancel_before; /* requests born before this end at once */
+  CURLcode init_rc;
+} cl = {.lock = PTHREAD_MUTEX_INITIALIZER, .init_rc = CURLE_FAILED_INIT};
+static pthread_once_t cl_once = PTHREAD_ONCE_INIT;
 static atomic_bool far_link;
+static _Atomic uint64_t conn_rate;
+
+uint64_t bs_http_now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
 bool bs_http_far_link(void)
 {
   return atomic_load(&far_link);
 }
 
-static bool stopping(const atomic_bool *stop)
+uint64_t bs_http_conn_rate(void)
 {
-  return stop && atomic_load(stop);
+  return atomic_load(&conn_rate);
 }
 
-void bs_http_site_unref(struct bs_http_site *sh)
+static void share_lock(CURL *c, curl_lock_data d, curl_lock_access a, void *ud)
 {
-  if (!sh)
+  (void)c, (void)a, (void)ud;
+  pthread_mutex_lock(&cl.share_lock[d]);
+}
+
+static void share_unlock(CURL *c, curl_lock_data d, void *ud)
+{
+  (void)c, (void)ud;
+  pthread_mutex_unlock(&cl.share_lock[d]);
+}
+
+static void client_once(void)
+{
+  pthread_condattr_t ca;
+  if ((cl.init_rc = curl_global_init(CURL_GLOBAL_DEFAULT)) != CURLE_OK)
     return;
-  pthread_mutex_lock(&sh->lock);
-  bool last = --sh->refs == 0;
-  pthread_mutex_unlock(&sh->lock);
-  if (!last)
+  cl.init_rc = CURLE_OUT_OF_MEMORY;
+  if (pthread_condattr_init(&ca) != 0)
     return;
-  for (size_t i = 0; i < sh->nidle; i++)
-    curl_easy_cleanup(sh->idle[i]);
-  bs_http_cache_destroy(&sh->cache);
-  bs_free(sh->cainfo);
-  bs_free(sh->capath);
-  char *secrets[] = {sh->auth, sh->aws_id, sh->aws_secret, sh->aws_token};
-  for (size_t i = 0; i < sizeof secrets / sizeof *secrets; i++)
-    if (secrets[i]) {
-      memset(secrets[i], 0, strlen(secrets[i]));
-      bs_free(secrets[i]);
-    }
-  pthread_mutex_destroy(&sh->lock);
-  bs_free(sh);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int e = pthread_cond_init(&cl.landed, &ca);
+  pthread_condattr_destroy(&ca);
+  if (e != 0 || !(cl.multi = curl_multi_init()) || !(cl.share = curl_share_init()))
+    return;
+  for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+    pthread_mutex_init(&cl.share_lock[i], NULL);
+  curl_share_setopt(cl.share, CURLSHOPT_LOCKFUNC, share_lock);
+  curl_share_setopt(cl.share, CURLSHOPT_UNLOCKFUNC, share_unlock);
+  curl_share_setopt(cl.share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+  curl_share_setopt(cl.share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+  curl_share_setopt(cl.share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+  curl_multi_setopt(cl.multi, CURLMOPT_MAXCONNECTS, (long)MAX_CONNECTS);
+  cl.init_rc = CURLE_OK;
 }
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_global_rc = CURLE_FAILED_INIT;
-
-static void curl_global(void)
+int bs_http_client_init(bs_err *err)
 {
-  curl_global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
-/* The credentials of rm's kind: the Hub's token, S3's keys (from the
- * environment), an HTTP server's BURNSTORE_HTTP_TOKEN. false: no memory. */
-static bool site_creds(struct bs_http_site *sh, const struct bs_http_opts *o,
-                       const struct bs_remote *rm)
-{
-  char *tok = NULL;
-  sh->deny_hint = "a token: BURNSTORE_HTTP_TOKEN";
-  if (o && o->bearer) {
-    tok = bs_strdup(o->bearer);
-  } else if (rm->kind == BS_REMOTE_HF) {
-    tok = bs_hf_token();
-    sh->deny_hint = "a gated or private repository needs a token: HF_TOKEN, or $HF_HOME/token";
-  } else if (rm->kind == BS_REMOTE_HTTP && getenv("BURNSTORE_HTTP_TOKEN")) {
-    tok = bs_strdup(getenv("BURNSTORE_HTTP_TOKEN"));
-  }
-  bool want = tok && *tok;
-  if (want) {
-    size_t n = strlen(tok) + 32;
-    if ((sh->auth = bs_malloc(n)))
-      snprintf(sh->auth, n, "Authorization: Bearer %s", tok);
-  }
-  if (tok) {
-    memset(tok, 0, strlen(tok));
-    bs_free(tok);
-  }
-  if (want && !sh->auth)
-    return false;
-  if (rm->kind != BS_REMOTE_S3)
-    return true;
-  sh->deny_hint = "check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and "
-                  "AWS_REGION";
-  const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
-  const char *session = getenv("AWS_SESSION_TOKEN");
-  if (!id || !*id) /* unsigned requests: a public bucket */
-    return true;
-  memcpy(sh->sigv4, rm->sigv4, sizeof sh->sigv4);
-  if (!(sh->aws_id = bs_strdup(id)) || !(sh->aws_secret = bs_strdup(secret ? secret : "")))
-    return false;
-  if (session && *session) {
-    size_t n = strlen(session) + 32;
-    if (!(sh->aws_token = bs_malloc(n)))
-      return false;
-    snprintf(sh->aws_token, n, "x-amz-security-token: %s", session);
-  }
-  return true;
-}
-
-/* The cache size and read timeout: opts', else $BURNSTORE_HTTP_CACHE's and
- * $BURNSTORE_HTTP_TIMEOUT's, else the defaults. A variable that is set to
- * something else is an error naming it (it was taken as the default). */
-static int tunables(const struct bs_http_opts *o, uint64_t *cache, long *timeout_s, bs_err *err)
-{
-  const char *v;
-  *cache = CACHE_DEFAULT;
-  *timeout_s = TIMEOUT_S;
-  if (o && o->cache_bytes)
-    *cache = o->cache_bytes;
-  else if ((v = getenv("BURNSTORE_HTTP_CACHE")) && bs_http_parse_cache(v, cache) != 0)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "BURNSTORE_HTTP_CACHE='%.40s' is not a cache size (1M to 16G; K, M, G "
-                   "binary, e.g. 256M)",
-                   v);
-  if (o && o->timeout_s)
-    *timeout_s = o->timeout_s;
-  else if ((v = getenv("BURNSTORE_HTTP_TIMEOUT")) && bs_http_parse_timeout(v, timeout_s) != 0)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "BURNSTORE_HTTP_TIMEOUT='%.40s' is not whole seconds from 1 to %d", v,
-                   BS_HTTP_TIMEOUT_MAX_S);
+  pthread_once(&cl_once, client_once);
+  if (cl.init_rc != CURLE_OK)
+    return bs_fail(err, EIO, BS_OFF_NONE, NULL, "cannot initialise libcurl: %s",
+                   curl_easy_strerror(cl.init_rc));
   return 0;
 }
 
-static struct bs_http_site *site_new(const struct bs_http_opts *o, const struct bs_remote *rm,
-                                     uint64_t cache, long timeout_s)
-{
-  struct bs_http_site *sh = bs_calloc(1, sizeof *sh);
-  if (!sh)
-    return NULL;
-  if (pthread_mutex_init(&sh->lock, NULL) != 0) {
-    bs_free(sh);
-    return NULL;
-  }
-  sh->refs = 1;
-  sh->timeout_s = timeout_s;
-  const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
-  const char *file = getenv("SSL_CERT_FILE");
-  if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||
-      (!bundle && dir && *dir && !(sh->capath = bs_strdup(dir))) ||
-      (!bundle && file && *file && !(sh->cainfo = bs_strdup(file)))) {
-    bs_http_site_unref(sh);
-    return NULL;
-  }
-  if (bs_http_cache_init(&sh->cache, BS_HTTP_BLOCK, cache)) {
-    bs_http_site_unref(sh);
-    return NULL;
-  }
-  if (!site_creds(sh, o, rm)) {
-    bs_http_site_unref(sh);
-    return NULL;
-  }
-  return sh;
-}
-
-static CURL *handle_get(struct bs_http_site *sh)
-{
-  pthread_mutex_lock(&sh->lock);
-  CURL *c = sh->nidle ? sh->idle[--sh->nidle] : NULL;
-  pthread_mutex_unlock(&sh->lock);
-  return c ? c : curl_easy_init();
-}
-
-static void handle_put(struct bs_http_site *sh, CURL *c)
-{
-  pthread_mutex_lock(&sh->lock);
-  if (sh->nidle < BS_HTTP_HANDLES_KEPT) {
-    sh->idle[sh->nidle++] = c;
-    c = NULL;
-  }
-  pthread_mutex_unlock(&sh->lock);
-  if (c)
-    curl_easy_cleanup(c);
-}
+/* ---- one answer: headers and body, on the client's thread ---- */
 
 static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
 {
-  struct bs_http_xfer *x = ud;
+  struct bs_http_req *r = ud;
+  struct bs_http_xfer *x = &r->x;
   size_t n = size * nitems;
   const char *v;
   size_t vn;
   if (n >= 5 && strncmp(line, "HTTP/", 5) == 0) { /* a new answer (after a redirect) */
-    x->have_range = false;
-    x->etag[0] = x->lastmod[0] = '\0';
-    x->retry_ms = -1;
+    char commit[sizeof x->commit];
+    memcpy(commit, x->commit, sizeof commit);
+    *x = (struct bs_http_xfer){.length = UINT64_MAX, .retry_ms = -1};
+    memcpy(x->commit, commit, sizeof commit);
+    r->started = r->err_cut = false;
+    r->skip = 0;
   } else if (bs_http_header_is(line, n, "Content-Range", &v, &vn)) {
-    char tmp[128];
-    snprintf(tmp, sizeof tmp, "%.*s", (int)(vn < sizeof tmp ? vn : sizeof tmp - 1), v);
-    x->have_range = bs_http_content_range(tmp, &x->first, &x->last, &x->total) == 0;
+    x->have_range = bs_http_content_range(v, vn, &x->first, &x->last, &x->total) == 0;
+  } else if (bs_http_header_is(line, n, "Content-Length", &v, &vn)) {
+    if (!bs_http_number(v, vn, &x->length))
+      x->length = UINT64_MAX;
   } else if (bs_http_header_is(line, n, "ETag", &v, &vn)) {
-    if (vn < sizeof x->etag)
-      snprintf(x->etag, sizeof x->etag, "%.*s", (int)vn, v);
+    x->etag_n = vn;
+    snprintf(x->etag, sizeof x->etag, "%.*s", vn < sizeof x->etag ? (int)vn : 0, v);
   } else if (bs_http_header_is(line, n, "Last-Modified", &v, &vn)) {
-    if (vn < sizeof x->lastmod)
-      snprintf(x->lastmod, sizeof x->lastmod, "%.*s", (int)vn, v);
+    snprintf(x->lastmod, sizeof x->lastmod, "%.*s", vn < sizeof x->lastmod ? (int)vn : 0, v);
+  } else if (bs_http_header_is(line, n, "Content-Encoding", &v, &vn)) {
+    if (!(vn == 8 && strncasecmp(v, "identity", 8) == 0) && vn)
+      snprintf(x->encoding, sizeof x->encoding, "%.*s",
+               (int)(vn < sizeof x->encoding ? vn : sizeof x->encoding - 1), v);
   } else if (bs_http_header_is(line, n, "X-Repo-Commit", &v, &vn)) {
     if (!x->commit[0]) /* (the Hub's answer, not its CDN's after the redirect) */
       snprintf(x->commit, sizeof x->commit, "%.*s",
                (int)(vn < sizeof x->commit ? vn : sizeof x->commit - 1), v);
   } else if (bs_http_header_is(line, n, "Retry-After", &v, &vn)) {
-    char tmp[32];
-    snprintf(tmp, sizeof tmp, "%.*s", (int)(vn < sizeof tmp ? vn : sizeof tmp - 1), v);
-    x->retry_ms = bs_http_retry_after(tmp, RETRY_CAP_MS);
+    x->retry_ms = bs_http_retry_after(v, vn, RETRY_CAP_MS);
   }
   return n;
 }
 
+/* Only a success's body is ours; an error's is read up to ERR_BODY_MAX
+ * (then the transfer ends: an endless error body is not drained). A 200 to
+ * a range request is the whole object: ours starts `first` bytes in,
+ * skipped up to BS_HTTP_SKIP_MAX (beyond, the transfer stops: refused). A
+ * body with a Content-Encoding is not the object's bytes: refused. */
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
-  struct bs_http_xfer *x = ud;
+  struct bs_http_req *r = ud;
+  struct bs_http_xfer *x = &r->x;
   size_t n = size * nmemb, used = 0;
-  if (x->skip) {
-    size_t k = x->skip < n ? (size_t)x->skip : n;
-    x->skip -= k;
+  long code = 0;
+  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code != 200 && code != 206) {
+    r->skip += n;
+    if (r->skip <= ERR_BODY_MAX)
+      return n;
+    r->err_cut = true;
+    return 0;
+  }
+  if (x->encoding[0])
+    return 0;
+  if (!r->started) {
+    r->started = true;
+    r->skip = 0;
+    if (code == 200) {
+      if (r->first > BS_HTTP_SKIP_MAX)
+        return 0;
+      r->skip = r->first;
+    }
+  }
+  if (r->skip) {
+    size_t k = r->skip < n ? (size_t)r->skip : n;
+    r->skip -= k;
     used = k;
   }
-  size_t room = x->cap - x->got, k = n - used;
-  if (k > room) {
-    x->overflow = true;
+  size_t room = r->n - x->got, k = n - used;
+  if (k > room)
     k = room;
-  }
   for (size_t done = 0; done < k;) { /* straight into the blocks */
-    size_t at = x->to.base + x->got, in = at % BS_HTTP_BLOCK, m = BS_HTTP_BLOCK - in;
+    size_t at = r->to.base + x->got, in = at % BS_HTTP_BLOCK, m = BS_HTTP_BLOCK - in;
     if (m > k - done)
       m = k - done;
-    memcpy(x->to.seg[at / BS_HTTP_BLOCK] + in, data + used + done, m);
+    memcpy(r->to.seg[at / BS_HTTP_BLOCK] + in, data + used + done, m);
     done += m;
     x->got += m;
   }
   /* Our range is complete: stop a body that goes on (a 200 to a range). */
-  return x->got == x->cap && used + k < n ? 0 : n;
+  return x->got == r->n && used + k < n ? 0 : n;
 }
+
+/* ---- requests, on the client's thread (under cl.lock) ---- */
 
 static bool retryable(CURLcode rc)
 {
@@ -270,264 +228,429 @@ static bool retryable(CURLcode rc)
   }
 }
 
-static void sleep_ms(long ms)
+/* S3's session token goes in a header, which libcurl would send to a
+ * redirect's host too: with it, no redirect is followed. */
+static bool follows(const struct bs_http_req *r)
 {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  return !(r->auth && r->site->sigv4[0] && r->site->aws_token);
+}
+
+/* Start r's next attempt: an easy handle set up and added to the multi. */
+static int attempt(struct bs_http_req *r, uint64_t now)
+{
+  struct bs_http_site *sh = r->site;
+  CURL *c = r->easy ? r->easy : cl.nidle ? cl.idle[--cl.nidle] : curl_easy_init();
+  if (!c)
+    return -ENOMEM;
+  r->easy = c;
+  if (!r->hdrs) {
+    struct curl_slist *h = NULL, *t;
+    bool ok = true;
+#define ADD(s) (ok = ok && (t = curl_slist_append(h, (s))) != NULL, h = ok ? t : h)
+    if (r->auth && sh->auth)
+      ADD(sh->auth);
+    if (r->pin && r->pin[0])
+      ADD(r->pin);
+    /* S3: libcurl signs (SigV4). libcurl 7.88 adds no x-amz-content-sha256
+     * itself, and signs the value given here as the payload's hash. */
+    if (r->auth && sh->sigv4[0])
+      ADD("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (r->auth && sh->sigv4[0] && sh->aws_token)
+      ADD(sh->aws_token);
+#undef ADD
+    if (!ok) {
+      curl_slist_free_all(h);
+      return -ENOMEM;
+    }
+    r->hdrs = h;
   }
-}
-
-uint64_t bs_http_now_ms(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-struct req {
-  struct bs_http_xfer x;
-  CURL *c;
-  uint64_t first; /* asked for */
-  bool started;
-  const atomic_bool *stop; /* (NULL: the opening request) */
-  uint64_t deadline;       /* CLOCK_MONOTONIC ms */
-};
-
-/* libcurl calls this at least once a second, also while no byte comes:
- * a released source's requests end, and so does one past its deadline. */
-static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
-                       curl_off_t ulnow)
-{
-  (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
-  const struct req *r = ud;
-  return stopping(r->stop) || bs_http_now_ms() >= r->deadline;
-}
-
-/* Why a request of h (NULL: the opening one) stops now: -ECANCELED (h
- * released), -EIO (past the deadline; msg, holding the last attempt's
- * failure or "", says so), or 0 (it goes on). */
-static int stopped(const struct bs_http_site *sh, const atomic_bool *stop, uint64_t now,
-                   uint64_t deadline, char *msg, size_t mn)
-{
-  if (stopping(stop)) {
-    snprintf(msg, mn, "cancelled: the source was closed");
-    return -ECANCELED;
+  char range[64];
+  snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)r->first,
+           (unsigned long long)(r->first + r->n - 1));
+  long low = sh->timeout_s < LOW_SPEED_S ? sh->timeout_s : LOW_SPEED_S;
+  r->attempt++;
+  r->started = r->err_cut = false;
+  r->skip = 0;
+  r->errbuf[0] = '\0';
+  r->x = (struct bs_http_xfer){.length = UINT64_MAX, .retry_ms = -1};
+  curl_easy_reset(c);
+  curl_easy_setopt(c, CURLOPT_SHARE, cl.share);
+  curl_easy_setopt(c, CURLOPT_PRIVATE, r);
+  curl_easy_setopt(c, CURLOPT_URL, r->url);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follows(r) ? 1L : 0L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(r->deadline - now));
+  curl_easy_setopt(c, CURLOPT_RANGE, range);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, (struct curl_slist *)r->hdrs);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, r->errbuf);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, (long)BUFFER);
+  if (sh->cainfo)
+    curl_easy_setopt(c, CURLOPT_CAINFO, sh->cainfo);
+  if (sh->capath)
+    curl_easy_setopt(c, CURLOPT_CAPATH, sh->capath);
+  if (r->auth && sh->sigv4[0]) {
+    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sh->sigv4);
+    curl_easy_setopt(c, CURLOPT_USERNAME, sh->aws_id);
+    curl_easy_setopt(c, CURLOPT_PASSWORD, sh->aws_secret);
   }
-  if (now < deadline)
-    return 0;
-  char last[160];
-  snprintf(last, sizeof last, "%s", msg);
-  snprintf(msg, mn, "no answer within %ld s (BURNSTORE_HTTP_TIMEOUT)%s%s", sh->timeout_s,
-           last[0] ? ": " : "", last);
-  return -EIO;
+  if (curl_multi_add_handle(cl.multi, c) != CURLM_OK)
+    return -ENOMEM;
+  r->state = RUNNING;
+  return 0;
 }
 
-/* Wait ms, or less: until the deadline, or h is released. */
-static void wait_ms(const atomic_bool *stop, long ms, uint64_t deadline)
+/* r leaves the multi and the list; its easy handle is kept or freed (its
+ * error buffer unset first: it is r's) and it goes on `ended`. */
+static void end(struct bs_http_req *r, int rc, struct bs_http_req **ended)
 {
-  uint64_t end = bs_http_now_ms() + (uint64_t)ms;
-  if (end > deadline)
-    end = deadline;
-  for (uint64_t t = bs_http_now_ms(); t < end && !stopping(stop); t = bs_http_now_ms())
-    sleep_ms(end - t < 100 ? (long)(end - t) : 100);
+  r->rc = rc;
+  CURL *c = r->easy;
+  if (c) {
+    if (r->state == RUNNING)
+      curl_multi_remove_handle(cl.multi, c);
+    if (rc == 0 && r->want_eff) { /* where the redirects led */
+      char *e = NULL;
+      if (curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &e) == CURLE_OK && e &&
+          strcmp(e, r->url) != 0)
+        r->eff = bs_strdup(e);
+    }
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, NULL);
+    curl_easy_setopt(c, CURLOPT_SHARE, NULL);
+    if (cl.nidle < EASY_KEPT)
+      cl.idle[cl.nidle++] = c;
+    else
+      curl_easy_cleanup(c);
+    r->easy = NULL;
+  }
+  curl_slist_free_all(r->hdrs);
+  r->hdrs = NULL;
+  for (struct bs_http_req **p = &cl.all; *p; p = &(*p)->next)
+    if (*p == r) {
+      *p = r->next;
+      break;
+    }
+  r->next = *ended;
+  *ended = r;
 }
 
-/* Only a success's body is ours (an error page is drained). A 200 to a
- * range request is the whole object: ours starts `first` bytes in, skipped
- * up to BS_HTTP_SKIP_MAX (beyond, the transfer stops: refused). */
-static size_t on_body_checked(char *data, size_t size, size_t nmemb, void *ud)
+static void timed_out(struct bs_http_req *r, const char *last)
 {
-  struct req *r = ud;
+  char tmp[160];
+  snprintf(tmp, sizeof tmp, "%.159s", last);
+  snprintf(r->msg, sizeof r->msg, "no answer within %ld s (BURNSTORE_HTTP_TIMEOUT)%s%s",
+           r->site->timeout_s, tmp[0] ? ": " : "", tmp);
+}
+
+/* Back off before the next attempt, or end r when none would start before
+ * its deadline (msg already says what failed). */
+static void retry(struct bs_http_req *r, uint64_t now, struct bs_http_req **ended)
+{
+  long ms = r->x.retry_ms >= 0 ? r->x.retry_ms : r->backoff;
+  r->backoff = r->backoff * 2 > RETRY_CAP_MS ? RETRY_CAP_MS : r->backoff * 2;
+  if (r->attempt >= TRIES) {
+    end(r, -EIO, ended);
+    return;
+  }
+  if (now + (uint64_t)ms >= r->deadline) {
+    timed_out(r, r->msg);
+    end(r, -EIO, ended);
+    return;
+  }
+  curl_multi_remove_handle(cl.multi, r->easy);
+  r->state = BACKING_OFF;
+  r->next_try = now + (uint64_t)ms;
+}
+
+/* r's transfer ended with cc: its answer classified; r ends, or backs off. */
+static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs_http_req **ended)
+{
+  CURL *c = r->easy;
   long code = 0;
-  curl_easy_getinfo(r->c, CURLINFO_RESPONSE_CODE, &code);
-  if (code != 200 && code != 206)
-    return size * nmemb;
-  if (!r->started) {
-    r->started = true;
-    if (code == 200) {
-      if (r->first > BS_HTTP_SKIP_MAX)
-        return 0;
-      r->x.skip = r->first;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  r->x.status = code;
+  curl_off_t ttfb = 0, total = 0, got = 0;
+  if (cc == CURLE_OK && curl_easy_getinfo(c, CURLINFO_STARTTRANSFER_TIME_T, &ttfb) == CURLE_OK) {
+    atomic_store(&far_link, ttfb > FAR_US);
+    if (curl_easy_getinfo(c, CURLINFO_TOTAL_TIME_T, &total) == CURLE_OK &&
+        curl_easy_getinfo(c, CURLINFO_SIZE_DOWNLOAD_T, &got) == CURLE_OK && got >= 256 << 10 &&
+        total > ttfb) {
+      uint64_t rate = (uint64_t)got * 1000000 / (uint64_t)(total - ttfb), old = conn_rate;
+      atomic_store(&conn_rate, old ? (old * 3 + rate) / 4 : rate);
     }
   }
-  return on_body(data, size, nmemb, &r->x);
+  bool ours_done = cc == CURLE_WRITE_ERROR && r->x.got == r->n && !r->x.encoding[0];
+  if (cc != CURLE_OK && !ours_done && !r->err_cut) {
+    if (cc == CURLE_WRITE_ERROR && r->x.encoding[0]) {
+      snprintf(r->msg, sizeof r->msg,
+               "the server sent the bytes with Content-Encoding: %s (compressed, not the "
+               "file's bytes): refused",
+               r->x.encoding);
+      end(r, -EIO, ended);
+      return;
+    }
+    snprintf(r->msg, sizeof r->msg, "%s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc));
+    if (cc == CURLE_OPERATION_TIMEDOUT && now + 50 >= r->deadline) {
+      timed_out(r, r->msg);
+      end(r, -EIO, ended);
+    } else if (retryable(cc)) {
+      retry(r, now, ended);
+    } else {
+      end(r, -EIO, ended);
+    }
+    return;
+  }
+  int rc = -EIO;
+  if (code == 412 || code == 416) {
+    snprintf(r->msg, sizeof r->msg,
+             "the object changed on the server (HTTP %ld to a conditional request)", code);
+    rc = -ESTALE;
+  } else if (code == 429 || code >= 500) {
+    snprintf(r->msg, sizeof r->msg, "HTTP %ld", code);
+    retry(r, now, ended);
+    return;
+  } else if (code == 401 || code == 403) {
+    snprintf(r->msg, sizeof r->msg, "HTTP %ld: access denied (%s)", code, r->site->deny_hint);
+    rc = -EACCES;
+  } else if (code == 404) {
+    snprintf(r->msg, sizeof r->msg, "HTTP 404: no such file on the server");
+    rc = -ENOENT;
+  } else if (!follows(r) && code >= 300 && code < 400) {
+    snprintf(r->msg, sizeof r->msg,
+             "HTTP %ld: a redirect, not followed with AWS_SESSION_TOKEN set (the token would go "
+             "to the redirect's host)",
+             code);
+  } else if (code != 200 && code != 206) {
+    snprintf(r->msg, sizeof r->msg, "HTTP %ld", code);
+  } else if (r->x.encoding[0]) {
+    snprintf(r->msg, sizeof r->msg,
+             "the server sent the bytes with Content-Encoding: %s (compressed, not the file's "
+             "bytes): refused",
+             r->x.encoding);
+  } else {
+    r->msg[0] = '\0';
+    rc = 0;
+  }
+  end(r, rc, ended);
+}
+
+/* Every request looked at: stopped, cancelled or late ones end, new ones
+ * and those whose backoff is over start. The wait until the next look. */
+static long look(uint64_t now, struct bs_http_req **ended)
+{
+  long wait = TICK_MS;
+  for (struct bs_http_req *r = cl.all, *next; r; r = next) {
+    next = r->next;
+    if (cl.quit || r->cancel || (r->stop && atomic_load(r->stop)) || r->born < cl.cancel_before) {
+      snprintf(r->msg, sizeof r->msg, "cancelled: the source was closed");
+      end(r, -ECANCELED, ended);
+      continue;
+    }
+    if (now >= r->deadline) {
+      timed_out(r, r->state == BACKING_OFF ? r->msg : r->errbuf);
+      end(r, -EIO, ended);
+      continue;
+    }
+    if (r->state == NEW || (r->state == BACKING_OFF && now >= r->next_try)) {
+      int e = attempt(r, now);
+      if (e != 0) {
+        snprintf(r->msg, sizeof r->msg, "cannot start an HTTP request: %s", strerror(-e));
+        end(r, e, ended);
+        continue;
+      }
+    }
+    long left = (long)((r->state == BACKING_OFF ? r->next_try : r->deadline) - now);
+    if (left < wait)
+      wait = left;
+  }
+  return wait < 0 ? 0 : wait;
+}
+
+/* The ended requests told (outside cl.lock: a done callback takes its
+ * owner's locks, which are held around bs_http_submit). */
+static void tell(struct bs_http_req *ended)
+{
+  bool waiters = false;
+  for (struct bs_http_req *r = ended, *next; r; r = next) {
+    next = r->next;
+    r->next = NULL;
+    if (r->done) {
+      r->ended = true;
+      r->done(r); /* (r may be freed from here on) */
+      continue;
+    }
+    pthread_mutex_lock(&cl.lock);
+    r->ended = true;
+    pthread_mutex_unlock(&cl.lock);
+    waiters = true;
+  }
+  if (waiters) {
+    pthread_mutex_lock(&cl.lock);
+    pthread_cond_broadcast(&cl.landed);
+    pthread_mutex_unlock(&cl.lock);
+  }
+}
+
+static void *loop(void *arg)
+{
+  (void)arg;
+  pthread_mutex_lock(&cl.lock);
+  for (;;) {
+    struct bs_http_req *ended = NULL;
+    uint64_t now = bs_http_now_ms();
+    long wait = look(now, &ended);
+    bool quit = cl.quit;
+    pthread_mutex_unlock(&cl.lock);
+    tell(ended);
+    if (quit)
+      break;
+    int still;
+    curl_multi_perform(cl.multi, &still);
+    ended = NULL;
+    CURLMsg *m;
+    int left;
+    pthread_mutex_lock(&cl.lock);
+    now = bs_http_now_ms();
+    while ((m = curl_multi_info_read(cl.multi, &left)))
+      if (m->msg == CURLMSG_DONE) {
+        struct bs_http_req *r = NULL;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+        CURLcode cc = m->data.result; /* (m is invalid once the handle is removed) */
+        if (r)
+          finished(r, cc, now, &ended);
+      }
+    bool more = ended || cl.quit;
+    pthread_mutex_unlock(&cl.lock);
+    tell(ended);
+    if (!more)
+      curl_multi_poll(cl.multi, NULL, 0, wait > 0 ? (int)wait : 0, NULL);
+    pthread_mutex_lock(&cl.lock);
+  }
+  return NULL;
+}
+
+int bs_http_submit(struct bs_http_req *r)
+{
+  pthread_once(&cl_once, client_once);
+  if (cl.init_rc != CURLE_OK)
+    return -EIO;
+  pthread_mutex_lock(&cl.lock);
+  int e = 0;
+  if (r->born < cl.cancel_before) {
+    e = -ECANCELED;
+  } else if (!cl.running) {
+    cl.quit = false;
+    if ((e = -pthread_create(&cl.thread, NULL, loop, NULL)) == 0)
+      cl.running = true;
+  }
+  if (e == 0) {
+    r->state = NEW;
+    r->attempt = 0;
+    r->backoff = BACKOFF_MS;
+    r->ended = r->cancel = false;
+    r->rc = 0;
+    r->msg[0] = '\0';
+    r->eff = NULL;
+    r->next = cl.all;
+    cl.all = r;
+  }
+  pthread_mutex_unlock(&cl.lock);
+  if (e == 0)
+    curl_multi_wakeup(cl.multi);
+  return e;
+}
+
+void bs_http_wait(struct bs_http_req *r)
+{
+  pthread_mutex_lock(&cl.lock);
+  while (!r->ended)
+    pthread_cond_wait(&cl.landed, &cl.lock);
+  pthread_mutex_unlock(&cl.lock);
+}
+
+void bs_http_cancel(struct bs_http_req *r)
+{
+  pthread_mutex_lock(&cl.lock);
+  r->cancel = true;
+  pthread_mutex_unlock(&cl.lock);
+  bs_http_wake();
+}
+
+void bs_http_wake(void)
+{
+  if (cl.multi)
+    curl_multi_wakeup(cl.multi);
+}
+
+void bs_http_cancel_all(void)
+{
+  pthread_mutex_lock(&cl.lock);
+  cl.cancel_before = bs_http_now_ms() + 1;
+  pthread_mutex_unlock(&cl.lock);
+  bs_http_wake();
+}
+
+void bs_http_client_stop(void)
+{
+  pthread_mutex_lock(&cl.lock);
+  bool running = cl.running;
+  cl.quit = true;
+  pthread_mutex_unlock(&cl.lock);
+  if (!running)
+    return;
+  bs_http_wake();
+  pthread_join(cl.thread, NULL);
+  pthread_mutex_lock(&cl.lock);
+  cl.running = false;
+  pthread_mutex_unlock(&cl.lock);
 }
 
 int bs_http_get(struct bs_http_site *sh, const atomic_bool *stop, const char *pin, const char *url,
                 bool auth, uint64_t first, const struct bs_http_dst *buf, size_t n,
                 struct bs_http_xfer *out, char **eff, uint64_t deadline, char *msg, size_t mn)
 {
-  memset(out, 0, sizeof *out);
-  CURL *c = handle_get(sh);
-  if (!c) {
-    snprintf(msg, mn, "cannot create an HTTP handle");
+  struct bs_http_req *r = bs_calloc(1, sizeof *r);
+  if (!r) {
+    snprintf(msg, mn, "out of memory");
     return -ENOMEM;
   }
-  char range[64];
-  snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)first,
-           (unsigned long long)(first + n - 1));
-  struct curl_slist *hdrs = NULL, *t;
-  if (auth && sh->auth && (t = curl_slist_append(hdrs, sh->auth)))
-    hdrs = t;
-  if (pin && pin[0] && (t = curl_slist_append(hdrs, pin)))
-    hdrs = t;
-  /* S3: libcurl signs (SigV4). libcurl 7.88 adds no x-amz-content-sha256
-   * itself, and signs the value given here as the payload's hash. */
-  bool sign = auth && sh->sigv4[0];
-  if (sign && (t = curl_slist_append(hdrs, "x-amz-content-sha256: UNSIGNED-PAYLOAD")))
-    hdrs = t;
-  if (sign && sh->aws_token && (t = curl_slist_append(hdrs, sh->aws_token)))
-    hdrs = t;
-  /* libcurl drops only its own auth at a redirect to another host, never a
-   * header given here: with the session token in them, none is followed. */
-  bool follow = !(sign && sh->aws_token);
-  int rc = -EIO;
-  long wait = BACKOFF_MS;
-  msg[0] = '\0';
-  for (int attempt = 1; attempt <= TRIES; attempt++) {
-    uint64_t now = bs_http_now_ms();
-    if ((rc = stopped(sh, stop, now, deadline, msg, mn)) != 0)
-      break;
-    rc = -EIO;
-    long low = sh->timeout_s < LOW_SPEED_S ? sh->timeout_s : LOW_SPEED_S;
-    struct req r = {.c = c, .first = first, .stop = stop, .deadline = deadline};
-    r.x.to = *buf;
-    r.x.cap = n;
-    r.x.retry_ms = -1;
-    char cerr[CURL_ERROR_SIZE] = "";
-    curl_easy_reset(c);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(deadline - now));
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &r);
-    curl_easy_setopt(c, CURLOPT_RANGE, range);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r.x);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body_checked);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
-    if (sh->cainfo)
-      curl_easy_setopt(c, CURLOPT_CAINFO, sh->cainfo);
-    if (sh->capath)
-      curl_easy_setopt(c, CURLOPT_CAPATH, sh->capath);
-    if (sign) {
-      curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sh->sigv4);
-      curl_easy_setopt(c, CURLOPT_USERNAME, sh->aws_id);
-      curl_easy_setopt(c, CURLOPT_PASSWORD, sh->aws_secret);
-    }
-    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10); /* fewer, larger body callbacks */
-    CURLcode cc = curl_easy_perform(c);
-    curl_off_t ttfb = 0; /* (a reused connection's: the round trip and the server) */
-    if (cc == CURLE_OK && curl_easy_getinfo(c, CURLINFO_STARTTRANSFER_TIME_T, &ttfb) == CURLE_OK)
-      atomic_store(&far_link, ttfb > FAR_US);
-    long code = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-    *out = r.x;
-    out->status = code;
-    bool done_early = cc == CURLE_WRITE_ERROR && r.x.got == n;
-    if (cc != CURLE_OK && !done_early) {
-      snprintf(msg, mn, "%s", cerr[0] ? cerr : curl_easy_strerror(cc));
-      rc = -EIO;
-      /* (stopped by on_progress, or by CURLOPT_TIMEOUT_MS: the loop's
-       * start says which) */
-      if (cc == CURLE_ABORTED_BY_CALLBACK || cc == CURLE_OPERATION_TIMEDOUT) {
-        if (cc == CURLE_ABORTED_BY_CALLBACK)
-          msg[0] = '\0';
-        if ((rc = stopped(sh, stop, bs_http_now_ms(), deadline, msg, mn)) != 0)
-          break;
-        rc = -EIO;
-      }
-      if (retryable(cc) && attempt < TRIES)
-        goto retry;
-      break;
-    }
-    if (code == 412 || code == 416) {
-      snprintf(msg, mn, "the object changed on the server (HTTP %ld to a conditional request)",
-               code);
-      rc = -ESTALE;
-      break;
-    }
-    if (code == 429 || code >= 500) {
-      snprintf(msg, mn, "HTTP %ld", code);
-      rc = -EIO;
-      if (attempt < TRIES)
-        goto retry;
-      break;
-    }
-    if (code == 401 || code == 403) {
-      snprintf(msg, mn, "HTTP %ld: access denied (%s)", code, sh->deny_hint);
-      rc = -EACCES;
-      break;
-    }
-    if (code == 404) {
-      snprintf(msg, mn, "HTTP 404: no such file on the server");
-      rc = -ENOENT;
-      break;
-    }
-    if (!follow && code >= 300 && code < 400) {
-      snprintf(msg, mn,
-               "HTTP %ld: a redirect, not followed with AWS_SESSION_TOKEN set (the token would go "
-               "to the redirect's host)",
-               code);
-      rc = -EIO;
-      break;
-    }
-    if (code != 200 && code != 206) {
-      snprintf(msg, mn, "HTTP %ld", code);
-      rc = -EIO;
-      break;
-    }
-    rc = 0;
-    break;
-  retry:;
-    long ms = r.x.retry_ms >= 0 ? r.x.retry_ms : wait;
-    wait_ms(stop, ms, deadline);
-    wait = wait * 2 > RETRY_CAP_MS ? RETRY_CAP_MS : wait * 2;
+  uint64_t span = (uint64_t)sh->timeout_s * 1000;
+  *r = (struct bs_http_req){.site = sh,
+                            .url = url,
+                            .pin = pin,
+                            .auth = auth,
+                            .want_eff = eff,
+                            .first = first,
+                            .n = n,
+                            .to = *buf,
+                            .stop = stop,
+                            .born = deadline > span ? deadline - span : 0,
+                            .deadline = deadline};
+  int rc = bs_http_submit(r);
+  if (rc == 0) {
+    bs_http_wait(r);
+    rc = r->rc;
+    snprintf(msg, mn, "%s", r->msg);
+  } else {
+    snprintf(msg, mn, "%s",
+             rc == -ECANCELED ? "cancelled: the source was closed"
+                              : "cannot start the HTTP client's thread");
   }
-  if (rc == 0 && eff) { /* where the redirects led */
-    char *e = NULL;
-    if (curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &e) == CURLE_OK && e && strcmp(e, url) != 0)
-      *eff = bs_strdup(e);
-  }
-  curl_slist_free_all(hdrs);
-  handle_put(sh, c);
+  *out = r->x;
+  if (eff)
+    *eff = r->eff;
+  else
+    bs_free(r->eff);
+  bs_free(r);
   return rc;
-}
-
-/* The origin of an http(s) URL, "scheme://host:port" (the port written
- * out: 80 or 443 when none is), without user-info, into out. */
-
-void bs_http_site_ref(struct bs_http_site *sh)
-{
-  pthread_mutex_lock(&sh->lock);
-  sh->refs++;
-  pthread_mutex_unlock(&sh->lock);
-}
-
-int bs_http_site_open(const struct bs_http_opts *o, const struct bs_remote *rm,
-                      struct bs_http_site **out, bs_err *err)
-{
-  *out = NULL;
-  pthread_once(&curl_once, curl_global);
-  if (curl_global_rc != CURLE_OK)
-    return bs_fail(err, EIO, BS_OFF_NONE, NULL, "cannot initialise libcurl: %s",
-                   curl_easy_strerror(curl_global_rc));
-  uint64_t cache;
-  long timeout_s;
-  if (tunables(o, &cache, &timeout_s, err) != 0)
-    return -1;
-  if (!(*out = site_new(o, rm, cache, timeout_s)))
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  return 0;
 }

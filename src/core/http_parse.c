@@ -76,13 +76,15 @@ char *bs_http_resolve(const char *base, const char *rel)
   return out;
 }
 
-static bool parse_u64(const char **p, uint64_t *v)
+/* Decimal digits at *p (before e) into *v, *p past them; false: none, or
+ * over 2^64 - 1. */
+static bool digits(const char **p, const char *e, uint64_t *v)
 {
   const char *s = *p;
   uint64_t x = 0;
-  if (*s < '0' || *s > '9')
+  if (s >= e || *s < '0' || *s > '9')
     return false;
-  for (; *s >= '0' && *s <= '9'; s++)
+  for (; s < e && *s >= '0' && *s <= '9'; s++)
     if (!bs_mul_u64(x, 10, &x) || !bs_add_u64(x, (uint64_t)(*s - '0'), &x))
       return false;
   *p = s;
@@ -90,44 +92,63 @@ static bool parse_u64(const char **p, uint64_t *v)
   return true;
 }
 
-int bs_http_content_range(const char *val, uint64_t *first, uint64_t *last, uint64_t *total)
+static bool parse_u64(const char **p, uint64_t *v)
 {
-  const char *p = val;
-  while (*p == ' ' || *p == '\t')
+  return digits(p, *p + strlen(*p), v);
+}
+
+static const char *blanks(const char *p, const char *e)
+{
+  while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
     p++;
-  if (strncasecmp(p, "bytes", 5) != 0)
+  return p;
+}
+
+int bs_http_content_range(const char *val, size_t n, uint64_t *first, uint64_t *last,
+                          uint64_t *total)
+{
+  const char *e = val + n, *p = blanks(val, e);
+  if ((size_t)(e - p) < 5 || strncasecmp(p, "bytes", 5) != 0)
     return -1;
-  p += 5;
-  while (*p == ' ')
-    p++;
-  if (!parse_u64(&p, first) || *p++ != '-' || !parse_u64(&p, last) || *p++ != '/')
+  p = blanks(p + 5, e);
+  if (!digits(&p, e, first) || p >= e || *p++ != '-' || !digits(&p, e, last) || p >= e ||
+      *p++ != '/')
     return -1;
-  if (*p == '*') {
+  if (p < e && *p == '*') {
     *total = UINT64_MAX;
     p++;
-  } else if (!parse_u64(&p, total)) {
+  } else if (!digits(&p, e, total)) {
     return -1;
   }
-  while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
-    p++;
-  if (*p || *last < *first || (*total != UINT64_MAX && *last >= *total))
+  if (blanks(p, e) != e || *last < *first || (*total != UINT64_MAX && *last >= *total))
     return -1;
   return 0;
 }
 
-long bs_http_retry_after(const char *val, long cap_ms)
+bool bs_http_number(const char *val, size_t n, uint64_t *v)
 {
-  const char *p = val;
-  while (*p == ' ' || *p == '\t')
-    p++;
+  const char *e = val + n, *p = blanks(val, e);
+  return digits(&p, e, v) && blanks(p, e) == e;
+}
+
+long bs_http_retry_after(const char *val, size_t n, long cap_ms)
+{
   uint64_t s;
-  if (!parse_u64(&p, &s))
-    return -1;
-  while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
-    p++;
-  if (*p)
+  if (!bs_http_number(val, n, &s))
     return -1;
   return s > (uint64_t)cap_ms / 1000 ? cap_ms : (long)s * 1000;
+}
+
+bool bs_http_etag_strong(const char *v, size_t n)
+{
+  if (n < 2 || v[0] != '"' || v[n - 1] != '"')
+    return false;
+  for (size_t i = 1; i + 1 < n; i++) { /* etagc: %x21 / %x23-7E / obs-text */
+    unsigned char ch = (unsigned char)v[i];
+    if (ch < 0x21 || ch == '"' || ch == 0x7f)
+      return false;
+  }
+  return true;
 }
 
 bool bs_http_header_is(const char *line, size_t n, const char *name, const char **v, size_t *vn)

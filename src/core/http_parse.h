@@ -23,12 +23,20 @@ char *bs_http_resolve(const char *base, const char *rel);
  * out: 80 or 443 when none is), without user-info, into out ("" when url
  * is no http(s) URL). */
 void bs_http_origin(const char *url, char *out, size_t n);
-/* "bytes FIRST-LAST/TOTAL" (TOTAL may be "*": UINT64_MAX). 0, or -1 when
- * val is not one (or LAST < FIRST, or LAST >= TOTAL). */
-int bs_http_content_range(const char *val, uint64_t *first, uint64_t *last, uint64_t *total);
-/* Retry-After in milliseconds, at most cap_ms: delta seconds only (an
- * HTTP date, or garbage: -1, the caller backs off on its own). */
-long bs_http_retry_after(const char *val, long cap_ms);
+/* val[0..n) is "bytes FIRST-LAST/TOTAL" (TOTAL may be "*": UINT64_MAX),
+ * of any length. 0, or -1 when it is not one (or LAST < FIRST, or LAST >=
+ * TOTAL, or a number over 2^64 - 1). */
+int bs_http_content_range(const char *val, size_t n, uint64_t *first, uint64_t *last,
+                          uint64_t *total);
+/* val[0..n) is a decimal number (blanks around it allowed) that fits. */
+bool bs_http_number(const char *val, size_t n, uint64_t *v);
+/* Retry-After (val[0..n)) in milliseconds, at most cap_ms: delta seconds
+ * only (an HTTP date, or garbage: -1, the caller backs off on its own). */
+long bs_http_retry_after(const char *val, size_t n, long cap_ms);
+/* val[0..n) is a strong entity-tag (RFC 9110 8.8.3): '"', then printable
+ * bytes other than '"' (no control character, no blank), then '"'. A weak
+ * one (W/"...") is not. */
+bool bs_http_etag_strong(const char *v, size_t n);
 /* A header line "Name: value\r\n": whether it is `name` (any case); *v and
  * *vn the value without surrounding blanks. */
 bool bs_http_header_is(const char *line, size_t n, const char *name, const char **v, size_t *vn);

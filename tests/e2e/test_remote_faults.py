@@ -269,7 +269,8 @@ def requests_and_parallel(tmp):
     """What goes over the wire (nginx's access log, the proxy's count of
     requests under way at once): a header of over 64 KiB mounts in 2
     requests with no byte past it; the 4 shards of an index are asked for
-    at once; a tensor read on gets read-ahead as parallel 4 MiB requests."""
+    at once; a tensor read on gets read-ahead as parallel requests of whole
+    blocks (4 MiB on loopback)."""
     with Nginx(tmp) as ng:
         many = {"t%05d" % i: b"\0\0\0\0" for i in range(4000)}
         path = ng.path("many.safetensors")
@@ -308,8 +309,11 @@ def requests_and_parallel(tmp):
                 check(got == c.want["d"], "read-ahead: the right bytes")
                 reqs = ng.requests()
         check(px.max_inflight >= 3, "read-ahead: requests in parallel (%d at most)" % px.max_inflight)
-        big = sum(1 for r in reqs if r[2] == 4 << 20)
-        check(big * 4 >= 96 * 3 // 4, "read-ahead: in 4 MiB requests (%d of %d)" % (big, len(reqs)))
+        # (of whole blocks: 4 MiB while one connection is fast, 1 MiB when
+        # it is slow, as under a loaded machine: then more go out at once)
+        whole = sum(r[2] for r in reqs if r[2] in (1 << 20, 2 << 20, 3 << 20, 4 << 20))
+        check(whole >= (96 << 20) * 3 // 4, "read-ahead: in requests of whole blocks (%d MiB of %d)"
+              % (whole >> 20, len(reqs)))
 
 
 def tiny_cache(tmp):
