@@ -204,12 +204,17 @@ def stalled(tmp):
     hang (a stall used to be waited for 30 s a try, 6 tries)."""
     with Nginx(tmp) as ng:
         c = setup(tmp, ng)
-        # 1. read-ahead stalled (requests of 2 MiB and more: the reader's own
-        # stay under), then unmount with the default timeout (60 s)
+        # 1. read-ahead stalled (requests that start past the block after
+        # the first MiB of d: the reader's own stay before), then unmount
+        # with the default timeout (60 s)
+        with open(ng.path("m.safetensors"), "rb") as f:
+            hl = 8 + struct.unpack("<Q", f.read(8))[0]
+            d0 = hl + json.loads(f.read(hl - 8))["d"]["data_offsets"][0]
+        past = (d0 + (2 << 20) - 1) >> 20 << 20
         mnt = os.path.join(tmp, "mnt-stall-ra")
         with FaultProxy(ng.port) as px:
             with foreground_mount(px.url("m.safetensors"), mnt, "ro") as p:
-                px.arm("stall", min_len=2 << 20)
+                px.arm("stall", min_start=past)
                 fd = os.open(os.path.join(mnt, "d"), os.O_RDONLY)
                 try:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # (no kernel read-ahead)

@@ -25,7 +25,8 @@ carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "full200"  the Range header removed: 200 with the whole body
   "stall"    the headers and half the body, then silence (the connection
              kept open) until the proxy closes
-`min_len`: only ranges of at least that many bytes get the fault (0: any).
+`min_len`: only ranges of at least that many bytes get the fault (0: any);
+`min_start`: only ranges that start at or past that offset (0: any).
 `faults` counts the faults given; `max_inflight` the most requests under
 way at once (from the request's head to its answer's end). Stopped by
 close() (a context manager).
@@ -239,6 +240,7 @@ class FaultProxy:
         self.every = 1
         self.skip_open = True
         self.min_len = 0
+        self.min_start = 0
         self.stop = threading.Event()  # (set by close: ends the stalls)
         self.faults = 0
         self.count = 0
@@ -254,9 +256,10 @@ class FaultProxy:
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
-    def arm(self, fault, every=1, min_len=0):
+    def arm(self, fault, every=1, min_len=0, min_start=0):
         with self.lock:
             self.fault, self.every, self.count, self.min_len = fault, every, 0, min_len
+            self.min_start = min_start
 
     def _accept(self):
         while not self.closing:
@@ -279,10 +282,10 @@ class FaultProxy:
                 return None
             if self.skip_open and rng.startswith("bytes=0-"):
                 return None
-            if self.min_len:
+            if self.min_len or self.min_start:
                 try:
                     a, b = rng.split("=", 1)[1].split("-")
-                    if int(b) - int(a) + 1 < self.min_len:
+                    if int(b) - int(a) + 1 < self.min_len or int(a) < self.min_start:
                         return None
                 except ValueError:
                     return None
