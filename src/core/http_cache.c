@@ -29,9 +29,11 @@ int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
   c->hmask = nb2 - 1;
   c->b = bs_calloc(c->nmax, sizeof *c->b);
   c->bucket = bs_calloc(nb2, sizeof *c->bucket);
-  if (!c->b || !c->bucket || pthread_mutex_init(&c->lock, NULL) != 0) {
+  c->spare = bs_calloc(c->nmax, sizeof *c->spare);
+  if (!c->b || !c->bucket || !c->spare || pthread_mutex_init(&c->lock, NULL) != 0) {
     bs_free(c->b);
     bs_free(c->bucket);
+    bs_free(c->spare);
     c->b = NULL;
     return -ENOMEM;
   }
@@ -48,6 +50,7 @@ void bs_http_cache_destroy(struct bs_http_cache *c)
     bs_free(c->spare[i]);
   bs_free(c->b);
   bs_free(c->bucket);
+  bs_free(c->spare);
   c->b = NULL;
   pthread_mutex_destroy(&c->lock);
 }
@@ -177,7 +180,7 @@ bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const
  * whole block and there is room, else freed. */
 static void spare_put(struct bs_http_cache *c, uint8_t *data, size_t len)
 {
-  if (len == c->block && c->nspare < BS_HTTP_SPARE)
+  if (len == c->block && c->nspare < c->nmax)
     c->spare[c->nspare++] = data;
   else
     bs_free(data);
