@@ -348,11 +348,23 @@ const struct bs_xattr *bs_entry_get_xattr(const struct bs_entry *e, const char *
   return NULL;
 }
 
-static int no_space(bs_err *err, const struct bs_edit *ed)
+/* One value longer than an xattr can be (setxattr never passes one; a
+ * journal record could): refused for what it is, before the budget. */
+static int too_long(bs_err *err, const char *what, const char *name, size_t len)
 {
-  return bs_fail(
-      err, ENOSPC, BS_OFF_NONE, NULL, "the mount holds %llu bytes of xattrs, the bound is %llu",
-      (unsigned long long)atomic_load(&ed->xattr_bytes), (unsigned long long)ed->xattr_budget);
+  return bs_fail(err, E2BIG, BS_OFF_NONE, NULL,
+                 "%s '%.100s': a value of %zu bytes, over the %u bytes one xattr value can hold",
+                 what, name, len, BS_MAX_XATTR_VALUE);
+}
+
+static int no_space(bs_err *err, const struct bs_edit *ed, const char *what, const char *name,
+                    uint64_t add)
+{
+  return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
+                 "%s '%.100s': %llu more bytes would pass the mount's bound of %llu bytes of "
+                 "xattrs and metadata (it holds %llu)",
+                 what, name, (unsigned long long)add, (unsigned long long)ed->xattr_budget,
+                 (unsigned long long)atomic_load(&ed->xattr_bytes));
 }
 
 int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name, const void *value,
@@ -363,10 +375,12 @@ int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name,
     return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "%s exists", name);
   if (!x && (flags & XATTR_REPLACE_FLAG))
     return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
+  if (len > BS_MAX_XATTR_VALUE)
+    return too_long(err, "xattr", name, len);
   size_t nlen = strlen(name);
   uint64_t add = (uint64_t)len + (x ? 0 : nlen), release = x ? x->len : 0;
   if (!budget_take(ed, add, release))
-    return no_space(err, ed);
+    return no_space(err, ed, "xattr", name, add > release ? add - release : 0);
   char *v = bs_malloc(len + 1);
   if (!v) {
     budget_give(ed, add);
@@ -424,9 +438,11 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
   for (size_t i = 0; i < ed->nmeta && !kv; i++)
     if (strcmp(ed->meta[i].key, key) == 0)
       kv = &ed->meta[i];
+  if (len > BS_MAX_XATTR_VALUE)
+    return too_long(err, "metadata", key, len);
   uint64_t add = (uint64_t)len + (kv ? 0 : strlen(key)), release = kv ? strlen(kv->value) : 0;
   if (!budget_take(ed, add, release))
-    return no_space(err, ed);
+    return no_space(err, ed, "metadata", key, add > release ? add - release : 0);
   char *v = bs_strndup(value, len);
   if (!v) {
     budget_give(ed, add);
