@@ -148,6 +148,13 @@ BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, 
  * narrowed), false for integers and floats without a decoder. */
 bool bs_tensor_decodable(const struct bs_tensor *t);
 
+/* Why bs_catalog_decode_as(as) shows floating tensor t as stored, written
+ * into buf (n bytes): no decoder for its dtype (F6: why none), no torch
+ * quantizer, a QFloat scheme not decoded, a strided view of units, or a
+ * decoded size past what a file can hold (off_t); NULL when t is decoded,
+ * or not floating. */
+const char *bs_tensor_why_stored(const struct bs_tensor *t, enum bs_dtype as, char *buf, size_t n);
+
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return
  * true; the fd stays open until bs_tensor_fd_put. False: read with

@@ -79,17 +79,6 @@ static int fail(const char *fmt, ...)
   return -1;
 }
 
-/* Why --as cannot show a dtype: the decided reason (F6), or "no decoder
- * for DT yet" written into buf. */
-static const char *no_decoder(enum bs_dtype dt, char *buf, size_t n)
-{
-  const char *why = bs_decode_why_not(dt);
-  if (why)
-    return why;
-  snprintf(buf, n, "no decoder for %s yet", bs_dtype_name(dt));
-  return buf;
-}
-
 static int fail_err(const char *file, const bs_err *err)
 {
   char line[700];
@@ -492,10 +481,10 @@ static int cmd_cat(int argc, char **argv)
       fail_err(o.pos[0], &err);
       goto out;
     }
-    if (bs_dtype_is_float(t->dtype) && t->dtype != o.as) {
-      char why[64];
-      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as),
-           no_decoder(t->dtype, why, sizeof why));
+    char buf[400];
+    const char *why = bs_tensor_why_stored(t, o.as, buf, sizeof buf);
+    if (why) {
+      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as), why);
       goto out;
     }
   }
@@ -749,10 +738,11 @@ static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
     return fail_err(in, &err);
   for (size_t i = 0; i < cat->count; i++) {
     const struct bs_tensor *t = &cat->tensors[i];
-    char why[64];
-    if (!t->hidden && t->dtype != as && bs_dtype_is_float(t->dtype))
+    char buf[400];
+    const char *why = t->hidden ? NULL : bs_tensor_why_stored(t, as, buf, sizeof buf);
+    if (why)
       return fail("%s: tensor '%s': --as %s: %s (exclude it with -o exclude=REGEX)", in, t->name,
-                  bs_dtype_name(as), no_decoder(t->dtype, why, sizeof why));
+                  bs_dtype_name(as), why);
   }
   return 0;
 }
