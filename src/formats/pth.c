@@ -258,7 +258,10 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
 {
   const struct bs_pv *t = f->t;
   struct bs_tensor *bt = &c->cat->tensors[c->cat->count - 1];
-  if (!t->u.tensor.qscheme || bt->unsupported || bt->strides || bt->nbytes == 0 ||
+  /* A strided view (torch makes them of per-tensor quantized tensors only:
+   * t(), slices) keeps its quantizer too: a read gathers its elements in
+   * row-major order, and an element's channel is a function of that index. */
+  if (!t->u.tensor.qscheme || bt->unsupported || bt->nbytes == 0 ||
       (bt->dtype != BS_DT_QI8 && bt->dtype != BS_DT_QU8 && bt->dtype != BS_DT_QI32))
     return 0;
   struct bs_torch_q h = {

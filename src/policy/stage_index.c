@@ -460,13 +460,14 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
     t->dtype_raw_len = hl / 2;
     i += 2;
     /* a torch quantizer (decode.h) must tile this tensor's elements (its
-     * channels run over the flat index: a reshaped tensor keeps it) */
+     * channels run over the flat index: a reshaped tensor keeps it; a
+     * strided view's elements are gathered in that order) */
     const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
                                      ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
                                      : NULL;
     uint64_t numel;
     if (q &&
-        (t->strides || bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
+        (bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
       perr(err, l, "a quantizer that does not fit the tensor's elements");
       goto out;
     }

@@ -250,6 +250,17 @@ Test(stage_index, quantizers_must_fit_their_tensor)
   refused(text, "does not fit the tensor's elements");
   qline(text, sizeof text, 0, 3, 3); /* 9 > 6 */
   refused(text, "does not fit the tensor's elements");
+  /* a strided view (torch's t() of a per-tensor quantized tensor) keeps its
+   * quantizer: its elements are gathered in row-major order (it was refused) */
+  struct bs_torch_q pt = {.scheme = BS_TQ_PER_TENSOR, .scale = 0.5, .zp = 3};
+  int n = snprintf(text, sizeof text,
+                   HEAD "tensor\tq\tQU8\t[3,2]\t-\t0\t0\t6\tstrided\t[1,3]\t0\t6\traw\t");
+  for (size_t k = 0; k < sizeof pt; k++)
+    n += snprintf(text + n, sizeof text - (size_t)n, "%02x", ((const uint8_t *)&pt)[k]);
+  snprintf(text + n, sizeof text - (size_t)n, "\nend\t1\n");
+  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
+  cr_assert(idx.cat.tensors[0].strides && idx.cat.tensors[0].dtype_raw_len == sizeof pt);
+  bs_stage_index_destroy(&idx);
   /* two hex digits a byte, nothing else (sscanf's %2x read "-1" as 0xff) */
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1-1\nend\t1\n", "bad raw dtype");
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1 f\nend\t1\n", "bad raw dtype");
