@@ -624,8 +624,7 @@ static const char *keep_reason(const struct bs_tensor *t, uint32_t osz, struct b
     if (t->strides)
       return "a strided view of a QFloat tensor, whose values and scales are laid out for the "
              "whole tensor";
-    if (!bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, t->nbytes, ql,
-                          &why)) {
+    if (!bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, t->nbytes, ql, &why)) {
       snprintf(detail, dn, "%s", why ? why : "an unreadable scheme");
       return "burnstore does not decode this QFloat layout";
     }

@@ -466,8 +466,7 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
                                      ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
                                      : NULL;
     uint64_t numel;
-    if (q &&
-        (bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
+    if (q && (bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
       perr(err, l, "a quantizer that does not fit the tensor's elements");
       goto out;
     }
