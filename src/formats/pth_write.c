@@ -835,7 +835,7 @@ int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err
     goto out;
   }
   bs_formats_init();
-  struct bs_pickle_opts o = {.strict = false, .base_off = BS_OFF_NONE};
+  struct bs_pickle_opts o = {.strict = false, .base_off = BS_OFF_NONE, .input = src->size};
   struct bs_pv *root;
   uint32_t idx;
   if (bs_zip_extract_mem(src, e, BS_PICKLE_MAX_BYTES, &keep->pkl, err) != 0 ||

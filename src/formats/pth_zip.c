@@ -208,7 +208,8 @@ static int check_byteorder(struct pth_ctx *c)
  * (the unpickler reads lazily, so a deflated pickle never sits in memory). */
 static int load_pickle(struct pth_ctx *c, const struct bs_zip_entry *pk, struct bs_pv **root)
 {
-  struct bs_pickle_opts po = {.strict = c->opts->strict};
+  /* bounded by the checkpoint's size, not by what a deflated pickle inflates to */
+  struct bs_pickle_opts po = {.strict = c->opts->strict, .input = pth_src(c)->size};
   if (pk->method == BS_ZIP_STORED && pk->csize == pk->usize) {
     uint64_t d;
     if (bs_zip_data_off(pth_src(c), pk, &d, c->err) != 0)
