@@ -31,11 +31,8 @@ void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
 {
   while (cat->count > count)
     tensor_destroy(&cat->tensors[--cat->count]);
-  while (cat->nmeta > nmeta) {
-    struct bs_kv *kv = &cat->meta[--cat->nmeta];
-    bs_free(kv->key);
-    bs_free(kv->value);
-  }
+  while (cat->nmeta > nmeta)
+    bs_kv_destroy(&cat->meta[--cat->nmeta]);
 }
 
 struct bs_catalog_mark bs_catalog_mark(const struct bs_catalog *cat)
@@ -167,7 +164,44 @@ int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err 
     bs_free(value);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  cat->meta[cat->nmeta++] = (struct bs_kv){key, value};
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, value, NULL};
+  return 0;
+}
+
+void bs_kv_destroy(struct bs_kv *kv)
+{
+  bs_free(kv->key);
+  bs_free(kv->value);
+  bs_free(kv->ref);
+  kv->key = kv->value = NULL;
+  kv->ref = NULL;
+}
+
+uint64_t bs_kv_text_len(const struct bs_kv *kv)
+{
+  return kv->ref ? kv->ref->text_len : kv->value ? strlen(kv->value) : 0;
+}
+
+int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src)
+{
+  dst->key = bs_strdup(src->key);
+  dst->value = src->value ? bs_strdup(src->value) : NULL;
+  dst->ref = src->ref ? bs_malloc(sizeof *dst->ref) : NULL;
+  if (!dst->key || (src->value && !dst->value) || (src->ref && !dst->ref)) {
+    bs_kv_destroy(dst);
+    return -1;
+  }
+  if (src->ref)
+    *dst->ref = *src->ref;
+  return 0;
+}
+
+int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv, bs_err *err)
+{
+  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0 ||
+      bs_kv_copy(&cat->meta[cat->nmeta], kv) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  cat->nmeta++;
   return 0;
 }
 

@@ -37,6 +37,7 @@
 #define BS_PICKLE_WORK_FLOOR (1ull << 20)
 #define BS_PICKLE_WORK_PER_BYTE 32u
 #define BS_MAX_XATTR_VALUE 65536u
+#define BS_META_TEXT_MAX (48u << 20)    /* metadata made text for a writer that wants text */
 #define BS_SET_JOURNAL_MAX (128u << 20) /* bytes of a shard set's commit journal */
 
 static inline bool bs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

@@ -324,9 +324,9 @@ static void print_detail(void *ctx, const char *key, const char *value)
 
 /* A value on one line: control characters shown as \n, \t, \xNN; cut at
  * `max` bytes (0: whole). */
-static void print_escaped(const char *v, size_t max)
+/* The first max bytes of v (n bytes of a text of total bytes), escaped. */
+static void print_escaped(const char *v, size_t n, uint64_t total, size_t max)
 {
-  size_t n = strlen(v);
   size_t lim = max && n > max ? max : n;
   for (size_t i = 0; i < lim; i++) {
     unsigned char ch = (unsigned char)v[i];
@@ -339,8 +339,8 @@ static void print_escaped(const char *v, size_t max)
     else
       putchar(ch);
   }
-  if (lim < n)
-    printf("... (%zu bytes in all)", n);
+  if (lim < total)
+    printf("... (%" PRIu64 " bytes in all)", total);
 }
 
 static int cmd_info(int argc, char **argv)
@@ -359,9 +359,19 @@ static int cmd_info(int argc, char **argv)
     if (i == cat.nmeta) {
       fail("%s: no metadata key '%s' (burnstore info lists them)", o.pos[0], o.meta);
       rc = 1;
-    } else {
-      fputs(cat.meta[i].value, stdout);
-      fputc('\n', stdout);
+    } else { /* (a GGUF value is made text now: the only one made) */
+      struct bs_buf b = {0};
+      bool cut;
+      bs_err err;
+      bs_err_clear(&err);
+      if (bs_meta_text(&cat, &cat.meta[i], UINT64_MAX, &b, &cut, &err) != 0) {
+        fail_err(o.pos[0], &err);
+        rc = 1;
+      } else {
+        fwrite(b.data, 1, b.len, stdout);
+        fputc('\n', stdout);
+      }
+      bs_buf_destroy(&b);
     }
   } else {
     uint64_t total = 0, count = 0;
@@ -398,13 +408,22 @@ static int cmd_info(int argc, char **argv)
     printf("\n");
     printf("metadata: %zu\n", cat.nmeta);
     for (size_t i = 0; i < cat.nmeta; i++) {
+      struct bs_buf b = {0};
+      bool cut;
+      bs_err err;
+      bs_err_clear(&err);
       printf("  %s: ", cat.meta[i].key);
-      print_escaped(cat.meta[i].value, 200);
+      if (bs_meta_text(&cat, &cat.meta[i], 200, &b, &cut, &err) != 0)
+        printf("(unreadable: %s)", err.msg);
+      else
+        print_escaped((const char *)b.data, b.len, bs_kv_text_len(&cat.meta[i]), 200);
+      bs_buf_destroy(&b);
       printf("\n");
     }
     if (cat.values_json) {
       printf("values: ");
-      print_escaped(cat.values_json, 400);
+      size_t vn = strlen(cat.values_json);
+      print_escaped(cat.values_json, vn, vn, 400);
       printf("\n");
     }
     if (cat.notes) {

@@ -70,6 +70,10 @@ static void build(struct bs_catalog *c)
   t->src = UINT32_MAX;
   cr_assert_eq(bs_catalog_add_meta(c, "note", "a\tb %41\n", &err), 0);
   cr_assert_eq(bs_catalog_add_meta(c, "", "", &err), 0);
+  /* a GGUF value left in the checkpoint: where it is, not its text */
+  struct bs_meta_ref r = {BS_FMT_GGUF, 0, {9, 8}, 16, 20, 1234}; /* an array of strings */
+  struct bs_kv kv = {"tokenizer.ggml.tokens", NULL, &r};
+  cr_assert_eq(bs_catalog_add_meta_kv(c, &kv, &err), 0);
 }
 
 static void head(struct bs_stage_index *h)
@@ -144,9 +148,12 @@ Test(stage_index, round_trip)
     if (x->dtype_raw_len)
       cr_assert_eq(memcmp(y->dtype_raw, x->dtype_raw, x->dtype_raw_len), 0);
   }
-  cr_assert_eq(idx.cat.nmeta, 2);
+  cr_assert_eq(idx.cat.nmeta, 3);
   cr_assert_str_eq(idx.cat.meta[0].value, "a\tb %41\n");
   cr_assert_str_eq(idx.cat.meta[1].key, "");
+  const struct bs_kv *kv = &idx.cat.meta[2];
+  cr_assert(kv->ref && !kv->value && strcmp(kv->key, "tokenizer.ggml.tokens") == 0);
+  cr_assert_eq(memcmp(kv->ref, c.meta[2].ref, sizeof *kv->ref), 0, "the ref read back");
   bs_catalog_destroy(&c);
   bs_stage_index_destroy(&idx);
   bs_buf_destroy(&b);
@@ -264,6 +271,26 @@ Test(stage_index, quantizers_must_fit_their_tensor)
   /* two hex digits a byte, nothing else (sscanf's %2x read "-1" as 0xff) */
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1-1\nend\t1\n", "bad raw dtype");
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1 f\nend\t1\n", "bad raw dtype");
+}
+
+/* A metadata ref names a GGUF value inside a checkpoint source, in full. */
+Test(stage_index, metadata_refs_must_be_in_the_checkpoint)
+{
+  static const char ok[] = HEAD "metaref\tk\tgguf\t0\t16\t20\t99\t09080000000000000000\nend\t0\n";
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_parse(ok, sizeof ok - 1, &idx, &err), 0, "%s", err.msg);
+  cr_assert(idx.cat.nmeta == 1 && idx.cat.meta[0].ref && idx.cat.meta[0].ref->text_len == 99);
+  bs_stage_index_destroy(&idx);
+  const char *bad[] = {
+      HEAD "metaref\tk\tgguf\t1\t0\t4\t9\t09080000000000000000\nend\t0\n",    /* a staged file */
+      HEAD "metaref\tk\tgguf\t2\t0\t4\t9\t09080000000000000000\nend\t0\n",    /* no source 2 */
+      HEAD "metaref\tk\tgguf\t0\t60\t5\t9\t09080000000000000000\nend\t0\n",   /* past its end */
+      HEAD "metaref\tk\tpytorch\t0\t0\t4\t9\t09080000000000000000\nend\t0\n", /* not GGUF */
+      HEAD "metaref\tk\tgguf\t0\t0\t4\t9\t090800000000000000\nend\t0\n",      /* short types */
+      HEAD "metaref\tk\tgguf\t0\t0\t4\t9\t0908000000000000000g\nend\t0\n",    /* not hex */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    refused(bad[i], "bad metaref record");
 }
 
 /* A remote checkpoint (a URL mounted with output=): its record and its
