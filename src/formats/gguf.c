@@ -204,9 +204,8 @@ static int puts_(struct cur *c, const char *s)
   return put(c, s, strlen(s));
 }
 
-/* A string value's length *n (checked against the file) and its first
- * *k = min(n, want) bytes, into c->tmp (NUL-terminated); the rest skipped. */
-static int get_value_string(struct cur *c, uint64_t at, uint64_t want, uint64_t *n, size_t *k)
+/* A string value's length (at `at`), checked against the bytes left. */
+static int get_string_len(struct cur *c, uint64_t at, uint64_t *n)
 {
   if (get_u64(c, n, "a string value") != 0)
     return -1;
@@ -215,6 +214,15 @@ static int get_value_string(struct cur *c, uint64_t at, uint64_t want, uint64_t 
                    "a string value: string length %" PRIu64 " exceeds the %" PRIu64
                    " bytes left in the file",
                    *n, left(c));
+  return 0;
+}
+
+/* A string value's length *n (checked against the file) and its first
+ * *k = min(n, want) bytes, into c->tmp (NUL-terminated); the rest skipped. */
+static int get_value_string(struct cur *c, uint64_t at, uint64_t want, uint64_t *n, size_t *k)
+{
+  if (get_string_len(c, at, n) != 0)
+    return -1;
   uint64_t end = c->pos + *n;
   *k = (size_t)(*n < want ? *n : want);
   if (*k + 1 > c->tmpcap) {
@@ -299,13 +307,8 @@ static int render_scalar(struct cur *c, uint32_t t, const uint8_t *p)
 static int count_string(struct cur *c, uint64_t at, bool json)
 {
   uint64_t n, len = json ? 2 : 0;
-  if (get_u64(c, &n, "a string value") != 0)
+  if (get_string_len(c, at, &n) != 0)
     return -1;
-  if (n > left(c))
-    return bs_fail(c->err, EINVAL, at, NULL,
-                   "a string value: string length %" PRIu64 " exceeds the %" PRIu64
-                   " bytes left in the file",
-                   n, left(c));
   uint64_t end = c->pos + n;
   bool nul = false;
   while (c->pos < end && !nul) {
@@ -344,13 +347,8 @@ static int render_value(struct cur *c, uint32_t t, bool in_array, unsigned depth
     return bs_fail(c->err, EINVAL, at, NULL, "unknown metadata value type %" PRIu32, t);
   if (t == BS_GG_STRING && c->types_only) {
     uint64_t n;
-    if (get_u64(c, &n, "a string value") != 0)
+    if (get_string_len(c, at, &n) != 0)
       return -1;
-    if (n > left(c))
-      return bs_fail(c->err, EINVAL, at, NULL,
-                     "a string value: string length %" PRIu64 " exceeds the %" PRIu64
-                     " bytes left in the file",
-                     n, left(c));
     c->pos += n;
     return 0;
   }
