@@ -1085,8 +1085,8 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
     return -EIO;
   }
   if (rc != 0 && rc != -ECANCELED && !quiet) {
-    fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
-            (unsigned long long)off, msg);
+    bs_log(BS_LOG_ERR, "%s: read of %zu bytes at offset %llu failed: %s", h->name, n,
+           (unsigned long long)off, msg);
   }
   return rc;
 }
@@ -1362,10 +1362,10 @@ static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, s
     pthread_mutex_unlock(&fly_lock);
     if (!late)
       return 1;
-    fprintf(stderr,
-            "burnstore: %s: read at offset %llu failed: no answer within %ld s "
-            "(BURNSTORE_HTTP_TIMEOUT) to the read-ahead request holding it\n",
-            h->name, (unsigned long long)at, h->sh->timeout_s);
+    bs_log(BS_LOG_ERR,
+           "%s: read at offset %llu failed: no answer within %ld s "
+           "(BURNSTORE_HTTP_TIMEOUT) to the read-ahead request holding it",
+           h->name, (unsigned long long)at, h->sh->timeout_s);
     return -EIO;
   }
   int slot = fly_take(h, idx, cut, false);
