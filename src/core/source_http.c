@@ -888,7 +888,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_reset(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, bs_remote_redir_protocols(url));
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -926,6 +926,13 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     *out = r.x;
     out->status = code;
     bool done_early = cc == CURLE_WRITE_ERROR && r.x.got == n;
+    char *to = NULL; /* (a redirect refused: where it led) */
+    if (cc == CURLE_UNSUPPORTED_PROTOCOL &&
+        curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &to) == CURLE_OK &&
+        bs_remote_redir_refused(url, to, msg, mn)) {
+      rc = -EPERM;
+      break;
+    }
     if (cc != CURLE_OK && !done_early) {
       snprintf(msg, mn, "%s", cerr[0] ? cerr : curl_easy_strerror(cc));
       rc = -EIO;
