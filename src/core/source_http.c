@@ -413,6 +413,7 @@ struct shared {
   /* The CAs TLS trusts, as the curl tool takes them: CURL_CA_BUNDLE, else
    * SSL_CERT_DIR and SSL_CERT_FILE (NULL: libcurl's default, the system's) */
   char *cainfo, *capath;
+  bool as_is; /* hf://, s3://: the path sent as written (CURLOPT_PATH_AS_IS) */
 };
 
 static void shared_unref(struct shared *sh)
@@ -577,6 +578,7 @@ static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_r
   }
   sh->refs = 1;
   sh->timeout_s = timeout_s;
+  sh->as_is = rm->kind != BS_REMOTE_HTTP;
   const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
   const char *file = getenv("SSL_CERT_FILE");
   if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||
@@ -891,6 +893,7 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, bs_remote_redir_protocols(url));
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
+    curl_easy_setopt(c, CURLOPT_PATH_AS_IS, sh->as_is ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
