@@ -636,6 +636,16 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
+const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
+                          char *buf, size_t n)
+{
+  if (code == ENOTSUP && t->unsupported) {
+    snprintf(buf, n, "%s", t->unsupported);
+    return buf;
+  }
+  return bs_src_why(t->src < cat->nsrcs ? &cat->srcs[t->src] : NULL, code, buf, n);
+}
+
 /* Why t stays as stored when presented as a dtype of osz bytes an element
  * (osz 0: whatever its size), or NULL when it is decoded. The reason is a
  * fixed text (notes group tensors by it); *detail, when not empty, says it
