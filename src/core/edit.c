@@ -58,6 +58,12 @@ static bool budget_take(struct bs_edit *ed, uint64_t add, uint64_t release)
   return true;
 }
 
+/* The bytes an entry of metadata holds in memory. */
+static uint64_t held(const struct bs_kv *kv)
+{
+  return strlen(kv->key) + (kv->value ? strlen(kv->value) : 0);
+}
+
 static void budget_give(struct bs_edit *ed, uint64_t n)
 {
   (void)budget_take(ed, 0, n);
@@ -76,16 +82,12 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
     if (bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_kv *kv = &ed->meta[ed->nmeta];
-    kv->key = bs_strdup(src->meta[i].key);
-    kv->value = bs_strdup(src->meta[i].value);
-    if (!kv->key || !kv->value) {
-      bs_free(kv->key);
-      bs_free(kv->value);
+    if (bs_kv_copy(kv, &src->meta[i]) != 0)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    }
     ed->nmeta++;
-    /* The source's own metadata counts, but never refuses the mount. */
-    atomic_fetch_add(&ed->xattr_bytes, strlen(kv->key) + strlen(kv->value));
+    /* The source's own metadata counts, but never refuses the mount; a
+     * value left in the file (GGUF) holds no memory: its key only. */
+    atomic_fetch_add(&ed->xattr_bytes, held(kv));
   }
   return 0;
 }
@@ -125,10 +127,8 @@ void bs_edit_destroy(struct bs_edit *ed)
       ed->tree->nodes[ino].user = NULL;
     }
   }
-  for (size_t i = 0; i < ed->nmeta; i++) {
-    bs_free(ed->meta[i].key);
-    bs_free(ed->meta[i].value);
-  }
+  for (size_t i = 0; i < ed->nmeta; i++)
+    bs_kv_destroy(&ed->meta[i]);
   bs_free(ed->meta);
   ed->meta = NULL;
   ed->nmeta = ed->metacap = 0;
@@ -348,11 +348,23 @@ const struct bs_xattr *bs_entry_get_xattr(const struct bs_entry *e, const char *
   return NULL;
 }
 
-static int no_space(bs_err *err, const struct bs_edit *ed)
+/* One value longer than an xattr can be (setxattr never passes one; a
+ * journal record could): refused for what it is, before the budget. */
+static int too_long(bs_err *err, const char *what, const char *name, size_t len)
 {
-  return bs_fail(
-      err, ENOSPC, BS_OFF_NONE, NULL, "the mount holds %llu bytes of xattrs, the bound is %llu",
-      (unsigned long long)atomic_load(&ed->xattr_bytes), (unsigned long long)ed->xattr_budget);
+  return bs_fail(err, E2BIG, BS_OFF_NONE, NULL,
+                 "%s '%.100s': a value of %zu bytes, over the %u bytes one xattr value can hold",
+                 what, name, len, BS_MAX_XATTR_VALUE);
+}
+
+static int no_space(bs_err *err, const struct bs_edit *ed, const char *what, const char *name,
+                    uint64_t add)
+{
+  return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
+                 "%s '%.100s': %llu more bytes would pass the mount's bound of %llu bytes of "
+                 "xattrs and metadata (it holds %llu)",
+                 what, name, (unsigned long long)add, (unsigned long long)ed->xattr_budget,
+                 (unsigned long long)atomic_load(&ed->xattr_bytes));
 }
 
 int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name, const void *value,
@@ -363,10 +375,12 @@ int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name,
     return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "%s exists", name);
   if (!x && (flags & XATTR_REPLACE_FLAG))
     return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
+  if (len > BS_MAX_XATTR_VALUE)
+    return too_long(err, "xattr", name, len);
   size_t nlen = strlen(name);
   uint64_t add = (uint64_t)len + (x ? 0 : nlen), release = x ? x->len : 0;
   if (!budget_take(ed, add, release))
-    return no_space(err, ed);
+    return no_space(err, ed, "xattr", name, add > release ? add - release : 0);
   char *v = bs_malloc(len + 1);
   if (!v) {
     budget_give(ed, add);
@@ -409,12 +423,18 @@ int bs_entry_remove_xattr(struct bs_edit *ed, struct bs_entry *e, const char *na
   return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
 }
 
-const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key)
+const struct bs_kv *bs_edit_find_meta(const struct bs_edit *ed, const char *key)
 {
   for (size_t i = 0; i < ed->nmeta; i++)
     if (strcmp(ed->meta[i].key, key) == 0)
-      return ed->meta[i].value;
+      return &ed->meta[i];
   return NULL;
+}
+
+const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key)
+{
+  const struct bs_kv *kv = bs_edit_find_meta(ed, key);
+  return kv ? kv->value : NULL;
 }
 
 int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, size_t len,
@@ -424,9 +444,12 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
   for (size_t i = 0; i < ed->nmeta && !kv; i++)
     if (strcmp(ed->meta[i].key, key) == 0)
       kv = &ed->meta[i];
-  uint64_t add = (uint64_t)len + (kv ? 0 : strlen(key)), release = kv ? strlen(kv->value) : 0;
+  if (len > BS_MAX_XATTR_VALUE)
+    return too_long(err, "metadata", key, len);
+  uint64_t add = (uint64_t)len + (kv ? 0 : strlen(key)),
+           release = kv && kv->value ? strlen(kv->value) : 0;
   if (!budget_take(ed, add, release))
-    return no_space(err, ed);
+    return no_space(err, ed, "metadata", key, add > release ? add - release : 0);
   char *v = bs_strndup(value, len);
   if (!v) {
     budget_give(ed, add);
@@ -436,6 +459,8 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
   jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
   if (kv) {
     bs_free(kv->value);
+    bs_free(kv->ref); /* (a value left in the source holds no budget) */
+    kv->ref = NULL;
     kv->value = v;
     return 0;
   }
@@ -446,8 +471,7 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     budget_give(ed, add);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  ed->meta[ed->nmeta].key = k;
-  ed->meta[ed->nmeta].value = v;
+  ed->meta[ed->nmeta] = (struct bs_kv){k, v, NULL};
   ed->nmeta++;
   return 0;
 }
@@ -456,9 +480,8 @@ int bs_edit_remove_meta(struct bs_edit *ed, const char *key, bs_err *err)
 {
   for (size_t i = 0; i < ed->nmeta; i++) {
     if (strcmp(ed->meta[i].key, key) == 0) {
-      budget_give(ed, strlen(ed->meta[i].key) + strlen(ed->meta[i].value));
-      bs_free(ed->meta[i].key);
-      bs_free(ed->meta[i].value);
+      budget_give(ed, held(&ed->meta[i]));
+      bs_kv_destroy(&ed->meta[i]);
       /* Keep the order: the metadata is written as the user sees it. */
       memmove(&ed->meta[i], &ed->meta[i + 1], (ed->nmeta - i - 1) * sizeof *ed->meta);
       ed->nmeta--;
@@ -856,7 +879,7 @@ int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep
     bs_free(sorted);
   }
   for (size_t i = 0; i < ed->nmeta; i++)
-    if (bs_catalog_add_meta(out, ed->meta[i].key, ed->meta[i].value, err) != 0)
+    if (bs_catalog_add_meta_kv(out, &ed->meta[i], err) != 0)
       return -1;
   return 0;
 }

@@ -139,6 +139,9 @@ BS_NODISCARD int bs_entry_remove_xattr(struct bs_edit *ed, struct bs_entry *e, c
                                        bs_err *err);
 
 /* Root metadata (counted in the xattr budget). */
+/* The entry of `key`, or NULL; its text when it is text (NULL also when
+ * its value is left in the source file: bs_meta_text makes it). */
+const struct bs_kv *bs_edit_find_meta(const struct bs_edit *ed, const char *key);
 const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key);
 BS_NODISCARD int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value,
                                   size_t len, bs_err *err);

@@ -762,13 +762,12 @@ static int refuse_undecodable(const char *source, const struct bs_catalog *cat, 
     const struct bs_tensor *t = &cat->tensors[i];
     if (t->hidden && skip_hidden)
       continue; /* an extraction does not write what the key options hide */
-    if (t->dtype == as || !bs_dtype_is_float(t->dtype) || bs_tensor_decodable(t))
+    char buf[400];
+    const char *why = bs_tensor_why_stored(t, as, buf, sizeof buf);
+    if (!why)
       continue;
-    const char *why = bs_decode_why_not(t->dtype);
-    fprintf(stderr,
-            PROG ": %s: tensor '%s': output_as=%s: %s%s%s (exclude it with -o exclude=REGEX)\n",
-            source, t->name, bs_dtype_name(as), why ? why : "no decoder for ",
-            why ? "" : bs_dtype_name(t->dtype), why ? "" : " yet");
+    fprintf(stderr, PROG ": %s: tensor '%s': output_as=%s: %s (exclude it with -o exclude=REGEX)\n",
+            source, t->name, bs_dtype_name(as), why);
     return -1;
   }
   return 0;

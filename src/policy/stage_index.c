@@ -174,9 +174,22 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
       putf(&o, "\t%llu\n", (unsigned long long)s->size);
     }
     for (size_t i = 0; i < out->nmeta; i++) {
-      put(&o, "meta", 4);
+      const struct bs_meta_ref *r = out->meta[i].ref;
+      if (r && r->src >= idx->ncksrcs)
+        return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                       "INDEX: metadata '%.100s' is in source %u, not the checkpoint's",
+                       out->meta[i].key, r->src);
+      put(&o, r ? "metaref" : "meta", r ? 7 : 4);
       put_str(&o, out->meta[i].key);
-      put_str(&o, out->meta[i].value);
+      if (r) { /* a value left in the checkpoint (GGUF): where, not its text */
+        putf(&o, "\t%s\t%u\t%llu\t%llu\t%llu\t", bs_format_name(r->format), r->src,
+             (unsigned long long)r->off, (unsigned long long)r->len,
+             (unsigned long long)r->text_len);
+        for (size_t k = 0; k < sizeof r->types; k++)
+          putf(&o, "%02x", r->types[k]);
+      } else {
+        put_str(&o, out->meta[i].value);
+      }
       put(&o, "\n", 1);
     }
     for (size_t i = 0; i < out->count; i++) {
@@ -460,13 +473,13 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
     t->dtype_raw_len = hl / 2;
     i += 2;
     /* a torch quantizer (decode.h) must tile this tensor's elements (its
-     * channels run over the flat index: a reshaped tensor keeps it) */
+     * channels run over the flat index: a reshaped tensor keeps it; a
+     * strided view's elements are gathered in that order) */
     const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
                                      ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
                                      : NULL;
     uint64_t numel;
-    if (q &&
-        (t->strides || bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
+    if (q && (bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
       perr(err, l, "a quantizer that does not fit the tensor's elements");
       goto out;
     }
@@ -630,6 +643,25 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
     if (unescape(l->f[1]) != 0 || unescape(l->f[2]) != 0)
       return perr(err, l, "bad escape in metadata");
     return bs_catalog_add_meta(&idx->cat, l->f[1], l->f[2], err);
+  } else if (strcmp(r, "metaref") == 0 && l->n == 8) {
+    struct bs_meta_ref ref = {.format = BS_FMT_GGUF};
+    uint64_t src;
+    const char *h = l->f[7];
+    bool ok = unescape(l->f[1]) == 0 && strcmp(l->f[2], bs_format_name(BS_FMT_GGUF)) == 0 &&
+              parse_u64(l->f[3], &src) && src < idx->ncksrcs && parse_u64(l->f[4], &ref.off) &&
+              parse_u64(l->f[5], &ref.len) && parse_u64(l->f[6], &ref.text_len) &&
+              strlen(h) == 2 * sizeof ref.types &&
+              bs_range_ok(ref.off, ref.len, idx->srcs[src].size);
+    for (size_t k = 0; ok && k < sizeof ref.types; k++) {
+      int hi = bs_hex_digit(h[2 * k]), lo = bs_hex_digit(h[2 * k + 1]);
+      ok = hi >= 0 && lo >= 0;
+      ref.types[k] = (uint8_t)(hi * 16 + lo);
+    }
+    if (!ok)
+      return perr(err, l, "bad metaref record (a GGUF value in a checkpoint source)");
+    ref.src = (uint32_t)src;
+    struct bs_kv kv = {l->f[1], NULL, &ref};
+    return bs_catalog_add_meta_kv(&idx->cat, &kv, err);
   } else if (strcmp(r, "tensor") == 0) {
     (*records)++;
     return parse_tensor(idx, l, err);

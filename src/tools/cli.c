@@ -79,17 +79,6 @@ static int fail(const char *fmt, ...)
   return -1;
 }
 
-/* Why --as cannot show a dtype: the decided reason (F6), or "no decoder
- * for DT yet" written into buf. */
-static const char *no_decoder(enum bs_dtype dt, char *buf, size_t n)
-{
-  const char *why = bs_decode_why_not(dt);
-  if (why)
-    return why;
-  snprintf(buf, n, "no decoder for %s yet", bs_dtype_name(dt));
-  return buf;
-}
-
 static int fail_err(const char *file, const bs_err *err)
 {
   char line[700];
@@ -335,9 +324,9 @@ static void print_detail(void *ctx, const char *key, const char *value)
 
 /* A value on one line: control characters shown as \n, \t, \xNN; cut at
  * `max` bytes (0: whole). */
-static void print_escaped(const char *v, size_t max)
+/* The first max bytes of v (n bytes of a text of total bytes), escaped. */
+static void print_escaped(const char *v, size_t n, uint64_t total, size_t max)
 {
-  size_t n = strlen(v);
   size_t lim = max && n > max ? max : n;
   for (size_t i = 0; i < lim; i++) {
     unsigned char ch = (unsigned char)v[i];
@@ -350,8 +339,8 @@ static void print_escaped(const char *v, size_t max)
     else
       putchar(ch);
   }
-  if (lim < n)
-    printf("... (%zu bytes in all)", n);
+  if (lim < total)
+    printf("... (%" PRIu64 " bytes in all)", total);
 }
 
 static int cmd_info(int argc, char **argv)
@@ -370,9 +359,19 @@ static int cmd_info(int argc, char **argv)
     if (i == cat.nmeta) {
       fail("%s: no metadata key '%s' (burnstore info lists them)", o.pos[0], o.meta);
       rc = 1;
-    } else {
-      fputs(cat.meta[i].value, stdout);
-      fputc('\n', stdout);
+    } else { /* (a GGUF value is made text now: the only one made) */
+      struct bs_buf b = {0};
+      bool cut;
+      bs_err err;
+      bs_err_clear(&err);
+      if (bs_meta_text(&cat, &cat.meta[i], UINT64_MAX, &b, &cut, &err) != 0) {
+        fail_err(o.pos[0], &err);
+        rc = 1;
+      } else {
+        fwrite(b.data, 1, b.len, stdout);
+        fputc('\n', stdout);
+      }
+      bs_buf_destroy(&b);
     }
   } else {
     uint64_t total = 0, count = 0;
@@ -409,13 +408,22 @@ static int cmd_info(int argc, char **argv)
     printf("\n");
     printf("metadata: %zu\n", cat.nmeta);
     for (size_t i = 0; i < cat.nmeta; i++) {
+      struct bs_buf b = {0};
+      bool cut;
+      bs_err err;
+      bs_err_clear(&err);
       printf("  %s: ", cat.meta[i].key);
-      print_escaped(cat.meta[i].value, 200);
+      if (bs_meta_text(&cat, &cat.meta[i], 200, &b, &cut, &err) != 0)
+        printf("(unreadable: %s)", err.msg);
+      else
+        print_escaped((const char *)b.data, b.len, bs_kv_text_len(&cat.meta[i]), 200);
+      bs_buf_destroy(&b);
       printf("\n");
     }
     if (cat.values_json) {
       printf("values: ");
-      print_escaped(cat.values_json, 400);
+      size_t vn = strlen(cat.values_json);
+      print_escaped(cat.values_json, vn, vn, 400);
       printf("\n");
     }
     if (cat.notes) {
@@ -493,10 +501,10 @@ static int cmd_cat(int argc, char **argv)
       fail_err(o.pos[0], &err);
       goto out;
     }
-    if (bs_dtype_is_float(t->dtype) && t->dtype != o.as) {
-      char why[64];
-      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as),
-           no_decoder(t->dtype, why, sizeof why));
+    char buf[400];
+    const char *why = bs_tensor_why_stored(t, o.as, buf, sizeof buf);
+    if (why) {
+      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as), why);
       goto out;
     }
   }
@@ -754,10 +762,11 @@ static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
     return fail_err(in, &err);
   for (size_t i = 0; i < cat->count; i++) {
     const struct bs_tensor *t = &cat->tensors[i];
-    char why[64];
-    if (!t->hidden && t->dtype != as && bs_dtype_is_float(t->dtype))
+    char buf[400];
+    const char *why = t->hidden ? NULL : bs_tensor_why_stored(t, as, buf, sizeof buf);
+    if (why)
       return fail("%s: tensor '%s': --as %s: %s (exclude it with -o exclude=REGEX)", in, t->name,
-                  bs_dtype_name(as), no_decoder(t->dtype, why, sizeof why));
+                  bs_dtype_name(as), why);
   }
   return 0;
 }

@@ -214,6 +214,32 @@ Test(edit, xattrs_within_a_budget)
   cr_assert_eq(atomic_load(&ed.xattr_bytes), 8);
 }
 
+/* A value longer than any xattr (a journal record could hold one; setxattr
+ * never passes one) is refused for its own size, not as the mount's budget
+ * ("the mount holds 30 bytes of xattrs, the bound is 67108864" before). */
+Test(edit, an_over_long_value_is_e2big_for_its_size)
+{
+  struct bs_entry *e = entry("enc", "w");
+  char v[1] = {'x'};
+  size_t huge = 100u << 20; /* refused before a byte of it is read */
+  cr_assert_eq(bs_entry_set_xattr(&ed, e, "user.a", v, huge, 0, &err), -1);
+  cr_assert_eq(err.code, E2BIG, "%d %s", err.code, err.msg);
+  cr_assert(strstr(err.msg, "'user.a': a value of 104857600 bytes, over the 65536 bytes"), "%s",
+            err.msg);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_edit_set_meta(&ed, "general.name", v, huge, &err), -1);
+  cr_assert_eq(err.code, E2BIG, "%d %s", err.code, err.msg);
+  cr_assert(strstr(err.msg, "metadata 'general.name': a value of 104857600 bytes"), "%s", err.msg);
+  cr_assert_eq(atomic_load(&ed.xattr_bytes), 8, "nothing taken from the budget");
+  /* the budget's own refusal names what was asked and the bound */
+  ed.xattr_budget = 20;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_entry_set_xattr(&ed, e, "user.b", "0123456789abcdef", 16, 0, &err), -1);
+  cr_assert_eq(err.code, ENOSPC);
+  cr_assert(strstr(err.msg, "xattr 'user.b': 22 more bytes would pass the mount's bound of 20"),
+            "%s", err.msg);
+}
+
 Test(edit, root_metadata)
 {
   cr_assert_str_eq(bs_edit_get_meta(&ed, "author"), "me");
