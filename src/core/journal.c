@@ -15,6 +15,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 
 struct bs_journal {
   int fd;
@@ -106,10 +107,12 @@ struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, co
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     return NULL;
   }
-  j->fd = openat(dirfd, BS_JOURNAL_NAME, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+  bs_err sub;
+  bs_err_clear(&sub);
+  j->fd = bs_safe_openat(dirfd, NULL, BS_JOURNAL_NAME, O_WRONLY | O_CREAT | O_EXCL | O_APPEND, 0600,
+                         BS_SAFE_REG, NULL, &sub);
   if (j->fd < 0) {
-    bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the staging journal: %s",
-            strerror(errno));
+    bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot create the staging journal: %s", sub.msg);
     bs_free(j);
     return NULL;
   }
@@ -220,19 +223,20 @@ void bs_journal_close(struct bs_journal *j)
 
 bool bs_journal_unchanged(int dirfd)
 {
-  int fd = openat(dirfd, BS_JOURNAL_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0)
-    return errno == ENOENT;
-  uint8_t head[BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR];
+  bs_err err;
+  bs_err_clear(&err);
   struct stat st;
-  bool unchanged = false;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    ssize_t n = pread(fd, head, sizeof head, 0);
-    /* Cut inside BASE (killed while mounting): nothing changed either. */
-    unchanged = n < (ssize_t)sizeof head ||
-                (uint64_t)st.st_size <= (uint64_t)BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR +
-                                            bs_le32(head + BS_JOURNAL_MAGIC_LEN);
-  }
+  /* (A FIFO planted there is refused, never opened for a read that waits.) */
+  int fd = bs_safe_openat(dirfd, NULL, BS_JOURNAL_NAME, O_RDONLY, 0, BS_SAFE_REG | BS_SAFE_PRIVATE,
+                          &st, &err);
+  if (fd < 0)
+    return err.code == ENOENT;
+  uint8_t head[BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR];
+  ssize_t n = pread(fd, head, sizeof head, 0);
+  /* Cut inside BASE (killed while mounting): nothing changed either. */
+  bool unchanged = n < (ssize_t)sizeof head ||
+                   (uint64_t)st.st_size <= (uint64_t)BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR +
+                                               bs_le32(head + BS_JOURNAL_MAGIC_LEN);
   close(fd);
   return unchanged;
 }

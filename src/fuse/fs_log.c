@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/safe_open.h"
 #include "fs.h"
 #include "fs_log.h"
 
@@ -119,9 +120,12 @@ static int copy_fd(int from, int to)
 
 int fs_log_save(int dirfd, const char *name, const char *last)
 {
-  int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(dirfd, NULL, name, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                          BS_SAFE_REG | BS_SAFE_PRIVATE, NULL, &err);
   if (fd < 0)
-    return -errno;
+    return -err.code;
   int rc = lg.fd >= 0 ? copy_fd(lg.fd, fd) : 0;
   if (rc == 0 && last) {
     char line[4200];

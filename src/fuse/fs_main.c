@@ -1211,7 +1211,7 @@ static int claim(struct run *r)
   if (r->tfd < 0)
     fail_line(NULL, &err);
   else
-    bs_staging_sweep(fs->staging); /* dead daemons' empty staging directories */
+    bs_staging_sweep(fs->staging, stderr); /* dead daemons' empty staging directories */
   int sc = r->tfd < 0 ? -1 : fs_staging_create(fs);
   if (sc != 0) {
     if (sc < 0 && r->tfd >= 0)

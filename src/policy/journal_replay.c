@@ -15,6 +15,7 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 #include "core/strmap.h"
 
 _Static_assert(BS_STAGE_INDEX_MAX + 4096u <= BS_JOURNAL_RECORD_MAX,
@@ -340,7 +341,7 @@ void bs_jreplay_destroy(struct bs_jreplay *r)
 /* ---- --finish from the journal --------------------------------------------------------------- */
 
 /* The staged files' sizes are what the daemon wrote before it died. */
-static int size_staged(struct bs_jreplay *r, int dirfd, const char *dir, bs_err *err)
+static int size_staged(struct bs_jreplay *r, const struct bs_stage_dir *stg, bs_err *err)
 {
   for (uint64_t ino = BS_TREE_ROOT; ino < r->tree.n; ino++) {
     struct bs_entry *e = r->tree.nodes[ino].user;
@@ -349,10 +350,11 @@ static int size_staged(struct bs_jreplay *r, int dirfd, const char *dir, bs_err 
     char name[24];
     snprintf(name, sizeof name, "%llu", (unsigned long long)e->stage);
     struct stat st;
-    if (fstatat(dirfd, name, &st, 0) != 0 || !S_ISREG(st.st_mode)) {
+    errno = 0;
+    if (fstatat(stg->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
       char *key = bs_tree_key(&r->tree, ino, true);
       int rc = bs_fail(err, errno ? errno : EINVAL, BS_OFF_NONE, key,
-                       "%s/%s: the journal's staged file is missing", dir, name);
+                       "%s/%s: the journal's staged file is missing", stg->path, name);
       bs_free(key);
       return rc;
     }
@@ -361,18 +363,21 @@ static int size_staged(struct bs_jreplay *r, int dirfd, const char *dir, bs_err 
   return 0;
 }
 
-int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err)
+int bs_journal_rebuild(const struct bs_stage_dir *stg, bs_err *err)
 {
-  int fd = openat(dirfd, BS_JOURNAL_NAME, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT)
-      return 1;
-    return bs_fail(err, errno, BS_OFF_NONE, NULL, "%s/" BS_JOURNAL_NAME ": %s", dir,
-                   strerror(errno));
-  }
+  const char *dir = stg->path;
+  bs_err sub;
+  bs_err_clear(&sub);
   struct stat st;
+  int fd = bs_safe_openat(stg->fd, dir, BS_JOURNAL_NAME, O_RDONLY, 0, BS_SAFE_REG | BS_SAFE_PRIVATE,
+                          &st, &sub);
+  if (fd < 0) {
+    if (sub.code == ENOENT)
+      return 1;
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s", sub.msg);
+  }
   void *map = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX)
+  if (st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX)
     map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
   close(fd);
@@ -395,8 +400,8 @@ int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err)
             m);
     goto out;
   }
-  if (bs_stage_index_attach(&r.base, dir, err) != 0 || size_staged(&r, dirfd, dir, err) != 0 ||
-      bs_edit_catalog(&r.ed, dir, true, &out, err) != 0)
+  if (bs_stage_index_attach(&r.base, stg, err) != 0 || size_staged(&r, stg, err) != 0 ||
+      bs_edit_catalog(&r.ed, stg, true, &out, err) != 0)
     goto out;
   out.format = r.base.format;
   const struct bs_writer *w = bs_writer_for_format(r.base.format);
@@ -404,7 +409,7 @@ int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err)
     goto out;
   /* The INDEX a write-back at this point would have saved. */
   if (bs_stage_index_format(&r.base, &out, dir, &buf, err) != 0 ||
-      bs_stage_index_save(dirfd, &buf, err) != 0)
+      bs_stage_index_save(stg->fd, &buf, err) != 0)
     goto out;
   rc = 0;
 out:

@@ -36,11 +36,12 @@ struct bs_jreplay {
 BS_NODISCARD int bs_journal_replay(const void *data, size_t len, struct bs_jreplay *r, bs_err *err);
 void bs_jreplay_destroy(struct bs_jreplay *r);
 
-/* --finish of a staging directory without an INDEX: replay dir/JOURNAL,
+/* --finish of a staging directory without an INDEX: replay its JOURNAL
+ * (beneath the held directory; a FIFO or a link is refused, never opened),
  * re-attach the checkpoint (ESTALE when it changed since the mount), build
  * the output catalog and save it as dir/INDEX (fsynced). 0: INDEX written;
  * 1: there is no JOURNAL; -1 with err. The caller holds the directory's
  * lock. */
-BS_NODISCARD int bs_journal_rebuild(const char *dir, int dirfd, bs_err *err);
+BS_NODISCARD int bs_journal_rebuild(const struct bs_stage_dir *stg, bs_err *err);
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "core/edit.h"
 
 #define BS_STAGE_INDEX_NAME "INDEX"
 #define BS_STAGE_LOCK_NAME "lock"
@@ -88,17 +89,22 @@ BS_NODISCARD int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err
 /* Parse an INDEX (untrusted: every number and reference is checked). */
 BS_NODISCARD int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *idx,
                                       bs_err *err);
-/* Read dir/INDEX (at most BS_STAGE_INDEX_MAX bytes) and parse it. */
-BS_NODISCARD int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err);
+/* Read INDEX beneath the held staging directory (at most BS_STAGE_INDEX_MAX
+ * bytes; a regular file of the caller's or root's that no one else may
+ * write) and parse it. ENOENT when there is none. */
+BS_NODISCARD int bs_stage_index_load(const struct bs_stage_dir *stg, struct bs_stage_index *idx,
+                                     bs_err *err);
 /* Open the byte sources into idx->cat: the checkpoint (refused with ESTALE
  * if its size, mtime or inode changed, or it reads differently) and the
- * staging files (their sizes must match). */
-BS_NODISCARD int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err);
+ * staging files beneath stg (their sizes must match; opened per read). */
+BS_NODISCARD int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir *stg,
+                                       bs_err *err);
 
 /* Remove a staging directory whose lock the caller holds (dirfd: the
- * directory): the JOURNAL and the INDEX first, so that a kill during the cleanup never leaves
- * one to finish again, then its other files, the lock file last, then the
- * directory itself. The caller closes its fds. */
+ * directory, `dir` its path): the JOURNAL and the INDEX first, so that a kill
+ * during the cleanup never leaves one to finish again, then its other files,
+ * the lock file last, then the directory itself (by its name in its parent,
+ * if that still is this directory). The caller closes its fds. */
 void bs_stage_dir_remove(int dirfd, const char *dir);
 
 #endif

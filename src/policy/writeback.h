@@ -39,8 +39,10 @@ int bs_staging_create(char *tmpl, int *dirfd, int *lock);
 /* Remove the staging directories of dead daemons that hold nothing (only
  * their lock file: no staged data, no INDEX, no log) among the siblings named
  * like the template `tmpl` (DIR/PREFIXXXXXXX). Directories with data are kept
- * for --list-staging / --finish. */
-void bs_staging_sweep(const char *tmpl);
+ * for --list-staging / --finish; one of another user's (or that others may
+ * write) is left alone, with a line to `notes` (may be NULL). Nothing in
+ * them is followed or blocks (core/safe_open.h). */
+void bs_staging_sweep(const char *tmpl, FILE *notes);
 /* Remove a staging directory the caller created and holds the lock of: the
  * INDEX first, its files, the lock file, the directory; closes both fds and
  * sets them to -1. A no-op unless both are open. */
@@ -83,10 +85,11 @@ BS_NODISCARD struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_e
 
 /* ---- Staging directories left behind ------------------------------------------------------ */
 
-/* Print what staging directory `dir` holds to `out`: target, format, daemon
- * pid (running or gone), the checkpoint, then one line per tensor: key,
- * dtype, shape, bytes, where (tab-separated). 0; 1 when it has no INDEX (its
- * raw files are listed: they cannot be finished); -1 with err. */
+/* Print what staging directory `dir` (the caller's or root's, writable by
+ * its owner alone: another user's is refused naming its owner) holds to `out`: target, format,
+ * daemon pid (running or gone), the checkpoint, then one line per tensor: key, dtype, shape, bytes,
+ * where (tab-separated). 0; 1 when it has no INDEX (its raw files are listed: they cannot be
+ * finished); -1 with err. */
 BS_NODISCARD int bs_wb_list(const char *dir, FILE *out, bs_err *err);
 
 struct bs_wb_finished {
@@ -98,7 +101,8 @@ struct bs_wb_finished {
 };
 /* Complete the write-back whose INDEX staging directory `dir` holds (its daemon
  * was killed, or its writer failed): refused while the daemon lives, for an
- * incomplete INDEX, while another writer holds the target lock, or when the
+ * incomplete INDEX, while another writer holds the target lock, for a
+ * directory of another user's (or that others may write), or when the
  * checkpoint the INDEX copies from changed (ESTALE; unless the target already
  * is the result, then the directory is just removed). On success the
  * directory is removed. res is zeroed first; free res->target either way. */
