@@ -28,10 +28,10 @@ NEW = bytes([0xA5]) * 4096            # what root writes through its mount
 SECRET = b"ROOT-ONLY KEY " * 292 + b"ROOTROOT"  # 4096 bytes: a tensor's size
 
 
-def run(cmd, timeout=QUICK, **kw):
+def run(cmd, timeout=QUICK, text=True, **kw):
     """A command under a deadline: a hang is a failed check, never a hung suite."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+        return subprocess.run(cmd, capture_output=True, text=text, timeout=timeout, **kw)
     except subprocess.TimeoutExpired:
         check(False, "%s did not end within %d s (blocked)" % (" ".join(cmd[:3]), timeout))
         return subprocess.CompletedProcess(cmd, -1, "", "timed out")
@@ -251,6 +251,37 @@ def test_planted_staging_at_mount(tmp):
     shutil.rmtree(ours, ignore_errors=True)
 
 
+MKFIFO = r"""
+import os, sys
+os.mkfifo(sys.argv[1], 0o666)
+"""
+
+
+def test_set_journal_fifo(tmp):
+    """Item 3: a FIFO nobody put at a set's journal name in a sticky
+    directory (.X.safetensors.index.json.burnstore-journal) blocks none of
+    root's ls, info, cat, diff and convert of X.safetensors (it records no
+    write: the file is read as it is); a writer of that set refuses it in
+    one line naming it."""
+    d = team_dir(tmp, "sticky3", 0o1777)
+    x = os.path.join(d, "X.safetensors")
+    write_safetensors(x, {"a": A})
+    j = os.path.join(d, ".X.safetensors.index.json.burnstore-journal")
+    as_nobody(MKFIFO, j)
+    out = os.path.join(d, "out.safetensors")
+    for cmd in (["ls", x], ["info", x], ["cat", x, "a"], ["diff", x, x], ["convert", "-q", x, out]):
+        r = run([BIN] + cmd, text=False)
+        check(r.returncode == 0 and (cmd[0] != "cat" or r.stdout == A),
+              "%s with a FIFO at the journal's name: %d %r" % (cmd[0], r.returncode, r.stderr))
+    check(os.path.exists(out) and read_safetensors(out)[0]["a"][2] == A, "convert wrote its output")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=2048", x, os.path.join(d, "X.safetensors.index.json")])
+    check(r.returncode == 1 and one_line(r, j, "FIFO"),
+          "a writer of the set refuses the FIFO in one line: %d %r" % (r.returncode, r.stderr))
+    check(stat.S_ISFIFO(os.lstat(j).st_mode) and read_safetensors(x)[0]["a"][2] == A,
+          "the FIFO and X.safetensors are left as they were")
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
-                               test_fifos_do_not_block, test_planted_staging_at_mount], "planted")
+                               test_fifos_do_not_block, test_planted_staging_at_mount,
+                               test_set_journal_fifo], "planted")
