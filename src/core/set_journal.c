@@ -245,11 +245,10 @@ static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bool reco
   for (size_t i = 0; i < p->nold && rc == 0; i++) {
     size_t k;
     struct stat st;
-    /* A recovery removes only files of this user's or root's; a writer's
-     * own commit checked the old set's owners before it began (its
-     * writer's ownership check). */
+    /* Only files of this user's or root's (the writer checked the old set's
+     * before it began; one planted since, at a name that was free, stays). */
     if (bs_strmap_get(&news, p->oldf[i], &k) || !exists(s, p->oldf[i], &st) ||
-        !S_ISREG(st.st_mode) || (recovering && !made_by_us(&st, false)))
+        !made_by_us(&st, false))
       continue; /* kept by the new set, already gone, or not ours to remove */
     if (bs_safe_unlink_same(s->dirfd, p->oldf[i], &st, 0) != 0 && errno != ENOENT) {
       int e = errno;

@@ -281,7 +281,78 @@ def test_set_journal_fifo(tmp):
           "the FIFO and X.safetensors are left as they were")
 
 
+PUT = r"""
+import os, sys
+path, text, mode = sys.argv[1], sys.argv[2], int(sys.argv[3], 8)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+os.write(fd, text.encode())
+os.close(fd)
+os.chmod(path, mode)
+"""
+
+
+def snapshot(d):
+    out = {}
+    for f in sorted(os.listdir(d)):
+        p = os.path.join(d, f)
+        st = os.lstat(p)
+        out[f] = (st.st_uid, stat.S_IMODE(st.st_mode), open(p, "rb").read() if stat.S_ISREG(st.st_mode) else None)
+    return out
+
+
+def test_planted_index(tmp):
+    """Item 2: in a sticky directory, nobody's out.safetensors.index.json
+    naming root's files as its shards. root's convert into that set (a
+    reshard, or one that reuses the old shard names) is refused in one line
+    naming the index's owner; root's files stay as they were. root's own
+    index naming a shard nobody planted at a free name is refused the same
+    way. A file another user planted at a new output's name is replaced
+    with the caller's umask, never with its 0666."""
+    d = team_dir(tmp, "sticky2", 0o1777)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A, "b": NEW})
+    victim = os.path.join(d, "victim.safetensors")
+    victim2 = os.path.join(d, "victim2.safetensors")
+    write_safetensors(victim, {"v": b"victim"})
+    write_safetensors(victim2, {"v": b"victim2"})
+    index = os.path.join(d, "out.safetensors.index.json")
+    planted = json.dumps({"metadata": {}, "weight_map": {"a": "victim.safetensors", "b": "victim2.safetensors"}})
+    as_nobody(PUT, index, planted, "0666")
+    before = snapshot(d)
+    for opts in (["-o", "max_shard_size=5KB"], []):
+        r = run([BIN, "convert", "-q"] + opts + [src, index])
+        check(r.returncode == 1 and one_line(r, index, "owned by uid 65534 (nobody)"),
+              "convert %s into nobody's index is refused in one line naming its owner: %d %r"
+              % (opts, r.returncode, r.stderr))
+        check(snapshot(d) == before, "convert %s: root's victim files and the index are as they were" % opts)
+    os.unlink(index)
+    # root's own index naming a shard whose name nobody took meanwhile.
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=5KB", src, index])
+    check(r.returncode == 0, "root's own set: %r" % r.stderr)
+    shards = json.load(open(index))["weight_map"]
+    name = sorted(set(shards.values()))[-1]
+    os.unlink(os.path.join(d, name))
+    as_nobody(PUT, os.path.join(d, name), "nobody's own file", "0644")
+    before = snapshot(d)
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=3KB", src, index])
+    check(r.returncode == 1 and one_line(r, name, "owned by uid 65534 (nobody)"),
+          "a shard of another user's is refused in one line naming its owner: %d %r" % (r.returncode, r.stderr))
+    check(snapshot(d) == before, "nobody's file and root's set are as they were")
+    # A single file planted at a new output's name: replaced, with root's umask.
+    out = os.path.join(d, "new.bpk")
+    as_nobody(PUT, out, "planted", "0666")
+    old_umask = os.umask(0o022)
+    try:
+        r = run([BIN, "convert", "-q", src, out])
+    finally:
+        os.umask(old_umask)
+    st = os.stat(out)
+    check(r.returncode == 0 and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644,
+          "the new output is root's 0644, not the planted 0666: %d %o %r"
+          % (st.st_uid, stat.S_IMODE(st.st_mode), r.stderr))
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
-                               test_set_journal_fifo], "planted")
+                               test_set_journal_fifo, test_planted_index], "planted")
