@@ -23,8 +23,10 @@ struct bs_journal {
   pthread_cond_t cv;
   pthread_t flusher;
   bool begun, started, stop, broken;
-  pid_t thread_pid; /* the flusher's process: a daemon forks after the journal began */
-  uint64_t pending; /* records appended since the last fdatasync */
+  int sync_err;                  /* the first fdatasync's errno that failed, or 0 */
+  void (*log)(const char *line); /* NULL: stderr */
+  pid_t thread_pid;              /* the flusher's process: a daemon forks after the journal began */
+  uint64_t pending;              /* records appended since the last fdatasync */
 };
 
 /* ---- Writing -------------------------------------------------------------------------------- */
@@ -72,6 +74,37 @@ static int put_record(int fd, enum bs_jkind kind, uint64_t ino, const void *a, s
   return write_all(fd, iov, 4);
 }
 
+static void say(struct bs_journal *j, const char *line)
+{
+  syslog(LOG_ERR, "%s", line);
+  if (j->log)
+    j->log(line);
+  else
+    fprintf(stderr, "%s\n", line);
+}
+
+/* What an fdatasync returned (rc, errno e), with j->mu held: the first
+ * failure is said once, in the log and in the journal. */
+static void synced(struct bs_journal *j, int rc, int e)
+{
+  if (rc == 0 || j->sync_err)
+    return;
+  j->sync_err = e;
+  char line[300];
+  snprintf(line, sizeof line,
+           "burnstore: the staging journal is no longer durable: fdatasync: %s; a crash of the "
+           "machine may lose the changes from here on (a kill loses none; the write-back at "
+           "unmount is unaffected)",
+           strerror(e));
+  say(j, line);
+  /* Said in the journal too (to the page cache, which still takes it), so
+   * that --finish reports it. */
+  uint8_t a[4];
+  bs_put_le32(a, (uint32_t)e);
+  if (!j->broken && put_record(j->fd, BS_J_UNSYNCED, 0, a, sizeof a, NULL, 0) != 0)
+    j->broken = true;
+}
+
 static void *flusher(void *arg)
 {
   struct bs_journal *j = arg;
@@ -92,8 +125,9 @@ static void *flusher(void *arg)
     j->pending = 0;
     /* Appends go on meanwhile: fdatasync outside the lock. */
     pthread_mutex_unlock(&j->mu);
-    (void)fdatasync(j->fd);
+    int rc = fdatasync(j->fd), e = errno;
     pthread_mutex_lock(&j->mu);
+    synced(j, rc, e);
   }
   pthread_mutex_unlock(&j->mu);
   return NULL;
@@ -120,7 +154,7 @@ struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, co
   int e = write_all(j->fd, &m, 1);
   if (!e)
     e = put_record(j->fd, BS_J_BASE, 0, base, len, origins, olen);
-  if (!e && fdatasync(j->fd) != 0)
+  if (!e && fsync(j->fd) != 0) /* (a new file: its size and blocks too) */
     e = errno;
   if (!e && fsync(dirfd) != 0)
     e = errno;
@@ -157,16 +191,18 @@ void bs_journal_append(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, c
   int e = put_record(j->fd, kind, ino, a, alen, b, blen);
   if (e) {
     j->broken = true;
-    syslog(LOG_ERR,
-           "burnstore: the staging journal stops (%s): a kill now loses what changed "
-           "since; the write-back at unmount is unaffected",
-           strerror(e));
-    fprintf(stderr, "burnstore: the staging journal stops: %s\n", strerror(e));
+    char line[300];
+    snprintf(line, sizeof line,
+             "burnstore: the staging journal stops (%s): a kill now loses what changed since; the "
+             "write-back at unmount is unaffected",
+             strerror(e));
+    say(j, line);
   } else if (j->pending++ == 0) {
     pthread_cond_signal(&j->cv);
   }
   if (j->begun && !j->started) { /* no thread: sync inline */
-    (void)fdatasync(j->fd);
+    int rc = fdatasync(j->fd);
+    synced(j, rc, errno);
     j->pending = 0;
   }
   pthread_mutex_unlock(&j->mu);
@@ -200,25 +236,40 @@ void bs_journal_sync(struct bs_journal *j)
 {
   pthread_mutex_lock(&j->mu);
   j->pending = 0;
+  int rc = fdatasync(j->fd);
+  synced(j, rc, errno);
   pthread_mutex_unlock(&j->mu);
-  (void)fdatasync(j->fd);
 }
 
-void bs_journal_close(struct bs_journal *j)
+void bs_journal_set_log(struct bs_journal *j, void (*log)(const char *line))
 {
   if (!j)
     return;
+  pthread_mutex_lock(&j->mu);
+  j->log = log;
+  pthread_mutex_unlock(&j->mu);
+}
+
+int bs_journal_close(struct bs_journal *j)
+{
+  if (!j)
+    return 0;
   pthread_mutex_lock(&j->mu);
   j->stop = true;
   pthread_cond_signal(&j->cv);
   pthread_mutex_unlock(&j->mu);
   if (j->started && j->thread_pid == getpid())
     pthread_join(j->flusher, NULL);
-  (void)fdatasync(j->fd);
+  pthread_mutex_lock(&j->mu);
+  int rc = fdatasync(j->fd);
+  synced(j, rc, errno);
+  int e = j->sync_err;
+  pthread_mutex_unlock(&j->mu);
   close(j->fd);
   pthread_cond_destroy(&j->cv);
   pthread_mutex_destroy(&j->mu);
   bs_free(j);
+  return e;
 }
 
 bool bs_journal_unchanged(int dirfd)

@@ -621,10 +621,11 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
   int ret;
   if (strncmp(buf, "ok", 2) == 0) {
     ret = 0;
-    /* The report: files written as U8 blobs always, everything with -v. */
+    /* The report: files written as U8 blobs and notes always, everything
+     * with -v. */
     for (char *line = buf + 3, *nl; line < buf + n && (nl = strchr(line, '\n')); line = nl + 1) {
       *nl = '\0';
-      bool blob = strstr(line, "written as U8") != NULL;
+      bool blob = strstr(line, "written as U8") != NULL || strncmp(line, "note: ", 6) == 0;
       if (blob || (verbose && strncmp(line, "pid ", 4) != 0))
         fprintf(blob ? stderr : stdout, PROG ": %s\n", line);
     }
@@ -1338,11 +1339,14 @@ static int write_back(struct run *r)
   if (wrc != 0) {
     char line[900], msg[PATH_MAX * 2 + 1200], text[3 * PATH_MAX + 1400];
     bs_err_format(&err, NULL, line, sizeof line);
-    snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
-             fs->output, r->mnt, fs->output, line,
-             fs->staging_fd >= 0 ? "; the written data is kept in " : "",
+    char note[400];
+    const char *jn = fs_journal_note(fs, note, sizeof note);
+    snprintf(msg, sizeof msg,
+             "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s%s%s", fs->output,
+             r->mnt, fs->output, line, fs->staging_fd >= 0 ? "; the written data is kept in " : "",
              fs->staging_fd >= 0 ? fs->staging : "",
-             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
+             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "",
+             jn ? "; " : "", jn ? jn : "");
     report(r->daemonized, LOG_ERR, msg);
     /* Kept with the staged data, for when nobody waits and there is no
      * syslog: the session's log, then this. */

@@ -163,7 +163,26 @@ int fs_writeback(struct fs *fs, bs_err *err)
   fs->report = NULL;
   struct bs_wb wb;
   fill_wb(fs, &wb);
-  return bs_wb_run(&wb, &fs->report, err);
+  int rc = bs_wb_run(&wb, &fs->report, err);
+  char note[400];
+  if (rc == 0 && fs_journal_note(fs, note, sizeof note)) {
+    /* one more report line, after the writer's */
+    size_t rl = fs->report ? strlen(fs->report) : 0;
+    char *r = bs_malloc(rl + strlen(note) + 2);
+    if (r) {
+      snprintf(r, rl + strlen(note) + 2, "%s%s%s", rl ? fs->report : "",
+               rl && fs->report[rl - 1] != '\n' ? "\n" : "", note);
+      bs_free(fs->report);
+      fs->report = r;
+    }
+  }
+  return rc;
+}
+
+/* The journal's lines (a failed append or fdatasync) into the mount's log. */
+static void journal_log(const char *line)
+{
+  fuse_log(FUSE_LOG_ERR, "%s\n", line);
 }
 
 void fs_journal_start(struct fs *fs)
@@ -182,12 +201,26 @@ void fs_journal_start(struct fs *fs)
             "names of what was written\n",
             bs_err_format(&err, NULL, line, sizeof line));
   }
+  bs_journal_set_log(fs->journal, journal_log);
   fs->edit.journal = fs->journal;
 }
 
 void fs_journal_stop(struct fs *fs)
 {
   fs->edit.journal = NULL;
-  bs_journal_close(fs->journal);
+  int e = bs_journal_close(fs->journal);
+  if (fs->journal)
+    fs->journal_sync_err = e;
   fs->journal = NULL;
+}
+
+const char *fs_journal_note(const struct fs *fs, char *buf, size_t n)
+{
+  if (!fs->journal_sync_err)
+    return NULL;
+  snprintf(buf, n,
+           "note: the staging journal stopped being durable while mounted (fdatasync: %s): a "
+           "crash of the machine then could have lost changes; this write-back is unaffected",
+           strerror(fs->journal_sync_err));
+  return buf;
 }

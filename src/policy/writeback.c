@@ -615,13 +615,14 @@ static int refuse_alive(const char *dir, long pid, bs_err *err)
                  dir, p);
 }
 
-int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
+int bs_wb_finish(const char *arg, unsigned flags, struct bs_wb_finished *res, bs_err *err)
 {
   memset(res, 0, sizeof *res);
   char *dir = realpath(arg, NULL);
   if (!dir)
     return bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", arg, strerror(errno));
   int ret = -1, lk = -1, tfd = -1;
+  struct bs_buf notes = {0};
   struct bs_stage_index idx;
   bs_stage_index_init(&idx);
   /* Held from here on: everything in it is reached through this fd. */
@@ -646,15 +647,17 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
      * mount held; rebuild the INDEX from it, then finish as usual. */
     bs_err noindex = *err;
     bs_err_clear(err);
-    int jr = bs_journal_rebuild(&stg, err);
+    struct bs_buf text = {0};
+    int jr = bs_journal_rebuild(&stg, flags & BS_WB_SALVAGE, &text, &notes, &res->salvaged, err);
+    bs_stage_index_destroy(&idx);
+    if (jr == 0)
+      jr = bs_stage_index_parse(text.data, text.len, &idx, err);
+    bs_buf_destroy(&text);
     if (jr != 0) {
       if (jr > 0)
         *err = noindex;
       goto out;
     }
-    bs_stage_index_destroy(&idx);
-    if (bs_stage_index_load(&stg, &idx, err) != 0)
-      goto out;
   }
   if (idx.incomplete) {
     bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
@@ -706,11 +709,17 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
     res->kept = true;
     goto out;
   }
-  bs_stage_dir_remove(stg.fd, dir);
+  /* After a salvage the directory stays: its staged files hold the bytes
+   * the dropped records named. */
+  if (!res->salvaged)
+    bs_stage_dir_remove(stg.fd, dir);
   res->target = bs_strdup(idx.target);
   res->tensors = idx.cat.count;
   ret = 0;
 out:
+  if (notes.len && bs_buf_put(&notes, "", 1) == 0)
+    res->notes = (char *)notes.data, notes = (struct bs_buf){0};
+  bs_buf_destroy(&notes);
   bs_target_unlock(tfd);
   bs_stage_index_destroy(&idx);
   if (lk >= 0)

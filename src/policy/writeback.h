@@ -97,15 +97,24 @@ struct bs_wb_finished {
   size_t tensors;      /* how many */
   bool already;        /* the target already held the result: nothing written */
   bool kept;           /* on failure: the writer failed, the staging directory is kept */
+  bool salvaged;       /* written from a damaged journal's records before the damage; the
+                        * staging directory is kept (the dropped records' staged files) */
+  char *notes;         /* owned (bs_free): lines to show, or NULL: a torn tail ignored, a
+                        * journal no longer durable, what a salvage dropped */
   const char *err_dir; /* on failure: the directory err is about (prefix it), or NULL */
 };
+#define BS_WB_SALVAGE 1u /* --finish --salvage: a damaged journal's records before the damage */
 /* Complete the write-back whose INDEX staging directory `dir` holds (its daemon
- * was killed, or its writer failed): refused while the daemon lives, for an
- * incomplete INDEX, while another writer holds the target lock, for a
- * directory of another user's (or that others may write), or when the
- * checkpoint the INDEX copies from changed (ESTALE; unless the target already
- * is the result, then the directory is just removed). On success the
- * directory is removed. res is zeroed first; free res->target either way. */
-BS_NODISCARD int bs_wb_finish(const char *dir, struct bs_wb_finished *res, bs_err *err);
+ * was killed, or its writer failed; without an INDEX, from its JOURNAL):
+ * refused while the daemon lives, for an incomplete INDEX, while another
+ * writer holds the target lock, for a directory of another user's (or that
+ * others may write), for a damaged journal (journal_replay.h) unless
+ * `flags` has BS_WB_SALVAGE, or when the checkpoint the INDEX copies from
+ * changed (ESTALE; unless the target already is the result, then the
+ * directory is just removed). On success the directory is removed (not
+ * after a salvage). res is zeroed first; free res->target and res->notes
+ * either way. */
+BS_NODISCARD int bs_wb_finish(const char *dir, unsigned flags, struct bs_wb_finished *res,
+                              bs_err *err);
 
 #endif
