@@ -60,6 +60,11 @@ char *bs_abs_path(const char *p)
 
 char *bs_mountpoint_path(const char *p)
 {
+  return bs_link_path(p);
+}
+
+char *bs_link_path(const char *p)
+{
   char *abs = bs_abs_path(p);
   /* A symlink is followed by hand, each target resolved as bs_abs_path
    * does (its parent only): realpath would check the last directory itself

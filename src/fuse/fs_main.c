@@ -942,7 +942,7 @@ static int prepare_url(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, false)))
       return 1;
-    if (!(fs->output = bs_abs_path(a->output))) {
+    if (!(fs->output = bs_link_path(a->output))) {
       fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
       return 1;
     }
@@ -971,7 +971,9 @@ static int prepare(struct fs *fs, struct args *a)
     fprintf(stderr, PROG ": %s: http_cache= and http_timeout= apply to a URL SOURCE\n", a->source);
     return 1;
   }
-  fs->source = bs_abs_path(a->source);
+  /* A link is the checkpoint it names: rw edits that file, and the link
+   * stays a link (its rename would replace the link). */
+  fs->source = bs_link_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
     return 1;
@@ -998,7 +1000,7 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
+    fs->output = a->output ? bs_link_path(a->output) : bs_strdup(fs->source);
     if (!fs->output) {
       fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
       return 1;
@@ -1020,7 +1022,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
+      fs->output = a->output ? bs_link_path(a->output) : bs_strdup(fs->source);
       if (!fs->output) {
         fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
         return 1;

@@ -24,6 +24,7 @@
 #include "core/decode.h"
 #include "core/npy.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
@@ -856,6 +857,9 @@ static int cmd_staging(int argc, char **argv)
       fail_err(NULL, &err);
     return rc == 0 ? 0 : 1;
   }
+  /* The staged files are opened one at a time (per read), but a writer may
+   * hold more (a shard set's pool): the soft limit goes up as the daemon's. */
+  (void)bs_raise_nofile();
   struct bs_wb_finished res;
   int rc = bs_wb_finish(dir, flags, &res, &err);
   if (rc != 0) {
