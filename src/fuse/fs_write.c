@@ -136,7 +136,7 @@ void fs_raise_nofile(void)
 
 void fs_staging_remove(struct fs *fs)
 {
-  bs_staging_remove(fs->staging, &fs->staging_fd, &fs->staging_lock);
+  bs_staging_remove(fs->staging, fs->output, &fs->staging_fd, &fs->staging_lock);
 }
 
 /* The write-back of this mount, as the core sees it. */

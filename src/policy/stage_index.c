@@ -864,8 +864,19 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir 
   return 0;
 }
 
-void bs_stage_dir_remove(int dirfd, const char *dir)
+void bs_stage_dir_remove(int dirfd, const char *dir, const char *target)
 {
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(dirfd, dir, BS_STAGE_DONE_NAME, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                          BS_SAFE_REG, NULL, &err);
+  if (fd >= 0) {
+    if (target && write(fd, target, strlen(target)) < 0) {
+      /* (the mark is its name; what it says is for messages) */
+    }
+    close(fd);
+    fsync(dirfd);
+  }
   /* The journal before the INDEX: neither may outlive the other's removal
    * with a target already written (--finish would redo it from the source). */
   bs_safe_unlinkat(dirfd, BS_JOURNAL_NAME, 0);
@@ -875,10 +886,12 @@ void bs_stage_dir_remove(int dirfd, const char *dir)
     struct dirent *de;
     while ((de = readdir(d)) != NULL)
       if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
-          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
+          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0 &&
+          strcmp(de->d_name, BS_STAGE_DONE_NAME) != 0)
         bs_safe_unlinkat(dirfd, de->d_name, 0);
     closedir(d);
   }
+  bs_safe_unlinkat(dirfd, BS_STAGE_DONE_NAME, 0);
   bs_safe_unlinkat(dirfd, BS_STAGE_LOCK_NAME, 0);
   /* The directory by its name in its parent, only while that name still is
    * this directory: another user who may write the parent may have renamed
@@ -889,11 +902,28 @@ void bs_stage_dir_remove(int dirfd, const char *dir)
     return;
   char parent[PATH_MAX];
   snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
-  bs_err err;
   bs_err_clear(&err);
   int pfd = bs_safe_open_dir(parent, BS_SAFE_ANY_OWNER, &err);
   if (pfd < 0)
     return;
   bs_safe_unlink_same(pfd, slash + 1, &was, AT_REMOVEDIR);
   close(pfd);
+}
+
+bool bs_stage_done(const struct bs_stage_dir *stg, char *target, size_t n)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  int fd =
+      bs_safe_openat(stg->fd, stg->path, BS_STAGE_DONE_NAME, O_RDONLY, 0, BS_SAFE_REG, NULL, &err);
+  if (fd < 0)
+    return false;
+  ssize_t r = n ? pread(fd, target, n - 1, 0) : 0;
+  if (n)
+    target[r > 0 ? r : 0] = '\0';
+  for (ssize_t i = 0; i < r; i++) /* one line: it is shown */
+    if ((unsigned char)target[i] < 0x20)
+      target[i] = '?';
+  close(fd);
+  return true;
 }

@@ -153,7 +153,21 @@ static void remove_empty_staging(int pfd, const char *dir, const char *name, FIL
     return;
   }
   int lk = open_lock(&stg, false, &err);
-  DIR *d = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 ? bs_safe_dirstream(stg.fd) : NULL;
+  bool locked = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0;
+  char target[PATH_MAX];
+  if (locked && bs_stage_done(&stg, target, sizeof target)) {
+    /* Its write-back completed; a kill cut the removal short. */
+    bs_stage_dir_remove(stg.fd, path, target[0] ? target : NULL);
+    if (notes)
+      fprintf(notes,
+              "burnstore: removed %s: its write-back%s%s had completed (a kill cut its cleanup "
+              "short)\n",
+              path, target[0] ? " of " : "", target);
+    close(lk);
+    close(stg.fd);
+    return;
+  }
+  DIR *d = locked ? bs_safe_dirstream(stg.fd) : NULL;
   /* Its lock, and a journal that records no change, are not data. */
   bool empty = d != NULL;
   for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
@@ -197,12 +211,12 @@ void bs_staging_sweep(const char *tmpl, FILE *notes)
     close(pfd);
 }
 
-void bs_staging_remove(const char *dir, int *dirfd, int *lock)
+void bs_staging_remove(const char *dir, const char *target, int *dirfd, int *lock)
 {
   /* Only a directory the caller created and still holds the lock of. */
   if (*dirfd < 0 || *lock < 0)
     return;
-  bs_stage_dir_remove(*dirfd, dir);
+  bs_stage_dir_remove(*dirfd, dir, target);
   close(*dirfd);
   *dirfd = -1;
   close(*lock);
@@ -504,6 +518,15 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
   struct bs_stage_dir stg = {open_staging_arg(dir, err), dir};
   if (stg.fd < 0)
     return -1;
+  char done[PATH_MAX];
+  if (bs_stage_done(&stg, done, sizeof done)) {
+    fprintf(out,
+            "staging %s\nthe write-back%s%s completed (DONE): nothing to finish; burnstore "
+            "--finish or the next writable mount of its target removes it\n",
+            dir, done[0] ? " of " : "", done);
+    close(stg.fd);
+    return 0;
+  }
   struct bs_stage_index idx;
   if (bs_stage_index_load(&stg, &idx, err) != 0) {
     int rc = -1;
@@ -604,6 +627,20 @@ static bool target_is_result(const struct bs_stage_index *idx, const struct bs_s
   return same;
 }
 
+/* Nothing in it but its lock file: what a removal cut short between DONE
+ * and the lock leaves. */
+static bool holds_only_its_lock(const struct bs_stage_dir *stg)
+{
+  DIR *d = bs_safe_dirstream(stg->fd);
+  bool only = d != NULL;
+  for (struct dirent *de; only && (de = readdir(d)) != NULL;)
+    only = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+           strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0;
+  if (d)
+    closedir(d);
+  return only;
+}
+
 static int refuse_alive(const char *dir, long pid, bs_err *err)
 {
   char p[32] = "";
@@ -637,6 +674,16 @@ int bs_wb_finish(const char *arg, unsigned flags, struct bs_wb_finished *res, bs
     long pid = bs_stage_index_load(&stg, &idx, err) == 0 ? idx.pid : 0;
     bs_err_clear(err);
     refuse_alive(dir, pid, err);
+    goto out;
+  }
+  /* Its write-back completed and a kill cut the removal short (DONE), or
+   * that removal left only the lock: nothing to finish, all to remove. */
+  char done[PATH_MAX] = "";
+  res->completed = bs_stage_done(&stg, done, sizeof done);
+  if (res->completed || (res->empty = holds_only_its_lock(&stg))) {
+    bs_stage_dir_remove(stg.fd, dir, done[0] ? done : NULL);
+    res->target = done[0] ? bs_strdup(done) : NULL;
+    ret = 0;
     goto out;
   }
   bool loaded = bs_stage_index_load(&stg, &idx, err) == 0;
@@ -675,7 +722,7 @@ int bs_wb_finish(const char *arg, unsigned flags, struct bs_wb_finished *res, bs
     if (err->code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
         target_is_result(&idx, &stg)) {
       bs_err_clear(err);
-      bs_stage_dir_remove(stg.fd, dir);
+      bs_stage_dir_remove(stg.fd, dir, idx.target);
       res->already = true;
       res->target = bs_strdup(idx.target);
       ret = 0;
@@ -712,7 +759,7 @@ int bs_wb_finish(const char *arg, unsigned flags, struct bs_wb_finished *res, bs
   /* After a salvage the directory stays: its staged files hold the bytes
    * the dropped records named. */
   if (!res->salvaged)
-    bs_stage_dir_remove(stg.fd, dir);
+    bs_stage_dir_remove(stg.fd, dir, idx.target);
   res->target = bs_strdup(idx.target);
   res->tensors = idx.cat.count;
   ret = 0;

@@ -866,6 +866,11 @@ static int cmd_staging(int argc, char **argv)
     fail_err(res.err_dir, &err);
     if (res.kept)
       fail("%s is kept", dir);
+  } else if (res.empty) {
+    printf(PROG ": %s held nothing to finish (only its lock); removed it\n", dir);
+  } else if (res.completed) {
+    printf(PROG ": the write-back%s%s had completed (a kill cut its cleanup short); removed %s\n",
+           res.target ? " of " : "", res.target ? res.target : "", dir);
   } else if (res.already) {
     printf(PROG ": %s already holds the result of this write-back; removed %s\n", res.target, dir);
   } else if (res.salvaged) {

@@ -131,10 +131,11 @@ def killed_in_cleanup(d, kill_at, env):
 
 
 def test_kill_during_cleanup(tmp):
-    """Item 11: killed after the journal and the INDEX went (the staged
-    files and the lock are left), then --finish; killed at the same point
-    again, then the next mount's sweep."""
-    for kill_at, how in ((3, "finish"), (3, "sweep"), (4, "finish")):
+    """Item 11: killed after the journal and the INDEX went (its 3rd and 4th
+    unlinkat: the staged files, DONE and the lock are left), then --finish or
+    the next mount's sweep; killed at DONE's removal (5th) and at the lock's
+    (6th: only the lock is left)."""
+    for kill_at, how in ((3, "finish"), (3, "sweep"), (4, "finish"), (5, "sweep"), (6, "finish")):
         d = os.path.join(tmp, "cleanup-%s-%d" % (how, kill_at))
         os.makedirs(os.path.join(d, "run"), mode=0o700)
         env = dict(os.environ, BURNSTORE_RUN_DIR=os.path.join(d, "run"))
@@ -144,7 +145,8 @@ def test_kill_during_cleanup(tmp):
         target = os.path.join(d, "m.safetensors")
         if how == "finish":
             r = run([BIN, "--finish", stg], env=env)
-            check(r.returncode == 0 and "had completed" in r.stdout and not os.path.exists(stg),
+            said = "held nothing to finish" if kill_at == 6 else "had completed"  # (DONE gone)
+            check(r.returncode == 0 and said in r.stdout and not os.path.exists(stg),
                   "--finish removes it, saying the write-back had completed: %d %r %r"
                   % (r.returncode, r.stdout, r.stderr))
         else:
@@ -163,5 +165,5 @@ def test_kill_during_cleanup(tmp):
 
 
 if __name__ == "__main__":
-    run_tests("test_writeback_edges", [test_finish_many_files_few_fds, test_rw_through_a_symlink],
-              "wbedges")
+    run_tests("test_writeback_edges", [test_finish_many_files_few_fds, test_rw_through_a_symlink,
+                                       test_kill_during_cleanup], "wbedges")

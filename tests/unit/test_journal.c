@@ -582,6 +582,7 @@ Test(journal, a_changed_checkpoint_is_refused)
 
 Test(journal, without_journal_finish_still_says_no_index)
 {
+  stage(entry("a"), "abcd", 4);
   kill_owner();
   char p[200];
   snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
@@ -590,6 +591,32 @@ Test(journal, without_journal_finish_still_says_no_index)
   cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert(strstr(err.msg, "no INDEX"), "%s", err.msg);
   bs_free(res.target);
+  /* Without the staged file either, only its lock is left: removed. */
+  snprintf(p, sizeof p, "%s/%llu", W.stg, (unsigned long long)entry("a")->stage);
+  cr_assert_eq(unlink(p), 0);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  cr_assert(res.empty && !res.completed);
+  struct stat st;
+  cr_assert_neq(stat(W.stg, &st), 0, "removed");
+}
+
+/* A kill during the removal after the commit leaves DONE: --finish removes
+ * the rest, saying the write-back had completed; a mount's sweep too. */
+Test(journal, a_completed_write_back_is_removed)
+{
+  stage(entry("a"), "abcd", 4);
+  kill_owner();
+  char p[200];
+  snprintf(p, sizeof p, "%s/" BS_STAGE_DONE_NAME, W.stg);
+  bs_test_put_file(p, out_path, strlen(out_path));
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  cr_assert(res.completed && res.target && strcmp(res.target, out_path) == 0);
+  bs_free(res.target);
+  struct stat st;
+  cr_assert_neq(stat(W.stg, &st), 0, "removed");
+  cr_assert_neq(stat(out_path, &st), 0, "nothing written: it had been");
 }
 
 Test(journal, the_flusher_syncs_within_its_window)

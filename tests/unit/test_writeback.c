@@ -140,7 +140,7 @@ Test(writeback, run_writes_the_target_after_its_index)
   bs_free(report);
   cr_assert(has_index(), "the INDEX stays until the caller removes the directory");
   check_result(out);
-  bs_staging_remove(W.stg, &W.stg_fd, &W.stg_lock);
+  bs_staging_remove(W.stg, NULL, &W.stg_fd, &W.stg_lock);
   cr_assert(!exists(W.stg) && W.stg_fd == -1 && W.stg_lock == -1);
 }
 
