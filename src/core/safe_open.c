@@ -234,6 +234,25 @@ int bs_safe_open_dir(const char *path, unsigned want, bs_err *err)
   return fd;
 }
 
+int bs_safe_open_path(const char *path, int flags, mode_t mode, unsigned want, bs_err *err)
+{
+  const char *slash = strrchr(path, '/');
+  char dir[PATH_MAX];
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if ((size_t)(slash - path) >= sizeof dir)
+    return bs_fail(err, ENAMETOOLONG, BS_OFF_NONE, NULL, "%.100s...: %s", path,
+                   strerror(ENAMETOOLONG));
+  else
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  int dfd = bs_safe_open_dir(dir, BS_SAFE_ANY_OWNER, err);
+  if (dfd < 0)
+    return -1;
+  int fd = bs_safe_openat(dfd, dir, slash ? slash + 1 : path, flags, mode, want, NULL, err);
+  close(dfd);
+  return fd;
+}
+
 int bs_safe_mkdtempat(int dirfd, const char *dir, char *name, bs_err *err)
 {
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";

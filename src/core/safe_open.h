@@ -64,6 +64,13 @@ BS_NODISCARD int bs_safe_open_dir(const char *path, unsigned want, bs_err *err);
 BS_NODISCARD int bs_safe_openat(int dirfd, const char *dir, const char *name, int flags,
                                 mode_t mode, unsigned want, struct stat *st, bs_err *err);
 
+/* bs_safe_openat of the last component of `path` beneath its parent
+ * directory (opened as given: a directory the caller chose or checked, as
+ * the run directory), for files named by a whole path (the run directory's
+ * status, log, progress and lock files). The fd, or -1 with err. */
+BS_NODISCARD int bs_safe_open_path(const char *path, int flags, mode_t mode, unsigned want,
+                                   bs_err *err);
+
 /* A new private directory (0700) beneath dirfd: `name` ends in "XXXXXX",
  * which becomes random characters (as mkdtemp). The new directory's fd
  * (checked: a directory of the caller's, writable by it alone), or -1 with

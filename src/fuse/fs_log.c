@@ -70,11 +70,13 @@ int fs_log_open(const char *path)
   lg.to_stderr = true;
   openlog("burnstore", LOG_PID, LOG_USER);
   if (path[0]) {
-    lg.fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bs_err err;
+    bs_err_clear(&err);
+    lg.fd = bs_safe_open_path(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND, 0600,
+                              BS_SAFE_REG | BS_SAFE_PRIVATE, &err);
     if (lg.fd < 0) {
-      int e = errno;
       fuse_set_log_func(log_func);
-      return -e;
+      return -err.code;
     }
   }
   atomic_store(&lg.used, 0);

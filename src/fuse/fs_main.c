@@ -31,6 +31,7 @@
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
@@ -547,6 +548,18 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A file of the run directory (status, log), opened as any file burnstore
+ * did not just create: never through a link, never blocking on a FIFO. */
+static int run_file(const char *path, int flags)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_open_path(path, flags, 0, BS_SAFE_REG, &err);
+  if (fd < 0)
+    errno = err.code;
+  return fd;
+}
+
 static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
   char *mnt = bs_mountpoint_path(mountpoint);
@@ -559,9 +572,9 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
     bs_free(mnt);
     return 1;
   }
-  int fd = open(spath, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  int fd = run_file(spath, O_RDWR);
   /* The daemon removes them as it exits: read them through these fds. */
-  int lfd = fd >= 0 && lpath[0] ? open(lpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+  int lfd = fd >= 0 && lpath[0] ? run_file(lpath, O_RDONLY) : -1;
   int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. Once it has exited nothing of it is left
@@ -686,7 +699,7 @@ static int do_status(int argc, char **argv)
     bs_free(mnt);
     return 1;
   }
-  int fd = open(spath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = run_file(spath, O_RDONLY);
   bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
   char buf[3 * PATH_MAX + 256] = "";
   ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
@@ -712,7 +725,7 @@ static int do_status(int argc, char **argv)
         strcmp(strchr(line, ' ') + 1, "-") != 0)
       printf("%s\n", line);
   }
-  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
+  int lfd = run_file(lpath, O_RDONLY);
   printf("log %s:\n", lpath);
   if (fs_log_print(lfd, stdout, "  ") == 0)
     printf("  (nothing logged)\n");

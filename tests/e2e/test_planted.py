@@ -352,7 +352,40 @@ def test_planted_index(tmp):
           % (st.st_uid, stat.S_IMODE(st.st_mode), r.stderr))
 
 
+def test_run_dir_fifo(tmp):
+    """Run-directory files are opened as any file burnstore did not just
+    create: a FIFO at a mount's log path blocks neither `burnstore status`
+    nor `burnstore -u` (they read the log)."""
+    d = os.path.join(tmp, "rundir")
+    run_dir = os.path.join(d, "run")
+    os.makedirs(run_dir, mode=0o700)
+    env = dict(os.environ, BURNSTORE_RUN_DIR=run_dir)
+    src = os.path.join(d, "m.safetensors")
+    write_safetensors(src, {"a": A})
+    mnt = os.path.join(d, "mnt")
+    os.makedirs(mnt)
+    r = run([BIN, src, mnt], env=env)
+    if not check(r.returncode == 0, "mount: %r" % r.stderr):
+        return
+    try:
+        logs = glob.glob(os.path.join(run_dir, "*.log"))
+        check(len(logs) == 1, "the mount's log: %s" % logs)
+        for log in logs:
+            os.unlink(log)
+            os.mkfifo(log, 0o600)
+        r = run([BIN, "status", mnt], env=env)
+        check(r.returncode == 0 and "served by burnstore" in r.stdout, "status with a FIFO log: %d %r %r"
+              % (r.returncode, r.stdout, r.stderr))
+        r = run([BIN, "-u", "-v", mnt], env=env)
+        check(r.returncode == 0, "-u -v with a FIFO log: %d %r" % (r.returncode, r.stderr))
+    finally:
+        force_unmount(mnt)
+    for f in glob.glob(os.path.join(run_dir, "*")):
+        os.unlink(f)
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
-                               test_set_journal_fifo, test_planted_index], "planted")
+                               test_set_journal_fifo, test_planted_index, test_run_dir_fifo],
+              "planted")
