@@ -161,7 +161,7 @@ struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, co
   if (e) {
     bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the staging journal: %s", strerror(e));
     close(j->fd);
-    unlinkat(dirfd, BS_JOURNAL_NAME, 0);
+    bs_safe_unlinkat(dirfd, BS_JOURNAL_NAME, 0);
     bs_free(j);
     return NULL;
   }

@@ -221,7 +221,10 @@ int bs_safe_open_dir(const char *path, unsigned want, bs_err *err)
                    strerror(ENAMETOOLONG));
   memcpy(buf, path, n);
   buf[n] = '\0';
-  int fd = open(buf, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  /* A directory the user named (any owner) is theirs to name through a
+   * link; one that holds state of ours is not followed. */
+  int nofollow = (want & BS_SAFE_ANY_OWNER) ? 0 : O_NOFOLLOW;
+  int fd = open(buf, O_RDONLY | O_DIRECTORY | nofollow | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0)
     return open_failed(AT_FDCWD, buf, NULL, errno, err);
   struct stat st;

@@ -47,9 +47,11 @@ void bs_safe_owner(uid_t uid, char *buf, size_t n);
 BS_NODISCARD int bs_safe_check(const struct stat *st, unsigned want, const char *dir,
                                const char *name, bs_err *err);
 
-/* Open the directory `path` (its last component not followed) and check it
- * (BS_SAFE_DIR is implied). The fd, or -1 with err (the code is errno's:
- * ENOENT when there is none). */
+/* Open the directory `path` and check it (BS_SAFE_DIR is implied): its last
+ * component is not followed, unless `want` has BS_SAFE_ANY_OWNER (a
+ * directory the user named, such as an output's: theirs to reach through a
+ * link). The fd, or -1 with err (the code is errno's: ENOENT when there is
+ * none). */
 BS_NODISCARD int bs_safe_open_dir(const char *path, unsigned want, bs_err *err);
 
 /* Open `name` beneath the held directory dirfd (`dir` names it in

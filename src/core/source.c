@@ -659,9 +659,10 @@ static int shard_open(struct pool **pool, const char *path, struct bs_src *out, 
 
 static long path_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
 {
-  int fd = open(s->name, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  int fd = open_regular(s->name, &st); /* (a FIFO swapped in never blocks) */
   if (fd < 0)
-    return -errno;
+    return fd;
   long r = pread_full(fd, off, buf, n);
   close(fd);
   return r;

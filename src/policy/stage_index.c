@@ -249,7 +249,7 @@ int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
     if (w <= 0) {
       int e = w < 0 ? errno : ENOSPC;
       close(fd);
-      unlinkat(dirfd, tmp, 0);
+      bs_safe_unlinkat(dirfd, tmp, 0);
       return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX (%zu of %zu bytes): %s",
                      done, buf->len, strerror(e));
     }
@@ -257,12 +257,12 @@ int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
   }
   if (fsync(fd) != 0 || close(fd) != 0) {
     int e = errno;
-    unlinkat(dirfd, tmp, 0);
+    bs_safe_unlinkat(dirfd, tmp, 0);
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX: fsync: %s", strerror(e));
   }
   if (bs_safe_renameat(dirfd, tmp, BS_STAGE_INDEX_NAME) != 0) {
     int e = errno;
-    unlinkat(dirfd, tmp, 0);
+    bs_safe_unlinkat(dirfd, tmp, 0);
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot rename the INDEX into place: %s",
                    strerror(e));
   }

@@ -89,6 +89,23 @@ def test_rw_through_a_symlink(tmp):
     check(set(read_safetensors(out_real)[0]) == {"a"}, "output=: the file it names is the output")
 
 
+def test_set_in_a_linked_directory(tmp):
+    """A directory the user names through a link stays theirs to name so:
+    a shard set written, resharded and read through a linked directory."""
+    d = os.path.join(tmp, "linkdir")
+    os.makedirs(os.path.join(d, "real"))
+    os.symlink("real", os.path.join(d, "link"))
+    one = os.path.join(d, "one.safetensors")
+    write_safetensors(one, {"a": A, "b": NEW})
+    index = os.path.join(d, "link", "m.safetensors.index.json")
+    for size in ("1500", "700"):
+        r = run([BIN, "convert", "-q", "-o", "max_shard_size=" + size, one, index])
+        check(r.returncode == 0, "a set through a linked directory (%s): %r" % (size, r.stderr))
+    r = run([BIN, "ls", index])
+    check(r.returncode == 0 and r.stdout.startswith("a\t"), "ls of it: %r" % r.stderr)
+    check(len(glob.glob(os.path.join(d, "real", "m-*"))) == 2, "the old shards went, the new ones are there")
+
+
 def strace_mount(src, mnt, kill_at, env):
     """burnstore -f under strace, killed (SIGKILL) at its kill_at-th unlinkat
     (a run directory of its own: no dead daemon's files for its sweep)."""
@@ -166,4 +183,5 @@ def test_kill_during_cleanup(tmp):
 
 if __name__ == "__main__":
     run_tests("test_writeback_edges", [test_finish_many_files_few_fds, test_rw_through_a_symlink,
-                                       test_kill_during_cleanup], "wbedges")
+                                       test_kill_during_cleanup, test_set_in_a_linked_directory],
+              "wbedges")
