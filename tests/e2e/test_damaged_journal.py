@@ -9,27 +9,17 @@ mount's log, recorded in the journal, reported by --finish and by the
 write-back at unmount."""
 import glob
 import os
-import signal
 import struct
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, is_mounted, read_safetensors,
-                     run, run_tests, wait_gone, write_safetensors)
+from bsmount import (BIN, Mount, check, force_unmount, is_mounted, kill_daemon, read_safetensors,
+                     run, run_tests, write_safetensors)
 
 A = bytes(range(256)) * 4
 B = bytes([7]) * 1024
 NEW = bytes([0xA5]) * 1024
 HDR = 12  # u32 length + u64 checksum (src/core/journal.h)
-
-
-def kill_daemon(mnt):
-    pid = daemon_pid(os.path.realpath(mnt))
-    check(pid is not None, "daemon of %s found" % mnt)
-    if pid:
-        os.kill(pid, signal.SIGKILL)
-        wait_gone(pid)
-    force_unmount(mnt)
 
 
 def records(journal):

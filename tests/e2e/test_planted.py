@@ -10,13 +10,11 @@ import glob
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import time
 
-from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, read_safetensors, run_tests,
-                     wait_gone, write_safetensors)
+from bsmount import (BIN, Mount, check, force_unmount, kill_daemon, read_safetensors, run_tests,
+                     write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY_UID = 65534
@@ -66,15 +64,6 @@ def secret_file(tmp):
 def one_line(r, *words):
     lines = r.stderr.strip().splitlines()
     return len(lines) == 1 and all(w in lines[0] for w in words)
-
-
-def kill_daemon(mnt):
-    pid = daemon_pid(os.path.realpath(mnt))
-    check(pid is not None, "daemon of %s found" % mnt)
-    if pid:
-        os.kill(pid, signal.SIGKILL)
-        wait_gone(pid)
-    force_unmount(mnt)
 
 
 def killed_staging(d, name, mnt):

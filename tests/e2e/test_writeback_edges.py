@@ -6,24 +6,14 @@ after the commit leaves a directory that --finish and the next mount's
 sweep remove, saying the write-back had completed (item 11)."""
 import glob
 import os
-import signal
 import subprocess
 import time
 
-from bsmount import (BIN, Mount, check, daemon_pid, force_unmount, is_mounted, read_safetensors, run,
-                     run_tests, wait_gone, write_safetensors)
+from bsmount import (BIN, Mount, check, force_unmount, is_mounted, kill_daemon, read_safetensors,
+                     run, run_tests, write_safetensors)
 
 A = bytes(range(256)) * 4
 NEW = bytes([0xA5]) * 1024
-
-
-def kill_daemon(mnt):
-    pid = daemon_pid(os.path.realpath(mnt))
-    check(pid is not None, "daemon of %s found" % mnt)
-    if pid:
-        os.kill(pid, signal.SIGKILL)
-        wait_gone(pid)
-    force_unmount(mnt)
 
 
 def staging_of(d, name):
