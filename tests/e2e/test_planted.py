@@ -117,11 +117,25 @@ def test_staging_swapped_while_mounted(tmp):
         shutil.rmtree(p, ignore_errors=True)
 
 
+COPY_STAGING = r"""
+import os, shutil, sys
+tpl, theirs, made, secret = sys.argv[1:5]
+os.mkdir(theirs, 0o700)
+for f in os.listdir(tpl):
+    if f != "lock":
+        shutil.copyfile(os.path.join(tpl, f), os.path.join(theirs, f))
+os.symlink(made, os.path.join(theirs, "lock"))
+os.symlink(secret, os.path.join(theirs, "log"))
+"""
+
+
 def test_foreign_staging_is_refused(tmp):
-    """Item 4: a staging directory another user owns is refused by --finish
-    and --list-staging in one line naming its owner: nothing is written to
-    root's checkpoint, no file is created through a `lock` link, and a `log`
-    link to a root-only file is never printed."""
+    """Item 4: a staging directory nobody made (a copy of a real one, with
+    `lock` a link to a new path and `log` a link to a root-only file) is
+    refused by root's --finish and --list-staging in one line naming its
+    owner: nothing is written to root's 0600 checkpoint, no file is created
+    through the `lock` link, the root-only file is never printed. The same
+    links in root's own staging directory are named, never followed."""
     d = team_dir(tmp, "team4")
     secret = secret_file(tmp)
     src = os.path.join(d, "w.safetensors")
@@ -130,30 +144,32 @@ def test_foreign_staging_is_refused(tmp):
     stg = killed_staging(d, "w.safetensors", os.path.join(tmp, "mnt4"))
     if not stg:
         return
+    tpl = os.path.join(tmp, "tpl4")
+    shutil.copytree(stg, tpl)
+    for root, dirs, files in os.walk(tpl):
+        os.chmod(root, 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
+    theirs = os.path.join(d, ".w.safetensors.staging-EVIL00")
     made = os.path.join(tmp, "made-by-lock")
-    os.unlink(os.path.join(stg, "lock"))
-    os.symlink(made, os.path.join(stg, "lock"))
-    os.symlink(secret, os.path.join(stg, "log"))
-    for root, dirs, files in os.walk(stg):
-        for n in [root] + [os.path.join(root, f) for f in files]:
-            os.lchown(n, NOBODY_UID, NOBODY_UID)
+    as_nobody(COPY_STAGING, tpl, theirs, made, secret)
     before = open(src, "rb").read()
-    r = run([BIN, "--list-staging", stg])
-    check(r.returncode == 1 and one_line(r, stg, "owned by uid 65534 (nobody)", "not by you"),
+    r = run([BIN, "--list-staging", theirs])
+    check(r.returncode == 1 and one_line(r, theirs, "owned by uid 65534 (nobody)", "not by you"),
           "--list-staging refuses nobody's directory in one line naming its owner: %d %r"
           % (r.returncode, r.stderr))
     check("ROOT-ONLY" not in r.stdout + r.stderr, "the root-only file behind `log` is not printed")
-    r = run([BIN, "--finish", stg])
-    check(r.returncode == 1 and one_line(r, stg, "owned by uid 65534 (nobody)"),
+    r = run([BIN, "--finish", theirs])
+    check(r.returncode == 1 and one_line(r, theirs, "owned by uid 65534 (nobody)"),
           "--finish refuses nobody's directory in one line naming its owner: %d %r"
           % (r.returncode, r.stderr))
     check(open(src, "rb").read() == before, "root's checkpoint is untouched")
     check(not os.path.lexists(made), "no file was created through the `lock` link")
-    check(os.path.isdir(stg), "the directory is left as it was")
+    check(os.path.isdir(theirs) and os.stat(theirs).st_uid == NOBODY_UID, "nobody's directory is left as it was")
     # The same links in a directory of root's own: named, never followed.
-    for root, dirs, files in os.walk(stg):
-        for n in [root] + [os.path.join(root, f) for f in files]:
-            os.lchown(n, 0, 0)
+    os.unlink(os.path.join(stg, "lock"))
+    os.symlink(made, os.path.join(stg, "lock"))
+    os.symlink(secret, os.path.join(stg, "log"))
     r = run([BIN, "--list-staging", stg])
     check("ROOT-ONLY" not in r.stdout and "log: not read" in r.stdout and "symbolic link" in r.stdout,
           "root's own directory: the `log` link is named, not read: %r" % r.stdout)
@@ -166,6 +182,7 @@ def test_foreign_staging_is_refused(tmp):
     r = run([BIN, "--finish", stg])
     check(r.returncode == 0 and read_safetensors(src)[0]["a"][2] == NEW,
           "without the links --finish writes root's change: %r" % r.stderr)
+    shutil.rmtree(theirs, ignore_errors=True)
 
 
 def test_fifos_do_not_block(tmp):
