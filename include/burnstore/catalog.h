@@ -133,6 +133,11 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
  * offset). */
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
+/* Why bs_tensor_read just failed with -code on this thread, for the
+ * caller's one-line message (bs_src_why of the tensor's source): the
+ * reason its source logged, what changed, else strerror(code). Returns buf. */
+const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
+                          char *buf, size_t n);
 
 /* Present every floating tensor whose dtype is not `as` as `as`, decoded
  * on read (decode.h): dtype becomes `as`, nbytes numel * 4 (F32) or * 2

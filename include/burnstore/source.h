@@ -166,6 +166,11 @@ BS_NODISCARD int bs_src_read_alloc(const struct bs_src *s, uint64_t off, uint64_
 /* Read up to n bytes at off into buf; returns bytes read (short at EOF) or
  * -errno. Thread-safe. */
 long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n);
+/* Why a read of s (bs_src_pread, bs_tensor_read) just failed with -code on
+ * this thread, for the caller's one-line message: the line the source
+ * logged about it (bs_log_take: "URL: read of N bytes at offset O failed:
+ * HTTP 503"), else what changed behind s, else strerror(code). Returns buf. */
+const char *bs_src_why(const struct bs_src *s, int code, char *buf, size_t n);
 
 /* Whether the bytes behind s changed since it was opened. For a file: by
  * one fstat, its size or mtime differ, or its ctime while the file still

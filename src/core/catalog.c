@@ -608,6 +608,16 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
+const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
+                          char *buf, size_t n)
+{
+  if (code == ENOTSUP && t->unsupported) {
+    snprintf(buf, n, "%s", t->unsupported);
+    return buf;
+  }
+  return bs_src_why(t->src < cat->nsrcs ? &cat->srcs[t->src] : NULL, code, buf, n);
+}
+
 bool bs_tensor_decodable(const struct bs_tensor *t)
 {
   uint32_t e, b;

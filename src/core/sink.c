@@ -532,10 +532,12 @@ int bs_sink_put_tensor_crc(const struct bs_catalog *cat, const struct bs_tensor 
   while (done < t->nbytes) {
     size_t want = t->nbytes - done < cap ? (size_t)(t->nbytes - done) : cap;
     long got = bs_tensor_read(cat, t, done, buf, want);
-    if (got < 0)
+    if (got < 0) {
+      char why[BS_LOG_LINE];
       return bs_fail(err, (int)-got, t->off + done, t->name,
                      "cannot read the tensor's data at byte %" PRIu64 " of %" PRIu64 ": %s", done,
-                     t->nbytes, strerror((int)-got));
+                     t->nbytes, bs_tensor_why(cat, t, (int)-got, why, sizeof why));
+    }
     if (got == 0)
       return bs_fail(err, EIO, t->off + done, t->name,
                      "the source gave %" PRIu64 " bytes of the tensor, expected %" PRIu64, done,

@@ -56,7 +56,20 @@ long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
     n = (size_t)(s->size - off);
   if (n > (size_t)INT32_MAX)
     n = (size_t)INT32_MAX;
+  bs_log_flush(); /* (what this read logs is its own failure's reason) */
   return s->ops->pread(s, off, buf, n);
+}
+
+const char *bs_src_why(const struct bs_src *s, int code, char *buf, size_t n)
+{
+  char why[200];
+  if (bs_log_take(buf, n))
+    return buf;
+  if (s && bs_src_changed(s, why, sizeof why))
+    snprintf(buf, n, "%s changed since it was opened (%s)", s->name ? s->name : "the source", why);
+  else
+    snprintf(buf, n, "%s", strerror(code ? code : EIO));
+  return buf;
 }
 
 int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n, bs_err *err)
@@ -68,8 +81,11 @@ int bs_src_read(const struct bs_src *s, uint64_t off, void *buf, size_t n, bs_er
   size_t got = 0;
   while (got < n) {
     long r = bs_src_pread(s, off + got, (char *)buf + got, n - got);
-    if (r < 0)
-      return bs_fail(err, EIO, off + got, NULL, "read error: %s", strerror((int)-r));
+    if (r < 0) {
+      char why[BS_LOG_LINE];
+      return bs_fail(err, EIO, off + got, NULL, "read error: %s",
+                     bs_src_why(s, (int)-r, why, sizeof why));
+    }
     if (r == 0)
       return bs_fail(err, EINVAL, off + got, NULL, "unexpected end of file (file shrank?)");
     got += (size_t)r;

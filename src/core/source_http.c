@@ -413,6 +413,7 @@ struct shared {
   /* The CAs TLS trusts, as the curl tool takes them: CURL_CA_BUNDLE, else
    * SSL_CERT_DIR and SSL_CERT_FILE (NULL: libcurl's default, the system's) */
   char *cainfo, *capath;
+  bool as_is; /* hf://, s3://: the path sent as written (CURLOPT_PATH_AS_IS) */
 };
 
 static void shared_unref(struct shared *sh)
@@ -577,6 +578,7 @@ static struct shared *shared_new(const struct bs_http_opts *o, const struct bs_r
   }
   sh->refs = 1;
   sh->timeout_s = timeout_s;
+  sh->as_is = rm->kind != BS_REMOTE_HTTP;
   const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
   const char *file = getenv("SSL_CERT_FILE");
   if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||
@@ -888,9 +890,10 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     curl_easy_reset(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, bs_remote_redir_protocols(url));
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follow ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
+    curl_easy_setopt(c, CURLOPT_PATH_AS_IS, sh->as_is ? 1L : 0L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -926,6 +929,13 @@ static int http_get(struct shared *sh, const struct http *h, const char *url, bo
     *out = r.x;
     out->status = code;
     bool done_early = cc == CURLE_WRITE_ERROR && r.x.got == n;
+    char *to = NULL; /* (a redirect refused: where it led) */
+    if (cc == CURLE_UNSUPPORTED_PROTOCOL &&
+        curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &to) == CURLE_OK &&
+        bs_remote_redir_refused(url, to, msg, mn)) {
+      rc = -EPERM;
+      break;
+    }
     if (cc != CURLE_OK && !done_early) {
       snprintf(msg, mn, "%s", cerr[0] ? cerr : curl_easy_strerror(cc));
       rc = -EIO;
@@ -1085,8 +1095,8 @@ static int fetch(struct http *h, uint64_t off, const struct dst *buf, size_t n, 
     return -EIO;
   }
   if (rc != 0 && rc != -ECANCELED && !quiet) {
-    fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
-            (unsigned long long)off, msg);
+    bs_log(BS_LOG_ERR, "%s: read of %zu bytes at offset %llu failed: %s", h->name, n,
+           (unsigned long long)off, msg);
   }
   return rc;
 }
@@ -1362,10 +1372,10 @@ static int fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, s
     pthread_mutex_unlock(&fly_lock);
     if (!late)
       return 1;
-    fprintf(stderr,
-            "burnstore: %s: read at offset %llu failed: no answer within %ld s "
-            "(BURNSTORE_HTTP_TIMEOUT) to the read-ahead request holding it\n",
-            h->name, (unsigned long long)at, h->sh->timeout_s);
+    bs_log(BS_LOG_ERR,
+           "%s: read at offset %llu failed: no answer within %ld s "
+           "(BURNSTORE_HTTP_TIMEOUT) to the read-ahead request holding it",
+           h->name, (unsigned long long)at, h->sh->timeout_s);
     return -EIO;
   }
   int slot = fly_take(h, idx, cut, false);

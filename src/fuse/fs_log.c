@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "burnstore/err.h"
 #include "core/safe_open.h"
 #include "fs.h"
 #include "fs_log.h"
@@ -34,12 +35,18 @@ static void log_func(enum fuse_log_level level, const char *fmt, va_list ap)
   va_copy(ap2, ap);
   vsnprintf(msg, sizeof msg, fmt, ap2);
   va_end(ap2);
+  if (level > FUSE_LOG_INFO) { /* libfuse's debug lines: stderr only, as they are */
+    if (lg.to_stderr)
+      fputs(msg, stderr);
+    return;
+  }
+  /* One line, its control characters (an ETag's escapes) replaced. */
+  size_t len = strlen(msg);
+  if (len && msg[len - 1] == '\n')
+    msg[--len] = '\0';
+  bs_text_clean(msg);
   if (lg.to_stderr)
-    fputs(msg, stderr);
-  if (level > FUSE_LOG_INFO)
-    return; /* libfuse's debug lines: stderr only */
-  size_t len = strcspn(msg, "\n");
-  msg[len] = '\0';
+    fprintf(stderr, "%s\n", msg);
   const char *text = strncmp(msg, prefix, sizeof prefix - 1) == 0 ? msg + sizeof prefix - 1 : msg;
   syslog((int)level, "%s", text);
   if (lg.fd < 0)
@@ -65,8 +72,16 @@ static void log_func(enum fuse_log_level level, const char *fmt, va_list ap)
   }
 }
 
+/* The core's log (bs_log: a URL source's read failures) into this one. */
+static void core_line(void *ctx, int level, const char *line)
+{
+  (void)ctx;
+  fuse_log((enum fuse_log_level)level, "burnstore: %s\n", line);
+}
+
 int fs_log_open(const char *path)
 {
+  bs_log_set_sink(core_line, NULL);
   lg.to_stderr = true;
   openlog("burnstore", LOG_PID, LOG_USER);
   if (path[0]) {
@@ -91,6 +106,7 @@ void fs_log_detach(void)
 
 void fs_log_close(void)
 {
+  bs_log_set_sink(NULL, NULL);
   fuse_set_log_func(NULL);
   if (lg.fd >= 0)
     close(lg.fd);
@@ -157,7 +173,8 @@ unsigned fs_log_print(int fd, FILE *f, const char *pre)
   char line[1300];
   unsigned n = 0;
   while (fgets(line, sizeof line, in)) {
-    fprintf(f, "%s%s%s", pre, line, strchr(line, '\n') ? "" : "\n");
+    line[strcspn(line, "\n")] = '\0';
+    fprintf(f, "%s%s\n", pre, bs_text_clean(line));
     n++;
   }
   fclose(in);

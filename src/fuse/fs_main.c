@@ -1349,7 +1349,9 @@ static int write_back(struct run *r)
   bs_err err;
   bs_err_clear(&err);
   fs_progress_begin(fs, r->spath);
+  bs_log_hold(true); /* (a source's failure: in the write-back's line, with its tensor) */
   int wrc = fs_writeback(fs, &err);
+  bs_log_hold(false); /* (a reason no message took: into the log now) */
   fs_progress_end();
   if (wrc != 0) {
     char line[900], msg[PATH_MAX * 2 + 1200], text[3 * PATH_MAX + 1400];
@@ -1411,7 +1413,11 @@ int bs_mount_main(int argc, char **argv, const char *cli_usage)
     args_destroy(&r.a);
     return do_unmount(r.a.mountpoint, r.a.verbose, r.a.progress);
   }
+  /* A source's read failure while the checkpoint is opened is told in the
+   * refusal's own line (bs_src_read takes its reason), not in one before. */
+  bs_log_hold(true);
   int ret = prepare(&r.fs, &r.a) != 0 || claim(&r) != 0 ? 1 : -1;
+  bs_log_hold(false);
   if (ret < 0) {
     if (fs_log_open(r.lpath) != 0)
       r.lpath[0] = '\0';

@@ -72,12 +72,12 @@ struct opts {
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
 {
+  char line[2048]; /* (one line: names and server-given text cleaned) */
   va_list ap;
   va_start(ap, fmt);
-  fputs(PROG ": ", stderr);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  fprintf(stderr, PROG ": %s\n", bs_text_clean(line));
   return -1;
 }
 
@@ -451,8 +451,9 @@ static int stream(const char *file, const struct bs_catalog *cat, const struct b
   for (uint64_t off = 0; off < t->nbytes;) {
     long r = bs_tensor_read(cat, t, off, buf, CHUNK);
     if (r <= 0) {
+      char why[BS_LOG_LINE];
       rc = fail("%s: tensor '%s': read failed at byte %" PRIu64 ": %s", file, t->name, off,
-                r == -ENOTSUP && t->unsupported ? t->unsupported : strerror(r ? (int)-r : EIO));
+                bs_tensor_why(cat, t, r ? (int)-r : EIO, why, sizeof why));
       break;
     }
     if (fn(ctx, buf, (size_t)r) != 0) {
@@ -607,13 +608,17 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
   size_t chunk = CHUNK / esz * esz;
   for (uint64_t off = 0; off < ta->nbytes;) {
     size_t want = (size_t)(ta->nbytes - off < chunk ? ta->nbytes - off : chunk);
+    /* (b is read only once a is: a failure's reason is taken before the
+     * next read) */
     long ra = bs_tensor_read(ca, ta, off, a, want);
-    long rb = bs_tensor_read(cb, tb, off, b, want);
+    long rb = ra == (long)want ? bs_tensor_read(cb, tb, off, b, want) : 0;
     if (ra != (long)want || rb != (long)want) {
       bool bad_a = ra != (long)want;
       long r = bad_a ? ra : rb;
-      rc = fail("%s: tensor '%s': read failed at byte %" PRIu64 ": %s", bad_a ? fa : fb, ta->name,
-                off, strerror(r < 0 ? (int)-r : EIO));
+      char why[BS_LOG_LINE];
+      rc = fail(
+          "%s: tensor '%s': read failed at byte %" PRIu64 ": %s", bad_a ? fa : fb, ta->name, off,
+          bs_tensor_why(bad_a ? ca : cb, bad_a ? ta : tb, r < 0 ? (int)-r : EIO, why, sizeof why));
       break;
     }
     if (memcmp(a, b, want) != 0) {
@@ -977,7 +982,11 @@ int bs_cli_main(int argc, char **argv)
     return 2;
   }
   bs_formats_init();
+  /* A source's failure is told in the command's own line (bs_tensor_why,
+   * bs_src_read's error), not in a line of its own before it. */
+  bs_log_hold(true);
   int rc = c->run(argc, argv);
+  bs_log_hold(false); /* (a reason no message took: printed now) */
   /* Output that did not reach stdout (a full disk, a closed pipe) fails
    * the command, in one line: also where the command itself succeeded. */
   errno = 0;
