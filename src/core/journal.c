@@ -9,7 +9,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,10 +22,9 @@ struct bs_journal {
   pthread_cond_t cv;
   pthread_t flusher;
   bool begun, started, stop, broken;
-  int sync_err;                  /* the first fdatasync's errno that failed, or 0 */
-  void (*log)(const char *line); /* NULL: stderr */
-  pid_t thread_pid;              /* the flusher's process: a daemon forks after the journal began */
-  uint64_t pending;              /* records appended since the last fdatasync */
+  int sync_err;     /* the first fdatasync's errno that failed, or 0 */
+  pid_t thread_pid; /* the flusher's process: a daemon forks after the journal began */
+  uint64_t pending; /* records appended since the last fdatasync */
 };
 
 /* ---- Writing -------------------------------------------------------------------------------- */
@@ -74,15 +72,6 @@ static int put_record(int fd, enum bs_jkind kind, uint64_t ino, const void *a, s
   return write_all(fd, iov, 4);
 }
 
-static void say(struct bs_journal *j, const char *line)
-{
-  syslog(LOG_ERR, "%s", line);
-  if (j->log)
-    j->log(line);
-  else
-    fprintf(stderr, "%s\n", line);
-}
-
 /* What an fdatasync returned (rc, errno e), with j->mu held: the first
  * failure is said once, in the log and in the journal. */
 static void synced(struct bs_journal *j, int rc, int e)
@@ -90,13 +79,11 @@ static void synced(struct bs_journal *j, int rc, int e)
   if (rc == 0 || j->sync_err)
     return;
   j->sync_err = e;
-  char line[300];
-  snprintf(line, sizeof line,
-           "burnstore: the staging journal is no longer durable: fdatasync: %s; a crash of the "
-           "machine may lose the changes from here on (a kill loses none; the write-back at "
-           "unmount is unaffected)",
-           strerror(e));
-  say(j, line);
+  bs_log(BS_LOG_WARNING,
+         "the staging journal is no longer durable: fdatasync: %s; a crash of the machine may "
+         "lose the changes from here on (a kill loses none; the write-back at unmount is "
+         "unaffected)",
+         strerror(e));
   /* Said in the journal too (to the page cache, which still takes it), so
    * that --finish reports it. */
   uint8_t a[4];
@@ -191,12 +178,10 @@ void bs_journal_append(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, c
   int e = put_record(j->fd, kind, ino, a, alen, b, blen);
   if (e) {
     j->broken = true;
-    char line[300];
-    snprintf(line, sizeof line,
-             "burnstore: the staging journal stops (%s): a kill now loses what changed since; the "
-             "write-back at unmount is unaffected",
-             strerror(e));
-    say(j, line);
+    bs_log(BS_LOG_WARNING,
+           "the staging journal stops (%s): a kill now loses what changed since; the write-back "
+           "at unmount is unaffected",
+           strerror(e));
   } else if (j->pending++ == 0) {
     pthread_cond_signal(&j->cv);
   }
@@ -238,15 +223,6 @@ void bs_journal_sync(struct bs_journal *j)
   j->pending = 0;
   int rc = fdatasync(j->fd);
   synced(j, rc, errno);
-  pthread_mutex_unlock(&j->mu);
-}
-
-void bs_journal_set_log(struct bs_journal *j, void (*log)(const char *line))
-{
-  if (!j)
-    return;
-  pthread_mutex_lock(&j->mu);
-  j->log = log;
   pthread_mutex_unlock(&j->mu);
 }
 

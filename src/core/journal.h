@@ -74,14 +74,12 @@ BS_NODISCARD struct bs_journal *bs_journal_create(int dirfd, const void *base, s
 /* Let appends start the flusher thread (in the process that serves: call
  * it after any fork). Until then appends are written but not synced. */
 void bs_journal_begin(struct bs_journal *j);
-/* Where the journal's lines go (a failed append or fdatasync), besides
- * syslog; NULL: stderr. */
-void bs_journal_set_log(struct bs_journal *j, void (*log)(const char *line));
 /* Append one record. Thread-safe. A failed write (ENOSPC...) is logged once
- * and the journal stops (the INDEX at unmount still works; only a kill loses
- * the names then). A failed fdatasync is logged once, recorded in the
- * journal (an UNSYNCED record) and kept for bs_journal_close: the journal
- * goes on, no longer known to be durable. */
+ * (bs_log: the mount's log and syslog; stderr without a sink) and the
+ * journal stops (the INDEX at unmount still works; only a kill loses the
+ * names then). A failed fdatasync is logged once, recorded in the journal
+ * (an UNSYNCED record) and kept for bs_journal_close: the journal goes on,
+ * no longer known to be durable. */
 void bs_journal_append(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, const void *a,
                        size_t alen, const void *b, size_t blen);
 void bs_journal_append_u64(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, uint64_t v);

@@ -179,12 +179,6 @@ int fs_writeback(struct fs *fs, bs_err *err)
   return rc;
 }
 
-/* The journal's lines (a failed append or fdatasync) into the mount's log. */
-static void journal_log(const char *line)
-{
-  fuse_log(FUSE_LOG_ERR, "%s\n", line);
-}
-
 void fs_journal_start(struct fs *fs)
 {
   if (!fs->writable || fs->nojournal)
@@ -201,7 +195,6 @@ void fs_journal_start(struct fs *fs)
             "names of what was written\n",
             bs_err_format(&err, NULL, line, sizeof line));
   }
-  bs_journal_set_log(fs->journal, journal_log);
   fs->edit.journal = fs->journal;
 }
 
