@@ -27,9 +27,21 @@ enum bs_format {
   BS_FMT_COUNT
 };
 
+/* A metadata value left where it is in a source (GGUF's typed values): its
+ * text is made when asked for (formats.h: bs_meta_text), never kept, so
+ * a large block (a tokenizer) costs what its entries take, not its text. */
+struct bs_meta_ref {
+  enum bs_format format; /* whose encoding (BS_FMT_GGUF) */
+  uint32_t src;          /* the catalog's source holding the bytes */
+  uint8_t types[10];     /* the value's type and its arrays' element types */
+  uint64_t off, len;     /* the value's bytes in that source */
+  uint64_t text_len;     /* the length of its text */
+};
+
 struct bs_kv {
-  char *key;   /* owned */
-  char *value; /* owned */
+  char *key;               /* owned */
+  char *value;             /* owned text; NULL when ref is set */
+  struct bs_meta_ref *ref; /* owned, or NULL: the value left in its source */
 };
 
 struct bs_tensor {
@@ -97,6 +109,15 @@ BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, co
 /* The same, taking ownership of key and value (bs_malloc'd; freed when it
  * fails): a reader hands over a long value without a copy. */
 BS_NODISCARD int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err);
+/* Append a copy of kv: its key and its text or its ref. */
+BS_NODISCARD int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv,
+                                        bs_err *err);
+/* The length of kv's text (a ref's, without making it). */
+uint64_t bs_kv_text_len(const struct bs_kv *kv);
+/* Free kv's key and value or ref (the entry itself is the caller's). */
+void bs_kv_destroy(struct bs_kv *kv);
+/* *dst = a copy of *src (key, text or ref); -1 out of memory (dst empty). */
+BS_NODISCARD int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src);
 /* Append one line to cat->notes (amortized: in time linear in the line). */
 BS_NODISCARD int bs_catalog_note(struct bs_catalog *cat, const char *line, bs_err *err);
 /* Cut cat->notes back to its first len bytes (a reader's rollback); 0 frees them. */
@@ -133,6 +154,11 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
  * offset). */
 long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uint64_t off,
                     void *buf, size_t n);
+/* Why bs_tensor_read just failed with -code on this thread, for the
+ * caller's one-line message (bs_src_why of the tensor's source): the
+ * reason its source logged, what changed, else strerror(code). Returns buf. */
+const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
+                          char *buf, size_t n);
 
 /* Present every floating tensor whose dtype is not `as` as `as`, decoded
  * on read (decode.h): dtype becomes `as`, nbytes numel * 4 (F32) or * 2
@@ -147,6 +173,13 @@ BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, 
 /* True if bs_catalog_decode_as can decode t's stored dtype (F32 included:
  * narrowed), false for integers and floats without a decoder. */
 bool bs_tensor_decodable(const struct bs_tensor *t);
+
+/* Why bs_catalog_decode_as(as) shows floating tensor t as stored, written
+ * into buf (n bytes): no decoder for its dtype (F6: why none), no torch
+ * quantizer, a QFloat scheme not decoded, a strided view of units, or a
+ * decoded size past what a file can hold (off_t); NULL when t is decoded,
+ * or not floating. */
+const char *bs_tensor_why_stored(const struct bs_tensor *t, enum bs_dtype as, char *buf, size_t n);
 
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return

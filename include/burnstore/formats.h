@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "burnstore/catalog.h" /* enum bs_format (one value per row) */
+#include "burnstore/sink.h"    /* struct bs_buf */
 
 #pragma GCC visibility push(default) /* the API (err.h) */
 
@@ -46,6 +47,11 @@ typedef void (*bs_detail_fn)(void *ctx, const char *key, const char *value);
  * one call of `detail` each, in a fixed order. Reads at most a header; a
  * detail that cannot be read is left out. */
 typedef void (*bs_describe_fn)(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
+/* The text of a metadata value the format's reader left in its source
+ * (a struct bs_meta_ref it made): at most max bytes of it appended to out,
+ * *cut when there was more. */
+typedef int (*bs_meta_text_fn)(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                               struct bs_buf *out, bool *cut, bs_err *err);
 
 #define BS_FORMAT_MAX_EXTS 6
 struct bs_format_desc {
@@ -53,7 +59,8 @@ struct bs_format_desc {
   const char *exts[BS_FORMAT_MAX_EXTS]; /* usual endings (".bpk"), NULL-terminated; hints only */
   bs_sniff_fn sniff;
   bs_read_fn read;
-  bs_describe_fn describe; /* NULL: nothing beyond the common fields */
+  bs_describe_fn describe;   /* NULL: nothing beyond the common fields */
+  bs_meta_text_fn meta_text; /* NULL: its metadata is text in the catalog */
 };
 
 /* The row of format f (borrowed, static), or NULL for NONE and out of range. */
@@ -62,6 +69,12 @@ const struct bs_format_desc *bs_format_desc(enum bs_format f);
  * as "key: value" lines): Burnpack's version, PyTorch's container, the
  * number of shards. Nothing for a format without a describe, or NONE. */
 void bs_format_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
+/* The text of cat's metadata entry kv: its value, or the text its format
+ * makes of a value left in its source (GGUF's: made now, never kept), at
+ * most max bytes of it appended to out; *cut when there was more. 0, or -1
+ * with err (the source unreadable or changed). */
+BS_NODISCARD int bs_meta_text(const struct bs_catalog *cat, const struct bs_kv *kv, uint64_t max,
+                              struct bs_buf *out, bool *cut, bs_err *err);
 /* The format whose usual ending `path` has (".pth" -> PYTORCH), or NONE. For
  * messages and for choosing an output format; never for detection. */
 enum bs_format bs_format_by_ext(const char *path);
@@ -102,6 +115,9 @@ enum bs_sniff bs_st_sniff(const uint8_t *head, size_t n, uint64_t size);
 BS_NODISCARD int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                               bs_err *err);
 enum bs_sniff bs_gguf_sniff(const uint8_t *head, size_t n, uint64_t size);
+/* Its metadata stays in the file (struct bs_meta_ref): the text of one value. */
+BS_NODISCARD int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                                struct bs_buf *out, bool *cut, bs_err *err);
 /* PyTorch: one format, three containers. Which container a file is, is the
  * PyTorch reader's own business: it asks bs_pth_container. */
 BS_NODISCARD int bs_pth_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,

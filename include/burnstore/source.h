@@ -90,6 +90,15 @@ BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, unsigned flags, const 
  * name many files (one per staged tensor) without holding an fd each. Size
  * from stat now; the file must not change while the source is used. */
 BS_NODISCARD int bs_src_init_path(struct bs_src *s, const char *path, bs_err *err);
+/* The file `name` beneath the held directory dirfd (borrowed: it must
+ * outlive the source), opened for each read as any file burnstore did not
+ * just create (no symbolic link followed, a regular file of the caller's or
+ * root's) and checked to be the file found now (device, inode), so that a
+ * catalog can name many files without holding an fd each, and nothing
+ * reached by a path another user could redirect. `dir` names dirfd in
+ * s->name ("DIR/NAME") and in messages (NULL: the name alone). */
+BS_NODISCARD int bs_src_init_at(struct bs_src *s, int dirfd, const char *dir, const char *name,
+                                bs_err *err);
 /* Wrap memory; `mem` is borrowed and must outlive the source. */
 BS_NODISCARD int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name,
                                  bs_err *err);
@@ -165,6 +174,11 @@ BS_NODISCARD int bs_src_read_alloc(const struct bs_src *s, uint64_t off, uint64_
 /* Read up to n bytes at off into buf; returns bytes read (short at EOF) or
  * -errno. Thread-safe. */
 long bs_src_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n);
+/* Why a read of s (bs_src_pread, bs_tensor_read) just failed with -code on
+ * this thread, for the caller's one-line message: the line the source
+ * logged about it (bs_log_take: "URL: read of N bytes at offset O failed:
+ * HTTP 503"), else what changed behind s, else strerror(code). Returns buf. */
+const char *bs_src_why(const struct bs_src *s, int code, char *buf, size_t n);
 
 /* Whether the bytes behind s changed since it was opened. For a file: by
  * one fstat, its size or mtime differ, or its ctime while the file still

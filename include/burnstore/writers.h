@@ -76,6 +76,10 @@ struct bs_writer {
    * journal). 0, or -1 with err. NULL: the format's writes need none (a
    * single file's dead temp files are never read). */
   int (*recover)(const char *path, bs_err *err);
+  /* write() takes metadata left in a source (struct bs_meta_ref) and copies
+   * it (GGUF, of GGUF values); false: bs_writer_write_file gives it the
+   * text instead, made for the write. */
+  bool meta_refs;
 };
 
 /* The table, and its length. Rows are static: pointers to them stay valid. */

@@ -1,6 +1,7 @@
 #include "burnstore/catalog.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,11 +31,8 @@ void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
 {
   while (cat->count > count)
     tensor_destroy(&cat->tensors[--cat->count]);
-  while (cat->nmeta > nmeta) {
-    struct bs_kv *kv = &cat->meta[--cat->nmeta];
-    bs_free(kv->key);
-    bs_free(kv->value);
-  }
+  while (cat->nmeta > nmeta)
+    bs_kv_destroy(&cat->meta[--cat->nmeta]);
 }
 
 struct bs_catalog_mark bs_catalog_mark(const struct bs_catalog *cat)
@@ -166,7 +164,44 @@ int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err 
     bs_free(value);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  cat->meta[cat->nmeta++] = (struct bs_kv){key, value};
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, value, NULL};
+  return 0;
+}
+
+void bs_kv_destroy(struct bs_kv *kv)
+{
+  bs_free(kv->key);
+  bs_free(kv->value);
+  bs_free(kv->ref);
+  kv->key = kv->value = NULL;
+  kv->ref = NULL;
+}
+
+uint64_t bs_kv_text_len(const struct bs_kv *kv)
+{
+  return kv->ref ? kv->ref->text_len : kv->value ? strlen(kv->value) : 0;
+}
+
+int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src)
+{
+  dst->key = bs_strdup(src->key);
+  dst->value = src->value ? bs_strdup(src->value) : NULL;
+  dst->ref = src->ref ? bs_malloc(sizeof *dst->ref) : NULL;
+  if (!dst->key || (src->value && !dst->value) || (src->ref && !dst->ref)) {
+    bs_kv_destroy(dst);
+    return -1;
+  }
+  if (src->ref)
+    *dst->ref = *src->ref;
+  return 0;
+}
+
+int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv, bs_err *err)
+{
+  if (bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0 ||
+      bs_kv_copy(&cat->meta[cat->nmeta], kv) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  cat->nmeta++;
   return 0;
 }
 
@@ -385,13 +420,6 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
                                                                                           : NULL;
 }
 
-/* A Burn QFloat tensor of a scheme decoded here (qfloat.h), stored in
- * `stored_len` bytes: true with its layout in *q (its CBOR parsed). */
-static bool qfloat_of(const struct bs_tensor *t, uint64_t stored_len, struct bs_qfloat *q)
-{
-  return bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, stored_len, q, NULL);
-}
-
 /* A decoded QFloat tensor's layout, parsed once by bs_catalog_decode_as
  * and kept in its dtype_raw (as the .pth reader keeps a torch quantizer
  * there), or NULL. */
@@ -608,14 +636,101 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
   return checked(cat, t, raw_pread(cat, t, bs_dtype_bits(t->dtype) / 8, t->nbytes, off, buf, n));
 }
 
+const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
+                          char *buf, size_t n)
+{
+  if (code == ENOTSUP && t->unsupported) {
+    snprintf(buf, n, "%s", t->unsupported);
+    return buf;
+  }
+  return bs_src_why(t->src < cat->nsrcs ? &cat->srcs[t->src] : NULL, code, buf, n);
+}
+
+/* Why t stays as stored when presented as a dtype of osz bytes an element
+ * (osz 0: whatever its size), or NULL when it is decoded. The reason is a
+ * fixed text (notes group tensors by it); *detail, when not empty, says it
+ * of this tensor. Decoding needs: a readable tensor, a decoder of its dtype
+ * (a QFloat scheme qfloat.c reads, a torch quantizer the .pth reader kept),
+ * units of one element when strided (ggml's blocks and F4's pairs run along
+ * the last dimension, and no reader makes a strided view of them), a whole
+ * number of units, and a decoded size a file can have (an off_t: stat and
+ * every offset of the mount are one). On NULL, *ql holds a QFloat layout. */
+static const char *keep_reason(const struct bs_tensor *t, uint32_t osz, struct bs_qfloat *ql,
+                               uint64_t *nbytes, char *detail, size_t dn)
+{
+  uint32_t ue = 1, ub;
+  uint64_t numel;
+  const char *why = NULL;
+  detail[0] = '\0';
+  if (t->unsupported)
+    return "it cannot be read at all (its note says why)";
+  if (t->dtype == BS_DT_QFLOAT) {
+    if (t->strides)
+      return "a strided view of a QFloat tensor, whose values and scales are laid out for the "
+             "whole tensor";
+    if (!bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, t->nbytes, ql, &why)) {
+      snprintf(detail, dn, "%s", why ? why : "an unreadable scheme");
+      return "burnstore does not decode this QFloat layout";
+    }
+  } else if (t->dtype == BS_DT_QI8 || t->dtype == BS_DT_QU8 || t->dtype == BS_DT_QI32) {
+    if (!torch_q(t, t->dtype))
+      return "its torch quantizer (scale and zero point) is not in the file, or its per-channel "
+             "scales do not match the tensor's channels";
+  } else if (!stored_unit(t, t->dtype, &ue, &ub)) {
+    if ((why = bs_decode_why_not(t->dtype)))
+      return why;
+    return "no decoder for this dtype yet";
+  }
+  if (t->strides && ue > 1) {
+    snprintf(detail, dn, "units of %" PRIu32 " elements", ue);
+    return "a strided view of a dtype whose units run along the last dimension";
+  }
+  if (bs_shape_numel(t->rank, t->shape, &numel) != 0)
+    return "its element count overflows";
+  if (numel % ue != 0) {
+    snprintf(detail, dn, "'%.100s' has %" PRIu64 " elements, units of %" PRIu32, t->name, numel,
+             ue);
+    return "its elements are not a whole number of its dtype's units";
+  }
+  if (osz && (!bs_mul_u64(numel, osz, nbytes) || *nbytes > (uint64_t)INT64_MAX)) {
+    snprintf(detail, dn, "'%.100s' is %" PRIu64 " elements of %" PRIu32 " bytes", t->name, numel,
+             osz);
+    return "its decoded size does not fit a file size (2^63 - 1 bytes)";
+  }
+  return NULL;
+}
+
 bool bs_tensor_decodable(const struct bs_tensor *t)
 {
-  uint32_t e, b;
   struct bs_qfloat q;
-  if (t->dtype == BS_DT_QFLOAT)
-    return !t->unsupported && !t->strides && qfloat_of(t, t->nbytes, &q);
-  return bs_dtype_is_float(t->dtype) && stored_unit(t, t->dtype, &e, &b);
+  uint64_t nb;
+  char d[8];
+  return bs_dtype_is_float(t->dtype) && !keep_reason(t, 0, &q, &nb, d, sizeof d);
 }
+
+const char *bs_tensor_why_stored(const struct bs_tensor *t, enum bs_dtype as, char *buf, size_t n)
+{
+  struct bs_qfloat q;
+  uint64_t nb;
+  char detail[200];
+  if (!bs_dtype_is_float(t->dtype) || t->dtype == as || t->decoded)
+    return NULL;
+  const char *why = keep_reason(t, bs_dtype_bits(as) / 8, &q, &nb, detail, sizeof detail);
+  if (why && strncmp(why, "no decoder", 10) == 0)
+    snprintf(buf, n, "no decoder for %s yet", bs_dtype_name(t->dtype));
+  else if (why)
+    snprintf(buf, n, "%s%s%s", why, detail[0] ? ": " : "", detail);
+  return why ? buf : NULL;
+}
+
+/* The tensors bs_catalog_decode_as keeps as stored, grouped by dtype and
+ * reason: one note each, with the first tensor's detail. */
+struct kept {
+  enum bs_dtype dt;
+  const char *why;
+  size_t n;
+  char first[240];
+};
 
 int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
 {
@@ -623,31 +738,41 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "as=%s: only F32, F16 or BF16",
                    bs_dtype_name(as));
   const uint32_t osz = bs_dtype_bits(as) / 8;
-  size_t kept[BS_DT_COUNT] = {0};
-  for (size_t i = 0; i < cat->count; i++) {
+  struct kept *kept = NULL;
+  size_t nkept = 0, keptcap = 0;
+  int rc = 0;
+  for (size_t i = 0; i < cat->count && rc == 0; i++) {
     struct bs_tensor *t = &cat->tensors[i];
-    uint32_t ue = 1, ub;
     struct bs_qfloat ql;
+    uint64_t nbytes = 0;
     if (t->decoded || t->dtype == as || !bs_dtype_is_float(t->dtype))
       continue;
-    uint64_t numel, nbytes;
     const bool qf = t->dtype == BS_DT_QFLOAT;
-    /* Units of several elements (ggml's blocks, F4's pairs) run along the
-     * last dimension: a strided view of them (none of our readers makes
-     * one) is kept as stored, and so is a count of elements that is not a
-     * whole number of units (the readers refuse one). A QFloat scheme's
-     * CBOR is parsed here, once (as bs_tensor_decodable does). */
-    if (t->unsupported ||
-        (qf ? t->strides || !qfloat_of(t, t->nbytes, &ql) : !stored_unit(t, t->dtype, &ue, &ub)) ||
-        (t->strides && ue > 1) || bs_shape_numel(t->rank, t->shape, &numel) != 0 ||
-        numel % ue != 0 || !bs_mul_u64(numel, osz, &nbytes)) {
-      kept[t->dtype]++;
+    char detail[200];
+    const char *why = keep_reason(t, osz, &ql, &nbytes, detail, sizeof detail);
+    if (why) {
+      size_t g = 0;
+      while (g < nkept && (kept[g].dt != t->dtype || kept[g].why != why))
+        g++;
+      if (g == nkept) {
+        if (bs_grow((void **)&kept, &keptcap, nkept + 1, sizeof *kept) != 0) {
+          rc = bs_fail(err, ENOMEM, BS_OFF_NONE, t->key, "out of memory");
+          break;
+        }
+        kept[g] = (struct kept){t->dtype, why, 0, {0}};
+        if (detail[0])
+          snprintf(kept[g].first, sizeof kept[g].first, ": %s", detail);
+        nkept++;
+      }
+      kept[g].n++;
       continue;
     }
     if (qf) { /* the parsed layout replaces the CBOR: reads use it (qfloat_kept) */
       struct bs_qfloat *q = bs_malloc(sizeof *q);
-      if (!q)
-        return bs_fail(err, ENOMEM, BS_OFF_NONE, t->key, "out of memory");
+      if (!q) {
+        rc = bs_fail(err, ENOMEM, BS_OFF_NONE, t->key, "out of memory");
+        break;
+      }
       *q = ql;
       bs_free(t->dtype_raw);
       t->dtype_raw = (uint8_t *)q;
@@ -659,20 +784,18 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
     t->nbytes = nbytes;
     t->decoded = true;
   }
-  for (int dt = 0; dt < BS_DT_COUNT; dt++) {
-    if (!kept[dt])
-      continue;
-    char line[320];
-    const char *why = bs_decode_why_not((enum bs_dtype)dt);
-    if (why)
-      snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (%s)", bs_dtype_name(as),
-               kept[dt], bs_dtype_name((enum bs_dtype)dt), kept[dt] == 1 ? "" : "s", why);
-    else
-      snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (no decoder for %s)",
-               bs_dtype_name(as), kept[dt], bs_dtype_name((enum bs_dtype)dt),
-               kept[dt] == 1 ? "" : "s", bs_dtype_name((enum bs_dtype)dt));
-    if (bs_catalog_note(cat, line, err) != 0)
-      return -1;
+  for (size_t g = 0; g < nkept && rc == 0; g++) {
+    char line[600];
+    const char *why = kept[g].why;
+    char nodec[64];
+    if (strncmp(why, "no decoder", 10) == 0) {
+      snprintf(nodec, sizeof nodec, "no decoder for %s", bs_dtype_name(kept[g].dt));
+      why = nodec;
+    }
+    snprintf(line, sizeof line, "as=%s: %zu %s tensor%s shown as stored (%s%s)", bs_dtype_name(as),
+             kept[g].n, bs_dtype_name(kept[g].dt), kept[g].n == 1 ? "" : "s", why, kept[g].first);
+    rc = bs_catalog_note(cat, line, err);
   }
-  return 0;
+  bs_free(kept);
+  return rc;
 }

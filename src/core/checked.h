@@ -28,7 +28,16 @@
 #define BS_PICKLE_MAX_BYTES (1u << 30)       /* pickle stream we are willing to load */
 #define BS_PTH_REPICKLE_MAX_NODES (1u << 22) /* values re-pickled by a .pth rewrite in place */
 #define BS_PICKLE_MAX_ALLOC (4ull << 30)     /* bytes of values one unpickler may build */
+/* What one unpickler may use, scaled by the bytes of the file its streams
+ * come from (a deflated zip member inflates up to 1032:1; one opcode byte
+ * can make a value): memory FLOOR + PER_BYTE x the file, and as many
+ * opcodes. A 1 MB .pth: 32 MiB of values, 33M opcodes. */
+#define BS_PICKLE_MEM_FLOOR (8ull << 20)
+#define BS_PICKLE_MEM_PER_BYTE 24u
+#define BS_PICKLE_WORK_FLOOR (1ull << 20)
+#define BS_PICKLE_WORK_PER_BYTE 32u
 #define BS_MAX_XATTR_VALUE 65536u
+#define BS_META_TEXT_MAX (48u << 20)    /* metadata made text for a writer that wants text */
 #define BS_SET_JOURNAL_MAX (128u << 20) /* bytes of a shard set's commit journal */
 
 static inline bool bs_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

@@ -58,6 +58,12 @@ static bool budget_take(struct bs_edit *ed, uint64_t add, uint64_t release)
   return true;
 }
 
+/* The bytes an entry of metadata holds in memory. */
+static uint64_t held(const struct bs_kv *kv)
+{
+  return strlen(kv->key) + (kv->value ? strlen(kv->value) : 0);
+}
+
 static void budget_give(struct bs_edit *ed, uint64_t n)
 {
   (void)budget_take(ed, 0, n);
@@ -76,16 +82,12 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
     if (bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_kv *kv = &ed->meta[ed->nmeta];
-    kv->key = bs_strdup(src->meta[i].key);
-    kv->value = bs_strdup(src->meta[i].value);
-    if (!kv->key || !kv->value) {
-      bs_free(kv->key);
-      bs_free(kv->value);
+    if (bs_kv_copy(kv, &src->meta[i]) != 0)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    }
     ed->nmeta++;
-    /* The source's own metadata counts, but never refuses the mount. */
-    atomic_fetch_add(&ed->xattr_bytes, strlen(kv->key) + strlen(kv->value));
+    /* The source's own metadata counts, but never refuses the mount; a
+     * value left in the file (GGUF) holds no memory: its key only. */
+    atomic_fetch_add(&ed->xattr_bytes, held(kv));
   }
   return 0;
 }
@@ -125,10 +127,8 @@ void bs_edit_destroy(struct bs_edit *ed)
       ed->tree->nodes[ino].user = NULL;
     }
   }
-  for (size_t i = 0; i < ed->nmeta; i++) {
-    bs_free(ed->meta[i].key);
-    bs_free(ed->meta[i].value);
-  }
+  for (size_t i = 0; i < ed->nmeta; i++)
+    bs_kv_destroy(&ed->meta[i]);
   bs_free(ed->meta);
   ed->meta = NULL;
   ed->nmeta = ed->metacap = 0;
@@ -348,11 +348,23 @@ const struct bs_xattr *bs_entry_get_xattr(const struct bs_entry *e, const char *
   return NULL;
 }
 
-static int no_space(bs_err *err, const struct bs_edit *ed)
+/* One value longer than an xattr can be (setxattr never passes one; a
+ * journal record could): refused for what it is, before the budget. */
+static int too_long(bs_err *err, const char *what, const char *name, size_t len)
 {
-  return bs_fail(
-      err, ENOSPC, BS_OFF_NONE, NULL, "the mount holds %llu bytes of xattrs, the bound is %llu",
-      (unsigned long long)atomic_load(&ed->xattr_bytes), (unsigned long long)ed->xattr_budget);
+  return bs_fail(err, E2BIG, BS_OFF_NONE, NULL,
+                 "%s '%.100s': a value of %zu bytes, over the %u bytes one xattr value can hold",
+                 what, name, len, BS_MAX_XATTR_VALUE);
+}
+
+static int no_space(bs_err *err, const struct bs_edit *ed, const char *what, const char *name,
+                    uint64_t add)
+{
+  return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
+                 "%s '%.100s': %llu more bytes would pass the mount's bound of %llu bytes of "
+                 "xattrs and metadata (it holds %llu)",
+                 what, name, (unsigned long long)add, (unsigned long long)ed->xattr_budget,
+                 (unsigned long long)atomic_load(&ed->xattr_bytes));
 }
 
 int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name, const void *value,
@@ -363,10 +375,12 @@ int bs_entry_set_xattr(struct bs_edit *ed, struct bs_entry *e, const char *name,
     return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "%s exists", name);
   if (!x && (flags & XATTR_REPLACE_FLAG))
     return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
+  if (len > BS_MAX_XATTR_VALUE)
+    return too_long(err, "xattr", name, len);
   size_t nlen = strlen(name);
   uint64_t add = (uint64_t)len + (x ? 0 : nlen), release = x ? x->len : 0;
   if (!budget_take(ed, add, release))
-    return no_space(err, ed);
+    return no_space(err, ed, "xattr", name, add > release ? add - release : 0);
   char *v = bs_malloc(len + 1);
   if (!v) {
     budget_give(ed, add);
@@ -409,12 +423,18 @@ int bs_entry_remove_xattr(struct bs_edit *ed, struct bs_entry *e, const char *na
   return bs_fail(err, ENODATA, BS_OFF_NONE, NULL, "no %s", name);
 }
 
-const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key)
+const struct bs_kv *bs_edit_find_meta(const struct bs_edit *ed, const char *key)
 {
   for (size_t i = 0; i < ed->nmeta; i++)
     if (strcmp(ed->meta[i].key, key) == 0)
-      return ed->meta[i].value;
+      return &ed->meta[i];
   return NULL;
+}
+
+const char *bs_edit_get_meta(const struct bs_edit *ed, const char *key)
+{
+  const struct bs_kv *kv = bs_edit_find_meta(ed, key);
+  return kv ? kv->value : NULL;
 }
 
 int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, size_t len,
@@ -424,9 +444,12 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
   for (size_t i = 0; i < ed->nmeta && !kv; i++)
     if (strcmp(ed->meta[i].key, key) == 0)
       kv = &ed->meta[i];
-  uint64_t add = (uint64_t)len + (kv ? 0 : strlen(key)), release = kv ? strlen(kv->value) : 0;
+  if (len > BS_MAX_XATTR_VALUE)
+    return too_long(err, "metadata", key, len);
+  uint64_t add = (uint64_t)len + (kv ? 0 : strlen(key)),
+           release = kv && kv->value ? strlen(kv->value) : 0;
   if (!budget_take(ed, add, release))
-    return no_space(err, ed);
+    return no_space(err, ed, "metadata", key, add > release ? add - release : 0);
   char *v = bs_strndup(value, len);
   if (!v) {
     budget_give(ed, add);
@@ -436,6 +459,8 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
   jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
   if (kv) {
     bs_free(kv->value);
+    bs_free(kv->ref); /* (a value left in the source holds no budget) */
+    kv->ref = NULL;
     kv->value = v;
     return 0;
   }
@@ -446,8 +471,7 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     budget_give(ed, add);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  ed->meta[ed->nmeta].key = k;
-  ed->meta[ed->nmeta].value = v;
+  ed->meta[ed->nmeta] = (struct bs_kv){k, v, NULL};
   ed->nmeta++;
   return 0;
 }
@@ -456,9 +480,8 @@ int bs_edit_remove_meta(struct bs_edit *ed, const char *key, bs_err *err)
 {
   for (size_t i = 0; i < ed->nmeta; i++) {
     if (strcmp(ed->meta[i].key, key) == 0) {
-      budget_give(ed, strlen(ed->meta[i].key) + strlen(ed->meta[i].value));
-      bs_free(ed->meta[i].key);
-      bs_free(ed->meta[i].value);
+      budget_give(ed, held(&ed->meta[i]));
+      bs_kv_destroy(&ed->meta[i]);
       /* Keep the order: the metadata is written as the user sees it. */
       memmove(&ed->meta[i], &ed->meta[i + 1], (ed->nmeta - i - 1) * sizeof *ed->meta);
       ed->nmeta--;
@@ -550,6 +573,18 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
   return 0;
 }
 
+/* The staged bytes of e: its file beneath the held staging directory, opened
+ * per read (never by a path another user could redirect). */
+static int open_staged(const struct bs_stage_dir *stg, const struct bs_entry *e, struct bs_src *s,
+                       bs_err *err)
+{
+  char name[24];
+  snprintf(name, sizeof name, "%llu", (unsigned long long)e->stage);
+  if (!stg || stg->fd < 0)
+    return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "staged file %s: no staging directory", name);
+  return bs_src_init_at(s, stg->fd, stg->path, name, err);
+}
+
 /* A staged file named NAME.npy whose bytes start with NumPy's magic: np.save
  * wrote it (or it was copied from a .npy view). It becomes tensor
  * NAME with the header's dtype and shape (a dtype set on the file of the
@@ -558,16 +593,14 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
  * is not such a file (the caller goes on), 0 when it was added, -1 on error
  * (a header that does not parse or does not match the size, a Fortran-order
  * array of rank 2 or more). */
-static int add_npy(const char *staging, struct bs_catalog *out, const struct bs_node *nd,
+static int add_npy(const struct bs_stage_dir *stg, struct bs_catalog *out, const struct bs_node *nd,
                    const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
   if (!e->stage || nd->seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
     return 1; /* shorter than NumPy's magic: no .npy (from 6 bytes on, the magic decides) */
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
   struct bs_src s;
-  if (bs_src_init_path(&s, path, err) != 0)
+  if (open_staged(stg, e, &s, err) != 0)
     return -1;
   size_t n = e->size < BS_NPY_MAX_HEADER ? (size_t)e->size : BS_NPY_MAX_HEADER;
   uint8_t *head = bs_malloc(n);
@@ -646,8 +679,8 @@ static int add_npy(const char *staging, struct bs_catalog *out, const struct bs_
   return rc;
 }
 
-static int add_file(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
-                    uint64_t ino, bs_err *err)
+static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
+                    struct bs_catalog *out, uint64_t ino, bs_err *err)
 {
   const struct bs_node *nd = &ed->tree->nodes[ino];
   const struct bs_entry *e = nd->user;
@@ -659,7 +692,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
                    "cannot turn the file name into a key");
   /* No include/exclude here: the tree holds only what the mount shows, and
    * files the user created or renamed are written whatever their name. */
-  int npy = add_npy(staging, out, nd, e, key, err);
+  int npy = add_npy(stg, out, nd, e, key, err);
   if (npy <= 0) {
     bs_free(key);
     return npy;
@@ -702,9 +735,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
   if (e->stage) {
     uint32_t idx;
     struct bs_src s;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
-    if (bs_src_init_path(&s, path, err) != 0 || bs_catalog_add_src(out, &s, &idx, err) != 0)
+    if (open_staged(stg, e, &s, err) != 0 || bs_catalog_add_src(out, &s, &idx, err) != 0)
       return -1;
     t = &out->tensors[out->count - 1];
     t->src = idx;
@@ -747,7 +778,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
   return 0;
 }
 
-static int add_dir(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
+static int add_dir(const struct bs_edit *ed, const struct bs_stage_dir *stg, struct bs_catalog *out,
                    uint64_t dir, unsigned depth, bs_err *err)
 {
   if (depth > 4096)
@@ -758,8 +789,8 @@ static int add_dir(const struct bs_edit *ed, const char *staging, struct bs_cata
     if (!kid)
       continue;
     const struct bs_node *kn = &ed->tree->nodes[kid];
-    int rc = kn->is_dir ? add_dir(ed, staging, out, kid, depth + 1, err)
-                        : add_file(ed, staging, out, kid, err);
+    int rc =
+        kn->is_dir ? add_dir(ed, stg, out, kid, depth + 1, err) : add_file(ed, stg, out, kid, err);
     if (rc)
       return rc;
   }
@@ -830,7 +861,7 @@ static int add_hidden(const struct bs_edit *ed, struct bs_catalog *out, bs_err *
   return rc;
 }
 
-int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep_hidden,
+int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
                     struct bs_catalog *out, bs_err *err)
 {
   /* The source's byte sources, borrowed, at the same indices, so clean
@@ -844,7 +875,7 @@ int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep
         bs_catalog_add_src(out, &s, &idx, err) != 0)
       return -1;
   }
-  if (add_dir(ed, staging_dir, out, BS_TREE_ROOT, 0, err) != 0)
+  if (add_dir(ed, stg, out, BS_TREE_ROOT, 0, err) != 0)
     return -1;
   if (keep_hidden) {
     if (add_hidden(ed, out, err) != 0)
@@ -856,7 +887,7 @@ int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep
     bs_free(sorted);
   }
   for (size_t i = 0; i < ed->nmeta; i++)
-    if (bs_catalog_add_meta(out, ed->meta[i].key, ed->meta[i].value, err) != 0)
+    if (bs_catalog_add_meta_kv(out, &ed->meta[i], err) != 0)
       return -1;
   return 0;
 }

@@ -273,10 +273,10 @@ int bs_http_fetch_miss(struct http *h, uint64_t at, uint64_t end, uint8_t *dst, 
     pthread_mutex_unlock(&h->lock);
     if (now < deadline)
       return 1;
-    fprintf(stderr,
-            "burnstore: %s: read at offset %llu failed: no answer within %ld s "
-            "(BURNSTORE_HTTP_TIMEOUT) to the request holding it\n",
-            h->name, (unsigned long long)at, h->sh->timeout_s);
+    bs_log(BS_LOG_ERR,
+           "%s: read at offset %llu failed: no answer within %ld s (BURNSTORE_HTTP_TIMEOUT) to "
+           "the request holding it",
+           h->name, (unsigned long long)at, h->sh->timeout_s);
     return -EIO;
   }
   /* the reader's own fetch: on the list (a stub without blocks of its own)

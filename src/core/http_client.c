@@ -278,9 +278,10 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   curl_easy_setopt(c, CURLOPT_PRIVATE, r);
   curl_easy_setopt(c, CURLOPT_URL, r->url);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, bs_remote_redir_protocols(r->url));
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, follows(r) ? 1L : 0L);
   curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
+  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, sh->as_is ? 1L : 0L);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
@@ -388,6 +389,13 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
       uint64_t rate = (uint64_t)got * 1000000 / (uint64_t)(total - ttfb), old = conn_rate;
       atomic_store(&conn_rate, old ? (old * 3 + rate) / 4 : rate);
     }
+  }
+  char *to = NULL; /* (a redirect refused: where it led) */
+  if (cc == CURLE_UNSUPPORTED_PROTOCOL &&
+      curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &to) == CURLE_OK &&
+      bs_remote_redir_refused(r->url, to, r->msg, sizeof r->msg)) {
+    end(r, -EPERM, ended);
+    return;
   }
   bool ours_done = cc == CURLE_WRITE_ERROR && r->x.got == r->n && !r->x.encoding[0];
   if (cc != CURLE_OK && !ours_done && !r->err_cut) {

@@ -32,6 +32,7 @@ struct bs_http_site {
   const char *deny_hint;                 /* what a 401/403 suggests */
   long timeout_s;                        /* how long a read may block (BURNSTORE_HTTP_TIMEOUT) */
   bool unvalidated;                      /* a server without a strong ETag is read */
+  bool as_is; /* hf://, s3://: the path sent as written (CURLOPT_PATH_AS_IS) */
   /* The CAs TLS trusts, as the curl tool takes them: CURL_CA_BUNDLE, else
    * SSL_CERT_DIR and SSL_CERT_FILE (NULL: libcurl's default, the system's) */
   char *cainfo, *capath;

@@ -125,7 +125,7 @@ static const char *no_strong(const struct bs_http_xfer *x, char *buf, size_t n)
   else if (x->etag_n && strncmp(x->etag, "W/", 2) == 0)
     snprintf(buf, n, "only a weak ETag%s", lm);
   else if (x->etag_n)
-    snprintf(buf, n, "an ETag that is none (not a quoted string)%s", lm);
+    snprintf(buf, n, "an ETag that is not one: a quoted string of printable characters%s", lm);
   else if (x->lastmod[0])
     snprintf(buf, n, "only Last-Modified");
   else

@@ -132,6 +132,7 @@ static struct bs_http_site *site_new(const struct bs_http_opts *o, const struct 
   }
   sh->refs = 1;
   sh->timeout_s = timeout_s;
+  sh->as_is = rm->kind != BS_REMOTE_HTTP;
   const char *bundle = getenv("CURL_CA_BUNDLE"), *dir = getenv("SSL_CERT_DIR");
   const char *file = getenv("SSL_CERT_FILE");
   if ((bundle && *bundle && !(sh->cainfo = bs_strdup(bundle))) ||

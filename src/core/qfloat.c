@@ -12,19 +12,13 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "core/cbor_item.h"
 #include "core/checked.h"
 #include "core/decode.h"
 
-static const cbor_item_t *untag(const cbor_item_t *it)
-{
-  for (int depth = 0; it && cbor_isa_tag(it) && depth < 8; depth++)
-    it = cbor_tag_item(it) ? cbor_move(cbor_tag_item(it)) : NULL;
-  return it;
-}
-
 static bool text_is(const cbor_item_t *it, const char *s)
 {
-  it = untag(it);
+  it = bs_cbor_untag(it);
   return it && cbor_isa_string(it) && cbor_string_is_definite(it) &&
          cbor_string_length(it) == strlen(s) && memcmp(cbor_string_handle(it), s, strlen(s)) == 0;
 }
@@ -35,7 +29,7 @@ static const cbor_item_t *get(const cbor_item_t *m, const char *k)
   struct cbor_pair *p = cbor_map_handle(m);
   for (size_t i = 0; i < cbor_map_size(m); i++)
     if (text_is(p[i].key, k))
-      return untag(p[i].value);
+      return bs_cbor_untag(p[i].value);
   return NULL;
 }
 
@@ -56,7 +50,7 @@ static enum bs_dtype scale_dtype(const cbor_item_t *it)
 
 static bool get_uint(const cbor_item_t *it, uint64_t *out)
 {
-  it = untag(it);
+  it = bs_cbor_untag(it);
   if (!it || !cbor_isa_uint(it))
     return false;
   *out = cbor_get_int(it);
@@ -67,7 +61,7 @@ static bool get_uint(const cbor_item_t *it, uint64_t *out)
  * len values, right-aligned, leading dims 1 (BlockSize::to_dim_vec). */
 static bool block_size(const cbor_item_t *b, uint32_t rank, uint64_t *dims)
 {
-  b = untag(b);
+  b = bs_cbor_untag(b);
   if (!b || !cbor_isa_map(b) || !cbor_map_is_definite(b))
     return false;
   const cbor_item_t *st = get(b, "storage");
@@ -114,7 +108,7 @@ static bool value_kind(const cbor_item_t *v, struct bs_qfloat *q, const char **w
  * one a byte). */
 static bool store_kind(const cbor_item_t *s, bool *packed, const char **why)
 {
-  s = untag(s);
+  s = bs_cbor_untag(s);
   if (text_is(s, "Native")) {
     *packed = false;
     return true;
@@ -251,11 +245,11 @@ bool bs_qfloat_layout(const uint8_t *raw, size_t len, uint32_t rank, const uint6
   bool ok = false, packed = false;
   if (!root || res.error.code != CBOR_ERR_NONE || res.read != len)
     goto out;
-  const cbor_item_t *v = untag(root);
+  const cbor_item_t *v = bs_cbor_untag(root);
   if (!cbor_isa_map(v) || !cbor_map_is_definite(v) || cbor_map_size(v) != 1 ||
       !text_is(cbor_map_handle(v)[0].key, "QFloat"))
     goto out;
-  const cbor_item_t *s = untag(cbor_map_handle(v)[0].value);
+  const cbor_item_t *s = bs_cbor_untag(cbor_map_handle(v)[0].value);
   if (!s || !cbor_isa_map(s) || !cbor_map_is_definite(s) || !parse(s, q->rank, q, &packed, why))
     goto out;
   if (q->numel == 0) {

@@ -85,6 +85,36 @@ static int hexval(char c)
                                 : -1;
 }
 
+/* Whether the segment p[0..n) is a dot segment as a server or libcurl may
+ * take it, '.' also written %2E: 1 ("."), 2 (".."), else 0. */
+static int dots(const char *p, size_t n)
+{
+  int k = 0;
+  for (size_t i = 0; i < n; k++) {
+    if (p[i] == '.')
+      i++;
+    else if (n - i >= 3 && p[i] == '%' && p[i + 1] == '2' && (p[i + 2] == 'e' || p[i + 2] == 'E'))
+      i += 3;
+    else
+      return 0;
+  }
+  return k <= 2 ? k : 0;
+}
+
+/* Whether a '/'-separated segment of s[0..n) is a dot segment. */
+static bool has_dots(const char *s, size_t n)
+{
+  for (size_t i = 0; i <= n;) {
+    size_t k = 0;
+    while (i + k < n && s[i + k] != '/')
+      k++;
+    if (dots(s + i, k))
+      return true;
+    i += k + 1;
+  }
+  return false;
+}
+
 /* s[0..n) with %XX decoded (a revision written "feature%2Fx"), encoded again
  * whole: every '/' as %2F. */
 static char *encode_rev(const char *s, size_t n)
@@ -180,6 +210,12 @@ static int parse_hf(const char *spec, const struct bs_remote_env *env, struct bs
   }
   if (!*path || path[strlen(path) - 1] == '/')
     return fail(r, msg, mn, "hf:// URL: no file PATH in the repository");
+  /* libcurl (and servers) remove dot segments: the request, with the
+   * token, would leave the repository (hf://org/repo/../../x). */
+  if (dots(p, org) || dots(repo, rn) || has_dots(path, strlen(path)) || dots(rev, vn))
+    return fail(r, msg, mn,
+                "hf:// URL: a '.' or '..' segment (also as %2E) would leave the repository: "
+                "refused");
   for (const char *s = path; *s; s++)
     if (*s == '?' || *s == '#')
       return fail(r, msg, mn, "hf:// URL: a '?' or '#' in the PATH");
@@ -243,6 +279,10 @@ static int parse_s3(const char *spec, const struct bs_remote_env *env, struct bs
     return fail(r, msg, mn,
                 "s3:// URL: the bucket name is not one (3 to 63 of a-z, 0-9, '.' and '-')");
   const char *key = b + bn + 1;
+  if (has_dots(key, strlen(key)))
+    return fail(r, msg, mn,
+                "s3:// URL: a '.' or '..' segment in the key (also as %2E) would leave the key "
+                "or the bucket (keys are sent as written): refused");
   const char *region = env->aws_region && *env->aws_region ? env->aws_region : "us-east-1";
   if (!region_ok(region))
     return fail(r, msg, mn, "AWS_REGION is not a region name (such as us-east-1)");
@@ -363,16 +403,46 @@ static char *beside(const char *s, const char *tail)
   return out;
 }
 
+/* rel (bs_remote_shard_check passed: it never climbs above its start)
+ * without its dot segments: "." dropped, ".." taking the segment before it
+ * along ("sub/../m" is "m"). bs_malloc'd; NULL: no memory. */
+static char *no_dots(const char *rel)
+{
+  size_t n = strlen(rel), k = 0;
+  char *out = bs_malloc(n + 1);
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i <= n;) {
+    size_t m = strcspn(rel + i, "/");
+    int d = dots(rel + i, m);
+    if (d == 2) { /* back to before the last segment kept */
+      while (k > 0 && out[k - 1] == '/')
+        k--;
+      while (k > 0 && out[k - 1] != '/')
+        k--;
+    } else if (d == 0) {
+      memcpy(out + k, rel + i, m);
+      k += m;
+      if (rel[i + m] == '/')
+        out[k++] = '/';
+    }
+    i += m + 1;
+  }
+  out[k] = '\0';
+  return out;
+}
+
 int bs_remote_sibling(const struct bs_remote *r, const char *rel, struct bs_remote *out)
 {
   memset(out, 0, sizeof *out);
   out->kind = r->kind;
   memcpy(out->sigv4, r->sigv4, sizeof out->sigv4);
   memcpy(out->commit, r->commit, sizeof out->commit);
+  char *flat = NULL; /* (hf, s3: their URLs hold no dot segment, see parse) */
   if (r->kind == BS_REMOTE_HTTP) {
     out->url = bs_http_resolve(r->url, rel);
     out->name = out->url ? bs_http_redact(out->url) : NULL;
-  } else {
+  } else if ((rel = flat = no_dots(rel))) {
     char *erel = bs_url_encode(rel, strlen(rel), true);
     out->url = erel ? beside(r->url, erel) : NULL;
     out->name = beside(r->name, rel);
@@ -384,6 +454,7 @@ int bs_remote_sibling(const struct bs_remote *r, const char *rel, struct bs_remo
     }
     bs_free(erel);
   }
+  bs_free(flat);
   if (!out->url || !out->name ||
       (r->kind == BS_REMOTE_HF &&
        (!out->hf_pre || !out->hf_path || !out->hf_spec_pre || !out->hf_spec_path))) {
@@ -422,6 +493,24 @@ char *bs_remote_reopen(const struct bs_remote *r)
   bool plain = shown && strcmp(shown, r->url) == 0;
   bs_free(shown);
   return plain ? bs_strdup(r->url) : NULL;
+}
+
+const char *bs_remote_redir_protocols(const char *url)
+{
+  return strncasecmp(url, "https://", 8) == 0 ? "https" : "http,https";
+}
+
+bool bs_remote_redir_refused(const char *from, const char *to, char *msg, size_t mn)
+{
+  if (!to || strncasecmp(from, "https://", 8) != 0 || strncasecmp(to, "http://", 7) != 0)
+    return false;
+  char *shown = bs_http_redact(to);
+  snprintf(msg, mn,
+           "a redirect to %s refused: the bytes would travel unencrypted (an https:// URL is read "
+           "over https only)",
+           shown ? shown : "an http:// URL");
+  bs_free(shown);
+  return true;
 }
 
 /* The first line of `path` without blanks at its ends, or NULL (none, no

@@ -62,6 +62,15 @@ char *bs_remote_reopen(const struct bs_remote *r);
 /* s into a bs_malloc'd string with every byte but A-Z a-z 0-9 - . _ ~ (and
  * '/' when keep_slash) as %XX. NULL: no memory. */
 char *bs_url_encode(const char *s, size_t n, bool keep_slash);
+/* What a redirect of a request to `url` may lead to (libcurl's
+ * CURLOPT_REDIR_PROTOCOLS_STR): from an https:// URL "https" only (to
+ * http:// every byte would travel in clear, and what the server learned
+ * from the request: a redirect is refused), else "http,https". */
+const char *bs_remote_redir_protocols(const char *url);
+/* Why the redirect from `from` to `to` was refused, one line into msg
+ * naming `to` without credentials (the caller's line names `from`); false
+ * when it is no https -> http redirect. */
+bool bs_remote_redir_refused(const char *from, const char *to, char *msg, size_t mn);
 /* The Hub's token: $HF_TOKEN, else the first line of $HF_HOME/token
  * (HF_HOME: ~/.cache/huggingface). bs_malloc'd, NULL when there is none. */
 char *bs_hf_token(void);

@@ -35,15 +35,12 @@ uint64_t bs_http_deadline(const struct http *h)
   return od && od < d ? od : d;
 }
 
-/* s (up to n bytes of it) with control characters shown as '?': what a
- * server sent, in a message. */
+/* s (up to n bytes of it) with control characters shown as '?'
+ * (bs_text_clean): what a server sent, in a message. */
 static const char *shown(const char *s, size_t n, char *out, size_t on)
 {
-  size_t k = 0;
-  for (; k + 1 < on && k < n && s[k]; k++)
-    out[k] = (unsigned char)s[k] < 0x20 || s[k] == 0x7f ? '?' : s[k];
-  out[k] = '\0';
-  return out;
+  snprintf(out, on, "%.*s", (int)(n < on ? n : on - 1), s);
+  return bs_text_clean(out);
 }
 
 /* The object changed: every later read fails; why is kept for `changed`. */
@@ -134,8 +131,8 @@ void bs_http_set_eff(struct http *h, char *eff)
 
 static void log_fail(const struct http *h, size_t n, uint64_t off, const char *msg)
 {
-  fprintf(stderr, "burnstore: %s: read of %zu bytes at offset %llu failed: %s\n", h->name, n,
-          (unsigned long long)off, msg);
+  bs_log(BS_LOG_ERR, "%s: read of %zu bytes at offset %llu failed: %s", h->name, n,
+         (unsigned long long)off, msg);
 }
 
 int bs_http_fetch(struct http *h, uint64_t off, const struct bs_http_dst *buf, size_t n,

@@ -17,6 +17,7 @@
 #include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 
 char *bs_abs_path(const char *p)
 {
@@ -59,6 +60,11 @@ char *bs_abs_path(const char *p)
 }
 
 char *bs_mountpoint_path(const char *p)
+{
+  return bs_link_path(p);
+}
+
+char *bs_link_path(const char *p)
 {
   char *abs = bs_abs_path(p);
   /* A symlink is followed by hand, each target resolved as bs_abs_path
@@ -198,9 +204,13 @@ int bs_run_lock(const char *path)
   /* A holder removes its file before it lets the lock go: whoever got the
    * lock on a removed file opens the new one. */
   for (int tries = 0; tries < 100; tries++) {
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
+    bs_err err;
+    bs_err_clear(&err);
+    int fd = bs_safe_open_path(path, O_RDWR | O_CREAT, 0600, BS_SAFE_REG, &err);
+    if (fd < 0) {
+      errno = err.code;
       return -1;
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int e = errno;
       close(fd);
@@ -228,11 +238,14 @@ bool bs_run_unlink(const char *path, int fd)
 /* dir/name: removed if nobody holds its lock (taken without creating it). */
 static void remove_if_free(int dfd, const char *name)
 {
-  int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  bs_err err;
+  bs_err_clear(&err);
+  struct stat st;
+  int fd = bs_safe_openat(dfd, NULL, name, O_RDWR, 0, BS_SAFE_REG, &st, &err);
   if (fd < 0)
     return;
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && bs_fd_named(dfd, name, fd))
-    unlinkat(dfd, name, 0);
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+    bs_safe_unlink_same(dfd, name, &st, 0);
   close(fd);
 }
 
@@ -243,8 +256,8 @@ void bs_run_sweep(void)
   bs_err_clear(&err);
   if (bs_run_dir(dir, sizeof dir, &err) != 0)
     return; /* the next lock or status file says why */
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  int dfd = bs_safe_open_dir(dir, BS_SAFE_PRIVATE, &err);
+  DIR *d = dfd >= 0 ? bs_safe_dirstream(dfd) : NULL;
   if (!d) {
     if (dfd >= 0)
       close(dfd);
@@ -268,11 +281,12 @@ void bs_run_sweep(void)
         snprintf(status, sizeof status, "%.*s.status", (int)stem, n);
         struct stat st;
         if (fstatat(dfd, status, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
-          unlinkat(dfd, n, 0);
+          bs_safe_unlinkat(dfd, n, 0);
       }
     }
   }
   closedir(d);
+  close(dfd);
 }
 
 /* /proc/self/mounts writes space, tab, newline and backslash in a path as
@@ -432,7 +446,8 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
       return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot lock the target %s (%s: %s)", target,
                      path, strerror(errno));
     if (i >= 50) {
-      int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      bs_err_clear(&sub);
+      int rfd = bs_safe_open_path(path, O_RDONLY, 0, BS_SAFE_REG, &sub);
       refuse(rfd, target, err);
       if (rfd >= 0)
         close(rfd);

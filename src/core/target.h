@@ -27,11 +27,14 @@ struct bs_catalog;
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
-/* A mountpoint as the mount table names it: bs_abs_path, and when the
- * last component is a symlink, its target (a chain followed, 40 hops at
- * most) resolved the same way: the kernel mounts on the target. Never
- * stats the directory it ends at (a mount whose daemon may hang). Owned;
- * NULL with errno. */
+/* bs_abs_path, and when the last component is a symlink, its target (a
+ * chain followed, 40 hops at most) resolved the same way; never stats the
+ * directory it ends at. Owned; NULL with errno. What a path that is a link
+ * names: the file a writable mount (rw LINK, output=LINK) writes, so that
+ * the link stays a link and the target lock is the file's. */
+char *bs_link_path(const char *p);
+/* A mountpoint as the mount table names it: bs_link_path (the kernel mounts
+ * on the target; a mount whose daemon may hang is never stat'ed). */
 char *bs_mountpoint_path(const char *p);
 
 /* "dir/name" into buf (n bytes). 0, or -1 with err (ENAMETOOLONG) naming

@@ -26,6 +26,7 @@
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "core/cbor_item.h"
 #include "core/checked.h"
 
 #define HDR_LEN 10u
@@ -354,17 +355,6 @@ struct kvtmp {
   size_t order;
 };
 
-static const cbor_item_t *untag(const cbor_item_t *it)
-{
-  while (cbor_isa_tag(it)) {
-    cbor_item_t *inner = cbor_tag_item(it); /* increfs; the tag still holds a reference */
-    cbor_item_t *tmp = inner;
-    cbor_decref(&tmp);
-    it = inner;
-  }
-  return it;
-}
-
 /* libcbor 0.8's cbor_is_null/cbor_is_bool assert (abort) when given a float: check the
  * width first. */
 static bool is_ctrl(const cbor_item_t *it)
@@ -439,7 +429,7 @@ static char *text_dup(const cbor_item_t *it, size_t *len)
 /* Map key `k` as a NUL-free string (a map key must be text). */
 static char *key_dup(const cbor_item_t *k, const char *where, uint64_t off, bs_err *err)
 {
-  k = untag(k);
+  k = bs_cbor_untag(k);
   if (!cbor_isa_string(k)) {
     bs_fail(err, EINVAL, off, NULL, "a key of the %s map is %s; map keys must be text strings",
             where, type_name(k));
@@ -461,7 +451,7 @@ static char *key_dup(const cbor_item_t *k, const char *where, uint64_t off, bs_e
 
 static bool get_uint(const cbor_item_t *it, uint64_t *v)
 {
-  it = untag(it);
+  it = bs_cbor_untag(it);
   if (!cbor_isa_uint(it))
     return false;
   *v = cbor_get_int(it);
@@ -474,7 +464,7 @@ static bool get_uint(const cbor_item_t *it, uint64_t *v)
 static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enum bs_dtype *dt,
                        uint8_t **raw, size_t *rawlen, bs_err *err)
 {
-  v = untag(v);
+  v = bs_cbor_untag(v);
   char *s = NULL;
   size_t len;
   if (cbor_isa_string(v)) {
@@ -502,7 +492,7 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
     return -1;
   int rc = 0;
   if (strcmp(variant, "Bool") == 0) {
-    const cbor_item_t *st = untag(pr[0].value);
+    const cbor_item_t *st = bs_cbor_untag(pr[0].value);
     if (!cbor_isa_string(st)) {
       rc =
           bs_fail(err, EINVAL, off, name, "Bool dtype storage is %s; expected text", type_name(st));
@@ -538,7 +528,7 @@ static int parse_dtype(const cbor_item_t *v, const char *name, uint64_t off, enu
 static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint64_t off,
                       bs_err *err)
 {
-  v = untag(v);
+  v = bs_cbor_untag(v);
   if (!cbor_isa_map(v))
     return bs_fail(err, EINVAL, off, name, "tensor descriptor is %s; expected a map", type_name(v));
   const cbor_item_t *dtype = NULL, *shape = NULL, *offsets = NULL, *pid = NULL;
@@ -567,7 +557,7 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
                    : !shape ? "shape"
                             : "data_offsets");
 
-  shape = untag(shape);
+  shape = bs_cbor_untag(shape);
   if (!cbor_isa_array(shape))
     return bs_fail(err, EINVAL, off, name, "shape is %s; expected an array of unsigned integers",
                    type_name(shape));
@@ -581,9 +571,9 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
     if (!get_uint(sh[i], &dims[i]))
       return bs_fail(err, EINVAL, off, name,
                      "shape entry %u is %s; expected a non-negative integer", i,
-                     type_name(untag(sh[i])));
+                     type_name(bs_cbor_untag(sh[i])));
 
-  offsets = untag(offsets);
+  offsets = bs_cbor_untag(offsets);
   uint64_t start, end;
   if (!cbor_isa_array(offsets) || cbor_array_size(offsets) != 2 ||
       !get_uint(cbor_array_handle(offsets)[0], &start) ||
@@ -598,10 +588,10 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
 
   bool has_pid = false;
   uint64_t param_id = 0;
-  if (pid && !is_null(untag(pid))) {
+  if (pid && !is_null(bs_cbor_untag(pid))) {
     if (!get_uint(pid, &param_id))
       return bs_fail(err, EINVAL, off, name, "param_id is %s; expected an unsigned integer",
-                     type_name(untag(pid)));
+                     type_name(bs_cbor_untag(pid)));
     has_pid = true;
   }
 
@@ -674,7 +664,7 @@ static int cmp_span(const void *a, const void *b)
 static int parse_tensors(struct rd *r, const cbor_item_t *map, const struct precheck *pc,
                          bs_err *err)
 {
-  map = untag(map);
+  map = bs_cbor_untag(map);
   if (!cbor_isa_map(map))
     return bs_fail(err, EINVAL, HDR_LEN, NULL, "'tensors' is %s; expected a map", type_name(map));
   size_t n = cbor_map_size(map);
@@ -806,7 +796,7 @@ static int cmp_kv(const void *a, const void *b)
 /* "metadata": text -> text. A repeated key keeps its last value, as Burn's map does. */
 static int parse_meta(struct rd *r, const cbor_item_t *map, bs_err *err)
 {
-  map = untag(map);
+  map = bs_cbor_untag(map);
   if (!cbor_isa_map(map))
     return bs_fail(err, EINVAL, HDR_LEN, NULL, "'metadata' is %s; expected a map of text",
                    type_name(map));
@@ -822,7 +812,7 @@ static int parse_meta(struct rd *r, const cbor_item_t *map, bs_err *err)
     if (!k)
       return -1;
     r->kvs[r->nkvs++] = (struct kvtmp){k, NULL, i};
-    const cbor_item_t *v = untag(pr[i].value);
+    const cbor_item_t *v = bs_cbor_untag(pr[i].value);
     if (!cbor_isa_string(v))
       return bs_fail(err, EINVAL, HDR_LEN, NULL,
                      "metadata value of '%.60s' is %s; expected a text string", k, type_name(v));
@@ -853,12 +843,12 @@ static int skip_scalar(struct rd *r, const char *name, const char *why, bs_err *
 /* One scalar {"Int"|"UInt"|"Float"|"Bool": v} as JSON, or NULL (skipped with a note). */
 static json_t *scalar_json(const cbor_item_t *v, const char **why)
 {
-  v = untag(v);
+  v = bs_cbor_untag(v);
   *why = "not a 1-entry map";
   if (!cbor_isa_map(v) || cbor_map_size(v) != 1)
     return NULL;
   struct cbor_pair *pr = cbor_map_handle(v);
-  const cbor_item_t *k = untag(pr[0].key), *x = untag(pr[0].value);
+  const cbor_item_t *k = bs_cbor_untag(pr[0].key), *x = bs_cbor_untag(pr[0].value);
   *why = "unknown kind";
   if (!cbor_isa_string(k) || !cbor_string_is_definite(k))
     return NULL;
@@ -903,7 +893,7 @@ static json_t *scalar_json(const cbor_item_t *v, const char **why)
  * tensors, so a scalar we do not understand is skipped with a note, not an error. */
 static int parse_scalars(struct rd *r, const cbor_item_t *map, bs_err *err)
 {
-  map = untag(map);
+  map = bs_cbor_untag(map);
   if (!cbor_isa_map(map))
     return bs_fail(err, EINVAL, HDR_LEN, NULL, "'scalars' is %s; expected a map", type_name(map));
   if (cbor_map_size(map) == 0)
@@ -931,7 +921,7 @@ static int parse_scalars(struct rd *r, const cbor_item_t *map, bs_err *err)
 
 static int parse_root(struct rd *r, const cbor_item_t *root, const struct precheck *pc, bs_err *err)
 {
-  root = untag(root);
+  root = bs_cbor_untag(root);
   if (!cbor_isa_map(root))
     return bs_fail(err, EINVAL, HDR_LEN, NULL, "metadata is %s; expected a CBOR map",
                    type_name(root));

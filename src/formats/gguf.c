@@ -11,12 +11,15 @@
  * catalog shape is ne reversed (row-major). Quantized types keep their raw
  * blocks; the fastest dimension must be a multiple of the block size.
  *
- * Metadata becomes catalog metadata as text: strings as they are, numbers in
- * decimal (floats with enough digits to round-trip; NaN, Infinity,
- * -Infinity), bools as true/false, arrays as JSON arrays (strings escaped;
- * non-finite floats spelled as above). Every count, length and offset is
- * checked against the bytes left before anything is allocated, and the
- * rendered text is bounded (BS_GGUF_MAX_META). */
+ * Metadata becomes catalog metadata shown as text: strings as they are,
+ * numbers in decimal (floats with enough digits to round-trip; NaN,
+ * Infinity, -Infinity), bools as true/false, arrays as JSON arrays (strings
+ * escaped; non-finite floats spelled as above). The text is never kept: the
+ * catalog holds each value as a range of the file (struct bs_meta_ref) with
+ * its text's length, counted here; bs_gguf_render makes the text of one
+ * value when it is asked for (an xattr, `info --meta`, a conversion). Every
+ * count, length and offset is checked against the bytes left before
+ * anything is allocated. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -86,8 +89,13 @@ struct cur {
   uint64_t pos;
   uint64_t wstart;
   size_t wlen;
-  uint64_t meta;   /* rendered metadata bytes so far */
-  bool types_only; /* bs_gguf_parse_types: strings are skipped, not rendered */
+  struct bs_buf *out; /* the value's text, or NULL: its length counted only */
+  uint64_t text;      /* the value's text so far (made or counted) */
+  uint64_t max;       /* at most this much text is made: the rest is cut */
+  bool cut;           /* it was (then the render stops with -1, no error) */
+  bool types_only;    /* bs_gguf_parse_types: strings are skipped, not read */
+  char *tmp;          /* a string value's bytes */
+  size_t tmpcap;
   bs_err *err;
   uint8_t win[WIN];
 };
@@ -176,43 +184,59 @@ static int get_string(struct cur *c, uint64_t cap, const char *what, char **out,
 
 /* ---- Rendering metadata ----------------------------------------------------------------- */
 
-/* Room in b for n more bytes and the NUL, within the limit of rendered text.
- * Doubling for small values; a value larger than what b holds gets its
- * exact size (and a little for what follows it), so that memory is what the
- * text needs, never twice that. */
-static int reserve(struct cur *c, struct bs_buf *b, size_t n)
+/* n bytes of text; past c->max the rest is cut (c->cut, and -1 with no
+ * error: the render stops). Into c->out, or only counted. */
+static int put(struct cur *c, const void *d, size_t n)
 {
-  if (n > BS_GGUF_MAX_META - c->meta)
-    return bs_fail(c->err, EFBIG, c->pos, NULL,
-                   "the metadata, as text, exceeds the limit of %u MiB", BS_GGUF_MAX_META >> 20);
-  size_t need = b->len + n + 1; /* no overflow: both are below the limit */
-  if (need <= b->cap)
-    return 0;
-  size_t cap = n > b->cap ? need + 64 : b->cap * 2 > need ? b->cap * 2 : need;
-  uint8_t *p = bs_realloc(b->data, cap);
-  if (!p)
+  size_t take = n;
+  if (n > c->max - c->text) {
+    take = (size_t)(c->max - c->text);
+    c->cut = true;
+  }
+  if (c->out && take && bs_buf_put(c->out, d, take) != 0)
     return bs_fail(c->err, ENOMEM, c->pos, NULL, "out of memory");
-  b->data = p;
-  b->cap = cap;
-  return 0;
+  c->text += take;
+  return c->cut ? -1 : 0;
 }
 
-static int put(struct cur *c, struct bs_buf *b, const void *d, size_t n)
+static int puts_(struct cur *c, const char *s)
 {
-  if (n == 0)
-    return 0;
-  if (reserve(c, b, n) != 0)
+  return put(c, s, strlen(s));
+}
+
+/* A string value's length (at `at`), checked against the bytes left. */
+static int get_string_len(struct cur *c, uint64_t at, uint64_t *n)
+{
+  if (get_u64(c, n, "a string value") != 0)
     return -1;
-  memcpy(b->data + b->len, d, n);
-  b->len += n;
-  b->data[b->len] = '\0';
-  c->meta += n;
+  if (*n > left(c))
+    return bs_fail(c->err, EINVAL, at, NULL,
+                   "a string value: string length %" PRIu64 " exceeds the %" PRIu64
+                   " bytes left in the file",
+                   *n, left(c));
   return 0;
 }
 
-static int puts_(struct cur *c, struct bs_buf *b, const char *s)
+/* A string value's length *n (checked against the file) and its first
+ * *k = min(n, want) bytes, into c->tmp (NUL-terminated); the rest skipped. */
+static int get_value_string(struct cur *c, uint64_t at, uint64_t want, uint64_t *n, size_t *k)
 {
-  return put(c, b, s, strlen(s));
+  if (get_string_len(c, at, n) != 0)
+    return -1;
+  uint64_t end = c->pos + *n;
+  *k = (size_t)(*n < want ? *n : want);
+  if (*k + 1 > c->tmpcap) {
+    char *t = bs_realloc(c->tmp, *k + 1);
+    if (!t)
+      return bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+    c->tmp = t;
+    c->tmpcap = *k + 1;
+  }
+  if (get(c, c->tmp, *k, "a string value") != 0)
+    return -1;
+  c->tmp[*k] = '\0';
+  c->pos = end;
+  return 0;
 }
 
 static void fmt_float(char *s, size_t n, double v, int digits)
@@ -243,7 +267,7 @@ static unsigned min_size(uint32_t t)
   return t == BS_GG_STRING ? 8 : t == BS_GG_ARRAY ? 12 : scalar_size(t);
 }
 
-static int render_scalar(struct cur *c, struct bs_buf *b, uint32_t t, const uint8_t *p)
+static int render_scalar(struct cur *c, uint32_t t, const uint8_t *p)
 {
   char s[40];
   switch (t) {
@@ -274,14 +298,47 @@ static int render_scalar(struct cur *c, struct bs_buf *b, uint32_t t, const uint
       return bs_fail(c->err, EINVAL, c->pos - 1, NULL, "bool value %u is neither 0 nor 1", p[0]);
     snprintf(s, sizeof s, "%s", p[0] ? "true" : "false");
   }
-  return puts_(c, b, s);
+  return puts_(c, s);
 }
 
-/* One value of type t at the cursor, rendered into b (in_array: strings as
- * JSON). types[0..] get t and, for arrays, the element types (from the first
- * inner array when nested). */
-static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_array, unsigned depth,
-                        uint8_t *types, bool set_types)
+/* The text of a string, counted, a window at a time (a long string is
+ * never held): a value that is one string is its bytes to the first NUL;
+ * in an array (json) it is JSON, escaped byte by byte. */
+static int count_string(struct cur *c, uint64_t at, bool json)
+{
+  uint64_t n, len = json ? 2 : 0;
+  if (get_string_len(c, at, &n) != 0)
+    return -1;
+  uint64_t end = c->pos + n;
+  bool nul = false;
+  while (c->pos < end && !nul) {
+    uint8_t buf[4096];
+    size_t k = end - c->pos < sizeof buf ? (size_t)(end - c->pos) : sizeof buf;
+    if (get(c, buf, k, "a string value") != 0)
+      return -1;
+    if (json) {
+      len += bs_st_json_len_n((const char *)buf, k) - 2;
+      continue;
+    }
+    const uint8_t *z = memchr(buf, 0, k);
+    len += z ? (uint64_t)(z - buf) : k;
+    nul = z != NULL;
+  }
+  c->pos = end;
+  if (len > c->max - c->text) {
+    c->text = c->max;
+    c->cut = true;
+    return -1;
+  }
+  c->text += len;
+  return 0;
+}
+
+/* One value of type t at the cursor, its text made (c->out) or counted
+ * (in_array: strings as JSON). types[0..] get t and, for arrays, the
+ * element types (from the first inner array when nested). */
+static int render_value(struct cur *c, uint32_t t, bool in_array, unsigned depth, uint8_t *types,
+                        bool set_types)
 {
   uint64_t at = c->pos;
   if (set_types)
@@ -290,49 +347,51 @@ static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_arr
     return bs_fail(c->err, EINVAL, at, NULL, "unknown metadata value type %" PRIu32, t);
   if (t == BS_GG_STRING && c->types_only) {
     uint64_t n;
-    if (get_u64(c, &n, "a string value") != 0)
+    if (get_string_len(c, at, &n) != 0)
       return -1;
-    if (n > left(c))
-      return bs_fail(c->err, EINVAL, at, NULL,
-                     "a string value: string length %" PRIu64 " exceeds the %" PRIu64
-                     " bytes left in the file",
-                     n, left(c));
     c->pos += n;
     return 0;
   }
+  if (t == BS_GG_STRING && !c->out)
+    return count_string(c, at, in_array);
   if (t == BS_GG_STRING) {
-    char *s;
-    uint64_t n;
-    if (get_string(c, BS_GGUF_MAX_META, "a string value", &s, &n) != 0)
+    /* what the text has room for: a byte of the string makes one or more of
+     * text, so the bytes past the room (and one more: a NUL there ends it)
+     * are never read */
+    uint64_t room = c->max - c->text, n = 0;
+    size_t k = 0;
+    if (get_value_string(c, at, room < UINT64_MAX ? room + 1 : room, &n, &k) != 0)
       return -1;
-    int rc = 0;
-    if (in_array) {
-      /* Escaped straight into b, sized first: no copy of the text. */
-      size_t jl = bs_st_json_len_n(s, (size_t)n);
-      if (reserve(c, b, jl) != 0)
-        rc = -1;
-      else if (bs_st_json_string_n(b, s, (size_t)n) != 0)
-        rc = bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
-      else
-        c->meta += jl, b->data[b->len] = '\0';
-    } else if (!b->data && (uint64_t)strlen(s) <= BS_GGUF_MAX_META - c->meta) {
-      /* A value that is one string: the text is the string itself. */
-      b->len = strlen(s);
-      b->cap = (size_t)n + 1;
-      b->data = (uint8_t *)s;
-      c->meta += b->len;
-      return 0;
-    } else {
-      rc = put(c, b, s, strlen(s));
+    if (!in_array) { /* a value that is one string: its text is the string, to a NUL */
+      size_t z = strlen(c->tmp);
+      /* a NUL or the end was read: the whole text; else k = room + 1 bytes
+       * and more: put cuts them at the room */
+      return put(c, c->tmp, z < k || k == n ? z : k);
     }
-    bs_free(s);
-    return rc;
+    /* in an array: JSON, escaped straight into the text when it fits whole */
+    size_t jl = bs_st_json_len_n(c->tmp, k);
+    if (jl > c->max - c->text) { /* cut: escaped a piece at a time (byte by byte, as
+                                      JSON is) until the room is full */
+      int rc = put(c, "\"", 1);
+      for (size_t i = 0; i < k && rc == 0; i += 4096) {
+        struct bs_buf j = {0};
+        rc = bs_st_json_string_n(&j, c->tmp + i, k - i < 4096 ? k - i : 4096) != 0
+                 ? bs_fail(c->err, ENOMEM, at, NULL, "out of memory")
+                 : put(c, j.data + 1, j.len - 2); /* without its quotes */
+        bs_buf_destroy(&j);
+      }
+      return rc == 0 ? put(c, "\"", 1) : rc;
+    }
+    if (bs_st_json_string_n(c->out, c->tmp, k) != 0)
+      return bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+    c->text += jl;
+    return 0; /* (k < n only when jl > room: cut above) */
   }
   if (t != BS_GG_ARRAY) {
     uint8_t v[8];
     if (get(c, v, scalar_size(t), vtype_names[t]) != 0)
       return -1;
-    return render_scalar(c, b, t, v);
+    return render_scalar(c, t, v);
   }
   uint32_t et;
   uint64_t n;
@@ -353,34 +412,32 @@ static int render_value(struct cur *c, struct bs_buf *b, uint32_t t, bool in_arr
     if (et == BS_GG_ARRAY)
       types[2] = BS_GG_UNKNOWN;
   }
-  if (put(c, b, "[", 1) != 0)
+  if (put(c, "[", 1) != 0)
     return -1;
   for (uint64_t i = 0; i < n; i++) {
-    if (i && put(c, b, ",", 1) != 0)
+    if (i && put(c, ",", 1) != 0)
       return -1;
     if (et == BS_GG_ARRAY) {
-      if (render_value(c, b, et, true, depth + 1, types + 1, set_types && i == 0) != 0)
+      if (render_value(c, et, true, depth + 1, types ? types + 1 : NULL, set_types && i == 0) != 0)
         return -1;
     } else if (et == BS_GG_STRING) {
-      if (render_value(c, b, et, true, depth + 1, NULL, false) != 0)
+      if (render_value(c, et, true, depth + 1, NULL, false) != 0)
         return -1;
     } else {
       uint8_t v[8];
-      if (get(c, v, scalar_size(et), vtype_names[et]) != 0 || render_scalar(c, b, et, v) != 0)
+      if (get(c, v, scalar_size(et), vtype_names[et]) != 0 || render_scalar(c, et, v) != 0)
         return -1;
     }
   }
-  return put(c, b, "]", 1);
+  return put(c, "]", 1);
 }
 
 /* ---- The header ------------------------------------------------------------------------------ */
 
 void bs_gguf_free(struct bs_gguf *g)
 {
-  for (size_t i = 0; i < g->nkv; i++) {
+  for (size_t i = 0; i < g->nkv; i++)
     bs_free(g->kv[i].key);
-    bs_free(g->kv[i].text);
-  }
   for (size_t i = 0; i < g->nti; i++)
     bs_free(g->ti[i].name);
   bs_free(g->kv);
@@ -419,12 +476,9 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
     if (get_u32(c, &t, "a metadata value type") != 0)
       return -1;
     kv->off = c->pos;
-    struct bs_buf b = {0};
-    int rc = render_value(c, &b, t, false, 0, kv->types, true);
-    if (rc == 0 && !b.data && !(b.data = bs_calloc(1, 1)))
-      rc = bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+    c->text = 0; /* counted, not made */
+    int rc = render_value(c, t, false, 0, kv->types, true);
     if (rc != 0) {
-      bs_buf_destroy(&b);
       bs_fail(c->err, EINVAL, at, NULL, "bad value"); /* kept only if none was set */
       if (c->err && c->err->key[0] == '\0') {
         /* err->key names a tensor: the metadata key goes in the message */
@@ -435,12 +489,7 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
       }
       return -1;
     }
-    if (b.cap - b.len > 4096) { /* what doubling left over: not kept for the mount's life */
-      uint8_t *p = bs_realloc(b.data, b.len + 1);
-      if (p)
-        b.data = p;
-    }
-    kv->text = (char *)b.data;
+    kv->text_len = c->text;
     kv->len = c->pos - kv->off;
   }
   return 0;
@@ -457,7 +506,10 @@ static int read_alignment(struct cur *c, struct bs_gguf *g)
       return bs_fail(c->err, EINVAL, kv->off, NULL,
                      "general.alignment is a %s, the spec wants a uint32",
                      vtype_names[kv->types[0]]);
-    uint64_t a = strtoull(kv->text, NULL, 10);
+    uint8_t b[4];
+    if (kv->len != 4 || bs_src_read(c->s, kv->off, b, 4, c->err) != 0)
+      return -1;
+    uint64_t a = bs_le32(b);
     if (a == 0 || (a & (a - 1)) != 0 || a > BS_GGUF_MAX_ALIGN)
       return bs_fail(c->err, EINVAL, kv->off, NULL,
                      "general.alignment %" PRIu64 " is not a power of two from 1 to %u", a,
@@ -577,6 +629,7 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
   memset(c, 0, offsetof(struct cur, win));
   c->types_only = types_only;
   c->s = s;
+  c->max = UINT64_MAX;
   c->err = err;
   int rc = -1;
   uint8_t magic[4];
@@ -675,9 +728,41 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
     goto out;
   rc = 0;
 out:
+  bs_free(c->tmp);
   bs_free(c);
   if (rc != 0)
     bs_gguf_free(g);
+  return rc;
+}
+
+int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                   struct bs_buf *out, bool *cut, bs_err *err)
+{
+  *cut = false;
+  if (r->format != BS_FMT_GGUF || !bs_range_ok(r->off, r->len, s->size))
+    return bs_fail(err, EINVAL, r->off, NULL,
+                   "a metadata value at [%" PRIu64 ", +%" PRIu64 ") is not a GGUF value of %s",
+                   r->off, r->len, s->name ? s->name : "its file");
+  struct cur *c = bs_malloc(sizeof *c);
+  if (!c)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  memset(c, 0, offsetof(struct cur, win));
+  c->s = s;
+  c->pos = r->off;
+  c->out = out;
+  c->max = max;
+  c->err = err;
+  int rc = render_value(c, r->types[0], false, 0, NULL, false);
+  if (rc != 0 && c->cut) {
+    rc = 0;
+    *cut = true;
+  } else if (rc == 0 && c->pos != r->off + r->len) {
+    rc = bs_fail(err, EIO, r->off, NULL,
+                 "the metadata value at %" PRIu64 " is no longer %" PRIu64 " bytes (%s changed?)",
+                 r->off, r->len, s->name ? s->name : "the file");
+  }
+  bs_free(c->tmp);
+  bs_free(c);
   return rc;
 }
 
@@ -710,9 +795,15 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
     return -1;
   int rc = 0;
   for (size_t i = 0; i < g.nkv && !rc; i++) {
-    /* Handed over, not copied: a long value is held once. */
-    rc = bs_catalog_take_meta(cat, g.kv[i].key, g.kv[i].text, err);
-    g.kv[i].key = g.kv[i].text = NULL;
+    /* The value stays in the file: its text is made when asked for. */
+    struct bs_meta_ref r = {.format = BS_FMT_GGUF,
+                            .src = src,
+                            .off = g.kv[i].off,
+                            .len = g.kv[i].len,
+                            .text_len = g.kv[i].text_len};
+    memcpy(r.types, g.kv[i].types, sizeof r.types);
+    struct bs_kv kv = {g.kv[i].key, NULL, &r};
+    rc = bs_catalog_add_meta_kv(cat, &kv, err);
   }
   for (size_t i = 0; i < g.nti && !rc; i++) {
     const struct bs_gguf_ti *ti = &g.ti[i];

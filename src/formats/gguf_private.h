@@ -40,18 +40,19 @@ enum bs_gguf_vtype {
 #define BS_GGUF_MAX_DEPTH 8u         /* arrays of arrays nested this deep at most */
 #define BS_GGUF_MAX_KEY 65535u       /* key length (the spec: up to 2^16 - 1 bytes) */
 #define BS_GGUF_MAX_KV 1000000u      /* key/values in one file */
-#define BS_GGUF_MAX_META (48u << 20) /* bytes of rendered metadata text, all values */
 #define BS_GGUF_MAX_ALIGN (1u << 20) /* general.alignment we accept (ggml: any power of two) */
 #define BS_GGUF_NTYPES 40u           /* ggml type ids 0..39 (MXFP4 = 39) */
 
 struct bs_gguf_kv {
-  char *key;  /* owned */
-  char *text; /* owned: the value as catalog metadata shows it */
+  char *key; /* owned */
   /* types[0]: the value's type; for an array, types[1] is its element type,
    * types[2] that of its first inner array (nested), and so on. */
   uint8_t types[BS_GGUF_MAX_DEPTH + 2];
   uint64_t off, len; /* the value's bytes in the file (after its type field) */
+  uint64_t text_len; /* the length of its text (bs_gguf_parse; not made) */
 };
+_Static_assert(sizeof(((struct bs_meta_ref *)0)->types) == BS_GGUF_MAX_DEPTH + 2,
+               "a catalog's metadata ref holds GGUF's types");
 
 struct bs_gguf_ti {
   char *name; /* owned */
@@ -73,11 +74,13 @@ struct bs_gguf {
   size_t nti;
 };
 
-/* Parse and validate the header of a GGUF file: key/values (rendered),
- * tensor infos, alignment, every tensor's range. On failure *g is empty. */
+/* Parse and validate the header of a GGUF file: key/values (types, byte
+ * ranges, the length of their text: counted, not made), tensor infos,
+ * alignment, every tensor's range. On failure *g is empty. */
 BS_NODISCARD int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
+
 /* Only the key/values' keys, types and byte ranges (a string value is
- * skipped, not read: its text is empty), and no tensor infos: what the
+ * skipped, not read: its text length is 0), and no tensor infos: what the
  * metadata rules keep, in memory of the order of the keys, not the values. */
 BS_NODISCARD int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
 void bs_gguf_free(struct bs_gguf *g);

@@ -485,7 +485,9 @@ static int plan(struct ctx *x, bs_err *err)
     if (bs_src_read(&cat->srcs[0], 0, m, 4, err) != 0)
       return -1;
     if (memcmp(m, BS_GGUF_MAGIC, 4) == 0) {
-      if (bs_gguf_parse(&cat->srcs[0], &x->orig, err) != 0)
+      /* the keys' types only: a value the catalog still has in place is
+       * copied, a changed one parsed as its type; no text is made */
+      if (bs_gguf_parse_types(&cat->srcs[0], &x->orig, err) != 0)
         return -1;
       x->has_orig = true;
       x->kv_sorted = bs_malloc((x->orig.nkv ? x->orig.nkv : 1) * sizeof *x->kv_sorted);
@@ -498,10 +500,18 @@ static int plan(struct ctx *x, bs_err *err)
   }
   /* The alignment: general.alignment as the catalog has it. */
   x->align = BS_GGUF_DEFAULT_ALIGN;
-  for (size_t i = 0; i < cat->nmeta; i++)
-    if (strcmp(cat->meta[i].key, "general.alignment") == 0 &&
-        alignment_of(cat->meta[i].value, &x->align, err) != 0)
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    if (strcmp(cat->meta[i].key, "general.alignment") != 0)
+      continue;
+    struct bs_buf t = {0};
+    bool cut;
+    int rc = bs_meta_text(cat, &cat->meta[i], 64, &t, &cut, err) != 0 || bs_buf_put(&t, "", 1)
+                 ? -1
+                 : alignment_of((const char *)t.data, &x->align, err);
+    bs_buf_destroy(&t);
+    if (rc != 0)
       return -1;
+  }
   if (unique_meta(cat, err) != 0)
     return -1;
   size_t n = 0;
@@ -591,15 +601,24 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
     goto oom;
   for (size_t i = 0; i < cat->nmeta; i++) {
     const struct bs_kv *kv = &cat->meta[i];
-    const struct bs_gguf_kv *o = orig_kv(&x, kv->key);
+    const struct bs_meta_ref *r = kv->ref;
+    if (r && (r->format != BS_FMT_GGUF || r->src >= cat->nsrcs)) {
+      bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata '%.100s': not a GGUF value of a source",
+              kv->key);
+      goto out;
+    }
+    const struct bs_gguf_kv *o = r ? NULL : orig_kv(&x, kv->key);
     static const uint8_t str_t[2] = {BS_GG_STRING, 0}, u32_t[2] = {BS_GG_U32, 0};
-    const uint8_t *types = o ? o->types : strcmp(kv->key, "general.alignment") == 0 ? u32_t : str_t;
+    const uint8_t *types = r                                           ? r->types
+                           : o                                         ? o->types
+                           : strcmp(kv->key, "general.alignment") == 0 ? u32_t
+                                                                       : str_t;
     if (bput_str(&h, kv->key, strlen(kv->key)) || bput_u32(&h, types[0]))
       goto oom;
-    if (o && strcmp(o->text, kv->value) == 0) {
-      /* flush and copy the value's bytes as they are */
+    if (r) {
+      /* a value still in place: flush and copy its bytes as they are */
       if (bs_sink_put(k, h.data, h.len, err) != 0 ||
-          copy_src(&cat->srcs[0], o->off, o->len, chunk, k, err) != 0)
+          copy_src(&cat->srcs[r->src], r->off, r->len, chunk, k, err) != 0)
         goto out;
       h.len = 0;
       continue;

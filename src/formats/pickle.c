@@ -38,8 +38,10 @@ void *pk_alloc(struct bs_pickle *p, size_t n)
   n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
   if (n == 0)
     n = sizeof(max_align_t);
-  if (n > BS_PICKLE_MAX_ALLOC || p->total > BS_PICKLE_MAX_ALLOC - n)
+  if (n > p->budget || p->total + p->scratch > p->budget - n) {
+    p->over_budget = true;
     return NULL;
+  }
   struct chunk *c = p->chunks;
   if (!c || c->cap - c->used < n) {
     size_t cap = n > CHUNK_MIN ? n : CHUNK_MIN;
@@ -92,6 +94,7 @@ static const char *const kind_names[] = {
     [BS_PV_OBJECT] = "object",  [BS_PV_TENSOR] = "tensor", [BS_PV_STORAGE] = "storage",
 };
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == BS_PV_COUNT, "kind names");
+_Static_assert(sizeof(struct bs_pv) <= 80, "a value is 80 bytes at most");
 
 const char *bs_pv_kind_name(enum bs_pv_kind k)
 {
@@ -107,12 +110,43 @@ uint64_t pk_abs_off(const struct vm *v, uint64_t pos)
   return v->opts->base_off + pos;
 }
 
+/* The memory bound passed: EFBIG naming it. */
+static int over_budget(struct vm *v)
+{
+  const struct bs_pickle *p = v->p;
+  return VFAIL(v, EFBIG,
+               "the pickle needs more than %" PRIu64 " bytes of memory to load (the bound is %llu "
+               "MiB + %u x the file's %" PRIu64 " bytes)",
+               p->budget, BS_PICKLE_MEM_FLOOR >> 20, BS_PICKLE_MEM_PER_BYTE, p->input);
+}
+
 int pk_oom(struct vm *v)
 {
-  if (v->p->total >= BS_PICKLE_MAX_ALLOC / 2)
-    return VFAIL(v, EFBIG, "the pickle builds more than %llu bytes of values",
-                 (unsigned long long)BS_PICKLE_MAX_ALLOC);
+  if (v->p->over_budget)
+    return over_budget(v);
   return VFAIL(v, ENOMEM, "%s", "out of memory");
+}
+
+/* bs_grow of one of the stream's arrays, in the budget (p->scratch). */
+static int vgrow(struct vm *v, void **arr, size_t *cap, size_t need, size_t elem)
+{
+  if (need <= *cap)
+    return 0;
+  size_t ncap = *cap ? *cap : 8;
+  while (ncap < need && ncap <= SIZE_MAX / 2)
+    ncap *= 2;
+  uint64_t more;
+  struct bs_pickle *p = v->p;
+  if (ncap < need || !bs_mul_u64(ncap - *cap, elem, &more) || more > p->budget ||
+      p->total + p->scratch > p->budget - more) {
+    p->over_budget = true;
+    return over_budget(v);
+  }
+  size_t old = *cap;
+  if (bs_grow(arr, cap, need, elem) != 0)
+    return VFAIL(v, ENOMEM, "%s", "out of memory");
+  p->scratch += (uint64_t)(*cap - old) * elem;
+  return 0;
 }
 
 int pk_note(struct vm *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -139,10 +173,19 @@ int pk_note(struct vm *v, const char *fmt, ...)
 
 /* ---- input ---------------------------------------------------------------------------------- */
 
-/* Make bytes [pos, pos + n) available, reading more of the source if needed. */
+/* The window's byte at stream position pos. */
+static const uint8_t *at(const struct vm *v)
+{
+  return v->buf + (v->pos - v->base);
+}
+
+/* Make stream bytes [pos, pos + n) available in the window, reading more of
+ * the source if needed. The window keeps only the current opcode's bytes
+ * (from op_pos) when it moves on, so that it holds about the largest opcode
+ * argument, never the stream; what it holds counts in the budget. */
 static int need(struct vm *v, uint64_t n)
 {
-  uint64_t have = v->len - v->pos;
+  uint64_t have = v->base + v->len - v->pos;
   if (n <= have)
     return 0;
   uint64_t avail = v->end - v->start;
@@ -155,23 +198,37 @@ static int need(struct vm *v, uint64_t n)
   if (want > BS_PICKLE_MAX_BYTES)
     return VFAIL(v, EFBIG, "pickle stream longer than the limit of %u bytes",
                  (unsigned)BS_PICKLE_MAX_BYTES);
-  uint64_t grow = v->len * 2 > CHUNK_MIN ? v->len * 2 : CHUNK_MIN;
-  if (grow < want)
-    grow = want;
-  if (grow > avail)
-    grow = avail;
-  if (grow > BS_PICKLE_MAX_BYTES)
-    grow = BS_PICKLE_MAX_BYTES;
-  if (grow > v->cap) {
-    uint8_t *nb = bs_realloc(v->buf, (size_t)grow);
+  size_t drop = (size_t)(v->op_pos - v->base); /* the opcodes before this one */
+  if (drop) {
+    memmove(v->buf, v->buf + drop, v->len - drop);
+    v->base += drop;
+    v->len -= drop;
+  }
+  uint64_t fill = want - v->base; /* the window's new length: read ahead a chunk */
+  if (fill < CHUNK_MIN)
+    fill = CHUNK_MIN;
+  if (fill < v->cap)
+    fill = v->cap;
+  if (fill > avail - v->base)
+    fill = avail - v->base;
+  if (fill > v->cap) {
+    struct bs_pickle *p = v->p;
+    uint64_t more = fill - v->cap;
+    if (more > p->budget || p->total + p->scratch > p->budget - more) {
+      p->over_budget = true;
+      return over_budget(v);
+    }
+    uint8_t *nb = bs_realloc(v->buf, (size_t)fill);
     if (!nb)
       return VFAIL(v, ENOMEM, "%s", "out of memory");
     v->buf = nb;
-    v->cap = (size_t)grow;
+    p->scratch += more;
+    v->cap = (size_t)fill;
   }
-  if (bs_src_read(v->src, v->start + v->len, v->buf + v->len, (size_t)(grow - v->len), v->err) != 0)
+  if (bs_src_read(v->src, v->start + v->base + v->len, v->buf + v->len, (size_t)(fill - v->len),
+                  v->err) != 0)
     return -1;
-  v->len = (size_t)grow;
+  v->len = (size_t)fill;
   return 0;
 }
 
@@ -179,20 +236,23 @@ static int rd_u8(struct vm *v, uint8_t *out)
 {
   if (need(v, 1) != 0)
     return -1;
-  *out = v->buf[v->pos++];
+  *out = *at(v);
+  v->pos++;
   return 0;
 }
 
+/* n bytes, valid until the next read. */
 static int rd_bytes(struct vm *v, uint64_t n, const uint8_t **out)
 {
   if (need(v, n) != 0)
     return -1;
-  *out = v->buf + v->pos;
+  *out = at(v);
   v->pos += (size_t)n;
   return 0;
 }
 
-/* A '\n'-terminated line (without the '\n'), at most MAX_LINE bytes. */
+/* A '\n'-terminated line (without the '\n'), at most MAX_LINE bytes; valid
+ * until the next read. */
 static int rd_line(struct vm *v, const char **out, size_t *len)
 {
   for (size_t i = 0;; i++) {
@@ -201,8 +261,8 @@ static int rd_line(struct vm *v, const char **out, size_t *len)
                    MAX_LINE);
     if (need(v, i + 1) != 0)
       return -1;
-    if (v->buf[v->pos + i] == '\n') {
-      *out = (const char *)v->buf + v->pos;
+    if (at(v)[i] == '\n') {
+      *out = (const char *)at(v);
       *len = i;
       v->pos += i + 1;
       return 0;
@@ -219,8 +279,34 @@ struct bs_pv *pk_newv(struct vm *v, enum bs_pv_kind k)
     pk_oom(v);
     return NULL;
   }
-  x->kind = k;
-  x->pos = v->op_pos;
+  x->kind = (uint8_t)k;
+  return x;
+}
+
+struct bs_pv *pk_shared(struct vm *v, unsigned which)
+{
+  struct bs_pickle *p = v->p;
+  if (p->shared[which])
+    return p->shared[which];
+  static const uint8_t kinds[PK_SHARED_INT0] = {BS_PV_NONE, BS_PV_BOOL, BS_PV_BOOL, BS_PV_TUPLE};
+  struct bs_pv *x = pk_newv(v, which < PK_SHARED_INT0 ? kinds[which] : BS_PV_INT);
+  if (!x)
+    return NULL;
+  if (which == PK_SHARED_TRUE)
+    x->u.b = true;
+  else if (which >= PK_SHARED_INT0)
+    x->u.i = which - PK_SHARED_INT0;
+  x->shared = true;
+  return p->shared[which] = x;
+}
+
+struct bs_pv *pk_int(struct vm *v, int64_t i)
+{
+  if (i >= 0 && i < PK_SHARED_N - PK_SHARED_INT0)
+    return pk_shared(v, PK_SHARED_INT0 + (unsigned)i);
+  struct bs_pv *x = pk_newv(v, BS_PV_INT);
+  if (x)
+    x->u.i = i;
   return x;
 }
 
@@ -263,6 +349,21 @@ int pk_seq_push(struct vm *v, struct bs_pv_seq *q, struct bs_pv *item)
   return 0;
 }
 
+/* A sequence of kind k holding items[0..n), its array exactly n long. */
+static struct bs_pv *new_seq(struct vm *v, enum bs_pv_kind k, struct bs_pv **items, size_t n)
+{
+  struct bs_pv *x = pk_newv(v, k);
+  if (!x || n == 0)
+    return x;
+  if (n > SIZE_MAX / sizeof *items || !(x->u.seq.items = pk_alloc(v->p, n * sizeof *items))) {
+    pk_oom(v);
+    return NULL;
+  }
+  memcpy(x->u.seq.items, items, n * sizeof *items);
+  x->u.seq.n = x->u.seq.cap = n;
+  return x;
+}
+
 /* ---- stack, marks, memo --------------------------------------------------------------------- */
 
 static int push(struct vm *v, struct bs_pv *x)
@@ -271,8 +372,8 @@ static int push(struct vm *v, struct bs_pv *x)
     return -1;
   if (v->sp >= BS_PICKLE_MAX_MEMO)
     return VFAIL(v, EFBIG, "pickle stack deeper than %u entries", (unsigned)BS_PICKLE_MAX_MEMO);
-  if (bs_grow((void **)&v->stack, &v->stackcap, v->sp + 1, sizeof *v->stack) != 0)
-    return VFAIL(v, ENOMEM, "%s", "out of memory");
+  if (vgrow(v, (void **)&v->stack, &v->stackcap, v->sp + 1, sizeof *v->stack) != 0)
+    return -1;
   v->stack[v->sp++] = x;
   return 0;
 }
@@ -331,8 +432,8 @@ static int memo_put(struct vm *v, uint64_t idx, struct bs_pv *x)
                  v->memo_limit);
   if (idx >= v->memocap) {
     size_t old = v->memocap;
-    if (bs_grow((void **)&v->memo, &v->memocap, (size_t)idx + 1, sizeof *v->memo) != 0)
-      return VFAIL(v, ENOMEM, "%s", "out of memory");
+    if (vgrow(v, (void **)&v->memo, &v->memocap, (size_t)idx + 1, sizeof *v->memo) != 0)
+      return -1;
     memset(v->memo + old, 0, (v->memocap - old) * sizeof *v->memo);
   }
   if (!v->memo[idx])
@@ -383,13 +484,22 @@ static bool is_hashable(const struct bs_pv *k)
   return k->kind != BS_PV_LIST && k->kind != BS_PV_DICT && k->kind != BS_PV_SET;
 }
 
+/* An object's APPENDs and SETITEMs, made on the first. */
+static struct bs_pv_objx *objx(struct vm *v, struct bs_pv *o)
+{
+  if (!o->u.obj.x && !(o->u.obj.x = pk_alloc(v->p, sizeof *o->u.obj.x)))
+    pk_oom(v);
+  return o->u.obj.x;
+}
+
 int pk_dict_set(struct vm *v, struct bs_pv *d, struct bs_pv *k, struct bs_pv *val)
 {
   if (!is_hashable(k))
     return VFAIL(v, EINVAL, "unhashable dict key (a %s)", bs_pv_kind_name(k->kind));
   if (d->kind == BS_PV_DICT)
     return pk_seq_push(v, &d->u.dict.keys, k) || pk_seq_push(v, &d->u.dict.vals, val) ? -1 : 0;
-  return pk_seq_push(v, &d->u.obj.dkeys, k) || pk_seq_push(v, &d->u.obj.dvals, val) ? -1 : 0;
+  struct bs_pv_objx *x = objx(v, d);
+  return !x || pk_seq_push(v, &x->dkeys, k) || pk_seq_push(v, &x->dvals, val) ? -1 : 0;
 }
 
 static int append_to(struct vm *v, struct bs_pv *target, struct bs_pv **items, size_t n)
@@ -397,8 +507,10 @@ static int append_to(struct vm *v, struct bs_pv *target, struct bs_pv **items, s
   struct bs_pv_seq *q;
   if (target->kind == BS_PV_LIST)
     q = &target->u.seq;
+  else if (target->kind == BS_PV_OBJECT && objx(v, target))
+    q = &target->u.obj.x->items;
   else if (target->kind == BS_PV_OBJECT)
-    q = &target->u.obj.items;
+    return -1;
   else
     return VFAIL(v, EINVAL, "APPEND to a %s", bs_pv_kind_name(target->kind));
   for (size_t i = 0; i < n; i++)
@@ -443,10 +555,7 @@ static struct bs_pv *make_long(struct vm *v, const uint8_t *b, uint64_t n)
     u &= ~((uint64_t)0xFF << (8 * i));
     u |= (uint64_t)b[i] << (8 * i);
   }
-  struct bs_pv *x = pk_newv(v, BS_PV_INT);
-  if (x)
-    x->u.i = (int64_t)u;
-  return x;
+  return pk_int(v, (int64_t)u);
 }
 
 static int text_int(struct vm *v, bool is_long)
@@ -455,12 +564,8 @@ static int text_int(struct vm *v, bool is_long)
   size_t n = 0;
   if (rd_line(v, &s, &n) != 0)
     return -1;
-  if (!is_long && n == 2 && (memcmp(s, "00", 2) == 0 || memcmp(s, "01", 2) == 0)) {
-    struct bs_pv *x = pk_newv(v, BS_PV_BOOL);
-    if (x)
-      x->u.b = s[1] == '1';
-    return push(v, x);
-  }
+  if (!is_long && n == 2 && (memcmp(s, "00", 2) == 0 || memcmp(s, "01", 2) == 0))
+    return push(v, pk_shared(v, s[1] == '1' ? PK_SHARED_TRUE : PK_SHARED_FALSE));
   if (is_long && n > 0 && s[n - 1] == 'L')
     n--;
   char tmp[MAX_LINE + 1];
@@ -471,10 +576,7 @@ static int text_int(struct vm *v, bool is_long)
   long long val = strtoll(tmp, &endp, 10);
   if (n == 0 || *endp != '\0' || errno == ERANGE)
     return VFAIL(v, EINVAL, "bad or too big decimal integer '%.40s'", tmp);
-  struct bs_pv *x = pk_newv(v, BS_PV_INT);
-  if (x)
-    x->u.i = val;
-  return push(v, x);
+  return push(v, pk_int(v, val));
 }
 
 /* ---- the loop ------------------------------------------------------------------------------- */
@@ -524,6 +626,11 @@ static int step(struct vm *v, bool *stop)
   uint8_t op;
   v->op_pos = v->pos;
   v->op = 0;
+  if (++v->p->ops > v->p->work)
+    return VFAIL(v, EFBIG,
+                 "the pickle runs more than %" PRIu64 " opcodes (the bound is %llu + %u x the "
+                 "file's %" PRIu64 " bytes)",
+                 v->p->work, BS_PICKLE_WORK_FLOOR, BS_PICKLE_WORK_PER_BYTE, v->p->input);
   if (rd_u8(v, &op) != 0)
     return -1;
   v->op = op;
@@ -543,24 +650,19 @@ static int step(struct vm *v, bool *stop)
   case '(': /* MARK */
     if (v->nmarks >= BS_PICKLE_MAX_DEPTH)
       return VFAIL(v, EINVAL, "MARKs nested deeper than %u", BS_PICKLE_MAX_DEPTH);
-    if (bs_grow((void **)&v->marks, &v->markcap, v->nmarks + 1, sizeof *v->marks) != 0)
-      return VFAIL(v, ENOMEM, "%s", "out of memory");
+    if (vgrow(v, (void **)&v->marks, &v->markcap, v->nmarks + 1, sizeof *v->marks) != 0)
+      return -1;
     v->marks[v->nmarks++] = v->sp;
     return 0;
-  case 'N': return push(v, pk_newv(v, BS_PV_NONE));
-  case 0x88: /* NEWTRUE */
-  case 0x89: /* NEWFALSE */
-    if ((x = pk_newv(v, BS_PV_BOOL)))
-      x->u.b = op == 0x88;
-    return push(v, x);
+  case 'N': return push(v, pk_shared(v, PK_SHARED_NONE));
+  case 0x88: /* NEWTRUE */ return push(v, pk_shared(v, PK_SHARED_TRUE));
+  case 0x89: /* NEWFALSE */ return push(v, pk_shared(v, PK_SHARED_FALSE));
   case 'K': /* BININT1 */
   case 'M': /* BININT2 */
   case 'J': /* BININT */
     if (rd_bytes(v, op == 'K' ? 1 : op == 'M' ? 2 : 4, &b) != 0)
       return -1;
-    if ((x = pk_newv(v, BS_PV_INT)))
-      x->u.i = op == 'K' ? b[0] : op == 'M' ? bs_le16(b) : (int32_t)bs_le32(b);
-    return push(v, x);
+    return push(v, pk_int(v, op == 'K' ? b[0] : op == 'M' ? bs_le16(b) : (int32_t)bs_le32(b)));
   case 0x8A: /* LONG1 */
   case 0x8B: /* LONG4 */
     if (len_arg(v, op == 0x8A ? 1 : 4, &n) != 0)
@@ -616,7 +718,7 @@ static int step(struct vm *v, bool *stop)
     if (len_arg(v, op == 'C' ? 1 : op == 'B' ? 4 : 8, &n) != 0)
       return -1;
     return str_op(v, BS_PV_BYTES, n);
-  case ')': return push(v, pk_newv(v, BS_PV_TUPLE));
+  case ')': return push(v, pk_shared(v, PK_SHARED_TUPLE));
   case ']': return push(v, pk_newv(v, BS_PV_LIST));
   case '}': return push(v, pk_newv(v, BS_PV_DICT));
   case 0x8F: /* EMPTY_SET */ return push(v, pk_newv(v, BS_PV_SET));
@@ -626,11 +728,8 @@ static int step(struct vm *v, bool *stop)
     cnt = (size_t)(op - 0x84);
     if (v->sp - floor_sp(v) < cnt || v->sp < cnt)
       return VFAIL(v, EINVAL, "stack underflow: TUPLE%zu needs %zu items", cnt, cnt);
-    if (!(x = pk_newv(v, BS_PV_TUPLE)))
+    if (!(x = new_seq(v, BS_PV_TUPLE, v->stack + v->sp - cnt, cnt)))
       return -1;
-    for (size_t i = v->sp - cnt; i < v->sp; i++)
-      if (pk_seq_push(v, &x->u.seq, v->stack[i]) != 0)
-        return -1;
     v->sp -= cnt;
     return push(v, x);
   case 't':  /* TUPLE */
@@ -638,12 +737,13 @@ static int step(struct vm *v, bool *stop)
   case 0x91: /* FROZENSET */
     if (pop_mark(v, &first, &cnt) != 0)
       return -1;
-    if (!(x = pk_newv(v, op == 't' ? BS_PV_TUPLE : op == 'l' ? BS_PV_LIST : BS_PV_SET)))
-      return -1;
-    for (size_t i = 0; i < cnt; i++)
-      if (pk_seq_push(v, &x->u.seq, v->stack[first + i]) != 0)
-        return -1;
-    return push(v, x);
+    if (op == 't' && cnt == 0)
+      return push(v, pk_shared(v, PK_SHARED_TUPLE));
+    return push(v, new_seq(v,
+                           op == 't'   ? BS_PV_TUPLE
+                           : op == 'l' ? BS_PV_LIST
+                                       : BS_PV_SET,
+                           marked(v, first), cnt));
   case 'd': /* DICT */
     if (pop_mark(v, &first, &cnt) != 0)
       return -1;
@@ -730,10 +830,10 @@ static int step(struct vm *v, bool *stop)
     size_t ml = 0, nl = 0;
     if (rd_line(v, &m, &ml) != 0)
       return -1;
-    size_t moff = (size_t)(m - (const char *)v->buf); /* the buffer may move */
+    size_t mpos = v->pos - ml - 1; /* the window may move (it keeps this opcode) */
     if (rd_line(v, &nm, &nl) != 0)
       return -1;
-    m = (const char *)v->buf + moff;
+    m = (const char *)v->buf + (mpos - v->base);
     return do_global(v, m, ml, nm, nl);
   }
   case 0x93: /* STACK_GLOBAL */
@@ -797,6 +897,21 @@ int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, 
   if (off > end || end > src->size)
     return bs_fail(err, EINVAL, off, NULL,
                    "pickle range [%" PRIu64 ", %" PRIu64 ") outside the file", off, end);
+  /* The bounds: from the largest file this unpickler read from. */
+  uint64_t input = v.opts->input ? v.opts->input : src->size, mem, work;
+  if (input > p->input || p->budget == 0) {
+    if (!bs_mul_u64(input, BS_PICKLE_MEM_PER_BYTE, &mem) ||
+        !bs_add_u64(mem, BS_PICKLE_MEM_FLOOR, &mem) || mem > BS_PICKLE_MAX_ALLOC)
+      mem = BS_PICKLE_MAX_ALLOC;
+    if (!bs_mul_u64(input, BS_PICKLE_WORK_PER_BYTE, &work) ||
+        !bs_add_u64(work, BS_PICKLE_WORK_FLOOR, &work))
+      work = UINT64_MAX;
+    p->input = input;
+    p->budget = mem;
+    p->work = work;
+  }
+  p->over_budget = false;
+  p->scratch = 0;
   /* Real pickles number memo entries 0, 1, 2, ...: an index beyond the
    * stream length (plus slack) can only come from a hostile file. */
   v.memo_limit = end - off + 256;
@@ -837,5 +952,6 @@ int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, 
   bs_free(v.stack);
   bs_free(v.marks);
   bs_free(v.memo);
+  p->scratch = 0;
   return rc;
 }

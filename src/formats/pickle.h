@@ -42,14 +42,33 @@ struct bs_pv_seq {
   size_t n, cap;
 };
 
+/* What an OBJECT got from APPEND(S) and SETITEM(S), allocated on the first
+ * (most objects get none). */
+struct bs_pv_objx {
+  struct bs_pv_seq items;        /* APPEND(S) on the object */
+  struct bs_pv_seq dkeys, dvals; /* SETITEM(S) on the object */
+};
+
+/* _rebuild_qtensor's quantizer: BS_TQ_* (decode.h); per tensor: scale, zp;
+ * per channel: the tensors scales (double), zps (int64), axis. */
+struct bs_pv_quant {
+  unsigned scheme;
+  double scale;
+  int64_t zp, axis;
+  struct bs_pv *scales, *zps;
+};
+
+/* A value: 80 bytes (a hostile pickle makes one of most 1-byte opcodes,
+ * and the unpickler's memory budget is counted in them). */
 struct bs_pv {
-  enum bs_pv_kind kind;
-  bool walked;               /* scratch for the flattening: subtree known to hold no tensor */
-  bool walking;              /* scratch for the flattening: on the current path (cycles) */
-  bool visited;              /* scratch for the flattening: reached before */
-  size_t text_off, text_len; /* scratch for the flattening: this value's JSON text, when
-                                text_len > 0, is already at text_off in the values */
-  uint64_t pos;              /* stream position of the opcode that made it */
+  uint8_t kind;                /* enum bs_pv_kind */
+  bool walked;                 /* scratch for the flattening: subtree known to hold no tensor */
+  bool walking;                /* scratch for the flattening: on the current path (cycles) */
+  bool visited;                /* scratch for the flattening: reached before */
+  bool shared;                 /* one of the unpickler's immutable singletons (None, True,
+                                  False, (), small ints): never marked visited */
+  uint32_t text_off, text_len; /* scratch for the flattening: this value's JSON text,
+                                  when text_len > 0, is already at text_off in the values */
   union {
     bool b;
     int64_t i;
@@ -72,38 +91,32 @@ struct bs_pv {
       unsigned esize; /* STORAGE: bytes per element, 0 if unknown */
     } glob;
     struct {
-      struct bs_pv *cls;             /* a GLOBAL */
-      struct bs_pv *args;            /* may be NULL */
-      struct bs_pv *state;           /* BUILD state, may be NULL */
-      struct bs_pv_seq items;        /* APPEND(S) on the object */
-      struct bs_pv_seq dkeys, dvals; /* SETITEM(S) on the object */
+      struct bs_pv *cls;    /* a GLOBAL */
+      struct bs_pv *args;   /* may be NULL */
+      struct bs_pv *state;  /* BUILD state, may be NULL */
+      struct bs_pv_objx *x; /* APPENDs and SETITEMs, NULL while none */
     } obj;
     struct {
       struct bs_pv *storage; /* a STORAGE, or NULL when unsupported */
       uint64_t offset;       /* in elements */
-      uint32_t rank;
       uint64_t *shape;
       int64_t *stride;
-      bool dtype_ok;
-      enum bs_dtype dtype;
       const char *unsupported; /* why it cannot be read, or NULL */
-      /* _rebuild_qtensor's quantizer: BS_TQ_* (decode.h); per tensor: qscale,
-       * qzp; per channel: the tensors qscales (double), qzps (int64), qaxis */
-      unsigned qscheme;
-      double qscale;
-      int64_t qzp, qaxis;
-      struct bs_pv *qscales, *qzps;
+      struct bs_pv_quant *q;   /* _rebuild_qtensor's quantizer, or NULL */
+      uint32_t rank;
+      enum bs_dtype dtype;
+      bool dtype_ok;
     } tensor;
     struct {
       const char *key;
       const char *cls; /* "torch.FloatStorage" */
-      bool dtype_ok;
-      enum bs_dtype dtype;
-      unsigned esize; /* 0: unknown storage class */
-      uint64_t numel; /* whole storage, in elements (bytes for UntypedStorage) */
-      bool has_view;  /* legacy view_metadata (view_key, offset, size) */
+      uint64_t numel;  /* whole storage, in elements (bytes for UntypedStorage) */
       const char *view_key;
       uint64_t view_off, view_numel;
+      enum bs_dtype dtype;
+      unsigned esize; /* 0: unknown storage class */
+      bool dtype_ok;
+      bool has_view; /* legacy view_metadata (view_key, offset, size) */
     } storage;
   } u;
 };
@@ -120,10 +133,18 @@ struct bs_pickle_opts {
   bool strict;       /* an opaque GLOBAL is an error naming it */
   uint64_t base_off; /* absolute file offset of stream position 0, for errors
                         and notes; BS_OFF_NONE if the stream is not in the file */
+  uint64_t input;    /* the size of the file the stream comes from (0: the
+                        source's), which bounds the unpickler's memory and
+                        work (BS_PICKLE_MEM_*, BS_PICKLE_WORK_*): pass the
+                        checkpoint's when the source is an inflated copy */
 };
 
 /* Unpickle one stream from src bytes [off, end), reading lazily (only what
- * the pickle needs, up to BS_PICKLE_MAX_BYTES). *out gets the value STOP
+ * the pickle needs, up to BS_PICKLE_MAX_BYTES, through a window the size of
+ * its largest opcode). Memory (values, stack, memo, window) and opcodes run
+ * are bounded by the file's size (opts->input): past either, EFBIG naming
+ * the bound. Several streams loaded into one bs_pickle share the bounds of
+ * the largest input. *out gets the value STOP
  * returned (borrowed from p); *stop_end, if not NULL, the source offset just
  * after STOP. Errors name the pickle offset and the opcode. */
 BS_NODISCARD int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off,

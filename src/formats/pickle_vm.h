@@ -25,12 +25,29 @@ struct chunk {
   max_align_t data[];
 };
 
+/* The shared immutable values (pk_shared): None, False, True, (), then the
+ * ints 0..255, as Python shares them. */
+#define PK_SHARED_NONE 0
+#define PK_SHARED_FALSE 1
+#define PK_SHARED_TRUE 2
+#define PK_SHARED_TUPLE 3
+#define PK_SHARED_INT0 4
+#define PK_SHARED_N (PK_SHARED_INT0 + 256)
+
 struct bs_pickle {
   struct chunk *chunks;
-  uint64_t total; /* bytes handed out by the arena */
-  char **notes;   /* arena strings */
+  uint64_t total;     /* bytes handed out by the arena */
+  uint64_t scratch;   /* bytes the stream being loaded holds besides (input window,
+                         stack, marks, memo) */
+  uint64_t budget;    /* total + scratch at most: bs_pickle_load sets it from the
+                         file's size (BS_PICKLE_MEM_*) */
+  uint64_t ops, work; /* opcodes run, and at most (BS_PICKLE_WORK_*) */
+  uint64_t input;     /* the file's bytes the budgets were sized from */
+  bool over_budget;   /* the arena refused an allocation for the budget */
+  char **notes;       /* arena strings */
   size_t nnotes, notecap;
   uint64_t notes_dropped;
+  struct bs_pv *shared[PK_SHARED_N];
 };
 
 /* Per-stream state. */
@@ -38,10 +55,10 @@ struct vm {
   struct bs_pickle *p;
   const struct bs_src *src;
   uint64_t start, end; /* source range of the stream */
-  uint8_t *buf;        /* bytes [start, start + len) read so far */
+  uint8_t *buf;        /* a window of the stream: its bytes [base, base + len) */
   size_t len, cap;
-  size_t pos;
-  uint64_t op_pos; /* position of the current opcode */
+  size_t base, pos; /* pos: the next byte to read (>= base) */
+  uint64_t op_pos;  /* position of the current opcode */
   uint8_t op;
   const struct bs_pickle_opts *opts;
   struct bs_pv **stack;
@@ -63,8 +80,10 @@ uint64_t pk_abs_off(const struct vm *v, uint64_t pos);
   bs_fail((v)->err, code, pk_abs_off(v, (v)->op_pos), NULL, "pickle offset %" PRIu64 ": " fmt,     \
           (v)->op_pos, __VA_ARGS__)
 
-void *pk_alloc(struct bs_pickle *p, size_t n);           /* zeroed arena memory */
+void *pk_alloc(struct bs_pickle *p, size_t n);           /* zeroed arena memory, in the budget */
 struct bs_pv *pk_newv(struct vm *v, enum bs_pv_kind k);  /* NULL: error set */
+struct bs_pv *pk_shared(struct vm *v, unsigned which);   /* PK_SHARED_*; NULL: error set */
+struct bs_pv *pk_int(struct vm *v, int64_t i);           /* shared for 0..255 */
 char *pk_strndup(struct vm *v, const char *s, size_t n); /* arena copy, NUL-terminated */
 struct bs_pv *pk_new_str(struct vm *v, enum bs_pv_kind k, const void *s, size_t n);
 int pk_seq_push(struct vm *v, struct bs_pv_seq *q, struct bs_pv *item);

@@ -258,18 +258,21 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
 {
   const struct bs_pv *t = f->t;
   struct bs_tensor *bt = &c->cat->tensors[c->cat->count - 1];
-  if (!t->u.tensor.qscheme || bt->unsupported || bt->strides || bt->nbytes == 0 ||
+  /* A strided view (torch makes them of per-tensor quantized tensors only:
+   * t(), slices) keeps its quantizer too: a read gathers its elements in
+   * row-major order, and an element's channel is a function of that index. */
+  const struct bs_pv_quant *tq = t->u.tensor.q;
+  if (!tq || bt->unsupported || bt->nbytes == 0 ||
       (bt->dtype != BS_DT_QI8 && bt->dtype != BS_DT_QU8 && bt->dtype != BS_DT_QI32))
     return 0;
-  struct bs_torch_q h = {
-      .scheme = t->u.tensor.qscheme, .scale = t->u.tensor.qscale, .zp = t->u.tensor.qzp};
+  struct bs_torch_q h = {.scheme = tq->scheme, .scale = tq->scale, .zp = tq->zp};
   uint64_t len = sizeof h;
-  const struct bs_pv *zps = t->u.tensor.qzps;
+  const struct bs_pv *zps = tq->zps;
   if (h.scheme == BS_TQ_PER_CHANNEL && zps && zps->kind == BS_PV_TENSOR &&
       (zps->u.tensor.dtype == BS_DT_F32 || zps->u.tensor.dtype == BS_DT_F64))
     h.scheme = BS_TQ_PER_CHANNEL_FQ; /* float zero points: float_qparams, as torch makes it */
   if (h.scheme != BS_TQ_PER_TENSOR) {
-    int64_t ax = t->u.tensor.qaxis;
+    int64_t ax = tq->axis;
     if (ax < 0 || (uint64_t)ax >= bt->rank || bt->shape[ax] == 0)
       return bs_fail(c->err, EINVAL, bt->off, f->key,
                      "per-channel quantizer axis %" PRId64 " of a rank-%u tensor", ax, bt->rank);
@@ -301,7 +304,7 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
   if (h.scheme != BS_TQ_PER_TENSOR) {
     const bool fq = h.scheme == BS_TQ_PER_CHANNEL_FQ;
     const uint64_t w = fq ? 4 : 8;
-    int rc = qparam_bytes(c, f->key, t->u.tensor.qscales, fq ? BS_DT_F32 : BS_DT_F64, h.nch, locate,
+    int rc = qparam_bytes(c, f->key, tq->scales, fq ? BS_DT_F32 : BS_DT_F64, h.nch, locate,
                           blob + sizeof h);
     if (rc == 0)
       rc = qparam_bytes(c, f->key, zps, fq ? BS_DT_F32 : BS_DT_I64, h.nch, locate,

@@ -28,6 +28,14 @@
 #define PTH_QPARAM_RATIO 4u
 #define PTH_QPARAM_SLACK (16u << 20)
 
+/* Unpickle zip member pk (data.pkl) of src into p: in place when stored,
+ * else from a copy inflated once into an unlinked file in $TMPDIR (never
+ * into memory; refused when it cannot fit there), the unpickler's bounds
+ * sized from src's size. The reader's, and the writer's rewrite in place. */
+BS_NODISCARD int pth_zip_load_pickle(const struct bs_src *src, const struct bs_zip_entry *pk,
+                                     struct bs_pickle *p, bool strict, struct bs_pv **root,
+                                     bs_err *err);
+
 /* Where a storage's bytes are. */
 struct pth_rec {
   char *key;

@@ -40,6 +40,7 @@ struct pth_frame {
   unsigned phase;
   bool values; /* collect values below */
   bool known;  /* OBJECT: a harmless known class (argparse.Namespace) */
+  bool again;  /* the container was reached before */
   size_t nfound0;
 };
 
@@ -436,10 +437,13 @@ static int emit_array(struct pth_ctx *c, size_t plen, struct bs_pv *x)
       return -1;
   if (vput(c, "]", 1) != 0)
     return -1;
-  x->text_off = start;
-  x->text_len = c->vlen - start;
-  if (x->text_len < estimate) /* charge the text, not the estimate */
-    c->vbytes -= estimate - x->text_len;
+  size_t len = c->vlen - start;
+  if (start <= UINT32_MAX && len <= UINT32_MAX) { /* (the budget keeps both far below) */
+    x->text_off = (uint32_t)start;
+    x->text_len = (uint32_t)len;
+  }
+  if (len < estimate) /* charge the text, not the estimate */
+    c->vbytes -= estimate - len;
   return 0;
 }
 
@@ -467,7 +471,8 @@ int pth_values_json(struct pth_ctx *c, char **out)
 
 /* ---- the walk ------------------------------------------------------------------------------- */
 
-static int push(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, bool known)
+static int push(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, bool known,
+                bool again)
 {
   if (x->walking) { /* a reference cycle: the container is already on the path */
     char line[300];
@@ -486,16 +491,20 @@ static int push(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, bo
   f->plen = plen;
   f->values = values;
   f->known = known;
+  f->again = again;
   f->nfound0 = c->nfound;
   x->walking = true;
   return 0;
 }
 
-/* One node at path[0..plen): a leaf is handled here, a container is pushed. */
-static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
+/* One node at path[0..plen): a leaf is handled here, a container is pushed.
+ * parent_again: its container was reached before (a shared value, one
+ * None or small int for the whole pickle, is reached again when that is). */
+static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, bool parent_again)
 {
   c->visits++;
-  if (x->visited && ++c->revisits > PTH_WALK_BUDGET)
+  const bool again = x->shared ? parent_again : x->visited;
+  if (again && ++c->revisits > PTH_WALK_BUDGET)
     return bs_fail(c->err, EFBIG, BS_OFF_NONE, NULL,
                    "the pickled object graph has more than %u nodes when flattened (shared "
                    "references multiply it)",
@@ -510,7 +519,7 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
   values = values && !c->values_off;
   if (x->walked && (!values || x->kind == BS_PV_STORAGE))
     return 0; /* nothing to find in it again */
-  if (x->kind != BS_PV_TENSOR)
+  if (x->kind != BS_PV_TENSOR && !x->shared)
     x->visited = true;
   switch (x->kind) {
   case BS_PV_TENSOR: {
@@ -538,7 +547,7 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
       x->walked = true;
       return values && plen ? emit_empty_dict(c, plen) : 0;
     }
-    return push(c, x, plen, values, false);
+    return push(c, x, plen, values, false, again);
   case BS_PV_LIST:
   case BS_PV_TUPLE:
   case BS_PV_SET: {
@@ -546,7 +555,7 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
     for (size_t i = 0; i < x->u.seq.n && all; i++)
       all = is_scalar(x->u.seq.items[i]);
     if (!all)
-      return push(c, x, plen, values, false);
+      return push(c, x, plen, values, false, again);
     x->walked = true;
     return values ? emit_array(c, plen, x) : 0;
   }
@@ -555,7 +564,7 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values)
      * opaque objects are searched for tensors only. */
     const struct bs_pv *cls = x->u.obj.cls;
     bool known = cls->kind == BS_PV_GLOBAL && cls->u.glob.kind == BS_PG_NAMESPACE;
-    return push(c, x, plen, values && known, known);
+    return push(c, x, plen, values && known, known, again);
   }
   case BS_PV_STORAGE: {
     x->walked = true;
@@ -594,6 +603,7 @@ static int next_child(struct pth_ctx *c, struct pth_frame *f, struct bs_pv **chi
     return path_seg(c, f->plen, seg, strlen(seg), nl) != 0 ? -1 : 1;
   }
   struct bs_pv *st = x->u.obj.state;
+  const struct bs_pv_objx *ox = x->u.obj.x;
   for (;; f->phase++, f->i = 0) {
     switch (f->phase) {
     case 0: /* BUILD state: a dict's items, else the whole state as "_state" */
@@ -614,16 +624,16 @@ static int next_child(struct pth_ctx *c, struct pth_frame *f, struct bs_pv **chi
       *values = false;
       return path_seg(c, f->plen, "_args", 5, nl) != 0 ? -1 : 1;
     case 2: /* APPENDs */
-      if (f->i >= x->u.obj.items.n)
+      if (!ox || f->i >= ox->items.n)
         continue;
-      *child = x->u.obj.items.items[f->i];
+      *child = ox->items.items[f->i];
       snprintf(seg, sizeof seg, "%zu", f->i++);
       return path_seg(c, f->plen, seg, strlen(seg), nl) != 0 ? -1 : 1;
     case 3: /* SETITEMs */
-      if (f->i >= x->u.obj.dkeys.n)
+      if (!ox || f->i >= ox->dkeys.n)
         continue;
-      *child = x->u.obj.dvals.items[f->i];
-      return key_seg(c, x->u.obj.dkeys.items[f->i++], f->plen, nl) != 0 ? -1 : 1;
+      *child = ox->dvals.items[f->i];
+      return key_seg(c, ox->dkeys.items[f->i++], f->plen, nl) != 0 ? -1 : 1;
     default: return 0;
     }
   }
@@ -634,7 +644,7 @@ int pth_flatten(struct pth_ctx *c, struct bs_pv *root)
   if (!(c->path = bs_malloc(BS_MAX_KEY_LEN + 2)))
     return pth_nomem(c);
   c->path[0] = '\0';
-  if (visit(c, root, 0, true) != 0)
+  if (visit(c, root, 0, true, false) != 0)
     return -1;
   while (c->depth > 0) {
     struct pth_frame *f = &c->stack[c->depth - 1];
@@ -651,7 +661,7 @@ int pth_flatten(struct pth_ctx *c, struct bs_pv *root)
       c->depth--;
       continue;
     }
-    if (visit(c, child, nl, values) != 0) /* may move c->stack */
+    if (visit(c, child, nl, values, f->again) != 0) /* may move c->stack */
       return -1;
   }
   return 0;

@@ -48,6 +48,7 @@
 #include "formats/pickle.h"
 #include "formats/pth_write.h"
 #include "formats/zip.h"
+#include "pth_private.h"
 
 #define Z32 0xFFFFFFFFu
 
@@ -388,7 +389,6 @@ static int make_pickle(const struct bs_catalog *cat, const size_t *order, size_t
 void bs_pth_keep_destroy(struct bs_pth_keep *keep)
 {
   bs_pickle_free(keep->p);
-  bs_free(keep->pkl);
   memset(keep, 0, sizeof *keep);
 }
 
@@ -814,11 +814,10 @@ int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err
                    "only torch.save's zip files (torch >= 1.6) are rewritten in place, not the "
                    "legacy formats");
   struct bs_zip z;
-  struct bs_src ms, bs;
+  struct bs_src bs;
   struct bs_catalog sc;
   int rc = -1;
   memset(&z, 0, sizeof z);
-  memset(&ms, 0, sizeof ms); /* zeroed: bs_src_destroy is safe on it */
   bs_catalog_init(&sc);
   if (bs_zip_open(&z, src, err) != 0)
     goto out;
@@ -835,18 +834,16 @@ int bs_pth_keep_check(const struct bs_src *src, struct bs_pth_keep *keep, bs_err
     goto out;
   }
   bs_formats_init();
-  struct bs_pickle_opts o = {.strict = false, .base_off = BS_OFF_NONE};
   struct bs_pv *root;
   uint32_t idx;
-  if (bs_zip_extract_mem(src, e, BS_PICKLE_MAX_BYTES, &keep->pkl, err) != 0 ||
-      bs_src_init_mem(&ms, keep->pkl, (size_t)e->usize, "data.pkl", err) != 0)
-    goto out;
   if (!(keep->p = bs_pickle_new())) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
-  /* the tensors as the reader names them, to check the walk's names against */
-  if (bs_pickle_load(keep->p, &ms, 0, e->usize, &o, &root, NULL, err) != 0 ||
+  /* as the reader loads it (never the whole member in memory: it held a
+   * deflated data.pkl whole, 300 MB of a 306 KB file); then the tensors as
+   * the reader names them, to check the walk's names against */
+  if (pth_zip_load_pickle(src, e, keep->p, false, &root, err) != 0 ||
       bs_src_init_borrowed(&bs, src, err) != 0)
     goto out;
   if (bs_catalog_add_src(&sc, &bs, &idx, err) != 0) {
@@ -861,7 +858,6 @@ out:
   if (rc != 0)
     bs_pth_keep_destroy(keep);
   bs_catalog_destroy(&sc);
-  bs_src_destroy(&ms);
   bs_zip_close(&z);
   return rc;
 }

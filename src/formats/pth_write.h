@@ -26,7 +26,6 @@ struct bs_pv;
 struct bs_pth_keep {
   struct bs_pickle *p;      /* owns root */
   const struct bs_pv *root; /* the source's data.pkl value */
-  uint8_t *pkl;             /* owned: its bytes */
 };
 void bs_pth_keep_destroy(struct bs_pth_keep *keep); /* safe on a zeroed or failed keep */
 /* Can the PyTorch file in src be rewritten in place without losing anything?

@@ -33,7 +33,7 @@ static const char *temp_dir(void)
 }
 
 /* An unlinked file in the temporary directory. */
-static int temp_fd(struct pth_ctx *c, const char *dir)
+static int temp_fd(bs_err *err, const char *dir)
 {
   int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
@@ -43,7 +43,7 @@ static int temp_fd(struct pth_ctx *c, const char *dir)
       unlink(path);
   }
   if (fd < 0)
-    return bs_fail(c->err, errno, BS_OFF_NONE, NULL,
+    return bs_fail(err, errno, BS_OFF_NONE, NULL,
                    "cannot create a temporary file in %s (set TMPDIR): %s", dir, strerror(errno));
   return fd;
 }
@@ -73,7 +73,7 @@ static int write_sink(void *ctx, const uint8_t *buf, size_t n, bs_err *err)
 }
 
 /* Refuse member e when it cannot fit the file system of fd. */
-static int check_room(struct pth_ctx *c, int fd, const struct bs_zip_entry *e, const char *dir)
+static int check_room(bs_err *err, int fd, const struct bs_zip_entry *e, const char *dir)
 {
   struct statvfs vs;
   if (fstatvfs(fd, &vs) != 0)
@@ -82,7 +82,7 @@ static int check_room(struct pth_ctx *c, int fd, const struct bs_zip_entry *e, c
   if (!bs_mul_u64((uint64_t)vs.f_bavail, (uint64_t)vs.f_frsize, &avail))
     avail = UINT64_MAX;
   if (e->usize > avail)
-    return bs_fail(c->err, ENOSPC, e->lho, NULL,
+    return bs_fail(err, ENOSPC, e->lho, NULL,
                    "zip member '%.100s' would decompress to %" PRIu64
                    " bytes but %s has only %" PRIu64
                    " bytes free (set TMPDIR to a larger file system)",
@@ -90,16 +90,15 @@ static int check_room(struct pth_ctx *c, int fd, const struct bs_zip_entry *e, c
   return 0;
 }
 
-/* Inflate member e into a new unlinked temporary file; returns its fd or -1. */
-static int inflate_to_temp(struct pth_ctx *c, const struct bs_zip_entry *e)
+/* Inflate member e of src into a new unlinked temporary file; returns its fd or -1. */
+static int inflate_to_temp(const struct bs_src *src, const struct bs_zip_entry *e, bs_err *err)
 {
   const char *dir = temp_dir();
-  int fd = temp_fd(c, dir);
+  int fd = temp_fd(err, dir);
   if (fd < 0)
     return -1;
   struct fd_sink s = {fd, 0, e->name, dir};
-  if (check_room(c, fd, e, dir) != 0 ||
-      bs_zip_extract(pth_src(c), e, write_sink, &s, c->err) != 0) {
+  if (check_room(err, fd, e, dir) != 0 || bs_zip_extract(src, e, write_sink, &s, err) != 0) {
     close(fd);
     return -1;
   }
@@ -114,7 +113,7 @@ static int inflate_append(struct pth_ctx *c, const struct bs_zip_entry *e, uint3
 {
   const char *dir = temp_dir();
   if (!c->has_tmp) {
-    int fd = temp_fd(c, dir);
+    int fd = temp_fd(c->err, dir);
     if (fd < 0)
       return -1;
     int wfd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* ours to write; the source's to read */
@@ -141,7 +140,7 @@ static int inflate_append(struct pth_ctx *c, const struct bs_zip_entry *e, uint3
   if (!bs_add_u64(ts->size, e->usize, &end))
     return bs_fail(c->err, EFBIG, e->lho, NULL, "decompressed members overflow");
   struct fd_sink s = {c->tmp_fd, ts->size, e->name, dir};
-  if (check_room(c, c->tmp_fd, e, dir) != 0 ||
+  if (check_room(c->err, c->tmp_fd, e, dir) != 0 ||
       bs_zip_extract(pth_src(c), e, write_sink, &s, c->err) != 0) {
     if (ftruncate(c->tmp_fd, (off_t)ts->size) != 0) /* drop the partial copy */
       return -1;                                    /* (the first error stays) */
@@ -204,30 +203,29 @@ static int check_byteorder(struct pth_ctx *c)
   return 0;
 }
 
-/* Unpickle data.pkl: in place when stored, from a decompressed copy otherwise
- * (the unpickler reads lazily, so a deflated pickle never sits in memory). */
-static int load_pickle(struct pth_ctx *c, const struct bs_zip_entry *pk, struct bs_pv **root)
+int pth_zip_load_pickle(const struct bs_src *src, const struct bs_zip_entry *pk,
+                        struct bs_pickle *p, bool strict, struct bs_pv **root, bs_err *err)
 {
-  struct bs_pickle_opts po = {.strict = c->opts->strict};
+  /* bounded by the checkpoint's size, not by what a deflated pickle inflates to */
+  struct bs_pickle_opts po = {.strict = strict, .input = src->size};
   if (pk->method == BS_ZIP_STORED && pk->csize == pk->usize) {
     uint64_t d;
-    if (bs_zip_data_off(pth_src(c), pk, &d, c->err) != 0)
+    if (bs_zip_data_off(src, pk, &d, err) != 0)
       return -1;
     po.base_off = d;
-    return bs_pickle_load(c->p, pth_src(c), d, d + pk->csize, &po, root, NULL, c->err);
+    return bs_pickle_load(p, src, d, d + pk->csize, &po, root, NULL, err);
   }
   if (pk->usize > BS_PICKLE_MAX_BYTES)
-    return bs_fail(c->err, EFBIG, pk->lho, NULL,
-                   "'%.100s' is %" PRIu64 " bytes, over the limit of %u", pk->name, pk->usize,
-                   (unsigned)BS_PICKLE_MAX_BYTES);
-  int fd = inflate_to_temp(c, pk);
+    return bs_fail(err, EFBIG, pk->lho, NULL, "'%.100s' is %" PRIu64 " bytes, over the limit of %u",
+                   pk->name, pk->usize, (unsigned)BS_PICKLE_MAX_BYTES);
+  int fd = inflate_to_temp(src, pk, err);
   if (fd < 0)
     return -1;
   struct bs_src ms;
   po.base_off = BS_OFF_NONE;
-  int rc = bs_src_init_fd(&ms, fd, BS_SRC_OWN_FD, pk->name, c->err); /* closes fd on failure */
+  int rc = bs_src_init_fd(&ms, fd, BS_SRC_OWN_FD, pk->name, err); /* closes fd on failure */
   if (rc == 0) /* values are copies: nothing points into the stream */
-    rc = bs_pickle_load(c->p, &ms, 0, pk->usize, &po, root, NULL, c->err);
+    rc = bs_pickle_load(p, &ms, 0, pk->usize, &po, root, NULL, err);
   bs_src_destroy(&ms);
   return rc;
 }
@@ -258,7 +256,8 @@ int pth_read_zip(struct pth_ctx *c)
     return bs_fail(c->err, EINVAL, BS_OFF_NONE, NULL,
                    "no '%.100s/data.pkl' in the zip: not a torch.save checkpoint", c->prefix);
   struct bs_pv *root;
-  if (load_pickle(c, pk, &root) != 0 || pth_flatten(c, root) != 0)
+  if (pth_zip_load_pickle(pth_src(c), pk, c->p, c->opts->strict, &root, c->err) != 0 ||
+      pth_flatten(c, root) != 0)
     return -1;
   return pth_conclude(c, zip_locate);
 }

@@ -29,20 +29,22 @@
 #include "formats/safetensors_sharded.h"
 
 static const struct bs_format_desc formats[] = {
-    [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL, NULL},
-    [BS_FMT_BURNPACK] = {"burnpack", {".bpk"}, bs_bpk_sniff, bs_bpk_read, bs_bpk_describe},
-    [BS_FMT_SAFETENSORS] = {"safetensors", {".safetensors"}, bs_st_sniff, bs_st_read, NULL},
-    [BS_FMT_GGUF] = {"gguf", {".gguf"}, bs_gguf_sniff, bs_gguf_read, NULL},
+    [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL, NULL, NULL},
+    [BS_FMT_BURNPACK] = {"burnpack", {".bpk"}, bs_bpk_sniff, bs_bpk_read, bs_bpk_describe, NULL},
+    [BS_FMT_SAFETENSORS] = {"safetensors", {".safetensors"}, bs_st_sniff, bs_st_read, NULL, NULL},
+    [BS_FMT_GGUF] = {"gguf", {".gguf"}, bs_gguf_sniff, bs_gguf_read, NULL, bs_gguf_render},
     [BS_FMT_PYTORCH] = {"pytorch",
                         {".pt", ".pth", ".bin", ".ckpt", ".tar"},
                         bs_pth_sniff,
                         bs_pth_read,
-                        bs_pth_describe},
+                        bs_pth_describe,
+                        NULL},
     [BS_FMT_ST_SHARDED] = {"safetensors-sharded",
                            {".safetensors.index.json"},
                            bs_st_index_sniff,
                            bs_st_index_read,
-                           bs_st_index_describe},
+                           bs_st_index_describe,
+                           NULL},
 };
 _Static_assert(sizeof formats / sizeof formats[0] == BS_FMT_COUNT,
                "the format table has one row per enum bs_format value");
@@ -57,6 +59,27 @@ void bs_format_describe(const struct bs_catalog *cat, bs_detail_fn detail, void 
   const struct bs_format_desc *d = bs_format_desc(cat->format);
   if (d && d->describe && cat->nsrcs > 0)
     d->describe(cat, detail, ctx);
+}
+
+int bs_meta_text(const struct bs_catalog *cat, const struct bs_kv *kv, uint64_t max,
+                 struct bs_buf *out, bool *cut, bs_err *err)
+{
+  *cut = false;
+  const struct bs_meta_ref *r = kv->ref;
+  if (!r) {
+    size_t n = strlen(kv->value);
+    if (n > max) {
+      n = (size_t)max;
+      *cut = true;
+    }
+    return bs_buf_put(out, kv->value, n) ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory")
+                                         : 0;
+  }
+  const struct bs_format_desc *d = bs_format_desc(r->format);
+  if (!d || !d->meta_text || r->src >= cat->nsrcs)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "metadata '%.100s': a value in a source burnstore cannot read it from", kv->key);
+  return d->meta_text(&cat->srcs[r->src], r, max, out, cut, err);
 }
 
 const char *bs_format_name(enum bs_format f)

@@ -152,7 +152,8 @@ int bs_st_default_meta(struct bs_catalog *cat, bs_err *err)
 {
   (void)err;
   for (size_t i = 0; i < cat->nmeta; i++)
-    if (strcmp(cat->meta[i].key, "format") == 0 && strcmp(cat->meta[i].value, "burnpack") == 0) {
+    if (strcmp(cat->meta[i].key, "format") == 0 && cat->meta[i].value &&
+        strcmp(cat->meta[i].value, "burnpack") == 0) {
       char *v = bs_strdup("pt");
       if (!v)
         return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");

@@ -315,27 +315,34 @@ static struct bs_pv *unsupported_tensor(struct vm *v, const char *why)
  * (torch.per_tensor_affine, scale, zero_point) or
  * (torch.per_channel_affine, scales, zero_points, axis). Anything else
  * leaves the tensor without one (shown as its stored integers). */
-static void quantizer(struct bs_pv *t, const struct bs_pv *q)
+static int quantizer(struct vm *v, struct bs_pv *t, const struct bs_pv *q)
 {
   if (q->kind != BS_PV_TUPLE || q->u.seq.n < 3)
-    return;
+    return 0;
   struct bs_pv *const *it = q->u.seq.items;
   if (it[0]->kind != BS_PV_GLOBAL || strcmp(it[0]->u.glob.module, "torch") != 0)
-    return;
+    return 0;
   const char *name = it[0]->u.glob.name;
+  struct bs_pv_quant k = {0};
   if (strcmp(name, "per_tensor_affine") == 0 && q->u.seq.n == 3 &&
       (it[1]->kind == BS_PV_FLOAT || it[1]->kind == BS_PV_INT) && it[2]->kind == BS_PV_INT) {
-    t->u.tensor.qscheme = BS_TQ_PER_TENSOR;
-    t->u.tensor.qscale = it[1]->kind == BS_PV_FLOAT ? it[1]->u.f : (double)it[1]->u.i;
-    t->u.tensor.qzp = it[2]->u.i;
+    k.scheme = BS_TQ_PER_TENSOR;
+    k.scale = it[1]->kind == BS_PV_FLOAT ? it[1]->u.f : (double)it[1]->u.i;
+    k.zp = it[2]->u.i;
   } else if (strcmp(name, "per_channel_affine") == 0 && q->u.seq.n == 4 &&
              it[1]->kind == BS_PV_TENSOR && it[2]->kind == BS_PV_TENSOR &&
              it[3]->kind == BS_PV_INT) {
-    t->u.tensor.qscheme = BS_TQ_PER_CHANNEL;
-    t->u.tensor.qscales = it[1];
-    t->u.tensor.qzps = it[2];
-    t->u.tensor.qaxis = it[3]->u.i;
+    k.scheme = BS_TQ_PER_CHANNEL;
+    k.scales = it[1];
+    k.zps = it[2];
+    k.axis = it[3]->u.i;
+  } else {
+    return 0;
   }
+  if (!(t->u.tensor.q = pk_alloc(v->p, sizeof k)))
+    return pk_oom(v);
+  *t->u.tensor.q = k;
+  return 0;
 }
 
 /* torch's float4_e2m1fn_x2 holds two E2M1 values a byte, element 2j in the
@@ -443,8 +450,8 @@ static struct bs_pv *make_tensor(struct vm *v, const struct bs_pv *g, const stru
     t->u.tensor.dtype_ok = true;
     t->u.tensor.dtype = st->u.storage.dtype;
   }
-  if (k == BS_PG_REBUILD_QTENSOR && n >= 5)
-    quantizer(t, a[4]);
+  if (k == BS_PG_REBUILD_QTENSOR && n >= 5 && quantizer(v, t, a[4]) != 0)
+    return NULL;
   return t;
 }
 

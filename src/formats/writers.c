@@ -4,7 +4,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "burnstore/formats.h"
 #include "burnstore/writers.h"
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/utf8.h"
 #include "formats/burnpack_write.h"
@@ -60,16 +62,16 @@ static int pth_in_place_ok(const struct bs_catalog *cat, bool *fixed, bs_err *er
  * (rw,max_shard_size=): both SafeTensors rows recover a set's journal. */
 const struct bs_writer bs_writers[] = {
     {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
-     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false, NULL},
+     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false, NULL, false},
     {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
-     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false, bs_st_set_recover},
+     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false, bs_st_set_recover, false},
     {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
      bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false,
-     bs_st_set_recover},
+     bs_st_set_recover, false},
     {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
-     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false, NULL},
+     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false, NULL, true},
     {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, bs_pth_name_ok, NULL, bs_pth_write, NULL,
-     NULL, NULL, NULL, pth_in_place_ok, true, NULL},
+     NULL, NULL, NULL, pth_in_place_ok, true, NULL, false},
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -220,6 +222,80 @@ unsigned bs_write_new_mode(const struct bs_write_opts *o)
   return o && o->has_mode ? o->mode & 0666 : 0644;
 }
 
+/* A shallow copy of cat whose metadata is all text (GGUF values left in
+ * their source made text now), for a writer without meta_refs: what a
+ * conversion holds, at most BS_META_TEXT_MAX bytes of it. The tensors and
+ * sources stay cat's (out->meta alone is out's). */
+static int meta_as_text(const struct bs_catalog *cat, struct bs_catalog *out, const char *path,
+                        bs_err *err)
+{
+  *out = *cat;
+  out->meta = bs_calloc(cat->nmeta ? cat->nmeta : 1, sizeof *out->meta);
+  out->nmeta = out->metacap = 0;
+  if (!out->meta)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  uint64_t total = 0;
+  for (size_t i = 0; i < cat->nmeta; i++) /* known before any is made */
+    if ((total += bs_kv_text_len(&cat->meta[i])) > BS_META_TEXT_MAX) {
+      bs_free(out->meta);
+      return bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                     "%s: not written: the metadata as text passes %u MiB at '%.100s' (a GGUF "
+                     "file's values, shown as text, can be 6 times their bytes)",
+                     path, BS_META_TEXT_MAX >> 20, cat->meta[i].key);
+    }
+  total = 0;
+  int rc = 0;
+  for (size_t i = 0; i < cat->nmeta && rc == 0; i++) {
+    const struct bs_kv *kv = &cat->meta[i];
+    struct bs_buf b = {0};
+    bool cut;
+    if (bs_meta_text(cat, kv, BS_META_TEXT_MAX - total, &b, &cut, err) != 0) {
+      rc = -1;
+    } else if (cut) {
+      rc = bs_fail(err, EFBIG, BS_OFF_NONE, NULL,
+                   "%s: not written: the metadata as text passes %u MiB at '%.100s' (a GGUF "
+                   "file's values, shown as text, can be 6 times their bytes)",
+                   path, BS_META_TEXT_MAX >> 20, kv->key);
+    } else if (bs_buf_put(&b, "", 1) != 0 || !(out->meta[out->nmeta].key = bs_strdup(kv->key))) {
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    } else {
+      out->meta[out->nmeta++].value = (char *)b.data; /* taken */
+      b.data = NULL;
+      total += b.len - 1;
+    }
+    bs_buf_destroy(&b);
+  }
+  if (rc != 0) {
+    for (size_t i = 0; i < out->nmeta; i++)
+      bs_kv_destroy(&out->meta[i]);
+    bs_free(out->meta);
+  }
+  return rc;
+}
+
+/* The metadata checked (a value the writer copies from its source was the
+ * source's already), then the write. */
+static int write_checked(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
+                         const struct bs_write_opts *o, bs_err *err)
+{
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    const struct bs_kv *kv = &cat->meta[i];
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (kv->value &&
+        bs_writer_check_meta(w, NULL, kv->key, kv->value, strlen(kv->value), &sub) != 0)
+      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s: not written: %s", path, sub.msg);
+  }
+  if (w->write_set)
+    return w->write_set(cat, path, o, err);
+  struct bs_atomic a;
+  if (bs_atomic_open_mode(&a, path, bs_write_new_mode(o), err) != 0)
+    return -1;
+  if (w->write(cat, &a.sink, err) != 0)
+    return bs_atomic_fail(&a, err);
+  return bs_atomic_commit(&a, err);
+}
+
 int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                               const char *path, const struct bs_write_opts *o, bs_err *err)
 {
@@ -234,21 +310,22 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
       return bs_fail(err, sub.code, BS_OFF_NONE, sub.key[0] ? sub.key : NULL,
                      "%s: not written (%s cannot hold this name): %s", path, w->name, sub.msg);
   }
-  for (size_t i = 0; i < cat->nmeta; i++) {
-    const struct bs_kv *kv = &cat->meta[i];
-    bs_err sub;
-    bs_err_clear(&sub);
-    if (bs_writer_check_meta(w, NULL, kv->key, kv->value, strlen(kv->value), &sub) != 0)
-      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s: not written: %s", path, sub.msg);
+  struct bs_catalog text;
+  bool made = false;
+  for (size_t i = 0; i < cat->nmeta && !made; i++)
+    made = cat->meta[i].ref && !w->meta_refs;
+  if (made) { /* the writer wants text: the same catalog, its metadata made text */
+    if (meta_as_text(cat, &text, path, err) != 0)
+      return -1;
+    cat = &text;
   }
-  if (w->write_set)
-    return w->write_set(cat, path, o ? o : &none, err);
-  struct bs_atomic a;
-  if (bs_atomic_open_mode(&a, path, bs_write_new_mode(o), err) != 0)
-    return -1;
-  if (w->write(cat, &a.sink, err) != 0)
-    return bs_atomic_fail(&a, err);
-  return bs_atomic_commit(&a, err);
+  int rc = write_checked(w, cat, path, o ? o : &none, err);
+  if (made) {
+    for (size_t i = 0; i < text.nmeta; i++)
+      bs_kv_destroy(&text.meta[i]);
+    bs_free(text.meta);
+  }
+  return rc;
 }
 
 int bs_writer_recover(const char *path, bs_err *err)

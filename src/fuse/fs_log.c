@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "burnstore/err.h"
+#include "core/safe_open.h"
 #include "fs.h"
 #include "fs_log.h"
 
@@ -33,12 +35,18 @@ static void log_func(enum fuse_log_level level, const char *fmt, va_list ap)
   va_copy(ap2, ap);
   vsnprintf(msg, sizeof msg, fmt, ap2);
   va_end(ap2);
+  if (level > FUSE_LOG_INFO) { /* libfuse's debug lines: stderr only, as they are */
+    if (lg.to_stderr)
+      fputs(msg, stderr);
+    return;
+  }
+  /* One line, its control characters (an ETag's escapes) replaced. */
+  size_t len = strlen(msg);
+  if (len && msg[len - 1] == '\n')
+    msg[--len] = '\0';
+  bs_text_clean(msg);
   if (lg.to_stderr)
-    fputs(msg, stderr);
-  if (level > FUSE_LOG_INFO)
-    return; /* libfuse's debug lines: stderr only */
-  size_t len = strcspn(msg, "\n");
-  msg[len] = '\0';
+    fprintf(stderr, "%s\n", msg);
   const char *text = strncmp(msg, prefix, sizeof prefix - 1) == 0 ? msg + sizeof prefix - 1 : msg;
   syslog((int)level, "%s", text);
   if (lg.fd < 0)
@@ -64,16 +72,26 @@ static void log_func(enum fuse_log_level level, const char *fmt, va_list ap)
   }
 }
 
+/* The core's log (bs_log: a URL source's read failures) into this one. */
+static void core_line(void *ctx, int level, const char *line)
+{
+  (void)ctx;
+  fuse_log((enum fuse_log_level)level, "burnstore: %s\n", line);
+}
+
 int fs_log_open(const char *path)
 {
+  bs_log_set_sink(core_line, NULL);
   lg.to_stderr = true;
   openlog("burnstore", LOG_PID, LOG_USER);
   if (path[0]) {
-    lg.fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bs_err err;
+    bs_err_clear(&err);
+    lg.fd = bs_safe_open_path(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND, 0600,
+                              BS_SAFE_REG | BS_SAFE_PRIVATE, &err);
     if (lg.fd < 0) {
-      int e = errno;
       fuse_set_log_func(log_func);
-      return -e;
+      return -err.code;
     }
   }
   atomic_store(&lg.used, 0);
@@ -88,6 +106,7 @@ void fs_log_detach(void)
 
 void fs_log_close(void)
 {
+  bs_log_set_sink(NULL, NULL);
   fuse_set_log_func(NULL);
   if (lg.fd >= 0)
     close(lg.fd);
@@ -119,9 +138,12 @@ static int copy_fd(int from, int to)
 
 int fs_log_save(int dirfd, const char *name, const char *last)
 {
-  int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(dirfd, NULL, name, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                          BS_SAFE_REG | BS_SAFE_PRIVATE, NULL, &err);
   if (fd < 0)
-    return -errno;
+    return -err.code;
   int rc = lg.fd >= 0 ? copy_fd(lg.fd, fd) : 0;
   if (rc == 0 && last) {
     char line[4200];
@@ -151,7 +173,8 @@ unsigned fs_log_print(int fd, FILE *f, const char *pre)
   char line[1300];
   unsigned n = 0;
   while (fgets(line, sizeof line, in)) {
-    fprintf(f, "%s%s%s", pre, line, strchr(line, '\n') ? "" : "\n");
+    line[strcspn(line, "\n")] = '\0';
+    fprintf(f, "%s%s\n", pre, bs_text_clean(line));
     n++;
   }
   fclose(in);

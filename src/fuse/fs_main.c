@@ -33,6 +33,7 @@
 #include "core/decode.h"
 #include "core/http_client.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
@@ -560,6 +561,18 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A file of the run directory (status, log), opened as any file burnstore
+ * did not just create: never through a link, never blocking on a FIFO. */
+static int run_file(const char *path, int flags)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_open_path(path, flags, 0, BS_SAFE_REG, &err);
+  if (fd < 0)
+    errno = err.code;
+  return fd;
+}
+
 static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
   char *mnt = bs_mountpoint_path(mountpoint);
@@ -572,9 +585,9 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
     bs_free(mnt);
     return 1;
   }
-  int fd = open(spath, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  int fd = run_file(spath, O_RDWR);
   /* The daemon removes them as it exits: read them through these fds. */
-  int lfd = fd >= 0 && lpath[0] ? open(lpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+  int lfd = fd >= 0 && lpath[0] ? run_file(lpath, O_RDONLY) : -1;
   int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. Once it has exited nothing of it is left
@@ -634,10 +647,11 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
   int ret;
   if (strncmp(buf, "ok", 2) == 0) {
     ret = 0;
-    /* The report: files written as U8 blobs always, everything with -v. */
+    /* The report: files written as U8 blobs and notes always, everything
+     * with -v. */
     for (char *line = buf + 3, *nl; line < buf + n && (nl = strchr(line, '\n')); line = nl + 1) {
       *nl = '\0';
-      bool blob = strstr(line, "written as U8") != NULL;
+      bool blob = strstr(line, "written as U8") != NULL || strncmp(line, "note: ", 6) == 0;
       if (blob || (verbose && strncmp(line, "pid ", 4) != 0))
         fprintf(blob ? stderr : stdout, PROG ": %s\n", line);
     }
@@ -698,7 +712,7 @@ static int do_status(int argc, char **argv)
     bs_free(mnt);
     return 1;
   }
-  int fd = open(spath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = run_file(spath, O_RDONLY);
   bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
   char buf[3 * PATH_MAX + 256] = "";
   ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
@@ -726,7 +740,7 @@ static int do_status(int argc, char **argv)
     else if (strncmp(line, "unvalidated ", 12) == 0)
       printf("unvalidated: %s\n", line + 12);
   }
-  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
+  int lfd = run_file(lpath, O_RDONLY);
   printf("log %s:\n", lpath);
   if (fs_log_print(lfd, stdout, "  ") == 0)
     printf("  (nothing logged)\n");
@@ -777,13 +791,12 @@ static int refuse_undecodable(const char *source, const struct bs_catalog *cat, 
     const struct bs_tensor *t = &cat->tensors[i];
     if (t->hidden && skip_hidden)
       continue; /* an extraction does not write what the key options hide */
-    if (t->dtype == as || !bs_dtype_is_float(t->dtype) || bs_tensor_decodable(t))
+    char buf[400];
+    const char *why = bs_tensor_why_stored(t, as, buf, sizeof buf);
+    if (!why)
       continue;
-    const char *why = bs_decode_why_not(t->dtype);
-    fprintf(stderr,
-            PROG ": %s: tensor '%s': output_as=%s: %s%s%s (exclude it with -o exclude=REGEX)\n",
-            source, t->name, bs_dtype_name(as), why ? why : "no decoder for ",
-            why ? "" : bs_dtype_name(t->dtype), why ? "" : " yet");
+    fprintf(stderr, PROG ": %s: tensor '%s': output_as=%s: %s (exclude it with -o exclude=REGEX)\n",
+            source, t->name, bs_dtype_name(as), why);
     return -1;
   }
   return 0;
@@ -965,7 +978,7 @@ static int prepare_url(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, false)))
       return 1;
-    if (!(fs->output = bs_abs_path(a->output))) {
+    if (!(fs->output = bs_link_path(a->output))) {
       fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
       return 1;
     }
@@ -995,7 +1008,9 @@ static int prepare(struct fs *fs, struct args *a)
             a->source);
     return 1;
   }
-  fs->source = bs_abs_path(a->source);
+  /* A link is the checkpoint it names: rw edits that file, and the link
+   * stays a link (its rename would replace the link). */
+  fs->source = bs_link_path(a->source);
   if (!fs->source) {
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
     return 1;
@@ -1022,7 +1037,7 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
+    fs->output = a->output ? bs_link_path(a->output) : bs_strdup(fs->source);
     if (!fs->output) {
       fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
       return 1;
@@ -1044,7 +1059,7 @@ static int prepare(struct fs *fs, struct args *a)
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
+      fs->output = a->output ? bs_link_path(a->output) : bs_strdup(fs->source);
       if (!fs->output) {
         fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
         return 1;
@@ -1288,7 +1303,7 @@ static int claim(struct run *r)
   if (r->tfd < 0)
     fail_line(NULL, &err);
   else
-    bs_staging_sweep(fs->staging); /* dead daemons' empty staging directories */
+    bs_staging_sweep(fs->staging, stderr); /* dead daemons' empty staging directories */
   int sc = r->tfd < 0 ? -1 : fs_staging_create(fs);
   if (sc != 0) {
     if (sc < 0 && r->tfd >= 0)
@@ -1423,16 +1438,21 @@ static int write_back(struct run *r)
   bs_err err;
   bs_err_clear(&err);
   fs_progress_begin(fs, r->spath);
+  bs_log_hold(true); /* (a source's failure: in the write-back's line, with its tensor) */
   int wrc = fs_writeback(fs, &err);
+  bs_log_hold(false); /* (a reason no message took: into the log now) */
   fs_progress_end();
   if (wrc != 0) {
     char line[900], msg[PATH_MAX * 2 + 1200], text[3 * PATH_MAX + 1400];
     bs_err_format(&err, NULL, line, sizeof line);
-    snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
-             fs->output, r->mnt, fs->output, line,
-             fs->staging_fd >= 0 ? "; the written data is kept in " : "",
+    char note[400];
+    const char *jn = fs_journal_note(fs, note, sizeof note);
+    snprintf(msg, sizeof msg,
+             "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s%s%s", fs->output,
+             r->mnt, fs->output, line, fs->staging_fd >= 0 ? "; the written data is kept in " : "",
              fs->staging_fd >= 0 ? fs->staging : "",
-             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
+             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "",
+             jn ? "; " : "", jn ? jn : "");
     report(r->daemonized, LOG_ERR, msg);
     /* Kept with the staged data, for when nobody waits and there is no
      * syslog: the session's log, then this. */
@@ -1482,7 +1502,11 @@ int bs_mount_main(int argc, char **argv, const char *cli_usage)
     args_destroy(&r.a);
     return do_unmount(r.a.mountpoint, r.a.verbose, r.a.progress);
   }
+  /* A source's read failure while the checkpoint is opened is told in the
+   * refusal's own line (bs_src_read takes its reason), not in one before. */
+  bs_log_hold(true);
   int ret = prepare(&r.fs, &r.a) != 0 || claim(&r) != 0 ? 1 : -1;
+  bs_log_hold(false);
   if (ret < 0) {
     if (fs_log_open(r.lpath) != 0)
       r.lpath[0] = '\0';

@@ -18,6 +18,7 @@
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/journal.h"
+#include "core/safe_open.h"
 #include "core/target.h"
 
 #define MAGIC "burnstore-staging-index"
@@ -174,9 +175,22 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
       putf(&o, "\t%llu\n", (unsigned long long)s->size);
     }
     for (size_t i = 0; i < out->nmeta; i++) {
-      put(&o, "meta", 4);
+      const struct bs_meta_ref *r = out->meta[i].ref;
+      if (r && r->src >= idx->ncksrcs)
+        return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                       "INDEX: metadata '%.100s' is in source %u, not the checkpoint's",
+                       out->meta[i].key, r->src);
+      put(&o, r ? "metaref" : "meta", r ? 7 : 4);
       put_str(&o, out->meta[i].key);
-      put_str(&o, out->meta[i].value);
+      if (r) { /* a value left in the checkpoint (GGUF): where, not its text */
+        putf(&o, "\t%s\t%u\t%llu\t%llu\t%llu\t", bs_format_name(r->format), r->src,
+             (unsigned long long)r->off, (unsigned long long)r->len,
+             (unsigned long long)r->text_len);
+        for (size_t k = 0; k < sizeof r->types; k++)
+          putf(&o, "%02x", r->types[k]);
+      } else {
+        put_str(&o, out->meta[i].value);
+      }
       put(&o, "\n", 1);
     }
     for (size_t i = 0; i < out->count; i++) {
@@ -234,9 +248,12 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
 int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
 {
   static const char tmp[] = BS_STAGE_INDEX_NAME ".tmp";
-  int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bs_err sub;
+  bs_err_clear(&sub);
+  int fd =
+      bs_safe_openat(dirfd, NULL, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600, BS_SAFE_REG, NULL, &sub);
   if (fd < 0)
-    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the INDEX: %s", strerror(errno));
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot create the INDEX: %s", sub.msg);
   size_t done = 0;
   while (done < buf->len) {
     ssize_t w = write(fd, buf->data + done, buf->len - done);
@@ -245,7 +262,7 @@ int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
     if (w <= 0) {
       int e = w < 0 ? errno : ENOSPC;
       close(fd);
-      unlinkat(dirfd, tmp, 0);
+      bs_safe_unlinkat(dirfd, tmp, 0);
       return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX (%zu of %zu bytes): %s",
                      done, buf->len, strerror(e));
     }
@@ -253,12 +270,12 @@ int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
   }
   if (fsync(fd) != 0 || close(fd) != 0) {
     int e = errno;
-    unlinkat(dirfd, tmp, 0);
+    bs_safe_unlinkat(dirfd, tmp, 0);
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX: fsync: %s", strerror(e));
   }
-  if (renameat(dirfd, tmp, dirfd, BS_STAGE_INDEX_NAME) != 0) {
+  if (bs_safe_renameat(dirfd, tmp, BS_STAGE_INDEX_NAME) != 0) {
     int e = errno;
-    unlinkat(dirfd, tmp, 0);
+    bs_safe_unlinkat(dirfd, tmp, 0);
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot rename the INDEX into place: %s",
                    strerror(e));
   }
@@ -460,13 +477,13 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
     t->dtype_raw_len = hl / 2;
     i += 2;
     /* a torch quantizer (decode.h) must tile this tensor's elements (its
-     * channels run over the flat index: a reshaped tensor keeps it) */
+     * channels run over the flat index: a reshaped tensor keeps it; a
+     * strided view's elements are gathered in that order) */
     const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
                                      ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
                                      : NULL;
     uint64_t numel;
-    if (q &&
-        (t->strides || bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
+    if (q && (bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
       perr(err, l, "a quantizer that does not fit the tensor's elements");
       goto out;
     }
@@ -630,6 +647,25 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, s
     if (unescape(l->f[1]) != 0 || unescape(l->f[2]) != 0)
       return perr(err, l, "bad escape in metadata");
     return bs_catalog_add_meta(&idx->cat, l->f[1], l->f[2], err);
+  } else if (strcmp(r, "metaref") == 0 && l->n == 8) {
+    struct bs_meta_ref ref = {.format = BS_FMT_GGUF};
+    uint64_t src;
+    const char *h = l->f[7];
+    bool ok = unescape(l->f[1]) == 0 && strcmp(l->f[2], bs_format_name(BS_FMT_GGUF)) == 0 &&
+              parse_u64(l->f[3], &src) && src < idx->ncksrcs && parse_u64(l->f[4], &ref.off) &&
+              parse_u64(l->f[5], &ref.len) && parse_u64(l->f[6], &ref.text_len) &&
+              strlen(h) == 2 * sizeof ref.types &&
+              bs_range_ok(ref.off, ref.len, idx->srcs[src].size);
+    for (size_t k = 0; ok && k < sizeof ref.types; k++) {
+      int hi = bs_hex_digit(h[2 * k]), lo = bs_hex_digit(h[2 * k + 1]);
+      ok = hi >= 0 && lo >= 0;
+      ref.types[k] = (uint8_t)(hi * 16 + lo);
+    }
+    if (!ok)
+      return perr(err, l, "bad metaref record (a GGUF value in a checkpoint source)");
+    ref.src = (uint32_t)src;
+    struct bs_kv kv = {l->f[1], NULL, &ref};
+    return bs_catalog_add_meta_kv(&idx->cat, &kv, err);
   } else if (strcmp(r, "tensor") == 0) {
     (*records)++;
     return parse_tensor(idx, l, err);
@@ -716,19 +752,25 @@ out:
   return rc;
 }
 
-int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err)
+int bs_stage_index_load(const struct bs_stage_dir *stg, struct bs_stage_index *idx, bs_err *err)
 {
   bs_stage_index_init(idx);
-  char path[PATH_MAX];
-  if (bs_path_join_buf(path, sizeof path, dir, BS_STAGE_INDEX_NAME, err) != 0)
-    return -1;
+  bs_err sub;
+  bs_err_clear(&sub);
+  int fd = bs_safe_openat(stg->fd, stg->path, BS_STAGE_INDEX_NAME, O_RDONLY, 0,
+                          BS_SAFE_REG | BS_SAFE_PRIVATE, NULL, &sub);
   struct bs_src s;
-  if (bs_src_open(&s, path, err) != 0) {
-    char m[sizeof err->msg];
-    snprintf(m, sizeof m, "%s", err->msg);
-    bs_err_clear(err);
-    return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "%s: %s (no INDEX: nothing to finish)", path, m);
+  if (fd < 0)
+    return sub.code == ENOENT ? bs_fail(err, ENOENT, BS_OFF_NONE, NULL,
+                                        "%s (no INDEX: nothing to finish)", sub.msg)
+                              : bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s", sub.msg);
+  char path[PATH_MAX];
+  if (bs_path_join_buf(path, sizeof path, stg->path, BS_STAGE_INDEX_NAME, err) != 0) {
+    close(fd);
+    return -1;
   }
+  if (bs_src_init_fd(&s, fd, BS_SRC_OWN_FD | BS_SRC_UNWATCHED, path, err) != 0)
+    return -1; /* (fd closed) */
   if (s.size > BS_STAGE_INDEX_MAX) {
     bs_src_destroy(&s);
     return bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "%s: %llu bytes is more than the limit of %u",
@@ -753,7 +795,7 @@ static int stale(bs_err *err, const char *path, const char *what)
                  path, what);
 }
 
-int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err)
+int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir *stg, bs_err *err)
 {
   if (idx->cat.nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: sources already attached");
@@ -829,18 +871,19 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
     }
     bs_catalog_destroy(&ck);
   }
+  /* The staged files beneath the held directory, opened per read: a write
+   * of thousands of them holds no fd each. */
   for (size_t i = idx->ncksrcs; i < idx->nsrcs; i++) {
     char path[PATH_MAX];
-    if (bs_path_join_buf(path, sizeof path, dir, idx->srcs[i].file, err) != 0)
+    if (bs_path_join_buf(path, sizeof path, stg->path, idx->srcs[i].file, err) != 0)
       return -1;
     struct bs_src s;
     uint32_t k;
-    if (bs_src_open(&s, path, err) != 0) {
-      char m[sizeof err->msg];
-      snprintf(m, sizeof m, "%s", err->msg);
-      bs_err_clear(err);
-      return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "staged file %s: %s", path, m);
-    }
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (bs_src_init_at(&s, stg->fd, stg->path, idx->srcs[i].file, &sub) != 0)
+      return bs_fail(err, sub.code == ENOENT ? ENOENT : sub.code, BS_OFF_NONE, NULL,
+                     "staged file %s", sub.msg);
     if (s.size != idx->srcs[i].size) {
       bs_src_destroy(&s);
       return bs_fail(err, ESTALE, BS_OFF_NONE, NULL,
@@ -853,24 +896,66 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
   return 0;
 }
 
-void bs_stage_dir_remove(int dirfd, const char *dir)
+void bs_stage_dir_remove(int dirfd, const char *dir, const char *target)
 {
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(dirfd, dir, BS_STAGE_DONE_NAME, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                          BS_SAFE_REG, NULL, &err);
+  if (fd >= 0) {
+    if (target && write(fd, target, strlen(target)) < 0) {
+      /* (the mark is its name; what it says is for messages) */
+    }
+    close(fd);
+    fsync(dirfd);
+  }
   /* The journal before the INDEX: neither may outlive the other's removal
    * with a target already written (--finish would redo it from the source). */
-  unlinkat(dirfd, BS_JOURNAL_NAME, 0);
-  unlinkat(dirfd, BS_STAGE_INDEX_NAME, 0);
-  int dup_fd = dup(dirfd);
-  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  bs_safe_unlinkat(dirfd, BS_JOURNAL_NAME, 0);
+  bs_safe_unlinkat(dirfd, BS_STAGE_INDEX_NAME, 0);
+  DIR *d = bs_safe_dirstream(dirfd);
   if (d) {
     struct dirent *de;
     while ((de = readdir(d)) != NULL)
       if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
-          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
-        unlinkat(dirfd, de->d_name, 0);
+          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0 &&
+          strcmp(de->d_name, BS_STAGE_DONE_NAME) != 0)
+        bs_safe_unlinkat(dirfd, de->d_name, 0);
     closedir(d);
-  } else if (dup_fd >= 0) {
-    close(dup_fd);
   }
-  unlinkat(dirfd, BS_STAGE_LOCK_NAME, 0);
-  rmdir(dir);
+  bs_safe_unlinkat(dirfd, BS_STAGE_DONE_NAME, 0);
+  bs_safe_unlinkat(dirfd, BS_STAGE_LOCK_NAME, 0);
+  /* The directory by its name in its parent, only while that name still is
+   * this directory: another user who may write the parent may have renamed
+   * it away and put theirs there. */
+  struct stat was;
+  const char *slash = strrchr(dir, '/');
+  if (!slash || fstat(dirfd, &was) != 0)
+    return;
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+  bs_err_clear(&err);
+  int pfd = bs_safe_open_dir(parent, BS_SAFE_ANY_OWNER, &err);
+  if (pfd < 0)
+    return;
+  bs_safe_unlink_same(pfd, slash + 1, &was, AT_REMOVEDIR);
+  close(pfd);
+}
+
+bool bs_stage_done(const struct bs_stage_dir *stg, char *target, size_t n)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  int fd =
+      bs_safe_openat(stg->fd, stg->path, BS_STAGE_DONE_NAME, O_RDONLY, 0, BS_SAFE_REG, NULL, &err);
+  if (fd < 0)
+    return false;
+  ssize_t r = n ? pread(fd, target, n - 1, 0) : 0;
+  if (n)
+    target[r > 0 ? r : 0] = '\0';
+  for (ssize_t i = 0; i < r; i++) /* one line: it is shown */
+    if ((unsigned char)target[i] < 0x20)
+      target[i] = '?';
+  close(fd);
+  return true;
 }

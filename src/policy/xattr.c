@@ -2,6 +2,7 @@
 #include "policy/xattr.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -241,17 +242,18 @@ static bool listed_notes(const struct ctx *c)
 
 static int get_meta(const struct ctx *c, struct bs_buf *out, bs_err *err)
 {
-  const char *v = bs_edit_get_meta(c->m->edit, c->sub);
-  if (!v)
+  const struct bs_kv *kv = bs_edit_find_meta(c->m->edit, c->sub);
+  if (!kv)
     return none(err);
-  size_t n = strlen(v);
+  uint64_t n = bs_kv_text_len(kv);
   /* Longer than Linux lets an xattr be (a GGUF tokenizer vocabulary);
    * `burnstore info FILE --meta KEY` prints it. */
   if (n > BS_MAX_XATTR_VALUE)
     return bs_fail(err, E2BIG, BS_OFF_NONE, NULL,
-                   "metadata '%.100s' holds %zu bytes, more than an xattr can (%u)", c->sub, n,
-                   BS_MAX_XATTR_VALUE);
-  return bs_buf_put(out, v, n) ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : 0;
+                   "metadata '%.100s' holds %" PRIu64 " bytes, more than an xattr can (%u)", c->sub,
+                   n, BS_MAX_XATTR_VALUE);
+  bool cut; /* a value left in the source file (GGUF) is made text now, this one only */
+  return bs_meta_text(c->m->cat, kv, n, out, &cut, err);
 }
 
 /* The keys whose names fit in what is left of BS_XA_LIST_MAX, in order,
@@ -264,7 +266,7 @@ static int list_meta(const struct ctx *c, struct bs_buf *out, bs_err *err)
     size_t kl = strlen(ed->meta[i].key);
     if (out->len >= BS_XA_LIST_MAX || sizeof pre + kl > BS_XA_LIST_MAX - out->len)
       continue; /* a shorter one further on may still fit */
-    if (strlen(ed->meta[i].value) > BS_MAX_XATTR_VALUE)
+    if (bs_kv_text_len(&ed->meta[i]) > BS_MAX_XATTR_VALUE)
       continue;
     if (bs_buf_put(out, pre, sizeof pre - 1) || bs_buf_put(out, ed->meta[i].key, kl + 1))
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");

@@ -24,6 +24,7 @@
 #include "core/decode.h"
 #include "core/npy.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
@@ -33,12 +34,13 @@
 #define PROG "burnstore"
 #define CHUNK (1u << 20)
 
-const char bs_cli_usage[] = "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
-                            "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
-                            "       burnstore cat [--npy] [--as DT] [-o KEYOPTS] FILE KEY\n"
-                            "       burnstore diff [-q] [-o KEYOPTS] A B\n"
-                            "       burnstore convert [-q] [--as DT] [-o KEYOPTS] IN OUT\n"
-                            "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
+const char bs_cli_usage[] =
+    "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
+    "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
+    "       burnstore cat [--npy] [--as DT] [-o KEYOPTS] FILE KEY\n"
+    "       burnstore diff [-q] [-o KEYOPTS] A B\n"
+    "       burnstore convert [-q] [--as DT] [-o KEYOPTS] IN OUT\n"
+    "       burnstore --finish [--salvage] STAGING_DIR | --list-staging STAGING_DIR\n";
 
 static const char keyopts_help[] =
     "  -o OPTIONS   key options as for a mount, comma-separated: include=REGEX,\n"
@@ -70,24 +72,13 @@ struct opts {
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
 {
+  char line[2048]; /* (one line: names and server-given text cleaned) */
   va_list ap;
   va_start(ap, fmt);
-  fputs(PROG ": ", stderr);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  fprintf(stderr, PROG ": %s\n", bs_text_clean(line));
   return -1;
-}
-
-/* Why --as cannot show a dtype: the decided reason (F6), or "no decoder
- * for DT yet" written into buf. */
-static const char *no_decoder(enum bs_dtype dt, char *buf, size_t n)
-{
-  const char *why = bs_decode_why_not(dt);
-  if (why)
-    return why;
-  snprintf(buf, n, "no decoder for %s yet", bs_dtype_name(dt));
-  return buf;
 }
 
 static int fail_err(const char *file, const bs_err *err)
@@ -335,9 +326,9 @@ static void print_detail(void *ctx, const char *key, const char *value)
 
 /* A value on one line: control characters shown as \n, \t, \xNN; cut at
  * `max` bytes (0: whole). */
-static void print_escaped(const char *v, size_t max)
+/* The first max bytes of v (n bytes of a text of total bytes), escaped. */
+static void print_escaped(const char *v, size_t n, uint64_t total, size_t max)
 {
-  size_t n = strlen(v);
   size_t lim = max && n > max ? max : n;
   for (size_t i = 0; i < lim; i++) {
     unsigned char ch = (unsigned char)v[i];
@@ -350,8 +341,8 @@ static void print_escaped(const char *v, size_t max)
     else
       putchar(ch);
   }
-  if (lim < n)
-    printf("... (%zu bytes in all)", n);
+  if (lim < total)
+    printf("... (%" PRIu64 " bytes in all)", total);
 }
 
 static int cmd_info(int argc, char **argv)
@@ -370,9 +361,19 @@ static int cmd_info(int argc, char **argv)
     if (i == cat.nmeta) {
       fail("%s: no metadata key '%s' (burnstore info lists them)", o.pos[0], o.meta);
       rc = 1;
-    } else {
-      fputs(cat.meta[i].value, stdout);
-      fputc('\n', stdout);
+    } else { /* (a GGUF value is made text now: the only one made) */
+      struct bs_buf b = {0};
+      bool cut;
+      bs_err err;
+      bs_err_clear(&err);
+      if (bs_meta_text(&cat, &cat.meta[i], UINT64_MAX, &b, &cut, &err) != 0) {
+        fail_err(o.pos[0], &err);
+        rc = 1;
+      } else {
+        fwrite(b.data, 1, b.len, stdout);
+        fputc('\n', stdout);
+      }
+      bs_buf_destroy(&b);
     }
   } else {
     uint64_t total = 0, count = 0;
@@ -409,13 +410,22 @@ static int cmd_info(int argc, char **argv)
     printf("\n");
     printf("metadata: %zu\n", cat.nmeta);
     for (size_t i = 0; i < cat.nmeta; i++) {
+      struct bs_buf b = {0};
+      bool cut;
+      bs_err err;
+      bs_err_clear(&err);
       printf("  %s: ", cat.meta[i].key);
-      print_escaped(cat.meta[i].value, 200);
+      if (bs_meta_text(&cat, &cat.meta[i], 200, &b, &cut, &err) != 0)
+        printf("(unreadable: %s)", err.msg);
+      else
+        print_escaped((const char *)b.data, b.len, bs_kv_text_len(&cat.meta[i]), 200);
+      bs_buf_destroy(&b);
       printf("\n");
     }
     if (cat.values_json) {
       printf("values: ");
-      print_escaped(cat.values_json, 400);
+      size_t vn = strlen(cat.values_json);
+      print_escaped(cat.values_json, vn, vn, 400);
       printf("\n");
     }
     if (cat.notes) {
@@ -449,8 +459,9 @@ static int stream(const char *file, const struct bs_catalog *cat, const struct b
   for (uint64_t off = 0; off < t->nbytes;) {
     long r = bs_tensor_read(cat, t, off, buf, CHUNK);
     if (r <= 0) {
+      char why[BS_LOG_LINE];
       rc = fail("%s: tensor '%s': read failed at byte %" PRIu64 ": %s", file, t->name, off,
-                r == -ENOTSUP && t->unsupported ? t->unsupported : strerror(r ? (int)-r : EIO));
+                bs_tensor_why(cat, t, r ? (int)-r : EIO, why, sizeof why));
       break;
     }
     if (fn(ctx, buf, (size_t)r) != 0) {
@@ -492,10 +503,10 @@ static int cmd_cat(int argc, char **argv)
       fail_err(o.pos[0], &err);
       goto out;
     }
-    if (bs_dtype_is_float(t->dtype) && t->dtype != o.as) {
-      char why[64];
-      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as),
-           no_decoder(t->dtype, why, sizeof why));
+    char buf[400];
+    const char *why = bs_tensor_why_stored(t, o.as, buf, sizeof buf);
+    if (why) {
+      fail("%s: tensor '%s': --as %s: %s", o.pos[0], t->name, bs_dtype_name(o.as), why);
       goto out;
     }
   }
@@ -605,13 +616,17 @@ static int compare(const char *fa, const struct bs_catalog *ca, const struct bs_
   size_t chunk = CHUNK / esz * esz;
   for (uint64_t off = 0; off < ta->nbytes;) {
     size_t want = (size_t)(ta->nbytes - off < chunk ? ta->nbytes - off : chunk);
+    /* (b is read only once a is: a failure's reason is taken before the
+     * next read) */
     long ra = bs_tensor_read(ca, ta, off, a, want);
-    long rb = bs_tensor_read(cb, tb, off, b, want);
+    long rb = ra == (long)want ? bs_tensor_read(cb, tb, off, b, want) : 0;
     if (ra != (long)want || rb != (long)want) {
       bool bad_a = ra != (long)want;
       long r = bad_a ? ra : rb;
-      rc = fail("%s: tensor '%s': read failed at byte %" PRIu64 ": %s", bad_a ? fa : fb, ta->name,
-                off, strerror(r < 0 ? (int)-r : EIO));
+      char why[BS_LOG_LINE];
+      rc = fail(
+          "%s: tensor '%s': read failed at byte %" PRIu64 ": %s", bad_a ? fa : fb, ta->name, off,
+          bs_tensor_why(bad_a ? ca : cb, bad_a ? ta : tb, r < 0 ? (int)-r : EIO, why, sizeof why));
       break;
     }
     if (memcmp(a, b, want) != 0) {
@@ -749,10 +764,11 @@ static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
     return fail_err(in, &err);
   for (size_t i = 0; i < cat->count; i++) {
     const struct bs_tensor *t = &cat->tensors[i];
-    char why[64];
-    if (!t->hidden && t->dtype != as && bs_dtype_is_float(t->dtype))
+    char buf[400];
+    const char *why = t->hidden ? NULL : bs_tensor_why_stored(t, as, buf, sizeof buf);
+    if (why)
       return fail("%s: tensor '%s': --as %s: %s (exclude it with -o exclude=REGEX)", in, t->name,
-                  bs_dtype_name(as), no_decoder(t->dtype, why, sizeof why));
+                  bs_dtype_name(as), why);
   }
   return 0;
 }
@@ -836,6 +852,12 @@ static int cmd_staging(int argc, char **argv)
     printf("usage: burnstore %s %s\n\n%s", c->name, c->args, c->help);
     return 0;
   }
+  bool finish = strcmp(argv[0], "--finish") == 0;
+  unsigned flags = 0;
+  if (finish && argc == 3 && strcmp(argv[1], "--salvage") == 0) {
+    flags |= BS_WB_SALVAGE;
+    argv++, argc--;
+  }
   if (argc != 2 || argv[1][0] == '\0') {
     fail("%s takes one STAGING_DIR (see burnstore %s --help)", argv[0], argv[0]);
     return 2;
@@ -849,19 +871,37 @@ static int cmd_staging(int argc, char **argv)
       fail_err(NULL, &err);
     return rc == 0 ? 0 : 1;
   }
+  /* The staged files are opened one at a time (per read), but a writer may
+   * hold more (a shard set's pool): the soft limit goes up as the daemon's. */
+  (void)bs_raise_nofile();
   struct bs_wb_finished res;
-  int rc = bs_wb_finish(dir, &res, &err);
+  int rc = bs_wb_finish(dir, flags, &res, &err);
   if (rc != 0) {
     fail_err(res.err_dir, &err);
     if (res.kept)
       fail("%s is kept", dir);
+  } else if (res.empty) {
+    printf(PROG ": %s held nothing to finish (only its lock); removed it\n", dir);
+  } else if (res.completed) {
+    printf(PROG ": the write-back%s%s had completed (a kill cut its cleanup short); removed %s\n",
+           res.target ? " of " : "", res.target ? res.target : "", dir);
   } else if (res.already) {
     printf(PROG ": %s already holds the result of this write-back; removed %s\n", res.target, dir);
+  } else if (res.salvaged) {
+    printf(PROG ": wrote %s (%zu tensors) from the journal's records before the damage; %s is "
+                "kept (its staged files hold what the dropped records name): remove it when "
+                "done\n",
+           res.target, res.tensors, dir);
+    syslog(LOG_WARNING, "--finish --salvage wrote %s (%zu tensors) from %s, records dropped",
+           res.target, res.tensors, dir);
   } else {
     printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", res.target, res.tensors, dir);
     syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", res.target, res.tensors, dir);
   }
+  if (res.notes)
+    fputs(res.notes, stdout);
   bs_free(res.target);
+  bs_free(res.notes);
   return rc == 0 ? 0 : 1;
 }
 
@@ -914,10 +954,15 @@ static const struct cmd cmds[] = {
      "               decoder is refused before anything is written\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert, 1},
-    {"--finish", "STAGING_DIR",
+    {"--finish", "[--salvage] STAGING_DIR",
      "Finish the write-back a writable mount left in STAGING_DIR (its daemon was killed, or\n"
-     "its writer failed): write the target from the INDEX, under the target's lock, and remove\n"
-     "the directory. Refused while the daemon lives or another writer holds the target.\n",
+     "its writer failed): write the target from the INDEX (or, without one, from the JOURNAL),\n"
+     "under the target's lock, and remove the directory. Refused while the daemon lives or\n"
+     "another writer holds the target, for a directory of another user's, and for a JOURNAL\n"
+     "with a damaged record that is not the end of the last write (a kill's cut tail is\n"
+     "ignored and said).\n"
+     "  --salvage    a damaged JOURNAL: write what its records before the damage describe,\n"
+     "               list the records dropped, and keep STAGING_DIR (its staged files)\n",
      cmd_staging, 1},
     {"--list-staging", "STAGING_DIR",
      "List what STAGING_DIR holds: target, format, daemon pid, then one line per tensor: key,\n"
@@ -946,7 +991,11 @@ int bs_cli_main(int argc, char **argv)
     return 2;
   }
   bs_formats_init();
+  /* A source's failure is told in the command's own line (bs_tensor_why,
+   * bs_src_read's error), not in a line of its own before it. */
+  bs_log_hold(true);
   int rc = c->run(argc, argv);
+  bs_log_hold(false); /* (a reason no message took: printed now) */
   /* Output that did not reach stdout (a full disk, a closed pipe) fails
    * the command, in one line: also where the command itself succeeded. */
   errno = 0;

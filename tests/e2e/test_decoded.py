@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, mem_limit_kb,
-                     SANITIZE, run, run_tests, vmhwm_kb)
+                     SANITIZE, run, run_tests, small_tmpfs, vmhwm_kb)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -773,6 +773,48 @@ def test_memory_independent_of_size(tmp):
     check(hb - hs < limit, "peak grew by %d kB for a 256 MiB tensor (< %d)" % (hb - hs, limit))
 
 
+
+def test_decoded_size_past_off_t(tmp):
+    """An F4 tensor of 2^61 elements (2^60 bytes, a sparse file on a tmpfs)
+    is 2^63 bytes as F32, past what a file can be (off_t): stat and open of
+    it failed with a bare EIO, nothing logged. It is shown as stored, with a
+    note naming it and why (the rule for what cannot be decoded); as F16
+    (2^62 bytes) it is decoded. cat --as F32 and convert --as F32 refuse it
+    in one line saying why."""
+    with small_tmpfs(os.path.join(tmp, "shm"), "1m") as ok:
+        if not ok:
+            return
+        src = os.path.join(tmp, "shm", "huge.safetensors")
+        write_st(src, "huge", "F4", [1 << 61], 1 << 60)
+        why = "its decoded size does not fit a file size (2^63 - 1 bytes): 'huge' is 2305843009213693952 elements of 4 bytes"
+        with Mount(src, os.path.join(tmp, "m"), "as=F32") as m:
+            p = os.path.join(m, "huge")
+            try:
+                st = os.stat(p)
+                check(st.st_size == 1 << 60, "as stored: %d bytes" % st.st_size)
+                with open(p, "rb") as f:
+                    f.seek((1 << 60) - 8)
+                    check(f.read(16) == bytes(8), "its last stored bytes read")
+            except OSError as e:
+                check(False, "stat/open/read of the tensor: %s" % e)
+            check(os.getxattr(p, X + "dtype") == b"F4", "dtype F4: %r" % os.getxattr(p, X + "dtype"))
+            notes = os.getxattr(m, X + "notes").decode()
+            check("as=F32: 1 F4 tensor shown as stored (%s)" % why in notes, "the note says why: %r" % notes)
+        with Mount(src, os.path.join(tmp, "m16"), "as=F16") as m:
+            p = os.path.join(m, "huge")
+            check(os.stat(p).st_size == 1 << 62 and os.getxattr(p, X + "dtype") == b"F16", "as F16: decoded")
+            with open(p, "rb") as f:
+                check(f.read(8) == bytes(8), "its first decoded bytes: +0")
+        r = subprocess.run([BIN, "cat", "--as", "F32", src, "huge"], capture_output=True, timeout=DEADLINE)
+        err = r.stderr.decode()
+        check(r.returncode == 1 and r.stdout == b"" and err.count("\n") == 1 and why in err,
+              "cat --as F32 refused in one line saying why: %r" % err)
+        out = os.path.join(tmp, "out.safetensors")
+        r = run([BIN, "convert", "-q", "--as", "F32", src, out])
+        check(r.returncode == 1 and r.stderr.count("\n") == 1 and why in r.stderr and not os.path.exists(out),
+              "convert --as F32 refused in one line saying why: %r" % r.stderr)
+
 if __name__ == "__main__":
-    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_f8_every_code, test_burn_qfloat, test_f4_and_f6, test_refusals, test_memory_independent_of_size],
+    run_tests("test_decoded", [test_torch_bf16_f16, test_gguf_blocks, test_f8_every_code, test_burn_qfloat, test_f4_and_f6, test_refusals, test_memory_independent_of_size,
+                                test_decoded_size_past_off_t],
               "decoded")

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 
-from bsmount import (BIN, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, is_mounted, key_to_relpath,
-                     SANITIZE, mem_limit_kb, run, run_tests, tensor_files, xattrs)
+from bsmount import (BIN, DEADLINE, SOURCE_DIR, Mount, check, force_unmount, foreground_mount, is_mounted,
+                     key_to_relpath, SANITIZE, mem_limit_kb, run, run_tests, tensor_files, vmhwm_kb, xattrs)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests/support"))
 import gguf_fixture as G  # noqa: E402
@@ -479,6 +479,94 @@ def test_long_string_costs_what_its_text_needs(tmp):
               % (what, size, peak - base, limit))
 
 
+
+def tokenizer_kvs(seed=3):
+    """Metadata shaped as a Llama 3 tokenizer's (128,256 tokens, 280,147
+    merges, their types: about 8 MB), generated."""
+    import random
+    r = random.Random(seed)
+    alpha = "abcdefghijklmnopqrstuvwxyz\u0120\u010a"
+
+    def tok():
+        return "".join(r.choice(alpha) for _ in range(r.randint(1, 12)))
+    toks = [tok() for _ in range(128256)]
+    return [("general.architecture", G.VSTRING, "llama"), ("general.name", G.VSTRING, "tok"),
+            ("llama.context_length", G.VU32, 8192), ("tokenizer.ggml.model", G.VSTRING, "gpt2"),
+            ("tokenizer.ggml.tokens", G.VARRAY, (G.VSTRING, toks)),
+            ("tokenizer.ggml.token_type", G.VARRAY, (G.VI32, [1] * len(toks))),
+            ("tokenizer.ggml.merges", G.VARRAY, (G.VSTRING, [tok() + " " + tok() for _ in range(280147)])),
+            ("tokenizer.ggml.bos_token_id", G.VU32, 128000)]
+
+
+def daemon_peak_kb(src, mnt, edits):
+    """A writable mount of src in the foreground (its own VmHWM: no fork),
+    `edits` setfattr of the root's metadata, a getxattr of every listed
+    name, then the write-back: (peak over all of it in KiB, peak after the
+    mount, peak after the edits)."""
+    import threading
+    peak = [0]
+    with foreground_mount(src, mnt, opts="rw") as p:
+        def poll():
+            while p.poll() is None:
+                try:
+                    peak[0] = max(peak[0], vmhwm_kb(p.pid))
+                except OSError:
+                    pass
+                time.sleep(0.01)
+        th = threading.Thread(target=poll)
+        th.start()
+        mounted = vmhwm_kb(p.pid)
+        for i, (k, v) in enumerate(edits):
+            os.setxattr(mnt, META + k, v)
+        edited = vmhwm_kb(p.pid)
+        for name in os.listxattr(mnt):
+            os.getxattr(mnt, name)
+        r = run([BIN, "-u", mnt])
+        check(r.returncode == 0, "write-back of %s: %s" % (src, r.stderr))
+        p.wait(timeout=DEADLINE)
+        th.join()
+    return max(peak[0], edited), mounted, edited
+
+
+def test_metadata_costs_its_bytes_not_its_text(tmp):
+    """Issue 30: an 8 MB GGUF whose metadata is one array of a string of
+    control bytes (48 MB as JSON text) cost ls 63 MB and a writable mount's
+    daemon 204 MB (the text held four times: the catalog, the edit, the
+    journal's base and its INDEX text); a Llama 3 tokenizer's block 36 MB.
+    The values now stay in the file, their text made only for what is asked
+    (an xattr of 64 KiB at most, info --meta): ls under 2x the block, the
+    mount with edits and its write-back under 3x; an edit writes the value
+    it changed, every other one byte for byte as it was."""
+    tiny = os.path.join(tmp, "tiny-meta.gguf")
+    G.write(tiny, [("general.name", G.VSTRING, "x")], [("w", 0, [2], struct.pack("<2f", 1, 2))])
+    ctrl = [("general.name", G.VSTRING, "c"), ("general.x", G.VARRAY, (G.VSTRING, ["\x01" * (7800 << 10)]))]
+    for what, kvs in (("tokenizer", tokenizer_kvs()), ("control bytes", ctrl)):
+        src = os.path.join(tmp, "meta-%s.gguf" % what.replace(" ", "-"))
+        G.write(src, kvs, [("w", 0, [2], struct.pack("<2f", 1, 2))])
+        block = os.path.getsize(src)
+        before = G.Reader(src)
+        rc, ls_kb = peak_kb([BIN, "ls", src])
+        check(rc == 0, "%s: ls" % what)
+        edits = [("general.name", b"edited %d" % i) for i in range(5)] + [("new.key", b"added")]
+        peak, mounted, edited = daemon_peak_kb(src, os.path.join(tmp, "m-" + what.replace(" ", "-")), edits)
+        print("%s block of %d bytes: ls %d KiB, writable mount %d KiB mounted, %d after %d edits, %d at most "
+              "(write-back included)" % (what, block, ls_kb, mounted, edited, len(edits), peak), flush=True)
+        after = G.Reader(src)
+        check(after.kv["general.name"] == (G.VSTRING, "edited 4") and after.kv["new.key"] == (G.VSTRING, "added"),
+              "%s: the edits written" % what)
+        for k in before.kv:
+            if k != "general.name":
+                check(after.kv_raw[k] == before.kv_raw[k], "%s: %s written byte for byte" % (what, k))
+        r = subprocess.run([BIN, "info", "--meta", kvs[-1][0] if what == "control bytes" else "tokenizer.ggml.merges",
+                            src], capture_output=True, timeout=DEADLINE)
+        check(r.returncode == 0 and len(r.stdout) > 1 << 20, "%s: info --meta prints the long value" % what)
+        if SANITIZE != "OFF":
+            continue  # the sanitizers' allocators: the measure is of the release build
+        check(ls_kb * 1024 < 2 * block, "%s: ls of a %d-byte block peaks at %d KiB (< 2x)" % (what, block, ls_kb))
+        check(peak * 1024 < 3 * block, "%s: a writable mount of it peaks at %d KiB (< 3x)" % (what, peak))
+        check(edited - mounted < 1024, "%s: %d edits cost the daemon %d KiB (the value changed, not the header)"
+              % (what, len(edits), edited - mounted))
+
 if __name__ == "__main__":
     run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_E2BIG_and_not_listed,
                             test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
@@ -486,5 +574,6 @@ if __name__ == "__main__":
                             test_remove_and_add_tensors, test_round_trip_and_new_output,
                             test_hostile_files_are_refused, test_metadata_edit_streams_the_tensors,
                             test_finish_after_enospc_keeps_types, test_long_string_costs_what_its_text_needs,
-                            test_diff_counts_blocks_of_quantized_tensors],
+                            test_diff_counts_blocks_of_quantized_tensors,
+                            test_metadata_costs_its_bytes_not_its_text],
               "gguf")

@@ -7,13 +7,14 @@ by `burnstore info`/`cat` and by a real mount (under a deadline, always unmounte
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
 import zipfile
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, is_mounted, mem_limit_kb, run,
-                     tmpdir, xattrs)
+from bsmount import (BIN, Mount, check, finish, force_unmount, foreground_mount, is_mounted, mem_limit_kb,
+                     run, tmpdir, vmhwm_kb, xattrs)
 
 MAX_SECONDS = 3.0  # loose: sanitizer builds on a loaded machine; memory is the tight check
 MAX_RSS_KB = mem_limit_kb(64 * 1024)
@@ -35,6 +36,7 @@ d["d"] = d
 torch.save({"w": t, "v": d}, out + "/selfref.pth")
 torch.save({"w": t, "f": 0.1, "g": 1e-7, "k": 1 / 3}, out + "/floats.pth")
 torch.save({"z": torch.zeros(2 << 20)}, out + "/zeros.pth")  # 8 MiB of zeros
+torch.save({"t%d" % i: torch.full((3,), float(i)) for i in range(3000)}, out + "/many.pth")
 """
 
 
@@ -149,6 +151,91 @@ def test_deflated(tmp, files):
         force_unmount(mnt)
 
 
+def flood_pth(path, body, method=zipfile.ZIP_DEFLATED):
+    """A torch.save zip whose data.pkl is PROTO 2, body, STOP."""
+    with zipfile.ZipFile(path, "w", method) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02" + body + b".")
+        z.writestr("archive/byteorder", b"little")
+        z.writestr("archive/version", b"3\n")
+
+
+def test_pickle_floods(tmp, files):
+    """Issue 30: a 78 KB .pth whose deflated data.pkl is 40M x (EMPTY_TUPLE,
+    POP) filled a fixed 4 GiB arena before it was refused (4.3 GB, 9 s). The
+    unpickler's memory and opcodes are bounded by the file's bytes (8 MiB +
+    24 x, 1M + 32 x): each family of opcodes that allocates without growing
+    the input (or builds nothing) is refused in one line, fast and small, by
+    ls and by a foreground mount (its peak RSS measured: no fork); the same
+    at 1 MB uncompressed; a re-zipped real checkpoint still opens."""
+    n = 40_000_000
+    deflated = {
+        "tuple_pop": (b")0" * n, "opcodes"),
+        "mark_pop_mark": (b"(1" * (n // 2), "opcodes"),
+        "none_pop": (b"N0" * (n // 2), "opcodes"),
+        "dup": (b"]" + b"2" * n, "bytes of memory"),
+        "memo_get": (b"]\x94" + b"h\x00" * (n // 2), "bytes of memory"),
+        "memoize": (b"]" + b"\x94" * n, "bytes of memory"),
+        "memo_far": (b"]r" + struct.pack("<I", 9_999_000) + b"0" * n, "bytes of memory"),
+        "list_appends": (b"]" + (b"(" + b"N" * 1000 + b"e") * (n // 1002), "bytes of memory"),
+        "empty_lists": (b"(" + b"]" * n + b"l", "bytes of memory"),
+        "big_bytes": (b"B" + struct.pack("<I", n) + bytes(n), "bytes of memory"),
+        "long4": (b"\x8b" + struct.pack("<I", n) + bytes(n), "bytes of memory"),
+    }
+    stored = {  # 1 MB files, uncompressed: the bound at its largest, 32 MiB
+        "stored_empty_lists": (b"(" + b"]" * 999_700 + b"l", "bytes of memory"),
+        "stored_strs": (b"(" + b"\x8c\x01x" * 333_000 + b"l", "bytes of memory"),
+    }
+    cases = [(k, v, zipfile.ZIP_DEFLATED) for k, v in deflated.items()] + \
+            [(k, v, zipfile.ZIP_STORED) for k, v in stored.items()]
+    for name, (body, why), method in cases:
+        path = os.path.join(files, "flood_%s.pth" % name)
+        flood_pth(path, body, method)
+        size = os.path.getsize(path)
+        check(size < 1000_100, "%s: under 1 MB (%d bytes)" % (name, size))
+        r, secs, rss = timed([BIN, "ls", path])
+        lines = r.stderr.splitlines()
+        lines = [l for l in lines if not l.startswith(("@@ ", "Command exited"))]
+        check(r.returncode == 1 and len(lines) == 1 and why in lines[0] and "x the file's %d bytes" % size in lines[0],
+              "%s: refused in one line naming the bound: %r" % (name, r.stderr[-400:]))
+        check(secs < MAX_SECONDS, "%s: decided in %.2f s (< %.1f)" % (name, secs, MAX_SECONDS))
+        check(rss < MAX_RSS_KB, "%s: peak RSS %d KB (< %d)" % (name, rss, MAX_RSS_KB))
+        print("%s: %d bytes, burnstore ls %.2f s, peak %d KB: %s" % (name, size, secs, rss, lines[0][-120:] if lines else ""),
+              flush=True)
+    # the issue's file, mounted in the foreground (-f: no fork, its own peak)
+    mnt = os.path.join(tmp, "m-flood")
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        r, secs, rss = timed([BIN, os.path.join(files, "flood_tuple_pop.pth"), mnt, "-f"])
+        check(r.returncode == 1 and "opcodes" in r.stderr and not is_mounted(mnt),
+              "a foreground mount refuses it: %r" % r.stderr[-300:])
+        check(secs < MAX_SECONDS and rss < MAX_RSS_KB, "mount -f: %.2f s, peak %d KB" % (secs, rss))
+        print("tuple_pop: burnstore -f %.2f s, peak %d KB" % (secs, rss), flush=True)
+    finally:
+        force_unmount(mnt)
+    # a valid pickle followed by 300 MB of zeros in its deflated member (the
+    # unpickler stops at STOP): a writable mount's check of what a rewrite in
+    # place keeps held the member whole (317 MB); now read as the reader does
+    trail = os.path.join(files, "trailing.pth")
+    with zipfile.ZipFile(os.path.join(files, "floats.pth")) as z, zipfile.ZipFile(trail, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in z.infolist():
+            b = z.read(info)
+            out.writestr(info.filename, b + bytes(300 << 20) if info.filename.endswith("data.pkl") else b)
+    mnt = os.path.join(tmp, "m-trailing")
+    with foreground_mount(trail, mnt, opts="rw") as p:
+        peak = vmhwm_kb(p.pid)
+        check(peak < MAX_RSS_KB, "a writable mount of a %d-byte file with 300 MB after STOP: peak %d KB (< %d)"
+              % (os.path.getsize(trail), peak, MAX_RSS_KB))
+        print("trailing: writable mount peak %d KB" % peak, flush=True)
+        r = run([BIN, "-u", mnt])
+        check(r.returncode == 0, "unmounted: %s" % r.stderr)
+    # a real checkpoint of many tensors, re-zipped: still opens
+    src = os.path.join(tmp, "many_deflated.pth")
+    rezip(os.path.join(files, "many.pth"), src)
+    r, secs, rss = timed([BIN, "ls", src])
+    check(r.returncode == 0 and r.stdout.count("\n") == 3000, "a re-zipped checkpoint of 3000 tensors opens: %r"
+          % r.stderr[-300:])
+
+
 def main():
     with tmpdir("pt-hostile") as tmp:
         files = os.path.join(tmp, "files")
@@ -159,6 +246,7 @@ def main():
         test_bombs(tmp, files)
         test_floats(tmp, files)
         test_deflated(tmp, files)
+        test_pickle_floods(tmp, files)
     finish("test_pytorch_hostile")
 
 

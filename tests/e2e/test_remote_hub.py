@@ -11,7 +11,9 @@ sharded index read over hf:// equals a local mount's; the CLI verbs; the
 token from HF_TOKEN and from $HF_HOME/token, one line without it, never in
 an error, the mount table or ps; mount.burnstore (mount -t, fstab) with an hf:// SOURCE; the revision pinned at open, so main moving
 to another commit mid-mount (with the CDN's URLs expiring) gives the first
-commit's bytes, never a mix."""
+commit's bytes, never a mix; '.' and '..' segments in a typed hf:// URL
+refused in one line, nothing asked (issue 31: they left the repository with
+its token)."""
 import json
 import os
 import shutil
@@ -340,6 +342,33 @@ def shard_escape(tmp, hub):
               "hf shard %s refused in one line: %d %r" % (rel, r.returncode, lines))
 
 
+def dot_segments(tmp, hub):
+    """Issue 31: '..' in a typed hf:// URL left the repository with its
+    token (libcurl removed the dot segments: the URL below was asked as
+    /org/other/resolve/main/s.safetensors with gated/model's token).
+    Refused in one line by ls and a mount, nothing asked of the Hub."""
+    d = os.path.join(tmp, "dots")
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "s.safetensors"), {"w": b"other repo"})
+    hub.put("org/other", COMMIT_A, os.path.join(d, "s.safetensors"))
+    env = hf_env(hub, HF_TOKEN=TOKEN)
+    before = len(hub.requests("/org/other/"))
+    mnt = os.path.join(tmp, "mnt-dots")
+    os.makedirs(mnt, exist_ok=True)
+    for url in ("hf://gated/model/../../../../org/other/resolve/main/s.safetensors",
+                "hf://gated/model/sub/%2E%2E/%2e%2E/../../../org/other/resolve/main/s.safetensors",
+                "hf://gated/model@../../../../org/other/resolve/main/s.safetensors",
+                "hf://gated/model/./s.safetensors"):
+        for what, cmd in (("ls", [BIN, "ls", url]), ("mount", [BIN, url, mnt])):
+            r = run(cmd, env=env)
+            lines = r.stderr.strip().splitlines()
+            check(r.returncode == 1 and len(lines) == 1 and "'..' segment" in lines[0]
+                  and TOKEN not in r.stderr,
+                  "%s %s: refused in one line: %d %r" % (what, url, r.returncode, lines))
+            force_unmount(mnt)
+    check(len(hub.requests("/org/other/")) == before, "nothing was asked of org/other")
+
+
 def main():
     if not os.path.exists(NGINX):
         print("SKIP: no nginx (Debian's nginx-light; .ci/install-deps installs it)")
@@ -355,7 +384,7 @@ def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
     run_tests("test_remote_hub", [with_hub(t) for t in (formats, cli_verbs, tokens, helper, pinned,
-                                                             shard_escape)],
+                                                             shard_escape, dot_segments)],
               "remote-hub")
 
 

@@ -6,7 +6,9 @@ mismatch (s3rver itself does not check V4 signatures). burnstore reaches it
 through AWS_ENDPOINT_URL (path style), signing with libcurl's SigV4 from the
 AWS_* variables. Checked: every tensor of a SafeTensors, a sharded index
 (shards as keys beside it), a GGUF and a Burnpack read over s3:// equals a
-local mount's, every request signed right; the CLI verbs; a wrong secret,
+local mount's, every request signed right; the CLI verbs; keys asked as
+written (a doubled slash, '%', '+', UTF-8), a '.' or '..' segment refused
+with nothing sent (issue 31); a wrong secret,
 an unknown key and a missing key fail in one line naming the s3:// URL and
 never the secret or the session token; the mount table and ps show the
 s3:// URL only. Both servers are stopped in teardown, also on failure."""
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -170,6 +173,45 @@ def refusals(tmp, s3):
                   == run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout, "a tensor read")
 
 
+def keys_as_written(tmp, s3):
+    """Issue 31: an S3 key is asked as written, encoded once as SigV4's
+    canonical URI has it (a doubled slash, '%', '+', a space, UTF-8, '...'),
+    every request signed right; a '.' or '..' segment (also %2E) is refused
+    in one line with nothing sent (libcurl removed them:
+    s3://models/odd/../other/m was asked, signed, as /models/other/m)."""
+    keys = ["odd/100%/x+y z/\u00e9/.../m.safetensors", "odd/a%2Fb/m+.safetensors"]
+    for k in keys:
+        s3.put(ST, urllib.parse.quote(k))
+    s3.put(ST, "other/m.safetensors")
+    env = aws_env(s3)
+    want_ls = run([BIN, "ls", ST]).stdout
+    want = run_bytes([BIN, "cat", ST, "conv1.weight"]).stdout
+    # s3rver cannot hold a key with a doubled slash (its upload answers 404),
+    # AWS can: the request reached the proxy as written, signed right
+    double = "/%s/odd/a//b/m.safetensors" % BUCKET
+    r = run([BIN, "ls", "s3:/" + double], env=env)
+    check(r.returncode == 1 and "404" in r.stderr and double in s3.proxy.paths,
+          "a//b asked as written, signed right: %r %r" % (r.stderr, s3.proxy.paths[-2:]))
+    for k in keys:
+        url = "s3://%s/%s" % (BUCKET, k)
+        r = run([BIN, "ls", url], env=env)
+        check(r.returncode == 0 and r.stdout.replace(url, ST) == want_ls,
+              "key %r read as written: %d %r" % (k, r.returncode, r.stderr))
+        b = run_bytes([BIN, "cat", url, "conv1.weight"], env=env)
+        check(b.returncode == 0 and b.stdout == want, "key %r: a tensor's bytes" % k)
+    check(not s3.proxy.denied, "every request was signed right: %s" % s3.proxy.denied[:3])
+    sent = s3.proxy.passed + len(s3.proxy.denied)
+    for url in ("s3://%s/odd/../other/m.safetensors" % BUCKET,
+                "s3://%s/odd/a/%%2E%%2E/../../other/m.safetensors" % BUCKET,
+                "s3://%s/./other/m.safetensors" % BUCKET,
+                "s3://%s/../other-bucket/m.safetensors" % BUCKET):
+        r = run([BIN, "ls", url], env=env)
+        one_line(r, url, "a dot segment")
+        check("'..' segment" in r.stderr, "%s: the dot segment is named: %r" % (url, r.stderr))
+    check(s3.proxy.passed + len(s3.proxy.denied) == sent, "nothing was sent for them (%d)"
+          % (s3.proxy.passed + len(s3.proxy.denied) - sent))
+
+
 def session_token_redirect(tmp):
     """An endpoint that redirects to another host (here localhost for
     127.0.0.1, the same nginx, which logs the headers it gets): libcurl drops
@@ -223,7 +265,7 @@ def main():
 
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(600)
-    run_tests("test_remote_s3", [with_s3(t) for t in (formats, cli_verbs, refusals)]
+    run_tests("test_remote_s3", [with_s3(t) for t in (formats, cli_verbs, refusals, keys_as_written)]
               + [session_token_redirect], "remote-s3")
 
 

@@ -7,11 +7,13 @@ with openssl (tests/support/httpfault.py, Nginx(tls=True)).
   bytes, and `burnstore ls` lists it;
 - without them (the system's CAs, which do not hold the test's CA) the open
   fails in one line naming the URL and the certificate problem, exit 1;
-- a token given for an https:// URL that redirects to http:// on the same
-  host and port (nginx's answer to plain HTTP on its TLS port is served by
-  error_page 497) never goes over plain HTTP: nginx logs every request's
-  scheme and Authorization header, and no http request carries the token;
-  the bytes still come (the http target needs no token).
+- an https:// URL that redirects to http:// on the same host and port
+  (nginx's answer to plain HTTP on its TLS port is served by error_page
+  497) is refused in one line naming both URLs (issue 31: it was followed,
+  every byte then travelling in clear), by a mount and by `ls`: nginx logs
+  every request's scheme and Authorization header, and no plain request
+  was made at all (so none carried the token); a redirect to https on the
+  same server is still followed, with the token.
 Everything runs under a deadline; nginx is stopped and every mount
 unmounted also on failure."""
 import os
@@ -20,7 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../support"))
-from bsmount import BIN, Mount, check, run, run_tests, write_safetensors  # noqa: E402
+from bsmount import (BIN, Mount, check, force_unmount, is_mounted, run, run_tests,  # noqa: E402
+                     write_safetensors)
 from httpfault import NGINX, Nginx  # noqa: E402
 from test_remote import Env  # noqa: E402
 
@@ -90,24 +93,42 @@ def no_token_over_http(tmp):
       if ($http_authorization != "Bearer %(tok)s") { return 401; }
       return 302 http://127.0.0.1:$server_port/cdn/m.safetensors;
     }
+    location = /tls.safetensors {
+      if ($http_authorization != "Bearer %(tok)s") { return 401; }
+      return 302 https://127.0.0.1:$server_port/cdn/m.safetensors;
+    }
     """ % {"log": authlog, "tok": TOKEN}
     with Nginx(tmp, extra=extra, tls=True) as ng:
         want = model()
         os.makedirs(ng.path("cdn"))
         write_safetensors(ng.path("cdn/m.safetensors"), want)
         url = ng.url("m.safetensors")
-        with Env(env_with(CURL_CA_BUNDLE=ng.ca, BURNSTORE_HTTP_TOKEN=TOKEN)):
-            with Mount(url, os.path.join(tmp, "mnt-redir")) as m:
+        target = "http://127.0.0.1:%d/cdn/m.safetensors" % ng.port
+        env = env_with(CURL_CA_BUNDLE=ng.ca, BURNSTORE_HTTP_TOKEN=TOKEN)
+        mnt = os.path.join(tmp, "mnt-redir")
+        os.makedirs(mnt)
+        for what, cmd in (("mount", [BIN, url, mnt]), ("ls", [BIN, "ls", url])):
+            r = run(cmd, env=env)
+            lines = r.stderr.strip().splitlines()
+            check(r.returncode == 1 and len(lines) == 1 and url in lines[0] and target in lines[0]
+                  and "unencrypted" in lines[0] and TOKEN not in r.stderr,
+                  "%s: an https -> http redirect is refused in one line naming both URLs: %d %r"
+                  % (what, r.returncode, lines))
+        check(not is_mounted(mnt), "nothing mounted")
+        force_unmount(mnt)
+        # https -> https on the same server: followed, the token kept
+        with Env(env):
+            with Mount(ng.url("tls.safetensors"), os.path.join(tmp, "mnt-tls-redir")) as m:
                 got = read_tree(m, want)
-        check(got == want, "https -> http redirect: every tensor")
+        check(got == want, "https -> https redirect: every tensor")
         log = open(authlog).read().splitlines()
         plain = [x for x in log if x.startswith("http ")]
         tls = [x for x in log if x.startswith("https ")]
-        check(len(plain) >= 2, "the reads went to the http target (%d): %r" % (len(plain), log[:4]))
-        check(tls and all(TOKEN in x for x in tls), "the token went to the https URL: %r" % tls[:2])
-        leaked = [x for x in plain if TOKEN in x]
-        check(not leaked, "the token never over plain http (%d of %d requests): %r"
-              % (len(leaked), len(plain), leaked[:2]))
+        check(not plain, "no plain http request at all (%d): %r" % (len(plain), plain[:2]))
+        asked = [x for x in tls if "/m.safetensors" in x or "/tls.safetensors" in x]
+        check(asked and all(TOKEN in x for x in asked), "the token went to the https URLs: %r"
+              % asked[:2])
+        check(any("/cdn/m.safetensors" in x for x in tls), "the https target was read: %r" % tls[:4])
 
 
 def main():

@@ -82,8 +82,10 @@ static inline void fuzz_check_catalog(const struct bs_catalog *cat)
   FUZZ_CHECK(cat->count <= BS_MAX_TENSORS);
   for (size_t i = 0; i < cat->count; i++)
     fuzz_check_tensor(cat, &cat->tensors[i]);
-  for (size_t i = 0; i < cat->nmeta; i++)
-    FUZZ_CHECK(cat->meta[i].key && cat->meta[i].value);
+  for (size_t i = 0; i < cat->nmeta; i++) /* text, or a value left in a source of cat */
+    FUZZ_CHECK(cat->meta[i].key &&
+               (cat->meta[i].value ? !cat->meta[i].ref
+                                   : cat->meta[i].ref && cat->meta[i].ref->src < cat->nsrcs));
 }
 
 /* Open data as a checkpoint in memory. Returns 0 and fills cat, or -1 (cat

@@ -32,9 +32,11 @@ static void walk(const struct bs_pv *x, unsigned depth)
     walk(x->u.obj.cls, depth + 1);
     walk(x->u.obj.args, depth + 1);
     walk(x->u.obj.state, depth + 1);
-    walk_seq(&x->u.obj.items, depth + 1);
-    walk_seq(&x->u.obj.dkeys, depth + 1);
-    walk_seq(&x->u.obj.dvals, depth + 1);
+    if (x->u.obj.x) {
+      walk_seq(&x->u.obj.x->items, depth + 1);
+      walk_seq(&x->u.obj.x->dkeys, depth + 1);
+      walk_seq(&x->u.obj.x->dvals, depth + 1);
+    }
     break;
   case BS_PV_TENSOR:
     FUZZ_CHECK(x->u.tensor.rank <= BS_MAX_RANK);

@@ -238,6 +238,7 @@ class FaultProxy:
         self.rate = rate
         self.fault = None
         self.every = 1
+        self.etags = None  # (first, later): set_etags
         self.skip_open = True
         self.min_len = 0
         self.min_start = 0
@@ -260,6 +261,15 @@ class FaultProxy:
         with self.lock:
             self.fault, self.every, self.count, self.min_len = fault, every, 0, min_len
             self.min_start = min_start
+
+    def set_etags(self, first, later):
+        """Answer the opening request (Range: bytes=0-...) with ETag `first`
+        and every later one with `later` (bytes, as sent: a hostile server's
+        control characters too), dropping the client's If-Match and
+        If-Unmodified-Since: a server that changed the object and ignores
+        the conditions."""
+        with self.lock:
+            self.etags = (first, later)
 
     def _accept(self):
         while not self.closing:
@@ -339,6 +349,10 @@ class FaultProxy:
         if fault == "full200":
             head = b"\r\n".join(x for x in head.split(b"\r\n")
                                 if not x.lower().startswith(b"range:"))
+        etags = self.etags
+        if etags:
+            head = b"\r\n".join(x for x in head.split(b"\r\n") if not x.lower().startswith(
+                (b"if-match:", b"if-unmodified-since:")))
         if u[0] is None:
             u[0] = socket.create_connection(("127.0.0.1", self.up))
             u[0].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -346,6 +360,10 @@ class FaultProxy:
         rhead, rest = _read_head(u[0], b"")
         if rhead is None:
             return False
+        if etags:
+            tag = etags[0] if hs.get("range", "").startswith("bytes=0-") else etags[1]
+            rhead = b"\r\n".join(b"ETag: " + tag if x.lower().startswith(b"etag:") else x
+                                   for x in rhead.split(b"\r\n"))
         _, rhs = _headers(rhead)
         n = int(rhs.get("content-length", "0"))
         c.sendall(rhead)

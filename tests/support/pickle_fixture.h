@@ -17,6 +17,9 @@ struct bs_pickle *pickle_fixture_unpickler(void);
 /* Unpickle `len` bytes; the value stays valid until the teardown. */
 int pickle_load_opts(const void *bytes, size_t len, bool strict, uint64_t base, struct bs_pv **out,
                      bs_err *err);
+/* As if the stream came from a file of `input` bytes (an inflated zip member's). */
+int pickle_load_input(const void *bytes, size_t len, uint64_t input, struct bs_pv **out,
+                      bs_err *err);
 static inline int pickle_load(const void *bytes, size_t len, struct bs_pv **out, bs_err *err)
 {
   return pickle_load_opts(bytes, len, false, 0, out, err);

@@ -160,6 +160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._deny(why)
         with p.lock:
             p.passed += 1
+            p.paths.append(self.path)
         up = http.client.HTTPConnection("127.0.0.1", p.upstream, timeout=60)
         try:
             up.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
@@ -194,12 +195,14 @@ class _Server(http.server.ThreadingHTTPServer):
 class SigV4Proxy:
     """A verifying proxy on a free port of 127.0.0.1 in front of
     127.0.0.1:upstream; a context manager (the server thread stops on exit).
-    requests / passed / denied (the reasons) count what it saw."""
+    requests / passed / denied (the reasons) count what it saw; paths lists
+    the request targets that passed."""
 
     def __init__(self, upstream, key_id, secret, region):
         self.upstream, self.key_id, self.secret, self.region = upstream, key_id, secret, region
         self.lock = threading.Lock()
         self.requests, self.passed, self.denied = 0, 0, []
+        self.paths = []  # (the target of each request that passed, as sent)
         self.srv = _Server(("127.0.0.1", 0), _Handler)
         self.srv.proxy = self
         self.port = self.srv.server_address[1]

@@ -732,6 +732,45 @@ static void add_mem_src(struct bs_catalog *cat, const void *mem, size_t n)
   cr_assert_eq(bs_catalog_add_src(cat, &s, &idx, &cerr), 0);
 }
 
+/* A decoded size past what a file can have (an off_t: stat's st_size and
+ * every offset of a mount): an F4 tensor of 2^61 elements is 2^60 bytes
+ * stored, 2^63 as F32. It stays as stored with a note naming it and the
+ * reason (stat and open of it failed with a bare EIO, nothing logged);
+ * as F16 (2^62 bytes) it is decoded. */
+Test(decode_as, a_decoded_size_past_off_t_stays_as_stored)
+{
+  static const uint8_t st[16];
+  for (int pass = 0; pass < 2; pass++) {
+    const enum bs_dtype as = pass ? BS_DT_F16 : BS_DT_F32;
+    struct bs_catalog cat;
+    bs_catalog_init(&cat);
+    bs_err_clear(&cerr);
+    add_mem_src(&cat, st, sizeof st);
+    const uint64_t big[] = {1ull << 61}, small[] = {8};
+    cr_assert_not_null(bs_catalog_add(&cat, "huge", BS_DT_F4, 1, big, 0, &cerr));
+    cr_assert_not_null(bs_catalog_add(&cat, "f4", BS_DT_F4, 1, small, 0, &cerr));
+    cr_assert_eq(cat.tensors[0].nbytes, 1ull << 60);
+    cr_assert_eq(bs_catalog_decode_as(&cat, as, &cerr), 0, "%s", cerr.msg);
+    const struct bs_tensor *t = &cat.tensors[0];
+    cr_assert(cat.tensors[1].decoded, "a small F4 tensor is decoded");
+    char buf[400];
+    if (as == BS_DT_F16) {
+      cr_assert(t->decoded && t->nbytes == 1ull << 62, "as F16 it fits: decoded");
+      cr_assert_null(cat.notes);
+    } else {
+      cr_assert(!t->decoded && t->dtype == BS_DT_F4 && t->nbytes == 1ull << 60, "as stored");
+      cr_assert_str_eq(cat.notes, "as=F32: 1 F4 tensor shown as stored (its decoded size does not "
+                                  "fit a file size (2^63 - 1 bytes): 'huge' is "
+                                  "2305843009213693952 elements of 4 bytes)\n");
+      const char *why = bs_tensor_why_stored(t, BS_DT_F32, buf, sizeof buf);
+      cr_assert(why && strstr(why, "does not fit a file size"), "%s", why ? why : "(null)");
+      cr_assert_null(bs_tensor_why_stored(t, BS_DT_F16, buf, sizeof buf), "F16 would fit");
+      cr_assert(bs_tensor_decodable(t), "it has a decoder");
+    }
+    bs_catalog_destroy(&cat);
+  }
+}
+
 Test(decode_as, bf16_strided_and_kept_dtypes)
 {
   struct bs_catalog cat;

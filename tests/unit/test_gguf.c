@@ -4,9 +4,12 @@
  * and typed write-back of changed metadata. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bs_test.h"
 #include "burnstore/formats.h"
@@ -155,11 +158,28 @@ static int open_mem(struct bs_catalog *cat, const void *buf, size_t n, bs_err *e
   return bs_open_any(cat, &s, NULL, err);
 }
 
+/* The text of metadata k (made from the file: the catalog keeps a GGUF
+ * value where it is), or NULL; valid for the next 7 calls. */
 static const char *meta(const struct bs_catalog *cat, const char *k)
 {
-  for (size_t i = 0; i < cat->nmeta; i++)
-    if (strcmp(cat->meta[i].key, k) == 0)
-      return cat->meta[i].value;
+  static char texts[8][8192];
+  static unsigned next;
+  for (size_t i = 0; i < cat->nmeta; i++) {
+    if (strcmp(cat->meta[i].key, k) != 0)
+      continue;
+    struct bs_buf b = {0};
+    bool cut;
+    bs_err e;
+    bs_err_clear(&e);
+    cr_assert_eq(bs_meta_text(cat, &cat->meta[i], sizeof texts[0] - 1, &b, &cut, &e), 0, "%s",
+                 e.msg);
+    cr_assert(!cut && bs_kv_text_len(&cat->meta[i]) == b.len, "%s: %zu bytes of text", k, b.len);
+    char *t = texts[next++ % 8];
+    memcpy(t, b.data ? (const char *)b.data : "", b.len);
+    t[b.len] = '\0';
+    bs_buf_destroy(&b);
+    return t;
+  }
   return NULL;
 }
 
@@ -509,6 +529,8 @@ static void set_meta(struct bs_catalog *cat, const char *k, const char *v)
   for (size_t i = 0; i < cat->nmeta; i++)
     if (strcmp(cat->meta[i].key, k) == 0) {
       bs_free(cat->meta[i].value);
+      bs_free(cat->meta[i].ref);
+      cat->meta[i].ref = NULL;
       cat->meta[i].value = bs_strdup(v);
       return;
     }
@@ -754,7 +776,7 @@ Test(gguf, parse_types_keeps_keys_and_types_without_the_strings)
     cr_expect_str_eq(types.kv[i].key, full.kv[i].key);
     cr_expect_arr_eq(types.kv[i].types, full.kv[i].types, sizeof full.kv[i].types);
     if (full.kv[i].types[0] == BS_GG_STRING)
-      cr_expect_str_eq(types.kv[i].text, "", "%s: not read", full.kv[i].key);
+      cr_expect_eq(types.kv[i].text_len, 0, "%s: not read", full.kv[i].key);
   }
   bs_gguf_free(&full);
   bs_gguf_free(&types);
@@ -941,4 +963,85 @@ Test(gguf, a_failing_read_at_any_allocation_leaves_the_catalog_as_it_was)
 {
   build_ref(&B);
   cr_assert_gt(bs_test_rollback_sweep_mem(B.d, B.n, "m.gguf", bs_gguf_read), 0);
+}
+
+/* The catalog keeps each GGUF value where it is (a ref to its bytes, the
+ * length of its text counted): no text is made until asked for, and then
+ * only as much as asked (an xattr, info's first 200 bytes). The text an
+ * entry makes equals what the reader showed before (the test above), cut
+ * at any length to a prefix of it. */
+Test(gguf, values_stay_in_the_file_and_are_made_text_on_demand)
+{
+  build_ref(&B);
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, B.d, B.n, &err), 0, "%s", err.msg);
+  for (size_t i = 0; i < cat.nmeta; i++) {
+    const struct bs_kv *kv = &cat.meta[i];
+    cr_assert(!kv->value && kv->ref && kv->ref->format == BS_FMT_GGUF, "%s: a ref", kv->key);
+    struct bs_buf full = {0};
+    bool cut;
+    cr_assert_eq(bs_meta_text(&cat, kv, UINT64_MAX, &full, &cut, &err), 0, "%s", err.msg);
+    cr_assert(!cut && full.len == kv->ref->text_len, "%s: %zu bytes", kv->key, full.len);
+    for (uint64_t max = 0; max <= full.len + 1; max++) {
+      struct bs_buf part = {0};
+      cr_assert_eq(bs_meta_text(&cat, kv, max, &part, &cut, &err), 0, "%s", err.msg);
+      size_t want = max < full.len ? (size_t)max : full.len;
+      cr_assert(part.len == want && cut == (max < full.len), "%s cut at %" PRIu64, kv->key, max);
+      cr_assert(!want || memcmp(part.data, full.data, want) == 0, "%s: a prefix", kv->key);
+      bs_buf_destroy(&part);
+    }
+    bs_buf_destroy(&full);
+  }
+  bs_catalog_destroy(&cat);
+}
+
+/* A value of control bytes is 6 times its bytes as JSON: a writer that
+ * wants text (SafeTensors) gets it made, within 48 MiB in all, refused
+ * past that before any is made; GGUF copies the bytes. */
+Test(gguf, text_for_other_writers_is_bounded)
+{
+  static uint8_t big[9u << 20];
+  struct gb *b = bs_malloc(sizeof *b);
+  head(b, 3, 1, 1);
+  key(b, "general.x", BS_GG_ARRAY), u32(b, BS_GG_STRING), u64(b, 1), u64(b, sizeof big);
+  memset(big, 1, sizeof big);
+  uint8_t *file = bs_malloc(b->n + sizeof big + 256);
+  memcpy(file, b->d, b->n);
+  size_t n = b->n;
+  memcpy(file + n, big, sizeof big);
+  n += sizeof big;
+  b->n = 0;
+  tinfo(b, "w", 1, (uint64_t[]){2}, 0, 0);
+  memcpy(file + n, b->d, b->n);
+  n += b->n;
+  size_t data = (n + 31) / 32 * 32;
+  memset(file + n, 0, data + 8 - n);
+  n = data + 8;
+  struct bs_catalog cat;
+  bs_err err;
+  cr_assert_eq(open_mem(&cat, file, n, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_kv_text_len(&cat.meta[0]), 6 * sizeof big + 4);
+  char dir[] = "/tmp/bs-gguf-XXXXXX", path[64];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/out.safetensors", dir);
+  const struct bs_writer *st = bs_writer_for_path(path);
+  cr_assert_eq(bs_writer_write_file(st, &cat, path, &err), -1);
+  cr_assert_eq(err.code, EFBIG);
+  cr_assert(strstr(err.msg, "the metadata as text passes 48 MiB at 'general.x'"), "%s", err.msg);
+  snprintf(path, sizeof path, "%s/out.gguf", dir);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_writer_write_file(bs_writer_for_path(path), &cat, path, &err), 0, "%s", err.msg);
+  FILE *f = fopen(path, "rb"); /* the header as it was: the value copied, not made text */
+  cr_assert_not_null(f);
+  uint8_t *back = bs_malloc(data);
+  cr_assert_eq(fread(back, 1, data, f), data);
+  fclose(f);
+  cr_assert_eq(memcmp(back, file, data), 0, "the GGUF header copied byte for byte");
+  bs_free(back);
+  unlink(path);
+  rmdir(dir);
+  bs_catalog_destroy(&cat);
+  bs_free(file);
+  bs_free(b);
 }

@@ -2,11 +2,13 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/pickle.h"
+#include "formats/pickle_vm.h"
 #include "pickle_fixture.h"
 
 TestSuite(pickle, .fini = pickle_fixture_teardown);
@@ -187,10 +189,13 @@ Test(pickle, mark_bomb_is_a_clean_error)
   cr_assert(strstr(e.msg, "MARKs nested deeper than"), "%s", e.msg);
 }
 
+/* 100,000 lists nested: 12 MB of values from 200 KB of pickle, so the
+ * stream sits in a 1 MB file (what follows STOP is not read): the memory
+ * bound is 8 MiB + 24 x the file. */
 Test(pickle, deeply_nested_lists_load_without_recursion)
 {
-  size_t depth = 100000, n = 2 + depth + (depth - 1) + 1;
-  char *s = malloc(n);
+  size_t depth = 100000, n = 2 + depth + (depth - 1) + 1, file = 1 << 20;
+  char *s = calloc(1, file);
   s[0] = (char)0x80;
   s[1] = 2;
   memset(s + 2, ']', depth);
@@ -198,7 +203,7 @@ Test(pickle, deeply_nested_lists_load_without_recursion)
   s[n - 1] = '.';
   struct bs_pv *v;
   bs_err e;
-  int rc = pickle_load(s, n, &v, &e);
+  int rc = pickle_load(s, file, &v, &e);
   free(s);
   cr_assert_eq(rc, 0, "%s", e.msg);
   cr_assert_eq(v->kind, BS_PV_LIST);
@@ -347,4 +352,126 @@ Test(pickle, failing_allocations_give_enomem_and_no_leak)
     cr_assert_eq(e.code, ENOMEM, "n=%ld: %s", n, e.msg);
   }
   cr_assert_fail("never succeeded");
+}
+
+/* ---- bounded by the file's bytes ------------------------------------------------------------ */
+
+/* "\x80\x02" head, n copies of pat, tail, STOP: what a deflated data.pkl of
+ * a 78 KB file can inflate to (deflate's 1032:1). */
+static char *flood(const char *head, size_t hl, const char *pat, size_t pl, size_t n,
+                   const char *tail, size_t tl, size_t *len)
+{
+  *len = 2 + hl + n * pl + tl + 1;
+  char *s = malloc(*len), *p = s;
+  cr_assert_not_null(s);
+  *p++ = (char)0x80;
+  *p++ = 2;
+  memcpy(p, head, hl);
+  p += hl;
+  for (size_t i = 0; i < n; i++, p += pl)
+    memcpy(p, pat, pl);
+  memcpy(p, tail, tl);
+  p[tl] = '.';
+  return s;
+}
+
+#define FILE_BYTES 78000u
+
+/* Refused by one of the bounds (`why`), EFBIG, with the arena it kept
+ * within the memory bound: 8 MiB + 24 x the file. */
+static void refused(const char *what, char *s, size_t len, const char *why)
+{
+  struct bs_pv *v;
+  bs_err e;
+  int rc = pickle_load_input(s, len, FILE_BYTES, &v, &e);
+  free(s);
+  cr_assert_eq(rc, -1, "%s: loaded", what);
+  cr_assert_eq(e.code, EFBIG, "%s: %d %s", what, e.code, e.msg);
+  cr_assert(strstr(e.msg, why), "%s: %s", what, e.msg);
+  cr_assert(strstr(e.msg, "x the file's 78000 bytes"), "%s: %s", what, e.msg);
+  const struct bs_pickle *p = pickle_fixture_unpickler();
+  cr_assert_leq(p->total, BS_PICKLE_MEM_FLOOR + BS_PICKLE_MEM_PER_BYTE * FILE_BYTES, "%s", what);
+  pickle_fixture_teardown(); /* the next stream gets an unpickler of its own */
+}
+
+#define MEM "bytes of memory to load (the bound is 8 MiB + 24"
+#define WORK "opcodes (the bound is 1048576 + 32"
+
+/* Opcodes that build nothing, or a shared value (None, (), a small int)
+ * they drop: the work bound (a 78 KB .pth of 40M EMPTY_TUPLE, POP filled
+ * the fixed 4 GiB arena: 4.3 GB, 9 s). */
+Test(pickle, floods_that_build_nothing_stop_at_the_work_bound)
+{
+  size_t n;
+  char *s;
+  s = flood("", 0, ")0", 2, 4000000, "N", 1, &n);
+  refused("EMPTY_TUPLE POP", s, n, WORK);
+  s = flood("", 0, "(1", 2, 4000000, "N", 1, &n);
+  refused("MARK POP_MARK", s, n, WORK);
+  s = flood("", 0, "N0", 2, 4000000, "N", 1, &n);
+  refused("NONE POP", s, n, WORK);
+  s = flood("", 0,
+            "K\x05"
+            "0",
+            3, 4000000, "N", 1, &n);
+  refused("BININT1 POP", s, n, WORK);
+  s = flood("]", 1, "q\x00", 2, 4000000, "", 0, &n);
+  refused("BINPUT to one index", s, n, WORK);
+  s = flood("", 0, "\x95\x01\x00\x00\x00\x00\x00\x00\x00", 9, 4000000, "N", 1, &n);
+  refused("FRAME", s, n, WORK);
+}
+
+/* Opcodes that keep what they make: the memory bound, whatever holds it
+ * (the stack, the memo, a list's items, values, the input window). */
+Test(pickle, floods_that_keep_what_they_make_stop_at_the_memory_bound)
+{
+  size_t n;
+  char *s;
+  s = flood("]", 1, "2", 1, 4000000, "", 0, &n);
+  refused("DUP", s, n, MEM);
+  s = flood("]\x94", 2, "h\x00", 2, 4000000, "", 0, &n);
+  refused("MEMOIZE BINGET", s, n, MEM);
+  s = flood("]", 1, "\x94", 1, 4000000, "", 0, &n);
+  refused("MEMOIZE", s, n, MEM);
+  s = flood("]r\x18\x93\x98\x00", 6, "0", 1, 10000000, "N", 1, &n); /* LONG_BINPUT 9,999,000 */
+  refused("a far LONG_BINPUT", s, n, MEM);
+  char appends[1002];
+  appends[0] = '(';
+  memset(appends + 1, 'N', 1000);
+  appends[1001] = 'e';
+  s = flood("]", 1, appends, sizeof appends, 4000, "", 0, &n);
+  refused("EMPTY_LIST APPENDS", s, n, MEM);
+  s = flood("(", 1, "]", 1, 4000000, "l", 1, &n);
+  refused("MARK EMPTY_LIST... LIST", s, n, MEM);
+  s = flood("(", 1, "\x8c\x01x", 3, 2000000, "l", 1, &n);
+  refused("short strings", s, n, MEM);
+  s = flood("(", 1, "J\x00\x01\x00\x00", 5, 2000000, "l", 1, &n);
+  refused("ints", s, n, MEM);
+  s = flood("B\x00\x00\xc0\x00", 5, "", 0, 0, "", 0, &n); /* BINBYTES of 12 MiB */
+  s = realloc(s, n + (12u << 20));
+  memset(s + n - 1, 0, (12u << 20) + 1);
+  refused("BINBYTES", s, n + (12u << 20), MEM);
+  s = flood("\x8b\x00\x00\xc0\x00", 5, "", 0, 0, "", 0, &n); /* LONG4 of 12 MiB */
+  s = realloc(s, n + (12u << 20));
+  memset(s + n - 1, 0, (12u << 20) + 1);
+  refused("LONG4", s, n + (12u << 20), MEM);
+}
+
+/* The same streams from a file their size (uncompressed): read, each
+ * opcode at least a byte of the file. */
+Test(pickle, the_same_streams_from_a_file_their_size_load)
+{
+  size_t n;
+  char *s = flood("", 0, ")0", 2, 4000000, "N", 1, &n);
+  struct bs_pv *v;
+  bs_err e;
+  int rc = pickle_load(s, n, &v, &e);
+  free(s);
+  cr_assert_eq(rc, 0, "%s", e.msg);
+  cr_assert_eq(v->kind, BS_PV_NONE);
+  s = flood("(", 1, "]", 1, 200000, "l", 1, &n);
+  rc = pickle_load(s, n, &v, &e);
+  free(s);
+  cr_assert_eq(rc, 0, "%s", e.msg);
+  cr_assert(v->kind == BS_PV_LIST && v->u.seq.n == 200000);
 }

@@ -285,3 +285,89 @@ Test(remote_url, shard_names_stay_inside)
   shard(web, "m.safetensors?x=1", false, "'?'");
   shard(hf, "m #1.safetensors", true, NULL); /* (encoded: a name) */
 }
+
+/* Issue 31: a dot segment in a typed hf:// or s3:// URL would leave the
+ * repository or bucket with its credentials (libcurl and servers remove
+ * them: hf://org/repo/../../../api/m was asked as /api/m with the token,
+ * s3://bkt/../../other/m as /other/m, signed): refused in one line. What
+ * is not a dot segment is sent as written. */
+Test(remote_url, dot_segments_refused)
+{
+  struct bs_remote_env s3env = {.aws_endpoint = "http://127.0.0.1:9000"};
+  const char *hf_bad[] = {
+      "hf://org/repo/../../../api/m.safetensors",
+      "hf://org/repo/a/../m.st",
+      "hf://org/repo/./m.st",
+      "hf://org/repo/%2E%2E/%2e%2e/x/m.st",
+      "hf://org/repo/.%2E/m.st",
+      "hf://org/repo/a/%2e/m.st",
+      "hf://../repo/m.st",
+      "hf://org/../m.st/x",
+      "hf://org/repo@../m.st",
+      "hf://org/repo@%2E%2E/m.st",
+      "hf://org/repo@./m.st",
+      "hf://datasets/org/repo/d/../../m.st",
+  };
+  for (size_t i = 0; i < sizeof hf_bad / sizeof *hf_bad; i++)
+    refuses(hf_bad[i], &no_env, "'..' segment");
+  const char *s3_bad[] = {
+      "s3://bkt/../../other/m",  "s3://bkt/a/../m",   "s3://bkt/./m",
+      "s3://bkt/%2E%2E/other/m", "s3://bkt/a/.%2e/m", "s3://bkt/a/..",
+  };
+  for (size_t i = 0; i < sizeof s3_bad / sizeof *s3_bad; i++) {
+    refuses(s3_bad[i], &s3env, "'..' segment");
+    refuses(s3_bad[i], &no_env, "'..' segment");
+  }
+  /* dots that are no segment of their own: names */
+  parses("hf://org/repo/..m/a..b/.x/m...st", &no_env,
+         "https://huggingface.co/org/repo/resolve/main/..m/a..b/.x/m...st");
+  parses("hf://org/repo@v1.0/m.st", &no_env, "https://huggingface.co/org/repo/resolve/v1.0/m.st");
+  /* S3 keys as written: doubled slashes kept, '%', '+', spaces, UTF-8 and
+   * '...' encoded once (as SigV4's canonical URI for S3 has them) */
+  parses("s3://bkt/a//b/m.st", &s3env, "http://127.0.0.1:9000/bkt/a//b/m.st");
+  parses("s3://bkt/100%/x+y z/é/.../m", &s3env,
+         "http://127.0.0.1:9000/bkt/100%25/x%2By%20z/%C3%A9/.../m");
+  parses("s3://bkt/%2E%2Ex/m", &s3env, "http://127.0.0.1:9000/bkt/%252E%252Ex/m");
+}
+
+/* A shard named with dot segments that stay inside (sub/../m) is asked
+ * without them in hf:// and s3:// (their URLs hold none); http as curl
+ * resolves it. */
+Test(remote_url, sibling_without_dots)
+{
+  struct bs_remote_env env = {.aws_endpoint = "http://127.0.0.1:9000"};
+  struct bs_remote r, s;
+  char msg[160];
+  cr_assert_eq(bs_remote_parse("s3://bkt/d/i.json", &env, &r, msg, sizeof msg), 0);
+  cr_assert_eq(bs_remote_sibling(&r, "sub/../x/./s 1.st", &s), 0);
+  cr_expect_str_eq(s.url, "http://127.0.0.1:9000/bkt/d/x/s%201.st");
+  cr_expect_str_eq(s.name, "s3://bkt/d/x/s 1.st");
+  bs_remote_free(&s);
+  cr_assert_eq(bs_remote_sibling(&r, "a//b/%2E%2E/c.st", &s), 0);
+  cr_expect_str_eq(s.url, "http://127.0.0.1:9000/bkt/d/a//c.st"); /* (as RFC 3986) */
+  bs_remote_free(&s);
+  bs_remote_free(&r);
+  cr_assert_eq(bs_remote_parse("hf://org/repo/d/i.json", &no_env, &r, msg, sizeof msg), 0);
+  cr_assert_eq(bs_remote_sibling(&r, "./a/../s.st", &s), 0);
+  cr_expect_str_eq(s.url, "https://huggingface.co/org/repo/resolve/main/d/s.st");
+  cr_expect_str_eq(s.name, "hf://org/repo/d/s.st");
+  cr_expect_str_eq(s.hf_spec_path, "d/s.st");
+  bs_remote_free(&s);
+  bs_remote_free(&r);
+}
+
+/* Issue 31: an https:// URL is never redirected to http:// (libcurl is
+ * told "https" only); the refusal names the target without credentials. */
+Test(remote_url, redirect_protocols)
+{
+  cr_expect_str_eq(bs_remote_redir_protocols("https://h/m"), "https");
+  cr_expect_str_eq(bs_remote_redir_protocols("HTTPS://h/m"), "https");
+  cr_expect_str_eq(bs_remote_redir_protocols("http://h/m"), "http,https");
+  char msg[200] = "";
+  cr_expect(bs_remote_redir_refused("https://h/m", "http://u:pw@cdn/m?sig=1", msg, sizeof msg));
+  cr_expect(strstr(msg, "http://***@cdn/m?***") && strstr(msg, "unencrypted"), "%s", msg);
+  cr_expect(!strstr(msg, "pw") && !strstr(msg, "sig=1"), "%s", msg);
+  cr_expect(!bs_remote_redir_refused("https://h/m", "https://cdn/m", msg, sizeof msg));
+  cr_expect(!bs_remote_redir_refused("http://h/m", "http://cdn/m", msg, sizeof msg));
+  cr_expect(!bs_remote_redir_refused("https://h/m", NULL, msg, sizeof msg));
+}

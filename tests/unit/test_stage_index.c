@@ -70,6 +70,10 @@ static void build(struct bs_catalog *c)
   t->src = UINT32_MAX;
   cr_assert_eq(bs_catalog_add_meta(c, "note", "a\tb %41\n", &err), 0);
   cr_assert_eq(bs_catalog_add_meta(c, "", "", &err), 0);
+  /* a GGUF value left in the checkpoint: where it is, not its text */
+  struct bs_meta_ref r = {BS_FMT_GGUF, 0, {9, 8}, 16, 20, 1234}; /* an array of strings */
+  struct bs_kv kv = {"tokenizer.ggml.tokens", NULL, &r};
+  cr_assert_eq(bs_catalog_add_meta_kv(c, &kv, &err), 0);
 }
 
 static void head(struct bs_stage_index *h)
@@ -144,9 +148,15 @@ Test(stage_index, round_trip)
     if (x->dtype_raw_len)
       cr_assert_eq(memcmp(y->dtype_raw, x->dtype_raw, x->dtype_raw_len), 0);
   }
-  cr_assert_eq(idx.cat.nmeta, 2);
+  cr_assert_eq(idx.cat.nmeta, 3);
   cr_assert_str_eq(idx.cat.meta[0].value, "a\tb %41\n");
   cr_assert_str_eq(idx.cat.meta[1].key, "");
+  const struct bs_kv *kv = &idx.cat.meta[2];
+  cr_assert(kv->ref && !kv->value && strcmp(kv->key, "tokenizer.ggml.tokens") == 0);
+  const struct bs_meta_ref *a = kv->ref, *w = c.meta[2].ref;
+  cr_assert(a->format == w->format && a->src == w->src && a->off == w->off && a->len == w->len &&
+                a->text_len == w->text_len && memcmp(a->types, w->types, sizeof a->types) == 0,
+            "the ref read back");
   bs_catalog_destroy(&c);
   bs_stage_index_destroy(&idx);
   bs_buf_destroy(&b);
@@ -250,9 +260,40 @@ Test(stage_index, quantizers_must_fit_their_tensor)
   refused(text, "does not fit the tensor's elements");
   qline(text, sizeof text, 0, 3, 3); /* 9 > 6 */
   refused(text, "does not fit the tensor's elements");
+  /* a strided view (torch's t() of a per-tensor quantized tensor) keeps its
+   * quantizer: its elements are gathered in row-major order (it was refused) */
+  struct bs_torch_q pt = {.scheme = BS_TQ_PER_TENSOR, .scale = 0.5, .zp = 3};
+  int n = snprintf(text, sizeof text,
+                   HEAD "tensor\tq\tQU8\t[3,2]\t-\t0\t0\t6\tstrided\t[1,3]\t0\t6\traw\t");
+  for (size_t k = 0; k < sizeof pt; k++)
+    n += snprintf(text + n, sizeof text - (size_t)n, "%02x", ((const uint8_t *)&pt)[k]);
+  snprintf(text + n, sizeof text - (size_t)n, "\nend\t1\n");
+  cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
+  cr_assert(idx.cat.tensors[0].strides && idx.cat.tensors[0].dtype_raw_len == sizeof pt);
+  bs_stage_index_destroy(&idx);
   /* two hex digits a byte, nothing else (sscanf's %2x read "-1" as 0xff) */
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1-1\nend\t1\n", "bad raw dtype");
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1 f\nend\t1\n", "bad raw dtype");
+}
+
+/* A metadata ref names a GGUF value inside a checkpoint source, in full. */
+Test(stage_index, metadata_refs_must_be_in_the_checkpoint)
+{
+  static const char ok[] = HEAD "metaref\tk\tgguf\t0\t16\t20\t99\t09080000000000000000\nend\t0\n";
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_parse(ok, sizeof ok - 1, &idx, &err), 0, "%s", err.msg);
+  cr_assert(idx.cat.nmeta == 1 && idx.cat.meta[0].ref && idx.cat.meta[0].ref->text_len == 99);
+  bs_stage_index_destroy(&idx);
+  const char *bad[] = {
+      HEAD "metaref\tk\tgguf\t1\t0\t4\t9\t09080000000000000000\nend\t0\n",    /* a staged file */
+      HEAD "metaref\tk\tgguf\t2\t0\t4\t9\t09080000000000000000\nend\t0\n",    /* no source 2 */
+      HEAD "metaref\tk\tgguf\t0\t60\t5\t9\t09080000000000000000\nend\t0\n",   /* past its end */
+      HEAD "metaref\tk\tpytorch\t0\t0\t4\t9\t09080000000000000000\nend\t0\n", /* not GGUF */
+      HEAD "metaref\tk\tgguf\t0\t0\t4\t9\t090800000000000000\nend\t0\n",      /* short types */
+      HEAD "metaref\tk\tgguf\t0\t0\t4\t9\t0908000000000000000g\nend\t0\n",    /* not hex */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    refused(bad[i], "bad metaref record");
 }
 
 /* A remote checkpoint (a URL mounted with output=): its record and its
@@ -336,15 +377,14 @@ Test(stage_index, save_load_attach)
   h.ck.mtime_nsec = sck.st_mtim.tv_nsec;
   struct bs_buf b = {0};
   cr_assert_eq(bs_stage_index_format(&h, &c, dir, &b, &err), 0, "%s", err.msg);
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-  cr_assert_eq(bs_stage_index_save(dfd, &b, &err), 0, "%s", err.msg);
-  close(dfd);
+  struct bs_stage_dir stg = {open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), dir};
+  cr_assert_eq(bs_stage_index_save(stg.fd, &b, &err), 0, "%s", err.msg);
   bs_buf_destroy(&b);
   bs_catalog_destroy(&c);
 
   struct bs_stage_index idx;
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_attach(&idx, &stg, &err), 0, "%s", err.msg);
   cr_assert_eq(idx.cat.nsrcs, 2);
   uint8_t got[4];
   cr_assert_eq(bs_tensor_read(&idx.cat, &idx.cat.tensors[0], 0, got, 4), 4);
@@ -353,8 +393,8 @@ Test(stage_index, save_load_attach)
 
   /* A staged file of another size, then a checkpoint that changed: refused. */
   cr_assert_eq(truncate(st, 3), 0);
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0);
-  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), -1);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), 0);
+  cr_assert_eq(bs_stage_index_attach(&idx, &stg, &err), -1);
   cr_assert_eq(err.code, ESTALE, "%s", err.msg);
   bs_stage_index_destroy(&idx);
   cr_assert_eq(truncate(st, sizeof stbytes), 0);
@@ -362,11 +402,12 @@ Test(stage_index, save_load_attach)
   fputc('x', f);
   fclose(f);
   bs_err_clear(&err);
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0);
-  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), -1);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), 0);
+  cr_assert_eq(bs_stage_index_attach(&idx, &stg, &err), -1);
   cr_assert_eq(err.code, ESTALE);
   cr_assert_not_null(strstr(err.msg, "changed since the write-back started"), "%s", err.msg);
   bs_stage_index_destroy(&idx);
+  close(stg.fd);
   bs_test_rmrf(dir);
   free(dir);
 }
@@ -374,11 +415,13 @@ Test(stage_index, save_load_attach)
 Test(stage_index, no_index_is_a_clear_error)
 {
   char *dir = bs_test_tmpdir("stage");
+  struct bs_stage_dir stg = {open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), dir};
   struct bs_stage_index idx;
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), -1);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), -1);
   cr_assert_eq(err.code, ENOENT);
   cr_assert_not_null(strstr(err.msg, "no INDEX"));
   bs_stage_index_destroy(&idx);
+  close(stg.fd);
   bs_test_rmrf(dir);
   free(dir);
 }
