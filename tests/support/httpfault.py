@@ -231,7 +231,64 @@ def _headers(head):
     return lines[0], hs
 
 
-class FaultProxy:
+class _Server:
+    """A listening socket on a free port of 127.0.0.1 and a thread that
+    accepts, each connection served by self._serve(c) on a thread of its
+    own; close() (a context manager) ends the accept, shuts every
+    connection down and sets `stop` (which ends the stalls)."""
+
+    def __init__(self, backlog):
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.closing = False
+        self.conns = []
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(backlog)
+        self.port = self.ls.getsockname()[1]
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.closing:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def url(self, name):
+        return "http://127.0.0.1:%d/%s" % (self.port, name)
+
+    def close(self):
+        self.closing = True
+        self.stop.set()
+        try:
+            self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
+        except OSError:
+            pass
+        self.ls.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class FaultProxy(_Server):
     def __init__(self, port, latency=0.0, rate=0):
         self.up = port
         self.latency = latency
@@ -242,20 +299,10 @@ class FaultProxy:
         self.skip_open = True
         self.min_len = 0
         self.min_start = 0
-        self.stop = threading.Event()  # (set by close: ends the stalls)
         self.faults = 0
         self.count = 0
         self.inflight = self.max_inflight = 0
-        self.lock = threading.Lock()
-        self.ls = socket.socket()
-        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(64)
-        self.port = self.ls.getsockname()[1]
-        self.closing = False
-        self.conns = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+        _Server.__init__(self, 64)
 
     def arm(self, fault, every=1, min_len=0, min_start=0):
         with self.lock:
@@ -270,17 +317,6 @@ class FaultProxy:
         the conditions."""
         with self.lock:
             self.etags = (first, later)
-
-    def _accept(self):
-        while not self.closing:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self.lock:
-                self.conns.append(c)
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
     def _pick(self, line, hs):
         """The fault for this request, or None."""
@@ -410,32 +446,6 @@ class FaultProxy:
             os.close(pr)
             os.close(pw)
 
-    def url(self, name):
-        return "http://127.0.0.1:%d/%s" % (self.port, name)
-
-    def close(self):
-        self.closing = True
-        self.stop.set()
-        try:
-            self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
-        except OSError:
-            pass
-        self.ls.close()
-        with self.lock:
-            for c in self.conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self.thread.join(timeout=10)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
 
 class Stall:
     """An answer's body that sends `first` bytes, then nothing (the
@@ -471,7 +481,7 @@ def range_answer(data, hs, total=None, etag=None, lastmod=None, extra=()):
     return 206, h + [("Content-Range", "bytes %d-%d/%d" % (a, b, n))], body
 
 
-class Hostile:
+class Hostile(_Server):
     """An HTTP/1.1 server on a free port of 127.0.0.1 whose every answer
     is what `answer(method, path, headers, n)` returns (n: the request's
     number, from 1; headers: lower-case names): (status, [(name, value)],
@@ -485,30 +495,7 @@ class Hostile:
         self.answer = answer
         self.requests = []
         self.sent = 0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.ls = socket.socket()
-        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(256)
-        self.port = self.ls.getsockname()[1]
-        self.conns = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def url(self, name):
-        return "http://127.0.0.1:%d/%s" % (self.port, name)
-
-    def _accept(self):
-        while not self.stop.is_set():
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self.lock:
-                self.conns.append(c)
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        _Server.__init__(self, 256)
 
     def _serve(self, c):
         buf = b""
@@ -558,25 +545,3 @@ class Hostile:
                 c.close()
             except OSError:
                 pass
-
-    def close(self):
-        self.stop.set()
-        try:
-            self.ls.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.ls.close()
-        with self.lock:
-            for c in self.conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self.thread.join(timeout=10)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
