@@ -161,6 +161,8 @@ static void ahead_done(struct bs_http_req *r)
   atomic_fetch_sub(&h->sh->ahead, (size_t)(f->to - f->from));
   bs_free(r->eff);
   pthread_mutex_lock(&h->lock);
+  if (rc != 0 && h->ahead > f->from) /* (not a hole the window moved past: asked again) */
+    h->ahead = f->from;
   landed(h, f);
   pthread_mutex_unlock(&h->lock);
   bs_free(f->eff);
