@@ -18,6 +18,7 @@
 
 #define BS_HTTP_SKIP_MAX ((uint64_t)64 << 20) /* a server ignoring Range: bytes skipped at most */
 #define BS_HTTP_ETAG_MAX 256                  /* the longest ETag kept (and compared) */
+#define BS_HTTP_RETRY_CAP_MS 10000L           /* the longest wait to retry (Retry-After too) */
 
 /* What a source and its siblings share. */
 struct bs_http_site {
@@ -140,6 +141,10 @@ void bs_http_client_stop(void);
 int bs_http_get(struct bs_http_site *sh, const atomic_bool *stop, const char *pin, const char *url,
                 bool auth, uint64_t first, const struct bs_http_dst *buf, size_t n,
                 struct bs_http_xfer *out, char **eff, uint64_t deadline, char *msg, size_t mn);
+/* http_answer.c: libcurl's header and write callbacks of a request (ud:
+ * the bs_http_req), on the client's thread. */
+size_t bs_http_on_header(char *line, size_t size, size_t nitems, void *ud);
+size_t bs_http_on_body(char *data, size_t size, size_t nmemb, void *ud);
 /* CLOCK_MONOTONIC in milliseconds. */
 uint64_t bs_http_now_ms(void);
 /* Whether the last answer's first byte took over 5 ms (a link with latency). */
