@@ -59,12 +59,27 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-char *bs_mountpoint_path(const char *p)
+/* Whether the link lst describes (at abs) is one the caller may follow to
+ * write: the caller's or root's, or its directory's owner's where no one
+ * else may write that directory. Another user's link in a directory others
+ * may write (a sticky /tmp, a group-writable one) names a file of their
+ * choosing: the kernel's protected_symlinks rule, which a link followed by
+ * hand bypasses. */
+static bool link_trusted(const char *abs, const struct stat *lst)
 {
-  return bs_link_path(p);
+  if (lst->st_uid == geteuid() || lst->st_uid == 0)
+    return true;
+  char dir[PATH_MAX];
+  const char *slash = strrchr(abs, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash && slash != abs ? (int)(slash - abs) : 1, abs);
+  struct stat dst;
+  return stat(dir, &dst) == 0 && dst.st_uid == lst->st_uid && !(dst.st_mode & (S_IWGRP | S_IWOTH));
 }
 
-char *bs_link_path(const char *p)
+/* bs_abs_path, and the chain of links at the last component followed (each
+ * read through an O_PATH fd: the link checked is the link read), stopping
+ * at one link_trusted refuses when `trusted_only`. */
+static char *follow_links(const char *p, bool trusted_only)
 {
   char *abs = bs_abs_path(p);
   /* A symlink is followed by hand, each target resolved as bs_abs_path
@@ -75,7 +90,14 @@ char *bs_link_path(const char *p)
    * own limit (40). */
   for (int hop = 0; abs && hop < 40; hop++) {
     char t[PATH_MAX], joined[PATH_MAX * 2 + 2];
-    ssize_t n = readlink(abs, t, sizeof t);
+    int fd = open(abs, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    struct stat lst;
+    ssize_t n = -1;
+    if (fd >= 0 && fstat(fd, &lst) == 0 && S_ISLNK(lst.st_mode) &&
+        (!trusted_only || link_trusted(abs, &lst)))
+      n = readlinkat(fd, "", t, sizeof t);
+    if (fd >= 0)
+      close(fd);
     if (n <= 0 || (size_t)n >= sizeof t)
       break;
     t[n] = '\0';
@@ -90,6 +112,37 @@ char *bs_link_path(const char *p)
     abs = next;
   }
   return abs;
+}
+
+char *bs_mountpoint_path(const char *p)
+{
+  return follow_links(p, false);
+}
+
+char *bs_link_path(const char *p)
+{
+  return follow_links(p, true);
+}
+
+char *bs_write_path(const char *p, bs_err *err)
+{
+  char *path = bs_link_path(p);
+  if (!path) {
+    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", p, strerror(errno));
+    return NULL;
+  }
+  struct stat lst;
+  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    char who[160];
+    bs_safe_owner(lst.st_uid, who, sizeof who);
+    bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+            "%s: a symbolic link of %s, not yours: a write never follows another user's link "
+            "(it could name any file); name the file itself",
+            path, who);
+    bs_free(path);
+    return NULL;
+  }
+  return path;
 }
 
 /* The checks of bs_run_dir on its directory. */

@@ -390,8 +390,47 @@ def test_run_dir_fifo(tmp):
         os.unlink(f)
 
 
+LINK = r"""
+import os, sys
+os.symlink(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_foreign_link_is_never_written_through(tmp):
+    """In a sticky directory, nobody's out.safetensors, a link to a root-only
+    file: root's mount with output= that name, and an rw mount of nobody's
+    link to root's checkpoint, are refused in one line naming the link's
+    owner (the link was followed by hand, bypassing protected_symlinks, and
+    the write-back replaced the file it named: any file of root's). root's
+    own link is still followed (test_writeback_edges.py)."""
+    d = team_dir(tmp, "sticky5", 0o1777)
+    secret = secret_file(tmp)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A})
+    out = os.path.join(d, "out.safetensors")
+    as_nobody(LINK, secret, out)
+    rwlink = os.path.join(d, "rw.safetensors")
+    as_nobody(LINK, src, rwlink)
+    mnt = os.path.join(tmp, "mnt5")
+    os.makedirs(mnt)
+    before = open(src, "rb").read()
+    for what, args in (("output=", [src, mnt, "-o", "output=" + out]), ("rw", [rwlink, mnt, "-o", "rw"])):
+        try:
+            r = run([BIN] + args)
+            check(r.returncode == 1 and one_line(r, "symbolic link of uid 65534 (nobody)", "not yours"),
+                  "%s nobody's link: refused in one line naming its owner: %d %r" % (what, r.returncode, r.stderr))
+            if r.returncode == 0:
+                run([BIN, "-u", mnt], timeout=60)
+        finally:
+            force_unmount(mnt)
+    check(open(secret, "rb").read() == SECRET, "the root-only file the link names is untouched")
+    check(open(src, "rb").read() == before, "root's checkpoint is untouched")
+    check(os.path.islink(out) and os.path.islink(rwlink), "nobody's links are left as they were")
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
-                               test_set_journal_fifo, test_planted_index, test_run_dir_fifo],
+                               test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
+                               test_foreign_link_is_never_written_through],
               "planted")
