@@ -428,9 +428,36 @@ def test_foreign_link_is_never_written_through(tmp):
     check(os.path.islink(out) and os.path.islink(rwlink), "nobody's links are left as they were")
 
 
+def test_foreign_link_mode_is_not_copied(tmp):
+    """A convert over nobody's link to a set-uid program (or any root file
+    whose mode is wider than root's umask) gives the new output root's
+    umask: the mode of the file the link named was copied (04755: a
+    set-uid root file holding the tensors; 0644 under umask 077)."""
+    d = team_dir(tmp, "sticky6", 0o1777)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A})
+    suid = os.path.join(tmp, "suid-program")
+    with open(suid, "wb") as f:
+        f.write(b"#!/bin/sh\n")
+    os.chmod(suid, 0o4755)
+    out = os.path.join(d, "out.safetensors")
+    as_nobody(LINK, suid, out)
+    old_umask = os.umask(0o077)
+    try:
+        r = run([BIN, "convert", "-q", src, out])
+    finally:
+        os.umask(old_umask)
+    st = os.lstat(out)
+    check(r.returncode == 0 and stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600,
+          "the new output is root's 0600 (umask 077), not the linked file's 04755: %o %r"
+          % (stat.S_IMODE(st.st_mode), r.stderr))
+    check(stat.S_IMODE(os.stat(suid).st_mode) == 0o4755 and open(suid, "rb").read() == b"#!/bin/sh\n",
+          "the file the link named is untouched")
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
                                test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
-                               test_foreign_link_is_never_written_through],
+                               test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied],
               "planted")
