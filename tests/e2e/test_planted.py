@@ -455,9 +455,27 @@ def test_foreign_link_mode_is_not_copied(tmp):
           "the file the link named is untouched")
 
 
+def test_fifo_at_a_new_shard_name(tmp):
+    """A FIFO nobody put at a new shard's name in a sticky directory: root's
+    convert to a shard set ended only by its deadline (the check whether
+    the shard already holds its bytes opened it blocking); now it writes
+    the set."""
+    d = team_dir(tmp, "sticky7", 0o1777)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A, "b": NEW})
+    as_nobody(MKFIFO, os.path.join(d, "out-00001-of-00002.safetensors"))
+    index = os.path.join(d, "out.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=5000", src, index])
+    check(r.returncode == 0 and os.path.isfile(index), "the set is written: %d %r" % (r.returncode, r.stderr))
+    shard = os.path.join(d, "out-00001-of-00002.safetensors")
+    check(stat.S_ISREG(os.lstat(shard).st_mode) and os.lstat(shard).st_uid == 0,
+          "the shard is root's regular file")
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
                                test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
-                               test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied],
+                               test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied,
+                               test_fifo_at_a_new_shard_name],
               "planted")
