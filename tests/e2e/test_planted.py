@@ -472,10 +472,51 @@ def test_fifo_at_a_new_shard_name(tmp):
           "the shard is root's regular file")
 
 
+SWAP_IN = r"""
+import os, sys, time
+time.sleep(float(sys.argv[3]))
+os.rename(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_checkpoint_swapped_during_finish(tmp):
+    """In a group-writable directory, nobody renames a file of theirs (the
+    same layout, other bytes) over root's checkpoint while root's --finish
+    of a killed mount opens it: the stat that found the checkpoint as the
+    mount had it was of the name, the open then took nobody's file, and the
+    output held nobody's bytes as its clean tensors beside root's edit. The
+    file opened is now the one compared (strace holds that open 1.5 s)."""
+    d = team_dir(tmp, "team8")
+    src = os.path.join(d, "c.safetensors")
+    write_safetensors(src, {"a": A, "b": A})
+    stg = killed_staging(d, "c.safetensors", os.path.join(tmp, "mnt8"))
+    if not stg:
+        return
+    theirs = os.path.join(d, "theirs.safetensors")
+    write_safetensors(theirs, {"a": SECRET, "b": SECRET})
+    os.chown(theirs, NOBODY_UID, NOBODY_UID)
+    # The second open of the checkpoint's path is the one after the
+    # stat of the INDEX's attach (the first: the journal's replay).
+    p = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-P", src, "-e", "trace=openat",
+                          "-e", "inject=openat:delay_enter=1500000:when=2", BIN, "--finish", stg],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    as_nobody(SWAP_IN, theirs, src, "0.7")
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    got = read_safetensors(src)[0]
+    check(got["a"][2] == SECRET and got["b"][2] == SECRET, "the name holds nobody's file, as they put it")
+    check(p.returncode == 1 and "changed since the write-back started" in err,
+          "--finish refuses the file it opened: %d %r %r" % (p.returncode, out, err))
+    check(os.path.isdir(stg), "the staging directory is kept")
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
                                test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
                                test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied,
-                               test_fifo_at_a_new_shard_name],
+                               test_fifo_at_a_new_shard_name, test_checkpoint_swapped_during_finish],
               "planted")
