@@ -171,7 +171,28 @@ def test_kill_during_cleanup(tmp):
         check(read_safetensors(target)[0]["a"][2] == NEW, "the target keeps the write-back's bytes")
 
 
+def test_names_with_control_characters(tmp):
+    """A checkpoint whose name holds a tab: its writable mount was refused
+    ("cannot create a staging directory ...: Invalid argument": the staging
+    directory's name, .NAME.staging-XXXXXX, had to be a name read from a
+    file's); now it mounts, writes back and leaves nothing."""
+    d = os.path.join(tmp, "ctrl")
+    os.makedirs(d)
+    target = os.path.join(d, "tab\tname.safetensors")
+    write_safetensors(target, {"a": A})
+    mnt = os.path.join(d, "mnt")
+    with Mount(target, mnt, "rw") as m:
+        with open(os.path.join(m, "a"), "r+b") as f:
+            f.write(NEW)
+        u = m.unmount()
+        check(u is not None and u.returncode == 0, "the write-back: %s" % (u and u.stderr))
+    check(read_safetensors(target)[0]["a"][2] == NEW, "the edit is written")
+    check(sorted(os.listdir(d)) == ["mnt", "tab\tname.safetensors"], "nothing left: %s" % os.listdir(d))
+
+
+
 if __name__ == "__main__":
     run_tests("test_writeback_edges", [test_finish_many_files_few_fds, test_rw_through_a_symlink,
-                                       test_kill_during_cleanup, test_set_in_a_linked_directory],
+                                       test_kill_during_cleanup, test_set_in_a_linked_directory,
+                                       test_names_with_control_characters],
               "wbedges")
