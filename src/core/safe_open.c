@@ -59,12 +59,15 @@ const char *bs_file_kind(mode_t m)
                        : "of an unknown type";
 }
 
-/* "DIR/NAME" for messages: the end of a long directory names it. */
+/* "DIR/NAME" for messages: the end of a long directory names it, its
+ * control characters as '?' (another user chose the name: a newline in it
+ * would make a line of theirs, an escape would drive the terminal). */
 static void shown(char *buf, size_t n, const char *dir, const char *name)
 {
   size_t dl = dir ? strlen(dir) : 0, tail = dl > 120 ? 120 : dl;
   snprintf(buf, n, "%s%s%s%.80s", dl > tail ? "..." : "", dir ? dir + dl - tail : "",
            name && dl ? "/" : "", name ? name : "");
+  bs_text_clean(buf);
 }
 
 int bs_safe_check(const struct stat *st, unsigned want, const char *dir, const char *name,

@@ -513,10 +513,44 @@ def test_checkpoint_swapped_during_finish(tmp):
     check(os.path.isdir(stg), "the staging directory is kept")
 
 
+MKDIR = r"""
+import os, sys
+os.mkdir(sys.argv[1], 0o755)
+"""
+
+
+def test_planted_name_is_one_line(tmp):
+    """nobody's directory at a staging directory's name holding a newline
+    and an escape (.n.safetensors.staging-\n\x1b[2J:): root's writable mount
+    named it in a message of two lines, the second nobody's text (a line
+    that could pass for burnstore's), the escape sent to root's terminal.
+    Every name in a refusal has its control characters replaced."""
+    d = team_dir(tmp, "sticky9", 0o1777)
+    src = os.path.join(d, "n.safetensors")
+    write_safetensors(src, {"a": A})
+    theirs = os.path.join(d, ".n.safetensors.staging-\n\x1b[2J:")
+    as_nobody(MKDIR, theirs)
+    mnt = os.path.join(tmp, "mnt9")
+    os.makedirs(mnt)
+    r = run([BIN, src, mnt, "-o", "rw"])
+    try:
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 0 and len(lines) == 1 and "owned by uid 65534 (nobody)" in lines[0]
+              and "\x1b" not in r.stderr,
+              "nobody's directory is named in one line, its control characters replaced: %d %r"
+              % (r.returncode, r.stderr))
+    finally:
+        if r.returncode == 0:
+            run([BIN, "-u", mnt], timeout=60)
+        force_unmount(mnt)
+    os.rmdir(theirs)
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
                                test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
                                test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied,
-                               test_fifo_at_a_new_shard_name, test_checkpoint_swapped_during_finish],
+                               test_fifo_at_a_new_shard_name, test_checkpoint_swapped_during_finish,
+                               test_planted_name_is_one_line],
               "planted")
