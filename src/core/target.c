@@ -59,21 +59,14 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-/* Whether the link lst describes (at abs) is one the caller may follow to
- * write: the caller's or root's, or its directory's owner's where no one
- * else may write that directory. Another user's link in a directory others
- * may write (a sticky /tmp, a group-writable one) names a file of their
- * choosing: the kernel's protected_symlinks rule, which a link followed by
- * hand bypasses. */
-static bool link_trusted(const char *abs, const struct stat *lst)
+/* Whether the link lst describes may be followed to write: the caller's or
+ * root's. Another user's names a file of their choosing (in a sticky /tmp,
+ * in a group-writable directory, in their own home): writing through it
+ * writes any file the caller may write. (The kernel's protected_symlinks
+ * guards only sticky directories, and a link followed by hand bypasses it.) */
+static bool link_trusted(const struct stat *lst)
 {
-  if (lst->st_uid == geteuid() || lst->st_uid == 0)
-    return true;
-  char dir[PATH_MAX];
-  const char *slash = strrchr(abs, '/');
-  snprintf(dir, sizeof dir, "%.*s", slash && slash != abs ? (int)(slash - abs) : 1, abs);
-  struct stat dst;
-  return stat(dir, &dst) == 0 && dst.st_uid == lst->st_uid && !(dst.st_mode & (S_IWGRP | S_IWOTH));
+  return lst->st_uid == geteuid() || lst->st_uid == 0;
 }
 
 /* bs_abs_path, and the chain of links at the last component followed,
@@ -96,7 +89,7 @@ static char *follow_links(const char *p, bool trusted_only)
        * checked is the link read). */
       int fd = open(abs, O_PATH | O_NOFOLLOW | O_CLOEXEC);
       struct stat lst;
-      n = fd >= 0 && fstat(fd, &lst) == 0 && S_ISLNK(lst.st_mode) && link_trusted(abs, &lst)
+      n = fd >= 0 && fstat(fd, &lst) == 0 && S_ISLNK(lst.st_mode) && link_trusted(&lst)
               ? readlinkat(fd, "", t, sizeof t)
               : -1;
       if (fd >= 0)

@@ -32,9 +32,8 @@ char *bs_abs_path(const char *p);
  * directory it ends at. Owned; NULL with errno. What a path that is a link
  * names: the file a writable mount (rw LINK, output=LINK) writes, so that
  * the link stays a link and the target lock is the file's. A link of
- * another user's (not the caller's nor root's, unless it is the owner's of
- * a directory no one else may write) is not followed: the path returned is
- * that link's. */
+ * another user's (not the caller's nor root's) is not followed: the path
+ * returned is that link's. */
 char *bs_link_path(const char *p);
 /* bs_link_path for a file to write: NULL with err (EPERM, one line naming
  * its owner) when it ends at another user's link, which could name any

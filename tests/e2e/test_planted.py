@@ -306,6 +306,15 @@ def snapshot(d):
     return out
 
 
+def convert_with_umask(src, out, umask):
+    """root's burnstore convert src out under umask (restored after)."""
+    old_umask = os.umask(umask)
+    try:
+        return run([BIN, "convert", "-q", src, out])
+    finally:
+        os.umask(old_umask)
+
+
 def test_planted_index(tmp):
     """Item 2: in a sticky directory, nobody's out.safetensors.index.json
     naming root's files as its shards. root's convert into that set (a
@@ -347,11 +356,7 @@ def test_planted_index(tmp):
     # A single file planted at a new output's name: replaced, with root's umask.
     out = os.path.join(d, "new.bpk")
     as_nobody(PUT, out, "planted", "0666")
-    old_umask = os.umask(0o022)
-    try:
-        r = run([BIN, "convert", "-q", src, out])
-    finally:
-        os.umask(old_umask)
+    r = convert_with_umask(src, out, 0o022)
     st = os.stat(out)
     check(r.returncode == 0 and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644,
           "the new output is root's 0644, not the planted 0666: %d %o %r"
@@ -423,7 +428,22 @@ def test_foreign_link_is_never_written_through(tmp):
                 run([BIN, "-u", mnt], timeout=60)
         finally:
             force_unmount(mnt)
-    check(open(secret, "rb").read() == SECRET, "the root-only file the link names is untouched")
+    # nobody's link in nobody's own directory (0755: no one else may write
+    # it) names a file of nobody's choosing all the same.
+    theirs = os.path.join(tmp, "nobodys5")
+    os.makedirs(theirs)
+    os.chown(theirs, NOBODY_UID, NOBODY_UID)
+    out2 = os.path.join(theirs, "out.safetensors")
+    as_nobody(LINK, secret, out2)
+    try:
+        r = run([BIN, src, mnt, "-o", "output=" + out2])
+        check(r.returncode == 1 and one_line(r, "symbolic link of uid 65534 (nobody)", "not yours"),
+              "output= nobody's link in nobody's directory: refused: %d %r" % (r.returncode, r.stderr))
+        if r.returncode == 0:
+            run([BIN, "-u", mnt], timeout=60)
+    finally:
+        force_unmount(mnt)
+    check(open(secret, "rb").read() == SECRET, "the root-only file the links name is untouched")
     check(open(src, "rb").read() == before, "root's checkpoint is untouched")
     check(os.path.islink(out) and os.path.islink(rwlink), "nobody's links are left as they were")
 
@@ -442,11 +462,7 @@ def test_foreign_link_mode_is_not_copied(tmp):
     os.chmod(suid, 0o4755)
     out = os.path.join(d, "out.safetensors")
     as_nobody(LINK, suid, out)
-    old_umask = os.umask(0o077)
-    try:
-        r = run([BIN, "convert", "-q", src, out])
-    finally:
-        os.umask(old_umask)
+    r = convert_with_umask(src, out, 0o077)
     st = os.lstat(out)
     check(r.returncode == 0 and stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600,
           "the new output is root's 0600 (umask 077), not the linked file's 04755: %o %r"
