@@ -25,6 +25,18 @@ bool bs_plain_name(const char *n)
   return true;
 }
 
+/* One name in a directory, as unlinkat, renameat and mkdirat take it: not
+ * empty, not "." or "..", no '/', at most NAME_MAX bytes. (Control
+ * characters are the user's to put in a file name: a checkpoint named
+ * "a\tb.safetensors" has a staging directory and temp files named after
+ * it; bs_plain_name, which refuses them, is for names read from a file.) */
+static bool one_name(const char *n)
+{
+  size_t len = strlen(n);
+  return len > 0 && len <= NAME_MAX && strcmp(n, ".") != 0 && strcmp(n, "..") != 0 &&
+         !strchr(n, '/');
+}
+
 void bs_safe_owner(uid_t uid, char *buf, size_t n)
 {
   struct passwd pw, *res = NULL;
@@ -47,12 +59,15 @@ const char *bs_file_kind(mode_t m)
                        : "of an unknown type";
 }
 
-/* "DIR/NAME" for messages: the end of a long directory names it. */
+/* "DIR/NAME" for messages: the end of a long directory names it, its
+ * control characters as '?' (another user chose the name: a newline in it
+ * would make a line of theirs, an escape would drive the terminal). */
 static void shown(char *buf, size_t n, const char *dir, const char *name)
 {
   size_t dl = dir ? strlen(dir) : 0, tail = dl > 120 ? 120 : dl;
   snprintf(buf, n, "%s%s%s%.80s", dl > tail ? "..." : "", dir ? dir + dl - tail : "",
            name && dl ? "/" : "", name ? name : "");
+  bs_text_clean(buf);
 }
 
 int bs_safe_check(const struct stat *st, unsigned want, const char *dir, const char *name,
@@ -260,7 +275,7 @@ int bs_safe_mkdtempat(int dirfd, const char *dir, char *name, bs_err *err)
 {
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   size_t len = strlen(name);
-  if (len < 6 || strcmp(name + len - 6, "XXXXXX") != 0 || !bs_plain_name(name))
+  if (len < 6 || strcmp(name + len - 6, "XXXXXX") != 0 || !one_name(name))
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s/%s: not a directory template", dir, name);
   for (int tries = 0; tries < 100; tries++) {
     uint64_t r;
@@ -299,7 +314,7 @@ int bs_safe_mkdtempat(int dirfd, const char *dir, char *name, bs_err *err)
 
 int bs_safe_unlinkat(int dirfd, const char *name, int flags)
 {
-  if (!bs_plain_name(name)) {
+  if (!one_name(name)) {
     errno = EINVAL;
     return -1;
   }
@@ -308,7 +323,7 @@ int bs_safe_unlinkat(int dirfd, const char *name, int flags)
 
 int bs_safe_renameat(int dirfd, const char *from, const char *to)
 {
-  if (!bs_plain_name(from) || !bs_plain_name(to)) {
+  if (!one_name(from) || !one_name(to)) {
     errno = EINVAL;
     return -1;
   }
@@ -318,7 +333,7 @@ int bs_safe_renameat(int dirfd, const char *from, const char *to)
 int bs_safe_unlink_same(int dirfd, const char *name, const struct stat *was, int flags)
 {
   struct stat now;
-  if (!bs_plain_name(name)) {
+  if (!one_name(name)) {
     errno = EINVAL;
     return -1;
   }

@@ -79,11 +79,11 @@ BS_NODISCARD int bs_safe_open_path(const char *path, int flags, mode_t mode, uns
  * err; nothing is left behind. */
 BS_NODISCARD int bs_safe_mkdtempat(int dirfd, const char *dir, char *name, bs_err *err);
 
-/* unlinkat / renameat of plain names in dirfd: 0, or -1 with errno (EINVAL
- * for a name that is not plain). */
+/* unlinkat / renameat of single names in dirfd: 0, or -1 with errno (EINVAL
+ * for an empty name, ".", "..", or one holding a '/'). */
 int bs_safe_unlinkat(int dirfd, const char *name, int flags);
 int bs_safe_renameat(int dirfd, const char *from, const char *to);
-/* Remove `name` (a plain name; a directory with AT_REMOVEDIR) if it still is
+/* Remove `name` (a single name; a directory with AT_REMOVEDIR) if it still is
  * the file `was` describes (device and inode): 0, or -1 with errno (ESTALE
  * when the name is another file now). */
 int bs_safe_unlink_same(int dirfd, const char *name, const struct stat *was, int flags);

@@ -521,6 +521,20 @@ static int write_journal(struct bs_set *s, size_t from, bs_err *err)
 
 int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
 {
+  /* The journal holds the set's names one a line, tab-separated: a name
+   * with a control character could not be read back, and the commit would
+   * be taken for one cut before it began (nothing written, exit 0). */
+  const char *base = strrchr(index_path, '/') ? strrchr(index_path, '/') + 1 : index_path;
+  if (!bs_plain_name(base)) {
+    char shown[NAME_MAX + 1];
+    snprintf(shown, sizeof shown, "%s", base);
+    memset(s, 0, sizeof *s);
+    s->fd = s->dirfd = -1;
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "%s: a shard set's name cannot hold a control character (its journal lists "
+                   "the set's files one a line); name it without one",
+                   bs_text_clean(shown));
+  }
   if (set_open_dir(s, index_path, err) != 0)
     return -1;
   for (int tries = 0; s->fd < 0; tries++) {

@@ -18,6 +18,7 @@
 #include "core/alloc.h"
 #include "core/crc32.h"
 #include "core/safe_open.h"
+#include "core/target.h"
 
 #define TMP_TAG ".burnstore-tmp-"
 #define TMP_RAND 6 /* random characters after the tag */
@@ -419,10 +420,15 @@ int bs_atomic_open_mode(struct bs_atomic *a, const char *path, unsigned mode, bs
   a->fd = fd;
   /* Replacing a file keeps its permissions (as sed -i and rsync do); a new
    * file gets `mode` & 0666, filtered by the umask (as cp does), and so does
-   * one replacing another user's file (a planted file's 0666 is not copied). */
+   * one replacing another user's file (a planted file's 0666 is not copied),
+   * or another user's link (the mode of a file they chose, a set-uid
+   * program's: never copied; the caller's own link gives its file's). */
   struct stat old;
-  if (stat(path, &old) == 0 && S_ISREG(old.st_mode) &&
-      (old.st_uid == geteuid() || old.st_uid == 0) && fchmod(fd, old.st_mode & 07777) != 0) {
+  char *named = bs_link_path(path);
+  bool keep = named && lstat(named, &old) == 0 && S_ISREG(old.st_mode) &&
+              (old.st_uid == geteuid() || old.st_uid == 0);
+  bs_free(named);
+  if (keep && fchmod(fd, old.st_mode & 07777) != 0) {
     int e = errno;
     bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot set the mode of %s: %s", path, a->tmp,
             strerror(e));

@@ -59,12 +59,19 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-char *bs_mountpoint_path(const char *p)
+/* Whether the link lst describes may be followed to write: the caller's or
+ * root's. Another user's names a file of their choosing (in a sticky /tmp,
+ * in a group-writable directory, in their own home): writing through it
+ * writes any file the caller may write. (The kernel's protected_symlinks
+ * guards only sticky directories, and a link followed by hand bypasses it.) */
+static bool link_trusted(const struct stat *lst)
 {
-  return bs_link_path(p);
+  return lst->st_uid == geteuid() || lst->st_uid == 0;
 }
 
-char *bs_link_path(const char *p)
+/* bs_abs_path, and the chain of links at the last component followed,
+ * stopping at one link_trusted refuses when `trusted_only`. */
+static char *follow_links(const char *p, bool trusted_only)
 {
   char *abs = bs_abs_path(p);
   /* A symlink is followed by hand, each target resolved as bs_abs_path
@@ -76,6 +83,18 @@ char *bs_link_path(const char *p)
   for (int hop = 0; abs && hop < 40; hop++) {
     char t[PATH_MAX], joined[PATH_MAX * 2 + 2];
     ssize_t n = readlink(abs, t, sizeof t);
+    if (n > 0 && trusted_only) {
+      /* A link (readlink asks no file system mounted there): its owner,
+       * and its target again, through an fd of the link itself (the link
+       * checked is the link read). */
+      int fd = open(abs, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+      struct stat lst;
+      n = fd >= 0 && fstat(fd, &lst) == 0 && S_ISLNK(lst.st_mode) && link_trusted(&lst)
+              ? readlinkat(fd, "", t, sizeof t)
+              : -1;
+      if (fd >= 0)
+        close(fd);
+    }
     if (n <= 0 || (size_t)n >= sizeof t)
       break;
     t[n] = '\0';
@@ -90,6 +109,37 @@ char *bs_link_path(const char *p)
     abs = next;
   }
   return abs;
+}
+
+char *bs_mountpoint_path(const char *p)
+{
+  return follow_links(p, false);
+}
+
+char *bs_link_path(const char *p)
+{
+  return follow_links(p, true);
+}
+
+char *bs_write_path(const char *p, bs_err *err)
+{
+  char *path = bs_link_path(p);
+  if (!path) {
+    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", p, strerror(errno));
+    return NULL;
+  }
+  struct stat lst;
+  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    char who[160];
+    bs_safe_owner(lst.st_uid, who, sizeof who);
+    bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+            "%s: a symbolic link of %s, not yours: a write never follows another user's link "
+            "(it could name any file); name the file itself",
+            path, who);
+    bs_free(path);
+    return NULL;
+  }
+  return path;
 }
 
 /* The checks of bs_run_dir on its directory. */

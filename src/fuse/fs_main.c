@@ -979,10 +979,8 @@ static int prepare_url(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, false)))
       return 1;
-    if (!(fs->output = bs_link_path(a->output))) {
-      fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
-      return 1;
-    }
+    if (!(fs->output = bs_write_path(a->output, &err)))
+      return fail_line(NULL, &err);
     fs->force_write = true;
   }
   return prepare_rest(fs, a, 0444);
@@ -1010,9 +1008,12 @@ static int prepare(struct fs *fs, struct args *a)
     return 1;
   }
   /* A link is the checkpoint it names: rw edits that file, and the link
-   * stays a link (its rename would replace the link). */
-  fs->source = bs_link_path(a->source);
+   * stays a link (its rename would replace the link). Another user's link
+   * is not followed by hand; rw refuses it (it could name any file). */
+  fs->source = a->rw && !a->output ? bs_write_path(a->source, &err) : bs_link_path(a->source);
   if (!fs->source) {
+    if (err.code)
+      return fail_line(NULL, &err);
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
     return 1;
   }
@@ -1038,8 +1039,10 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = a->output ? bs_link_path(a->output) : bs_strdup(fs->source);
+    fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
     if (!fs->output) {
+      if (err.code)
+        return fail_line(NULL, &err);
       fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
       return 1;
     }
@@ -1060,9 +1063,11 @@ static int prepare(struct fs *fs, struct args *a)
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      fs->output = a->output ? bs_link_path(a->output) : bs_strdup(fs->source);
+      fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
       if (!fs->output) {
-        fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
+        if (err.code)
+          return fail_line(NULL, &err);
+        fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
         return 1;
       }
       fs->force_write = strcmp(fs->output, fs->source) != 0;

@@ -403,7 +403,12 @@ int bs_journal_replay(const void *data, size_t len, struct bs_jreplay *r, bs_err
     r->records++;
     off += BS_JOURNAL_HDR + plen;
   }
-  if (!rc && !based)
+  if (!rc && !based && r->damaged) /* (not a cut: records follow it) */
+    rc = bs_fail(err, EBADMSG, r->damage_off, NULL,
+                 "record 1 (BASE, offset %llu) is damaged (%s): nothing can be applied, the "
+                 "staging directory is kept (burnstore --list-staging lists its files)",
+                 (unsigned long long)r->damage_off, r->damage_why);
+  else if (!rc && !based)
     rc = bs_fail(err, EINVAL, BS_JOURNAL_MAGIC_LEN, NULL,
                  "the journal has no BASE record (cut at mount?)");
   if (!rc)
@@ -563,11 +568,12 @@ static void note(struct bs_buf *notes, const char *fmt, ...)
     }
 }
 
-int bs_journal_rebuild(const struct bs_stage_dir *stg, bool salvage, struct bs_buf *index,
-                       struct bs_buf *notes, bool *salvaged, bs_err *err)
+/* The JOURNAL beneath the held directory (a FIFO or a link refused, never
+ * opened), mapped: 0 (*map, *len; NULL and 0 for an empty file), 1: there
+ * is none, -1 with err. */
+static int map_journal(const struct bs_stage_dir *stg, void **map, size_t *len, bs_err *err)
 {
   const char *dir = stg->path;
-  *salvaged = false;
   bs_err sub;
   bs_err_clear(&sub);
   struct stat st;
@@ -578,21 +584,61 @@ int bs_journal_rebuild(const struct bs_stage_dir *stg, bool salvage, struct bs_b
       return 1;
     return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s", sub.msg);
   }
-  void *map = MAP_FAILED;
+  *map = NULL;
+  *len = 0;
   if (st.st_size > 0 && (uint64_t)st.st_size <= SIZE_MAX)
-    map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
   close(fd);
-  if (map == MAP_FAILED)
-    return bs_fail(err, st.st_size == 0 ? EINVAL : e, BS_OFF_NONE, NULL,
-                   "%s/" BS_JOURNAL_NAME ": cannot read it%s", dir,
-                   st.st_size == 0 ? " (empty)" : "");
+  if (*map == MAP_FAILED)
+    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/" BS_JOURNAL_NAME ": cannot read it: %s", dir,
+                   strerror(e));
+  *len = (size_t)st.st_size;
+  return 0;
+}
+
+bool bs_journal_nothing_to_finish(const struct bs_stage_dir *stg)
+{
+  if (!bs_journal_unchanged(stg->fd)) /* (its first record's length: no replay) */
+    return false;
+  void *map;
+  size_t len;
+  bs_err err;
+  bs_err_clear(&err);
+  int m = map_journal(stg, &map, &len, &err);
+  if (m != 0 || len == 0)
+    return m == 1 || (m == 0 && len == 0); /* none, or empty (killed as it was created) */
+  struct bs_jreplay r;
+  int rc = bs_journal_replay(map, len, &r, &err);
+  /* BASE alone, or BASE cut by a kill at mount (all after the magic a torn
+   * tail); not a BASE whose length a flipped bit made run past records
+   * that follow it (damage). */
+  bool nothing = !r.damaged && (rc == 0 ? r.records == 1
+                                        : r.records == 0 && r.torn == len - BS_JOURNAL_MAGIC_LEN);
+  bs_jreplay_destroy(&r);
+  munmap(map, len);
+  return nothing;
+}
+
+int bs_journal_rebuild(const struct bs_stage_dir *stg, bool salvage, struct bs_buf *index,
+                       struct bs_buf *notes, bool *salvaged, bs_err *err)
+{
+  const char *dir = stg->path;
+  *salvaged = false;
+  void *map;
+  size_t maplen;
+  int mapped = map_journal(stg, &map, &maplen, err);
+  if (mapped != 0)
+    return mapped;
+  if (maplen == 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s/" BS_JOURNAL_NAME ": cannot read it (empty)",
+                   dir);
   struct bs_jreplay r;
   struct bs_catalog out;
   bs_catalog_init(&out);
   int rc = -1;
   char m[sizeof err->msg];
-  if (bs_journal_replay(map, (size_t)st.st_size, &r, err) != 0) {
+  if (bs_journal_replay(map, maplen, &r, err) != 0) {
     snprintf(m, sizeof m, "%s", err->msg);
     err->msg[0] = '\0';
     int code = err->code;
@@ -627,7 +673,7 @@ int bs_journal_rebuild(const struct bs_stage_dir *stg, bool salvage, struct bs_b
          ": salvaged: records 1 to %zu applied; from record %zu (offset %llu) "
          "on, dropped:\n",
          dir, r.records, r.damage_rec, (unsigned long long)r.damage_off);
-    if (bs_jreplay_dropped(map, (size_t)st.st_size, &r, dir, notes) != 0) {
+    if (bs_jreplay_dropped(map, maplen, &r, dir, notes) != 0) {
       bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
       goto out;
     }
@@ -649,6 +695,6 @@ int bs_journal_rebuild(const struct bs_stage_dir *stg, bool salvage, struct bs_b
 out:
   bs_catalog_destroy(&out);
   bs_jreplay_destroy(&r);
-  munmap(map, (size_t)st.st_size);
+  munmap(map, maplen);
   return rc;
 }

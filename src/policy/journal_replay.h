@@ -65,6 +65,12 @@ void bs_jreplay_destroy(struct bs_jreplay *r);
 BS_NODISCARD int bs_jreplay_dropped(const void *data, size_t len, const struct bs_jreplay *r,
                                     const char *dir, struct bs_buf *out);
 
+/* Whether the JOURNAL of a dead daemon's staging directory records no
+ * change: there is none, or it holds BASE alone (or BASE cut by a kill at
+ * mount). A damaged BASE with records after it is something to finish, so
+ * the sweep at mount keeps its directory. */
+bool bs_journal_nothing_to_finish(const struct bs_stage_dir *stg);
+
 /* --finish of a staging directory without an INDEX: replay its JOURNAL
  * (beneath the held directory; a FIFO or a link is refused, never opened),
  * re-attach the checkpoint (ESTALE when it changed since the mount), build

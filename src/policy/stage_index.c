@@ -854,6 +854,15 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir 
       bs_catalog_destroy(&ck);
       return -1;
     }
+    /* The file opened is the one checked: its name may have been given to
+     * another file since the stat (by whoever may write its directory). */
+    struct bs_src_ident id;
+    if (!ck.nsrcs || !bs_src_ident(&ck.srcs[0], &id) || id.size != idx->ck.size ||
+        id.ino != idx->ck.ino || id.dev != idx->ck.dev || id.mtime_sec != idx->ck.mtime_sec ||
+        id.mtime_nsec != idx->ck.mtime_nsec) {
+      bs_catalog_destroy(&ck);
+      return stale(err, idx->ck.path, "size, mtime or inode");
+    }
     if (ck.nsrcs != idx->ncksrcs) {
       bs_catalog_destroy(&ck);
       return stale(err, idx->ck.path, "it reads differently");

@@ -173,7 +173,7 @@ static void remove_empty_staging(int pfd, const char *dir, const char *name, FIL
   for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
     empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
             strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-            (strcmp(de->d_name, BS_JOURNAL_NAME) == 0 && bs_journal_unchanged(stg.fd));
+            (strcmp(de->d_name, BS_JOURNAL_NAME) == 0 && bs_journal_nothing_to_finish(&stg));
   if (d)
     closedir(d);
   if (empty)

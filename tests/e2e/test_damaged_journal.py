@@ -106,6 +106,42 @@ def test_cut_tail_is_applied_and_said(tmp):
     check(not os.path.exists(stg), "the staging directory is removed")
 
 
+def test_damaged_base_is_not_swept(tmp):
+    """A killed mount that renamed a file and set metadata (no staged file),
+    one bit flipped in its BASE record's length: the next writable mount's
+    sweep of dead staging directories took the journal for one cut while
+    mounting (nothing changed) and removed it, the rename and the metadata
+    lost without a word. The directory is kept; --finish refuses the
+    damage."""
+    d = os.path.join(tmp, "base")
+    os.makedirs(d)
+    target = os.path.join(d, "m.safetensors")
+    write_safetensors(target, {"a": A, "b": B})
+    mnt = os.path.join(d, "mnt")
+    with Mount(target, mnt, "rw") as m:
+        os.rename(os.path.join(m, "a"), os.path.join(m, "renamed"))
+        os.setxattr(m, "user.burnstore.meta.note", b"kept")
+        kill_daemon(mnt)
+    stg = glob.glob(os.path.join(d, ".m.safetensors.staging-*"))
+    if not check(len(stg) == 1 and sorted(os.listdir(stg[0])) == ["JOURNAL", "lock"],
+                 "a staging directory of its JOURNAL and lock: %s" % stg):
+        return
+    journal = os.path.join(stg[0], "JOURNAL")
+    with open(journal, "r+b") as f:
+        f.seek(9)  # BASE's length, its second byte: +1024, past the end of the file
+        c = f.read(1)
+        f.seek(9)
+        f.write(bytes([c[0] ^ 4]))
+    with Mount(target, mnt, "rw") as m:
+        check(os.path.exists(journal), "the next writable mount's sweep keeps the damaged journal")
+        m.unmount()
+    r = run([BIN, "--finish", stg[0]])
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and "record 1 (BASE, offset 8) is damaged" in lines[0]
+          and os.path.exists(journal),
+          "--finish refuses it in one line naming the damage, and keeps it: %d %r" % (r.returncode, r.stderr))
+
+
 def strace_mount(src, mnt):
     """burnstore -f under strace, every fdatasync failing with EIO (the
     journal's flusher; its BASE is fsynced). strace counts calls per thread."""
@@ -172,5 +208,6 @@ def test_fdatasync_errors_are_said(tmp):
 
 if __name__ == "__main__":
     run_tests("test_damaged_journal", [test_damaged_record_is_refused_then_salvaged,
-                                       test_cut_tail_is_applied_and_said, test_fdatasync_errors_are_said],
+                                       test_cut_tail_is_applied_and_said, test_damaged_base_is_not_swept,
+                                       test_fdatasync_errors_are_said],
               "djournal")

@@ -306,6 +306,15 @@ def snapshot(d):
     return out
 
 
+def convert_with_umask(src, out, umask):
+    """root's burnstore convert src out under umask (restored after)."""
+    old_umask = os.umask(umask)
+    try:
+        return run([BIN, "convert", "-q", src, out])
+    finally:
+        os.umask(old_umask)
+
+
 def test_planted_index(tmp):
     """Item 2: in a sticky directory, nobody's out.safetensors.index.json
     naming root's files as its shards. root's convert into that set (a
@@ -347,11 +356,7 @@ def test_planted_index(tmp):
     # A single file planted at a new output's name: replaced, with root's umask.
     out = os.path.join(d, "new.bpk")
     as_nobody(PUT, out, "planted", "0666")
-    old_umask = os.umask(0o022)
-    try:
-        r = run([BIN, "convert", "-q", src, out])
-    finally:
-        os.umask(old_umask)
+    r = convert_with_umask(src, out, 0o022)
     st = os.stat(out)
     check(r.returncode == 0 and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o644,
           "the new output is root's 0644, not the planted 0666: %d %o %r"
@@ -390,8 +395,178 @@ def test_run_dir_fifo(tmp):
         os.unlink(f)
 
 
+LINK = r"""
+import os, sys
+os.symlink(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_foreign_link_is_never_written_through(tmp):
+    """In a sticky directory, nobody's out.safetensors, a link to a root-only
+    file: root's mount with output= that name, and an rw mount of nobody's
+    link to root's checkpoint, are refused in one line naming the link's
+    owner (the link was followed by hand, bypassing protected_symlinks, and
+    the write-back replaced the file it named: any file of root's). root's
+    own link is still followed (test_writeback_edges.py)."""
+    d = team_dir(tmp, "sticky5", 0o1777)
+    secret = secret_file(tmp)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A})
+    out = os.path.join(d, "out.safetensors")
+    as_nobody(LINK, secret, out)
+    rwlink = os.path.join(d, "rw.safetensors")
+    as_nobody(LINK, src, rwlink)
+    mnt = os.path.join(tmp, "mnt5")
+    os.makedirs(mnt)
+    before = open(src, "rb").read()
+    for what, args in (("output=", [src, mnt, "-o", "output=" + out]), ("rw", [rwlink, mnt, "-o", "rw"])):
+        try:
+            r = run([BIN] + args)
+            check(r.returncode == 1 and one_line(r, "symbolic link of uid 65534 (nobody)", "not yours"),
+                  "%s nobody's link: refused in one line naming its owner: %d %r" % (what, r.returncode, r.stderr))
+            if r.returncode == 0:
+                run([BIN, "-u", mnt], timeout=60)
+        finally:
+            force_unmount(mnt)
+    # nobody's link in nobody's own directory (0755: no one else may write
+    # it) names a file of nobody's choosing all the same.
+    theirs = os.path.join(tmp, "nobodys5")
+    os.makedirs(theirs)
+    os.chown(theirs, NOBODY_UID, NOBODY_UID)
+    out2 = os.path.join(theirs, "out.safetensors")
+    as_nobody(LINK, secret, out2)
+    try:
+        r = run([BIN, src, mnt, "-o", "output=" + out2])
+        check(r.returncode == 1 and one_line(r, "symbolic link of uid 65534 (nobody)", "not yours"),
+              "output= nobody's link in nobody's directory: refused: %d %r" % (r.returncode, r.stderr))
+        if r.returncode == 0:
+            run([BIN, "-u", mnt], timeout=60)
+    finally:
+        force_unmount(mnt)
+    check(open(secret, "rb").read() == SECRET, "the root-only file the links name is untouched")
+    check(open(src, "rb").read() == before, "root's checkpoint is untouched")
+    check(os.path.islink(out) and os.path.islink(rwlink), "nobody's links are left as they were")
+
+
+def test_foreign_link_mode_is_not_copied(tmp):
+    """A convert over nobody's link to a set-uid program (or any root file
+    whose mode is wider than root's umask) gives the new output root's
+    umask: the mode of the file the link named was copied (04755: a
+    set-uid root file holding the tensors; 0644 under umask 077)."""
+    d = team_dir(tmp, "sticky6", 0o1777)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A})
+    suid = os.path.join(tmp, "suid-program")
+    with open(suid, "wb") as f:
+        f.write(b"#!/bin/sh\n")
+    os.chmod(suid, 0o4755)
+    out = os.path.join(d, "out.safetensors")
+    as_nobody(LINK, suid, out)
+    r = convert_with_umask(src, out, 0o077)
+    st = os.lstat(out)
+    check(r.returncode == 0 and stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600,
+          "the new output is root's 0600 (umask 077), not the linked file's 04755: %o %r"
+          % (stat.S_IMODE(st.st_mode), r.stderr))
+    check(stat.S_IMODE(os.stat(suid).st_mode) == 0o4755 and open(suid, "rb").read() == b"#!/bin/sh\n",
+          "the file the link named is untouched")
+
+
+def test_fifo_at_a_new_shard_name(tmp):
+    """A FIFO nobody put at a new shard's name in a sticky directory: root's
+    convert to a shard set ended only by its deadline (the check whether
+    the shard already holds its bytes opened it blocking); now it writes
+    the set."""
+    d = team_dir(tmp, "sticky7", 0o1777)
+    src = os.path.join(d, "src.safetensors")
+    write_safetensors(src, {"a": A, "b": NEW})
+    as_nobody(MKFIFO, os.path.join(d, "out-00001-of-00002.safetensors"))
+    index = os.path.join(d, "out.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=5000", src, index])
+    check(r.returncode == 0 and os.path.isfile(index), "the set is written: %d %r" % (r.returncode, r.stderr))
+    shard = os.path.join(d, "out-00001-of-00002.safetensors")
+    check(stat.S_ISREG(os.lstat(shard).st_mode) and os.lstat(shard).st_uid == 0,
+          "the shard is root's regular file")
+
+
+SWAP_IN = r"""
+import os, sys, time
+time.sleep(float(sys.argv[3]))
+os.rename(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_checkpoint_swapped_during_finish(tmp):
+    """In a group-writable directory, nobody renames a file of theirs (the
+    same layout, other bytes) over root's checkpoint while root's --finish
+    of a killed mount opens it: the stat that found the checkpoint as the
+    mount had it was of the name, the open then took nobody's file, and the
+    output held nobody's bytes as its clean tensors beside root's edit. The
+    file opened is now the one compared (strace holds that open 1.5 s)."""
+    d = team_dir(tmp, "team8")
+    src = os.path.join(d, "c.safetensors")
+    write_safetensors(src, {"a": A, "b": A})
+    stg = killed_staging(d, "c.safetensors", os.path.join(tmp, "mnt8"))
+    if not stg:
+        return
+    theirs = os.path.join(d, "theirs.safetensors")
+    write_safetensors(theirs, {"a": SECRET, "b": SECRET})
+    os.chown(theirs, NOBODY_UID, NOBODY_UID)
+    # The second open of the checkpoint's path is the one after the
+    # stat of the INDEX's attach (the first: the journal's replay).
+    p = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-P", src, "-e", "trace=openat",
+                          "-e", "inject=openat:delay_enter=1500000:when=2", BIN, "--finish", stg],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    as_nobody(SWAP_IN, theirs, src, "0.7")
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    got = read_safetensors(src)[0]
+    check(got["a"][2] == SECRET and got["b"][2] == SECRET, "the name holds nobody's file, as they put it")
+    check(p.returncode == 1 and "changed since the write-back started" in err,
+          "--finish refuses the file it opened: %d %r %r" % (p.returncode, out, err))
+    check(os.path.isdir(stg), "the staging directory is kept")
+
+
+MKDIR = r"""
+import os, sys
+os.mkdir(sys.argv[1], 0o755)
+"""
+
+
+def test_planted_name_is_one_line(tmp):
+    """nobody's directory at a staging directory's name holding a newline
+    and an escape (.n.safetensors.staging-\n\x1b[2J:): root's writable mount
+    named it in a message of two lines, the second nobody's text (a line
+    that could pass for burnstore's), the escape sent to root's terminal.
+    Every name in a refusal has its control characters replaced."""
+    d = team_dir(tmp, "sticky9", 0o1777)
+    src = os.path.join(d, "n.safetensors")
+    write_safetensors(src, {"a": A})
+    theirs = os.path.join(d, ".n.safetensors.staging-\n\x1b[2J:")
+    as_nobody(MKDIR, theirs)
+    mnt = os.path.join(tmp, "mnt9")
+    os.makedirs(mnt)
+    r = run([BIN, src, mnt, "-o", "rw"])
+    try:
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 0 and len(lines) == 1 and "owned by uid 65534 (nobody)" in lines[0]
+              and "\x1b" not in r.stderr,
+              "nobody's directory is named in one line, its control characters replaced: %d %r"
+              % (r.returncode, r.stderr))
+    finally:
+        if r.returncode == 0:
+            run([BIN, "-u", mnt], timeout=60)
+        force_unmount(mnt)
+    os.rmdir(theirs)
+
+
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
-                               test_set_journal_fifo, test_planted_index, test_run_dir_fifo],
+                               test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
+                               test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied,
+                               test_fifo_at_a_new_shard_name, test_checkpoint_swapped_during_finish,
+                               test_planted_name_is_one_line],
               "planted")

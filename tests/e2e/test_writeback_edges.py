@@ -171,7 +171,36 @@ def test_kill_during_cleanup(tmp):
         check(read_safetensors(target)[0]["a"][2] == NEW, "the target keeps the write-back's bytes")
 
 
+def test_names_with_control_characters(tmp):
+    """A checkpoint whose name holds a tab: its writable mount was refused
+    ("cannot create a staging directory ...: Invalid argument": the staging
+    directory's name, .NAME.staging-XXXXXX, had to be a name read from a
+    file's); now it mounts, writes back and leaves nothing. A shard set of
+    such a name cannot be journaled (its names are one a line): convert
+    exited 0 having written nothing but temp files; now it is refused in one
+    line and leaves nothing."""
+    d = os.path.join(tmp, "ctrl")
+    os.makedirs(d)
+    target = os.path.join(d, "tab\tname.safetensors")
+    write_safetensors(target, {"a": A})
+    mnt = os.path.join(d, "mnt")
+    with Mount(target, mnt, "rw") as m:
+        with open(os.path.join(m, "a"), "r+b") as f:
+            f.write(NEW)
+        u = m.unmount()
+        check(u is not None and u.returncode == 0, "the write-back: %s" % (u and u.stderr))
+    check(read_safetensors(target)[0]["a"][2] == NEW, "the edit is written")
+    check(sorted(os.listdir(d)) == ["mnt", "tab\tname.safetensors"], "nothing left: %s" % os.listdir(d))
+    index = os.path.join(d, "set\tx.safetensors.index.json")
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=600", target, index])
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and "control character" in lines[0],
+          "a set of such a name is refused in one line: %d %r" % (r.returncode, r.stderr))
+    check(sorted(os.listdir(d)) == ["mnt", "tab\tname.safetensors"], "and leaves nothing: %s" % os.listdir(d))
+
+
 if __name__ == "__main__":
     run_tests("test_writeback_edges", [test_finish_many_files_few_fds, test_rw_through_a_symlink,
-                                       test_kill_during_cleanup, test_set_in_a_linked_directory],
+                                       test_kill_during_cleanup, test_set_in_a_linked_directory,
+                                       test_names_with_control_characters],
               "wbedges")
