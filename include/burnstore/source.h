@@ -124,6 +124,11 @@ struct bs_http_opts {
       cache_bytes;    /* block cache of it and its siblings; 0: $BURNSTORE_HTTP_CACHE, or 64 MiB */
   long timeout_s;     /* how long a read may block; 0: $BURNSTORE_HTTP_TIMEOUT, or 60 s */
   const char *bearer; /* "Authorization: Bearer" token; NULL: $BURNSTORE_HTTP_TOKEN */
+  /* Read a server that gives no strong ETag (only a weak one, only
+   * Last-Modified, one too long to keep, none), comparing the size and
+   * Last-Modified of every answer instead; false: $BURNSTORE_HTTP_UNVALIDATED
+   * (1), else such a server is refused at open. */
+  bool unvalidated;
 };
 /* The syntax of BURNSTORE_HTTP_CACHE and -o http_cache=: bytes with an
  * optional K, M or G (binary; a trailing B or iB allowed), 1 MiB to 16 GiB;
@@ -136,9 +141,12 @@ int bs_http_parse_timeout(const char *v, long *seconds);
  * $HF_ENDPOINT, its token from HF_TOKEN or $HF_HOME/token, the revision
  * pinned to the first answer's X-Repo-Commit) and s3://BUCKET/KEY (signed
  * with Signature V4 from the AWS_* variables; AWS_ENDPOINT_URL path style).
- * One request now learns its size and pins its ETag (or Last-Modified); every
- * later request is conditional on it, so a changed object fails reads with
- * EIO (bs_src_changed says why), never mixes bytes. Redirects followed, TLS
+ * One request now learns its size and pins its strong ETag; every later
+ * request is conditional on it and every answer must repeat it and the
+ * size, so a changed object fails reads with EIO (bs_src_changed says why),
+ * never mixes bytes. A server without a strong ETag is refused unless
+ * opts->unvalidated (then the size and Last-Modified are compared). A size
+ * over 2^62 is refused. Redirects followed, TLS
  * verified, retries with backoff on connection errors, 5xx and 429. s->name
  * is bs_http_redact(url) (hf:// and s3:// as given); errors do not repeat
  * it (the caller prefixes it). */

@@ -20,7 +20,7 @@
 #include "burnstore/mem.h"
 #include "burnstore/source.h"
 #include "core/alloc.h"
-#include "core/http.h"
+#include "core/http_parse.h"
 #include "core/remote.h"
 
 enum { TOKEN_MAX = 4096 }; /* the token file's first line, at most */

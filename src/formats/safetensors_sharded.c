@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +23,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/set_journal.h"
+#include "core/siblings.h"
 #include "core/strmap.h"
 #include "formats/safetensors_sharded.h"
 
@@ -242,88 +242,47 @@ static int shard_fail(bs_err *err, const bs_err *sub, const char *shard)
                  shard, sub->msg);
 }
 
-/* One shard opened beside the index (on a thread of its own). */
-struct sib {
-  const struct bs_src *index;
-  const char *rel;
-  struct bs_src s;
-  bs_err err;
-  int rc;
-  bool opened;
+/* Where the shards go as they are opened (bs_src_open_siblings). */
+struct shards {
+  struct bs_catalog *cat;
+  const struct bs_st_index *ix;
+  const struct bs_open_opts *opts;
+  uint32_t *srcof;
 };
 
-static void *open_sib(void *arg)
+/* Shard i, open: into the catalog, its header read (with its opening
+ * request's bytes, still in the cache of a remote index's shards). */
+static int shard_ready(void *ud, size_t i, struct bs_src *s, bs_err *err)
 {
-  struct sib *j = arg;
-  bs_err_clear(&j->err);
-  j->rc = bs_src_open_sibling(j->index, j->rel, &j->s, &j->err);
-  j->opened = true;
-  return NULL;
+  struct shards *sh = ud;
+  struct bs_catalog *cat = sh->cat;
+  if (bs_catalog_add_src(cat, s, &sh->srcof[i], err) != 0)
+    return -1;
+  bs_err sub;
+  bs_err_clear(&sub);
+  size_t nmeta = cat->nmeta;
+  if (bs_st_read(cat, sh->srcof[i], sh->opts, &sub) != 0)
+    return shard_fail(err, &sub, sh->ix->shards[i]);
+  bs_catalog_truncate(cat, cat->count, nmeta); /* the shard's own __metadata__ */
+  return 0;
 }
 
-enum { SIB_PARALLEL = 8 }; /* shards of a remote index opened at once */
-
-/* Open every shard beside the index: a remote index's shards in parallel
- * (each opening request fetches the shard's size and its header's start: a
- * round trip for them all, not one each), local ones in turn. */
-static struct sib *open_sibs(const struct bs_src *index, const struct bs_st_index *ix)
-{
-  struct sib *j = bs_calloc(ix->nshards ? ix->nshards : 1, sizeof *j);
-  if (!j)
-    return NULL;
-  for (size_t i = 0; i < ix->nshards; i++)
-    j[i] = (struct sib){.index = index, .rel = ix->shards[i]};
-  bool remote = index->name && bs_src_is_url(index->name);
-  for (size_t i = 0; remote && i < ix->nshards; i += SIB_PARALLEL) {
-    pthread_t t[SIB_PARALLEL];
-    bool started[SIB_PARALLEL] = {false};
-    for (size_t k = 0; k < SIB_PARALLEL && i + k < ix->nshards; k++)
-      started[k] = pthread_create(&t[k], NULL, open_sib, &j[i + k]) == 0;
-    for (size_t k = 0; k < SIB_PARALLEL && i + k < ix->nshards; k++)
-      if (started[k])
-        pthread_join(t[k], NULL);
-  }
-  for (size_t i = 0; i < ix->nshards; i++) /* local, or a thread that did not start */
-    if (!j[i].opened)
-      open_sib(&j[i]);
-  return j;
-}
-
+/* Every shard beside the index: a remote index's all at once (their
+ * opening requests in flight together, one timeout for all), local ones in
+ * turn; the first that cannot be opened or read ends it, named. */
 static int open_shards(struct bs_catalog *cat, uint32_t src, const struct bs_st_index *ix,
                        const struct bs_open_opts *opts, uint32_t *srcof, bs_err *err)
 {
-  struct sib *sibs = open_sibs(&cat->srcs[src], ix);
-  if (!sibs)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  int rc = -1;
-  size_t i = 0;
-  for (; i < ix->nshards; i++) {
-    bs_err sub;
-    bs_err_clear(&sub);
-    if (sibs[i].rc != 0) {
-      bs_fail(err, sibs[i].err.code, BS_OFF_NONE, NULL, "shard %.200s: %s", ix->shards[i],
-              sibs[i].err.msg);
-      goto out;
-    }
-    if (bs_catalog_add_src(cat, &sibs[i].s, &srcof[i], err) != 0) {
-      i++;
-      goto out;
-    }
-    size_t nmeta = cat->nmeta;
-    if (bs_st_read(cat, srcof[i], opts, &sub) != 0) {
-      shard_fail(err, &sub, ix->shards[i]);
-      i++;
-      goto out;
-    }
-    bs_catalog_truncate(cat, cat->count, nmeta); /* the shard's own __metadata__ */
-  }
-  rc = 0;
-out:
-  for (; i < ix->nshards; i++) /* opened, not added */
-    if (sibs[i].rc == 0)
-      bs_src_destroy(&sibs[i].s);
-  bs_free(sibs);
-  return rc;
+  struct shards sh = {.cat = cat, .ix = ix, .opts = opts, .srcof = srcof};
+  size_t failed;
+  bs_err sub;
+  bs_err_clear(&sub);
+  if (bs_src_open_siblings(&cat->srcs[src], (const char *const *)ix->shards, ix->nshards,
+                           shard_ready, &sh, &failed, &sub) == 0)
+    return 0;
+  if (failed == SIZE_MAX) /* (shard_ready's own error, the shard named) */
+    return bs_fail(err, sub.code, sub.off, sub.key[0] ? sub.key : NULL, "%s", sub.msg);
+  return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "shard %.200s: %s", ix->shards[failed], sub.msg);
 }
 
 /* The shard a catalog source is, as the index names it (messages only). */

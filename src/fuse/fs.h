@@ -36,7 +36,9 @@ struct fs {
   _Atomic fuse_ino_t wb_error_ino;
   unsigned max_read;          /* -o max_read= (direct_io sets one), 0: libfuse's */
   bool direct_io;             /* -o direct_io (read-only): files opened FOPEN_DIRECT_IO */
+  bool unvalidated;           /* a URL source read without a strong ETag (-o unvalidated) */
   unsigned readahead_kb;      /* -o readahead= (a URL's default: 1024), 0: the kernel's */
+  unsigned max_background;    /* the kernel's READs in flight at once (a URL's: 48), 0: 12 */
   bool readahead_given;       /* -o readahead= was given (a failure to apply it is logged) */
   char bdi[32];               /* the mount's "MAJOR:MINOR" (serve), "" if not found */
   atomic_bool readahead_done; /* fs_readahead_apply ran */

@@ -12,6 +12,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <malloc.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -30,6 +31,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
+#include "core/http_client.h"
 #include "core/progress.h"
 #include "core/safe_open.h"
 #include "core/target.h"
@@ -62,7 +64,8 @@ static const char usage_rest[] =
     "read by range requests, mounted read-only or written to a local -o output=\n"
     "($BURNSTORE_HTTP_TOKEN: a bearer token,\n"
     "$BURNSTORE_HTTP_CACHE: the block cache, default 64M; $BURNSTORE_HTTP_TIMEOUT: the\n"
-    "seconds a read may block, default 60; $CURL_CA_BUNDLE or $SSL_CERT_FILE: the CAs\n"
+    "seconds a read may block, default 60; $BURNSTORE_HTTP_UNVALIDATED=1: read a server\n"
+    "that gives no strong ETag; $CURL_CA_BUNDLE or $SSL_CERT_FILE: the CAs\n"
     "https trusts, as for curl); a file on the Hugging Face\n"
     "Hub, hf://[datasets/|spaces/]ORG/REPO[@REVISION]/PATH ($HF_ENDPOINT, a token from\n"
     "$HF_TOKEN or $HF_HOME/token; the revision pinned to its commit at open); or an S3\n"
@@ -118,6 +121,10 @@ static const char usage_rest[] =
     "                         as $BURNSTORE_HTTP_CACHE, which it overrides)\n"
     "  http_timeout=SECONDS   a URL SOURCE: how long a read may block (default 60, 1 to\n"
     "                         3600; as $BURNSTORE_HTTP_TIMEOUT, which it overrides)\n"
+    "  unvalidated            a URL SOURCE whose server gives no strong ETag: read it,\n"
+    "                         comparing each answer's size and Last-Modified (two\n"
+    "                         versions written within a second could mix); as\n"
+    "                         $BURNSTORE_HTTP_UNVALIDATED=1\n"
     "  direct_io              read-only: reads bypass the page cache in ~1 MiB requests\n"
     "                         (faster first reads; shared mmap of tensor files then fails)\n"
     "  readahead=KIB          the mount's read-ahead, also the size of the kernel's reads\n"
@@ -258,6 +265,8 @@ static void parse_opts(struct args *a, const char *optstr)
       a->strict = true;
     } else if (strcmp(it, "direct_io") == 0) {
       a->direct_io = true;
+    } else if (strcmp(it, "unvalidated") == 0) {
+      a->http.unvalidated = true;
     } else if (eq && nlen == 9 && strncmp(it, "readahead", 9) == 0) {
       char *end;
       errno = 0;
@@ -441,9 +450,14 @@ static void report(bool daemonized, int prio, const char *line)
 
 static void status_running(int sfd, const struct fs *fs, const char *mnt)
 {
-  char text[3 * PATH_MAX + 128];
-  snprintf(text, sizeof text, "running\npid %ld\nmountpoint %s\nstaging %s\ntarget %s\n",
-           (long)getpid(), mnt, fs->writable ? fs->staging : "-", fs->writable ? fs->output : "-");
+  char text[3 * PATH_MAX + 256];
+  int n = snprintf(text, sizeof text, "running\npid %ld\nmountpoint %s\nstaging %s\ntarget %s\n",
+                   (long)getpid(), mnt, fs->writable ? fs->staging : "-",
+                   fs->writable ? fs->output : "-");
+  if (fs->unvalidated && n > 0 && (size_t)n < sizeof text)
+    snprintf(text + n, sizeof text - (size_t)n,
+             "unvalidated its server gives no strong ETag: -o unvalidated reads it comparing each "
+             "answer's size and Last-Modified\n");
   write_status(sfd, text);
 }
 
@@ -724,6 +738,8 @@ static int do_status(int argc, char **argv)
     if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
         strcmp(strchr(line, ' ') + 1, "-") != 0)
       printf("%s\n", line);
+    else if (strncmp(line, "unvalidated ", 12) == 0)
+      printf("unvalidated: %s\n", line + 12);
   }
   int lfd = run_file(lpath, O_RDONLY);
   printf("log %s:\n", lpath);
@@ -902,6 +918,10 @@ static void scrub_url(char *url)
     memset(q + 1, '*', strlen(q + 1));
 }
 
+/* A URL mount: the kernel's READs in flight at once (its default: 12), and
+ * libfuse's workers (its default: 10), more than that (serve). */
+enum { URL_BACKGROUND = 48, URL_WORKERS = 64 };
+
 /* SOURCE is a URL: opened by range requests (bs_src_init_http); read-only,
  * or writable into a local output= (never in place). From here on the URL
  * is shown without credentials (messages, the mount table). */
@@ -929,6 +949,11 @@ static int prepare_url(struct fs *fs, struct args *a)
   scrub_url((char *)url); /* argv's own memory: writable */
   if (rc != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
     return fail_line(a->source, &err);
+  for (size_t i = 0; i < fs->cat.nsrcs; i++) { /* (-o unvalidated let it through) */
+    const char *v = NULL;
+    if (bs_src_remote(&fs->cat.srcs[i], NULL, &v) && strncmp(v, "If-Match:", 9) != 0)
+      fs->unvalidated = true;
+  }
   if (a->output) {
     /* The staging INDEX records the URL and each file's validator, so that
      * --finish after a kill reads the same bytes or refuses. */
@@ -977,8 +1002,9 @@ static int prepare(struct fs *fs, struct args *a)
   bs_catalog_init(&fs->cat);
   if (bs_src_is_url(a->source))
     return prepare_url(fs, a);
-  if (a->http.cache_bytes || a->http.timeout_s) {
-    fprintf(stderr, PROG ": %s: http_cache= and http_timeout= apply to a URL SOURCE\n", a->source);
+  if (a->http.cache_bytes || a->http.timeout_s || a->http.unvalidated) {
+    fprintf(stderr, PROG ": %s: http_cache=, http_timeout= and unvalidated apply to a URL SOURCE\n",
+            a->source);
     return 1;
   }
   /* A link is the checkpoint it names: rw edits that file, and the link
@@ -1078,6 +1104,8 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
                                                 : 0;
   if (fs->readahead_given && fs->readahead_kb && !bs_src_is_url(a->source))
     warn_unspliced(fs->readahead_kb);
+  if (bs_src_is_url(a->source))
+    fs->max_background = URL_BACKGROUND;
   if (a->max_shard_size && !fs->writer) {
     fprintf(stderr, PROG ": max_shard_size= applies to a writable mount written as SafeTensors "
                          "(.safetensors or .safetensors.index.json)\n");
@@ -1167,6 +1195,56 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   malloc_trim(0);
   fs->timeout = fs->writable ? 1.0 : 86400.0;
   return 0;
+}
+
+/* A URL mount's requests end with its session: the kernel mount can be
+ * gone (burnstore -u, fusermount3 -u) while a worker still waits for a
+ * stalled server, and libfuse waits for its workers before the loop
+ * returns. A thread polls the session's fd (an error once the kernel let go
+ * of the mount) and its exit flag, and cancels the requests of every read
+ * begun by then (not the write-back's, which come after). */
+
+struct watch {
+  struct fuse_session *se;
+  int wake[2]; /* a pipe: watch_end's byte ends it */
+  pthread_t thread;
+};
+
+static void *watch_session(void *arg)
+{
+  struct watch *w = arg;
+  for (;;) {
+    struct pollfd p[2] = {{.fd = fuse_session_fd(w->se)}, {.fd = w->wake[0], .events = POLLIN}};
+    int k = poll(p, 2, 200);
+    if (k > 0 && p[1].revents)
+      return NULL;
+    if ((k > 0 && (p[0].revents & (POLLERR | POLLHUP | POLLNVAL))) || fuse_session_exited(w->se))
+      break;
+  }
+  bs_http_cancel_all();
+  return NULL;
+}
+
+static int watch_begin(struct watch *w)
+{
+  if (pipe2(w->wake, O_CLOEXEC) != 0)
+    return -1;
+  if (pthread_create(&w->thread, NULL, watch_session, w) != 0) {
+    close(w->wake[0]);
+    close(w->wake[1]);
+    return -1;
+  }
+  return 0;
+}
+
+static void watch_end(struct watch *w)
+{
+  if (write(w->wake[1], "x", 1) < 0) {
+    /* (a pipe of our own: cannot be full) */
+  }
+  pthread_join(w->thread, NULL);
+  close(w->wake[0]);
+  close(w->wake[1]);
 }
 
 /* One mount's session-level state, from the claim to the exit. */
@@ -1301,6 +1379,9 @@ static int serve(struct run *r, char *argv0)
     fprintf(stderr, PROG ": readahead=: %s is not in /proc/self/mountinfo: not applied\n", r->mnt);
   r->daemonized = !r->a.foreground;
   if (r->daemonized) {
+    /* (a URL's client thread does not survive the fork: stopped here, the
+     * daemon starts its own at its first request) */
+    bs_http_client_stop();
     if (fuse_daemonize(0) != 0) {
       fuse_session_unmount(se);
       goto out_signals;
@@ -1312,15 +1393,25 @@ static int serve(struct run *r, char *argv0)
       bs_target_lock_update(r->tfd, fs->output, r->mnt);
   }
   bool stopper = fs->writable && fs_stop_begin(se, r->mnt) == 0;
+  bool url = bs_src_is_url(r->a.source);
+  struct watch w = {.se = se, .wake = {-1, -1}};
+  bool watched = url && watch_begin(&w) == 0;
   if (r->a.single) {
     ret = fuse_session_loop(se);
   } else {
     struct fuse_loop_config *cfg = fuse_loop_cfg_create();
     fuse_loop_cfg_set_clone_fd(cfg, 0);
     fuse_loop_cfg_set_idle_threads(cfg, 10);
+    /* A URL's reads may wait for a server up to http_timeout: workers
+     * enough that readers stuck on one tensor leave others to stat, list
+     * and read the rest (libfuse's default is 10). */
+    if (url)
+      fuse_loop_cfg_set_max_threads(cfg, URL_WORKERS);
     ret = fuse_session_loop_mt(se, cfg);
     fuse_loop_cfg_destroy(cfg);
   }
+  if (watched)
+    watch_end(&w);
   if (stopper)
     fs_stop_end();
   fuse_session_unmount(se);

@@ -184,6 +184,14 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
   }
   if (fs->max_read)
     conn->max_read = fs->max_read;
+  /* The kernel's read-ahead READs go out as background requests, 12 at
+   * once by default: readers stuck on a stalled URL range would hold them
+   * all, and every other file's reads would queue behind (fs_main.c gives a
+   * URL mount workers for more). */
+  if (fs->max_background) {
+    conn->max_background = fs->max_background;
+    conn->congestion_threshold = fs->max_background * 3 / 4;
+  }
   if (conn->max_write < (1u << 20))
     conn->max_write = 1u << 20;
 }

@@ -32,7 +32,10 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             and the daemon's peak memory for it vs for one of 1/8 its size
   remote    a --size-mib MiB tensor of a SafeTensors file on nginx (127.0.0.1):
             burnstore mount of its URL vs curl of the same byte range, direct
-            and through the fault proxy with 20 ms added a request; vs
+            (and the daemon's CPU seconds a GiB against curl's) and through
+            the fault proxy with 20 ms added a request; through the proxy
+            capping each connection at 40 MB/s and adding 20 ms a request, vs
+            aria2c -x16 -s16 of the file; vs
             burnstore on `rclone mount` of the same server; time to the first
             byte of a tensor of a mounted model (in round trips); requests and
             bytes to mount a 100,000-tensor file (nginx's access log); mount of
@@ -60,6 +63,7 @@ skipped, with a line saying so.
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -926,8 +930,15 @@ def sec_remote(a, d):
         run(["cat", st])
         url = ng.url("big.safetensors")
 
+        ccpu = []
+
         def curl(u):
-            return timed(["curl", "-sf", "-o", "/dev/null", "-r", "%d-%d" % (off, off + size - 1), u])
+            """curl's wall time; its CPU time (user + sys) in ccpu."""
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = timed(["curl", "-sf", "-o", "/dev/null", "-r", "%d-%d" % (off, off + size - 1), u])
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            ccpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+            return t
 
         cpu = {}
 
@@ -948,9 +959,15 @@ def sec_remote(a, d):
         # what the URL's bytes cost the daemon over a spliced local read of
         # the same bytes: libcurl's receive and the cache block, and a reply
         # written from memory (writev) instead of spliced from a file
-        cl, cu = med(cpu[st]), med(cpu[url])
+        cl, cu, cc = med(cpu[st]), med(cpu[url]), med(ccpu)
+        gib = size / (1 << 30)
         row("remote", "daemon CPU for the read, local file (spliced)", cl, "s")
         row("remote", "daemon CPU for the read, URL", cu, "s", cl, cu / max(cl, 1.0 / TCK))
+        # the same bytes' CPU seconds a GiB, against curl's (its receive into
+        # /dev/null: one copy)
+        row("remote", "curl CPU a GiB", cc / gib, "s")
+        row("remote", "daemon CPU a GiB, URL, against curl's", cu / gib, "s", cc / gib,
+            cu / max(cc, 1.0 / TCK), "<= 2.5", cu / max(cc, 1.0 / TCK) <= 2.5)
         with FaultProxy(ng.port, latency=lat) as px:
             purl = px.url("big.safetensors")
             c = med([curl(purl) for _ in range(a.runs)])
@@ -968,6 +985,27 @@ def sec_remote(a, d):
             t = med(ttfb)
             row("remote", "first 4 KiB of a mounted tensor (+20 ms)", t, "s", lat, t / lat,
                 "<= 1.5 round trips", t / lat <= 1.5)
+        # a shaped link: every connection capped at 40 MB/s and 20 ms added
+        # to each request (an object store's cap per connection), against
+        # aria2c -x16 -s16 (16 connections, 16 ranges) of the same file
+        if have("aria2c"):
+            with FaultProxy(ng.port, latency=lat, rate=40 << 20) as px:
+                purl = px.url("big.safetensors")
+                out = os.path.join(d, "aria")
+
+                def aria(u):
+                    shutil.rmtree(out, ignore_errors=True)
+                    t = timed(["aria2c", "-x16", "-s16", "-k1M", "--file-allocation=none", "-q",
+                               "--allow-overwrite=true", "-d", out, "-o", "big", u])
+                    shutil.rmtree(out, ignore_errors=True)
+                    return t * size / os.path.getsize(st)  # (its file holds the header too)
+                a16 = med([aria(purl) for _ in range(a.runs)])
+                b = med([bs_read(purl) for _ in range(a.runs)])
+            row("remote", "aria2c -x16 -s16, 40 MB/s a connection, +20 ms a request", a16, "s")
+            row("remote", "burnstore through the same link, first read", b, "s", a16, a16 / b, ">= 0.9",
+                a16 / b >= 0.9)
+        else:
+            log("  aria2c: skipped (aria2 not installed)")
         if have("rclone"):
             net = os.path.join(d, "net")
             os.makedirs(net, exist_ok=True)

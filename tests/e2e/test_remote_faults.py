@@ -204,12 +204,17 @@ def stalled(tmp):
     hang (a stall used to be waited for 30 s a try, 6 tries)."""
     with Nginx(tmp) as ng:
         c = setup(tmp, ng)
-        # 1. read-ahead stalled (requests of 2 MiB and more: the reader's own
-        # stay under), then unmount with the default timeout (60 s)
+        # 1. read-ahead stalled (requests that start past the block after
+        # the first MiB of d: the reader's own stay before), then unmount
+        # with the default timeout (60 s)
+        with open(ng.path("m.safetensors"), "rb") as f:
+            hl = 8 + struct.unpack("<Q", f.read(8))[0]
+            d0 = hl + json.loads(f.read(hl - 8))["d"]["data_offsets"][0]
+        past = (d0 + (2 << 20) - 1) >> 20 << 20
         mnt = os.path.join(tmp, "mnt-stall-ra")
         with FaultProxy(ng.port) as px:
             with foreground_mount(px.url("m.safetensors"), mnt, "ro") as p:
-                px.arm("stall", min_len=2 << 20)
+                px.arm("stall", min_start=past)
                 fd = os.open(os.path.join(mnt, "d"), os.O_RDONLY)
                 try:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # (no kernel read-ahead)
@@ -269,7 +274,8 @@ def requests_and_parallel(tmp):
     """What goes over the wire (nginx's access log, the proxy's count of
     requests under way at once): a header of over 64 KiB mounts in 2
     requests with no byte past it; the 4 shards of an index are asked for
-    at once; a tensor read on gets read-ahead as parallel 4 MiB requests."""
+    at once; a tensor read on gets read-ahead as parallel requests of whole
+    blocks (4 MiB on loopback)."""
     with Nginx(tmp) as ng:
         many = {"t%05d" % i: b"\0\0\0\0" for i in range(4000)}
         path = ng.path("many.safetensors")
@@ -308,8 +314,11 @@ def requests_and_parallel(tmp):
                 check(got == c.want["d"], "read-ahead: the right bytes")
                 reqs = ng.requests()
         check(px.max_inflight >= 3, "read-ahead: requests in parallel (%d at most)" % px.max_inflight)
-        big = sum(1 for r in reqs if r[2] == 4 << 20)
-        check(big * 4 >= 96 * 3 // 4, "read-ahead: in 4 MiB requests (%d of %d)" % (big, len(reqs)))
+        # (of whole blocks: 4 MiB while one connection is fast, 1 MiB when
+        # it is slow, as under a loaded machine: then more go out at once)
+        whole = sum(r[2] for r in reqs if r[2] in (1 << 20, 2 << 20, 3 << 20, 4 << 20))
+        check(whole >= (96 << 20) * 3 // 4, "read-ahead: in requests of whole blocks (%d MiB of %d)"
+              % (whole >> 20, len(reqs)))
 
 
 def tiny_cache(tmp):

@@ -116,8 +116,17 @@ def hostile_etag(tmp):
     """Item 7: an ETag's control characters are replaced wherever it is shown."""
     with Nginx(tmp) as ng, FaultProxy(ng.port) as px:
         model(ng, "e.safetensors")
-        px.set_etags(HOSTILE, b'"v2"')
         url = px.url("e.safetensors")
+        # at open: no strong ETag (a control character is no part of one),
+        # refused in one line that does not repeat it
+        px.set_etags(HOSTILE, b'"v2"')
+        r = subprocess.run([BIN, "ls", url], capture_output=True, timeout=60)
+        e = r.stderr.decode("latin-1")
+        check(r.returncode != 0 and len(e.splitlines()) == 1 and "no strong ETag" in e,
+              "an opening ETag with control characters: refused in one line: %r" % e)
+        clean("the refusal", e)
+        # later: the answers' ETag changed to it, shown escaped
+        px.set_etags(b'"v1"', HOSTILE)
         # the daemon: its log file and status
         mnt = os.path.join(tmp, "mnt-etag")
         with Mount(url, mnt, "ro") as m:

@@ -133,7 +133,14 @@ def shard_without_validator(tmp, _ng):
         out = os.path.join(d, "out.safetensors")
         mnt = os.path.join(d, "mnt")
         os.makedirs(mnt)
+        # (no strong ETag: refused at open, read-only too, unless -o unvalidated)
         r = run([BIN, url, mnt, "-o", "output=" + out])
+        if r.returncode == 0:
+            force_unmount(mnt)
+        check(r.returncode != 0 and "no strong ETag" in r.stderr and "unvalidated" in r.stderr
+              and "00002" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+              "a shard without validators: refused in one line naming it: %r" % r.stderr)
+        r = run([BIN, url, mnt, "-o", "unvalidated,output=" + out])
         if r.returncode == 0:
             force_unmount(mnt)
         check(r.returncode != 0 and "neither an ETag nor a Last-Modified" in r.stderr
@@ -141,8 +148,8 @@ def shard_without_validator(tmp, _ng):
               "a shard without validators: output= refused in one line naming it: %r" % r.stderr)
         check(not os.path.ismount(mnt) and not glob.glob(os.path.join(d, ".out*")),
               "nothing mounted, no staging")
-        r = run([BIN, "ls", url])
-        check(r.returncode == 0, "read-only, the same URL lists: %r" % r.stderr)
+        r = run([BIN, "ls", url], env=dict(os.environ, BURNSTORE_HTTP_UNVALIDATED="1"))
+        check(r.returncode == 0, "read-only, unvalidated, the same URL lists: %r" % r.stderr)
 
 
 def killed_then_finish(tmp, ng):

@@ -14,7 +14,8 @@ request, the status) is defined for an `extra` access_log.
 FaultProxy(port): a threaded HTTP/1.1 proxy on a free port of 127.0.0.1 to
 127.0.0.1:port. Every request is forwarded on the client's own upstream
 connection (keep-alive both ways), after `latency` seconds (one round trip
-added a request). Faults are armed by setting `fault` (and `every`): the
+added a request); `rate` (bytes a second, 0: none) caps what each
+connection relays, as object stores cap a connection. Faults are armed by setting `fault` (and `every`): the
 n-th request after arming with n % every == 0 gets it, and only GETs that
 carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "drop"     half the body, then the connection closed
@@ -24,10 +25,16 @@ carry a Range (not the opening bytes=0-... ones while `skip_open`):
   "full200"  the Range header removed: 200 with the whole body
   "stall"    the headers and half the body, then silence (the connection
              kept open) until the proxy closes
-`min_len`: only ranges of at least that many bytes get the fault (0: any).
+`min_len`: only ranges of at least that many bytes get the fault (0: any);
+`min_start`: only ranges that start at or past that offset (0: any).
 `faults` counts the faults given; `max_inflight` the most requests under
 way at once (from the request's head to its answer's end). Stopped by
 close() (a context manager).
+
+Hostile(answer): a server of our own whose every answer is whatever the
+test's function says (lies in Content-Range, validators that come and go,
+objects swapped mid-read, endless bodies, stalls); range_answer() builds
+the answer of an honest (or a lying) range server for it.
 """
 import os
 import shutil
@@ -224,42 +231,24 @@ def _headers(head):
     return lines[0], hs
 
 
-class FaultProxy:
-    def __init__(self, port, latency=0.0):
-        self.up = port
-        self.latency = latency
-        self.fault = None
-        self.every = 1
-        self.etags = None  # (first, later): set_etags
-        self.skip_open = True
-        self.min_len = 0
-        self.stop = threading.Event()  # (set by close: ends the stalls)
-        self.faults = 0
-        self.count = 0
-        self.inflight = self.max_inflight = 0
+class _Server:
+    """A listening socket on a free port of 127.0.0.1 and a thread that
+    accepts, each connection served by self._serve(c) on a thread of its
+    own; close() (a context manager) ends the accept, shuts every
+    connection down and sets `stop` (which ends the stalls)."""
+
+    def __init__(self, backlog):
         self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.closing = False
+        self.conns = []
         self.ls = socket.socket()
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(64)
+        self.ls.listen(backlog)
         self.port = self.ls.getsockname()[1]
-        self.closing = False
-        self.conns = []
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
-
-    def arm(self, fault, every=1, min_len=0):
-        with self.lock:
-            self.fault, self.every, self.count, self.min_len = fault, every, 0, min_len
-
-    def set_etags(self, first, later):
-        """Answer the opening request (Range: bytes=0-...) with ETag `first`
-        and every later one with `later` (bytes, as sent: a hostile server's
-        control characters too), dropping the client's If-Match and
-        If-Unmodified-Since: a server that changed the object and ignores
-        the conditions."""
-        with self.lock:
-            self.etags = (first, later)
 
     def _accept(self):
         while not self.closing:
@@ -272,6 +261,63 @@ class FaultProxy:
                 self.conns.append(c)
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
+    def url(self, name):
+        return "http://127.0.0.1:%d/%s" % (self.port, name)
+
+    def close(self):
+        self.closing = True
+        self.stop.set()
+        try:
+            self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
+        except OSError:
+            pass
+        self.ls.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class FaultProxy(_Server):
+    def __init__(self, port, latency=0.0, rate=0):
+        self.up = port
+        self.latency = latency
+        self.rate = rate
+        self.fault = None
+        self.every = 1
+        self.etags = None  # (first, later): set_etags
+        self.skip_open = True
+        self.min_len = 0
+        self.min_start = 0
+        self.faults = 0
+        self.count = 0
+        self.inflight = self.max_inflight = 0
+        _Server.__init__(self, 64)
+
+    def arm(self, fault, every=1, min_len=0, min_start=0):
+        with self.lock:
+            self.fault, self.every, self.count, self.min_len = fault, every, 0, min_len
+            self.min_start = min_start
+
+    def set_etags(self, first, later):
+        """Answer the opening request (Range: bytes=0-...) with ETag `first`
+        and every later one with `later` (bytes, as sent: a hostile server's
+        control characters too), dropping the client's If-Match and
+        If-Unmodified-Since: a server that changed the object and ignores
+        the conditions."""
+        with self.lock:
+            self.etags = (first, later)
+
     def _pick(self, line, hs):
         """The fault for this request, or None."""
         with self.lock:
@@ -282,10 +328,10 @@ class FaultProxy:
                 return None
             if self.skip_open and rng.startswith("bytes=0-"):
                 return None
-            if self.min_len:
+            if self.min_len or self.min_start:
                 try:
                     a, b = rng.split("=", 1)[1].split("-")
-                    if int(b) - int(a) + 1 < self.min_len:
+                    if int(b) - int(a) + 1 < self.min_len or int(a) < self.min_start:
                         return None
                 except ValueError:
                     return None
@@ -366,19 +412,22 @@ class FaultProxy:
             part = n // 2 if fault == "drop" else max(0, n - 1000)
             self._relay(u[0], c, rest, part)
             return False  # the connection closes: fewer bytes than promised
-        self._relay(u[0], c, rest, n)
+        self._relay(u[0], c, rest, n, self.rate)
         return True
 
     @staticmethod
-    def _relay(u, c, rest, n):
+    def _relay(u, c, rest, n, rate=0):
         """n bytes of body from u (rest already read) to c: spliced through
         a pipe in the kernel (no copy into Python, and the GIL released),
         so that the proxy's own CPU stays small next to what it measures:
         a relay in Python took about a core at 1 GB/s, shared by every
-        connection, on the same cores as the client under test."""
+        connection, on the same cores as the client under test. With a
+        rate, at most that many bytes a second (64 KiB at a time, then a
+        sleep to keep to it)."""
         first = rest[:n]
         c.sendall(first)
         left = n - len(first)
+        sent, t0 = len(first), time.monotonic()
         pr, pw = os.pipe()
         try:
             while left > 0:
@@ -386,34 +435,113 @@ class FaultProxy:
                 if not k:
                     raise OSError("upstream closed")
                 left -= k
+                sent += k
                 while k:
                     k -= os.splice(pr, c.fileno(), k)
+                if rate:
+                    ahead = sent / rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
         finally:
             os.close(pr)
             os.close(pw)
 
-    def url(self, name):
-        return "http://127.0.0.1:%d/%s" % (self.port, name)
 
-    def close(self):
-        self.closing = True
-        self.stop.set()
+class Stall:
+    """An answer's body that sends `first` bytes, then nothing (the
+    connection kept open) until the server closes."""
+
+    def __init__(self, first=b""):
+        self.first = first
+
+
+def range_answer(data, hs, total=None, etag=None, lastmod=None, extra=()):
+    """The answer of a server that serves ranges of `data`: 206 with
+    Content-Range "bytes A-B/TOTAL" (TOTAL: len(data), or the lie given),
+    416 past the end, 200 without a Range; ETag and Last-Modified when given.
+    Returns (status, [(name, value)], body)."""
+    n = len(data) if total is None else total
+    h = list(extra)
+    if etag is not None:
+        h.append(("ETag", etag))
+    if lastmod is not None:
+        h.append(("Last-Modified", lastmod))
+    rng = hs.get("range", "")
+    if not rng.startswith("bytes="):
+        return 200, h, data
+    a, b = rng[6:].split("-", 1)
+    a = int(a)
+    b = int(b) if b else n - 1
+    if a >= n:
+        return 416, h + [("Content-Range", "bytes */%d" % n)], b""
+    b = min(b, n - 1)
+    body = data[a:b + 1] if a < len(data) else b""
+    # (a lying total: bytes past the data are zeros, as many as asked)
+    body += b"\0" * (b + 1 - a - len(body))
+    return 206, h + [("Content-Range", "bytes %d-%d/%d" % (a, b, n))], body
+
+
+class Hostile(_Server):
+    """An HTTP/1.1 server on a free port of 127.0.0.1 whose every answer
+    is what `answer(method, path, headers, n)` returns (n: the request's
+    number, from 1; headers: lower-case names): (status, [(name, value)],
+    body), body being bytes, an iterable of byte chunks (an endless body:
+    sent until the client hangs up or the server closes) or a Stall.
+    Keep-alive; a thread a connection; `requests` records (method, path,
+    headers) of each; `sent` counts body bytes. Stopped by close() (a
+    context manager), which also ends the stalls."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.requests = []
+        self.sent = 0
+        _Server.__init__(self, 256)
+
+    def _serve(self, c):
+        buf = b""
         try:
-            self.ls.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
+            while not self.stop.is_set():
+                head, buf = _read_head(c, buf)
+                if head is None:
+                    return
+                line, hs = _headers(head)
+                method, path = (line.split(" ") + ["", ""])[:2]
+                with self.lock:
+                    self.requests.append((method, path, hs))
+                    n = len(self.requests)
+                status, h, body = self.answer(method, path, hs, n)
+                out = "HTTP/1.1 %d X\r\n" % status
+                endless = not isinstance(body, (bytes, Stall))
+                for k, v in h:
+                    out += "%s: %s\r\n" % (k, v)
+                if isinstance(body, bytes):
+                    out += "Content-Length: %d\r\n" % len(body)
+                elif isinstance(body, Stall):
+                    out += "Content-Length: %d\r\n" % (len(body.first) + 1000)
+                else:
+                    out += "Transfer-Encoding: chunked\r\n"
+                c.sendall(out.encode("latin-1") + b"\r\n")
+                if isinstance(body, Stall):
+                    c.sendall(body.first)
+                    self.stop.wait(3600)
+                    return
+                if not endless:
+                    if method != "HEAD":
+                        c.sendall(body)
+                        with self.lock:
+                            self.sent += len(body)
+                    continue
+                for chunk in body:
+                    if self.stop.is_set():
+                        return
+                    c.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                    with self.lock:
+                        self.sent += len(chunk)
+                c.sendall(b"0\r\n\r\n")
         except OSError:
-            pass
-        self.ls.close()
-        with self.lock:
-            for c in self.conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self.thread.join(timeout=10)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
+            return
+        finally:
+            try:
+                c.close()
+            except OSError:
+                pass

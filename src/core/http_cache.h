@@ -1,44 +1,38 @@
-/* The HTTP(S) byte source's pure pieces (no network), for its unit tests:
- * URL handling, header parsing and the bounded block cache. */
-#ifndef BURNSTORE_CORE_HTTP_H
-#define BURNSTORE_CORE_HTTP_H
+/* The HTTP source's block cache: fixed-size blocks of many sources, least
+ * recently used evicted first, bounded. Pure (no network), unit-tested. */
+#ifndef BURNSTORE_CORE_HTTP_CACHE_H
+#define BURNSTORE_CORE_HTTP_CACHE_H
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* `rel` (a relative name, no "..": the caller checked) beside the file that
- * `base` names: its last path segment replaced; the query and fragment of
- * base dropped. bs_malloc'd; NULL: no memory, or base is no http(s) URL. */
-char *bs_http_resolve(const char *base, const char *rel);
-/* "bytes FIRST-LAST/TOTAL" (TOTAL may be "*": UINT64_MAX). 0, or -1 when
- * val is not one (or LAST < FIRST, or LAST >= TOTAL). */
-int bs_http_content_range(const char *val, uint64_t *first, uint64_t *last, uint64_t *total);
-/* Retry-After in milliseconds, at most cap_ms: delta seconds only (an
- * HTTP date, or garbage: -1, the caller backs off on its own). */
-long bs_http_retry_after(const char *val, long cap_ms);
-/* A header line "Name: value\r\n": whether it is `name` (any case); *v and
- * *vn the value without surrounding blanks. */
-bool bs_http_header_is(const char *line, size_t n, const char *name, const char **v, size_t *vn);
+#include "core/http_parse.h"
 
 /* A cache of fixed-size blocks of many sources (keyed by a source id and a
  * block index), least recently used evicted first: it never holds more than
  * `nmax` blocks of `block` bytes. Thread-safe. */
 struct bs_http_block;
-#define BS_HTTP_SPARE 16 /* whole-block buffers kept for reuse */
 struct bs_http_cache {
   pthread_mutex_t lock;
-  size_t block, nmax, n;
-  uint64_t tick;
-  struct bs_http_block *b; /* nmax slots */
+  size_t block, nmax, n; /* block size, slots, slots used (0..n-1) */
+  size_t bytes;          /* the blocks' sizes */
+  struct bs_http_block *b;
+  /* A hash of (id, idx) to the slots (chained: slot + 1, 0 ends), and the
+   * slots by recency (newest first): a lookup and an eviction cost a few
+   * steps, not a scan of the slots. */
+  uint32_t *bucket;
+  size_t hmask;
+  uint32_t newest, oldest;
   /* Buffers of evicted whole blocks, for the next fetch: a fresh 1 MiB
    * allocation is a fresh mapping, every page of it faulted in and zeroed
-   * by the kernel, each time. */
-  uint8_t *spare[BS_HTTP_SPARE];
+   * by the kernel, each time (an eighth of a URL read's CPU when only 16
+   * were kept). As many as the cache has slots: the memory stays within
+   * twice the cache, what is in flight included. */
+  uint8_t **spare; /* nmax of them */
   size_t nspare;
 };
-#define BS_HTTP_CACHE_BLOCKS_MAX 16384 /* 16 GiB of 1 MiB blocks */
 /* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes);
 void bs_http_cache_destroy(struct bs_http_cache *c);

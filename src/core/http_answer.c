@@ -1,0 +1,102 @@
+/* An answer as it comes, on the HTTP client's thread (http_client.h): its
+ * headers parsed into the request's bs_http_xfer, its body written
+ * straight into the request's blocks. */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/http_client.h"
+#include "core/http_parse.h"
+
+enum {
+  ERR_BODY_MAX = 64 << 10, /* an error's body read at most (then the transfer ends) */
+};
+
+size_t bs_http_on_header(char *line, size_t size, size_t nitems, void *ud)
+{
+  struct bs_http_req *r = ud;
+  struct bs_http_xfer *x = &r->x;
+  size_t n = size * nitems;
+  const char *v;
+  size_t vn;
+  if (n >= 5 && strncmp(line, "HTTP/", 5) == 0) { /* a new answer (after a redirect) */
+    char commit[sizeof x->commit];
+    memcpy(commit, x->commit, sizeof commit);
+    *x = (struct bs_http_xfer){.length = UINT64_MAX, .retry_ms = -1};
+    memcpy(x->commit, commit, sizeof commit);
+    r->started = r->err_cut = false;
+    r->skip = 0;
+  } else if (bs_http_header_is(line, n, "Content-Range", &v, &vn)) {
+    x->have_range = bs_http_content_range(v, vn, &x->first, &x->last, &x->total) == 0;
+  } else if (bs_http_header_is(line, n, "Content-Length", &v, &vn)) {
+    if (!bs_http_number(v, vn, &x->length))
+      x->length = UINT64_MAX;
+  } else if (bs_http_header_is(line, n, "ETag", &v, &vn)) {
+    x->etag_n = vn;
+    snprintf(x->etag, sizeof x->etag, "%.*s", vn < sizeof x->etag ? (int)vn : 0, v);
+  } else if (bs_http_header_is(line, n, "Last-Modified", &v, &vn)) {
+    snprintf(x->lastmod, sizeof x->lastmod, "%.*s", vn < sizeof x->lastmod ? (int)vn : 0, v);
+  } else if (bs_http_header_is(line, n, "Content-Encoding", &v, &vn)) {
+    if (!(vn == 8 && strncasecmp(v, "identity", 8) == 0) && vn)
+      snprintf(x->encoding, sizeof x->encoding, "%.*s",
+               (int)(vn < sizeof x->encoding ? vn : sizeof x->encoding - 1), v);
+  } else if (bs_http_header_is(line, n, "X-Repo-Commit", &v, &vn)) {
+    if (!x->commit[0]) /* (the Hub's answer, not its CDN's after the redirect) */
+      snprintf(x->commit, sizeof x->commit, "%.*s",
+               (int)(vn < sizeof x->commit ? vn : sizeof x->commit - 1), v);
+  } else if (bs_http_header_is(line, n, "Retry-After", &v, &vn)) {
+    x->retry_ms = bs_http_retry_after(v, vn, BS_HTTP_RETRY_CAP_MS);
+  }
+  return n;
+}
+
+/* Only a success's body is ours; an error's is read up to ERR_BODY_MAX
+ * (then the transfer ends: an endless error body is not drained). A 200 to
+ * a range request is the whole object: ours starts `first` bytes in,
+ * skipped up to BS_HTTP_SKIP_MAX (beyond, the transfer stops: refused). A
+ * body with a Content-Encoding is not the object's bytes: refused. */
+size_t bs_http_on_body(char *data, size_t size, size_t nmemb, void *ud)
+{
+  struct bs_http_req *r = ud;
+  struct bs_http_xfer *x = &r->x;
+  size_t n = size * nmemb, used = 0;
+  long code = 0;
+  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code != 200 && code != 206) {
+    r->skip += n;
+    if (r->skip <= ERR_BODY_MAX)
+      return n;
+    r->err_cut = true;
+    return 0;
+  }
+  if (x->encoding[0])
+    return 0;
+  if (!r->started) {
+    r->started = true;
+    r->skip = 0;
+    if (code == 200) {
+      if (r->first > BS_HTTP_SKIP_MAX)
+        return 0;
+      r->skip = r->first;
+    }
+  }
+  if (r->skip) {
+    size_t k = r->skip < n ? (size_t)r->skip : n;
+    r->skip -= k;
+    used = k;
+  }
+  size_t room = r->n - x->got, k = n - used;
+  if (k > room)
+    k = room;
+  for (size_t done = 0; done < k;) { /* straight into the blocks */
+    size_t at = r->to.base + x->got, in = at % BS_HTTP_BLOCK, m = BS_HTTP_BLOCK - in;
+    if (m > k - done)
+      m = k - done;
+    memcpy(r->to.seg[at / BS_HTTP_BLOCK] + in, data + used + done, m);
+    done += m;
+    x->got += m;
+  }
+  /* Our range is complete: stop a body that goes on (a 200 to a range). */
+  return x->got == r->n && used + k < n ? 0 : n;
+}
