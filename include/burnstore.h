@@ -307,15 +307,16 @@ BURNSTORE_API const char *burnstore_writer_format(const burnstore_writer *w);
  * NULL for rank 0) and its row-major little-endian bytes, len of them
  * (exactly what dtype and shape take). data is borrowed, not copied: it
  * must stay unchanged until burnstore_writer_save or _free returns. 0, or
- * EINVAL (a length that does not fit, a key or dtype the format cannot hold:
- * the message says which and why), EEXIST (the key is there already). */
+ * EINVAL (a length that does not fit, a key the format cannot hold: the
+ * message says which and why), ENOTSUP (a dtype the format cannot hold),
+ * EEXIST (the key is there already). */
 BURNSTORE_API int burnstore_writer_add(burnstore_writer *w, const char *key, burnstore_dtype dtype,
                                        unsigned rank, const uint64_t *shape, const void *data,
                                        uint64_t len);
 /* Add tensor t of an open checkpoint under key (NULL: t's key): its bytes
  * are streamed from t's checkpoint at save time, as read (as= decoded),
  * never held. The checkpoint must stay open until save or free. 0, or
- * EINVAL, EEXIST, ENOTSUP (t is unreadable). */
+ * EINVAL, EEXIST, ENOTSUP (as burnstore_writer_add; or t is unreadable). */
 BURNSTORE_API int burnstore_writer_add_tensor(burnstore_writer *w, const char *key,
                                               const burnstore_tensor *t);
 /* Add every tensor of ck and its metadata, what `burnstore convert` does
@@ -324,8 +325,9 @@ BURNSTORE_API int burnstore_writer_add_tensor(burnstore_writer *w, const char *k
 BURNSTORE_API int burnstore_writer_add_checkpoint(burnstore_writer *w,
                                                   const burnstore_checkpoint *ck);
 /* Set metadata key to value (text; an earlier value of key is replaced).
- * 0, or EINVAL (a value the format's reader would refuse: GGUF's types),
- * ENOTSUP (the format has no metadata: PyTorch). */
+ * 0, or EINVAL (a key the format cannot hold), ENOTSUP (the format has no
+ * metadata: PyTorch). A value the format types (GGUF's general.alignment,
+ * or a key a GGUF source gave a type) is checked by burnstore_writer_save. */
 BURNSTORE_API int burnstore_writer_set_meta(burnstore_writer *w, const char *key,
                                             const char *value);
 /* Write the checkpoint atomically (a temp file beside the target, fsync,
