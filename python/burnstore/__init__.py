@@ -436,21 +436,24 @@ def save(path, tensors, metadata=None, options=None):
         _lib.burnstore_writer_free(w)
 
 
+def _le_contiguous(v):
+    """v as a C-contiguous little-endian array (a 0-d one stays 0-d)."""
+    a = np.asarray(v)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
 def _add(w, key, v, keep):
     if isinstance(v, _Ref):
         v.ck._live()
         keep.append(v.ck)
         _check(_lib.burnstore_writer_add_tensor(w, _enc(key), v.handle))
         return
+    a = _le_contiguous(v.data if isinstance(v, Tensor) else v)
     if isinstance(v, Tensor):
-        a = np.ascontiguousarray(v.data)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
         name, shape = v.dtype, tuple(a.shape if v.shape is None else v.shape)
     else:
-        a = np.ascontiguousarray(v)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
         name = _FROM_NP.get((a.dtype.kind, a.dtype.itemsize))
         if name is None:
             raise TypeError("burnstore.save: tensor '%s': numpy dtype %s has no burnstore dtype "
