@@ -299,7 +299,9 @@ while read -r p; do
   fi
 done <"$tmp/files"
 [ ${#left[@]} -eq 0 ] || fail "apt-get remove left ${left[*]}"
-! ldconfig -p | grep "libburnstore\.so" >/dev/null || fail "libburnstore is still in the ld.so cache"
+# (this SONAME's: another libburnstore, a /usr/local install of another version, is not ours)
+[ -z "$(ldconfig -p | awk -v n="libburnstore.so.${version%.*}" '$1 == n')" ] ||
+  fail "libburnstore.so.${version%.*} is still in the ld.so cache"
 # (apt forgets a removed package that has no conffiles: purge what dpkg knows.)
 mine=()
 for p in "${pkgs[@]}"; do known "$p" && mine+=("$p"); done
