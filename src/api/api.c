@@ -95,12 +95,14 @@ void burnstore_shutdown(void)
   pthread_mutex_unlock(&init_lock);
 }
 
-int bs_api_ready(void)
+int bs_api_begin(const char *fn, const char *what, const char *arg)
 {
-  if (__atomic_load_n(&init_count, __ATOMIC_ACQUIRE) > 0)
-    return 0;
-  return bs_api_failf(EINVAL, "burnstore_init was not called (or was undone by "
-                              "burnstore_shutdown)");
+  if (__atomic_load_n(&init_count, __ATOMIC_ACQUIRE) <= 0)
+    return bs_api_failf(EINVAL,
+                        "%s: burnstore_init was not called (or was undone by "
+                        "burnstore_shutdown)",
+                        fn);
+  return arg && *arg ? 0 : bs_api_failf(EINVAL, "%s: no %s", fn, what);
 }
 
 #define STR_(x) #x
@@ -295,12 +297,8 @@ static int index_checkpoint(burnstore_checkpoint *ck, bs_err *err)
 
 burnstore_checkpoint *burnstore_open(const char *source, const char *options)
 {
-  if (bs_api_ready() != 0)
+  if (bs_api_begin("burnstore_open", "source", source) != 0)
     return NULL;
-  if (!source || !*source) {
-    bs_api_failf(EINVAL, "burnstore_open: no source");
-    return NULL;
-  }
   bs_err err;
   bs_err_clear(&err);
   struct bs_open_spec spec;

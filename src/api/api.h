@@ -33,8 +33,10 @@ struct burnstore_checkpoint {
 int bs_api_fail(const char *file, const bs_err *err);
 /* The same from a printf format. */
 int bs_api_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Whether burnstore_init has been called (and not undone): else EINVAL. */
-int bs_api_ready(void);
+/* The start of a call that makes a handle: burnstore_init was called (and
+ * not undone), and arg, which names `what` of function fn, is a non-empty
+ * string. 0, or EINVAL (the thread's last error set). */
+int bs_api_begin(const char *fn, const char *what, const char *arg);
 
 /* The API's dtype of the core's, and back (false: none). */
 burnstore_dtype bs_api_dtype(enum bs_dtype dt);

@@ -33,12 +33,8 @@ struct burnstore_writer {
 
 burnstore_writer *burnstore_writer_new(const char *path, const char *options)
 {
-  if (bs_api_ready() != 0)
+  if (bs_api_begin("burnstore_writer_new", "path", path) != 0)
     return NULL;
-  if (!path || !*path) {
-    bs_api_failf(EINVAL, "burnstore_writer_new: no path");
-    return NULL;
-  }
   bs_err err;
   bs_err_clear(&err);
   uint64_t shard = 0;

@@ -50,17 +50,13 @@ int bs_open_spec_add_item(struct bs_open_spec *s, const char *item, bs_err *err)
     if (bs_http_parse_timeout(v, &s->http.timeout_s) != 0)
       return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
                      "option '%s': not whole seconds from 1 to 3600", item);
-  } else if (strncmp(item, "adapter", 7) == 0) {
-    bs_err sub;
-    bs_err_clear(&sub);
-    int rc = bs_adapter_add_item(&s->adapter, item, &sub);
-    if (rc < 0)
-      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "option '%s': %s", item, sub.msg);
-    return rc;
   } else {
+    /* an adapter item, else (also "adapterX": not one) a key option */
     bs_err sub;
     bs_err_clear(&sub);
-    int rc = bs_keyopts_add_item(&s->keys, item, &sub);
+    int rc = strncmp(item, "adapter", 7) == 0 ? bs_adapter_add_item(&s->adapter, item, &sub) : 1;
+    if (rc > 0)
+      rc = bs_keyopts_add_item(&s->keys, item, &sub);
     if (rc < 0)
       return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "option '%s': %s", item, sub.msg);
     return rc;
