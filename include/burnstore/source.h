@@ -90,6 +90,15 @@ BS_NODISCARD int bs_src_init_fd(struct bs_src *s, int fd, unsigned flags, const 
  * name many files (one per staged tensor) without holding an fd each. Size
  * from stat now; the file must not change while the source is used. */
 BS_NODISCARD int bs_src_init_path(struct bs_src *s, const char *path, bs_err *err);
+/* The file `name` beneath the held directory dirfd (borrowed: it must
+ * outlive the source), opened for each read as any file burnstore did not
+ * just create (no symbolic link followed, a regular file of the caller's or
+ * root's) and checked to be the file found now (device, inode), so that a
+ * catalog can name many files without holding an fd each, and nothing
+ * reached by a path another user could redirect. `dir` names dirfd in
+ * s->name ("DIR/NAME") and in messages (NULL: the name alone). */
+BS_NODISCARD int bs_src_init_at(struct bs_src *s, int dirfd, const char *dir, const char *name,
+                                bs_err *err);
 /* Wrap memory; `mem` is borrowed and must outlive the source. */
 BS_NODISCARD int bs_src_init_mem(struct bs_src *s, const void *mem, size_t n, const char *name,
                                  bs_err *err);

@@ -573,6 +573,18 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
   return 0;
 }
 
+/* The staged bytes of e: its file beneath the held staging directory, opened
+ * per read (never by a path another user could redirect). */
+static int open_staged(const struct bs_stage_dir *stg, const struct bs_entry *e, struct bs_src *s,
+                       bs_err *err)
+{
+  char name[24];
+  snprintf(name, sizeof name, "%llu", (unsigned long long)e->stage);
+  if (!stg || stg->fd < 0)
+    return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "staged file %s: no staging directory", name);
+  return bs_src_init_at(s, stg->fd, stg->path, name, err);
+}
+
 /* A staged file named NAME.npy whose bytes start with NumPy's magic: np.save
  * wrote it (or it was copied from a .npy view). It becomes tensor
  * NAME with the header's dtype and shape (a dtype set on the file of the
@@ -581,16 +593,14 @@ static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err
  * is not such a file (the caller goes on), 0 when it was added, -1 on error
  * (a header that does not parse or does not match the size, a Fortran-order
  * array of rank 2 or more). */
-static int add_npy(const char *staging, struct bs_catalog *out, const struct bs_node *nd,
+static int add_npy(const struct bs_stage_dir *stg, struct bs_catalog *out, const struct bs_node *nd,
                    const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
   if (!e->stage || nd->seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
     return 1; /* shorter than NumPy's magic: no .npy (from 6 bytes on, the magic decides) */
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
   struct bs_src s;
-  if (bs_src_init_path(&s, path, err) != 0)
+  if (open_staged(stg, e, &s, err) != 0)
     return -1;
   size_t n = e->size < BS_NPY_MAX_HEADER ? (size_t)e->size : BS_NPY_MAX_HEADER;
   uint8_t *head = bs_malloc(n);
@@ -669,8 +679,8 @@ static int add_npy(const char *staging, struct bs_catalog *out, const struct bs_
   return rc;
 }
 
-static int add_file(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
-                    uint64_t ino, bs_err *err)
+static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
+                    struct bs_catalog *out, uint64_t ino, bs_err *err)
 {
   const struct bs_node *nd = &ed->tree->nodes[ino];
   const struct bs_entry *e = nd->user;
@@ -682,7 +692,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
                    "cannot turn the file name into a key");
   /* No include/exclude here: the tree holds only what the mount shows, and
    * files the user created or renamed are written whatever their name. */
-  int npy = add_npy(staging, out, nd, e, key, err);
+  int npy = add_npy(stg, out, nd, e, key, err);
   if (npy <= 0) {
     bs_free(key);
     return npy;
@@ -725,9 +735,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
   if (e->stage) {
     uint32_t idx;
     struct bs_src s;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%llu", staging, (unsigned long long)e->stage);
-    if (bs_src_init_path(&s, path, err) != 0 || bs_catalog_add_src(out, &s, &idx, err) != 0)
+    if (open_staged(stg, e, &s, err) != 0 || bs_catalog_add_src(out, &s, &idx, err) != 0)
       return -1;
     t = &out->tensors[out->count - 1];
     t->src = idx;
@@ -770,7 +778,7 @@ static int add_file(const struct bs_edit *ed, const char *staging, struct bs_cat
   return 0;
 }
 
-static int add_dir(const struct bs_edit *ed, const char *staging, struct bs_catalog *out,
+static int add_dir(const struct bs_edit *ed, const struct bs_stage_dir *stg, struct bs_catalog *out,
                    uint64_t dir, unsigned depth, bs_err *err)
 {
   if (depth > 4096)
@@ -781,8 +789,8 @@ static int add_dir(const struct bs_edit *ed, const char *staging, struct bs_cata
     if (!kid)
       continue;
     const struct bs_node *kn = &ed->tree->nodes[kid];
-    int rc = kn->is_dir ? add_dir(ed, staging, out, kid, depth + 1, err)
-                        : add_file(ed, staging, out, kid, err);
+    int rc =
+        kn->is_dir ? add_dir(ed, stg, out, kid, depth + 1, err) : add_file(ed, stg, out, kid, err);
     if (rc)
       return rc;
   }
@@ -853,7 +861,7 @@ static int add_hidden(const struct bs_edit *ed, struct bs_catalog *out, bs_err *
   return rc;
 }
 
-int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep_hidden,
+int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
                     struct bs_catalog *out, bs_err *err)
 {
   /* The source's byte sources, borrowed, at the same indices, so clean
@@ -867,7 +875,7 @@ int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir, bool keep
         bs_catalog_add_src(out, &s, &idx, err) != 0)
       return -1;
   }
-  if (add_dir(ed, staging_dir, out, BS_TREE_ROOT, 0, err) != 0)
+  if (add_dir(ed, stg, out, BS_TREE_ROOT, 0, err) != 0)
     return -1;
   if (keep_hidden) {
     if (add_hidden(ed, out, err) != 0)

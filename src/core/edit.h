@@ -159,15 +159,22 @@ void bs_edit_log_stage(const struct bs_edit *ed, const struct bs_entry *e);
  * the staging file): an unlinked file that nobody has open. */
 void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e);
 
+/* A staging directory, held open: every staged file is reached relative to
+ * fd (core/safe_open.h); path names it in messages and in the INDEX. */
+struct bs_stage_dir {
+  int fd; /* -1: none (nothing staged) */
+  const char *path;
+};
+
 /* The output catalog: every file of the tree as a tensor named by its key,
  * bytes from the source (sources borrowed at the same indices) or from its
- * staging file `staging_dir`/<stage> (opened on demand), plus the root
+ * staging file <stage> beneath stg (opened per read), plus the root
  * metadata. With keep_hidden, the source tensors the key options hid are
  * kept too (a filtered view of a checkpoint written back in place must not
  * delete what it hides); a file of the view with the same key wins. Fails
  * on a file whose size does not fit its dtype and shape, or two files that
  * give one key. `out` must be freshly initialised; destroy it either way. */
-BS_NODISCARD int bs_edit_catalog(const struct bs_edit *ed, const char *staging_dir,
+BS_NODISCARD int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                                  bool keep_hidden, struct bs_catalog *out, bs_err *err);
 
 #endif

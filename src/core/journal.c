@@ -9,12 +9,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 
 struct bs_journal {
   int fd;
@@ -22,6 +22,7 @@ struct bs_journal {
   pthread_cond_t cv;
   pthread_t flusher;
   bool begun, started, stop, broken;
+  int sync_err;     /* the first fdatasync's errno that failed, or 0 */
   pid_t thread_pid; /* the flusher's process: a daemon forks after the journal began */
   uint64_t pending; /* records appended since the last fdatasync */
 };
@@ -71,6 +72,26 @@ static int put_record(int fd, enum bs_jkind kind, uint64_t ino, const void *a, s
   return write_all(fd, iov, 4);
 }
 
+/* What an fdatasync returned (rc, errno e), with j->mu held: the first
+ * failure is said once, in the log and in the journal. */
+static void synced(struct bs_journal *j, int rc, int e)
+{
+  if (rc == 0 || j->sync_err)
+    return;
+  j->sync_err = e;
+  bs_log(BS_LOG_WARNING,
+         "the staging journal is no longer durable: fdatasync: %s; a crash of the machine may "
+         "lose the changes from here on (a kill loses none; the write-back at unmount is "
+         "unaffected)",
+         strerror(e));
+  /* Said in the journal too (to the page cache, which still takes it), so
+   * that --finish reports it. */
+  uint8_t a[4];
+  bs_put_le32(a, (uint32_t)e);
+  if (!j->broken && put_record(j->fd, BS_J_UNSYNCED, 0, a, sizeof a, NULL, 0) != 0)
+    j->broken = true;
+}
+
 static void *flusher(void *arg)
 {
   struct bs_journal *j = arg;
@@ -91,8 +112,9 @@ static void *flusher(void *arg)
     j->pending = 0;
     /* Appends go on meanwhile: fdatasync outside the lock. */
     pthread_mutex_unlock(&j->mu);
-    (void)fdatasync(j->fd);
+    int rc = fdatasync(j->fd), e = errno;
     pthread_mutex_lock(&j->mu);
+    synced(j, rc, e);
   }
   pthread_mutex_unlock(&j->mu);
   return NULL;
@@ -106,10 +128,12 @@ struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, co
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     return NULL;
   }
-  j->fd = openat(dirfd, BS_JOURNAL_NAME, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+  bs_err sub;
+  bs_err_clear(&sub);
+  j->fd = bs_safe_openat(dirfd, NULL, BS_JOURNAL_NAME, O_WRONLY | O_CREAT | O_EXCL | O_APPEND, 0600,
+                         BS_SAFE_REG, NULL, &sub);
   if (j->fd < 0) {
-    bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the staging journal: %s",
-            strerror(errno));
+    bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot create the staging journal: %s", sub.msg);
     bs_free(j);
     return NULL;
   }
@@ -117,14 +141,14 @@ struct bs_journal *bs_journal_create(int dirfd, const void *base, size_t len, co
   int e = write_all(j->fd, &m, 1);
   if (!e)
     e = put_record(j->fd, BS_J_BASE, 0, base, len, origins, olen);
-  if (!e && fdatasync(j->fd) != 0)
+  if (!e && fsync(j->fd) != 0) /* (a new file: its size and blocks too) */
     e = errno;
   if (!e && fsync(dirfd) != 0)
     e = errno;
   if (e) {
     bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the staging journal: %s", strerror(e));
     close(j->fd);
-    unlinkat(dirfd, BS_JOURNAL_NAME, 0);
+    bs_safe_unlinkat(dirfd, BS_JOURNAL_NAME, 0);
     bs_free(j);
     return NULL;
   }
@@ -154,16 +178,16 @@ void bs_journal_append(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, c
   int e = put_record(j->fd, kind, ino, a, alen, b, blen);
   if (e) {
     j->broken = true;
-    syslog(LOG_ERR,
-           "burnstore: the staging journal stops (%s): a kill now loses what changed "
-           "since; the write-back at unmount is unaffected",
+    bs_log(BS_LOG_WARNING,
+           "the staging journal stops (%s): a kill now loses what changed since; the write-back "
+           "at unmount is unaffected",
            strerror(e));
-    fprintf(stderr, "burnstore: the staging journal stops: %s\n", strerror(e));
   } else if (j->pending++ == 0) {
     pthread_cond_signal(&j->cv);
   }
   if (j->begun && !j->started) { /* no thread: sync inline */
-    (void)fdatasync(j->fd);
+    int rc = fdatasync(j->fd);
+    synced(j, rc, errno);
     j->pending = 0;
   }
   pthread_mutex_unlock(&j->mu);
@@ -197,42 +221,49 @@ void bs_journal_sync(struct bs_journal *j)
 {
   pthread_mutex_lock(&j->mu);
   j->pending = 0;
+  int rc = fdatasync(j->fd);
+  synced(j, rc, errno);
   pthread_mutex_unlock(&j->mu);
-  (void)fdatasync(j->fd);
 }
 
-void bs_journal_close(struct bs_journal *j)
+int bs_journal_close(struct bs_journal *j)
 {
   if (!j)
-    return;
+    return 0;
   pthread_mutex_lock(&j->mu);
   j->stop = true;
   pthread_cond_signal(&j->cv);
   pthread_mutex_unlock(&j->mu);
   if (j->started && j->thread_pid == getpid())
     pthread_join(j->flusher, NULL);
-  (void)fdatasync(j->fd);
+  pthread_mutex_lock(&j->mu);
+  int rc = fdatasync(j->fd);
+  synced(j, rc, errno);
+  int e = j->sync_err;
+  pthread_mutex_unlock(&j->mu);
   close(j->fd);
   pthread_cond_destroy(&j->cv);
   pthread_mutex_destroy(&j->mu);
   bs_free(j);
+  return e;
 }
 
 bool bs_journal_unchanged(int dirfd)
 {
-  int fd = openat(dirfd, BS_JOURNAL_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0)
-    return errno == ENOENT;
-  uint8_t head[BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR];
+  bs_err err;
+  bs_err_clear(&err);
   struct stat st;
-  bool unchanged = false;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    ssize_t n = pread(fd, head, sizeof head, 0);
-    /* Cut inside BASE (killed while mounting): nothing changed either. */
-    unchanged = n < (ssize_t)sizeof head ||
-                (uint64_t)st.st_size <= (uint64_t)BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR +
-                                            bs_le32(head + BS_JOURNAL_MAGIC_LEN);
-  }
+  /* (A FIFO planted there is refused, never opened for a read that waits.) */
+  int fd = bs_safe_openat(dirfd, NULL, BS_JOURNAL_NAME, O_RDONLY, 0, BS_SAFE_REG | BS_SAFE_PRIVATE,
+                          &st, &err);
+  if (fd < 0)
+    return err.code == ENOENT;
+  uint8_t head[BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR];
+  ssize_t n = pread(fd, head, sizeof head, 0);
+  /* Cut inside BASE (killed while mounting): nothing changed either. */
+  bool unchanged = n < (ssize_t)sizeof head ||
+                   (uint64_t)st.st_size <= (uint64_t)BS_JOURNAL_MAGIC_LEN + BS_JOURNAL_HDR +
+                                               bs_le32(head + BS_JOURNAL_MAGIC_LEN);
   close(fd);
   return unchanged;
 }

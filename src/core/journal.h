@@ -14,9 +14,12 @@
  * (by its inode number, never reused): KEY (created or renamed: a = its
  * key), GONE (unlinked or replaced), STAGE (its bytes are now staging file
  * u64 a), DTYPE/SHAPE/PARAM_ID (a = the xattr text) and their clears,
- * XSET (a = name, b = value) and XRM, MSET/MRM (root metadata). Replay
- * stops at the first record that is cut or fails its checksum: a torn
- * tail is ignored.
+ * XSET (a = name, b = value) and XRM, MSET/MRM (root metadata), and
+ * UNSYNCED (a = u32 errno: an fdatasync failed here, so the journal stopped
+ * being known to be on disk). Replay reads records in order; the first one
+ * that is not whole is the end of the last append (a torn tail, ignored)
+ * only when it is cut by the end of the file, or all that is left is zeros;
+ * a damaged record with records after it is refused (journal_replay.h).
  *
  * Appends are one write(2) each (to the page cache: a killed daemon loses
  * none); a flusher thread fdatasyncs at most BS_JOURNAL_SYNC_MS after an
@@ -57,6 +60,7 @@ enum bs_jkind {
   BS_J_XRM,
   BS_J_MSET,
   BS_J_MRM,
+  BS_J_UNSYNCED,
   BS_J_KIND_END
 };
 
@@ -71,8 +75,11 @@ BS_NODISCARD struct bs_journal *bs_journal_create(int dirfd, const void *base, s
  * it after any fork). Until then appends are written but not synced. */
 void bs_journal_begin(struct bs_journal *j);
 /* Append one record. Thread-safe. A failed write (ENOSPC...) is logged once
- * to stderr/syslog and the journal stops (the INDEX at unmount still works;
- * only a kill loses the names then). */
+ * (bs_log: the mount's log and syslog; stderr without a sink) and the
+ * journal stops (the INDEX at unmount still works; only a kill loses the
+ * names then). A failed fdatasync is logged once, recorded in the journal
+ * (an UNSYNCED record) and kept for bs_journal_close: the journal goes on,
+ * no longer known to be durable. */
 void bs_journal_append(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, const void *a,
                        size_t alen, const void *b, size_t blen);
 void bs_journal_append_u64(struct bs_journal *j, enum bs_jkind kind, uint64_t ino, uint64_t v);
@@ -80,8 +87,10 @@ void bs_journal_append_u64(struct bs_journal *j, enum bs_jkind kind, uint64_t in
 uint64_t bs_journal_pending(struct bs_journal *j);
 /* fdatasync now. */
 void bs_journal_sync(struct bs_journal *j);
-/* Stop the flusher, sync, close, free. NULL is a no-op. */
-void bs_journal_close(struct bs_journal *j);
+/* Stop the flusher, sync, close, free. 0, or the errno of the first
+ * fdatasync that failed while it was open (it stopped being durable then).
+ * NULL is a no-op. */
+int bs_journal_close(struct bs_journal *j);
 
 /* Whether dirfd's JOURNAL records no change (BASE alone, or cut inside
  * it), or there is none: its staging directory holds nothing to finish. */

@@ -16,6 +16,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
 #include "core/target.h"
@@ -26,21 +27,10 @@
 #define SHARD_SUFFIX ".safetensors"
 #define WAIT_MS 5000 /* how long a reader waits for a committed live writer */
 
-static bool plain_name(const char *n)
-{
-  size_t len = strlen(n);
-  if (len == 0 || len > NAME_MAX || strcmp(n, ".") == 0 || strcmp(n, "..") == 0)
-    return false;
-  for (const unsigned char *p = (const unsigned char *)n; *p; p++)
-    if (*p == '/' || *p < 0x20 || *p == 0x7f)
-      return false;
-  return true;
-}
-
 bool bs_set_is_shard_name(const char *name)
 {
   size_t n = strlen(name);
-  return plain_name(name) && name[0] != '.' && n > strlen(SHARD_SUFFIX) &&
+  return bs_plain_name(name) && name[0] != '.' && n > strlen(SHARD_SUFFIX) &&
          bs_ends_with(name, n, SHARD_SUFFIX, true);
 }
 
@@ -101,10 +91,11 @@ int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_
     }
     bool ok = true;
     if (!p->prepared && strcmp(f[0], "index") == 0 && nf == 2) {
-      ok = !p->index && plain_name(f[1]);
+      ok = !p->index && bs_plain_name(f[1]);
       p->index = ok ? f[1] : NULL;
     } else if (!p->prepared && strcmp(f[0], "new") == 0 && nf == 2) {
-      ok = plain_name(f[1]) && bs_set_is_shard_name(f[1]) != (p->index && !strcmp(f[1], p->index));
+      ok = bs_plain_name(f[1]) &&
+           bs_set_is_shard_name(f[1]) != (p->index && !strcmp(f[1], p->index));
       if (ok && (bs_grow((void **)&p->newf, &p->cnew, p->nnew + 1, sizeof *p->newf) != 0 ||
                  bs_strmap_put(&news, f[1], p->nnew) < 0)) {
         bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -128,7 +119,7 @@ int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_
       size_t k;
       /* the temp file of that final: ".FINAL" TMP_TAG "XXXXXX", as the sink names it */
       size_t fl = strlen(f[2]);
-      ok = plain_name(f[1]) && f[1][0] == '.' && strncmp(f[1] + 1, f[2], fl) == 0 &&
+      ok = bs_plain_name(f[1]) && f[1][0] == '.' && strncmp(f[1] + 1, f[2], fl) == 0 &&
            strncmp(f[1] + 1 + fl, TMP_TAG, strlen(TMP_TAG)) == 0 && bs_strmap_get(&news, f[2], &k);
       if (ok && bs_grow((void **)&p->ren, &p->cren, p->nren + 1, sizeof *p->ren) != 0) {
         bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -189,10 +180,17 @@ static bool made_by_us(const struct stat *st, bool journal)
          (!journal || !(st->st_mode & (S_IWGRP | S_IWOTH)));
 }
 
+/* An open refused because the name is no regular file (a FIFO, a device, a
+ * directory, a symbolic link): it cannot be a journal burnstore wrote. */
+static bool not_a_journal(const bs_err *e)
+{
+  return e->code == EINVAL || e->code == EISDIR || e->code == ELOOP || e->code == ENXIO;
+}
+
 /* The journal goes last: a kill before this re-applies the same steps. */
 static int drop_journal(struct bs_set *s, bs_err *err)
 {
-  if (unlinkat(s->dirfd, s->jname, 0) != 0 && errno != ENOENT) {
+  if (bs_safe_unlinkat(s->dirfd, s->jname, 0) != 0 && errno != ENOENT) {
     int e = errno;
     return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot remove the journal: %s", s->dir,
                    s->jname, strerror(e));
@@ -222,7 +220,7 @@ static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bool reco
                        "%s/%s: the journal renames %s over it, a file of uid %u (not this user nor "
                        "root): refused, the journal is kept",
                        s->dir, r->final, r->tmp, (unsigned)st.st_uid);
-      if (renameat(s->dirfd, r->tmp, s->dirfd, r->final) != 0) {
+      if (bs_safe_renameat(s->dirfd, r->tmp, r->final) != 0) {
         int e = errno;
         return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot rename %s over it: %s", s->dir,
                        r->final, r->tmp, strerror(e));
@@ -247,9 +245,12 @@ static int roll_forward(struct bs_set *s, const struct bs_set_plan *p, bool reco
   for (size_t i = 0; i < p->nold && rc == 0; i++) {
     size_t k;
     struct stat st;
-    if (bs_strmap_get(&news, p->oldf[i], &k) || !exists(s, p->oldf[i], &st) || !S_ISREG(st.st_mode))
+    /* Only files of this user's or root's (the writer checked the old set's
+     * before it began; one planted since, at a name that was free, stays). */
+    if (bs_strmap_get(&news, p->oldf[i], &k) || !exists(s, p->oldf[i], &st) ||
+        !made_by_us(&st, false))
       continue; /* kept by the new set, already gone, or not ours to remove */
-    if (unlinkat(s->dirfd, p->oldf[i], 0) != 0 && errno != ENOENT) {
+    if (bs_safe_unlink_same(s->dirfd, p->oldf[i], &st, 0) != 0 && errno != ENOENT) {
       int e = errno;
       rc = bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot remove this shard of the old set: %s",
                    s->dir, p->oldf[i], strerror(e));
@@ -340,9 +341,7 @@ static int set_open_dir(struct bs_set *s, const char *index_path, bs_err *err)
   }
   snprintf(s->jname, 1 + (blen < room ? blen : room) + sizeof TAG, ".%.*s%s",
            (int)(blen < room ? blen : room), base, TAG);
-  if ((s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
-    int e = errno;
-    bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot open the directory: %s", s->dir, strerror(e));
+  if ((s->dirfd = bs_safe_open_dir(s->dir, BS_SAFE_ANY_OWNER, err)) < 0) {
     set_close(s);
     return -1;
   }
@@ -385,12 +384,14 @@ static bool committed_text(const struct bs_set *s, const struct bs_buf *b)
 static int read_only_reader(struct bs_set *s, const char *why, bs_err *err)
 {
   int e = errno;
-  s->fd = openat(s->dirfd, s->jname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  bs_err sub;
+  bs_err_clear(&sub);
+  s->fd = bs_safe_openat(s->dirfd, s->dir, s->jname, O_RDONLY, 0, BS_SAFE_REG | BS_SAFE_ANY_OWNER,
+                         NULL, &sub);
   if (s->fd < 0)
-    return errno == ENOENT
+    return sub.code == ENOENT || not_a_journal(&sub)
                ? 0
-               : bs_fail(err, errno, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s",
-                         s->dir, s->jname, strerror(errno));
+               : bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot open the journal: %s", sub.msg);
   int rc = read_all(s, &s->jb, err);
   if (rc == 0 && committed_text(s, &s->jb))
     rc = bs_fail(err, why ? EPERM : e, BS_OFF_NONE, NULL,
@@ -409,18 +410,22 @@ static int read_only_reader(struct bs_set *s, const char *why, bs_err *err)
 static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
 {
   for (int tries = 0; tries < 100; tries++) {
-    s->fd = openat(s->dirfd, s->jname, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (s->fd < 0 && !writer && (errno == EACCES || errno == EROFS))
-      return read_only_reader(s, NULL, err);
-    if (s->fd < 0) {
-      if (errno == ENOENT)
-        return 0;
-      int e = errno;
-      return bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot open the journal: %s", s->dir,
-                     s->jname, strerror(e));
-    }
+    bs_err sub;
+    bs_err_clear(&sub);
     struct stat st;
-    if (fstat(s->fd, &st) != 0 || !made_by_us(&st, true)) {
+    s->fd = bs_safe_openat(s->dirfd, s->dir, s->jname, O_RDWR, 0, BS_SAFE_REG | BS_SAFE_ANY_OWNER,
+                           &st, &sub);
+    if (s->fd < 0 && !writer && (sub.code == EACCES || sub.code == EROFS)) {
+      errno = sub.code;
+      return read_only_reader(s, NULL, err);
+    }
+    if (s->fd < 0) {
+      if (sub.code == ENOENT || (!writer && not_a_journal(&sub)))
+        return 0; /* (a FIFO or a link there records no write: the set is read as it is) */
+      return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot open the journal: %s%s", sub.msg,
+                     writer ? " (remove it to write this set)" : "");
+    }
+    if (!made_by_us(&st, true)) {
       close(s->fd);
       s->fd = -1;
       if (writer)
@@ -516,6 +521,20 @@ static int write_journal(struct bs_set *s, size_t from, bs_err *err)
 
 int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
 {
+  /* The journal holds the set's names one a line, tab-separated: a name
+   * with a control character could not be read back, and the commit would
+   * be taken for one cut before it began (nothing written, exit 0). */
+  const char *base = strrchr(index_path, '/') ? strrchr(index_path, '/') + 1 : index_path;
+  if (!bs_plain_name(base)) {
+    char shown[NAME_MAX + 1];
+    snprintf(shown, sizeof shown, "%s", base);
+    memset(s, 0, sizeof *s);
+    s->fd = s->dirfd = -1;
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "%s: a shard set's name cannot hold a control character (its journal lists "
+                   "the set's files one a line); name it without one",
+                   bs_text_clean(shown));
+  }
   if (set_open_dir(s, index_path, err) != 0)
     return -1;
   for (int tries = 0; s->fd < 0; tries++) {
@@ -524,11 +543,12 @@ int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
     /* Readable by those who may list the directory (it holds only the
      * set's file names): a reader who may not write it can still tell that
      * an uncommitted write left the old set whole (read_only_reader). */
-    s->fd = openat(s->dirfd, s->jname, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (s->fd < 0 && errno != EEXIST) {
-      int e = errno;
-      bs_fail(err, e, BS_OFF_NONE, NULL, "%s/%s: cannot create the journal: %s", s->dir, s->jname,
-              strerror(e));
+    bs_err sub;
+    bs_err_clear(&sub);
+    s->fd = bs_safe_openat(s->dirfd, s->dir, s->jname, O_RDWR | O_CREAT | O_EXCL, 0644, BS_SAFE_REG,
+                           NULL, &sub);
+    if (s->fd < 0 && sub.code != EEXIST) {
+      bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot create the journal: %s", sub.msg);
       goto fail;
     }
     if (s->fd >= 0 &&
@@ -612,6 +632,6 @@ void bs_set_abort(struct bs_set *s)
   if (!s->dir)
     return; /* zeroed, committed or aborted */
   if (s->fd >= 0)
-    unlinkat(s->dirfd, s->jname, 0);
+    bs_safe_unlinkat(s->dirfd, s->jname, 0);
   set_close(s);
 }

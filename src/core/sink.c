@@ -17,6 +17,8 @@
 #include "burnstore/sink.h"
 #include "core/alloc.h"
 #include "core/crc32.h"
+#include "core/safe_open.h"
+#include "core/target.h"
 
 #define TMP_TAG ".burnstore-tmp-"
 #define TMP_RAND 6 /* random characters after the tag */
@@ -243,30 +245,34 @@ int bs_atomic_clean_stale(const char *path)
     return 0;
   int removed = 0;
   DIR *d = NULL;
-  if (!(prefix = tmp_prefix(base)) || !(d = opendir(dir)))
+  bs_err err;
+  bs_err_clear(&err);
+  int dfd = -1;
+  if (!(prefix = tmp_prefix(base)) || (dfd = bs_safe_open_dir(dir, BS_SAFE_ANY_OWNER, &err)) < 0 ||
+      !(d = bs_safe_dirstream(dfd)))
     goto out;
-  int dfd = dirfd(d);
   for (struct dirent *de; (de = readdir(d)) != NULL;) {
-    struct stat pre;
-    if (!is_tmp_of(de->d_name, prefix) ||
-        fstatat(dfd, de->d_name, &pre, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(pre.st_mode))
-      continue; /* never open a device or FIFO that merely has the name */
-    int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (!is_tmp_of(de->d_name, prefix))
+      continue;
+    /* Never a device or FIFO that merely has the name, nor a file of
+     * another user's (who may write the directory: it is theirs to remove). */
+    struct stat held;
+    bs_err_clear(&err);
+    int fd = bs_safe_openat(dfd, dir, de->d_name, O_RDONLY, 0, BS_SAFE_REG, &held, &err);
     if (fd < 0)
       continue;
-    struct stat held, now;
     /* A writer holds its lock from creation to rename: if we get the lock,
      * the writer is dead. The name must still be this inode (not renamed
      * over the target meanwhile) when we unlink it. */
-    if (fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
-        fstatat(dfd, de->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == held.st_dev &&
-        now.st_ino == held.st_ino && unlinkat(dfd, de->d_name, 0) == 0)
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && bs_safe_unlink_same(dfd, de->d_name, &held, 0) == 0)
       removed++;
     close(fd);
   }
 out:
   if (d)
     closedir(d);
+  if (dfd >= 0)
+    close(dfd);
   bs_free(prefix);
   bs_free(dir);
   bs_free(base);
@@ -413,9 +419,16 @@ int bs_atomic_open_mode(struct bs_atomic *a, const char *path, unsigned mode, bs
   }
   a->fd = fd;
   /* Replacing a file keeps its permissions (as sed -i and rsync do); a new
-   * file gets `mode` & 0666, filtered by the umask (as cp does). */
+   * file gets `mode` & 0666, filtered by the umask (as cp does), and so does
+   * one replacing another user's file (a planted file's 0666 is not copied),
+   * or another user's link (the mode of a file they chose, a set-uid
+   * program's: never copied; the caller's own link gives its file's). */
   struct stat old;
-  if (stat(path, &old) == 0 && S_ISREG(old.st_mode) && fchmod(fd, old.st_mode & 07777) != 0) {
+  char *named = bs_link_path(path);
+  bool keep = named && lstat(named, &old) == 0 && S_ISREG(old.st_mode) &&
+              (old.st_uid == geteuid() || old.st_uid == 0);
+  bs_free(named);
+  if (keep && fchmod(fd, old.st_mode & 07777) != 0) {
     int e = errno;
     bs_fail(err, e, BS_OFF_NONE, NULL, "%s: cannot set the mode of %s: %s", path, a->tmp,
             strerror(e));

@@ -14,6 +14,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 
 /* ---- the generic calls ---- */
 
@@ -267,16 +268,6 @@ static char *beside(const char *path, const char *rel)
   return p;
 }
 
-static const char *file_kind(mode_t m)
-{
-  return S_ISDIR(m)    ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO"
-         : S_ISCHR(m)  ? "a character device"
-         : S_ISBLK(m)  ? "a block device"
-         : S_ISSOCK(m) ? "a socket"
-                       : "no regular file";
-}
-
 /* Open a regular file read-only: the fd, or -errno; -EINVAL when it is
  * something else (st_mode says what). A FIFO or a device is refused by stat
  * before open can block on it (or rewind a tape), and again by fstat of an
@@ -408,7 +399,7 @@ int bs_src_open(struct bs_src *s, const char *path, bs_err *err)
   int fd = open_regular(path, &st);
   if (fd == -EINVAL)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "is %s, not a regular file: not opened",
-                   file_kind(st.st_mode));
+                   bs_file_kind(st.st_mode));
   if (fd < 0)
     return bs_fail(err, -fd, BS_OFF_NONE, NULL, "cannot open it: %s", strerror(-fd));
   return bs_src_init_fd(s, fd, BS_SRC_OWN_FD, path, err);
@@ -507,7 +498,7 @@ static int shard_reopen(const struct bs_src *s, struct shard *h)
   int fd = open_regular(s->name, &st);
   if (fd == -EINVAL || fd == -ENOENT) {
     if (fd == -EINVAL)
-      snprintf(h->why, sizeof h->why, "it is %s now", file_kind(st.st_mode));
+      snprintf(h->why, sizeof h->why, "it is %s now", bs_file_kind(st.st_mode));
     else
       snprintf(h->why, sizeof h->why, "it was removed");
     h->gone = true;
@@ -684,9 +675,10 @@ static int shard_open(struct pool **pool, const char *path, struct bs_src *out, 
 
 static long path_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
 {
-  int fd = open(s->name, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  int fd = open_regular(s->name, &st); /* (a FIFO swapped in never blocks) */
   if (fd < 0)
-    return -errno;
+    return fd;
   long r = pread_full(fd, off, buf, n);
   close(fd);
   return r;
@@ -713,6 +705,96 @@ int bs_src_init_path(struct bs_src *s, const char *path, bs_err *err)
   if (!S_ISREG(st.st_mode))
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s: not a regular file", path);
   return src_make(s, &path_ops, NULL, (uint64_t)st.st_size, path, err);
+}
+
+/* ---- a file beneath a held directory, opened for each read ---- */
+
+struct at_src {
+  int dirfd; /* borrowed */
+  dev_t dev;
+  ino_t ino;
+  char name[]; /* in dirfd */
+};
+
+/* The file, opened beneath its directory (safe_open.h) and checked to be
+ * the one found at init: -errno otherwise. */
+static int at_open(const struct at_src *a, struct stat *st)
+{
+  bs_err e;
+  bs_err_clear(&e);
+  int fd = bs_safe_openat(a->dirfd, NULL, a->name, O_RDONLY, 0, BS_SAFE_REG, st, &e);
+  if (fd < 0)
+    return -(e.code ? e.code : EIO);
+  if (st->st_dev != a->dev || st->st_ino != a->ino) {
+    close(fd);
+    return -EIO;
+  }
+  return fd;
+}
+
+static long at_pread(const struct bs_src *s, uint64_t off, void *buf, size_t n)
+{
+  struct stat st;
+  int fd = at_open(s->impl, &st);
+  if (fd < 0)
+    return fd;
+  long r = pread_full(fd, off, buf, n);
+  close(fd);
+  return r;
+}
+
+static bool at_changed(const struct bs_src *s, char *why, size_t n)
+{
+  const struct at_src *a = s->impl;
+  struct stat st;
+  if (fstatat(a->dirfd, a->name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    snprintf(why, n, "cannot stat it: %s", strerror(errno));
+    return true;
+  }
+  if (st.st_dev != a->dev || st.st_ino != a->ino || (uint64_t)st.st_size != s->size) {
+    snprintf(why, n, "it was replaced or its size changed");
+    return true;
+  }
+  return false;
+}
+
+static void at_release(struct bs_src *s)
+{
+  bs_free(s->impl);
+}
+
+static const struct bs_src_ops at_ops = {
+    .pread = at_pread,
+    .changed = at_changed,
+    .release = at_release,
+};
+
+int bs_src_init_at(struct bs_src *s, int dirfd, const char *dir, const char *name, bs_err *err)
+{
+  zero(s);
+  size_t nl = strlen(name);
+  struct at_src *a = bs_malloc(sizeof *a + nl + 1);
+  char *shown = dir ? bs_path_join(dir, name) : bs_strdup(name);
+  if (!a || !shown) {
+    bs_free(a);
+    bs_free(shown);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  a->dirfd = dirfd;
+  memcpy(a->name, name, nl + 1);
+  struct stat st;
+  int fd = bs_safe_openat(dirfd, dir, name, O_RDONLY, 0, BS_SAFE_REG, &st, err);
+  if (fd < 0) {
+    bs_free(a);
+    bs_free(shown);
+    return -1;
+  }
+  close(fd);
+  a->dev = st.st_dev;
+  a->ino = st.st_ino;
+  int rc = src_make(s, &at_ops, a, (uint64_t)st.st_size, shown, err); /* (frees a on failure) */
+  bs_free(shown);
+  return rc;
 }
 
 /* ---- memory ---- */

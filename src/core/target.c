@@ -17,6 +17,7 @@
 #include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 
 char *bs_abs_path(const char *p)
 {
@@ -58,7 +59,19 @@ char *bs_abs_path(const char *p)
   return out;
 }
 
-char *bs_mountpoint_path(const char *p)
+/* Whether the link lst describes may be followed to write: the caller's or
+ * root's. Another user's names a file of their choosing (in a sticky /tmp,
+ * in a group-writable directory, in their own home): writing through it
+ * writes any file the caller may write. (The kernel's protected_symlinks
+ * guards only sticky directories, and a link followed by hand bypasses it.) */
+static bool link_trusted(const struct stat *lst)
+{
+  return lst->st_uid == geteuid() || lst->st_uid == 0;
+}
+
+/* bs_abs_path, and the chain of links at the last component followed,
+ * stopping at one link_trusted refuses when `trusted_only`. */
+static char *follow_links(const char *p, bool trusted_only)
 {
   char *abs = bs_abs_path(p);
   /* A symlink is followed by hand, each target resolved as bs_abs_path
@@ -70,6 +83,18 @@ char *bs_mountpoint_path(const char *p)
   for (int hop = 0; abs && hop < 40; hop++) {
     char t[PATH_MAX], joined[PATH_MAX * 2 + 2];
     ssize_t n = readlink(abs, t, sizeof t);
+    if (n > 0 && trusted_only) {
+      /* A link (readlink asks no file system mounted there): its owner,
+       * and its target again, through an fd of the link itself (the link
+       * checked is the link read). */
+      int fd = open(abs, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+      struct stat lst;
+      n = fd >= 0 && fstat(fd, &lst) == 0 && S_ISLNK(lst.st_mode) && link_trusted(&lst)
+              ? readlinkat(fd, "", t, sizeof t)
+              : -1;
+      if (fd >= 0)
+        close(fd);
+    }
     if (n <= 0 || (size_t)n >= sizeof t)
       break;
     t[n] = '\0';
@@ -84,6 +109,37 @@ char *bs_mountpoint_path(const char *p)
     abs = next;
   }
   return abs;
+}
+
+char *bs_mountpoint_path(const char *p)
+{
+  return follow_links(p, false);
+}
+
+char *bs_link_path(const char *p)
+{
+  return follow_links(p, true);
+}
+
+char *bs_write_path(const char *p, bs_err *err)
+{
+  char *path = bs_link_path(p);
+  if (!path) {
+    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", p, strerror(errno));
+    return NULL;
+  }
+  struct stat lst;
+  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    char who[160];
+    bs_safe_owner(lst.st_uid, who, sizeof who);
+    bs_fail(err, EPERM, BS_OFF_NONE, NULL,
+            "%s: a symbolic link of %s, not yours: a write never follows another user's link "
+            "(it could name any file); name the file itself",
+            path, who);
+    bs_free(path);
+    return NULL;
+  }
+  return path;
 }
 
 /* The checks of bs_run_dir on its directory. */
@@ -198,9 +254,13 @@ int bs_run_lock(const char *path)
   /* A holder removes its file before it lets the lock go: whoever got the
    * lock on a removed file opens the new one. */
   for (int tries = 0; tries < 100; tries++) {
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
+    bs_err err;
+    bs_err_clear(&err);
+    int fd = bs_safe_open_path(path, O_RDWR | O_CREAT, 0600, BS_SAFE_REG, &err);
+    if (fd < 0) {
+      errno = err.code;
       return -1;
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int e = errno;
       close(fd);
@@ -228,11 +288,14 @@ bool bs_run_unlink(const char *path, int fd)
 /* dir/name: removed if nobody holds its lock (taken without creating it). */
 static void remove_if_free(int dfd, const char *name)
 {
-  int fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  bs_err err;
+  bs_err_clear(&err);
+  struct stat st;
+  int fd = bs_safe_openat(dfd, NULL, name, O_RDWR, 0, BS_SAFE_REG, &st, &err);
   if (fd < 0)
     return;
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0 && bs_fd_named(dfd, name, fd))
-    unlinkat(dfd, name, 0);
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+    bs_safe_unlink_same(dfd, name, &st, 0);
   close(fd);
 }
 
@@ -243,8 +306,8 @@ void bs_run_sweep(void)
   bs_err_clear(&err);
   if (bs_run_dir(dir, sizeof dir, &err) != 0)
     return; /* the next lock or status file says why */
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+  int dfd = bs_safe_open_dir(dir, BS_SAFE_PRIVATE, &err);
+  DIR *d = dfd >= 0 ? bs_safe_dirstream(dfd) : NULL;
   if (!d) {
     if (dfd >= 0)
       close(dfd);
@@ -268,11 +331,12 @@ void bs_run_sweep(void)
         snprintf(status, sizeof status, "%.*s.status", (int)stem, n);
         struct stat st;
         if (fstatat(dfd, status, &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT)
-          unlinkat(dfd, n, 0);
+          bs_safe_unlinkat(dfd, n, 0);
       }
     }
   }
   closedir(d);
+  close(dfd);
 }
 
 /* /proc/self/mounts writes space, tab, newline and backslash in a path as
@@ -432,7 +496,8 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
       return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot lock the target %s (%s: %s)", target,
                      path, strerror(errno));
     if (i >= 50) {
-      int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      bs_err_clear(&sub);
+      int rfd = bs_safe_open_path(path, O_RDONLY, 0, BS_SAFE_REG, &sub);
       refuse(rfd, target, err);
       if (rfd >= 0)
         close(rfd);

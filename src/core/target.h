@@ -27,11 +27,21 @@ struct bs_catalog;
  * (bs_free); NULL with errno set. */
 char *bs_abs_path(const char *p);
 
-/* A mountpoint as the mount table names it: bs_abs_path, and when the
- * last component is a symlink, its target (a chain followed, 40 hops at
- * most) resolved the same way: the kernel mounts on the target. Never
- * stats the directory it ends at (a mount whose daemon may hang). Owned;
- * NULL with errno. */
+/* bs_abs_path, and when the last component is a symlink, its target (a
+ * chain followed, 40 hops at most) resolved the same way; never stats the
+ * directory it ends at. Owned; NULL with errno. What a path that is a link
+ * names: the file a writable mount (rw LINK, output=LINK) writes, so that
+ * the link stays a link and the target lock is the file's. A link of
+ * another user's (not the caller's nor root's) is not followed: the path
+ * returned is that link's. */
+char *bs_link_path(const char *p);
+/* bs_link_path for a file to write: NULL with err (EPERM, one line naming
+ * its owner) when it ends at another user's link, which could name any
+ * file. */
+char *bs_write_path(const char *p, bs_err *err);
+/* A mountpoint as the mount table names it: every link followed (the
+ * kernel mounts on the target; a mount whose daemon may hang is never
+ * stat'ed). */
 char *bs_mountpoint_path(const char *p);
 
 /* "dir/name" into buf (n bytes). 0, or -1 with err (ENAMETOOLONG) naming

@@ -14,6 +14,7 @@
  *   }
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/safe_open.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
 #include "formats/safetensors_sharded.h"
@@ -141,6 +143,9 @@ struct shard {
 
 struct set {
   char *dir, *stem, *index;
+  int dirfd;     /* the index's directory, held (-1 until load_old) */
+  bool have_ist; /* the old index's fstat (mode kept for a new shard) */
+  struct stat ist;
   struct shard *shards;
   size_t nshards;
   size_t *shard_of; /* per catalog tensor: its shard, or SIZE_MAX (not written) */
@@ -160,6 +165,8 @@ static void set_destroy(struct set *s)
   bs_free(s->stem);
   bs_free(s->index);
   bs_st_index_destroy(&s->old);
+  if (s->dirfd >= 0)
+    close(s->dirfd);
 }
 
 static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -220,23 +227,39 @@ static int not_owned(const struct set *s, size_t k, const char *why, bs_err *err
 
 int bs_st_set_recover(const char *path, bs_err *err)
 {
-  struct set s = {0};
+  struct set s = {.dirfd = -1};
   int rc = names(&s, path, err) == 0 && bs_set_recover(s.index, NULL, err) == 0 ? 0 : -1;
   set_destroy(&s);
   return rc;
 }
 
-/* The existing index at s->index, if there is a readable one; every shard
- * it names must be one this write may replace or remove: a plain
- * NAME.safetensors in the index's directory, a regular file (or missing),
- * not the index. Anything else refuses the write before it starts. */
+/* The existing index at s->index, if there is a readable one; it must be a
+ * regular file of this user's or root's (another user who may write the
+ * directory could plant one naming this user's files as its shards), and
+ * every shard it names one this write may replace or remove: a plain
+ * NAME.safetensors in the index's directory, a regular file of this user's
+ * or root's (or missing), not the index. Anything else refuses the write
+ * before it starts, in one line naming it (and its owner). */
 static int load_old(struct set *s, bs_err *err)
 {
-  struct bs_src src;
   bs_err sub;
   bs_err_clear(&sub);
-  if (bs_src_open(&src, s->index, &sub) != 0)
-    return 0; /* none (or unreadable): no old set to replace */
+  const char *ibase = strrchr(s->index, '/') + 1;
+  if ((s->dirfd = bs_safe_open_dir(s->dir, BS_SAFE_ANY_OWNER, &sub)) < 0)
+    return 0; /* no directory we can open: nothing there to replace */
+  int fd = bs_safe_openat(s->dirfd, s->dir, ibase, O_RDONLY, 0, BS_SAFE_REG, &s->ist, &sub);
+  if (fd < 0) {
+    if (sub.code == ENOENT || sub.code == EACCES)
+      return 0; /* none (or unreadable): no old set to replace */
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL,
+                   "%s; burnstore replaces only an index of its user's or root's, and the "
+                   "shards it names",
+                   sub.msg);
+  }
+  s->have_ist = true;
+  struct bs_src src;
+  if (bs_src_init_fd(&src, fd, BS_SRC_OWN_FD | BS_SRC_UNWATCHED, s->index, &sub) != 0)
+    return 0; /* (fd closed) unreadable: as above */
   /* Read as the reader reads it: bounded first, then exactly its size (a
    * buffer of the whole limit was allocated for every write). */
   uint8_t *buf = NULL;
@@ -262,7 +285,6 @@ static int load_old(struct set *s, bs_err *err)
                    "%s: %s; burnstore replaces and removes only the set's own shard files beside "
                    "the index, so it writes nothing",
                    s->index, sub.msg);
-  const char *ibase = strrchr(s->index, '/') + 1;
   for (size_t k = 0; s->have_old && k < s->old.nshards; k++) {
     const char *name = s->old.shards[k];
     if (strcmp(name, ibase) == 0)
@@ -272,15 +294,17 @@ static int load_old(struct set *s, bs_err *err)
     if (!bs_set_is_shard_name(name))
       return not_owned(s, k, "not a shard file name (NAME.safetensors)", err);
     struct stat st;
-    char *p = bs_path_join(s->dir, name);
-    if (!p)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-    int r = lstat(p, &st);
-    bs_free(p);
+    int r = fstatat(s->dirfd, name, &st, AT_SYMLINK_NOFOLLOW);
     if (r == 0 && S_ISLNK(st.st_mode))
       return not_owned(s, k, "a symbolic link", err);
     if (r == 0 && !S_ISREG(st.st_mode))
       return not_owned(s, k, "not a regular file", err);
+    if (r == 0 && st.st_uid != geteuid() && st.st_uid != 0) {
+      char who[160], why[200];
+      bs_safe_owner(st.st_uid, who, sizeof who);
+      snprintf(why, sizeof why, "owned by %s, not by you", who);
+      return not_owned(s, k, why, err);
+    }
   }
   return 0;
 }
@@ -459,13 +483,17 @@ static int journal_names(const struct set *s, const char *path, const char ***ne
   for (size_t k = 0; s->have_old && k < s->old.nshards; k++)
     (*oldf)[(*nold)++] = s->old.shards[k];
   struct stat st;
-  if (ends_with(path, ST_SUFFIX) && lstat(path, &st) == 0) {
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    if (!S_ISREG(st.st_mode) || !bs_set_is_shard_name(base))
+  const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+  if (ends_with(path, ST_SUFFIX) && s->dirfd >= 0 &&
+      fstatat(s->dirfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    char who[160];
+    bs_safe_owner(st.st_uid, who, sizeof who);
+    if (!S_ISREG(st.st_mode) || !bs_set_is_shard_name(base) ||
+        (st.st_uid != geteuid() && st.st_uid != 0))
       return bs_fail(err, EACCES, BS_OFF_NONE, NULL,
-                     "%s is not a regular NAME.safetensors file; burnstore does not replace it "
-                     "with a shard set",
-                     path);
+                     "%s (owned by %s) is not a regular NAME.safetensors file of yours; burnstore "
+                     "does not replace it with a shard set",
+                     path, who);
     (*oldf)[(*nold)++] = base;
   }
   return 0;
@@ -474,7 +502,7 @@ static int journal_names(const struct set *s, const char *path, const char ***ne
 int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
                     bs_err *err)
 {
-  struct set s = {0};
+  struct set s = {.dirfd = -1};
   struct bs_set js = {0};
   struct bs_atomic *at = NULL;
   struct bs_kv *smeta = NULL;
@@ -517,9 +545,8 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   /* Every file of a new set gets the new target's mode; a new shard of an
    * existing set its index's, so the set stays as private as it was. */
   unsigned mode = bs_write_new_mode(o);
-  struct stat ist;
-  if (stat(s.index, &ist) == 0 && S_ISREG(ist.st_mode))
-    mode = ist.st_mode & 0666;
+  if (s.have_ist) /* (an index of this user's or root's: load_old refused another's) */
+    mode = s.ist.st_mode & 0666;
   if (!(at = bs_calloc(s.nshards + 1, sizeof *at))) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;

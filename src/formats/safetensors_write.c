@@ -389,7 +389,9 @@ int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size
     plan_destroy(&p);
     return -1;
   }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* (Another user may have put a FIFO or a link at a new shard's name: one
+   * never blocks this open, the other is never followed; neither is kept.) */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
   struct stat st;
   uint8_t *old = NULL;
   if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))

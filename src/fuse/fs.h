@@ -49,6 +49,7 @@ struct fs {
   int staging_lock;           /* flock'd "lock" file inside staging, held for life */
   char *report;               /* owned: the last write-back's report lines, or NULL */
   struct bs_journal *journal; /* owned: the staging journal (edit.journal), or NULL */
+  int journal_sync_err;       /* the journal's first failed fdatasync (errno), once stopped */
   bool nojournal;             /* -o nojournal */
   unsigned long next_stage;   /* lock: `stage_lock` */
   struct timespec mtime;      /* timestamps of the read-only view */
@@ -123,6 +124,9 @@ int fs_writeback(struct fs *fs, bs_err *err);
  * the mount goes on without one. fs_journal_stop syncs and closes it. */
 void fs_journal_start(struct fs *fs);
 void fs_journal_stop(struct fs *fs);
+/* The line a write-back reports when the journal stopped being durable
+ * while mounted (into buf), or NULL. */
+const char *fs_journal_note(const struct fs *fs, char *buf, size_t n);
 /* Create the staging directory exclusively from the template in
  * fs->staging (mkdtemp) and lock it for the life of the daemon. 0 or -errno. */
 int fs_staging_create(struct fs *fs);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "burnstore/err.h"
+#include "core/safe_open.h"
 #include "fs.h"
 #include "fs_log.h"
 
@@ -84,11 +85,13 @@ int fs_log_open(const char *path)
   lg.to_stderr = true;
   openlog("burnstore", LOG_PID, LOG_USER);
   if (path[0]) {
-    lg.fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bs_err err;
+    bs_err_clear(&err);
+    lg.fd = bs_safe_open_path(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND, 0600,
+                              BS_SAFE_REG | BS_SAFE_PRIVATE, &err);
     if (lg.fd < 0) {
-      int e = errno;
       fuse_set_log_func(log_func);
-      return -e;
+      return -err.code;
     }
   }
   atomic_store(&lg.used, 0);
@@ -135,9 +138,12 @@ static int copy_fd(int from, int to)
 
 int fs_log_save(int dirfd, const char *name, const char *last)
 {
-  int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(dirfd, NULL, name, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                          BS_SAFE_REG | BS_SAFE_PRIVATE, NULL, &err);
   if (fd < 0)
-    return -errno;
+    return -err.code;
   int rc = lg.fd >= 0 ? copy_fd(lg.fd, fd) : 0;
   if (rc == 0 && last) {
     char line[4200];

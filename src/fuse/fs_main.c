@@ -31,6 +31,7 @@
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
@@ -547,6 +548,18 @@ static int run_fusermount_u(const char *mnt)
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* A file of the run directory (status, log), opened as any file burnstore
+ * did not just create: never through a link, never blocking on a FIFO. */
+static int run_file(const char *path, int flags)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_open_path(path, flags, 0, BS_SAFE_REG, &err);
+  if (fd < 0)
+    errno = err.code;
+  return fd;
+}
+
 static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
   char *mnt = bs_mountpoint_path(mountpoint);
@@ -559,9 +572,9 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
     bs_free(mnt);
     return 1;
   }
-  int fd = open(spath, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  int fd = run_file(spath, O_RDWR);
   /* The daemon removes them as it exits: read them through these fds. */
-  int lfd = fd >= 0 && lpath[0] ? open(lpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+  int lfd = fd >= 0 && lpath[0] ? run_file(lpath, O_RDONLY) : -1;
   int pfd = fd >= 0 ? fs_progress_open(spath) : -1;
   /* Already unmounted (umount, fusermount3 -u) while its daemon still
    * writes back: just wait for it. Once it has exited nothing of it is left
@@ -621,10 +634,11 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
   int ret;
   if (strncmp(buf, "ok", 2) == 0) {
     ret = 0;
-    /* The report: files written as U8 blobs always, everything with -v. */
+    /* The report: files written as U8 blobs and notes always, everything
+     * with -v. */
     for (char *line = buf + 3, *nl; line < buf + n && (nl = strchr(line, '\n')); line = nl + 1) {
       *nl = '\0';
-      bool blob = strstr(line, "written as U8") != NULL;
+      bool blob = strstr(line, "written as U8") != NULL || strncmp(line, "note: ", 6) == 0;
       if (blob || (verbose && strncmp(line, "pid ", 4) != 0))
         fprintf(blob ? stderr : stdout, PROG ": %s\n", line);
     }
@@ -685,7 +699,7 @@ static int do_status(int argc, char **argv)
     bs_free(mnt);
     return 1;
   }
-  int fd = open(spath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = run_file(spath, O_RDONLY);
   bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
   char buf[3 * PATH_MAX + 256] = "";
   ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
@@ -711,7 +725,7 @@ static int do_status(int argc, char **argv)
         strcmp(strchr(line, ' ') + 1, "-") != 0)
       printf("%s\n", line);
   }
-  int lfd = open(lpath, O_RDONLY | O_CLOEXEC);
+  int lfd = run_file(lpath, O_RDONLY);
   printf("log %s:\n", lpath);
   if (fs_log_print(lfd, stdout, "  ") == 0)
     printf("  (nothing logged)\n");
@@ -940,10 +954,8 @@ static int prepare_url(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, false)))
       return 1;
-    if (!(fs->output = bs_abs_path(a->output))) {
-      fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
-      return 1;
-    }
+    if (!(fs->output = bs_write_path(a->output, &err)))
+      return fail_line(NULL, &err);
     fs->force_write = true;
   }
   return prepare_rest(fs, a, 0444);
@@ -969,8 +981,13 @@ static int prepare(struct fs *fs, struct args *a)
     fprintf(stderr, PROG ": %s: http_cache= and http_timeout= apply to a URL SOURCE\n", a->source);
     return 1;
   }
-  fs->source = bs_abs_path(a->source);
+  /* A link is the checkpoint it names: rw edits that file, and the link
+   * stays a link (its rename would replace the link). Another user's link
+   * is not followed by hand; rw refuses it (it could name any file). */
+  fs->source = a->rw && !a->output ? bs_write_path(a->source, &err) : bs_link_path(a->source);
   if (!fs->source) {
+    if (err.code)
+      return fail_line(NULL, &err);
     fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
     return 1;
   }
@@ -996,8 +1013,10 @@ static int prepare(struct fs *fs, struct args *a)
     fs->writable = true;
     if (!(fs->writer = choose_writer(fs, a, true)))
       return 1;
-    fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
+    fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
     if (!fs->output) {
+      if (err.code)
+        return fail_line(NULL, &err);
       fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
       return 1;
     }
@@ -1018,9 +1037,11 @@ static int prepare(struct fs *fs, struct args *a)
       fs->writable = true;
       if (!(fs->writer = choose_writer(fs, a, false)))
         return 1;
-      fs->output = a->output ? bs_abs_path(a->output) : bs_strdup(fs->source);
+      fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
       if (!fs->output) {
-        fprintf(stderr, PROG ": %s: %s\n", a->output, strerror(errno));
+        if (err.code)
+          return fail_line(NULL, &err);
+        fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
         return 1;
       }
       fs->force_write = strcmp(fs->output, fs->source) != 0;
@@ -1210,7 +1231,7 @@ static int claim(struct run *r)
   if (r->tfd < 0)
     fail_line(NULL, &err);
   else
-    bs_staging_sweep(fs->staging); /* dead daemons' empty staging directories */
+    bs_staging_sweep(fs->staging, stderr); /* dead daemons' empty staging directories */
   int sc = r->tfd < 0 ? -1 : fs_staging_create(fs);
   if (sc != 0) {
     if (sc < 0 && r->tfd >= 0)
@@ -1339,11 +1360,14 @@ static int write_back(struct run *r)
   if (wrc != 0) {
     char line[900], msg[PATH_MAX * 2 + 1200], text[3 * PATH_MAX + 1400];
     bs_err_format(&err, NULL, line, sizeof line);
-    snprintf(msg, sizeof msg, "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s",
-             fs->output, r->mnt, fs->output, line,
-             fs->staging_fd >= 0 ? "; the written data is kept in " : "",
+    char note[400];
+    const char *jn = fs_journal_note(fs, note, sizeof note);
+    snprintf(msg, sizeof msg,
+             "write-back of %s (mount %s) failed, %s was not written: %s%s%s%s%s%s", fs->output,
+             r->mnt, fs->output, line, fs->staging_fd >= 0 ? "; the written data is kept in " : "",
              fs->staging_fd >= 0 ? fs->staging : "",
-             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "");
+             fs->staging_fd >= 0 ? " (burnstore --list-staging / --finish DIR)" : "",
+             jn ? "; " : "", jn ? jn : "");
     report(r->daemonized, LOG_ERR, msg);
     /* Kept with the staged data, for when nobody waits and there is no
      * syslog: the session's log, then this. */

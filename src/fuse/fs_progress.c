@@ -20,6 +20,7 @@
 
 #include "burnstore/sink.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "fs_views.h"
 
 #define PROGRESS_PATH_MAX (PATH_MAX + 16)
@@ -34,6 +35,15 @@ static bool progress_path(const char *status_path, char path[PROGRESS_PATH_MAX])
     return false;
   }
   return true;
+}
+
+/* The progress file of the run directory: never through a link, never a
+ * FIFO (core/safe_open.h). */
+static int progress_file(const char *path, int flags)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  return bs_safe_open_path(path, flags, 0600, BS_SAFE_REG, &err);
 }
 
 void fs_progress_remove(const char *status_path)
@@ -75,7 +85,7 @@ void fs_progress_init(const char *status_path)
   char path[PROGRESS_PATH_MAX];
   if (!progress_path(status_path, path))
     return;
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = progress_file(path, O_WRONLY | O_CREAT | O_TRUNC);
   if (fd >= 0)
     close(fd);
 }
@@ -83,7 +93,7 @@ void fs_progress_init(const char *status_path)
 int fs_progress_open(const char *status_path)
 {
   char path[PROGRESS_PATH_MAX];
-  return progress_path(status_path, path) ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+  return progress_path(status_path, path) ? progress_file(path, O_RDONLY) : -1;
 }
 
 void fs_progress_begin(struct fs *fs, const char *status_path)
@@ -100,7 +110,7 @@ void fs_progress_begin(struct fs *fs, const char *status_path)
   }
   if (total < bs_progress_min() || total == 0)
     return;
-  wb.fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  wb.fd = progress_file(path, O_WRONLY | O_CREAT);
   if (wb.fd < 0)
     return;
   wb.done = 0;

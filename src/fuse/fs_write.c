@@ -25,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
+#include "core/safe_open.h"
 #include "fs.h"
 #include "policy/writeback.h"
 
@@ -55,9 +56,12 @@ int fs_stage(struct fs *fs, struct bs_entry *e, uint64_t keep)
     return rc;
   char name[32];
   snprintf(name, sizeof name, "%lu", id);
-  int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  bs_err cerr;
+  bs_err_clear(&cerr);
+  int fd = bs_safe_openat(dirfd, fs->staging, name, O_RDWR | O_CREAT | O_EXCL, 0600, BS_SAFE_REG,
+                          NULL, &cerr);
   if (fd < 0)
-    return -errno;
+    return -cerr.code;
   /* Copy the clean bytes we keep, in chunks (never the whole tensor). Only
    * this file's lock is held: other files stay readable meanwhile. */
   const struct bs_tensor *t = e->stage == 0 ? bs_entry_origin(&fs->edit, e) : NULL;
@@ -68,7 +72,7 @@ int fs_stage(struct fs *fs, struct bs_entry *e, uint64_t keep)
     char *buf = bs_malloc(CHUNK);
     if (!buf) {
       close(fd);
-      unlinkat(dirfd, name, 0);
+      bs_safe_unlinkat(dirfd, name, 0);
       return -ENOMEM;
     }
     for (uint64_t off = 0; off < keep;) {
@@ -78,7 +82,7 @@ int fs_stage(struct fs *fs, struct bs_entry *e, uint64_t keep)
         int err = r < 0 ? (int)-r : errno ? errno : EIO;
         bs_free(buf);
         close(fd);
-        unlinkat(dirfd, name, 0);
+        bs_safe_unlinkat(dirfd, name, 0);
         return -err;
       }
       off += (uint64_t)r;
@@ -102,8 +106,10 @@ int fs_stage_open(struct fs *fs, const struct bs_entry *e, int flags)
 {
   char name[32];
   stage_name(e, name, sizeof name);
-  int fd = openat(fs->staging_fd, name, flags | O_CLOEXEC);
-  return fd < 0 ? -errno : fd;
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(fs->staging_fd, fs->staging, name, flags, 0, BS_SAFE_REG, NULL, &err);
+  return fd < 0 ? -err.code : fd;
 }
 
 void fs_stage_free(struct fs *fs, struct bs_entry *e)
@@ -115,7 +121,7 @@ void fs_stage_free(struct fs *fs, struct bs_entry *e)
   if (e->stage) {
     char name[32];
     stage_name(e, name, sizeof name);
-    if (unlinkat(fs->staging_fd, name, 0) != 0)
+    if (bs_safe_unlinkat(fs->staging_fd, name, 0) != 0)
       fuse_log(FUSE_LOG_ERR, "burnstore: %s/%s: cannot remove: %s\n", fs->staging, name,
                strerror(errno));
   }
@@ -124,17 +130,13 @@ void fs_stage_free(struct fs *fs, struct bs_entry *e)
 
 void fs_raise_nofile(void)
 {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-      fuse_log(FUSE_LOG_WARNING, "burnstore: cannot raise RLIMIT_NOFILE: %s\n", strerror(errno));
-  }
+  if (bs_raise_nofile() != 0)
+    fuse_log(FUSE_LOG_WARNING, "burnstore: cannot raise RLIMIT_NOFILE: %s\n", strerror(errno));
 }
 
 void fs_staging_remove(struct fs *fs)
 {
-  bs_staging_remove(fs->staging, &fs->staging_fd, &fs->staging_lock);
+  bs_staging_remove(fs->staging, fs->output, &fs->staging_fd, &fs->staging_lock);
 }
 
 /* The write-back of this mount, as the core sees it. */
@@ -161,7 +163,20 @@ int fs_writeback(struct fs *fs, bs_err *err)
   fs->report = NULL;
   struct bs_wb wb;
   fill_wb(fs, &wb);
-  return bs_wb_run(&wb, &fs->report, err);
+  int rc = bs_wb_run(&wb, &fs->report, err);
+  char note[400];
+  if (rc == 0 && fs_journal_note(fs, note, sizeof note)) {
+    /* one more report line, after the writer's */
+    size_t rl = fs->report ? strlen(fs->report) : 0;
+    char *r = bs_malloc(rl + strlen(note) + 2);
+    if (r) {
+      snprintf(r, rl + strlen(note) + 2, "%s%s%s", rl ? fs->report : "",
+               rl && fs->report[rl - 1] != '\n' ? "\n" : "", note);
+      bs_free(fs->report);
+      fs->report = r;
+    }
+  }
+  return rc;
 }
 
 void fs_journal_start(struct fs *fs)
@@ -186,6 +201,19 @@ void fs_journal_start(struct fs *fs)
 void fs_journal_stop(struct fs *fs)
 {
   fs->edit.journal = NULL;
-  bs_journal_close(fs->journal);
+  int e = bs_journal_close(fs->journal);
+  if (fs->journal)
+    fs->journal_sync_err = e;
   fs->journal = NULL;
+}
+
+const char *fs_journal_note(const struct fs *fs, char *buf, size_t n)
+{
+  if (!fs->journal_sync_err)
+    return NULL;
+  snprintf(buf, n,
+           "note: the staging journal stopped being durable while mounted (fdatasync: %s): a "
+           "crash of the machine then could have lost changes; this write-back is unaffected",
+           strerror(fs->journal_sync_err));
+  return buf;
 }

@@ -18,6 +18,7 @@
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/journal.h"
+#include "core/safe_open.h"
 #include "core/target.h"
 
 #define MAGIC "burnstore-staging-index"
@@ -247,9 +248,12 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
 int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
 {
   static const char tmp[] = BS_STAGE_INDEX_NAME ".tmp";
-  int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bs_err sub;
+  bs_err_clear(&sub);
+  int fd =
+      bs_safe_openat(dirfd, NULL, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600, BS_SAFE_REG, NULL, &sub);
   if (fd < 0)
-    return bs_fail(err, errno, BS_OFF_NONE, NULL, "cannot create the INDEX: %s", strerror(errno));
+    return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "cannot create the INDEX: %s", sub.msg);
   size_t done = 0;
   while (done < buf->len) {
     ssize_t w = write(fd, buf->data + done, buf->len - done);
@@ -258,7 +262,7 @@ int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
     if (w <= 0) {
       int e = w < 0 ? errno : ENOSPC;
       close(fd);
-      unlinkat(dirfd, tmp, 0);
+      bs_safe_unlinkat(dirfd, tmp, 0);
       return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX (%zu of %zu bytes): %s",
                      done, buf->len, strerror(e));
     }
@@ -266,12 +270,12 @@ int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err *err)
   }
   if (fsync(fd) != 0 || close(fd) != 0) {
     int e = errno;
-    unlinkat(dirfd, tmp, 0);
+    bs_safe_unlinkat(dirfd, tmp, 0);
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot write the INDEX: fsync: %s", strerror(e));
   }
-  if (renameat(dirfd, tmp, dirfd, BS_STAGE_INDEX_NAME) != 0) {
+  if (bs_safe_renameat(dirfd, tmp, BS_STAGE_INDEX_NAME) != 0) {
     int e = errno;
-    unlinkat(dirfd, tmp, 0);
+    bs_safe_unlinkat(dirfd, tmp, 0);
     return bs_fail(err, e, BS_OFF_NONE, NULL, "cannot rename the INDEX into place: %s",
                    strerror(e));
   }
@@ -748,19 +752,25 @@ out:
   return rc;
 }
 
-int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err)
+int bs_stage_index_load(const struct bs_stage_dir *stg, struct bs_stage_index *idx, bs_err *err)
 {
   bs_stage_index_init(idx);
-  char path[PATH_MAX];
-  if (bs_path_join_buf(path, sizeof path, dir, BS_STAGE_INDEX_NAME, err) != 0)
-    return -1;
+  bs_err sub;
+  bs_err_clear(&sub);
+  int fd = bs_safe_openat(stg->fd, stg->path, BS_STAGE_INDEX_NAME, O_RDONLY, 0,
+                          BS_SAFE_REG | BS_SAFE_PRIVATE, NULL, &sub);
   struct bs_src s;
-  if (bs_src_open(&s, path, err) != 0) {
-    char m[sizeof err->msg];
-    snprintf(m, sizeof m, "%s", err->msg);
-    bs_err_clear(err);
-    return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "%s: %s (no INDEX: nothing to finish)", path, m);
+  if (fd < 0)
+    return sub.code == ENOENT ? bs_fail(err, ENOENT, BS_OFF_NONE, NULL,
+                                        "%s (no INDEX: nothing to finish)", sub.msg)
+                              : bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s", sub.msg);
+  char path[PATH_MAX];
+  if (bs_path_join_buf(path, sizeof path, stg->path, BS_STAGE_INDEX_NAME, err) != 0) {
+    close(fd);
+    return -1;
   }
+  if (bs_src_init_fd(&s, fd, BS_SRC_OWN_FD | BS_SRC_UNWATCHED, path, err) != 0)
+    return -1; /* (fd closed) */
   if (s.size > BS_STAGE_INDEX_MAX) {
     bs_src_destroy(&s);
     return bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "%s: %llu bytes is more than the limit of %u",
@@ -785,7 +795,7 @@ static int stale(bs_err *err, const char *path, const char *what)
                  path, what);
 }
 
-int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err)
+int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir *stg, bs_err *err)
 {
   if (idx->cat.nsrcs)
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: sources already attached");
@@ -844,6 +854,15 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
       bs_catalog_destroy(&ck);
       return -1;
     }
+    /* The file opened is the one checked: its name may have been given to
+     * another file since the stat (by whoever may write its directory). */
+    struct bs_src_ident id;
+    if (!ck.nsrcs || !bs_src_ident(&ck.srcs[0], &id) || id.size != idx->ck.size ||
+        id.ino != idx->ck.ino || id.dev != idx->ck.dev || id.mtime_sec != idx->ck.mtime_sec ||
+        id.mtime_nsec != idx->ck.mtime_nsec) {
+      bs_catalog_destroy(&ck);
+      return stale(err, idx->ck.path, "size, mtime or inode");
+    }
     if (ck.nsrcs != idx->ncksrcs) {
       bs_catalog_destroy(&ck);
       return stale(err, idx->ck.path, "it reads differently");
@@ -861,18 +880,19 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
     }
     bs_catalog_destroy(&ck);
   }
+  /* The staged files beneath the held directory, opened per read: a write
+   * of thousands of them holds no fd each. */
   for (size_t i = idx->ncksrcs; i < idx->nsrcs; i++) {
     char path[PATH_MAX];
-    if (bs_path_join_buf(path, sizeof path, dir, idx->srcs[i].file, err) != 0)
+    if (bs_path_join_buf(path, sizeof path, stg->path, idx->srcs[i].file, err) != 0)
       return -1;
     struct bs_src s;
     uint32_t k;
-    if (bs_src_open(&s, path, err) != 0) {
-      char m[sizeof err->msg];
-      snprintf(m, sizeof m, "%s", err->msg);
-      bs_err_clear(err);
-      return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "staged file %s: %s", path, m);
-    }
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (bs_src_init_at(&s, stg->fd, stg->path, idx->srcs[i].file, &sub) != 0)
+      return bs_fail(err, sub.code == ENOENT ? ENOENT : sub.code, BS_OFF_NONE, NULL,
+                     "staged file %s", sub.msg);
     if (s.size != idx->srcs[i].size) {
       bs_src_destroy(&s);
       return bs_fail(err, ESTALE, BS_OFF_NONE, NULL,
@@ -885,24 +905,66 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *e
   return 0;
 }
 
-void bs_stage_dir_remove(int dirfd, const char *dir)
+void bs_stage_dir_remove(int dirfd, const char *dir, const char *target)
 {
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_openat(dirfd, dir, BS_STAGE_DONE_NAME, O_WRONLY | O_CREAT | O_TRUNC, 0600,
+                          BS_SAFE_REG, NULL, &err);
+  if (fd >= 0) {
+    if (target && write(fd, target, strlen(target)) < 0) {
+      /* (the mark is its name; what it says is for messages) */
+    }
+    close(fd);
+    fsync(dirfd);
+  }
   /* The journal before the INDEX: neither may outlive the other's removal
    * with a target already written (--finish would redo it from the source). */
-  unlinkat(dirfd, BS_JOURNAL_NAME, 0);
-  unlinkat(dirfd, BS_STAGE_INDEX_NAME, 0);
-  int dup_fd = dup(dirfd);
-  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+  bs_safe_unlinkat(dirfd, BS_JOURNAL_NAME, 0);
+  bs_safe_unlinkat(dirfd, BS_STAGE_INDEX_NAME, 0);
+  DIR *d = bs_safe_dirstream(dirfd);
   if (d) {
     struct dirent *de;
     while ((de = readdir(d)) != NULL)
       if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 &&
-          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0)
-        unlinkat(dirfd, de->d_name, 0);
+          strcmp(de->d_name, BS_STAGE_LOCK_NAME) != 0 &&
+          strcmp(de->d_name, BS_STAGE_DONE_NAME) != 0)
+        bs_safe_unlinkat(dirfd, de->d_name, 0);
     closedir(d);
-  } else if (dup_fd >= 0) {
-    close(dup_fd);
   }
-  unlinkat(dirfd, BS_STAGE_LOCK_NAME, 0);
-  rmdir(dir);
+  bs_safe_unlinkat(dirfd, BS_STAGE_DONE_NAME, 0);
+  bs_safe_unlinkat(dirfd, BS_STAGE_LOCK_NAME, 0);
+  /* The directory by its name in its parent, only while that name still is
+   * this directory: another user who may write the parent may have renamed
+   * it away and put theirs there. */
+  struct stat was;
+  const char *slash = strrchr(dir, '/');
+  if (!slash || fstat(dirfd, &was) != 0)
+    return;
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+  bs_err_clear(&err);
+  int pfd = bs_safe_open_dir(parent, BS_SAFE_ANY_OWNER, &err);
+  if (pfd < 0)
+    return;
+  bs_safe_unlink_same(pfd, slash + 1, &was, AT_REMOVEDIR);
+  close(pfd);
+}
+
+bool bs_stage_done(const struct bs_stage_dir *stg, char *target, size_t n)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  int fd =
+      bs_safe_openat(stg->fd, stg->path, BS_STAGE_DONE_NAME, O_RDONLY, 0, BS_SAFE_REG, NULL, &err);
+  if (fd < 0)
+    return false;
+  ssize_t r = n ? pread(fd, target, n - 1, 0) : 0;
+  if (n)
+    target[r > 0 ? r : 0] = '\0';
+  for (ssize_t i = 0; i < r; i++) /* one line: it is shown */
+    if ((unsigned char)target[i] < 0x20)
+      target[i] = '?';
+  close(fd);
+  return true;
 }

@@ -19,10 +19,12 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "core/edit.h"
 
 #define BS_STAGE_INDEX_NAME "INDEX"
 #define BS_STAGE_LOCK_NAME "lock"
 #define BS_STAGE_LOG_NAME "log"         /* a failed write-back's log: why it failed */
+#define BS_STAGE_DONE_NAME "DONE"       /* the write-back completed: nothing here is needed */
 #define BS_STAGE_INDEX_MAX (256u << 20) /* bytes of INDEX we are willing to load */
 
 /* The checkpoint the clean tensors' bytes come from, as it was at mount. */
@@ -88,17 +90,29 @@ BS_NODISCARD int bs_stage_index_save(int dirfd, const struct bs_buf *buf, bs_err
 /* Parse an INDEX (untrusted: every number and reference is checked). */
 BS_NODISCARD int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *idx,
                                       bs_err *err);
-/* Read dir/INDEX (at most BS_STAGE_INDEX_MAX bytes) and parse it. */
-BS_NODISCARD int bs_stage_index_load(const char *dir, struct bs_stage_index *idx, bs_err *err);
+/* Read INDEX beneath the held staging directory (at most BS_STAGE_INDEX_MAX
+ * bytes; a regular file of the caller's or root's that no one else may
+ * write) and parse it. ENOENT when there is none. */
+BS_NODISCARD int bs_stage_index_load(const struct bs_stage_dir *stg, struct bs_stage_index *idx,
+                                     bs_err *err);
 /* Open the byte sources into idx->cat: the checkpoint (refused with ESTALE
  * if its size, mtime or inode changed, or it reads differently) and the
- * staging files (their sizes must match). */
-BS_NODISCARD int bs_stage_index_attach(struct bs_stage_index *idx, const char *dir, bs_err *err);
+ * staging files beneath stg (their sizes must match; opened per read). */
+BS_NODISCARD int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir *stg,
+                                       bs_err *err);
 
 /* Remove a staging directory whose lock the caller holds (dirfd: the
- * directory): the JOURNAL and the INDEX first, so that a kill during the cleanup never leaves
- * one to finish again, then its other files, the lock file last, then the
- * directory itself. The caller closes its fds. */
-void bs_stage_dir_remove(int dirfd, const char *dir);
+ * directory, `dir` its path) once nothing in it is needed (its write-back
+ * committed, or there was nothing to write): first DONE (naming `target`,
+ * which may be NULL) is created and the directory fsynced, so that a kill
+ * during the removal leaves a directory --finish and the next mount's sweep
+ * know they may remove; then the JOURNAL and the INDEX, its other files,
+ * DONE, the lock file, and the directory itself (by its name in its
+ * parent, if that still is this directory). The caller closes its fds. */
+void bs_stage_dir_remove(int dirfd, const char *dir, const char *target);
+/* Whether the held staging directory holds DONE (a regular file of the
+ * caller's or root's): its write-back completed, and a kill cut its removal
+ * short. The target DONE names goes into target (n bytes; "" if none). */
+bool bs_stage_done(const struct bs_stage_dir *stg, char *target, size_t n);
 
 #endif

@@ -16,6 +16,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
+#include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
 #include "policy/journal_replay.h"
@@ -63,28 +64,32 @@ const struct bs_writer *bs_wb_writer(const char *path, const char *label, uint64
 
 /* ---- The staging directory ----------------------------------------------------------------- */
 
-static int staging_try(char *tmpl, int *dirfd, int *lock)
+/* One try: a private directory beneath its held parent (never reopened by
+ * its path, which another user who may write the parent could redirect),
+ * then its lock file, created and locked. */
+static int staging_try(int pfd, const char *parent, char *tmpl, char *name, int *dirfd, int *lock)
 {
-  if (!mkdtemp(tmpl))
-    return -errno;
-  int fd = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    rmdir(tmpl);
-    return -e;
-  }
-  int lk = openat(fd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  bs_err err;
+  bs_err_clear(&err);
+  int fd = bs_safe_mkdtempat(pfd, parent, name, &err);
+  if (fd < 0)
+    return -(err.code ? err.code : EIO);
+  memcpy(tmpl + strlen(tmpl) - strlen(name), name, strlen(name));
+  int lk = bs_safe_openat(fd, tmpl, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_EXCL, 0600,
+                          BS_SAFE_REG, NULL, &err);
   /* Another writer removing dead daemons' empty staging directories
    * (bs_staging_sweep) may take or remove this one between the create and
    * the lock: then try a new one. */
   bool ok = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0 && bs_fd_named(fd, BS_STAGE_LOCK_NAME, lk);
   if (!ok) {
-    int e = lk >= 0 ? EAGAIN : errno;
+    int e = lk >= 0 ? EAGAIN : err.code;
     if (lk >= 0)
       close(lk);
-    unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
+    bs_safe_unlinkat(fd, BS_STAGE_LOCK_NAME, 0);
+    struct stat was;
+    if (fstat(fd, &was) == 0)
+      bs_safe_unlink_same(pfd, name, &was, AT_REMOVEDIR);
     close(fd);
-    rmdir(tmpl);
     return -e;
   }
   *dirfd = fd;
@@ -95,50 +100,92 @@ static int staging_try(char *tmpl, int *dirfd, int *lock)
 int bs_staging_create(char *tmpl, int *dirfd, int *lock)
 {
   size_t len = strlen(tmpl);
-  if (len < 6)
+  const char *slash = strrchr(tmpl, '/');
+  if (len < 6 || !slash || strcmp(tmpl + len - 6, "XXXXXX") != 0 || !slash[1])
     return -EINVAL;
+  char parent[PATH_MAX], name[NAME_MAX + 1];
+  if ((size_t)(slash - tmpl) >= sizeof parent || strlen(slash + 1) >= sizeof name)
+    return -ENAMETOOLONG;
+  snprintf(parent, sizeof parent, "%.*s", slash == tmpl ? 1 : (int)(slash - tmpl), tmpl);
+  bs_err err;
+  bs_err_clear(&err);
+  int pfd = bs_safe_open_dir(parent, BS_SAFE_ANY_OWNER, &err);
+  if (pfd < 0)
+    return -(err.code ? err.code : EIO);
   int rc = -EAGAIN;
   for (int tries = 0; rc == -EAGAIN && tries < 5; tries++) {
+    snprintf(name, sizeof name, "%s", slash + 1);
     memcpy(tmpl + len - 6, "XXXXXX", 6);
-    rc = staging_try(tmpl, dirfd, lock);
+    memcpy(name + strlen(name) - 6, "XXXXXX", 6);
+    rc = staging_try(pfd, parent, tmpl, name, dirfd, lock);
   }
+  close(pfd);
   return rc;
 }
 
-/* dir/name is a dead daemon's staging directory holding only its lock (and
- * a journal of no change): remove it (under that lock, so no daemon or --finish can be using it).
- */
-static void remove_empty_staging(int pfd, const char *name)
+/* Its lock file, opened as any file burnstore did not just create (a
+ * symbolic link is never followed, nor created through; a FIFO never
+ * blocks), created if missing with `create`. -1 with err. */
+static int open_lock(const struct bs_stage_dir *stg, bool create, bs_err *err)
 {
-  int dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0)
+  return bs_safe_openat(stg->fd, stg->path, BS_STAGE_LOCK_NAME, O_RDWR | (create ? O_CREAT : 0),
+                        0600, BS_SAFE_REG, NULL, err);
+}
+
+/* dir/name is a dead daemon's staging directory holding only its lock (and
+ * a journal of no change): remove it (under that lock, so no daemon or
+ * --finish can be using it). One of another user's, or one others may
+ * write, is left alone with a line to `notes`. */
+static void remove_empty_staging(int pfd, const char *dir, const char *name, FILE *notes)
+{
+  char path[PATH_MAX];
+  bs_err err;
+  bs_err_clear(&err);
+  if (bs_path_join_buf(path, sizeof path, dir, name, &err) != 0)
     return;
-  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-  DIR *d = NULL;
-  if (lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0) {
-    int dup_fd = dup(dfd);
-    d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
-    if (!d && dup_fd >= 0)
-      close(dup_fd);
+  struct stat st;
+  struct bs_stage_dir stg = {bs_safe_openat(pfd, dir, name, O_RDONLY | O_DIRECTORY, 0,
+                                            BS_SAFE_DIR | BS_SAFE_PRIVATE, &st, &err),
+                             path};
+  if (stg.fd < 0) {
+    if (notes && (err.code == EPERM || err.code == ENOTDIR || err.code == ELOOP))
+      fprintf(notes, "burnstore: %s (a staging directory's name: left alone)\n", err.msg);
+    return;
   }
+  int lk = open_lock(&stg, false, &err);
+  bool locked = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0;
+  char target[PATH_MAX];
+  if (locked && bs_stage_done(&stg, target, sizeof target)) {
+    /* Its write-back completed; a kill cut the removal short. */
+    bs_stage_dir_remove(stg.fd, path, target[0] ? target : NULL);
+    if (notes)
+      fprintf(notes,
+              "burnstore: removed %s: its write-back%s%s had completed (a kill cut its cleanup "
+              "short)\n",
+              path, target[0] ? " of " : "", target);
+    close(lk);
+    close(stg.fd);
+    return;
+  }
+  DIR *d = locked ? bs_safe_dirstream(stg.fd) : NULL;
   /* Its lock, and a journal that records no change, are not data. */
   bool empty = d != NULL;
   for (struct dirent *de; empty && (de = readdir(d)) != NULL;)
     empty = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
             strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
-            (strcmp(de->d_name, BS_JOURNAL_NAME) == 0 && bs_journal_unchanged(dfd));
+            (strcmp(de->d_name, BS_JOURNAL_NAME) == 0 && bs_journal_nothing_to_finish(&stg));
   if (d)
     closedir(d);
   if (empty)
-    unlinkat(dfd, BS_JOURNAL_NAME, 0);
-  if (empty && unlinkat(dfd, BS_STAGE_LOCK_NAME, 0) == 0)
-    unlinkat(pfd, name, AT_REMOVEDIR);
+    bs_safe_unlinkat(stg.fd, BS_JOURNAL_NAME, 0);
+  if (empty && bs_safe_unlinkat(stg.fd, BS_STAGE_LOCK_NAME, 0) == 0)
+    bs_safe_unlink_same(pfd, name, &st, AT_REMOVEDIR);
   if (lk >= 0)
     close(lk);
-  close(dfd);
+  close(stg.fd);
 }
 
-void bs_staging_sweep(const char *tmpl)
+void bs_staging_sweep(const char *tmpl, FILE *notes)
 {
   const char *slash = strrchr(tmpl, '/');
   size_t tl = strlen(tmpl);
@@ -151,26 +198,25 @@ void bs_staging_sweep(const char *tmpl)
   snprintf(dir, sizeof dir, "%.*s", (int)dl, tmpl);
   snprintf(prefix, sizeof prefix, "%.*s", (int)pl0, slash + 1);
   size_t pl = strlen(prefix);
-  int pfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int dup_fd = pfd >= 0 ? dup(pfd) : -1;
-  DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
-  if (!d && dup_fd >= 0)
-    close(dup_fd);
+  bs_err err;
+  bs_err_clear(&err);
+  int pfd = bs_safe_open_dir(dir, BS_SAFE_ANY_OWNER, &err);
+  DIR *d = pfd >= 0 ? bs_safe_dirstream(pfd) : NULL;
   for (struct dirent *de; d && (de = readdir(d)) != NULL;)
     if (strncmp(de->d_name, prefix, pl) == 0 && strlen(de->d_name) == pl + 6)
-      remove_empty_staging(pfd, de->d_name);
+      remove_empty_staging(pfd, dir, de->d_name, notes);
   if (d)
     closedir(d);
   if (pfd >= 0)
     close(pfd);
 }
 
-void bs_staging_remove(const char *dir, int *dirfd, int *lock)
+void bs_staging_remove(const char *dir, const char *target, int *dirfd, int *lock)
 {
   /* Only a directory the caller created and still holds the lock of. */
   if (*dirfd < 0 || *lock < 0)
     return;
-  bs_stage_dir_remove(*dirfd, dir);
+  bs_stage_dir_remove(*dirfd, dir, target);
   close(*dirfd);
   *dirfd = -1;
   close(*lock);
@@ -292,7 +338,8 @@ int bs_wb_run(const struct bs_wb *wb, char **report, bs_err *err)
   out.format = wb->writer->format;
   int rc = -1;
   bool built = false;
-  if (bs_edit_catalog(wb->edit, wb->staging, wb->keep_hidden, &out, err) != 0)
+  struct bs_stage_dir stg = {*wb->staging_fd, wb->staging};
+  if (bs_edit_catalog(wb->edit, &stg, wb->keep_hidden, &out, err) != 0)
     goto out;
   if (wb->writer->default_meta && wb->writer->default_meta(&out, err) != 0)
     goto out;
@@ -338,7 +385,8 @@ struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
   struct bs_journal *j = NULL;
   struct bs_stage_index idx;
   /* BASE: the INDEX a write-back right now would save (no file staged). */
-  if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, wb->staging, wb->keep_hidden, &out, err) ||
+  struct bs_stage_dir stg = {*wb->staging_fd, wb->staging};
+  if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, &stg, wb->keep_hidden, &out, err) ||
       index_head(wb, &idx, err) != 0 || bs_stage_index_format(&idx, &out, wb->staging, &buf, err))
     goto out;
   /* Its origins: which base tensor each file of the tree is (by its key). */
@@ -374,9 +422,12 @@ out:
 
 /* ---- --list-staging ------------------------------------------------------------------------ */
 
-static bool staging_alive(int dfd)
+/* Whether its daemon (or a --finish) holds its lock. */
+static bool staging_alive(const struct bs_stage_dir *stg)
 {
-  int lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CLOEXEC);
+  bs_err err;
+  bs_err_clear(&err);
+  int lk = open_lock(stg, false, &err);
   if (lk < 0)
     return false;
   bool alive = flock(lk, LOCK_EX | LOCK_NB) != 0;
@@ -393,19 +444,22 @@ static void print_shape(FILE *f, bool has, uint32_t rank, const uint64_t *shape)
 }
 
 /* The log a failed write-back left in its staging directory (why it
- * failed), each line after "log: ". */
-static void print_stage_log(const char *dir, FILE *out)
+ * failed), each line after "log: " (one that is no file of ours is named,
+ * never read). */
+static void print_stage_log(const struct bs_stage_dir *stg, FILE *out)
 {
-  char path[PATH_MAX];
   bs_err err;
   bs_err_clear(&err);
-  if (bs_path_join_buf(path, sizeof path, dir, BS_STAGE_LOG_NAME, &err) != 0) {
-    fprintf(out, "log: not read: %s\n", err.msg);
+  int fd = bs_safe_openat(stg->fd, stg->path, BS_STAGE_LOG_NAME, O_RDONLY, 0,
+                          BS_SAFE_REG | BS_SAFE_PRIVATE, NULL, &err);
+  FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    if (fd >= 0)
+      close(fd);
+    else if (err.code != ENOENT)
+      fprintf(out, "log: not read: %s\n", err.msg);
     return;
   }
-  FILE *f = fopen(path, "re");
-  if (!f)
-    return;
   char line[1300];
   while (fgets(line, sizeof line, f))
     fprintf(out, "log: %s%s", line, strchr(line, '\n') ? "" : "\n");
@@ -414,19 +468,15 @@ static void print_stage_log(const char *dir, FILE *out)
 
 /* A staging directory without an INDEX (its daemon died while mounted or
  * before its write-back saved one): name its files, which hold raw bytes. */
-static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
+static int list_raw_staging(const struct bs_stage_dir *stg, FILE *out, bs_err *err)
 {
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-  if (!d) {
-    int e = errno;
-    if (dfd >= 0)
-      close(dfd);
-    return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(e));
-  }
-  bool alive = staging_alive(dfd);
+  const char *dir = stg->path;
+  DIR *d = bs_safe_dirstream(stg->fd);
+  if (!d)
+    return bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(errno));
+  bool alive = staging_alive(stg);
   struct stat jst;
-  if (fstatat(dfd, BS_JOURNAL_NAME, &jst, 0) == 0)
+  if (fstatat(stg->fd, BS_JOURNAL_NAME, &jst, AT_SYMLINK_NOFOLLOW) == 0)
     fprintf(out,
             "staging %s\nno INDEX: %s; its JOURNAL names them (%lld bytes): burnstore --finish "
             "rebuilds the output from it\n",
@@ -446,28 +496,48 @@ static int list_raw_staging(const char *dir, FILE *out, bs_err *err)
     struct stat st;
     if (de->d_name[0] == '.' || strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0 ||
         strcmp(de->d_name, BS_JOURNAL_NAME) == 0 || strcmp(de->d_name, BS_STAGE_LOG_NAME) == 0 ||
-        fstatat(dfd, de->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode))
+        fstatat(stg->fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
       continue;
     fprintf(out, "-\t-\t-\t%lld\tstaged %s/%s\n", (long long)st.st_size, dir, de->d_name);
   }
   closedir(d);
-  print_stage_log(dir, out);
+  print_stage_log(stg, out);
   return 1;
+}
+
+/* A staging directory named by the user (--finish, --list-staging): held
+ * open, a directory of the caller's (or root's) that no one else may write;
+ * another user's is refused in one line naming its owner. */
+static int open_staging_arg(const char *dir, bs_err *err)
+{
+  return bs_safe_open_dir(dir, BS_SAFE_PRIVATE, err);
 }
 
 int bs_wb_list(const char *dir, FILE *out, bs_err *err)
 {
-  struct bs_stage_index idx;
-  if (bs_stage_index_load(dir, &idx, err) != 0) {
-    if (err->code != ENOENT)
-      return -1;
-    bs_err_clear(err);
-    return list_raw_staging(dir, out, err);
+  struct bs_stage_dir stg = {open_staging_arg(dir, err), dir};
+  if (stg.fd < 0)
+    return -1;
+  char done[PATH_MAX];
+  if (bs_stage_done(&stg, done, sizeof done)) {
+    fprintf(out,
+            "staging %s\nthe write-back%s%s completed (DONE): nothing to finish; burnstore "
+            "--finish or the next writable mount of its target removes it\n",
+            dir, done[0] ? " of " : "", done);
+    close(stg.fd);
+    return 0;
   }
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  bool alive = dfd >= 0 && staging_alive(dfd);
-  if (dfd >= 0)
-    close(dfd);
+  struct bs_stage_index idx;
+  if (bs_stage_index_load(&stg, &idx, err) != 0) {
+    int rc = -1;
+    if (err->code == ENOENT) {
+      bs_err_clear(err);
+      rc = list_raw_staging(&stg, out, err);
+    }
+    close(stg.fd);
+    return rc;
+  }
+  bool alive = staging_alive(&stg);
   fprintf(out, "staging %s\ntarget %s (%s)\ndaemon pid %ld (%s)\n", dir, idx.target,
           bs_format_name(idx.format), idx.pid, alive ? "running: do not --finish" : "gone");
   if (idx.ck.path)
@@ -495,12 +565,15 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
     char path[PATH_MAX];
     if (bs_path_join_buf(path, sizeof path, dir, f->file, err) != 0) {
       bs_stage_index_destroy(&idx);
+      close(stg.fd);
       return -1;
     }
-    fprintf(out, "\t%lld\tstaged %s\n", stat(path, &st) == 0 ? (long long)st.st_size : -1LL, path);
+    bool there = fstatat(stg.fd, f->file, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+    fprintf(out, "\t%lld\tstaged %s\n", there ? (long long)st.st_size : -1LL, path);
   }
-  print_stage_log(dir, out);
+  print_stage_log(&stg, out);
   bs_stage_index_destroy(&idx);
+  close(stg.fd);
   return 0;
 }
 
@@ -509,7 +582,7 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
 /* After a kill between the rename and the removal of the staging directory,
  * the target already is the result: every tensor of the INDEX is in it with
  * its dtype and shape, and the staged ones with their bytes. */
-static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
+static bool target_is_result(const struct bs_stage_index *idx, const struct bs_stage_dir *stg)
 {
   struct bs_catalog cat;
   bs_catalog_init(&cat);
@@ -535,10 +608,8 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
            (t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
     if (!same || t->src == UINT32_MAX || !idx->srcs[t->src].stage)
       continue;
-    char path[PATH_MAX];
-    int fd = bs_path_join_buf(path, sizeof path, dir, idx->srcs[t->src].file, &err) == 0
-                 ? open(path, O_RDONLY | O_CLOEXEC)
-                 : -1; /* too long: not the result (attach refused it already) */
+    int fd = bs_safe_openat(stg->fd, stg->path, idx->srcs[t->src].file, O_RDONLY, 0, BS_SAFE_REG,
+                            NULL, &err);
     same = fd >= 0;
     for (uint64_t off = 0; same && off < t->nbytes;) {
       size_t n = t->nbytes - off < CHUNK ? (size_t)(t->nbytes - off) : CHUNK;
@@ -556,6 +627,20 @@ static bool target_is_result(const struct bs_stage_index *idx, const char *dir)
   return same;
 }
 
+/* Nothing in it but its lock file: what a removal cut short between DONE
+ * and the lock leaves. */
+static bool holds_only_its_lock(const struct bs_stage_dir *stg)
+{
+  DIR *d = bs_safe_dirstream(stg->fd);
+  bool only = d != NULL;
+  for (struct dirent *de; only && (de = readdir(d)) != NULL;)
+    only = strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
+           strcmp(de->d_name, BS_STAGE_LOCK_NAME) == 0;
+  if (d)
+    closedir(d);
+  return only;
+}
+
 static int refuse_alive(const char *dir, long pid, bs_err *err)
 {
   char p[32] = "";
@@ -567,54 +652,59 @@ static int refuse_alive(const char *dir, long pid, bs_err *err)
                  dir, p);
 }
 
-int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
+int bs_wb_finish(const char *arg, unsigned flags, struct bs_wb_finished *res, bs_err *err)
 {
   memset(res, 0, sizeof *res);
   char *dir = realpath(arg, NULL);
   if (!dir)
     return bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", arg, strerror(errno));
   int ret = -1, lk = -1, tfd = -1;
+  struct bs_buf notes = {0};
   struct bs_stage_index idx;
   bs_stage_index_init(&idx);
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: %s", dir, strerror(errno));
+  /* Held from here on: everything in it is reached through this fd. */
+  struct bs_stage_dir stg = {open_staging_arg(dir, err), dir};
+  if (stg.fd < 0)
+    goto out;
+  /* Held until the directory is removed: a second --finish waits its turn.
+   * A lock file that is a symbolic link creates nothing where it points. */
+  if ((lk = open_lock(&stg, true, err)) < 0)
+    goto out;
+  if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
+    long pid = bs_stage_index_load(&stg, &idx, err) == 0 ? idx.pid : 0;
+    bs_err_clear(err);
+    refuse_alive(dir, pid, err);
     goto out;
   }
-  if (staging_alive(dfd)) {
-    refuse_alive(dir, 0, err);
+  /* Its write-back completed and a kill cut the removal short (DONE), or
+   * that removal left only the lock: nothing to finish, all to remove. */
+  char done[PATH_MAX] = "";
+  res->completed = bs_stage_done(&stg, done, sizeof done);
+  if (res->completed || (res->empty = holds_only_its_lock(&stg))) {
+    bs_stage_dir_remove(stg.fd, dir, done[0] ? done : NULL);
+    res->target = done[0] ? bs_strdup(done) : NULL;
+    ret = 0;
     goto out;
   }
-  bool loaded = bs_stage_index_load(dir, &idx, err) == 0;
+  bool loaded = bs_stage_index_load(&stg, &idx, err) == 0;
   if (!loaded && err->code != ENOENT)
     goto out;
-  /* Held until the directory is removed: a second --finish waits its turn. */
-  lk = openat(dfd, BS_STAGE_LOCK_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lk < 0) {
-    bs_err_clear(err);
-    bs_fail(err, errno, BS_OFF_NONE, NULL, "%s: cannot open its lock file: %s", dir,
-            strerror(errno));
-    goto out;
-  }
-  if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
-    bs_err_clear(err);
-    refuse_alive(dir, idx.pid, err);
-    goto out;
-  }
   if (!loaded) {
     /* No INDEX: the daemon died while mounted. Its journal says what the
      * mount held; rebuild the INDEX from it, then finish as usual. */
     bs_err noindex = *err;
     bs_err_clear(err);
-    int jr = bs_journal_rebuild(dir, dfd, err);
+    struct bs_buf text = {0};
+    int jr = bs_journal_rebuild(&stg, flags & BS_WB_SALVAGE, &text, &notes, &res->salvaged, err);
+    bs_stage_index_destroy(&idx);
+    if (jr == 0)
+      jr = bs_stage_index_parse(text.data, text.len, &idx, err);
+    bs_buf_destroy(&text);
     if (jr != 0) {
       if (jr > 0)
         *err = noindex;
       goto out;
     }
-    bs_stage_index_destroy(&idx);
-    if (bs_stage_index_load(dir, &idx, err) != 0)
-      goto out;
   }
   if (idx.incomplete) {
     bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
@@ -628,11 +718,11 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
   /* A set whose commit a kill interrupted is rolled forward or back first. */
   if ((tfd = bs_target_lock(idx.target, who, err)) < 0 || bs_writer_recover(idx.target, err) != 0)
     goto out;
-  if (bs_stage_index_attach(&idx, dir, err) != 0) {
+  if (bs_stage_index_attach(&idx, &stg, err) != 0) {
     if (err->code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&
-        target_is_result(&idx, dir)) {
+        target_is_result(&idx, &stg)) {
       bs_err_clear(err);
-      bs_stage_dir_remove(dfd, dir);
+      bs_stage_dir_remove(stg.fd, dir, idx.target);
       res->already = true;
       res->target = bs_strdup(idx.target);
       ret = 0;
@@ -666,17 +756,23 @@ int bs_wb_finish(const char *arg, struct bs_wb_finished *res, bs_err *err)
     res->kept = true;
     goto out;
   }
-  bs_stage_dir_remove(dfd, dir);
+  /* After a salvage the directory stays: its staged files hold the bytes
+   * the dropped records named. */
+  if (!res->salvaged)
+    bs_stage_dir_remove(stg.fd, dir, idx.target);
   res->target = bs_strdup(idx.target);
   res->tensors = idx.cat.count;
   ret = 0;
 out:
+  if (notes.len && bs_buf_put(&notes, "", 1) == 0)
+    res->notes = (char *)notes.data, notes = (struct bs_buf){0};
+  bs_buf_destroy(&notes);
   bs_target_unlock(tfd);
   bs_stage_index_destroy(&idx);
   if (lk >= 0)
     close(lk);
-  if (dfd >= 0)
-    close(dfd);
+  if (stg.fd >= 0)
+    close(stg.fd);
   free(dir);
   return ret;
 }

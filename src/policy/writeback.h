@@ -37,14 +37,18 @@ const struct bs_writer *bs_wb_sharded(const struct bs_writer *w, uint64_t max_sh
  * alive. 0, or -errno with nothing left behind. */
 int bs_staging_create(char *tmpl, int *dirfd, int *lock);
 /* Remove the staging directories of dead daemons that hold nothing (only
- * their lock file: no staged data, no INDEX, no log) among the siblings named
+ * their lock file: no staged data, no INDEX, no log), or whose write-back
+ * had completed (DONE: a line to `notes` says so), among the siblings named
  * like the template `tmpl` (DIR/PREFIXXXXXXX). Directories with data are kept
- * for --list-staging / --finish. */
-void bs_staging_sweep(const char *tmpl);
-/* Remove a staging directory the caller created and holds the lock of: the
- * INDEX first, its files, the lock file, the directory; closes both fds and
- * sets them to -1. A no-op unless both are open. */
-void bs_staging_remove(const char *dir, int *dirfd, int *lock);
+ * for --list-staging / --finish; one of another user's (or that others may
+ * write) is left alone, with a line to `notes` (may be NULL). Nothing in
+ * them is followed or blocks (core/safe_open.h). */
+void bs_staging_sweep(const char *tmpl, FILE *notes);
+/* Remove a staging directory the caller created and holds the lock of, once
+ * nothing in it is needed (bs_stage_dir_remove: DONE naming `target` first,
+ * so that a kill during the removal leaves it removable); closes both fds
+ * and sets them to -1. A no-op unless both are open. */
+void bs_staging_remove(const char *dir, const char *target, int *dirfd, int *lock);
 
 /* ---- One write-back ----------------------------------------------------------------------- */
 struct bs_wb {
@@ -83,25 +87,40 @@ BS_NODISCARD struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_e
 
 /* ---- Staging directories left behind ------------------------------------------------------ */
 
-/* Print what staging directory `dir` holds to `out`: target, format, daemon
- * pid (running or gone), the checkpoint, then one line per tensor: key,
- * dtype, shape, bytes, where (tab-separated). 0; 1 when it has no INDEX (its
- * raw files are listed: they cannot be finished); -1 with err. */
+/* Print what staging directory `dir` (the caller's or root's, writable by
+ * its owner alone: another user's is refused naming its owner) holds to `out`: target, format,
+ * daemon pid (running or gone), the checkpoint, then one line per tensor: key, dtype, shape, bytes,
+ * where (tab-separated). 0; 1 when it has no INDEX (its raw files are listed: they cannot be
+ * finished); -1 with err. */
 BS_NODISCARD int bs_wb_list(const char *dir, FILE *out, bs_err *err);
 
 struct bs_wb_finished {
   char *target;        /* owned (bs_free): what was written, or NULL */
   size_t tensors;      /* how many */
   bool already;        /* the target already held the result: nothing written */
+  bool completed;      /* its write-back had completed (DONE): the directory was removed;
+                        * target: the one DONE names, or NULL */
+  bool empty;          /* it held nothing but its lock: removed */
   bool kept;           /* on failure: the writer failed, the staging directory is kept */
+  bool salvaged;       /* written from a damaged journal's records before the damage; the
+                        * staging directory is kept (the dropped records' staged files) */
+  char *notes;         /* owned (bs_free): lines to show, or NULL: a torn tail ignored, a
+                        * journal no longer durable, what a salvage dropped */
   const char *err_dir; /* on failure: the directory err is about (prefix it), or NULL */
 };
+#define BS_WB_SALVAGE 1u /* --finish --salvage: a damaged journal's records before the damage */
 /* Complete the write-back whose INDEX staging directory `dir` holds (its daemon
- * was killed, or its writer failed): refused while the daemon lives, for an
- * incomplete INDEX, while another writer holds the target lock, or when the
- * checkpoint the INDEX copies from changed (ESTALE; unless the target already
- * is the result, then the directory is just removed). On success the
- * directory is removed. res is zeroed first; free res->target either way. */
-BS_NODISCARD int bs_wb_finish(const char *dir, struct bs_wb_finished *res, bs_err *err);
+ * was killed, or its writer failed; without an INDEX, from its JOURNAL):
+ * refused while the daemon lives, for an incomplete INDEX, while another
+ * writer holds the target lock, for a directory of another user's (or that
+ * others may write), for a damaged journal (journal_replay.h) unless
+ * `flags` has BS_WB_SALVAGE, or when the checkpoint the INDEX copies from
+ * changed (ESTALE; unless the target already is the result, then the
+ * directory is just removed). A directory whose write-back completed
+ * (DONE: a kill cut its removal short) is removed. On success the directory
+ * is removed (not after a salvage). res is zeroed first; free res->target and res->notes
+ * either way. */
+BS_NODISCARD int bs_wb_finish(const char *dir, unsigned flags, struct bs_wb_finished *res,
+                              bs_err *err);
 
 #endif

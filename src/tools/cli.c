@@ -24,6 +24,7 @@
 #include "core/decode.h"
 #include "core/npy.h"
 #include "core/progress.h"
+#include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
@@ -33,12 +34,13 @@
 #define PROG "burnstore"
 #define CHUNK (1u << 20)
 
-const char bs_cli_usage[] = "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
-                            "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
-                            "       burnstore cat [--npy] [--as DT] [-o KEYOPTS] FILE KEY\n"
-                            "       burnstore diff [-q] [-o KEYOPTS] A B\n"
-                            "       burnstore convert [-q] [--as DT] [-o KEYOPTS] IN OUT\n"
-                            "       burnstore --finish STAGING_DIR | --list-staging STAGING_DIR\n";
+const char bs_cli_usage[] =
+    "       burnstore ls [--json] [-o KEYOPTS] FILE\n"
+    "       burnstore info [--meta KEY] [-o KEYOPTS] FILE\n"
+    "       burnstore cat [--npy] [--as DT] [-o KEYOPTS] FILE KEY\n"
+    "       burnstore diff [-q] [-o KEYOPTS] A B\n"
+    "       burnstore convert [-q] [--as DT] [-o KEYOPTS] IN OUT\n"
+    "       burnstore --finish [--salvage] STAGING_DIR | --list-staging STAGING_DIR\n";
 
 static const char keyopts_help[] =
     "  -o OPTIONS   key options as for a mount, comma-separated: include=REGEX,\n"
@@ -850,6 +852,12 @@ static int cmd_staging(int argc, char **argv)
     printf("usage: burnstore %s %s\n\n%s", c->name, c->args, c->help);
     return 0;
   }
+  bool finish = strcmp(argv[0], "--finish") == 0;
+  unsigned flags = 0;
+  if (finish && argc == 3 && strcmp(argv[1], "--salvage") == 0) {
+    flags |= BS_WB_SALVAGE;
+    argv++, argc--;
+  }
   if (argc != 2 || argv[1][0] == '\0') {
     fail("%s takes one STAGING_DIR (see burnstore %s --help)", argv[0], argv[0]);
     return 2;
@@ -863,19 +871,37 @@ static int cmd_staging(int argc, char **argv)
       fail_err(NULL, &err);
     return rc == 0 ? 0 : 1;
   }
+  /* The staged files are opened one at a time (per read), but a writer may
+   * hold more (a shard set's pool): the soft limit goes up as the daemon's. */
+  (void)bs_raise_nofile();
   struct bs_wb_finished res;
-  int rc = bs_wb_finish(dir, &res, &err);
+  int rc = bs_wb_finish(dir, flags, &res, &err);
   if (rc != 0) {
     fail_err(res.err_dir, &err);
     if (res.kept)
       fail("%s is kept", dir);
+  } else if (res.empty) {
+    printf(PROG ": %s held nothing to finish (only its lock); removed it\n", dir);
+  } else if (res.completed) {
+    printf(PROG ": the write-back%s%s had completed (a kill cut its cleanup short); removed %s\n",
+           res.target ? " of " : "", res.target ? res.target : "", dir);
   } else if (res.already) {
     printf(PROG ": %s already holds the result of this write-back; removed %s\n", res.target, dir);
+  } else if (res.salvaged) {
+    printf(PROG ": wrote %s (%zu tensors) from the journal's records before the damage; %s is "
+                "kept (its staged files hold what the dropped records name): remove it when "
+                "done\n",
+           res.target, res.tensors, dir);
+    syslog(LOG_WARNING, "--finish --salvage wrote %s (%zu tensors) from %s, records dropped",
+           res.target, res.tensors, dir);
   } else {
     printf(PROG ": wrote %s (%zu tensors) from %s, and removed it\n", res.target, res.tensors, dir);
     syslog(LOG_INFO, "--finish wrote %s (%zu tensors) from %s", res.target, res.tensors, dir);
   }
+  if (res.notes)
+    fputs(res.notes, stdout);
   bs_free(res.target);
+  bs_free(res.notes);
   return rc == 0 ? 0 : 1;
 }
 
@@ -928,10 +954,15 @@ static const struct cmd cmds[] = {
      "               decoder is refused before anything is written\n"
      "  -o max_shard_size=SIZE   sharded SafeTensors output (NAME-0000K-of-0000N + index)\n",
      cmd_convert, 1},
-    {"--finish", "STAGING_DIR",
+    {"--finish", "[--salvage] STAGING_DIR",
      "Finish the write-back a writable mount left in STAGING_DIR (its daemon was killed, or\n"
-     "its writer failed): write the target from the INDEX, under the target's lock, and remove\n"
-     "the directory. Refused while the daemon lives or another writer holds the target.\n",
+     "its writer failed): write the target from the INDEX (or, without one, from the JOURNAL),\n"
+     "under the target's lock, and remove the directory. Refused while the daemon lives or\n"
+     "another writer holds the target, for a directory of another user's, and for a JOURNAL\n"
+     "with a damaged record that is not the end of the last write (a kill's cut tail is\n"
+     "ignored and said).\n"
+     "  --salvage    a damaged JOURNAL: write what its records before the damage describe,\n"
+     "               list the records dropped, and keep STAGING_DIR (its staged files)\n",
      cmd_staging, 1},
     {"--list-staging", "STAGING_DIR",
      "List what STAGING_DIR holds: target, format, daemon pid, then one line per tensor: key,\n"

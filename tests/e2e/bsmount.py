@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -130,6 +131,17 @@ def wait_gone(pid, timeout=60):
         if all(st in ("Z", "X") for st in states):
             return
         time.sleep(0.002)
+
+
+def kill_daemon(mnt):
+    """kill -9 the daemon serving mnt, wait until it is gone (its fds
+    closed), and take its dead mount away."""
+    pid = daemon_pid(os.path.realpath(mnt))
+    check(pid is not None, "daemon of %s found" % mnt)
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(pid)
+    force_unmount(mnt)
 
 
 def unmount_all_under(d):

@@ -10,13 +10,12 @@ import glob
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import time
 
-from bsmount import (BIN, FIX, Mount, check, daemon_pid, force_unmount, read_bpk, run, run_tests,
-                     tensor_files, wait_gone, xattrs)
+from bsmount import (BIN, FIX, Mount, check, kill_daemon, read_bpk, run, run_tests, tensor_files,
+                     xattrs)
 
 MODEL = os.path.join(FIX, "examples", "mnist-inference-web", "model.bpk")
 WINDOW = 1.0  # BS_JOURNAL_SYNC_MS
@@ -45,15 +44,6 @@ def shown(mnt):
     meta = {n[len("user.burnstore.meta."):]: v for n, v in xattrs(mnt).items()
             if n.startswith("user.burnstore.meta.")}
     return out, meta
-
-
-def kill_daemon(mnt):
-    pid = daemon_pid(os.path.realpath(mnt))
-    check(pid is not None, "daemon of %s found" % mnt)
-    if pid:
-        os.kill(pid, signal.SIGKILL)
-        wait_gone(pid)
-    force_unmount(mnt)
 
 
 def fresh(tmp, name):

@@ -145,10 +145,23 @@ def main(tmp):
             phase = "after the rename"
         else:
             phase = "INDEX saved, writer not started"
+        done = bool(stg) and os.path.exists(os.path.join(stg[0], "DONE"))
+        if done:
+            phase = "cleanup after the rename"
         phases[phase] = phases.get(phase, 0) + 1
         if tmps:
             ok &= check(has_index, "round %d: the writer started, so the INDEX is there" % i)
-        if stg and has_index:
+        if done:
+            # Killed while it removed its staging after the commit: DONE says
+            # so; --finish (and a mount's sweep) remove the rest.
+            ok &= check(is_new, "round %d: DONE, so the target is the new file" % i)
+            l = run([BIN, "--list-staging", stg[0]])
+            ok &= check(l.returncode == 0 and "completed (DONE)" in l.stdout,
+                        "round %d: --list-staging of a completed write-back: %r" % (i, l.stdout))
+            r = run([BIN, "--finish", stg[0]])
+            ok &= check(r.returncode == 0 and "had completed" in r.stdout and not os.path.exists(stg[0]),
+                        "round %d: --finish removes it: %r %r" % (i, r.stdout, r.stderr))
+        elif stg and has_index:
             l = run([BIN, "--list-staging", stg[0]])
             ok &= check(l.returncode == 0 and "big\tU8\t[%d]" % size in l.stdout,
                         "round %d: --list-staging: %r %r" % (i, l.stdout[-300:], l.stderr))
@@ -160,13 +173,14 @@ def main(tmp):
             ok &= check(is_old and not tmps, "round %d: no INDEX, so the writer had not started" % i)
             ok &= finish_into(stg[0], target, expected, "round %d (%s, journal)" % (i, phase))
         elif stg:
-            # Killed while it removed its staging after the rename (the
-            # JOURNAL, then the INDEX go first): --finish says there is
-            # nothing to finish.
-            r = run([BIN, "--finish", stg[0]])
-            ok &= check(r.returncode != 0 and "no INDEX" in r.stderr, "round %d: --finish without INDEX: %r" % (i, r.stderr))
+            # Killed at the very end of that removal (DONE gone, the lock
+            # left), or before anything was staged: nothing to finish, and
+            # --finish removes it.
             l = run([BIN, "--list-staging", stg[0]])
             ok &= check(l.returncode == 1 and "no INDEX" in l.stdout, "round %d: --list-staging without INDEX: %r" % (i, l.stdout))
+            r = run([BIN, "--finish", stg[0]])
+            ok &= check(r.returncode == 0 and not os.path.exists(stg[0]),
+                        "round %d: --finish of what held only its lock: %r" % (i, r.stderr))
             ok &= check(is_old or not tmps, "round %d: no INDEX, so the writer had not started" % i)
         survived += ok
         force_unmount(mnt)

@@ -2,7 +2,8 @@
  * daemon was killed while mounted reads it): any bytes are refused with a
  * message or give a state whose claims hold: every live file has a key
  * that is its tree name's, a file's origin is a tensor of the BASE, the
- * torn tail lies inside the input, and destroy frees everything. */
+ * torn tail lies inside the input, damage is named inside it with the
+ * records dropped after it listed, and destroy frees everything. */
 #include "fuzz_common.h"
 
 #include "policy/journal_replay.h"
@@ -19,6 +20,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     return 0;
   }
   FUZZ_CHECK(r.torn <= size);
+  FUZZ_CHECK(!r.damaged || (r.torn == 0 && r.damage_off < size && r.damage_rec >= 2 &&
+                            (r.damage_next == BS_JREPLAY_NONE || r.damage_next > r.damage_off)));
+  struct bs_buf dropped = {0};
+  FUZZ_CHECK(bs_jreplay_dropped(data, size, &r, "DIR", &dropped) == 0);
+  FUZZ_CHECK(r.damaged == (dropped.len > 0));
+  bs_buf_destroy(&dropped);
   FUZZ_CHECK(r.base.target && r.base.target[0] == '/');
   FUZZ_CHECK(r.nfiles + BS_TREE_ROOT + 1 == r.tree.n);
   for (size_t i = 0; i < r.nfiles; i++) {

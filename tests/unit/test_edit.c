@@ -65,6 +65,8 @@ static void teardown(void)
 }
 TestSuite(edit, .init = setup, .fini = teardown);
 
+static const struct bs_stage_dir nostage = {-1, "/nonexistent"};
+
 static uint64_t ino_of(const char *dir, const char *name)
 {
   uint64_t d = bs_tree_lookup(&tree, BS_TREE_ROOT, dir);
@@ -263,6 +265,8 @@ static const struct bs_tensor *find(const struct bs_catalog *c, const char *name
 Test(edit, output_catalog)
 {
   char *dir = bs_test_tmpdir("edit");
+  struct bs_stage_dir stg = {open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), dir};
+  cr_assert_geq(stg.fd, 0);
   /* enc/q staged with 8 new bytes: QFloat and its scheme stay. */
   struct bs_entry *q = entry("enc", "q");
   q->stage = 1;
@@ -283,7 +287,7 @@ Test(edit, output_catalog)
 
   struct bs_catalog out;
   bs_catalog_init(&out);
-  cr_assert_eq(bs_edit_catalog(&ed, dir, false, &out, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_edit_catalog(&ed, &stg, false, &out, &err), 0, "%s", err.msg);
   cr_assert_eq(out.count, 3);
   const struct bs_tensor *w = find(&out, "top.w2"), *oq = find(&out, "enc.q");
   cr_assert(w && oq && find(&out, "enc.empty"));
@@ -301,7 +305,7 @@ Test(edit, output_catalog)
 
   /* In place: what the filter hid is kept, with its param_id. */
   bs_catalog_init(&out);
-  cr_assert_eq(bs_edit_catalog(&ed, dir, true, &out, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_edit_catalog(&ed, &stg, true, &out, &err), 0, "%s", err.msg);
   const struct bs_tensor *h = find(&out, "dec.b");
   cr_assert(h && h->has_param_id && h->param_id == 7);
   cr_assert_eq(bs_tensor_read(&out, h, 0, buf, 4), 4);
@@ -316,7 +320,7 @@ Test(edit, output_catalog)
   tree.nodes[dec].user = bs_entry_new(-1, 0, true, 0755);
   cr_assert_eq(bs_tree_move(&tree, ino_of("enc", "d"), dec, "b", &err), 0);
   bs_catalog_init(&out);
-  cr_assert_eq(bs_edit_catalog(&ed, dir, true, &out, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_edit_catalog(&ed, &stg, true, &out, &err), 0, "%s", err.msg);
   cr_assert_eq(find(&out, "dec.b")->nbytes, 0);
   cr_assert_eq(out.count, 4);
   bs_catalog_destroy(&out);
@@ -325,7 +329,7 @@ Test(edit, output_catalog)
   n->size = 3;
   bs_catalog_init(&out);
   bs_err_clear(&err);
-  cr_assert_eq(bs_edit_catalog(&ed, dir, false, &out, &err), -1);
+  cr_assert_eq(bs_edit_catalog(&ed, &stg, false, &out, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   cr_assert_str_eq(err.key, "enc.empty");
   bs_catalog_destroy(&out);
@@ -335,9 +339,10 @@ Test(edit, output_catalog)
   tree.nodes[dot].user = bs_entry_new(-1, 0, false, 0644);
   bs_catalog_init(&out);
   bs_err_clear(&err);
-  cr_assert_eq(bs_edit_catalog(&ed, dir, false, &out, &err), -1);
+  cr_assert_eq(bs_edit_catalog(&ed, &stg, false, &out, &err), -1);
   cr_assert_eq(err.code, EEXIST);
   bs_catalog_destroy(&out);
+  close(stg.fd);
   bs_test_rmrf(dir);
   free(dir);
 }
@@ -364,7 +369,7 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
   cr_assert_eq(bs_entry_set_shape(NULL, e, "[2,3]", 5, &err), 0);
   struct bs_catalog out;
   bs_catalog_init(&out);
-  cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_edit_catalog(&ed, &nostage, false, &out, &err), 0, "%s", err.msg);
   const struct bs_tensor *o = find(&out, "enc.w");
   cr_assert(o && o->dtype == BS_DT_I32 && o->strides);
   cr_assert_eq(bs_tensor_read(&out, o, 0, buf, sizeof buf), 24);
@@ -377,7 +382,7 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
     cr_assert_eq(bs_entry_set_shape(NULL, e, shapes[i], strlen(shapes[i]), &err), 0);
     bs_catalog_init(&out);
     bs_err_clear(&err);
-    cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1, "%s", shapes[i]);
+    cr_assert_eq(bs_edit_catalog(&ed, &nostage, false, &out, &err), -1, "%s", shapes[i]);
     cr_assert_eq(err.code, EINVAL);
     cr_assert_str_eq(err.key, "enc.w");
     bs_catalog_destroy(&out);
@@ -386,14 +391,14 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
   bs_entry_clear_shape(NULL, e);
   bs_catalog_init(&out);
   bs_err_clear(&err);
-  cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1);
+  cr_assert_eq(bs_edit_catalog(&ed, &nostage, false, &out, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   bs_catalog_destroy(&out);
   cr_assert_eq(bs_entry_set_dtype(&ed, e, "F16", 3, &err), 0);
   cr_assert_eq(bs_entry_set_shape(NULL, e, "[2,3]", 5, &err), 0);
   bs_catalog_init(&out);
   bs_err_clear(&err);
-  cr_assert_eq(bs_edit_catalog(&ed, "/nonexistent", false, &out, &err), -1);
+  cr_assert_eq(bs_edit_catalog(&ed, &nostage, false, &out, &err), -1);
   cr_assert_eq(err.code, EINVAL);
   bs_catalog_destroy(&out);
 

@@ -3,7 +3,8 @@
  * the journal started as the mount starts it, changes made through the
  * same core calls the FUSE ops make, then no INDEX (the daemon "was
  * killed") and bs_wb_finish rebuilding the output from the journal. Replay
- * of every record kind, a torn tail, a checksum mismatch, rename chains,
+ * of every record kind, a torn tail, damage before more records (refused,
+ * or salvaged), a NUL in metadata, a failed fdatasync, rename chains,
  * unlink then recreate, a changed checkpoint. */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -238,7 +239,7 @@ Test(journal, finish_after_a_kill_writes_what_the_mount_held)
   kill_owner();
 
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
   cr_assert_str_eq(res.target, out_path);
   cr_assert_eq(res.tensors, 3);
   bs_free(res.target);
@@ -313,25 +314,6 @@ Test(journal, a_torn_tail_is_ignored)
   bs_free(data);
 }
 
-Test(journal, a_checksum_mismatch_ends_the_replay_there)
-{
-  struct bs_entry *eb = entry("b");
-  uint8_t *data;
-  size_t before = read_journal(&data);
-  bs_free(data);
-  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
-  cr_assert_eq(bs_entry_set_param_id(&W.ed, eb, "3", 1, &err), 0);
-  size_t n = read_journal(&data);
-  data[before + 12 + 13] ^= 0x20; /* the dtype text: "i8" would be valid too */
-  struct bs_jreplay r;
-  cr_assert_eq(bs_journal_replay(data, n, &r, &err), 0, "%s", err.msg);
-  cr_assert_eq(r.torn, n - before);
-  const struct bs_entry *e = replayed(&r, lookup("b"));
-  cr_assert(!e->has_dtype && !e->has_param_id, "nothing from the bad record on");
-  bs_jreplay_destroy(&r);
-  bs_free(data);
-}
-
 static void put_rec2(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const void *a,
                      uint32_t alen, const void *b, uint32_t blen)
 {
@@ -352,6 +334,170 @@ static void put_rec(uint8_t *p, size_t *off, unsigned kind, uint64_t ino, const 
                     uint32_t alen)
 {
   put_rec2(p, off, kind, ino, a, alen, NULL, 0);
+}
+
+/* A record whose checksum fails with records after it is damage, not the
+ * end of the last write: the state is what precedes it, and it says where. */
+Test(journal, a_damaged_record_with_records_after_it_is_damage)
+{
+  struct bs_entry *eb = entry("b");
+  uint8_t *data;
+  size_t before = read_journal(&data);
+  bs_free(data);
+  cr_assert_eq(bs_entry_set_dtype(&W.ed, eb, "I8", 2, &err), 0);
+  size_t second = read_journal(&data);
+  bs_free(data);
+  cr_assert_eq(bs_entry_set_param_id(&W.ed, eb, "3", 1, &err), 0);
+  size_t n = read_journal(&data);
+  data[before + 12 + 13] ^= 0x20; /* the dtype text: "i8" would be valid too */
+  struct bs_jreplay r;
+  cr_assert_eq(bs_journal_replay(data, n, &r, &err), 0, "%s", err.msg);
+  cr_assert(r.damaged, "not a torn tail");
+  cr_assert_eq(r.torn, 0);
+  cr_assert_eq(r.damage_off, before);
+  cr_assert_eq(r.damage_rec, 2, "BASE is record 1");
+  cr_assert_eq(r.damage_next, second, "the next record is found");
+  cr_assert(strstr(r.damage_why, "checksum"), "%s", r.damage_why);
+  const struct bs_entry *e = replayed(&r, lookup("b"));
+  cr_assert(!e->has_dtype && !e->has_param_id, "nothing from the bad record on");
+  struct bs_buf dropped = {0};
+  cr_assert_eq(bs_jreplay_dropped(data, n, &r, "DIR", &dropped), 0);
+  cr_assert_eq(bs_buf_put(&dropped, "", 1), 0);
+  const char *t = (const char *)dropped.data;
+  cr_assert(strstr(t, "record 2 at offset") && strstr(t, "'b' (file 3): param_id set to '3'"), "%s",
+            t);
+  bs_buf_destroy(&dropped);
+  bs_jreplay_destroy(&r);
+
+  /* The same record the last one: still damage (whole, with a bad
+   * checksum: a kill cuts, it never rewrites). */
+  cr_assert_eq(bs_journal_replay(data, second, &r, &err), 0, "%s", err.msg);
+  cr_assert(r.damaged && r.damage_next == BS_JREPLAY_NONE);
+  bs_jreplay_destroy(&r);
+  data[before + 12 + 13] ^= 0x20;
+
+  /* A length flipped so that the record seems to run past the end: the
+   * valid record after it shows it is no cut tail. */
+  uint32_t len = bs_le32(data + before);
+  bs_put_le32(data + before, len + 4096);
+  cr_assert_eq(bs_journal_replay(data, n, &r, &err), 0, "%s", err.msg);
+  cr_assert(r.damaged && r.damage_off == before && r.damage_next == second,
+            "a cut record with records after it is damage");
+  bs_jreplay_destroy(&r);
+  bs_put_le32(data + before, len);
+
+  /* Zeros after the last whole record (a crash's unwritten blocks): torn. */
+  uint8_t *z = bs_calloc(1, n + 4096);
+  memcpy(z, data, n);
+  cr_assert_eq(bs_journal_replay(z, n + 4096, &r, &err), 0, "%s", err.msg);
+  cr_assert(!r.damaged && r.torn == 4096);
+  e = replayed(&r, lookup("b"));
+  cr_assert(e->has_dtype && e->has_param_id, "every whole record applied");
+  bs_jreplay_destroy(&r);
+  bs_free(z);
+  bs_free(data);
+}
+
+/* --finish refuses a damaged journal in one line and keeps the directory;
+ * --finish --salvage writes what precedes the damage, lists what it
+ * dropped, and keeps the directory too. */
+Test(journal, finish_refuses_damage_and_salvage_lists_what_it_drops)
+{
+  struct bs_entry *ea = entry("a");
+  uint8_t *data;
+  size_t before = read_journal(&data);
+  bs_free(data);
+  rename_to("b", "renamed");
+  const uint8_t bytes[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  stage(ea, bytes, sizeof bytes);
+  cr_assert_eq(bs_edit_set_meta(&W.ed, "author", "me", 2, &err), 0);
+  size_t n = read_journal(&data);
+  bs_free(data);
+  kill_owner();
+  /* Flip one bit in record 2 (the rename) on disk. */
+  char p[200];
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
+  int fd = open(p, O_RDWR);
+  uint8_t c;
+  cr_assert_eq(pread(fd, &c, 1, (off_t)(before + 12 + 14)), 1);
+  c ^= 1;
+  cr_assert_eq(pwrite(fd, &c, 1, (off_t)(before + 12 + 14)), 1);
+  close(fd);
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
+  cr_assert_eq(err.code, EBADMSG, "%d %s", err.code, err.msg);
+  char want[64];
+  snprintf(want, sizeof want, "record 2 (offset %zu) is damaged", before);
+  cr_assert(strstr(err.msg, want) && strstr(err.msg, "--salvage") && !strchr(err.msg, '\n'), "%s",
+            err.msg);
+  cr_assert_null(res.notes);
+  bs_free(res.target);
+  struct stat st;
+  cr_assert_eq(stat(out_path, &st), -1, "nothing written");
+  cr_assert_eq(stat(p, &st), 0, "the journal is kept");
+
+  bs_err_clear(&err);
+  cr_assert_eq(bs_wb_finish(W.stg, BS_WB_SALVAGE, &res, &err), 0, "%s", err.msg);
+  cr_assert(res.salvaged);
+  cr_assert_not_null(res.notes);
+  cr_assert(strstr(res.notes, "records 1 to 1 applied") &&
+                strstr(res.notes, "record 2 at offset") &&
+                strstr(res.notes, "'a' (file 2): its bytes, staged file") &&
+                strstr(res.notes, "metadata set 'author'"),
+            "%s", res.notes);
+  bs_free(res.target);
+  bs_free(res.notes);
+  cr_assert_eq(stat(p, &st), 0, "the staging directory and its journal are kept");
+  snprintf(p, sizeof p, "%s/" BS_STAGE_INDEX_NAME, W.stg);
+  cr_assert_eq(stat(p, &st), -1, "no INDEX of the salvage is left to be taken for the journal's");
+  struct bs_catalog out;
+  bs_test_open_file(out_path, &out);
+  cr_assert(bs_catalog_find(&out, "b") >= 0 && bs_catalog_find(&out, "renamed") < 0,
+            "the state before the damage");
+  bs_catalog_destroy(&out);
+  (void)n;
+}
+
+/* A metadata value holding a NUL is refused at replay, naming its offset
+ * (a NUL cut it short before). */
+Test(journal, a_nul_in_a_metadata_value_is_refused)
+{
+  uint8_t *data;
+  size_t n = read_journal(&data);
+  uint8_t *bad = bs_malloc(n + 64);
+  memcpy(bad, data, n);
+  size_t off = n;
+  put_rec2(bad, &off, BS_J_MSET, 0, "k", 1, "v\0tail", 6);
+  struct bs_jreplay r;
+  cr_assert_eq(bs_journal_replay(bad, off, &r, &err), -1);
+  char want[80];
+  snprintf(want, sizeof want, "offset %zu: a NUL inside a metadata value", n);
+  cr_assert(err.code == EINVAL && strstr(err.msg, want), "%s", err.msg);
+  bs_jreplay_destroy(&r);
+  bs_free(bad);
+  bs_free(data);
+}
+
+/* An UNSYNCED record (a failed fdatasync) is read, and --finish says it. */
+Test(journal, an_unsynced_record_is_reported)
+{
+  rename_to("a", "x");
+  uint8_t e[4];
+  bs_put_le32(e, EIO);
+  bs_journal_append(jr, BS_J_UNSYNCED, 0, e, 4, NULL, 0);
+  rename_to("b", "y");
+  kill_owner();
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  cr_assert(res.notes && strstr(res.notes, "stopped being durable at record 3") &&
+                strstr(res.notes, strerror(EIO)),
+            "%s", res.notes ? res.notes : "(none)");
+  bs_free(res.target);
+  bs_free(res.notes);
+  struct bs_catalog out;
+  bs_test_open_file(out_path, &out);
+  cr_assert(bs_catalog_find(&out, "x") >= 0 && bs_catalog_find(&out, "y") >= 0);
+  bs_catalog_destroy(&out);
 }
 
 Test(journal, bad_journals_are_refused_with_one_line)
@@ -427,7 +573,7 @@ Test(journal, a_changed_checkpoint_is_refused)
   close(fd);
   cr_assert_eq(rename(tmp, W.src_path), 0);
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert_eq(err.code, ESTALE, "%d %s", err.code, err.msg);
   bs_free(res.target);
   struct stat st;
@@ -436,14 +582,41 @@ Test(journal, a_changed_checkpoint_is_refused)
 
 Test(journal, without_journal_finish_still_says_no_index)
 {
+  stage(entry("a"), "abcd", 4);
   kill_owner();
   char p[200];
   snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
   cr_assert_eq(unlink(p), 0);
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert(strstr(err.msg, "no INDEX"), "%s", err.msg);
   bs_free(res.target);
+  /* Without the staged file either, only its lock is left: removed. */
+  snprintf(p, sizeof p, "%s/%llu", W.stg, (unsigned long long)entry("a")->stage);
+  cr_assert_eq(unlink(p), 0);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  cr_assert(res.empty && !res.completed);
+  struct stat st;
+  cr_assert_neq(stat(W.stg, &st), 0, "removed");
+}
+
+/* A kill during the removal after the commit leaves DONE: --finish removes
+ * the rest, saying the write-back had completed; a mount's sweep too. */
+Test(journal, a_completed_write_back_is_removed)
+{
+  stage(entry("a"), "abcd", 4);
+  kill_owner();
+  char p[200];
+  snprintf(p, sizeof p, "%s/" BS_STAGE_DONE_NAME, W.stg);
+  bs_test_put_file(p, out_path, strlen(out_path));
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  cr_assert(res.completed && res.target && strcmp(res.target, out_path) == 0);
+  bs_free(res.target);
+  struct stat st;
+  cr_assert_neq(stat(W.stg, &st), 0, "removed");
+  cr_assert_neq(stat(out_path, &st), 0, "nothing written: it had been");
 }
 
 Test(journal, the_flusher_syncs_within_its_window)
@@ -468,7 +641,7 @@ Test(journal, a_key_longer_than_a_file_name_survives)
   bs_journal_append(jr, BS_J_KEY, 9999, key, strlen(key), NULL, 0);
   kill_owner();
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
   bs_free(res.target);
   struct bs_catalog out;
   bs_test_open_file(out_path, &out);

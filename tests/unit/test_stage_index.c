@@ -377,15 +377,14 @@ Test(stage_index, save_load_attach)
   h.ck.mtime_nsec = sck.st_mtim.tv_nsec;
   struct bs_buf b = {0};
   cr_assert_eq(bs_stage_index_format(&h, &c, dir, &b, &err), 0, "%s", err.msg);
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-  cr_assert_eq(bs_stage_index_save(dfd, &b, &err), 0, "%s", err.msg);
-  close(dfd);
+  struct bs_stage_dir stg = {open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), dir};
+  cr_assert_eq(bs_stage_index_save(stg.fd, &b, &err), 0, "%s", err.msg);
   bs_buf_destroy(&b);
   bs_catalog_destroy(&c);
 
   struct bs_stage_index idx;
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0, "%s", err.msg);
-  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_attach(&idx, &stg, &err), 0, "%s", err.msg);
   cr_assert_eq(idx.cat.nsrcs, 2);
   uint8_t got[4];
   cr_assert_eq(bs_tensor_read(&idx.cat, &idx.cat.tensors[0], 0, got, 4), 4);
@@ -394,8 +393,8 @@ Test(stage_index, save_load_attach)
 
   /* A staged file of another size, then a checkpoint that changed: refused. */
   cr_assert_eq(truncate(st, 3), 0);
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0);
-  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), -1);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), 0);
+  cr_assert_eq(bs_stage_index_attach(&idx, &stg, &err), -1);
   cr_assert_eq(err.code, ESTALE, "%s", err.msg);
   bs_stage_index_destroy(&idx);
   cr_assert_eq(truncate(st, sizeof stbytes), 0);
@@ -403,11 +402,12 @@ Test(stage_index, save_load_attach)
   fputc('x', f);
   fclose(f);
   bs_err_clear(&err);
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), 0);
-  cr_assert_eq(bs_stage_index_attach(&idx, dir, &err), -1);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), 0);
+  cr_assert_eq(bs_stage_index_attach(&idx, &stg, &err), -1);
   cr_assert_eq(err.code, ESTALE);
   cr_assert_not_null(strstr(err.msg, "changed since the write-back started"), "%s", err.msg);
   bs_stage_index_destroy(&idx);
+  close(stg.fd);
   bs_test_rmrf(dir);
   free(dir);
 }
@@ -415,11 +415,13 @@ Test(stage_index, save_load_attach)
 Test(stage_index, no_index_is_a_clear_error)
 {
   char *dir = bs_test_tmpdir("stage");
+  struct bs_stage_dir stg = {open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), dir};
   struct bs_stage_index idx;
-  cr_assert_eq(bs_stage_index_load(dir, &idx, &err), -1);
+  cr_assert_eq(bs_stage_index_load(&stg, &idx, &err), -1);
   cr_assert_eq(err.code, ENOENT);
   cr_assert_not_null(strstr(err.msg, "no INDEX"));
   bs_stage_index_destroy(&idx);
+  close(stg.fd);
   bs_test_rmrf(dir);
   free(dir);
 }

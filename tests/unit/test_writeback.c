@@ -140,7 +140,7 @@ Test(writeback, run_writes_the_target_after_its_index)
   bs_free(report);
   cr_assert(has_index(), "the INDEX stays until the caller removes the directory");
   check_result(out);
-  bs_staging_remove(W.stg, &W.stg_fd, &W.stg_lock);
+  bs_staging_remove(W.stg, NULL, &W.stg_fd, &W.stg_lock);
   cr_assert(!exists(W.stg) && W.stg_fd == -1 && W.stg_lock == -1);
 }
 
@@ -192,7 +192,7 @@ Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
   /* While its daemon lives, --finish is refused. */
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert(err.code == EBUSY && strstr(err.msg, "running burnstore daemon"), "%s", err.msg);
   bs_free(res.target);
   /* The daemon dies; the list names the staged file; finish writes the target. */
@@ -203,7 +203,7 @@ Test(writeback, writer_failure_keeps_staging_and_finish_replays_it)
   free(text);
   cr_assert_eq(mkdir(sub, 0755), 0);
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
   cr_assert(!res.already && res.tensors == 2 && strcmp(res.target, out) == 0);
   bs_free(res.target);
   cr_assert(!exists(W.stg), "finish removes the staging directory");
@@ -241,7 +241,7 @@ Test(writeback, full_disk_fails_the_writer_and_finish_completes_later)
   kill_owner();
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
   bs_free(res.target);
   struct bs_catalog got;
   bs_test_open_file(out, &got);
@@ -262,7 +262,7 @@ Test(writeback, finish_after_the_rename_sees_the_result)
   bs_free(report);
   kill_owner();
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
   cr_assert(res.already, "the target already holds the result");
   bs_free(res.target);
   cr_assert(!exists(W.stg));
@@ -288,7 +288,7 @@ Test(writeback, finish_refused_while_another_writer_holds_the_target)
   bs_buf_destroy(&buf);
   kill_owner();
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert(err.code == EBUSY && strstr(err.msg, "/mnt/other") && strstr(err.msg, "pid"), "%s",
             err.msg);
   bs_free(res.target);
@@ -312,7 +312,7 @@ Test(writeback, bad_file_leaves_an_incomplete_index_finish_refuses)
   free(text);
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert(strstr(err.msg, "stopped before it could describe the output"), "%s", err.msg);
   bs_free(res.target);
 }
@@ -325,7 +325,7 @@ Test(writeback, no_index_lists_raw_files)
   cr_assert(strstr(text, "no INDEX: the daemon died") && strstr(text, "\t16\tstaged "), "%s", text);
   free(text);
   struct bs_wb_finished res;
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), -1);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), -1);
   cr_assert_eq(err.code, ENOENT, "%s", err.msg);
   bs_free(res.target);
 }
@@ -497,7 +497,7 @@ Test(writeback, output_as_is_applied_by_the_run_and_by_finish)
   cr_assert_eq(mkdir(sub, 0755), 0);
   struct bs_wb_finished res;
   bs_err_clear(&err);
-  cr_assert_eq(bs_wb_finish(W.stg, &res, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
   bs_free(res.target);
   check_bf16_result(out2);
 }
