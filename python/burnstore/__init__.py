@@ -110,7 +110,9 @@ def version():
 
 
 def _enc(s):
-    return s.encode() if isinstance(s, str) else s
+    """str -> bytes for the library (a key read from a file that is not
+    UTF-8 comes back to its bytes: surrogateescape both ways)."""
+    return s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s
 
 
 def _dec(b):
