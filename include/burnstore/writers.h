@@ -9,26 +9,9 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "formats/write_common.h" /* struct bs_write_opts, the rows' shared rules */
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
-
-/* Options of one write-back (recorded in the staging INDEX). */
-struct bs_write_opts {
-  uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
-  /* A new target's permission bits (& 0666, the umask applies), as cp
-   * keeps its source's: set from the source when there is one. has_mode
-   * false: 0644. An existing target always keeps its own mode. */
-  bool has_mode;
-  unsigned mode;
-};
-
-/* The permission bits a new target of a write with options o (may be NULL) gets. */
-unsigned bs_write_new_mode(const struct bs_write_opts *o);
-
-/* A format's metadata rules prepared once from a source catalog (GGUF: the
- * type of each key the source has), so that checking one value costs
- * O(value), never a re-parse of the source. Opaque; the row's. */
-struct bs_meta_rules;
 
 struct bs_writer {
   const char *name;              /* "burnpack" (as bs_format_name spells it) */
@@ -96,20 +79,6 @@ const struct bs_writer *bs_writer_for_format(enum bs_format f);
 const char *bs_path_extension(const char *path);
 /* ".bpk (burnpack)" for every writer, ", "-separated, for messages. Returns buf. */
 const char *bs_writer_list(char *buf, size_t n);
-
-/* The rule the name_ok of every row shares: `name` is valid UTF-8 of at
- * most `max` bytes, and not empty unless empty_ok. `why` ends the message
- * ("SafeTensors names are JSON strings"). 0, or -1 with err (EINVAL). */
-BS_NODISCARD int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why,
-                                     bs_err *err);
-/* `name` for a message: bytes that are not valid UTF-8 as \xNN, cut to fit
- * n. Returns buf. */
-const char *bs_name_printable(const char *name, char *buf, size_t n);
-
-/* For a refusal: how to write a Burn dtype whose bytes are those of a
- * common one ("; its bytes are F32: set user.burnstore.dtype to F32 to write
- * them" for FLEX32, the same with BOOL for BOOL_U8), "" for any other. */
-const char *bs_writer_alias_hint(enum bs_dtype dt);
 
 /* can_write on every tensor that is not hidden: the first it refuses fails,
  * with a hint to leave the tensor out (exclude=). */

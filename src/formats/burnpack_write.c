@@ -23,10 +23,10 @@
 #include <unistd.h>
 
 #include "burnstore/version.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/burnpack_write.h"
+#include "formats/write_common.h"
 
 #define HDR_LEN 10u
 

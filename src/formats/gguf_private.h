@@ -12,7 +12,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/formats.h"
 #include "burnstore/sink.h"
-#include "burnstore/writers.h"
+#include "formats/write_common.h"
 
 /* GGUF value types (docs/gguf.md, gguf_metadata_value_type). */
 enum bs_gguf_vtype {

@@ -20,7 +20,7 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
-#include "burnstore/writers.h"
+#include "formats/write_common.h"
 
 /* Can SafeTensors store this tensor (one of its 22 dtypes, a readable
  * source, not named __metadata__)? 0, or -1 with err naming the tensor and

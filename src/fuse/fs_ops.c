@@ -38,6 +38,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
+#include "core/utf8.h"
 #include "fs.h"
 #include "fs_views.h"
 #include "policy/names.h"
