@@ -140,6 +140,12 @@ core_only() {
     echo "tests/run.sh: an include above runs against the library's layers"
     return 1
   fi
+  # Format rules live in src/formats (the format and writer tables): the core
+  # names no format.
+  if grep -rniE 'safetensors|gguf|burnpack|pytorch|\.pth|\.bpk|cbor' src/core/; then
+    echo "tests/run.sh: src/core names a format (move the rule to src/formats)"
+    return 1
+  fi
   build build-core -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \
     -DBURNSTORE_FUSE=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
   if grep -q '^FUSE3_' build-core/CMakeCache.txt || grep -q 'include/fuse3' build-core/compile_commands.json; then

@@ -55,7 +55,8 @@ struct bs_tensor {
   uint32_t src;           /* index into bs_catalog.srcs */
   bool has_param_id;      /* (beside src: no padding; 16 bytes less a tensor) */
   bool hidden;            /* filtered out by key options; not presented */
-  bool decoded;           /* presented as dtype (F32) by bs_catalog_decode_as: reads decode
+  bool decoded;           /* presented as dtype (F32) by bs_catalog_decode_as (policy/
+                             decode_as.h): reads decode
                              the stored bytes; nbytes is the decoded length */
   uint8_t stored_dtype;   /* decoded only: the enum bs_dtype the bytes are stored in
                              (in the padding before off: the struct's size is unchanged) */
@@ -67,7 +68,7 @@ struct bs_tensor {
                              QFloat tensor (never strided): its stored length */
   uint64_t param_id;
   uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
-                         encoded it (QFloat's CBOR scheme map), for round trips;
+                         encoded it (a QFloat's scheme), for round trips;
                          a torch quantizer (decode.h); a decoded QFloat tensor:
                          its scheme parsed once (qfloat.h's struct bs_qfloat) */
   size_t dtype_raw_len;
@@ -143,7 +144,7 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 
 /* Read up to n bytes of the tensor's contiguous data starting at off (clamped
  * to nbytes). Strided tensors are gathered element run by element run, never
- * whole; a decoded tensor (bs_catalog_decode_as) decodes the units that
+ * whole; a decoded tensor (policy/decode_as.h) decodes the units that
  * cover the range. Returns bytes read, or -errno: -EIO also when the source file
  * changed since it was opened (bs_src_changed). Thread-safe.
  * The one exception to bs_err in the core (with bs_src_pread under it): this
@@ -160,26 +161,13 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
 const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
                           char *buf, size_t n);
 
-/* Present every floating tensor whose dtype is not `as` as `as`, decoded
- * on read (decode.h): dtype becomes `as`, nbytes numel * 4 (F32) or * 2
- * (F16, BF16), decoded and stored_dtype are set, and bs_tensor_read
- * decodes the covering units of each range into a bounded buffer (to F32,
- * then narrowed to nearest even for F16 and BF16). `as` is F32, F16 or
- * BF16 (else EINVAL). Integer, bool and complex tensors stay as they are;
- * a floating dtype without a decoder stays as stored, with one note per
- * dtype in cat->notes. Writers see the decoded tensors (convert --as). */
-BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err);
-
-/* True if bs_catalog_decode_as can decode t's stored dtype (F32 included:
- * narrowed), false for integers and floats without a decoder. */
-bool bs_tensor_decodable(const struct bs_tensor *t);
-
-/* Why bs_catalog_decode_as(as) shows floating tensor t as stored, written
- * into buf (n bytes): no decoder for its dtype (F6: why none), no torch
- * quantizer, a QFloat scheme not decoded, a strided view of units, or a
- * decoded size past what a file can hold (off_t); NULL when t is decoded,
- * or not floating. */
-const char *bs_tensor_why_stored(const struct bs_tensor *t, enum bs_dtype as, char *buf, size_t n);
+/* The unit tensor t's bytes are decoded in when stored as dt: bs_decode_unit's;
+ * for F32 (as F16 or BF16: narrowed only) one element of 4 bytes; for
+ * torch's quantized types with a quantizer in dtype_raw, one element. False:
+ * no decoder (a QFloat is read through its layout instead, qfloat.h). A
+ * decoded view (policy/decode_as.h) marks a tensor decoded only if it has one. */
+bool bs_tensor_stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *elems,
+                           uint32_t *bytes);
 
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return

@@ -82,16 +82,6 @@ const char *bs_dtype_name(enum bs_dtype dt);
 /* Parse a name as bs_dtype_name spells it. Returns 0, or -1 if unknown. */
 int bs_dtype_from_name(const char *name, enum bs_dtype *out);
 
-/* Burnpack's spelling: the plain dtype name Burn writes ("F32", "Flex32"),
- * or NULL (Bool variants, QFLOAT and types Burn lacks); and the storage of
- * a Bool ({"Bool": "Native" | "U8" | "U32"}), or NULL. The reader and the
- * writer share this one table. */
-const char *bs_dtype_bpk_name(enum bs_dtype dt);
-const char *bs_dtype_bpk_bool(enum bs_dtype dt);
-/* Parse those (a bare "Bool", as burn <= 0.20 wrote, is BOOL). 0, or -1. */
-int bs_dtype_from_bpk_name(const char *name, enum bs_dtype *out);
-int bs_dtype_from_bpk_bool(const char *storage, enum bs_dtype *out);
-
 /* "[64,1,3,3]" ("[]" for rank 0), as user.burnstore.shape shows it and as
  * messages print it. snprintf's contract: writes at most n bytes including
  * the NUL (buf may be NULL when n is 0) and returns the full length. */

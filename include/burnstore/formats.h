@@ -13,6 +13,7 @@
 
 #include "burnstore/catalog.h" /* enum bs_format (one value per row) */
 #include "burnstore/sink.h"    /* struct bs_buf */
+#include "formats/limits.h"    /* the formats' hard caps */
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 
@@ -106,6 +107,14 @@ BS_NODISCARD int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct 
 enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size);
 /* "version": the header's version field. */
 void bs_bpk_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
+/* The layout (core/qfloat.h) of a QFLOAT tensor of `shape` stored in
+ * `nbytes`, from the scheme its file describes it by (raw, len: its
+ * dtype_raw, the {"QFloat": {...}} CBOR map a Burnpack holds, the current
+ * 5-entry scheme or the v0.19-0.21 one): true and *q filled if burnstore
+ * decodes it; else false and, if why is not NULL, a short reason. */
+struct bs_qfloat;
+bool bs_qfloat_layout(const uint8_t *raw, size_t len, uint32_t rank, const uint64_t *shape,
+                      uint64_t nbytes, struct bs_qfloat *q, const char **why);
 
 BS_NODISCARD int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                             bs_err *err);

@@ -59,6 +59,12 @@ struct bs_writer {
    * journal). 0, or -1 with err. NULL: the format's writes need none (a
    * single file's dead temp files are never read). */
   int (*recover)(const char *path, bs_err *err);
+  /* A format of several files (write_set): true with the name of the one
+   * file the set replaces (NAME.safetensors) in out (n bytes) when `base`
+   * (a base name) is one of the set's names (its index, a member): every
+   * writer of any of them takes the one target lock of that name
+   * (bs_writer_lock). NULL: a file is its own target. */
+  bool (*set_name)(const char *base, char *out, size_t n);
   /* write() takes metadata left in a source (struct bs_meta_ref) and copies
    * it (GGUF, of GGUF values); false: bs_writer_write_file gives it the
    * text instead, made for the write. */
@@ -108,6 +114,14 @@ BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
+
+/* The target lock (core/target.h) of a write of `path` for `holder`, with
+ * the sets' names of the table (the set_name column): two writers of one
+ * set, through any of its names, never race. The lock's fd, or -1 with err
+ * (EBUSY naming the holder). */
+BS_NODISCARD int bs_writer_lock(const char *path, const char *holder, bs_err *err);
+/* The set_name of the first row that knows base (a bs_target_name_fn). */
+bool bs_writer_target_name(const char *base, char *out, size_t n);
 
 /* Before reading or rewriting `path`: complete or roll back a write of it
  * that a kill interrupted (docs/robustness.md), through the recover column

@@ -16,7 +16,7 @@ char *bs_strndup(const char *s, size_t n);
 /* "dir/name", allocated; NULL when out of memory. */
 char *bs_path_join(const char *dir, const char *name);
 /* Whether s (its first n bytes) ends with suffix; ASCII case ignored when
- * nocase (extensions: ".BPK" is ".bpk"). */
+ * nocase (extensions: ".EXT" is ".ext"). */
 bool bs_ends_with(const char *s, size_t n, const char *suffix, bool nocase);
 
 /* Grow an array of `elem`-byte items so that it holds at least `need`

@@ -86,7 +86,7 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     ed->nmeta++;
     /* The source's own metadata counts, but never refuses the mount; a
-     * value left in the file (GGUF) holds no memory: its key only. */
+     * value left in the file (struct bs_meta_ref) holds no memory: its key only. */
     atomic_fetch_add(&ed->xattr_bytes, held(kv));
   }
   return 0;

@@ -108,8 +108,8 @@ struct bs_eff {
 };
 void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, struct bs_eff *eff);
 
-/* A clean file whose origin is a strided view (a PyTorch tensor that is not
- * contiguous): its bytes are gathered through the origin's shape, strides
+/* A clean file whose origin is a strided view (a tensor that is not
+ * contiguous in its storage): its bytes are gathered through the origin's shape, strides
  * and element width, so its dtype or shape may change only after its bytes
  * were staged (the caller stages it first; bs_edit_catalog refuses a
  * clean file whose view would no longer match). */

@@ -26,8 +26,9 @@
 
 #include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "core/cbor_item.h"
 #include "core/checked.h"
+#include "formats/burnpack_dtype.h"
+#include "formats/cbor_item.h"
 
 #define HDR_LEN 10u
 

@@ -25,6 +25,7 @@
 #include "burnstore/version.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/burnpack_dtype.h"
 #include "formats/burnpack_write.h"
 #include "formats/write_common.h"
 

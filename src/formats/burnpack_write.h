@@ -11,6 +11,7 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "formats/limits.h"
 
 /* Which tensors to write, in data order: indices into cat->tensors. NULL means
  * every tensor that is not hidden, in catalog order. Names written are

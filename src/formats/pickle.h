@@ -15,6 +15,7 @@
 #include "burnstore/dtype.h"
 #include "burnstore/err.h"
 #include "burnstore/source.h"
+#include "formats/limits.h"
 
 enum bs_pv_kind {
   BS_PV_NONE,

@@ -228,7 +228,7 @@ static int not_owned(const struct set *s, size_t k, const char *why, bs_err *err
 int bs_st_set_recover(const char *path, bs_err *err)
 {
   struct set s = {.dirfd = -1};
-  int rc = names(&s, path, err) == 0 && bs_set_recover(s.index, NULL, err) == 0 ? 0 : -1;
+  int rc = names(&s, path, err) == 0 && bs_set_recover(s.index, ST_SUFFIX, NULL, err) == 0 ? 0 : -1;
   set_destroy(&s);
   return rc;
 }
@@ -291,7 +291,7 @@ static int load_old(struct set *s, bs_err *err)
       return not_owned(s, k, "the index itself", err);
     if (strchr(name, '/'))
       return not_owned(s, k, "not a file of the index's own directory", err);
-    if (!bs_set_is_shard_name(name))
+    if (!bs_set_is_member(name, ST_SUFFIX))
       return not_owned(s, k, "not a shard file name (NAME.safetensors)", err);
     struct stat st;
     int r = fstatat(s->dirfd, name, &st, AT_SYMLINK_NOFOLLOW);
@@ -488,7 +488,7 @@ static int journal_names(const struct set *s, const char *path, const char ***ne
       fstatat(s->dirfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
     char who[160];
     bs_safe_owner(st.st_uid, who, sizeof who);
-    if (!S_ISREG(st.st_mode) || !bs_set_is_shard_name(base) ||
+    if (!S_ISREG(st.st_mode) || !bs_set_is_member(base, ST_SUFFIX) ||
         (st.st_uid != geteuid() && st.st_uid != 0))
       return bs_fail(err, EACCES, BS_OFF_NONE, NULL,
                      "%s (owned by %s) is not a regular NAME.safetensors file of yours; burnstore "
@@ -521,7 +521,7 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   /* An interrupted write of this set first completes or rolls back, so the
    * old index read next is a whole set's; the journal's lock keeps other
    * writers of the set out from here. */
-  if (bs_set_begin(&js, s.index, err) != 0 || load_old(&s, err) != 0)
+  if (bs_set_begin(&js, s.index, ST_SUFFIX, err) != 0 || load_old(&s, err) != 0)
     goto out;
   if (o->max_shard_size == 0 && s.have_old && s.old.nshards > 0) {
     if (keep_shards(&s, cat, err) != 0)

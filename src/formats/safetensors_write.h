@@ -20,6 +20,7 @@
 
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
+#include "formats/limits.h"
 #include "formats/write_common.h"
 
 /* Can SafeTensors store this tensor (one of its 22 dtypes, a readable

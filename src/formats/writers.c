@@ -8,9 +8,11 @@
 #include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/target.h"
 #include "core/utf8.h"
 #include "formats/burnpack_write.h"
 #include "formats/pth_write.h"
+#include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
 #include "gguf_private.h"
 
@@ -93,6 +95,7 @@ const struct bs_writer bs_writers[] = {
         .write_set = bs_st_write_set,
         .check_meta = utf8_meta,
         .recover = bs_st_set_recover,
+        .set_name = bs_st_set_name,
     },
     {
         .name = "gguf",
@@ -325,4 +328,17 @@ int bs_writer_recover(const char *path, bs_err *err)
 {
   const struct bs_writer *w = bs_writer_for_path(path);
   return w && w->recover ? w->recover(path, err) : 0;
+}
+
+bool bs_writer_target_name(const char *base, char *out, size_t n)
+{
+  for (size_t i = 0; i < bs_nwriters; i++)
+    if (bs_writers[i].set_name && bs_writers[i].set_name(base, out, n))
+      return true;
+  return false;
+}
+
+int bs_writer_lock(const char *path, const char *holder, bs_err *err)
+{
+  return bs_target_lock(path, bs_writer_target_name, holder, err);
 }

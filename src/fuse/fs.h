@@ -142,10 +142,6 @@ void fs_staging_remove(struct fs *fs);
  * without user_allow_other in /etc/fuse.conf. false (out "") otherwise. */
 bool fs_mount_diagnose(const char *opts, char *out, size_t n);
 
-/* -o readahead= (fs_readahead.c): the "MAJOR:MINOR" of the mount on mnt
- * (the last one, from /proc/self/mountinfo) into out; false when there is
- * none. */
-bool fs_bdi_of(const char *mnt, char *out, size_t n);
 /* Write fs->readahead_kb to the mount's bdi once (the first call: op_open,
  * after the kernel took the INIT reply); a failure is logged when the
  * option was given. */

@@ -37,8 +37,11 @@
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
+#include "fs_mounts.h"
 #include "fs.h"
 #include "fs_log.h"
+#include "policy/decode_as.h"
+#include "policy/open.h"
 #include "fs_views.h"
 #include "main/mount.h"
 #include "policy/stage_index.h"
@@ -546,22 +549,6 @@ static void warn_unspliced(unsigned kib)
           kib, fit, pmax, fit);
 }
 
-static int run_fusermount_u(const char *mnt)
-{
-  pid_t pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    execlp("fusermount3", "fusermount3", "-u", mnt, (char *)NULL);
-    _exit(127);
-  }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* A file of the run directory (status, log), opened as any file burnstore
  * did not just create: never through a link, never blocking on a FIFO. */
 static int run_file(const char *path, int flags)
@@ -576,7 +563,7 @@ static int run_file(const char *path, int flags)
 
 static int do_unmount(const char *mountpoint, bool verbose, int progress)
 {
-  char *mnt = bs_mountpoint_path(mountpoint);
+  char *mnt = fs_mountpoint_path(mountpoint);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
     return 1;
@@ -594,7 +581,7 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
    * writes back: just wait for it. Once it has exited nothing of it is left
    * to wait for nor to report: exit 1, as umount(8) and fusermount3 -u do
    * for a path that is not mounted, saying where its result went. */
-  if (fd < 0 && !bs_is_mounted(mnt)) {
+  if (fd < 0 && !fs_is_mounted(mnt)) {
     fprintf(stderr,
             PROG ": %s is not mounted, and no burnstore of it is left to wait for (after umount "
                  "or fusermount3 -u a write-back reports to syslog, and a failed one also to the "
@@ -603,8 +590,8 @@ static int do_unmount(const char *mountpoint, bool verbose, int progress)
     bs_free(mnt);
     return 1;
   }
-  int rc = bs_is_mounted(mnt) ? run_fusermount_u(mnt) : 0;
-  if (rc != 0 && fd >= 0 && !bs_is_mounted(mnt))
+  int rc = fs_is_mounted(mnt) ? fs_fusermount_u(mnt, false) : 0;
+  if (rc != 0 && fd >= 0 && !fs_is_mounted(mnt))
     rc = 0; /* the daemon unmounted by itself meanwhile (SIGTERM) */
   if (rc != 0) {
     if (fd >= 0)
@@ -703,7 +690,7 @@ static int do_status(int argc, char **argv)
   }
   if (argc != 3 || argv[2][0] == '-')
     die_usage("status takes one MOUNTPOINT");
-  char *mnt = bs_mountpoint_path(argv[2]);
+  char *mnt = fs_mountpoint_path(argv[2]);
   if (!mnt) {
     fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
     return 1;
@@ -722,7 +709,7 @@ static int do_status(int argc, char **argv)
     close(fd);
   if (!alive) {
     fprintf(stderr, PROG ": %s: no burnstore daemon serves it%s\n", mnt,
-            bs_is_mounted(mnt) ? " (it is mounted, but not by a burnstore daemon of this user)"
+            fs_is_mounted(mnt) ? " (it is mounted, but not by a burnstore daemon of this user)"
                                : "");
     bs_free(mnt);
     return 1;
@@ -732,7 +719,7 @@ static int do_status(int argc, char **argv)
   if (pp)
     pid = strtol(pp + 5, NULL, 10);
   printf("%s: served by burnstore pid %ld (%s)\n", mnt, pid,
-         bs_is_mounted(mnt) ? "mounted" : "unmounted, writing back or exiting");
+         fs_is_mounted(mnt) ? "mounted" : "unmounted, writing back or exiting");
   for (char *line = buf, *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
     *nl = '\0';
     if ((strncmp(line, "staging ", 8) == 0 || strncmp(line, "target ", 7) == 0) &&
@@ -1263,7 +1250,7 @@ struct run {
 static int claim(struct run *r)
 {
   struct fs *fs = &r->fs;
-  char *mnt = r->mnt = bs_mountpoint_path(r->a.mountpoint);
+  char *mnt = r->mnt = fs_mountpoint_path(r->a.mountpoint);
   struct stat mst;
   if (!mnt || stat(mnt, &mst) != 0 || !S_ISDIR(mst.st_mode)) {
     fprintf(stderr, PROG ": mountpoint %s: %s\n", r->a.mountpoint,
@@ -1288,7 +1275,7 @@ static int claim(struct run *r)
     return 1;
   /* A daemon that was just unmounted may still be on its way out. */
   for (int i = 0; (r->sfd = bs_run_lock(r->spath)) < 0 && errno == EWOULDBLOCK; i++) {
-    if (i >= 1500 || bs_is_mounted(mnt)) {
+    if (i >= 1500 || fs_is_mounted(mnt)) {
       fprintf(stderr, PROG ": %s is already served by another burnstore daemon\n", mnt);
       return 1;
     }
@@ -1305,7 +1292,7 @@ static int claim(struct run *r)
   /* One writer per target (target.h). */
   bs_err err;
   bs_err_clear(&err);
-  r->tfd = bs_target_lock(fs->output, mnt, &err);
+  r->tfd = bs_writer_lock(fs->output, mnt, &err);
   if (r->tfd < 0)
     fail_line(NULL, &err);
   else
@@ -1390,7 +1377,7 @@ static int serve(struct run *r, char *argv0)
     /* The real daemon PID, everywhere (status file, target lock). */
     status_running(r->sfd, fs, r->mnt);
     if (fs->writable)
-      bs_target_lock_update(r->tfd, fs->output, r->mnt);
+      bs_target_lock_update(r->tfd, fs->output, r->mnt, false);
   }
   bool stopper = fs->writable && fs_stop_begin(se, r->mnt) == 0;
   bool url = bs_src_is_url(r->a.source);
@@ -1420,6 +1407,8 @@ out_signals:
   fuse_remove_signal_handlers(se);
 out_session:
   fuse_session_destroy(se);
+  if (fs->writable) /* the next writer's refusal: writing back, no longer mounted */
+    bs_target_lock_update(r->tfd, fs->output, r->mnt, true);
 out:
   fuse_opt_free_args(&fargs);
   return ret;

@@ -9,6 +9,7 @@
 #include "core/decode.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
+#include "policy/decode_as.h"
 
 void bs_open_spec_init(struct bs_open_spec *s)
 {

@@ -29,6 +29,7 @@
 #include "core/target.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
+#include "policy/decode_as.h"
 #include "policy/writeback.h"
 
 #define PROG "burnstore"
@@ -813,7 +814,7 @@ static int cmd_convert(int argc, char **argv)
   int lk = -1;
   if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
     fail_err(in, &err);
-  else if ((lk = bs_target_lock(out, "convert", &err)) < 0) /* one writer per target */
+  else if ((lk = bs_writer_lock(out, "convert", &err)) < 0) /* one writer per target */
     fail_err(NULL, &err);
   else {
     if (pr.on)

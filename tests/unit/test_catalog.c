@@ -7,6 +7,7 @@
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/burnpack_dtype.h"
 
 static bs_err err;
 static void reset(void)

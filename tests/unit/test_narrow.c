@@ -185,6 +185,7 @@ Test(narrow, encode)
 
 #include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "policy/decode_as.h"
 
 Test(narrow_as, f32_bf16_q8_0_to_f16_and_bf16)
 {

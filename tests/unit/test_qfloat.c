@@ -15,9 +15,11 @@
 
 #include "bs_test.h"
 #include "burnstore/catalog.h"
+#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/decode.h"
 #include "core/qfloat.h"
+#include "policy/decode_as.h"
 
 static bs_err err;
 

@@ -274,7 +274,7 @@ Test(writeback, finish_refused_while_another_writer_holds_the_target)
   stage_a();
   char out[128];
   snprintf(out, sizeof out, "%s/held.bpk", W.dir);
-  int tfd = bs_target_lock(out, "/mnt/other", &err);
+  int tfd = bs_writer_lock(out, "/mnt/other", &err);
   cr_assert_geq(tfd, 0, "%s", err.msg);
   /* The daemon's INDEX was saved, then it died before its writer ran. */
   struct bs_stage_index idx;
