@@ -141,9 +141,16 @@ core_only() {
     return 1
   fi
   # Format rules live in src/formats (the format and writer tables): the core
-  # names no format.
+  # names no format, and the mount and the CLI call no format's private
+  # function (they open through bs_checkpoint_open, write through the
+  # writers table).
   if grep -rniE 'safetensors|gguf|burnpack|pytorch|\.pth|\.bpk|cbor' src/core/; then
     echo "tests/run.sh: src/core names a format (move the rule to src/formats)"
+    return 1
+  fi
+  if grep -nE '#[[:space:]]*include[[:space:]]*"(formats/[a-z_]+\.h|[a-z_]*(gguf|pth|pickle|zip|burnpack|safetensors)[a-z_]*\.h)"' src/fuse/* src/tools/* src/main/* src/api/* ||
+    grep -nE '\bbs_(bpk|st|gguf|pth|pickle|zip)_[a-z_]+\(' src/fuse/* src/tools/* src/main/* src/api/*; then
+    echo "tests/run.sh: the mount, the CLI or the API calls a format's private function"
     return 1
   fi
   build build-core -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBURNSTORE_SANITIZE=OFF \

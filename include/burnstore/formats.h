@@ -54,15 +54,26 @@ typedef void (*bs_describe_fn)(const struct bs_catalog *cat, bs_detail_fn detail
 typedef int (*bs_meta_text_fn)(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
                                struct bs_buf *out, bool *cut, bs_err *err);
 
+/* The checkpoint of this format that directory `dir` holds (a shard set:
+ * its index): *path gets "dir/NAME" (bs_malloc'd). ENOENT when there is
+ * none; another error (more than one, an unreadable directory) names it. */
+typedef int (*bs_find_in_dir_fn)(const char *dir, char **path, bs_err *err);
+
 #define BS_FORMAT_MAX_EXTS 6
 struct bs_format_desc {
   const char *name;                     /* "burnpack": user.burnstore.format, messages */
   const char *exts[BS_FORMAT_MAX_EXTS]; /* usual endings (".bpk"), NULL-terminated; hints only */
   bs_sniff_fn sniff;
   bs_read_fn read;
-  bs_describe_fn describe;   /* NULL: nothing beyond the common fields */
-  bs_meta_text_fn meta_text; /* NULL: its metadata is text in the catalog */
+  bs_describe_fn describe;       /* NULL: nothing beyond the common fields */
+  bs_meta_text_fn meta_text;     /* NULL: its metadata is text in the catalog */
+  bs_find_in_dir_fn find_in_dir; /* NULL: a directory is never one of this format */
 };
+
+/* A directory given as a checkpoint: the file it stands for, from the rows'
+ * find_in_dir (a shard set's index). 0 and *path (bs_malloc'd), or -1 with
+ * err (ENOENT: no row finds one; else the row's error). */
+BS_NODISCARD int bs_format_in_dir(const char *dir, char **path, bs_err *err);
 
 /* The row of format f (borrowed, static), or NULL for NONE and out of range. */
 const struct bs_format_desc *bs_format_desc(enum bs_format f);

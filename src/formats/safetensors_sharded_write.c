@@ -36,40 +36,6 @@
 #define IDX_SUFFIX ".safetensors.index.json"
 #define ST_SUFFIX ".safetensors"
 
-int bs_st_parse_size(const char *s, uint64_t *out)
-{
-  static const struct {
-    const char *unit;
-    uint64_t mul;
-    bool bits_if_b; /* "Gb": gigabits, as Hugging Face reads it */
-  } units[] = {
-      {"GIB", 1ull << 30, false},  {"MIB", 1ull << 20, false}, {"KIB", 1ull << 10, false},
-      {"GB", 1000000000ull, true}, {"MB", 1000000ull, true},   {"KB", 1000ull, true},
-  };
-  size_t n = strlen(s), digits = 0;
-  while (digits < n && s[digits] >= '0' && s[digits] <= '9')
-    digits++;
-  if (digits == 0 || digits > 19)
-    return -1;
-  uint64_t v = strtoull(s, NULL, 10), mul = 1;
-  const char *unit = s + digits;
-  bool bits = false;
-  if (*unit) {
-    size_t i = 0;
-    for (; i < sizeof units / sizeof units[0]; i++)
-      if (strcasecmp(unit, units[i].unit) == 0)
-        break;
-    if (i == sizeof units / sizeof units[0])
-      return -1;
-    mul = units[i].mul;
-    bits = units[i].bits_if_b && unit[strlen(unit) - 1] == 'b';
-  }
-  if (!bs_mul_u64(v, mul, &v))
-    return -1;
-  *out = bits ? v / 8 : v;
-  return *out ? 0 : -1;
-}
-
 /* ---- JSON as Python's json.dumps writes it (ensure_ascii) -------------------------------- */
 
 static int puts_(struct bs_buf *b, const char *s)

@@ -35,15 +35,13 @@
 #include "core/progress.h"
 #include "core/safe_open.h"
 #include "core/target.h"
-#include "formats/safetensors_sharded.h"
-#include "formats/safetensors_write.h"
-#include "fs_mounts.h"
 #include "fs.h"
 #include "fs_log.h"
-#include "policy/decode_as.h"
-#include "policy/open.h"
+#include "fs_mounts.h"
 #include "fs_views.h"
 #include "main/mount.h"
+#include "policy/decode_as.h"
+#include "policy/open.h"
 #include "policy/stage_index.h"
 #include "policy/writeback.h"
 
@@ -142,6 +140,8 @@ static const char usage_rest[] =
     "  allow_other, allow_root, nosuid, nodev, noexec, noatime: passed to FUSE; the\n"
     "                         kernel checks the modes shown on every mount\n"
     "                         (default_permissions is always on)\n"
+    "  SIZE: bytes, or K, M, G, T, KiB, MiB... (powers of 1024: 64M = 64MiB) or KB, MB,\n"
+    "        GB, TB (powers of 1000, as Hugging Face: 5GB; Kb, Mb, Gb: bits)\n"
     "\n"
     "See burnstore(1) and docs/user-guide.md.\n";
 
@@ -164,20 +164,18 @@ struct args {
   const char *source, *mountpoint;
   bool foreground, debug, single, unmount, verbose;
   int progress; /* BS_PROGRESS_*: -u --progress, --no-progress */
-  bool ro, rw, flat, strict, direct_io, nojournal;
+  bool ro, rw, flat, direct_io, nojournal;
   long readahead_kb; /* -o readahead=KIB; -1: not given */
   bool has_uid, has_gid;
   uint32_t uid, gid, umask; /* -o uid=, gid=, umask= */
   char *output, *staging;   /* owned */
   uint64_t max_shard_size;  /* 0: none */
   char fuse_extra[2048];
-  struct bs_keyopts keys;
-  int npy;                   /* FS_NPY_*: -o npy, npy=only */
-  const char *as;            /* -o as=F32|F16|BF16: the dtype's name, or NULL */
-  enum bs_dtype as_dt;       /* and the dtype */
-  const char *output_as;     /* -o output_as=DT, as given (NULL: none) */
-  struct bs_adapter adapter; /* -o adapter=pytorch, adapter_linear=, adapter_norm= */
-  struct bs_http_opts http;  /* -o http_cache=, http_timeout= (a URL SOURCE) */
+  int npy;               /* FS_NPY_*: -o npy, npy=only */
+  const char *output_as; /* -o output_as=DT, as given (NULL: none) */
+  /* How SOURCE is opened (policy/open.h): key options, strict, adapter=,
+   * as=, and for a URL http_cache=, http_timeout=, unvalidated */
+  struct bs_open_spec open;
 };
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -264,12 +262,8 @@ static void parse_opts(struct args *a, const char *optstr)
       a->flat = true;
     } else if (strcmp(it, "nojournal") == 0) {
       a->nojournal = true;
-    } else if (strcmp(it, "strict") == 0) {
-      a->strict = true;
     } else if (strcmp(it, "direct_io") == 0) {
       a->direct_io = true;
-    } else if (strcmp(it, "unvalidated") == 0) {
-      a->http.unvalidated = true;
     } else if (eq && nlen == 9 && strncmp(it, "readahead", 9) == 0) {
       char *end;
       errno = 0;
@@ -285,21 +279,12 @@ static void parse_opts(struct args *a, const char *optstr)
       if (bs_dtype_from_name(it + 10, &dt) != 0 || !bs_encode_ok(dt))
         die_usage("option '%s': output_as= takes F32, F16 or BF16", it);
       a->output_as = bs_dtype_name(dt);
-    } else if (strncmp(it, "as=", 3) == 0) {
-      enum bs_dtype dt;
-      if (bs_dtype_from_name(it + 3, &dt) != 0 || !bs_encode_ok(dt))
-        die_usage("option '%s': as= takes F32, F16 or BF16", it);
-      a->as = bs_dtype_name(dt);
-      a->as_dt = dt;
-    } else if (strncmp(it, "adapter", 7) == 0 && bs_adapter_add_item(&a->adapter, it, &err) <= 0) {
-      if (err.code)
-        die_usage("option '%s': %s", it, err.msg);
     } else if (eq && nlen == 6 && strncmp(it, "output", 6) == 0) {
       bs_free(a->output);
       a->output = bs_strdup(val);
-    } else if (eq && nlen == 14 && strncmp(it, "max_shard_size", 14) == 0) {
-      if (bs_st_parse_size(val, &a->max_shard_size) != 0)
-        die_usage("max_shard_size=%s: not a size (5GB, 500MB, 2GiB, bytes...)", val);
+    } else if (bs_write_spec_add_item(&a->max_shard_size, it, &err) <= 0) {
+      if (err.code)
+        die_usage("%s", err.msg);
     } else if (eq && ((nlen == 3 && (strncmp(it, "uid", 3) == 0 || strncmp(it, "gid", 3) == 0)) ||
                       (nlen == 5 && strncmp(it, "umask", 5) == 0))) {
       *eq = '\0';
@@ -313,12 +298,6 @@ static void parse_opts(struct args *a, const char *optstr)
       } else {
         a->umask = v;
       }
-    } else if (eq && nlen == 10 && strncmp(it, "http_cache", 10) == 0) {
-      if (bs_http_parse_cache(val, &a->http.cache_bytes) != 0)
-        die_usage("http_cache=%s: not a cache size (1M to 16G; K, M, G binary, e.g. 256M)", val);
-    } else if (eq && nlen == 12 && strncmp(it, "http_timeout", 12) == 0) {
-      if (bs_http_parse_timeout(val, &a->http.timeout_s) != 0)
-        die_usage("http_timeout=%s: not whole seconds from 1 to 3600", val);
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
       bs_free(a->staging);
       a->staging = bs_strdup(val);
@@ -327,12 +306,10 @@ static void parse_opts(struct args *a, const char *optstr)
     } else if (in_list(fuse_opts, it, nlen)) {
       add_fuse_opt(a, it);
     } else {
-      int rc = bs_keyopts_add_item(&a->keys, it, &err);
-      if (rc < 0) {
-        fprintf(stderr, PROG ": option '%s': %s\n", it, err.msg);
-        fflush(stderr);
-        _exit(2);
-      }
+      /* how SOURCE is opened: key options, strict, adapter=, as=, http_* */
+      int rc = bs_open_spec_add_item(&a->open, it, &err);
+      if (rc < 0)
+        die_usage("%s", err.msg);
       if (rc > 0)
         die_usage("unknown option '%s'", it);
     }
@@ -343,8 +320,7 @@ static void parse_opts(struct args *a, const char *optstr)
 
 static void args_destroy(struct args *a)
 {
-  bs_keyopts_destroy(&a->keys);
-  bs_adapter_destroy(&a->adapter);
+  bs_open_spec_destroy(&a->open);
   bs_free(a->output);
   bs_free(a->staging);
   a->output = a->staging = NULL;
@@ -354,8 +330,7 @@ static void parse_args(struct args *a, int argc, char **argv, const char *cli_us
 {
   memset(a, 0, sizeof *a);
   a->readahead_kb = -1;
-  bs_keyopts_init(&a->keys);
-  bs_adapter_init(&a->adapter);
+  bs_open_spec_init(&a->open);
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
@@ -909,32 +884,52 @@ static void scrub_url(char *url)
  * libfuse's workers (its default: 10), more than that (serve). */
 enum { URL_BACKGROUND = 48, URL_WORKERS = 64 };
 
-/* SOURCE is a URL: opened by range requests (bs_src_init_http); read-only,
- * or writable into a local output= (never in place). From here on the URL
- * is shown without credentials (messages, the mount table). */
+/* The views (npy, adapter=, as=) are read-only: refused on a mount that
+ * will be writable, before anything is opened. 0, or 1 (printed). */
+static int refuse_views(const struct args *a)
+{
+  bool as = a->open.has_as;
+  if (!a->npy && !as && !bs_adapter_any(&a->open.adapter))
+    return 0;
+  fprintf(stderr,
+          PROG ": %s%s are read-only views: mount without rw and output= (burnstore "
+               "convert -o adapter=pytorch writes an adapted file)\n",
+          a->npy ? "npy and npy=only"
+          : as   ? "as="
+                 : "adapter=",
+          !a->npy && as ? bs_dtype_name(a->open.as) : "");
+  return 1;
+}
+
+/* SOURCE is a URL: opened by range requests through the one open path
+ * (bs_checkpoint_open); read-only, or writable into a local output= (never
+ * in place). From here on the URL is shown without credentials (messages,
+ * the mount table). */
 static int prepare_url(struct fs *fs, struct args *a)
 {
   bs_err err;
   bs_err_clear(&err);
-  const char *url = a->source;
-  if (!(fs->source = bs_http_redact(url))) {
+  char *url = (char *)a->source; /* argv's own memory: writable */
+  if (a->rw && !a->output) {
+    char *shown = bs_http_redact(url);
+    fprintf(stderr,
+            PROG ": %s: a URL is never written in place: mount it with -o output=LOCAL (a "
+                 "writable mount written to a local file), or read-only\n",
+            shown ? shown : "the URL");
+    bs_free(shown);
+    return 1;
+  }
+  if (a->output && refuse_views(a))
+    return 1;
+  clock_gettime(CLOCK_REALTIME, &fs->mtime);
+  int rc = bs_checkpoint_open(&fs->cat, url, &a->open, &fs->source, &err);
+  scrub_url(url);
+  if (!fs->source) {
     fprintf(stderr, PROG ": out of memory\n");
     return 1;
   }
   a->source = fs->source;
-  if (a->rw && !a->output) {
-    fprintf(stderr,
-            PROG ": %s: a URL is never written in place: mount it with -o output=LOCAL (a "
-                 "writable mount written to a local file), or read-only\n",
-            a->source);
-    return 1;
-  }
-  clock_gettime(CLOCK_REALTIME, &fs->mtime);
-  struct bs_src src;
-  struct bs_open_opts oo = {.strict = a->strict};
-  int rc = bs_src_init_http(&src, url, &a->http, &err);
-  scrub_url((char *)url); /* argv's own memory: writable */
-  if (rc != 0 || bs_open_any(&fs->cat, &src, &oo, &err) != 0)
+  if (rc != 0)
     return fail_line(a->source, &err);
   for (size_t i = 0; i < fs->cat.nsrcs; i++) { /* (-o unvalidated let it through) */
     const char *v = NULL;
@@ -973,6 +968,21 @@ static int prepare_url(struct fs *fs, struct args *a)
   return prepare_rest(fs, a, 0444);
 }
 
+/* The output of a writable mount: output= (never through another user's
+ * link), else SOURCE itself. 0, or 1 (printed). */
+static int set_output(struct fs *fs, const struct args *a)
+{
+  bs_err err;
+  bs_err_clear(&err);
+  fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
+  if (fs->output)
+    return 0;
+  if (err.code)
+    return fail_line(NULL, &err);
+  fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
+  return 1;
+}
+
 /* Open and validate SOURCE fully, build the tree. Prints the error. */
 static int prepare(struct fs *fs, struct args *a)
 {
@@ -989,7 +999,8 @@ static int prepare(struct fs *fs, struct args *a)
   bs_catalog_init(&fs->cat);
   if (bs_src_is_url(a->source))
     return prepare_url(fs, a);
-  if (a->http.cache_bytes || a->http.timeout_s || a->http.unvalidated) {
+  const struct bs_http_opts *h = &a->open.http;
+  if (h->cache_bytes || h->timeout_s || h->unvalidated) {
     fprintf(stderr, PROG ": %s: http_cache=, http_timeout= and unvalidated apply to a URL SOURCE\n",
             a->source);
     return 1;
@@ -1005,14 +1016,6 @@ static int prepare(struct fs *fs, struct args *a)
     return 1;
   }
   struct stat st;
-  if (stat(fs->source, &st) == 0 && S_ISDIR(st.st_mode)) {
-    char *index; /* a directory: the sharded checkpoint it holds */
-    if (bs_st_index_find(fs->source, &index, &err) != 0)
-      return fail_line(a->source, &err);
-    bs_free(fs->source);
-    fs->source = index;
-  }
-  uint32_t bits = 0444; /* a new checkpoint's */
   if (stat(fs->source, &st) != 0) {
     if (errno != ENOENT) {
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
@@ -1023,47 +1026,46 @@ static int prepare(struct fs *fs, struct args *a)
               a->source);
       return 1;
     }
+    /* A new checkpoint: an empty writable mount, nothing to open. */
     fs->writable = true;
-    if (!(fs->writer = choose_writer(fs, a, true)))
+    if (refuse_views(a) || !(fs->writer = choose_writer(fs, a, true)) || set_output(fs, a))
       return 1;
-    fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
-    if (!fs->output) {
-      if (err.code)
-        return fail_line(NULL, &err);
-      fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
-      return 1;
-    }
+    if (bs_keys_apply(&fs->cat, &a->open.keys, &err) != 0)
+      return fail_line(a->source, &err);
     clock_gettime(CLOCK_REALTIME, &fs->mtime);
-  } else {
-    fs->mtime = st.st_mtim;
-    struct bs_src src;
-    struct bs_open_opts oo = {.strict = a->strict};
-    if (bs_src_open(&src, fs->source, &err) != 0)
-      return fail_line(a->source, &err);
-    if (bs_open_any(&fs->cat, &src, &oo, &err) != 0)
-      return fail_line(a->source, &err);
-    /* The bits every file of the checkpoint grants: a sharded one's index
-     * and each of its shards (a 0600 shard keeps the set private). */
-    unsigned mode = bs_sources_mode(&fs->cat, fs->cat.nsrcs, st.st_mode);
-    bits = mode & 0444;
-    if (a->rw || a->output) {
-      fs->writable = true;
-      if (!(fs->writer = choose_writer(fs, a, false)))
-        return 1;
-      fs->output = a->output ? bs_write_path(a->output, &err) : bs_strdup(fs->source);
-      if (!fs->output) {
-        if (err.code)
-          return fail_line(NULL, &err);
-        fprintf(stderr, PROG ": %s: %s\n", a->output ? a->output : a->source, strerror(errno));
-        return 1;
-      }
-      fs->force_write = strcmp(fs->output, fs->source) != 0;
-      /* A new output is as private as its source (cp keeps the mode). */
-      fs->wopts.has_mode = true;
-      fs->wopts.mode = mode & 0666;
-    }
+    return prepare_rest(fs, a, 0444);
   }
-  return prepare_rest(fs, a, bits);
+  if ((a->rw || a->output) && refuse_views(a))
+    return 1;
+  /* The one open path: a directory is the checkpoint it holds (fs->source
+   * becomes a shard set's index), a set a kill interrupted is recovered
+   * first, then the format, key options, adapter=, as=. */
+  char *name = NULL;
+  int rc = bs_checkpoint_open(&fs->cat, fs->source, &a->open, &name, &err);
+  if (rc != 0 || !name) {
+    bs_free(name);
+    return fail_line(a->source, &err);
+  }
+  bs_free(fs->source);
+  fs->source = name;
+  if (stat(fs->source, &st) != 0) {
+    fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
+    return 1;
+  }
+  fs->mtime = st.st_mtim;
+  /* The bits every file of the checkpoint grants: a sharded one's index
+   * and each of its shards (a 0600 shard keeps the set private). */
+  unsigned mode = bs_sources_mode(&fs->cat, fs->cat.nsrcs, st.st_mode);
+  if (a->rw || a->output) {
+    fs->writable = true;
+    if (!(fs->writer = choose_writer(fs, a, false)) || set_output(fs, a))
+      return 1;
+    fs->force_write = strcmp(fs->output, fs->source) != 0;
+    /* A new output is as private as its source (cp keeps the mode). */
+    fs->wopts.has_mode = true;
+    fs->wopts.mode = mode & 0666;
+  }
+  return prepare_rest(fs, a, mode & 0444);
 }
 
 /* What follows the source's opening, for a file and a URL alike. */
@@ -1143,21 +1145,7 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
     }
     fs->staging = bs_strdup(buf);
   }
-  if (bs_keys_apply(&fs->cat, &a->keys, &err) != 0)
-    return fail_line(a->source, &err);
-  if ((a->npy || bs_adapter_any(&a->adapter) || a->as) && fs->writable) {
-    fprintf(stderr,
-            PROG ": %s%s are read-only views: mount without rw and output= (burnstore "
-                 "convert -o adapter=pytorch writes an adapted file)\n",
-            a->npy  ? "npy and npy=only"
-            : a->as ? "as="
-                    : "adapter=",
-            !a->npy && a->as ? a->as : "");
-    return 1;
-  }
-  if (bs_adapter_apply(&fs->cat, &a->adapter, NULL, NULL, &err) != 0 ||
-      (a->as && bs_catalog_decode_as(&fs->cat, a->as_dt, &err) != 0))
-    return fail_line(a->source, &err);
+  /* (key options, adapter= and as= were applied as SOURCE was opened) */
   /* A conversion that cannot succeed is refused now, not at unmount. */
   if (fs->writer && writer_check(fs, &err) != 0)
     return fail_line(a->source, &err);
@@ -1173,8 +1161,8 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
   if (bs_edit_init(&fs->edit, &fs->cat, &fs->tree, fs->flat, &err) != 0 ||
       (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &fs->owner, &err) != 0))
     return fail_line(a->source, &err);
-  fs->keys = a->keys;
-  memset(&a->keys, 0, sizeof a->keys);
+  fs->keys = a->open.keys;
+  memset(&a->open.keys, 0, sizeof a->open.keys);
   if (fs_xattr_init(fs, &err) != 0)
     return fail_line(a->source, &err);
   /* The parsers' temporary memory (a JSON or CBOR tree of the whole header)
@@ -1407,8 +1395,6 @@ out_signals:
   fuse_remove_signal_handlers(se);
 out_session:
   fuse_session_destroy(se);
-  if (fs->writable) /* the next writer's refusal: writing back, no longer mounted */
-    bs_target_lock_update(r->tfd, fs->output, r->mnt, true);
 out:
   fuse_opt_free_args(&fargs);
   return ret;
@@ -1423,6 +1409,8 @@ static int write_back(struct run *r)
   /* No op runs any more: what the journal holds the INDEX supersedes (it
    * stays until the write-back succeeds, for a kill before the INDEX). */
   fs_journal_stop(fs);
+  if (fs->writable) /* the next writer's refusal: writing back, no longer mounted */
+    bs_target_lock_update(r->tfd, fs->output, r->mnt, true);
   if (!fs->writable ||
       !(fs->dirty || fs->force_write || fs->wopts.max_shard_size || fs->has_output_as)) {
     if (fs->writable)
