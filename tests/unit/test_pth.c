@@ -1422,6 +1422,69 @@ Test(pth, shared_tensor_bomb_is_refused_fast)
   bs_free(z);
 }
 
+/* A few bytes of pickle make a tensor; a reference to a dict of them under
+ * another key names them all again, and a key can be 4 KB long: a 86 KB file
+ * of 2000 tensors under 16 keys of 4000 bytes made 32,000 catalog entries
+ * of 4 KB keys (the catalog, the flattening's key map: 390 MB for ls). What a
+ * tensor's key will hold is charged to the unpickler's memory bound. */
+Test(pth, tensors_under_many_long_keys_stop_at_the_memory_bound)
+{
+  static const char head[] = "\x80\x02}ctorch._utils\n_rebuild_tensor_v2\nq\x00"
+                             "0((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                             "0X\x03\x00\x00\x00"
+                             "cpuK\x08tQK\x00K\x08\x85K\x01\x85\x89"
+                             "ccollections\nOrderedDict\n)Rtq\x01"
+                             "0}q\x02";
+  enum { TENSORS = 2000, COPIES = 16, KLEN = 4000 };
+  size_t cap = sizeof head + TENSORS * 16 + COPIES * (KLEN + 8) + 64, n = 0;
+  char *pk = malloc(cap);
+  cr_assert_not_null(pk);
+  memcpy(pk, head, sizeof head - 1);
+  n = sizeof head - 1;
+  for (int i = 0; i < TENSORS; i++) { /* (key, _rebuild_tensor_v2, args) SETITEMS of 100 */
+    if (i % 100 == 0)
+      pk[n++] = '(';
+    n += (size_t)sprintf(pk + n, "\x8c\x04%04x", i);
+    memcpy(pk + n, "h\x00h\x01R", 5);
+    n += 5;
+    if (i % 100 == 99)
+      pk[n++] = 'u';
+  }
+  memcpy(pk + n, "0(", 2); /* the dict of tensors off the stack; the root's items: */
+  n += 2;
+  for (int k = 0; k < COPIES; k++) { /* 'NNkkkk...': that dict */
+    const uint32_t kl = KLEN;
+    pk[n++] = 'X';
+    memcpy(pk + n, &kl, 4);
+    n += 4;
+    sprintf(pk + n, "%02d", k);
+    memset(pk + n + 2, 'k', KLEN - 2);
+    n += KLEN;
+    memcpy(pk + n, "h\x02", 2);
+    n += 2;
+  }
+  memcpy(pk + n, "u.", 2);
+  n += 2;
+  size_t len;
+  uint8_t *z = w_zip(pk, n, STORE8, sizeof STORE8, &len);
+  free(pk);
+  struct bs_catalog cat;
+  bs_err e;
+  double t0 = cpu_s();
+  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1, "%zu bytes read", len);
+  cr_assert_lt(cpu_s() - t0, 1.0);
+#if !defined(__SANITIZE_ADDRESS__)
+  cr_assert_lt(peak_mib(), 64, "peak %.0f MiB", peak_mib());
+#endif
+  cr_assert_eq(e.code, EFBIG);
+  cr_assert(strstr(e.msg, "the pickle's values and the catalog of its tensors need more than "
+                          "50331648 bytes of memory (the bound is the larger of 48 MiB and 24 x "
+                          "the file's"),
+            "%s", e.msg);
+  cr_assert_eq(cat.count, 0);
+  bs_free(z);
+}
+
 Test(pth, truncated_zip_and_legacy_files_fail_cleanly)
 {
   const char *files[] = {TD "float32.pt", TD "legacy_with_offsets.pt"};
