@@ -13,11 +13,14 @@ import sys
 import time
 import zipfile
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, foreground_mount, is_mounted, mem_limit_kb,
-                     run, tmpdir, vmhwm_kb, xattrs)
+from bsmount import (BIN, SANITIZE, Mount, check, finish, force_unmount, foreground_mount, is_mounted,
+                     mem_limit_kb, run, tmpdir, vmhwm_kb, xattrs)
 
 MAX_SECONDS = 3.0  # loose: sanitizer builds on a loaded machine; memory is the tight check
-MAX_RSS_KB = mem_limit_kb(64 * 1024)
+# The issue's bound, measured in release: any .pth under 1 MB costs under 64
+# MiB. AddressSanitizer's shadow, redzones and quarantine (freed blocks kept)
+# cost up to 2x of a 48 MiB arena (83-110 MB measured): its builds get 128.
+MAX_RSS_KB = mem_limit_kb((128 if SANITIZE == "ON" else 64) * 1024)
 
 
 GEN = r"""
