@@ -7,10 +7,10 @@
 #include <string.h>
 
 #include "api.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/target.h"
+#include "formats/writers.h"
 #include "policy/open.h"
 #include "policy/writeback.h"
 

@@ -1,4 +1,4 @@
-#include "burnstore/catalog.h"
+#include "core/catalog.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 /* The largest unit: elements and bytes (the caller's bounded buffers are
  * sized in whole units of at most these). */

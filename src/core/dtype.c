@@ -1,4 +1,4 @@
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 #include <errno.h>
 #include <inttypes.h>

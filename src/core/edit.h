@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/err.h"
+#include "core/catalog.h"
+#include "core/err.h"
 #include "core/tree.h"
 
 struct bs_journal;

@@ -4,11 +4,11 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/http_parse.h"
 #include "core/size.h"
+#include "core/source.h"
 
 bool bs_http_is_http(const char *s)
 {

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 #define BS_QF_MAX_RANK 8
 

@@ -22,8 +22,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/err.h"
-#include "burnstore/sink.h"
+#include "core/err.h"
+#include "core/sink.h"
 
 struct bs_set {
   int dirfd;          /* the index's directory */

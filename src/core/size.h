@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 /* A size: up to 19 digits, then a unit or none (bytes). Units, in any case:
  *   K, M, G, T        binary: 2^10, 2^20, 2^30, 2^40 bytes ("64M");

@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/source.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
 #include "core/safe_open.h"
+#include "core/source.h"
 
 char *bs_abs_path(const char *p)
 {

@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 struct bs_catalog;
 

@@ -12,10 +12,10 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/checked.h"
 #include "core/qfloat.h"
 #include "formats/cbor_item.h"
+#include "formats/formats.h"
 
 /* ---- Plain dtypes ---------------------------------------------------------------------------- */
 

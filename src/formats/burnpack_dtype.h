@@ -4,7 +4,7 @@
 #ifndef BURNSTORE_BPK_DTYPE_H
 #define BURNSTORE_BPK_DTYPE_H
 
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 

@@ -22,9 +22,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/version.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/version.h"
 #include "formats/burnpack_dtype.h"
 #include "formats/burnpack_write.h"
 #include "formats/write_common.h"

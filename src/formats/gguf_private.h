@@ -9,9 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
+#include "core/sink.h"
+#include "formats/formats.h"
 #include "formats/write_common.h"
 
 /* GGUF value types (docs/gguf.md, gguf_metadata_value_type). */

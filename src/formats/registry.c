@@ -22,10 +22,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "formats/safetensors_sharded.h"
 
 static const struct bs_format_desc formats[] = {

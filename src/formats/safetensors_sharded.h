@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
+#include "core/catalog.h"
+#include "formats/formats.h"
 
 /* The names of a set: its index NAME.safetensors.index.json, its shards
  * (members, core/set_journal.h) NAME-0000K-of-0000N.safetensors. */

@@ -24,12 +24,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/safe_open.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
+#include "formats/formats.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
 

@@ -18,8 +18,8 @@
 
 #include <stdbool.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
+#include "core/sink.h"
 #include "formats/limits.h"
 #include "formats/write_common.h"
 

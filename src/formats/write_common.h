@@ -8,8 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
-#include "burnstore/err.h"
+#include "core/dtype.h"
+#include "core/err.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 

@@ -4,16 +4,16 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/target.h"
 #include "core/utf8.h"
 #include "formats/burnpack_write.h"
+#include "formats/formats.h"
 #include "formats/pth_write.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
+#include "formats/writers.h"
 #include "gguf_private.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)

@@ -11,11 +11,11 @@
 #include <sys/types.h>
 #include <time.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/keys.h"
-#include "burnstore/writers.h"
+#include "core/catalog.h"
 #include "core/edit.h"
+#include "core/keys.h"
 #include "core/tree.h"
+#include "formats/writers.h"
 #include "policy/xattr.h"
 
 struct fs {

@@ -25,9 +25,6 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#include "burnstore/adapter.h"
-#include "burnstore/formats.h"
-#include "burnstore/version.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
@@ -35,11 +32,14 @@
 #include "core/progress.h"
 #include "core/safe_open.h"
 #include "core/target.h"
+#include "core/version.h"
+#include "formats/formats.h"
 #include "fs.h"
 #include "fs_log.h"
 #include "fs_mounts.h"
 #include "fs_views.h"
 #include "main/mount.h"
+#include "policy/adapter.h"
 #include "policy/decode_as.h"
 #include "policy/open.h"
 #include "policy/stage_index.h"

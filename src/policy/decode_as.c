@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/qfloat.h"
+#include "formats/formats.h"
 
 /* Why t stays as stored when presented as a dtype of osz bytes an element
  * (osz 0: whatever its size), or NULL when it is decoded. The reason is a

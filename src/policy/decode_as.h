@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/catalog.h"
+#include "core/catalog.h"
 
 /* Present every floating tensor whose dtype is not `as` as `as`, decoded
  * on read (decode.h): dtype becomes `as`, nbytes numel * 4 (F32) or * 2

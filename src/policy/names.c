@@ -3,8 +3,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/npy.h"
 #include "core/utf8.h"
 

@@ -4,10 +4,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/decode.h"
 #include "core/size.h"
+#include "formats/writers.h"
 #include "policy/decode_as.h"
 
 void bs_open_spec_init(struct bs_open_spec *s)

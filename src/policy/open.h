@@ -10,11 +10,11 @@
 
 #include <stdbool.h>
 
-#include "burnstore/adapter.h"
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
-#include "burnstore/keys.h"
-#include "burnstore/source.h"
+#include "core/catalog.h"
+#include "core/keys.h"
+#include "core/source.h"
+#include "formats/formats.h"
+#include "policy/adapter.h"
 
 /* The options that change what a reader sees. Caller storage:
  * bs_open_spec_init, bs_open_spec_add_item / _parse, bs_open_spec_destroy. */

@@ -13,13 +13,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/journal.h"
 #include "core/safe_open.h"
 #include "core/target.h"
+#include "formats/formats.h"
 #include "policy/open.h"
 
 #define MAGIC "burnstore-staging-index"

@@ -12,13 +12,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
 #include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
+#include "formats/formats.h"
 #include "policy/decode_as.h"
 #include "policy/journal_replay.h"
 #include "policy/stage_index.h"

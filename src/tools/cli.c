@@ -13,9 +13,6 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/version.h"
-#include "burnstore/writers.h"
 #include "cli.h"
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -25,6 +22,9 @@
 #include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
+#include "core/version.h"
+#include "formats/formats.h"
+#include "formats/writers.h"
 #include "policy/decode_as.h"
 #include "policy/open.h"
 #include "policy/writeback.h"

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
 #include "formats/burnpack_dtype.h"
 

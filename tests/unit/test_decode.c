@@ -696,8 +696,8 @@ Test(decode, grid_tables)
 
 /* ---- bs_catalog_decode_as and the decoded read path ------------------------------------------ */
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "policy/decode_as.h"
 
 /* E2M1 (OCP MX 1.0): code c is sign (bit 3), exponent (bits 1-2, bias

@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/sink.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/set_journal.h"
+#include "core/sink.h"
 
 #define SFX ".safetensors" /* the members of the sets these tests write */
 

@@ -10,11 +10,11 @@
 #include <sys/stat.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/size.h"
+#include "formats/formats.h"
 #include "formats/safetensors_write.h"
+#include "formats/writers.h"
 #include "policy/open.h"
 #include "st_fixture.h"
 

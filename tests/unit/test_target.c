@@ -8,9 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/target.h"
+#include "formats/writers.h"
 
 static char dir[64];
 

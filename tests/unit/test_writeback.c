@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/target.h"
+#include "formats/formats.h"
 #include "policy/stage_index.h"
 #include "policy/writeback.h"
 

@@ -1,5 +1,6 @@
-/* Element types: their names (SafeTensors spelling, plus documented names
- * for types only Burn or PyTorch have) and their sizes in bits. */
+/* Element types: their names (as user.burnstore.dtype shows them: "F32",
+ * "BF16", "Q4_0"; documented names for the types of torch, Burn and ggml)
+ * and their sizes in bits. A file's own spelling of them is its reader's. */
 #ifndef BURNSTORE_DTYPE_H
 #define BURNSTORE_DTYPE_H
 
@@ -7,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 
@@ -34,7 +35,7 @@ enum bs_dtype {
   BS_DT_F6_E3M2, /* 6 bits */
   BS_DT_F4,      /* 4 bits */
   BS_DT_C64,
-  BS_DT_C128,     /* torch complex128; no SafeTensors name: "C128" */
+  BS_DT_C128,     /* torch complex128 */
   BS_DT_FLEX32,   /* Burn Flex32: stored as f32 */
   BS_DT_BOOL_U8,  /* Burn Bool(U8): u8 0/1 */
   BS_DT_BOOL_U32, /* Burn Bool(U32): u32 LE 0/1 */
@@ -42,7 +43,7 @@ enum bs_dtype {
   BS_DT_QI8,      /* torch qint8 (raw int8, quantizer params not kept) */
   BS_DT_QU8,      /* torch quint8 */
   BS_DT_QI32,     /* torch qint32 */
-  /* ggml's quantized block types (GGUF): raw blocks of a fixed number of
+  /* ggml's quantized block types: raw blocks of a fixed number of
    * elements and bytes each (bs_dtype_block); no per-element size. */
   BS_DT_Q4_0,
   BS_DT_Q4_1,

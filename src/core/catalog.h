@@ -8,34 +8,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
-#include "burnstore/err.h"
-#include "burnstore/source.h"
+#include "core/dtype.h"
+#include "core/err.h"
+#include "core/source.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 
-/* The formats: one value per row of the format registry (formats.h,
- * src/formats/registry.c), in detection order. NONE is a catalog that was
- * not read from a file (a new, empty mount). */
-enum bs_format {
-  BS_FMT_NONE,
-  BS_FMT_BURNPACK,
-  BS_FMT_SAFETENSORS,
-  BS_FMT_GGUF, /* llama.cpp / ggml; before PyTorch, whose detection is structural */
-  BS_FMT_PYTORCH,
-  BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
-  BS_FMT_COUNT
-};
-
-/* A metadata value left where it is in a source (GGUF's typed values): its
- * text is made when asked for (formats.h: bs_meta_text), never kept, so
- * a large block (a tokenizer) costs what its entries take, not its text. */
+/* A metadata value left where it is in a source (typed values a format
+ * keeps in its file): its text is made when asked for (formats/formats.h:
+ * bs_meta_text), never kept, so a large block (a tokenizer) costs what its
+ * entries take, not its text. The core copies it, never reads it. */
 struct bs_meta_ref {
-  enum bs_format format; /* whose encoding (BS_FMT_GGUF) */
-  uint32_t src;          /* the catalog's source holding the bytes */
-  uint8_t types[10];     /* the value's type and its arrays' element types */
-  uint64_t off, len;     /* the value's bytes in that source */
-  uint64_t text_len;     /* the length of its text */
+  int format;        /* whose encoding: an enum bs_format (formats/formats.h) */
+  uint32_t src;      /* the catalog's source holding the bytes */
+  uint8_t types[10]; /* the value's type and its arrays' element types */
+  uint64_t off, len; /* the value's bytes in that source */
+  uint64_t text_len; /* the length of its text */
 };
 
 struct bs_kv {
@@ -76,14 +64,15 @@ struct bs_tensor {
 };
 
 struct bs_catalog {
-  enum bs_format format;
+  int format; /* the reader's row: an enum bs_format (formats/formats.h); 0 (BS_FMT_NONE):
+                 not read from a file. The core never looks at it */
   struct bs_tensor *tensors; /* owned array */
   size_t count, cap;
   struct bs_src *srcs; /* owned array; srcs[0] is the checkpoint file */
   size_t nsrcs, srccap;
-  struct bs_kv *meta; /* file metadata (Burnpack metadata, __metadata__) */
+  struct bs_kv *meta; /* the file's metadata, key to text (or to a value left in the file) */
   size_t nmeta, metacap;
-  char *values_json;           /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
+  char *values_json;           /* owned, may be NULL: non-tensor values of the file, JSON object */
   char *notes;                 /* owned, may be NULL: what a reader skipped, one line each */
   size_t notes_len, notes_cap; /* of notes (bs_catalog_note), while notes is not NULL */
 };

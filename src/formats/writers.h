@@ -7,8 +7,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
+#include "core/sink.h"
+#include "formats/formats.h"      /* enum bs_format */
 #include "formats/write_common.h" /* struct bs_write_opts, the rows' shared rules */
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */

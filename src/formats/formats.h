@@ -11,11 +11,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h" /* enum bs_format (one value per row) */
-#include "burnstore/sink.h"    /* struct bs_buf */
-#include "formats/limits.h"    /* the formats' hard caps */
+#include "core/catalog.h"   /* enum bs_format (one value per row) */
+#include "core/sink.h"      /* struct bs_buf */
+#include "formats/limits.h" /* the formats' hard caps */
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
+
+/* The formats: one value per row of the format registry (registry.c), in
+ * detection order; a catalog's `format` and a bs_meta_ref's hold one. NONE
+ * (0) is a catalog that was not read from a file (a new, empty mount). */
+enum bs_format {
+  BS_FMT_NONE,
+  BS_FMT_BURNPACK,
+  BS_FMT_SAFETENSORS,
+  BS_FMT_GGUF, /* llama.cpp / ggml; before PyTorch, whose detection is structural */
+  BS_FMT_PYTORCH,
+  BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
+  BS_FMT_COUNT
+};
 
 /* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
  * BS_FMT_NONE, "?" out of range. */
