@@ -27,6 +27,9 @@ size_t bs_http_on_header(char *line, size_t size, size_t nitems, void *ud)
     memcpy(x->commit, commit, sizeof commit);
     r->started = r->err_cut = false;
     r->skip = 0;
+    curl_off_t got = 0; /* (a redirect's body is counted from here) */
+    curl_easy_getinfo(r->easy, CURLINFO_SIZE_DOWNLOAD_T, &got);
+    r->body_base = (uint64_t)got;
   } else if (bs_http_header_is(line, n, "Content-Range", &v, &vn)) {
     x->have_range = bs_http_content_range(v, vn, &x->first, &x->last, &x->total) == 0;
   } else if (bs_http_header_is(line, n, "Content-Length", &v, &vn)) {
@@ -99,4 +102,22 @@ size_t bs_http_on_body(char *data, size_t size, size_t nmemb, void *ud)
   }
   /* Our range is complete: stop a body that goes on (a 200 to a range). */
   return x->got == r->n && used + k < n ? 0 : n;
+}
+
+/* The body of a redirect libcurl follows never reaches bs_http_on_body:
+ * libcurl reads it to the end on its own (a server's endless one for the
+ * whole deadline). Past ERR_BODY_MAX the transfer ends, as an error's. */
+int bs_http_on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                        curl_off_t ulnow)
+{
+  struct bs_http_req *r = ud;
+  (void)dltotal, (void)ultotal, (void)ulnow;
+  long code = 0;
+  curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+  uint64_t now = dlnow > 0 ? (uint64_t)dlnow : 0;
+  uint64_t body = now >= r->body_base ? now - r->body_base : now;
+  if (code / 100 != 3 || body <= ERR_BODY_MAX)
+    return 0;
+  r->err_cut = true;
+  return 1;
 }

@@ -178,7 +178,7 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   long low = sh->timeout_s < LOW_SPEED_S ? sh->timeout_s : LOW_SPEED_S;
   r->attempt++;
   r->started = r->err_cut = false;
-  r->skip = 0;
+  r->skip = r->body_base = 0;
   r->errbuf[0] = '\0';
   r->x = (struct bs_http_xfer){.length = UINT64_MAX, .retry_ms = -1};
   curl_easy_reset(c);
@@ -201,6 +201,9 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, bs_http_on_body);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, bs_http_on_progress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, r);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, r->errbuf);
   curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
   curl_easy_setopt(c, CURLOPT_BUFFERSIZE, (long)BUFFER);
@@ -346,6 +349,9 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
              "HTTP %ld: a redirect, not followed with AWS_SESSION_TOKEN set (the token would go "
              "to the redirect's host)",
              code);
+  } else if (code >= 300 && code < 400 && r->err_cut) {
+    snprintf(r->msg, sizeof r->msg,
+             "HTTP %ld: a redirect whose body goes on past 64 KiB: not followed", code);
   } else if (code != 200 && code != 206) {
     snprintf(r->msg, sizeof r->msg, "HTTP %ld", code);
   } else if (r->x.encoding[0]) {
