@@ -13,6 +13,18 @@ enum {
   ERR_BODY_MAX = 64 << 10, /* an error's body read at most (then the transfer ends) */
 };
 
+enum { SEEN_RANGE = 1, SEEN_LENGTH = 2, SEEN_ETAG = 4, SEEN_LASTMOD = 8 };
+
+/* A header of x (bit) given: if it was already, with another value
+ * (differs), its name goes in x->twice: the answer is refused, whichever
+ * value is the true one. */
+static void given(struct bs_http_xfer *x, unsigned bit, bool differs, const char *name)
+{
+  if ((x->seen & bit) && differs && !x->twice[0])
+    snprintf(x->twice, sizeof x->twice, "%s", name);
+  x->seen |= bit;
+}
+
 size_t bs_http_on_header(char *line, size_t size, size_t nitems, void *ud)
 {
   struct bs_http_req *r = ud;
@@ -31,14 +43,28 @@ size_t bs_http_on_header(char *line, size_t size, size_t nitems, void *ud)
     curl_easy_getinfo(r->easy, CURLINFO_SIZE_DOWNLOAD_T, &got);
     r->body_base = (uint64_t)got;
   } else if (bs_http_header_is(line, n, "Content-Range", &v, &vn)) {
-    x->have_range = bs_http_content_range(v, vn, &x->first, &x->last, &x->total) == 0;
+    uint64_t f = 0, l = 0, t = 0;
+    bool ok = bs_http_content_range(v, vn, &f, &l, &t) == 0;
+    if (!ok)
+      f = l = t = 0;
+    given(x, SEEN_RANGE, ok != x->have_range || f != x->first || l != x->last || t != x->total,
+          "Content-Range");
+    x->have_range = ok;
+    x->first = f, x->last = l, x->total = t;
   } else if (bs_http_header_is(line, n, "Content-Length", &v, &vn)) {
-    if (!bs_http_number(v, vn, &x->length))
-      x->length = UINT64_MAX;
+    uint64_t len;
+    if (!bs_http_number(v, vn, &len))
+      len = UINT64_MAX;
+    given(x, SEEN_LENGTH, len != x->length, "Content-Length");
+    x->length = len;
   } else if (bs_http_header_is(line, n, "ETag", &v, &vn)) {
+    given(x, SEEN_ETAG, vn != x->etag_n || (vn < sizeof x->etag && memcmp(x->etag, v, vn) != 0),
+          "ETag");
     x->etag_n = vn;
     snprintf(x->etag, sizeof x->etag, "%.*s", vn < sizeof x->etag ? (int)vn : 0, v);
   } else if (bs_http_header_is(line, n, "Last-Modified", &v, &vn)) {
+    given(x, SEEN_LASTMOD, strlen(x->lastmod) != vn || memcmp(x->lastmod, v, vn) != 0,
+          "Last-Modified");
     snprintf(x->lastmod, sizeof x->lastmod, "%.*s", vn < sizeof x->lastmod ? (int)vn : 0, v);
   } else if (bs_http_header_is(line, n, "Content-Encoding", &v, &vn)) {
     if (!(vn == 8 && strncasecmp(v, "identity", 8) == 0) && vn)

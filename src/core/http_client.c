@@ -359,6 +359,9 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
              "the server sent the bytes with Content-Encoding: %s (compressed, not the file's "
              "bytes): refused",
              r->x.encoding);
+  } else if (r->x.twice[0]) {
+    snprintf(r->msg, sizeof r->msg, "the answer gives two %s headers that differ: refused",
+             r->x.twice);
   } else {
     r->msg[0] = '\0';
     rc = 0;

@@ -69,6 +69,8 @@ struct bs_http_xfer {
   size_t etag_n;                   /* its length as sent (0: none) */
   char lastmod[64];                /* "" when none (or longer) */
   char encoding[32];               /* Content-Encoding other than identity ("" when none) */
+  unsigned seen;                   /* (the headers above given, a bit each) */
+  char twice[16];                  /* a header given twice with two values ("" when none) */
   char commit[72];                 /* the first answer's X-Repo-Commit (the Hub) */
   long retry_ms;                   /* Retry-After; -1: none */
 };

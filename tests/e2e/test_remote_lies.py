@@ -6,6 +6,12 @@ found by the review of issue 31. Each case failed on the code before it:
                    drains the body of a redirect it follows for the whole
                    http_timeout (GBs read) before the next hop; now cut at
                    64 KiB, one line naming the status, at once
+  twice            an answer with two Content-Range, ETag, Last-Modified or
+                   Content-Length headers that differ (the last one was
+                   taken: `ETag: "2"` then `ETag: "1"` read as "1", exit
+                   0): refused in one line naming the header, at open and
+                   on later ranges; the same header twice with one value
+                   is read
 """
 import os
 import signal
@@ -84,10 +90,60 @@ def redirect_body(tmp):
         check(rc == 0 and out == tensor, "a redirect's 30 KB body: followed (rc %d): %r" % (rc, err))
 
 
+# ---- headers given twice --------------------------------------------------
+
+LM1 = "Mon, 01 Jan 2024 00:00:00 GMT"
+LM2 = "Tue, 02 Jan 2024 00:00:00 GMT"
+
+
+def twice(tmp):
+    data = st_bytes(tmp, {"t": os.urandom(3 << 20)})
+    tensor = data[header_len(data):]
+
+    def cr(hh):
+        return [v for k, v in hh if k == "Content-Range"][0]
+
+    def length(hh, body):
+        return str(len(body))
+    cases = {  # what the lying answer adds: (header, another value)
+        "Content-Range": lambda hh, body: ("Content-Range", "bytes 0-9/%d" % len(data)),
+        "ETag": lambda hh, body: ("ETag", '"2"'),
+        "Last-Modified": lambda hh, body: ("Last-Modified", LM2),
+        "Content-Length": lambda hh, body: ("Content-Length", str(len(body) + 7)),
+    }
+    for name, other in cases.items():
+        for when in ("open", "later"):
+            def answer(method, path, hs, n, other=other, when=when):
+                st, hh, body = range_answer(data, hs, etag='"1"', lastmod=LM1)
+                if when == "later" and opening(hs):
+                    return st, hh, body
+                k, v = other(hh, body)
+                # the other value first, the right one last (which was taken);
+                # (Hostile adds the right Content-Length after these)
+                if k != "Content-Length":
+                    hh = [(a, b) for a, b in hh if a != k] + [(k, v)] + [(a, b) for a, b in hh if a == k]
+                else:
+                    hh = hh + [(k, v)]
+                return st, hh, body
+            with Hostile(answer) as srv:
+                rc, out, err, _ = cli(["cat", srv.url("m.safetensors"), "t"])
+                what = "two %s headers (%s)" % (name, when)
+                line = one_line(err, what)
+                check(rc != 0 and out == b"", "%s: refused (rc %d, %d bytes)" % (what, rc, len(out)))
+                check(name in line and "two" in line, "%s: the line names the header: %r" % (what, line))
+    # the same value twice: read
+    def same_twice(method, path, hs, n):
+        st, hh, body = range_answer(data, hs, etag='"1"', lastmod=LM1)
+        return st, hh + [(k, v) for k, v in hh if k in ("ETag", "Content-Range", "Last-Modified")], body
+    with Hostile(same_twice) as srv:
+        rc, out, err, _ = cli(["cat", srv.url("m.safetensors"), "t"])
+        check(rc == 0 and out == tensor, "the same headers twice: read (rc %d): %r" % (rc, err))
+
+
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(900)
-    run_tests("test_remote_lies", [redirect_body], "rlies")
+    run_tests("test_remote_lies", [redirect_body, twice], "rlies")
 
 
 if __name__ == "__main__":
