@@ -12,6 +12,10 @@ found by the review of issue 31. Each case failed on the code before it:
                    0): refused in one line naming the header, at open and
                    on later ranges; the same header twice with one value
                    is read
+  no_size          under BURNSTORE_HTTP_UNVALIDATED=1 (the size being what
+                   is compared) an answer without the size (`bytes A-B/*`,
+                   a 200 in chunks) swapping the object: the read mixed
+                   the two, exit 0; now the read fails, `without its size`
 """
 import os
 import signal
@@ -140,10 +144,42 @@ def twice(tmp):
         check(rc == 0 and out == tensor, "the same headers twice: read (rc %d): %r" % (rc, err))
 
 
+# ---- an answer without the size, under unvalidated ------------------------
+
+def no_size(tmp):
+    size = 3 << 20
+    v1 = st_bytes(tmp, {"t": os.urandom(size)})
+    v2 = st_bytes(tmp, {"t": os.urandom(size)}) + b"\0" * 4096
+    env = {"BURNSTORE_HTTP_UNVALIDATED": "1"}
+
+    def star(method, path, hs, n, reads={"n": 0}):
+        if opening(hs):
+            return range_answer(v1, hs)
+        reads["n"] += 1
+        data = v1 if reads["n"] < 2 else v2
+        st, hh, body = range_answer(data, hs)
+        return st, [(k, v[:v.rindex("/")] + "/*" if k == "Content-Range" else v) for k, v in hh], body
+
+    def chunked200(method, path, hs, n, reads={"n": 0}):
+        if opening(hs):
+            return range_answer(v1, hs)
+        reads["n"] += 1
+        data = v1 if reads["n"] < 2 else v2
+        return 200, [], iter([data[i:i + 65536] for i in range(0, len(data), 65536)])
+    for what, answer in (("bytes A-B/*", star), ("a 200 in chunks", chunked200)):
+        with Hostile(answer) as srv:
+            rc, out, err, _ = cli(["cat", srv.url("m.safetensors"), "t"], env=env)
+            check(rc != 0, "%s, the object swapped: the read fails (rc %d)" % (what, rc))
+            t2 = v2[header_len(v2):]
+            check(all(out[i:i + 4096] != t2[i:i + 4096] for i in range(0, len(out), 4096)),
+                  "%s: no block of the new object" % what)
+            check("size" in err, "%s: said why: %r" % (what, err))
+
+
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(900)
-    run_tests("test_remote_lies", [redirect_body, twice], "rlies")
+    run_tests("test_remote_lies", [redirect_body, twice, no_size], "rlies")
 
 
 if __name__ == "__main__":
