@@ -191,6 +191,10 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
   curl_easy_setopt(c, CURLOPT_PATH_AS_IS, sh->as_is ? 1L : 0L);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  /* A name still being resolved when the request ends (its deadline, a
+   * cancel) leaves its resolver thread behind, detached: else libcurl joins
+   * it, and the client's one thread (every request) waits for getaddrinfo. */
+  curl_easy_setopt(c, CURLOPT_QUICK_EXIT, 1L);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low);

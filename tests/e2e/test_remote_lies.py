@@ -16,6 +16,11 @@ found by the review of issue 31. Each case failed on the code before it:
                    is compared) an answer without the size (`bytes A-B/*`,
                    a 200 in chunks) swapping the object: the read mixed
                    the two, exit 0; now the read fails, `without its size`
+  slow_dns         a name whose resolution hangs (tests/preload/slowdns.c
+                   LD_PRELOADed: getaddrinfo sleeps 20 s), http_timeout=2:
+                   the request ended at 2 s but libcurl joined the resolver
+                   thread, so `ls` took 20 s (and the client's one thread,
+                   every other request, waited with it); now 2 s, one line
 """
 import os
 import signal
@@ -176,10 +181,30 @@ def no_size(tmp):
             check("size" in err, "%s: said why: %r" % (what, err))
 
 
+# ---- a resolver that hangs --------------------------------------------------
+
+def slow_dns(tmp):
+    data = st_bytes(tmp, {"t": os.urandom(1 << 20)})
+    shim = os.environ.get("BS_SLOWDNS", "")
+    if not check(os.path.exists(shim), "slow_dns: BS_SLOWDNS names the preload shim: %r" % shim):
+        return
+    # (the shim comes before a sanitizer's runtime in the library list)
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    env = {"LD_PRELOAD": shim, "BS_SLOWDNS_S": "20", "BURNSTORE_HTTP_TIMEOUT": "2",
+           "ASAN_OPTIONS": (asan + ":" if asan else "") + "verify_asan_link_order=0"}
+    with Hostile(lambda m, p, hs, n: range_answer(data, hs, etag='"1"')) as srv:
+        url = "http://slowdns.test:%d/m.safetensors" % srv.port
+        rc, out, err, took = cli(["ls", url], env=env)
+        line = one_line(err, "slow dns")
+        check(rc != 0 and ("Resolving" in line or "no answer" in line),
+              "slow dns: refused in one line (rc %d): %r" % (rc, line))
+        check(took < 2 + 2.5, "slow dns: within http_timeout=2: %.1f s" % took)
+
+
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(900)
-    run_tests("test_remote_lies", [redirect_body, twice, no_size], "rlies")
+    run_tests("test_remote_lies", [redirect_body, twice, no_size, slow_dns], "rlies")
 
 
 if __name__ == "__main__":
