@@ -322,7 +322,13 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
       end(r, -EIO, ended);
       return;
     }
-    snprintf(r->msg, sizeof r->msg, "%s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc));
+    /* (libcurl 7.88 says only "Out of memory" of a header line over its
+     * 100 KiB bound: a server's, most likely) */
+    snprintf(r->msg, sizeof r->msg, "%s",
+             r->errbuf[0]                ? r->errbuf
+             : cc == CURLE_OUT_OF_MEMORY ? "a header line of the answer is over 100 KiB (or out of "
+                                           "memory)"
+                                         : curl_easy_strerror(cc));
     if (cc == CURLE_OPERATION_TIMEDOUT && now + 50 >= r->deadline) {
       timed_out(r, r->msg);
       end(r, -EIO, ended);

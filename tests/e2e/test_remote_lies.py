@@ -16,6 +16,9 @@ found by the review of issue 31. Each case failed on the code before it:
                    is compared) an answer without the size (`bytes A-B/*`,
                    a 200 in chunks) swapping the object: the read mixed
                    the two, exit 0; now the read fails, `without its size`
+  huge_header      a header line of 1 MiB (libcurl's bound is 100 KiB):
+                   the read failed with "Out of memory", now with a line
+                   saying a header line is over 100 KiB
   slow_dns         a name whose resolution hangs (tests/preload/slowdns.c
                    LD_PRELOADed: getaddrinfo sleeps 20 s), http_timeout=2:
                    the request ended at 2 s but libcurl joined the resolver
@@ -181,6 +184,23 @@ def no_size(tmp):
             check("size" in err, "%s: said why: %r" % (what, err))
 
 
+# ---- a header line over libcurl's bound -------------------------------------
+
+def huge_header(tmp):
+    data = st_bytes(tmp, {"t": os.urandom(3 << 20)})
+    for when in ("open", "later"):
+        def answer(method, path, hs, n, when=when):
+            st, hh, body = range_answer(data, hs, etag='"1"')
+            if when == "open" or not opening(hs):
+                hh = hh + [("X-Big", "a" * (1 << 20))]
+            return st, hh, body
+        with Hostile(answer) as srv:
+            rc, out, err, took = cli(["cat", srv.url("m.safetensors"), "t"])
+            line = one_line(err, "huge header (%s)" % when)
+            check(rc != 0 and "header line" in line and "100 KiB" in line,
+                  "huge header (%s): said so (rc %d): %r" % (when, rc, line))
+
+
 # ---- a resolver that hangs --------------------------------------------------
 
 def slow_dns(tmp):
@@ -204,7 +224,7 @@ def slow_dns(tmp):
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(900)
-    run_tests("test_remote_lies", [redirect_body, twice, no_size, slow_dns], "rlies")
+    run_tests("test_remote_lies", [redirect_body, twice, no_size, huge_header, slow_dns], "rlies")
 
 
 if __name__ == "__main__":
