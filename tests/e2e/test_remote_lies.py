@@ -27,41 +27,13 @@ found by the review of issue 31. Each case failed on the code before it:
 """
 import os
 import signal
-import struct
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../support"))
-from bsmount import BIN, check, run_tests, write_safetensors  # noqa: E402
+from bsmount import check, run_tests  # noqa: E402
 from httpfault import Hostile, range_answer  # noqa: E402
-
-
-def st_bytes(tmp, tensors):
-    path = os.path.join(tmp, "x.safetensors")
-    write_safetensors(path, tensors)
-    with open(path, "rb") as f:
-        data = f.read()
-    os.unlink(path)
-    return data
-
-
-def header_len(data):
-    return 8 + struct.unpack("<Q", data[:8])[0]
-
-
-def cli(args, env=None, timeout=120):
-    t = time.time()
-    r = subprocess.run([BIN] + args, capture_output=True, timeout=timeout,
-                       env=dict(os.environ, **(env or {})))
-    return r.returncode, r.stdout, r.stderr.decode(errors="replace"), time.time() - t
-
-
-def one_line(err, what):
-    lines = [x for x in err.splitlines() if x.strip()]
-    check(len(lines) == 1, "%s: one line: %r" % (what, lines))
-    return lines[0] if lines else ""
+from test_remote_hostile import LM1, LM2, cli, header_len, one_line, st_bytes  # noqa: E402
 
 
 def opening(hs):
@@ -103,10 +75,6 @@ def redirect_body(tmp):
 
 
 # ---- headers given twice --------------------------------------------------
-
-LM1 = "Mon, 01 Jan 2024 00:00:00 GMT"
-LM2 = "Tue, 02 Jan 2024 00:00:00 GMT"
-
 
 def twice(tmp):
     data = st_bytes(tmp, {"t": os.urandom(3 << 20)})
