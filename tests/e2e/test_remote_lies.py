@@ -16,6 +16,11 @@ found by the review of issue 31. Each case failed on the code before it:
                    is compared) an answer without the size (`bytes A-B/*`,
                    a 200 in chunks) swapping the object: the read mixed
                    the two, exit 0; now the read fails, `without its size`
+  open_range       the opening request (bytes 0-65535) answered with bytes
+                   0-131071 or 5-65540: refused as "short body: 65536 of
+                   65536 bytes"; now "another range than asked", naming
+                   both; a 412 to it (which sets no precondition) said
+                   "the object changed on the server"
   huge_header      a header line of 1 MiB (libcurl's bound is 100 KiB):
                    the read failed with "Out of memory", now with a line
                    saying a header line is over 100 KiB
@@ -152,6 +157,30 @@ def no_size(tmp):
             check("size" in err, "%s: said why: %r" % (what, err))
 
 
+# ---- the opening range ------------------------------------------------------
+
+def open_range(tmp):
+    data = st_bytes(tmp, {"t": os.urandom(1 << 20)})
+    cases = {
+        "more than asked": (0, 131071, "bytes 0-131071"),
+        "shifted": (5, 65540, "bytes 5-65540"),
+    }
+    for what, (a, b, said) in cases.items():
+        def answer(method, path, hs, n, a=a, b=b):
+            if opening(hs):
+                return 206, [("ETag", '"1"'), ("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))], data[a:b + 1]
+            return range_answer(data, hs, etag='"1"')
+        with Hostile(answer) as srv:
+            rc, out, err, _ = cli(["ls", srv.url("m.safetensors")])
+            line = one_line(err, "open: %s" % what)
+            check(rc != 0 and "another range than asked" in line and said in line,
+                  "open: %s: said so (rc %d): %r" % (what, rc, line))
+    with Hostile(lambda m, p, hs, n: (412, [], b"")) as srv:
+        rc, out, err, _ = cli(["ls", srv.url("m.safetensors")])
+        line = one_line(err, "open: 412")
+        check(rc != 0 and "412" in line and "changed" not in line, "open: 412: said so: %r" % line)
+
+
 # ---- a header line over libcurl's bound -------------------------------------
 
 def huge_header(tmp):
@@ -192,7 +221,7 @@ def slow_dns(tmp):
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(900)
-    run_tests("test_remote_lies", [redirect_body, twice, no_size, huge_header, slow_dns], "rlies")
+    run_tests("test_remote_lies", [redirect_body, twice, no_size, open_range, huge_header, slow_dns], "rlies")
 
 
 if __name__ == "__main__":
