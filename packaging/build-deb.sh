@@ -2,12 +2,13 @@
 # Builds the Debian packages (Debian 12):
 #     bash packaging/build-deb.sh [BUILD_DIR]      # default: build-deb/ in the clone
 #   burnstore_VERSION-REV_ARCH.deb          the binary, mount helper, man pages
-#   libburnstore0.1_VERSION-REV_ARCH.deb    the shared library
-#   libburnstore-dev_VERSION-REV_ARCH.deb   headers, pkg-config file, example
+#   libburnstore0.2_VERSION-REV_ARCH.deb    the shared library (named after its SONAME)
+#   libburnstore-dev_VERSION-REV_ARCH.deb   burnstore.h, pkg-config file, guide, examples
+#   python3-burnstore_VERSION-REV_all.deb   the Python module (ctypes)
 # A release build without tests under the prefix /usr with Debian's hardening
 # flags (dpkg-buildflags), packed by CPack's DEB generator, one package per
 # install component (packaging/debian.cmake; needs dpkg-dev: bash
-# .ci/install-deps has it). Prints the paths of the three .deb files, one a
+# .ci/install-deps has it). Prints the paths of the four .deb files, one a
 # line, last. Install them with
 #     sudo apt-get install ./build-deb/*.deb
 set -euo pipefail
@@ -32,7 +33,7 @@ rm -f "$dir"/*.deb
 # trigger and without the two scripts, which do nothing else, and with the
 # field CPack cannot write, Multi-Arch: same (the library is in the
 # multiarch directory, its other files are the same bytes on every
-# architecture: libburnstore0.1:amd64 and :i386 install side by side).
+# architecture: libburnstore0.2:amd64 and :i386 install side by side).
 lib=$(ls "$dir"/libburnstore[0-9]*_*.deb)
 [ "$(echo "$lib" | wc -l)" -eq 1 ] || { echo "build-deb: not one library package: $lib" >&2; exit 1; }
 root=$dir/lib-repack

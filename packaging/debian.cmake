@@ -1,14 +1,17 @@
-# The three Debian packages (packaging/build-deb.sh configures with
+# The four Debian packages (packaging/build-deb.sh configures with
 # -DBURNSTORE_DEBIAN=ON and runs cpack): one per install component,
 #   burnstore          bin: /usr/bin/burnstore, /sbin/mount.burnstore (beside
 #                      fuse3's mount.fuse3: mount(8) looks in /sbin), man pages
-#   libburnstore0.1    lib: libburnstore.so.0.1.0 and its SONAME link (Debian
-#                      names a library package after its SONAME, libburnstore.so.0.1)
-#   libburnstore-dev   dev: headers, the libburnstore.so link, burnstore.pc,
-#                      the docs' example
+#   libburnstore0.2    lib: libburnstore.so.0.2.0 and its SONAME link (Debian
+#                      names a library package after its SONAME, libburnstore.so.0.2:
+#                      it moves with every ABI break, and the package name with it)
+#   libburnstore-dev   dev: burnstore.h, the libburnstore.so link, burnstore.pc,
+#                      the docs' examples
+#   python3-burnstore  python: the ctypes module in /usr/lib/python3/dist-packages
+#                      (Architecture: all)
 # each with its copyright and changelog.Debian.gz in /usr/share/doc/PACKAGE,
 # man pages gzipped -9n (no name or time in the gzip header: reproducible).
-# packaging/lintian-overrides.md lists what lintian still says and why.
+# packaging/lintian.md lists what lintian said and what fixed it.
 get_target_property(BS_SOVERSION burnstore_shared SOVERSION)
 set(BS_DEB_LIB libburnstore${BS_SOVERSION})
 set(BS_DEB_REVISION 1)
@@ -34,45 +37,46 @@ foreach(sec 1 8)
 endforeach()
 bs_deb_gzip(${CMAKE_SOURCE_DIR}/packaging/changelog ${BS_DEB_DIR}/changelog.Debian.gz)
 
-# The symbols file (dpkg-gensymbols, from the built library's exports: every
-# symbol since this version, as the SOVERSION changes with each 0.x minor).
-# The Build-Depends-Package line names the -dev package (for dpkg-shlibdeps).
+# The symbols file: packaging/libburnstore.symbols, kept by hand (every
+# exported function and the version it came in; its Build-Depends-Package
+# line names the -dev package for dpkg-shlibdeps), checked against the built
+# library by dpkg-gensymbols -c4: a function added, removed or renamed fails
+# the build until the file says so (and a removal moves the SOVERSION).
+file(STRINGS ${CMAKE_SOURCE_DIR}/packaging/libburnstore.symbols _bs_sym0 LIMIT_COUNT 1)
+if(NOT _bs_sym0 STREQUAL "libburnstore.so.${BS_SOVERSION} ${BS_DEB_LIB} #MINVER#")
+  message(FATAL_ERROR "packaging/libburnstore.symbols begins '${_bs_sym0}', not "
+                      "'libburnstore.so.${BS_SOVERSION} ${BS_DEB_LIB} #MINVER#'")
+endif()
 add_custom_command(OUTPUT ${BS_DEB_DIR}/symbols
-                   COMMAND dpkg-gensymbols -q -p${BS_DEB_LIB} -v${PROJECT_VERSION}
-                           -e$<TARGET_FILE:burnstore_shared> -O${BS_DEB_DIR}/symbols
-                   COMMAND sed -i "1a * Build-Depends-Package: libburnstore-dev"
-                           ${BS_DEB_DIR}/symbols
-                   DEPENDS burnstore_shared VERBATIM)
+                   COMMAND dpkg-gensymbols -q -c4 -p${BS_DEB_LIB} -v${PROJECT_VERSION}
+                           -e$<TARGET_FILE:burnstore_shared>
+                           -I${CMAKE_SOURCE_DIR}/packaging/libburnstore.symbols
+                           -O${BS_DEB_DIR}/symbols
+                   DEPENDS burnstore_shared ${CMAKE_SOURCE_DIR}/packaging/libburnstore.symbols
+                   VERBATIM)
 add_custom_target(bs_debian ALL DEPENDS ${BS_DEB_GZ} ${BS_DEB_DIR}/symbols)
 
-foreach(comp_pkg "bin;burnstore" "lib;${BS_DEB_LIB}" "dev;libburnstore-dev")
+foreach(comp_pkg "bin;burnstore" "lib;${BS_DEB_LIB}" "dev;libburnstore-dev"
+                 "python;python3-burnstore")
   list(GET comp_pkg 0 comp)
   list(GET comp_pkg 1 pkg)
   install(FILES ${CMAKE_SOURCE_DIR}/packaging/copyright ${BS_DEB_DIR}/changelog.Debian.gz
           DESTINATION ${BS_DOCDIR}/${pkg} COMPONENT ${comp})
 endforeach()
-# What lintian says that is right for Debian's archive but not for this
-# package (packaging/lintian.md): overridden, with the reason, where lintian
-# reads overrides.
-foreach(pkg burnstore ${BS_DEB_LIB} libburnstore-dev)
-  file(WRITE ${BS_DEB_DIR}/overrides/${pkg}
-       "# Not uploaded to Debian: there is no ITP bug to close (packaging/lintian.md).\n"
-       "${pkg}: initial-upload-closes-no-bugs\n")
-endforeach()
-foreach(comp_pkg "bin;burnstore" "lib;${BS_DEB_LIB}" "dev;libburnstore-dev")
-  list(GET comp_pkg 0 comp)
-  list(GET comp_pkg 1 pkg)
-  install(FILES ${BS_DEB_DIR}/overrides/${pkg} DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/lintian/overrides
-          COMPONENT ${comp})
-endforeach()
+# lintian is clean without overrides (packaging/lintian.md): 0.1.0-1 overrode
+# initial-upload-closes-no-bugs, which a changelog of more than one entry no
+# longer raises (an unused override fails tests/package/test_package.sh).
 install(FILES ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/docs/user-guide.md
         DESTINATION ${BS_DOCDIR}/burnstore COMPONENT bin)
+install(FILES ${CMAKE_SOURCE_DIR}/docs/library.md DESTINATION ${BS_DOCDIR}/libburnstore-dev
+        COMPONENT dev)
 install(FILES ${CMAKE_SOURCE_DIR}/docs/examples/list_tensors.c
+              ${CMAKE_SOURCE_DIR}/docs/examples/read_f32.c ${CMAKE_SOURCE_DIR}/docs/examples/convert.c
         DESTINATION ${BS_DOCDIR}/libburnstore-dev/examples COMPONENT dev)
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
-set(CPACK_COMPONENTS_ALL bin lib dev)
+set(CPACK_COMPONENTS_ALL bin lib dev python)
 set(CPACK_PACKAGE_NAME burnstore)
 set(CPACK_PACKAGE_CONTACT "burnstore maintainers <maintainers@users.noreply.a-seed-b015ea89.example>")
 set(CPACK_DEBIAN_PACKAGE_RELEASE ${BS_DEB_REVISION})
@@ -80,7 +84,7 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # A shlibs file in every package with a shared library (the lib package):
-# libburnstore 0.1 libburnstore0.1 (>= 0.1.0-1).
+# libburnstore 0.2 libburnstore0.2 (>= 0.2.0-1).
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_STRIP_FILES ON)
@@ -114,10 +118,11 @@ set(CPACK_DEBIAN_LIB_PACKAGE_SECTION libs)
 # the ldconfig trigger (packaging/triggers) Debian uses.
 set(CPACK_DEBIAN_LIB_PACKAGE_CONTROL_EXTRA ${BS_DEB_DIR}/symbols)
 set(CPACK_COMPONENT_LIB_DESCRIPTION "model checkpoints as tensor catalogs (shared library)
-libburnstore reads Burnpack, SafeTensors, PyTorch and GGUF checkpoints: it
-sniffs the format, lists the tensors (name, dtype, shape, where the bytes
-are) and reads a tensor's bytes. It is the core under the burnstore mount
-and CLI.
+libburnstore reads Burnpack, SafeTensors (also sharded), PyTorch and GGUF
+checkpoints, local or by URL (HTTP range requests): it sniffs the format,
+lists the tensors (name, dtype, shape, metadata), reads their bytes, raw or
+decoded to F32, and writes checkpoints in any of those formats. A small C
+API of opaque handles; the burnstore mount and CLI use the same core.
 .
 This package contains the shared library.")
 
@@ -127,10 +132,28 @@ set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${BS_DEB_LIB} (= ${BS_DEB_VERSION})")
 set(CPACK_DEBIAN_DEV_PACKAGE_BREAKS ${BS_DEB_SPLIT})
 set(CPACK_DEBIAN_DEV_PACKAGE_REPLACES ${BS_DEB_SPLIT})
 set(CPACK_COMPONENT_DEV_DESCRIPTION "model checkpoints as tensor catalogs (development files)
-libburnstore reads Burnpack, SafeTensors, PyTorch and GGUF checkpoints: it
-sniffs the format, lists the tensors (name, dtype, shape, where the bytes
-are) and reads a tensor's bytes.
+libburnstore reads Burnpack, SafeTensors (also sharded), PyTorch and GGUF
+checkpoints, local or by URL: it lists the tensors, reads their bytes, raw
+or decoded to F32, and writes checkpoints in any of those formats.
 .
-This package contains the headers, the pkg-config file (burnstore) and an
-example program.")
+This package contains the header (burnstore.h), the pkg-config file
+(burnstore), the library's guide and three example programs.")
+
+# The Python module: no compiled code (Architecture: all), on the library
+# package of this SONAME (any release of it: the ABI is the SONAME's) and
+# NumPy. Byte-compiled at install and cleaned at removal as dh_python3's
+# maintainer scripts do (packaging/python3-burnstore/).
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-burnstore)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
+    "python3:any, python3-numpy, ${BS_DEB_LIB} (>= ${BS_DEB_VERSION})")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_EXTRA
+    "${CMAKE_SOURCE_DIR}/packaging/python3-burnstore/postinst;${CMAKE_SOURCE_DIR}/packaging/python3-burnstore/prerm")
+set(CPACK_COMPONENT_PYTHON_DESCRIPTION "model checkpoints as NumPy arrays (Python 3)
+The burnstore module opens Burnpack, SafeTensors (also sharded), PyTorch and
+GGUF checkpoints, local or by URL, as read-only mappings of tensor names to
+NumPy arrays (memory-mapped where a tensor is one range of a local file),
+and saves mappings of arrays in any of those formats. It needs no FUSE: it
+calls libburnstore through ctypes.")
 include(CPack)

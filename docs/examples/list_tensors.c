@@ -1,34 +1,44 @@
-/* libburnstore's example: list a checkpoint's tensors (as `burnstore ls`
- * does) and print the first values of one. Any format burnstore reads.
+/* libburnstore's first example: list a checkpoint's tensors as `burnstore ls`
+ * does, and print the first values of one. Any format burnstore reads, a
+ * file, a directory (a shard set) or a URL.
  *     cc list_tensors.c $(pkg-config --cflags --libs burnstore) -o list_tensors
  *     ./list_tensors model.bpk              # KEY DTYPE SHAPE BYTES, one a line
  *     ./list_tensors model.bpk fc3.bias     # its first 8 values
- * tests/package/check_library.sh compiles and runs it against an installed
- * library. */
-#include <burnstore/formats.h>
+ * The tests compile and run it against the installed library and the
+ * build's (tests/package/check_examples.py). */
+#include <burnstore.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
-/* The first 8 values of an F32 tensor, or the first 32 bytes in hex. */
-static int print_values(const struct bs_catalog *cat, const struct bs_tensor *t)
+/* "[64,1,3,3]", as burnstore ls prints a shape. */
+static void print_shape(const burnstore_tensor *t)
+{
+  const uint64_t *dims = burnstore_tensor_shape(t);
+  printf("[");
+  for (unsigned d = 0; d < burnstore_tensor_rank(t); d++)
+    printf("%s%" PRIu64, d ? "," : "", dims[d]);
+  printf("]");
+}
+
+/* The first 8 values of an F32 tensor, or its first 32 bytes in hex. */
+static int print_values(const burnstore_tensor *t)
 {
   unsigned char buf[32];
-  /* Bytes [0, n) of the tensor's row-major data, read from the file
-   * (strided PyTorch views are gathered); -errno on failure. */
-  long n = bs_tensor_read(cat, t, 0, buf, sizeof buf);
-  if (n < 0) {
-    fprintf(stderr, "%s: cannot read (%s)\n", t->key, strerror((int)-n));
+  size_t n;
+  if (burnstore_tensor_read(t, 0, buf, sizeof buf, &n) != 0) {
+    fprintf(stderr, "%s\n", burnstore_errmsg());
     return 1;
   }
-  printf("%s:", t->key);
-  for (long i = 0; i < n; i += t->dtype == BS_DT_F32 ? 4 : 1) {
+  bool f32 = burnstore_tensor_dtype(t) == BURNSTORE_DT_F32;
+  printf("%s:", burnstore_tensor_key(t));
+  for (size_t i = 0; i + (f32 ? 4 : 1) <= n; i += f32 ? 4 : 1) {
     float f;
-    if (t->dtype != BS_DT_F32) {
-      printf(" %02x", buf[i]);
-    } else if (i + 4 <= n) {
-      memcpy(&f, buf + i, sizeof f); /* a little-endian host */
+    if (f32) {
+      memcpy(&f, buf + i, sizeof f); /* little-endian data, a little-endian host */
       printf(" %g", (double)f);
+    } else {
+      printf(" %02x", buf[i]);
     }
   }
   printf("\n");
@@ -37,39 +47,36 @@ static int print_values(const struct bs_catalog *cat, const struct bs_tensor *t)
 
 int main(int argc, char **argv)
 {
-  if (argc < 2) {
+  if (argc < 2 || argc > 3) {
     fprintf(stderr, "usage: %s CHECKPOINT [TENSOR]\n", argv[0]);
     return 2;
   }
-  bs_err err = {0};
-  struct bs_src src;
-  struct bs_catalog cat;
-  bs_catalog_init(&cat);
-  /* bs_open_any takes the source (also on failure): only the catalog is
-   * destroyed. */
-  if (bs_src_open(&src, argv[1], &err) != 0 || bs_open_any(&cat, &src, NULL, &err) != 0) {
-    char line[512];
-    fprintf(stderr, "%s\n", bs_err_format(&err, argv[1], line, sizeof line));
-    bs_catalog_destroy(&cat);
+  if (burnstore_init(0) != 0) {
+    fprintf(stderr, "%s\n", burnstore_errmsg());
     return 1;
   }
-  int rc = 0;
-  if (argc == 2) {
-    for (size_t i = 0; i < cat.count; i++) {
-      const struct bs_tensor *t = &cat.tensors[i];
-      char shape[512];
-      bs_shape_format(shape, sizeof shape, t->rank, t->shape);
-      printf("%s\t%s\t%s\t%" PRIu64 "\n", t->key, bs_dtype_name(t->dtype), shape, t->nbytes);
+  int rc = 1;
+  burnstore_checkpoint *ck = burnstore_open(argv[1], NULL); /* options: none */
+  if (!ck) {
+    fprintf(stderr, "%s\n", burnstore_errmsg()); /* "FILE: offset 0x..: what" */
+  } else if (argc == 2) {
+    for (size_t i = 0; i < burnstore_count(ck); i++) {
+      const burnstore_tensor *t = burnstore_tensor_at(ck, i);
+      const char *why = burnstore_tensor_unreadable(t);
+      printf("%s\t%s\t", burnstore_tensor_key(t), burnstore_dtype_name(burnstore_tensor_dtype(t)));
+      print_shape(t);
+      printf("\t%" PRIu64 "%s%s\n", burnstore_tensor_nbytes(t), why ? "\tunsupported: " : "",
+             why ? why : "");
     }
+    rc = 0;
   } else {
-    long i = bs_catalog_find(&cat, argv[2]);
-    if (i < 0) {
-      fprintf(stderr, "%s: no tensor '%s'\n", argv[1], argv[2]);
-      rc = 1;
-    } else {
-      rc = print_values(&cat, &cat.tensors[i]);
-    }
+    const burnstore_tensor *t = burnstore_find(ck, argv[2]);
+    if (!t)
+      fprintf(stderr, "%s\n", burnstore_errmsg());
+    else
+      rc = print_values(t);
   }
-  bs_catalog_destroy(&cat);
+  burnstore_close(ck);
+  burnstore_shutdown();
   return rc;
 }

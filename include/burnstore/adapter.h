@@ -22,7 +22,7 @@
 #include "burnstore/err.h"
 #include "burnstore/keys.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 struct bs_adapter {
   bool pytorch;

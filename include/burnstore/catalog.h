@@ -12,7 +12,7 @@
 #include "burnstore/err.h"
 #include "burnstore/source.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 /* The formats: one value per row of the format registry (formats.h,
  * src/formats/registry.c), in detection order. NONE is a catalog that was

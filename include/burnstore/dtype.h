@@ -9,7 +9,7 @@
 
 #include "burnstore/err.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 enum bs_dtype {
   BS_DT_F64,

@@ -10,11 +10,12 @@
 #define BS_NODISCARD __attribute__((warn_unused_result))
 #define BS_OFF_NONE UINT64_MAX /* the error is not about a place in the file */
 
-/* The API: what the public headers declare between push(default) and pop is
- * exported from libburnstore.so, whose objects are built with
- * -fvisibility=hidden; everything else (the private headers beside the code)
- * stays inside the library. */
-#pragma GCC visibility push(default)
+/* Internal: the headers of include/burnstore/ are the core's, shared by the
+ * library, the daemon, the CLI and the tests, and neither installed nor
+ * exported: libburnstore.so exports only include/burnstore.h (the API,
+ * src/api/), each of whose declarations says so. Their declarations are
+ * hidden, as -fvisibility=hidden makes everything else. */
+#pragma GCC visibility push(hidden)
 
 typedef struct bs_err {
   int code;     /* 0 = no error; else an errno: EINVAL, ENOTSUP, ENOMEM, EIO, EFBIG... */

@@ -14,7 +14,7 @@
 #include "burnstore/catalog.h" /* enum bs_format (one value per row) */
 #include "burnstore/sink.h"    /* struct bs_buf */
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 /* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
  * BS_FMT_NONE, "?" out of range. */

@@ -11,7 +11,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/err.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 /* PCRE2 types, declared here so that users of this header need not include
  * pcre2.h (these are the tags pcre2.h uses for PCRE2_CODE_UNIT_WIDTH 8). */

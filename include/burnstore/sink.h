@@ -15,7 +15,7 @@
 
 #include "burnstore/err.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 struct bs_buf {
   uint8_t *data; /* owned (bs_malloc) */

@@ -12,7 +12,7 @@
 
 #include "burnstore/err.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 struct bs_src;
 

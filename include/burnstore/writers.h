@@ -10,7 +10,7 @@
 #include "burnstore/catalog.h"
 #include "burnstore/sink.h"
 
-#pragma GCC visibility push(default) /* the API (err.h) */
+#pragma GCC visibility push(hidden) /* internal (err.h) */
 
 /* Options of one write-back (recorded in the staging INDEX). */
 struct bs_write_opts {

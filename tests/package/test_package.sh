@@ -2,8 +2,8 @@
 # The Debian packages, end to end, as root on Debian 12 (tests/run.sh runs it
 # as its last stage, after undoing its release install; runnable alone):
 #     bash tests/package/test_package.sh [BUILD_DIR]    # default: build-deb/
-# Builds burnstore, libburnstore0.1 and libburnstore-dev
-# (packaging/build-deb.sh) and checks their names, versions (= CMake's
+# Builds burnstore, libburnstoreX.Y (X.Y: the SOVERSION), libburnstore-dev and
+# python3-burnstore (packaging/build-deb.sh) and checks their names, versions (= CMake's
 # project() and packaging/changelog), fields, dependencies and contents;
 # lintian must report no error and no warning (the kept ones are overridden
 # in the packages, each with its reason: packaging/lintian.md). Then, with
@@ -12,11 +12,15 @@
 #     split: they take its files over, apt removes it;
 #   - the library package alone: in the ld.so cache (its ldconfig trigger),
 #     no header nor unversioned .so, and a program linked against it runs;
-#   - plus -dev: the docs' example through pkg-config (check_library.sh:
-#     exports, headers, the example's output), the installed example the same;
+#   - plus -dev: the docs' examples through pkg-config (check_library.sh:
+#     the one header, the exports = the symbols file, the three examples run),
+#     the installed examples the same;
 #   - plus burnstore: its version, man pages, and a mount through the
 #     installed mount.burnstore (mount -t burnstore, under a deadline, always
-#     unmounted).
+#     unmounted);
+#   - plus python3-burnstore: tests/e2e/test_python.py against the installed
+#     module and library (torch.load, mounts, nginx), byte-compiled by its
+#     postinst and cleaned by its prerm.
 # apt-get remove must leave none of the packages' files behind, and purge
 # forgets them. They are purged at exit also on failure.
 # Refuses to run when one of the packages or an unpackaged
@@ -43,7 +47,7 @@ version=$(sed -n 's/^project(burnstore VERSION \([0-9.]*\).*/\1/p' "$here/CMakeL
 [ -n "$version" ] || fail "no version in CMakeLists.txt's project()"
 # SOVERSION is MAJOR.MINOR (CMakeLists.txt); Debian names the package after it.
 lib=libburnstore${version%.*}
-pkgs=(burnstore "$lib" libburnstore-dev)
+pkgs=(burnstore "$lib" libburnstore-dev python3-burnstore)
 for p in "${pkgs[@]}"; do
   ! known "$p" || fail "dpkg knows a $p package already (apt-get purge ${pkgs[*]} first)"
 done
@@ -81,13 +85,15 @@ debver=$(sed -n '1s/^burnstore (\([^)]*\)).*/\1/p' "$here/packaging/changelog")
 [ "${debver%-*}" = "$version" ] || fail "packaging/changelog's latest entry is '$debver', project() says $version"
 declare -A deb
 for p in "${pkgs[@]}"; do
-  deb[$p]=$dir/${p}_${debver}_${arch}.deb
+  a=$arch
+  [ "$p" = python3-burnstore ] && a=all
+  deb[$p]=$dir/${p}_${debver}_${a}.deb
   [ -f "${deb[$p]}" ] || fail "no ${deb[$p]} (built: ${debs[*]})"
   [ "$(dpkg-deb -f "${deb[$p]}" Package)" = "$p" ] || fail "${deb[$p]}'s Package is not $p"
   [ "$(dpkg-deb -f "${deb[$p]}" Version)" = "$debver" ] || fail "$p's version is not $debver"
   dpkg-deb -c "${deb[$p]}" | awk '{print $6}' | sed 's:^\.::; s:/$::' >"$tmp/$p.paths"
 done
-[ ${#debs[@]} -eq 3 ] || fail "build-deb.sh built ${#debs[@]} packages, not 3: ${debs[*]}"
+[ ${#debs[@]} -eq 4 ] || fail "build-deb.sh built ${#debs[@]} packages, not 4: ${debs[*]}"
 field_is() { # PACKAGE FIELD VALUE
   [ "$(dpkg-deb -f "${deb[$1]}" "$2")" = "$3" ] || fail "$1's $2 is '$(dpkg-deb -f "${deb[$1]}" "$2")', not '$3'"
 }
@@ -95,6 +101,8 @@ field_is burnstore Section utils
 field_is "$lib" Section libs
 field_is libburnstore-dev Section libdevel
 field_is "$lib" Multi-Arch same
+field_is python3-burnstore Section python
+field_is python3-burnstore Architecture all
 has_deps() { # PACKAGE DEP... (each "name" or "name (op version)")
   local p=$1 d depends
   shift
@@ -106,6 +114,7 @@ has_deps() { # PACKAGE DEP... (each "name" or "name (op version)")
 has_deps burnstore fuse3 libfuse3-3 libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
 has_deps "$lib" libcbor0.8 libpcre2-8-0 libjansson4 zlib1g libcurl4
 has_deps libburnstore-dev "$lib (= $debver)"
+has_deps python3-burnstore "python3:any" python3-numpy "$lib (>= $debver)"
 for p in burnstore "$lib"; do
   field_is "$p" Recommends ca-certificates
 done
@@ -123,15 +132,25 @@ contains "$lib" "$so.$version"
 contains "$lib" "$so.${version%.*}"
 lacks "$lib" "^$so\$|^/usr/include|\\.pc\$|/bin/|/sbin/"
 contains libburnstore-dev "$so"
-contains libburnstore-dev /usr/include/burnstore/formats.h
+contains libburnstore-dev /usr/include/burnstore.h
+lacks libburnstore-dev "^/usr/include/burnstore/"
 contains libburnstore-dev "/usr/lib/$multi/pkgconfig/burnstore.pc"
-contains libburnstore-dev /usr/share/doc/libburnstore-dev/examples/list_tensors.c
+contains libburnstore-dev /usr/share/doc/libburnstore-dev/library.md
+for ex in list_tensors read_f32 convert; do
+  contains libburnstore-dev "/usr/share/doc/libburnstore-dev/examples/$ex.c"
+done
 lacks libburnstore-dev "^$so\\.|/bin/|/sbin/"
+contains python3-burnstore /usr/lib/python3/dist-packages/burnstore/__init__.py
+lacks python3-burnstore "libburnstore\\.so|/bin/|/sbin/|^/usr/include|__pycache__|\\.pyc\$"
+dpkg-deb -I "${deb[python3-burnstore]}" postinst | grep -q "py3compile -p python3-burnstore" ||
+  fail "python3-burnstore's postinst does not byte-compile it"
+dpkg-deb -I "${deb[python3-burnstore]}" prerm | grep -q "py3clean -p python3-burnstore" ||
+  fail "python3-burnstore's prerm does not clean its byte-code"
 contains burnstore /usr/bin/burnstore
 contains burnstore /sbin/mount.burnstore
 contains burnstore /usr/share/man/man1/burnstore.1.gz
 contains burnstore /usr/share/man/man8/mount.burnstore.8.gz
-lacks burnstore "libburnstore|^/usr/include"
+lacks burnstore "libburnstore|^/usr/include|dist-packages"
 for p in "${pkgs[@]}"; do
   contains "$p" "/usr/share/doc/$p/copyright"
   contains "$p" "/usr/share/doc/$p/changelog.Debian.gz"
@@ -141,6 +160,10 @@ dpkg-deb -I "${deb[$lib]}" shlibs | grep -qx "libburnstore ${version%.*} $lib (>
   fail "$lib's shlibs: $(dpkg-deb -I "${deb[$lib]}" shlibs)"
 dpkg-deb -I "${deb[$lib]}" symbols | head -1 | grep -qx "libburnstore.so.${version%.*} $lib #MINVER#" ||
   fail "$lib's symbols file: $(dpkg-deb -I "${deb[$lib]}" symbols | head -2)"
+# (the symbols file is packaging/libburnstore.symbols: dpkg-gensymbols -c4
+# checked it against the library when it was built)
+cmp -s <(dpkg-deb -I "${deb[$lib]}" symbols) "$here/packaging/libburnstore.symbols" ||
+  fail "$lib's symbols file is not packaging/libburnstore.symbols"
 echo "ok: ${pkgs[*]} $debver: names, sections, Depends, contents, shlibs, symbols, ldconfig trigger"
 
 # lintian: no error, no warning. What is kept is overridden in the package
@@ -174,7 +197,7 @@ old=$tmp/old
 mkdir -p "$old/DEBIAN" "$old/usr/include/burnstore" "$old/usr/lib/$multi/pkgconfig"
 printf 'Package: burnstore\nVersion: 0.1.0\nArchitecture: %s\nMaintainer: test_package <root@localhost>\nDescription: stand-in of the package before the split\n' \
   "$arch" >"$old/DEBIAN/control"
-for f in "$so.$version" /usr/include/burnstore/formats.h "/usr/lib/$multi/pkgconfig/burnstore.pc"; do
+for f in "$so.$version" /usr/include/burnstore.h "/usr/lib/$multi/pkgconfig/burnstore.pc"; do
   echo "stand-in of burnstore 0.1.0" >"$old$f"
 done
 ln -s "libburnstore.so.$version" "$old$so.${version%.*}"
@@ -183,9 +206,9 @@ dpkg-deb --root-owner-group -b "$old" "$tmp/burnstore_0.1.0_old.deb" >/dev/null
 install_pkgs "$tmp/burnstore_0.1.0_old.deb"
 install_pkgs "${deb[$lib]}" "${deb[libburnstore-dev]}"
 ! known burnstore || fail "apt left the burnstore of before the split: $(dpkg-query -W -f='${Version} ${Status}' burnstore)"
-for f in "$so.$version" /usr/include/burnstore/formats.h; do
+for f in "$so.$version" /usr/include/burnstore.h; do
   [ "$(dpkg -S "$f" | cut -d: -f1)" != burnstore ] || fail "$f still belongs to burnstore"
-  ! cmp -s "$f" "$old/usr/include/burnstore/formats.h" || fail "$f is the old package's"
+  ! cmp -s "$f" "$old/usr/include/burnstore.h" || fail "$f is the old package's"
 done
 timeout 300 apt-get purge -y -q "$lib" libburnstore-dev >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get purge"; }
 echo "ok: $lib and libburnstore-dev install over the burnstore $version of before the split, which apt removes"
@@ -198,7 +221,7 @@ known libburnstore-dev && fail "installing $lib installed libburnstore-dev"
 cached=$(ldconfig -p | awk -v n="libburnstore.so.${version%.*}" '$1 == n {print $NF}')
 [ -n "$cached" ] && [ "$(realpath "$cached")" = "$(realpath "$so.${version%.*}")" ] ||
   fail "$so.${version%.*} is not in the ld.so cache (the ldconfig trigger): '$cached'"
-[ ! -e "$so" ] && [ ! -e /usr/include/burnstore ] || fail "$lib installed a development file"
+[ ! -e "$so" ] && [ ! -e /usr/include/burnstore.h ] || fail "$lib installed a development file"
 # A program linked against the installed library (the headers of the source
 # tree: -dev is not there), run against it.
 cc -std=c11 -Wall -Werror -I"$here/include" -I"$dir/include" "$here/docs/examples/list_tensors.c" \
@@ -214,14 +237,16 @@ echo "ok: $lib alone: ld.so cache, no development files, a program linked agains
 install_pkgs "${deb[libburnstore-dev]}"
 known burnstore && fail "installing libburnstore-dev installed burnstore"
 bash "$here/tests/package/check_library.sh" "$dir/burnstore"
-cmp /usr/share/doc/libburnstore-dev/examples/list_tensors.c "$here/docs/examples/list_tensors.c" ||
-  fail "the installed example is not docs/examples/list_tensors.c"
+for ex in list_tensors read_f32 convert; do
+  cmp /usr/share/doc/libburnstore-dev/examples/$ex.c "$here/docs/examples/$ex.c" ||
+    fail "the installed example is not docs/examples/$ex.c"
+done
 
 # ---- plus burnstore: the binary, man pages, mount -t burnstore -------------
 install_pkgs "${deb[burnstore]}"
 cat /dev/null >"$tmp/files"
-for p in "${pkgs[@]}"; do dpkg -L "$p" >>"$tmp/files"; done
-echo "ok: installed ${pkgs[*]} ($(wc -l <"$tmp/files") paths)"
+for p in burnstore "$lib" libburnstore-dev; do dpkg -L "$p" >>"$tmp/files"; done
+echo "ok: installed burnstore $lib libburnstore-dev ($(wc -l <"$tmp/files") paths)"
 [ "$(command -v burnstore)" = /usr/bin/burnstore ] || fail "burnstore on PATH is $(command -v burnstore)"
 /usr/bin/burnstore --version | grep -F "burnstore $version " >/dev/null || fail "burnstore --version: $(/usr/bin/burnstore --version)"
 for m in /usr/share/man/man1/burnstore.1.gz /usr/share/man/man8/mount.burnstore.8.gz; do
@@ -248,6 +273,20 @@ timeout $DEADLINE umount "$mnt" || fail "umount $mnt"
 ! grep -qF " $mnt " /proc/mounts || fail "$mnt is still mounted after umount"
 echo "ok: mount -t burnstore through the installed helper runs /usr/bin/burnstore; bytes match; umount"
 
+# ---- plus python3-burnstore: the module on the installed library -----------
+install_pkgs "${deb[python3-burnstore]}"
+ls /usr/lib/python3/dist-packages/burnstore/__pycache__/__init__.cpython-*.pyc >/dev/null 2>&1 ||
+  fail "python3-burnstore's postinst did not byte-compile it"
+dpkg -L python3-burnstore >>"$tmp/files"
+# (from /tmp: the clone's python/ must not shadow the installed module)
+(cd "$tmp" && timeout 900 env -u BURNSTORE_LIB -u PYTHONPATH BS_EXPECT_INSTALLED=1 \
+  BURNSTORE_BIN=/usr/bin/burnstore BS_SOURCE_DIR="$here" BS_FIXTURES_DIR="$here/tests/fixtures" \
+  /usr/bin/python3 "$here/tests/e2e/test_python.py") >"$tmp/python.log" 2>&1 ||
+  { cat "$tmp/python.log"; fail "tests/e2e/test_python.py against the installed packages"; }
+grep -q "burnstore $version from /usr/lib/python3/dist-packages/burnstore/__init__.py" "$tmp/python.log" ||
+  fail "test_python.py did not use the installed module: $(grep 'burnstore .* from' "$tmp/python.log")"
+echo "ok: python3-burnstore: test_python.py against the installed module and library"
+
 # ---- remove: nothing of the packages' is left ------------------------------
 timeout 300 apt-get remove -y -q "${pkgs[@]}" >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log"; fail "apt-get remove ${pkgs[*]}"; }
 left=()
@@ -260,7 +299,9 @@ while read -r p; do
   fi
 done <"$tmp/files"
 [ ${#left[@]} -eq 0 ] || fail "apt-get remove left ${left[*]}"
-! ldconfig -p | grep "libburnstore\.so" >/dev/null || fail "libburnstore is still in the ld.so cache"
+# (this SONAME's: another libburnstore, a /usr/local install of another version, is not ours)
+[ -z "$(ldconfig -p | awk -v n="libburnstore.so.${version%.*}" '$1 == n')" ] ||
+  fail "libburnstore.so.${version%.*} is still in the ld.so cache"
 # (apt forgets a removed package that has no conffiles: purge what dpkg knows.)
 mine=()
 for p in "${pkgs[@]}"; do known "$p" && mine+=("$p"); done
