@@ -146,6 +146,9 @@ bool fs_mount_diagnose(const char *opts, char *out, size_t n);
  * after the kernel took the INIT reply); a failure is logged when the
  * option was given. */
 void fs_readahead_apply(struct fs *fs);
+/* readahead=KIB of a local SOURCE: say in one line when the daemon's reads
+ * of that size cannot be spliced here (pipe-max-size), and what can. */
+void fs_readahead_warn(unsigned kib);
 
 /* Writable mounts (fs_stop.c): from just before the session loop until just
  * after it, SIGTERM, SIGINT and SIGHUP flush and unmount the mount while
