@@ -56,7 +56,7 @@ struct fs {
   unsigned long next_stage;   /* lock: `stage_lock` */
   struct timespec mtime;      /* timestamps of the read-only view */
   /* -o uid=, gid= (default: the mounting user's); the modes of SOURCE's
-   * files and directories: its own less umask= (fs_main.c: prepare) */
+   * files and directories: its own less umask= (fs_prepare.c) */
   struct bs_owner owner;
   double timeout;             /* entry/attr cache timeout */
   pthread_rwlock_t lock;      /* the tree lock: names only (fs_ops.c) */

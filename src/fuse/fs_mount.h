@@ -59,6 +59,9 @@ int fs_prepare(struct fs *fs, struct args *a);
  * the log (lpath, "" when it cannot be named) of mountpoint mnt, both
  * PATH_MAX bytes. 0, or -1 having printed why. */
 int fs_mount_files(const char *mnt, char *spath, char *lpath);
+/* The mountpoint a user gave (fs_mountpoint_path: owned) and its runtime
+ * files (fs_mount_files); NULL having printed why. */
+char *fs_mountpoint_files(const char *mountpoint, char *spath, char *lpath);
 /* A file of the run directory (status, log), opened as any file burnstore
  * did not just create: never through a link, never blocking on a FIFO.
  * The fd, or -1 with errno. */

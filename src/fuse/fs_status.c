@@ -44,6 +44,20 @@ int fs_mount_files(const char *mnt, char *spath, char *lpath)
   return 0;
 }
 
+char *fs_mountpoint_files(const char *mountpoint, char *spath, char *lpath)
+{
+  char *mnt = fs_mountpoint_path(mountpoint);
+  if (!mnt) {
+    fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
+    return NULL;
+  }
+  if (fs_mount_files(mnt, spath, lpath) != 0) {
+    bs_free(mnt);
+    return NULL;
+  }
+  return mnt;
+}
+
 void fs_status_write(int fd, const char *text)
 {
   if (fd < 0)
@@ -148,16 +162,10 @@ int fs_status_main(int argc, char **argv)
   }
   if (argc != 3 || argv[2][0] == '-')
     fs_die_usage("status takes one MOUNTPOINT");
-  char *mnt = fs_mountpoint_path(argv[2]);
-  if (!mnt) {
-    fprintf(stderr, PROG ": %s: %s\n", argv[2], strerror(errno));
-    return 1;
-  }
   char spath[PATH_MAX], lpath[PATH_MAX];
-  if (fs_mount_files(mnt, spath, lpath) != 0) {
-    bs_free(mnt);
+  char *mnt = fs_mountpoint_files(argv[2], spath, lpath);
+  if (!mnt)
     return 1;
-  }
   int fd = fs_run_file(spath, O_RDONLY);
   bool alive = fd >= 0 && flock(fd, LOCK_SH | LOCK_NB) != 0;
   char buf[3 * PATH_MAX + 256] = "";

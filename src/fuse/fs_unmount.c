@@ -19,16 +19,10 @@
 
 int fs_unmount_main(const char *mountpoint, bool verbose, int progress)
 {
-  char *mnt = fs_mountpoint_path(mountpoint);
-  if (!mnt) {
-    fprintf(stderr, PROG ": %s: %s\n", mountpoint, strerror(errno));
-    return 1;
-  }
   char spath[PATH_MAX], lpath[PATH_MAX];
-  if (fs_mount_files(mnt, spath, lpath) != 0) {
-    bs_free(mnt);
+  char *mnt = fs_mountpoint_files(mountpoint, spath, lpath);
+  if (!mnt)
     return 1;
-  }
   int fd = fs_run_file(spath, O_RDWR);
   /* The daemon removes them as it exits: read them through these fds. */
   int lfd = fd >= 0 && lpath[0] ? fs_run_file(lpath, O_RDONLY) : -1;
