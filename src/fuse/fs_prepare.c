@@ -142,7 +142,7 @@ static int check_in_place(struct fs *fs, const struct args *a)
 static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits);
 
 /* Overwrite a URL's user-info and query in place (it is our argv: what ps
- * shows), once the source holds its own copy. */
+ * shows), once a copy of it is held. */
 static void scrub_url(char *url)
 {
   char *a = strstr(url, "://");
@@ -197,8 +197,14 @@ static int prepare_url(struct fs *fs, struct args *a)
   if (a->output && refuse_views(a))
     return 1;
   clock_gettime(CLOCK_REALTIME, &fs->mtime);
-  int rc = bs_checkpoint_open(&fs->cat, url, &a->open, &fs->source, &err);
+  /* argv is what ps shows: its credentials go before the first request */
+  char *copy = bs_strdup(url);
   scrub_url(url);
+  int rc = copy ? bs_checkpoint_open(&fs->cat, copy, &a->open, &fs->source, &err) : -1;
+  if (copy) {
+    explicit_bzero(copy, strlen(copy));
+    bs_free(copy);
+  }
   if (!fs->source) {
     fprintf(stderr, PROG ": out of memory\n");
     return 1;

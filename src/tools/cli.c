@@ -191,8 +191,8 @@ static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *
   bs_catalog_init(cat);
   char *name = NULL;
   int rc = bs_checkpoint_open(cat, path, &o->open, &name, &err);
-  if (rc != 0)
-    fail_err(name ? name : path, &err);
+  if (rc != 0) /* (a URL as shown without credentials; a file or directory as given) */
+    fail_err(name && bs_src_is_url(path) ? name : path, &err);
   bs_free(name);
   return rc;
 }
