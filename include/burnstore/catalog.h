@@ -45,12 +45,12 @@ struct bs_kv {
 };
 
 struct bs_tensor {
-  char *key;  /* owned (one block with shape): the key in the source file */
+  char *key;  /* the key in the source file: in the catalog's key arena, with shape */
   char *name; /* the presented key after options: key itself (the same string) until
                  key options rename it, then owned */
   enum bs_dtype dtype;
   uint32_t rank;
-  uint64_t *shape;        /* owned with key (one block); rank entries, NULL when rank == 0 */
+  uint64_t *shape;        /* in the key arena before key; rank entries, NULL when rank == 0 */
   uint64_t nbytes;        /* byte length of the contiguous row-major data */
   uint32_t src;           /* index into bs_catalog.srcs */
   bool has_param_id;      /* (beside src: no padding; 16 bytes less a tensor) */
@@ -85,6 +85,8 @@ struct bs_catalog {
   char *values_json;           /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
   char *notes;                 /* owned, may be NULL: what a reader skipped, one line each */
   size_t notes_len, notes_cap; /* of notes (bs_catalog_note), while notes is not NULL */
+  struct bs_key_block *keys;   /* owned: the arena of the tensors' shapes and keys, one
+                                  allocation per many tensors (freed with the catalog) */
 };
 
 void bs_catalog_init(struct bs_catalog *cat);

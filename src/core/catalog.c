@@ -16,12 +16,49 @@ void bs_catalog_init(struct bs_catalog *cat)
   memset(cat, 0, sizeof *cat);
 }
 
+/* The tensors' shapes and keys live in an arena of blocks (issue 34): a
+ * malloc per tensor cost 16-24 bytes of overhead and rounding, a sixth of
+ * an entry at a million tensors. A dropped tensor's bytes (a reader's
+ * rollback) stay in the arena until the catalog goes. */
+struct bs_key_block {
+  struct bs_key_block *next;
+  size_t used, cap;
+  _Alignas(uint64_t) char bytes[];
+};
+
+#define KEY_BLOCK (256u << 10)
+
+/* n bytes, 8-aligned, from the arena; NULL out of memory. */
+static void *key_alloc(struct bs_catalog *cat, size_t n)
+{
+  size_t need = (n + 7) & ~(size_t)7;
+  struct bs_key_block *b = cat->keys;
+  if (!b || b->cap - b->used < need) {
+    size_t cap = need > KEY_BLOCK ? need : KEY_BLOCK;
+    struct bs_key_block *nb = bs_malloc(sizeof *nb + cap);
+    if (!nb)
+      return NULL;
+    nb->used = 0;
+    nb->cap = cap;
+    if (b && need > KEY_BLOCK) { /* a long key: a block of its own, behind the current one */
+      nb->next = b->next;
+      b->next = nb;
+    } else {
+      nb->next = b;
+      cat->keys = nb;
+    }
+    b = nb;
+  }
+  void *p = b->bytes + b->used;
+  b->used += need;
+  return p;
+}
+
 static void tensor_destroy(struct bs_tensor *t)
 {
   if (t->name != t->key)
     bs_free(t->name);
-  /* key and shape are one block, the shape first (bs_catalog_add). */
-  bs_free(t->shape ? (void *)t->shape : (void *)t->key);
+  /* key and shape are in the catalog's arena (bs_catalog_add). */
   bs_free(t->strides);
   bs_free(t->dtype_raw);
   bs_free(t->unsupported);
@@ -68,6 +105,11 @@ void bs_catalog_destroy(struct bs_catalog *cat)
   bs_free(cat->meta);
   bs_free(cat->values_json);
   bs_free(cat->notes);
+  while (cat->keys) {
+    struct bs_key_block *next = cat->keys->next;
+    bs_free(cat->keys);
+    cat->keys = next;
+  }
   memset(cat, 0, sizeof *cat);
 }
 
@@ -124,10 +166,9 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
   }
   struct bs_tensor *t = &cat->tensors[cat->count];
   memset(t, 0, sizeof *t);
-  /* One allocation for the shape and the key (the shape first, aligned):
-   * two small blocks cost twice the malloc overhead per tensor. */
+  /* The shape and the key together in the arena (the shape first, aligned). */
   size_t klen = strlen(key), sbytes = (size_t)rank * sizeof *shape;
-  char *block = bs_malloc(sbytes + klen + 1);
+  char *block = key_alloc(cat, sbytes + klen + 1);
   if (!block) {
     bs_fail(err, ENOMEM, off, key, "out of memory");
     return NULL;

@@ -597,7 +597,7 @@ static int add_npy(const struct bs_stage_dir *stg, struct bs_catalog *out, const
                    const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
-  if (!e->stage || nd->seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
+  if (!e->stage || nd->has_seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
     return 1; /* shorter than NumPy's magic: no .npy (from 6 bytes on, the magic decides) */
   struct bs_src s;
   if (open_staged(stg, e, &s, err) != 0)

@@ -250,12 +250,11 @@ static int build_tree(struct bs_jreplay *r, struct state *s, bs_err *err)
         bs_fail(err, EEXIST, BS_OFF_NONE, it->key, "two files of the journal have this key");
       break;
     }
-    struct bs_node *nd = &r->tree.nodes[ino];
-    if (shortened && !(nd->seg = bs_strdup(it->key))) {
+    if (shortened && bs_tree_set_seg(&r->tree, ino, it->key, strlen(it->key)) != 0) {
       rc = bs_fail(err, ENOMEM, BS_OFF_NONE, it->key, "out of memory");
       break;
     }
-    nd->user = it->e;
+    r->tree.nodes[ino].user = it->e;
     it->e = NULL;
     r->inos[r->nfiles++] = it->ino;
   }
