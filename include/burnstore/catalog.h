@@ -44,34 +44,43 @@ struct bs_kv {
   struct bs_meta_ref *ref; /* owned, or NULL: the value left in its source */
 };
 
-struct bs_tensor {
-  char *key;  /* the key in the source file: in the catalog's key arena, with shape */
-  char *name; /* the presented key after options: key itself (the same string) until
-                 key options rename it, then owned */
-  enum bs_dtype dtype;
-  uint32_t rank;
-  uint64_t *shape;        /* in the key arena before key; rank entries, NULL when rank == 0 */
-  uint64_t nbytes;        /* byte length of the contiguous row-major data */
-  uint32_t src;           /* index into bs_catalog.srcs */
-  bool has_param_id;      /* (beside src: no padding; 16 bytes less a tensor) */
-  bool hidden;            /* filtered out by key options; not presented */
-  bool decoded;           /* presented as dtype (F32) by bs_catalog_decode_as: reads decode
-                             the stored bytes; nbytes is the decoded length */
-  uint8_t stored_dtype;   /* decoded only: the enum bs_dtype the bytes are stored in
-                             (in the padding before off: the struct's size is unchanged) */
-  uint64_t off;           /* absolute offset in the source: of the data when
-                             strides == NULL, else of the storage's first byte */
+/* What few tensors have (strided views, a raw dtype, a reason they cannot
+ * be read, a Burnpack param id): behind bs_tensor.x, shared and all zero
+ * for the rest (bs_tensor_x gives a tensor its own). */
+struct bs_tensor_x {
   int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
   uint64_t storage_off;   /* strided only: element offset into the storage */
   uint64_t storage_bytes; /* strided only: bytes of the storage from off; a decoded
                              QFloat tensor (never strided): its stored length */
-  uint64_t param_id;
-  uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
-                         encoded it (QFloat's CBOR scheme map), for round trips;
-                         a torch quantizer (decode.h); a decoded QFloat tensor:
-                         its scheme parsed once (qfloat.h's struct bs_qfloat) */
+  uint64_t param_id;      /* when has_param_id */
+  uint8_t *dtype_raw;     /* owned, may be NULL: the dtype exactly as the file
+                             encoded it (QFloat's CBOR scheme map), for round trips;
+                             a torch quantizer (decode.h); a decoded QFloat tensor:
+                             its scheme parsed once (qfloat.h's struct bs_qfloat) */
   size_t dtype_raw_len;
   char *unsupported; /* owned, may be NULL: the tensor cannot be read, and why */
+};
+
+/* 64 bytes a tensor (issue 34: a million tensors in 150 bytes each, the
+ * tree's node and the key included). */
+struct bs_tensor {
+  char *key;             /* the key in the source file: in the catalog's key arena, with shape */
+  char *name;            /* the presented key after options: key itself (the same string) until
+                            key options rename it, then owned */
+  uint64_t *shape;       /* in the key arena before key; rank entries, NULL when rank == 0 */
+  uint64_t nbytes;       /* byte length of the contiguous row-major data */
+  uint64_t off;          /* absolute offset in the source: of the data when
+                            x->strides == NULL, else of the storage's first byte */
+  struct bs_tensor_x *x; /* never NULL: the shared empty one, or the tensor's own
+                            (in the catalog's arena; bs_tensor_x) */
+  enum bs_dtype dtype;
+  uint8_t rank;         /* <= BS_MAX_RANK */
+  bool hidden;          /* filtered out by key options; not presented */
+  bool decoded;         /* presented as dtype (F32) by bs_catalog_decode_as: reads decode
+                           the stored bytes; nbytes is the decoded length */
+  uint8_t stored_dtype; /* decoded only: the enum bs_dtype the bytes are stored in */
+  uint32_t src;         /* index into bs_catalog.srcs */
+  bool has_param_id;    /* x->param_id is set */
 };
 
 struct bs_catalog {
@@ -105,6 +114,14 @@ BS_NODISCARD int bs_catalog_reserve(struct bs_catalog *cat, size_t more);
  * error messages only. */
 struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
                                  uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err);
+/* t's own rarely-used fields, made on first use (zero) in cat's arena, to
+ * set: t->x is shared and read-only until then. NULL out of memory. */
+struct bs_tensor_x *bs_tensor_x(struct bs_catalog *cat, struct bs_tensor *t);
+/* Give t (of cat) a copy of s's rarely-used fields but unsupported: its
+ * storage range, param id, strides (s->rank of them) and raw dtype. 0, or
+ * -1 out of memory. */
+BS_NODISCARD int bs_tensor_copy_x(struct bs_catalog *cat, struct bs_tensor *t,
+                                  const struct bs_tensor *s);
 
 BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value,
                                      bs_err *err);

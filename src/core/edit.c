@@ -186,7 +186,7 @@ void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, stru
 bool bs_entry_strided_clean(const struct bs_edit *ed, const struct bs_entry *e)
 {
   const struct bs_tensor *t = e->stage ? NULL : bs_entry_origin(ed, e);
-  return t && t->strides;
+  return t && t->x->strides;
 }
 
 /* Append a change of e to the mount's journal, if it keeps one. */
@@ -546,30 +546,48 @@ void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e)
 /* --- the output catalog -------------------------------------------------- */
 
 /* Point the output tensor t at the source tensor s's bytes. */
-static int copy_location(struct bs_tensor *t, const struct bs_tensor *s, bs_err *err)
+static int copy_location(struct bs_catalog *out, struct bs_tensor *t, const struct bs_tensor *s,
+                         bs_err *err)
 {
   t->src = s->src;
   t->off = s->off;
-  t->storage_off = s->storage_off;
-  t->storage_bytes = s->storage_bytes;
-  if (s->strides) {
-    t->strides = bs_malloc(s->rank * sizeof *t->strides);
-    if (!t->strides)
+  if (!s->x->strides && !s->x->storage_off && !s->x->storage_bytes)
+    return 0;
+  struct bs_tensor_x *x = bs_tensor_x(out, t);
+  if (!x)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
+  x->storage_off = s->x->storage_off;
+  x->storage_bytes = s->x->storage_bytes;
+  if (s->x->strides) {
+    x->strides = bs_malloc(s->rank * sizeof *x->strides);
+    if (!x->strides)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
-    memcpy(t->strides, s->strides, s->rank * sizeof *t->strides);
+    memcpy(x->strides, s->x->strides, s->rank * sizeof *x->strides);
   }
   return 0;
 }
 
-static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err *err)
+static int copy_dtype_raw(struct bs_catalog *out, struct bs_tensor *t, const struct bs_tensor *s,
+                          bs_err *err)
 {
-  if (!s->dtype_raw)
+  if (!s->x->dtype_raw)
     return 0;
-  t->dtype_raw = bs_malloc(s->dtype_raw_len);
-  if (!t->dtype_raw)
+  struct bs_tensor_x *x = bs_tensor_x(out, t);
+  if (!x || !(x->dtype_raw = bs_malloc(s->x->dtype_raw_len)))
     return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
-  memcpy(t->dtype_raw, s->dtype_raw, s->dtype_raw_len);
-  t->dtype_raw_len = s->dtype_raw_len;
+  memcpy(x->dtype_raw, s->x->dtype_raw, s->x->dtype_raw_len);
+  x->dtype_raw_len = s->x->dtype_raw_len;
+  return 0;
+}
+
+/* Give t the Burnpack param id `id`. */
+static int set_param_id(struct bs_catalog *out, struct bs_tensor *t, uint64_t id, bs_err *err)
+{
+  struct bs_tensor_x *x = bs_tensor_x(out, t);
+  if (!x)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
+  x->param_id = id;
+  t->has_param_id = true;
   return 0;
 }
 
@@ -650,26 +668,23 @@ static int add_npy(const struct bs_stage_dir *stg, struct bs_catalog *out, const
       if (info.fortran_order && info.rank >= 2) {
         /* Column-major data: read through strides (1, d0, d0*d1...) into
          * the row-major bytes every writer expects; nothing is copied now. */
-        t->strides = bs_malloc(info.rank * sizeof *t->strides);
-        if (!t->strides) {
+        struct bs_tensor_x *x = bs_tensor_x(out, t);
+        if (!x || !(x->strides = bs_malloc(info.rank * sizeof *x->strides))) {
           bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
           goto done;
         }
         uint64_t st = 1;
         for (uint32_t d = 0; d < info.rank; d++) {
-          t->strides[d] = (int64_t)st;
+          x->strides[d] = (int64_t)st;
           st *= info.shape[d] ? info.shape[d] : 1; /* no overflow: nbytes was checked */
         }
-        t->storage_off = 0;
-        t->storage_bytes = t->nbytes;
+        x->storage_off = 0;
+        x->storage_bytes = t->nbytes;
         if (bs_tensor_check_view(t, info.header_len, err) != 0)
           goto done;
       }
-      if (e->has_param_id) {
-        t->has_param_id = true;
-        t->param_id = e->param_id;
-      }
-      rc = 0;
+      if (!e->has_param_id || set_param_id(out, t, e->param_id, err) == 0)
+        rc = 0;
     }
   done:
     bs_free(name);
@@ -743,22 +758,23 @@ static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
   } else if (src) {
     /* The origin's strides index its own shape in elements of its own
      * width: read through another shape or width they give other bytes. */
-    if (src->strides &&
+    if (src->x->strides &&
         (t->rank != src->rank || bs_dtype_bits(t->dtype) != bs_dtype_bits(src->dtype) ||
          (src->rank && memcmp(t->shape, src->shape, src->rank * sizeof *src->shape) != 0)))
       return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
                      "the dtype or shape of a strided tensor changed while its bytes were not "
                      "copied: it cannot be written");
-    if (copy_location(t, src, err) != 0)
+    if (copy_location(out, t, src, err) != 0)
       return -1;
-    if (src->unsupported)
-      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s", src->unsupported);
+    if (src->x->unsupported)
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s",
+                     src->x->unsupported);
   } else {
     t->src = UINT32_MAX; /* an empty new file: no bytes to read */
   }
   /* The origin's dtype as the file encoded it (QFloat's scheme) stays with
    * the bytes as long as the dtype does. */
-  if (src && eff.dtype == src->dtype && copy_dtype_raw(t, src, err) != 0)
+  if (src && eff.dtype == src->dtype && copy_dtype_raw(out, t, src, err) != 0)
     return -1;
   if (eff.dtype == BS_DT_QFLOAT)
     t->nbytes = e->size;
@@ -768,13 +784,10 @@ static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                    "user.burnstore.shape / user.burnstore.dtype to match the data)",
                    (unsigned long long)e->size, bs_dtype_name(eff.dtype),
                    (unsigned long long)t->nbytes);
-  if (e->has_param_id) {
-    t->has_param_id = true;
-    t->param_id = e->param_id;
-  } else if (src && src->has_param_id) {
-    t->has_param_id = true;
-    t->param_id = src->param_id;
-  }
+  if (e->has_param_id)
+    return set_param_id(out, t, e->param_id, err);
+  if (src && src->has_param_id)
+    return set_param_id(out, t, src->x->param_id, err);
   return 0;
 }
 
@@ -850,12 +863,11 @@ static int add_hidden(const struct bs_edit *ed, struct bs_catalog *out, bs_err *
     }
     if (s->dtype == BS_DT_QFLOAT)
       t->nbytes = s->nbytes;
-    t->has_param_id = s->has_param_id;
-    t->param_id = s->param_id;
-    if (copy_location(t, s, err) != 0 || copy_dtype_raw(t, s, err) != 0)
+    if ((s->has_param_id && set_param_id(out, t, s->x->param_id, err) != 0) ||
+        copy_location(out, t, s, err) != 0 || copy_dtype_raw(out, t, s, err) != 0)
       rc = -1;
-    else if (s->unsupported)
-      rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, s->name, "cannot be written: %s", s->unsupported);
+    else if (s->x->unsupported)
+      rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, s->name, "cannot be written: %s", s->x->unsupported);
   }
   bs_free(sorted);
   return rc;

@@ -41,9 +41,9 @@ int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
   uint32_t gt;
   if (bs_gguf_name_ok(t->name, err) != 0)
     return -1;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
-                   t->unsupported);
+                   t->x->unsupported);
   if (!bs_gguf_type_of(t->dtype, &gt))
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                    "GGUF has no type for %s (ggml stores F32, F16, BF16, F64, I8-I64 and its "

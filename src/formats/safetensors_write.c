@@ -126,9 +126,9 @@ int bs_st_can_write(const struct bs_tensor *t, bs_err *err)
 {
   if (bs_st_name_ok(t->name, err) != 0)
     return -1;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
-                   t->unsupported);
+                   t->x->unsupported);
   if (t->dtype < BS_DT_COUNT && st_rank[t->dtype])
     return 0;
   const char *hint = bs_writer_alias_hint(t->dtype);
@@ -405,7 +405,7 @@ int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size
   uint64_t off = PREFIX + (uint64_t)p.hdr.len;
   for (size_t i = 0; i < p.n; i++) {
     const struct bs_tensor *t = &cat->tensors[p.order[i]];
-    if (t->nbytes && (t->strides || t->src >= cat->nsrcs || t->off != off ||
+    if (t->nbytes && (t->x->strides || t->src >= cat->nsrcs || t->off != off ||
                       !same_file(&cat->srcs[t->src], &st)))
       goto out;
     off += t->nbytes;

@@ -479,8 +479,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     rc = EISDIR;
   if (!rc && !r.e) {
     const struct bs_tensor *t = ro_tensor(fs, &r);
-    if (t && t->unsupported) {
-      fuse_log(FUSE_LOG_ERR, "burnstore: %s: cannot read: %s\n", t->key, t->unsupported);
+    if (t && t->x->unsupported) {
+      fuse_log(FUSE_LOG_ERR, "burnstore: %s: cannot read: %s\n", t->key, t->x->unsupported);
       rc = ENOTSUP;
     }
   } else if (!rc) {

@@ -555,7 +555,7 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
       fprintf(out, "staged %s/%s\n", dir, idx.srcs[t->src].file);
     else
       fprintf(out, "checkpoint source %u at %llu%s\n", t->src, (unsigned long long)t->off,
-              t->strides ? " (strided)" : "");
+              t->x->strides ? " (strided)" : "");
   }
   for (size_t i = 0; i < idx.nfiles; i++) {
     const struct bs_stage_file *f = &idx.files[i];

@@ -287,10 +287,10 @@ static int cmd_ls(int argc, char **argv)
                             bs_dtype_name(t->dtype), "shape", sh, "bytes", (json_int_t)t->nbytes);
       if (e && strcmp(t->name, t->key) != 0)
         json_object_set_new(e, "source_key", json_string(t->key));
-      if (e && t->strides)
+      if (e && t->x->strides)
         json_object_set_new(e, "strided", json_true());
-      if (e && t->unsupported)
-        json_object_set_new(e, "unsupported", json_string(t->unsupported));
+      if (e && t->x->unsupported)
+        json_object_set_new(e, "unsupported", json_string(t->x->unsupported));
       if (!e || json_array_append_new(arr, e) != 0) {
         rc = 1;
         break;
@@ -299,7 +299,8 @@ static int cmd_ls(int argc, char **argv)
       char shape[BS_MAX_RANK * 21 + 3];
       shape_str(t, shape, sizeof shape);
       printf("%s\t%s\t%s\t%" PRIu64 "%s%s\n", t->name, bs_dtype_name(t->dtype), shape, t->nbytes,
-             t->unsupported ? "\tunsupported: " : "", t->unsupported ? t->unsupported : "");
+             t->x->unsupported ? "\tunsupported: " : "",
+             t->x->unsupported ? t->x->unsupported : "");
     }
   }
   if (arr) {
@@ -389,8 +390,8 @@ static int cmd_info(int argc, char **argv)
       total += t->nbytes;
       per_n[t->dtype]++;
       per_b[t->dtype] += t->nbytes;
-      nstrided += t->strides != NULL;
-      nunsup += t->unsupported != NULL;
+      nstrided += t->x->strides != NULL;
+      nunsup += t->x->unsupported != NULL;
     }
     printf("file: %s\nformat: %s\n", o.pos[0], bs_format_name(cat.format));
     bs_format_describe(&cat, print_detail, NULL);
@@ -450,8 +451,8 @@ static int cmd_info(int argc, char **argv)
 static int stream(const char *file, const struct bs_catalog *cat, const struct bs_tensor *t,
                   int (*fn)(void *ctx, const uint8_t *p, size_t n), void *ctx)
 {
-  if (t->unsupported) /* no bytes to show (nbytes 0): an error, not an empty tensor */
-    return fail("%s: tensor '%s' cannot be read: %s", file, t->name, t->unsupported);
+  if (t->x->unsupported) /* no bytes to show (nbytes 0): an error, not an empty tensor */
+    return fail("%s: tensor '%s' cannot be read: %s", file, t->name, t->x->unsupported);
   uint8_t *buf = bs_malloc(CHUNK);
   if (!buf)
     return fail("out of memory");

@@ -37,7 +37,8 @@ static void setup(void)
   cr_assert_not_null(t);
   t->src = 0;
   t->has_param_id = true;
-  t->param_id = 5;
+  cr_assert_not_null(bs_tensor_x(&cat, t));
+  t->x->param_id = 5;
   cr_assert_eq(bs_catalog_add_meta(&cat, "author", "me", &err), 0);
   cat.values_json = bs_strdup("{\"epoch\":3}");
   cr_assert_eq(bs_catalog_note(&cat, "skipped x", &err), 0);
