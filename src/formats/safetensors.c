@@ -40,16 +40,19 @@ static const char *const st_dtypes[] = {
     "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
     "U32",     "F32",         "C64",         "F64",     "I64", "U64",
 };
+_Static_assert(BS_ST_MAX_HEADER < UINT32_MAX - 8, "header offsets fit struct entry's 32 bits");
 _Static_assert(sizeof st_dtypes / sizeof st_dtypes[0] == 22, "SafeTensors has 22 dtypes");
 
 /* One tensor entry, validated field by field, not yet in the catalog. */
+/* 40 bytes (a million of them are held with the catalog at the mount's
+ * peak): offsets into the header fit 32 bits (BS_ST_MAX_HEADER). */
 struct entry {
-  const char *name; /* borrowed from the jansson tree */
-  uint64_t pos;     /* file offset of the key, for messages */
+  const char *name; /* borrowed from the jansson tree, or the header's strings */
+  uint64_t begin, end;
+  uint32_t pos;  /* file offset of the key, for messages */
+  uint32_t dims; /* index of shape[0] in the flat dims array */
   enum bs_dtype dtype;
   uint32_t rank;
-  size_t dims; /* index of shape[0] in the flat dims array */
-  uint64_t begin, end;
 };
 
 struct dims {
@@ -307,7 +310,7 @@ static int parse_entry(const json_t *val, const char *name, uint64_t off, struct
 {
   memset(e, 0, sizeof *e);
   e->name = name;
-  e->pos = off;
+  e->pos = (uint32_t)off; /* < 8 + BS_ST_MAX_HEADER */
   if (!json_is_object(val))
     return bs_fail(err, EINVAL, off, name,
                    "entry is %s, not an object with dtype, shape and data_offsets", type_name(val));
@@ -339,7 +342,7 @@ static int parse_entry(const json_t *val, const char *name, uint64_t off, struct
   if (bs_grow((void **)&dims->v, &dims->cap, dims->n + rank, sizeof *dims->v) != 0)
     return bs_fail(err, ENOMEM, off, name, "out of memory");
   e->rank = (uint32_t)rank;
-  e->dims = dims->n;
+  e->dims = (uint32_t)dims->n; /* <= the header's length */
   for (size_t i = 0; i < rank; i++)
     if (get_u64(json_array_get(shape, i), "shape", i, name, off, &dims->v[dims->n + i], err))
       return -1;
@@ -526,7 +529,7 @@ static enum fp_result fp_entry(struct fp *p, const char *name, uint64_t off, str
 {
   memset(e, 0, sizeof *e);
   e->name = name;
-  e->pos = off;
+  e->pos = (uint32_t)off; /* < 8 + BS_ST_MAX_HEADER */
   if (strlen(name) > BS_MAX_KEY_LEN || !fp_eat(p, '{'))
     return FP_FALLBACK;
   bool have_dt = false, have_shape = false, have_offs = false;
@@ -550,7 +553,7 @@ static enum fp_result fp_entry(struct fp *p, const char *name, uint64_t off, str
     } else if (strcmp(field, "shape") == 0 && !have_shape) {
       if (!fp_eat(p, '['))
         return FP_FALLBACK;
-      e->dims = dims->n;
+      e->dims = (uint32_t)dims->n; /* <= the header's length */
       if (!fp_eat(p, ']')) {
         do {
           uint64_t v;
