@@ -499,8 +499,8 @@ static void log_keys(const struct bs_edit *ed, uint64_t ino, unsigned depth)
     return;
   if (nd->is_dir) {
     for (size_t i = 0; i < nd->nkids; i++)
-      if (nd->kids[i])
-        log_keys(ed, nd->kids[i], depth + 1);
+      if (bs_node_kids(nd)[i])
+        log_keys(ed, bs_node_kids(nd)[i], depth + 1);
     return;
   }
   char *key = bs_tree_key(ed->tree, ino, ed->flat);
@@ -798,7 +798,7 @@ static int add_dir(const struct bs_edit *ed, const struct bs_stage_dir *stg, str
     return bs_fail(err, ELOOP, BS_OFF_NONE, NULL, "directory tree too deep");
   const struct bs_node *nd = &ed->tree->nodes[dir];
   for (size_t i = 0; i < nd->nkids; i++) {
-    uint64_t kid = nd->kids[i];
+    uint64_t kid = bs_node_kids(nd)[i];
     if (!kid)
       continue;
     const struct bs_node *kn = &ed->tree->nodes[kid];

@@ -174,7 +174,8 @@ void bs_tree_destroy(struct bs_tree *t)
   for (size_t i = 0; i < t->n; i++) {
     if (t->nodes[i].name_owned)
       bs_free(t->nodes[i].name);
-    bs_free(t->nodes[i].kids);
+    if (t->nodes[i].kidcap > BS_NODE_KIDS_INLINE)
+      bs_free(t->nodes[i].kheap);
   }
   bs_free(t->nodes);
   bs_free(t->slots);
@@ -201,18 +202,33 @@ uint64_t bs_tree_lookup(const struct bs_tree *t, uint64_t parent, const char *na
 }
 
 /* Room for one more child of p (doubling). */
+const uint32_t *bs_node_kids(const struct bs_node *nd)
+{
+  return nd->kidcap > BS_NODE_KIDS_INLINE ? nd->kheap : nd->kin;
+}
+
+static uint32_t *kids_of(struct bs_node *nd)
+{
+  return nd->kidcap > BS_NODE_KIDS_INLINE ? nd->kheap : nd->kin;
+}
+
+/* Room for one more child of p: in the node up to BS_NODE_KIDS_INLINE,
+ * then a block of its own (doubling). */
 static int kids_room(struct bs_node *p)
 {
-  if (p->nkids < p->kidcap)
+  uint32_t cap = p->kidcap > BS_NODE_KIDS_INLINE ? p->kidcap : BS_NODE_KIDS_INLINE;
+  if (p->nkids < cap)
     return 0;
-  if (p->kidcap >= MAX_NODES / 2)
+  if (cap >= MAX_NODES / 2)
     return -1;
-  uint32_t cap = p->kidcap ? p->kidcap * 2 : 4;
-  uint32_t *k = bs_realloc(p->kids, (size_t)cap * sizeof *k);
+  bool heap = p->kidcap > BS_NODE_KIDS_INLINE;
+  uint32_t *k = bs_realloc(heap ? p->kheap : NULL, (size_t)cap * 2 * sizeof *k);
   if (!k)
     return -1;
-  p->kids = k;
-  p->kidcap = cap;
+  if (!heap)
+    memcpy(k, p->kin, sizeof p->kin);
+  p->kheap = k;
+  p->kidcap = cap * 2;
   return 0;
 }
 
@@ -221,7 +237,7 @@ static int link_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
   struct bs_node *p = &t->nodes[parent];
   if (kids_room(p) != 0)
     return -1;
-  p->kids[p->nkids++] = (uint32_t)ino;
+  kids_of(p)[p->nkids++] = (uint32_t)ino;
   p->nlive++;
   return 0;
 }
@@ -229,15 +245,16 @@ static int link_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
 static void unlink_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
 {
   struct bs_node *p = &t->nodes[parent];
+  uint32_t *kids = kids_of(p);
   for (size_t i = 0; i < p->nkids; i++) {
-    if (p->kids[i] == ino) {
-      p->kids[i] = 0;
+    if (kids[i] == ino) {
+      kids[i] = 0;
       p->nlive--;
       break;
     }
   }
   /* Trailing removed slots can go; inner ones stay so readdir offsets hold. */
-  while (p->nkids && p->kids[p->nkids - 1] == 0)
+  while (p->nkids && kids[p->nkids - 1] == 0)
     p->nkids--;
 }
 
@@ -268,8 +285,10 @@ static void hash_delete(struct bs_tree *t, uint64_t ino)
     t->slots[j] = SLOT_DELETED;
 }
 
-int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
-                uint64_t *ino, bs_err *err)
+/* bs_tree_add; with borrowed, the node points at name (which outlives the
+ * tree) instead of a copy. */
+static int tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
+                    bool borrowed, uint64_t *ino, bs_err *err)
 {
   struct bs_node *p = bs_tree_node(t, parent);
   if (!p || !p->is_dir)
@@ -281,7 +300,7 @@ int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_di
   uint64_t id = t->n;
   struct bs_node *nd = &t->nodes[id];
   memset(nd, 0, sizeof *nd);
-  nd->name = name_dup(t, name);
+  nd->name = borrowed ? (char *)name : name_dup(t, name);
   if (!nd->name)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   nd->parent = (uint32_t)parent;
@@ -297,6 +316,12 @@ int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_di
   }
   *ino = id;
   return 0;
+}
+
+int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
+                uint64_t *ino, bs_err *err)
+{
+  return tree_add(t, parent, name, is_dir, tensor, false, ino, err);
 }
 
 int bs_tree_remove(struct bs_tree *t, uint64_t ino, bs_err *err)
@@ -644,8 +669,11 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
       return bs_fail(err, EEXIST, BS_OFF_NONE, key, "two tensors have the same name: '%s' and '%s'",
                      other >= 0 ? cat->tensors[other].key : "?", ten->key);
     }
+    /* A file's name that is its key's last segment as it is (most) points
+     * into the catalog's name: no copy (issue 34). */
+    bool borrow = !shortened && fname == comp && strcmp(comp, seg) == 0;
     uint64_t f;
-    int rc = bs_tree_add(t, parent, fname, false, (long)i, &f, err);
+    int rc = tree_add(t, parent, borrow ? seg : fname, false, (long)i, borrow, &f, err);
     bs_free(comp);
     if (rc != 0 || (shortened && set_seg(t, f, seg, len, key, err) != 0))
       return -1;
@@ -654,10 +682,17 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
    * the larger block). */
   for (size_t i = 1; i < t->n; i++) {
     struct bs_node *nd = &t->nodes[i];
-    if (nd->kids && nd->kidcap > nd->nkids && nd->nkids) {
-      uint32_t *k = bs_realloc(nd->kids, (size_t)nd->nkids * sizeof *k);
+    if (nd->kidcap <= BS_NODE_KIDS_INLINE || nd->kidcap == nd->nkids)
+      continue;
+    if (nd->nkids <= BS_NODE_KIDS_INLINE) { /* back into the node */
+      uint32_t *heap = nd->kheap;
+      memcpy(nd->kin, heap, nd->nkids * sizeof *heap);
+      bs_free(heap);
+      nd->kidcap = 0;
+    } else {
+      uint32_t *k = bs_realloc(nd->kheap, (size_t)nd->nkids * sizeof *k);
       if (k) {
-        nd->kids = k;
+        nd->kheap = k;
         nd->kidcap = nd->nkids;
       }
     }

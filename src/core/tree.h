@@ -31,11 +31,16 @@
  * tensor indices and child counts are 32-bit (a tree holds fewer than
  * 2^32 - 2 nodes), and the rare whole segment of a shortened name lives
  * behind the name in its own block (bs_node_seg). */
+#define BS_NODE_KIDS_INLINE 2
 struct bs_node {
-  char *name;      /* the component as shown (escaped); "" for the root; in the
-                      tree's arena, or its own block (name_owned) */
-  void *user;      /* the FUSE layer's per-node data, not owned by the tree */
-  uint32_t *kids;  /* owned, dirs only: child inos in creation order; 0 = removed slot */
+  char *name;        /* the component as shown (escaped); "" for the root; in the
+                        tree's arena, or its own block (name_owned) */
+  void *user;        /* the FUSE layer's per-node data, not owned by the tree */
+  union {            /* dirs only: child inos in creation order (bs_node_kids); 0 = removed slot */
+    uint32_t *kheap; /* owned, when kidcap > BS_NODE_KIDS_INLINE */
+    uint32_t kin[BS_NODE_KIDS_INLINE]; /* else here (a directory of one file: most of
+                                          an LLM's experts' weights) */
+  };
   uint32_t parent; /* parent's ino; the root is its own parent */
   int32_t tensor;  /* index into the catalog, or -1 */
   uint32_t nkids, kidcap;
@@ -56,6 +61,8 @@ struct bs_tree {
   struct bs_name_block *names; /* owned: the arena of node names (bs_tree_add) */
 };
 
+/* A directory's nkids children (inos, 0 for a removed one), in creation order. */
+const uint32_t *bs_node_kids(const struct bs_node *nd);
 /* The whole key segment a shortened name stands for, or NULL. */
 const char *bs_node_seg(const struct bs_node *nd);
 /* Give node ino the whole segment seg[0..len) of its shortened name. 0, or
@@ -65,7 +72,9 @@ BS_NODISCARD int bs_tree_set_seg(struct bs_tree *t, uint64_t ino, const char *se
 BS_NODISCARD int bs_tree_init(struct bs_tree *t, bs_err *err);
 void bs_tree_destroy(struct bs_tree *t);
 
-/* Build the tree of every non-hidden tensor of cat (by t->name). With flat,
+/* Build the tree of every non-hidden tensor of cat (by t->name): the file
+ * nodes' names may point into those names, so cat outlives the tree and
+ * keeps them. With flat,
  * one file per key in the root, named by the escaped key. Duplicate names
  * are an error naming both keys, and so are two segments that shorten to
  * the same name (EEXIST). */

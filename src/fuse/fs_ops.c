@@ -400,7 +400,7 @@ static void reply_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bo
       uint64_t k = pos - 2;
       if (k >= nd->nkids)
         break;
-      uint64_t kid = nd->kids[k];
+      uint64_t kid = bs_node_kids(nd)[k];
       if (!kid)
         continue;
       const struct bs_node *kn = &fs->tree.nodes[kid];
