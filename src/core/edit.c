@@ -101,7 +101,7 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
   struct bs_tree *t = ed->tree;
   for (uint64_t ino = BS_TREE_ROOT; ino < t->n; ino++) {
     struct bs_node *nd = &t->nodes[ino];
-    if (!nd->live || nd->user)
+    if (!nd->live || bs_tree_user(t, ino))
       continue;
     long ti = nd->is_dir ? -1 : nd->tensor;
     uint64_t size = ti >= 0 && (size_t)ti < ed->src->count ? ed->src->tensors[ti].nbytes : 0;
@@ -114,7 +114,10 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
     e->ino = ino;
     if (mtime)
       e->mtime = *mtime;
-    nd->user = e;
+    if (bs_tree_set_user(t, ino, e) != 0) {
+      bs_entry_free(e);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
   }
   return 0;
 }
@@ -122,10 +125,11 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
 void bs_edit_destroy(struct bs_edit *ed)
 {
   if (ed->tree) {
-    for (uint64_t ino = 0; ino < ed->tree->n; ino++) {
-      bs_entry_free(ed->tree->nodes[ino].user);
-      ed->tree->nodes[ino].user = NULL;
-    }
+    for (uint64_t ino = 0; ino < ed->tree->n; ino++)
+      bs_entry_free(bs_tree_user(ed->tree, ino));
+    bs_free(ed->tree->users);
+    ed->tree->users = NULL;
+    ed->tree->ucap = 0;
   }
   for (size_t i = 0; i < ed->nmeta; i++)
     bs_kv_destroy(&ed->meta[i]);
@@ -138,7 +142,7 @@ struct bs_entry *bs_edit_entry(const struct bs_edit *ed, uint64_t ino)
 {
   if (!ed->tree || ino == 0 || ino >= ed->tree->n || !ed->tree->nodes[ino].name)
     return NULL;
-  return ed->tree->nodes[ino].user;
+  return bs_tree_user(ed->tree, ino);
 }
 
 const struct bs_tensor *bs_entry_origin(const struct bs_edit *ed, const struct bs_entry *e)
@@ -698,7 +702,7 @@ static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                     struct bs_catalog *out, uint64_t ino, bs_err *err)
 {
   const struct bs_node *nd = &ed->tree->nodes[ino];
-  const struct bs_entry *e = nd->user;
+  const struct bs_entry *e = bs_tree_user(ed->tree, ino);
   if (!e)
     return bs_fail(err, EINVAL, BS_OFF_NONE, nd->name, "file has no entry");
   char *key = bs_tree_key(ed->tree, ino, ed->flat);

@@ -178,6 +178,7 @@ void bs_tree_destroy(struct bs_tree *t)
       bs_free(t->nodes[i].kheap);
   }
   bs_free(t->nodes);
+  bs_free(t->users);
   bs_free(t->slots);
   while (t->names) {
     struct bs_name_block *next = t->names->next;
@@ -202,6 +203,24 @@ uint64_t bs_tree_lookup(const struct bs_tree *t, uint64_t parent, const char *na
 }
 
 /* Room for one more child of p (doubling). */
+void *bs_tree_user(const struct bs_tree *t, uint64_t ino)
+{
+  return t->users && ino < t->ucap ? t->users[ino] : NULL;
+}
+
+int bs_tree_set_user(struct bs_tree *t, uint64_t ino, void *p)
+{
+  if (!t->users) {
+    if (!p)
+      return 0;
+    if (!(t->users = bs_calloc(t->cap, sizeof *t->users)))
+      return -1;
+    t->ucap = t->cap;
+  }
+  t->users[ino] = p;
+  return 0;
+}
+
 const uint32_t *bs_node_kids(const struct bs_node *nd)
 {
   return nd->kidcap > BS_NODE_KIDS_INLINE ? nd->kheap : nd->kin;
@@ -260,10 +279,12 @@ static void unlink_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
 
 static int hash_insert(struct bs_tree *t, uint64_t ino)
 {
-  /* Below 3/4 full, and every ino below nslots - 1 (a slot's ino bits; never
+  /* Below 7/8 full (the slots' tags keep a probe off the nodes: a fuller
+   * table costs little time, and a table of 4 bytes a slot a fifth of an
+   * LLM's tree), and every ino below nslots - 1 (a slot's ino bits; never
    * all ones, which with an all-ones tag would read as SLOT_DELETED). */
   size_t want = t->nslots;
-  while ((t->nused + 1) * 4 >= want * 3 || ino >= want - 1)
+  while ((t->nused + 1) * 8 >= want * 7 || ino >= want - 1)
     want *= 2;
   if (want != t->nslots && rehash(t, want) != 0)
     return -1;
@@ -297,6 +318,14 @@ static int tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool i
     return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "'%s' exists", name);
   if (t->n >= MAX_NODES || bs_grow((void **)&t->nodes, &t->cap, t->n + 1, sizeof *t->nodes) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (t->users && t->ucap < t->cap) {
+    void **u = bs_realloc(t->users, t->cap * sizeof *u);
+    if (!u)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    memset(u + t->ucap, 0, (t->cap - t->ucap) * sizeof *u);
+    t->users = u;
+    t->ucap = t->cap;
+  }
   uint64_t id = t->n;
   struct bs_node *nd = &t->nodes[id];
   memset(nd, 0, sizeof *nd);
@@ -620,7 +649,7 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
   /* The hash table sized once for the files and some directories, not
    * rehashed twenty times on the way. */
   size_t want = t->nslots;
-  while (want / 4 * 3 < cat->count + cat->count / 4 && want < SIZE_MAX / 4)
+  while (want / 8 * 7 < cat->count + cat->count / 4 && want < SIZE_MAX / 4)
     want *= 2;
   if (want > t->nslots && rehash(t, want) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");

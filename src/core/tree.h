@@ -27,15 +27,15 @@
 #define BS_SHORT_PREFIX 200
 #define BS_SHORT_MARK "%~"
 
-/* 48 bytes a node (issue 34: a million tensors in 150 bytes each): inos,
+/* 40 bytes a node (issue 34: a million tensors in 150 bytes each): inos,
  * tensor indices and child counts are 32-bit (a tree holds fewer than
  * 2^32 - 2 nodes), and the rare whole segment of a shortened name lives
- * behind the name in its own block (bs_node_seg). */
+ * behind the name in its own block (bs_node_seg); the FUSE layer's data
+ * is in a table of its own (bs_tree_user), which a read-only mount has not. */
 #define BS_NODE_KIDS_INLINE 2
 struct bs_node {
   char *name;        /* the component as shown (escaped); "" for the root; in the
                         tree's arena, or its own block (name_owned) */
-  void *user;        /* the FUSE layer's per-node data, not owned by the tree */
   union {            /* dirs only: child inos in creation order (bs_node_kids); 0 = removed slot */
     uint32_t *kheap; /* owned, when kidcap > BS_NODE_KIDS_INLINE */
     uint32_t kin[BS_NODE_KIDS_INLINE]; /* else here (a directory of one file: most of
@@ -57,10 +57,18 @@ struct bs_tree {
   uint32_t *slots; /* owned: hash of (parent, name) -> ino (low bits) and a tag of
                       the name's hash (the bits above nslots); 0 empty, UINT32_MAX deleted */
   size_t nslots, nused;
-  unsigned ino_bits;           /* log2(nslots): the bits of a slot that hold the ino */
+  unsigned ino_bits; /* log2(nslots): the bits of a slot that hold the ino */
+  void **users;      /* owned, NULL until a first bs_tree_set_user: by ino, the FUSE layer's
+                        per-node data (not owned by the tree); a read-only mount has none */
+  size_t ucap;       /* entries of users (grown with nodes) */
   struct bs_name_block *names; /* owned: the arena of node names (bs_tree_add) */
 };
 
+/* The FUSE layer's data of node ino (NULL: none, or ino out of range). */
+void *bs_tree_user(const struct bs_tree *t, uint64_t ino);
+/* Set it (ino < n). Fails (-1, out of memory) only when the table of
+ * them is made, at the first one that is not NULL. */
+BS_NODISCARD int bs_tree_set_user(struct bs_tree *t, uint64_t ino, void *p);
 /* A directory's nkids children (inos, 0 for a removed one), in creation order. */
 const uint32_t *bs_node_kids(const struct bs_node *nd);
 /* The whole key segment a shortened name stands for, or NULL. */

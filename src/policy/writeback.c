@@ -296,7 +296,7 @@ static void save_incomplete_index(const struct bs_wb *wb, const char *why)
   size_t cap = 0;
   for (uint64_t ino = BS_TREE_ROOT; ino < ed->tree->n; ino++) {
     const struct bs_node *nd = &ed->tree->nodes[ino];
-    const struct bs_entry *e = nd->user;
+    const struct bs_entry *e = bs_tree_user(ed->tree, ino);
     if (!nd->live || nd->is_dir || !e || !e->stage)
       continue;
     if (bs_grow((void **)&idx.files, &cap, idx.nfiles + 1, sizeof *idx.files) != 0)

@@ -91,7 +91,7 @@ static struct bs_entry *create(const char *dir, const char *name)
   cr_assert_eq(bs_tree_add(&tree, d, name, false, -1, &ino, &err), 0, "%s", err.msg);
   struct bs_entry *e = bs_entry_new(-1, 0, false, 0644);
   cr_assert_not_null(e);
-  tree.nodes[ino].user = e;
+  cr_assert_eq(bs_tree_set_user(&tree, ino, e), 0);
   return e;
 }
 
@@ -281,7 +281,7 @@ Test(edit, output_catalog)
   /* enc/w renamed to top/w2 stays clean; a new empty file; root metadata. */
   uint64_t top;
   cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, "top", true, -1, &top, &err), 0);
-  tree.nodes[top].user = bs_entry_new(-1, 0, true, 0755);
+  cr_assert_eq(bs_tree_set_user(&tree, top, bs_entry_new(-1, 0, true, 0755)), 0);
   cr_assert_eq(bs_tree_move(&tree, ino_of("enc", "w"), top, "w2", &err), 0);
   struct bs_entry *n = create("enc", "empty");
   cr_assert_eq(bs_entry_set_shape(NULL, n, "[0]", 3, &err), 0);
@@ -319,7 +319,7 @@ Test(edit, output_catalog)
   (void)d;
   uint64_t dec;
   cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, "dec", true, -1, &dec, &err), 0);
-  tree.nodes[dec].user = bs_entry_new(-1, 0, true, 0755);
+  cr_assert_eq(bs_tree_set_user(&tree, dec, bs_entry_new(-1, 0, true, 0755)), 0);
   cr_assert_eq(bs_tree_move(&tree, ino_of("enc", "d"), dec, "b", &err), 0);
   bs_catalog_init(&out);
   cr_assert_eq(bs_edit_catalog(&ed, &stg, true, &out, &err), 0, "%s", err.msg);
@@ -338,7 +338,7 @@ Test(edit, output_catalog)
   n->size = 0;
   uint64_t dot;
   cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, "top.w2", false, -1, &dot, &err), 0);
-  tree.nodes[dot].user = bs_entry_new(-1, 0, false, 0644);
+  cr_assert_eq(bs_tree_set_user(&tree, dot, bs_entry_new(-1, 0, false, 0644)), 0);
   bs_catalog_init(&out);
   bs_err_clear(&err);
   cr_assert_eq(bs_edit_catalog(&ed, &stg, false, &out, &err), -1);
@@ -425,8 +425,8 @@ Test(edit, attach_owns_as_told)
 {
   /* Detach the fixture's entries, then attach again with an owner. */
   for (uint64_t i = BS_TREE_ROOT; i < tree.n; i++) {
-    bs_entry_free(tree.nodes[i].user);
-    tree.nodes[i].user = NULL;
+    bs_entry_free(bs_tree_user(&tree, i));
+    cr_assert_eq(bs_tree_set_user(&tree, i, NULL), 0);
   }
   struct bs_owner own = {.uid = 1234, .gid = 567, .file_mode = 0640, .dir_mode = 0750};
   cr_assert_eq(bs_edit_attach(&ed, NULL, &own, &err), 0);
@@ -435,7 +435,7 @@ Test(edit, attach_owns_as_told)
   cr_assert_eq(w->gid, 567);
   cr_assert_eq(w->mode, 0640, "%o", w->mode);
   cr_assert_eq(entry("enc", "q")->mode, 0640);
-  struct bs_entry *root = tree.nodes[BS_TREE_ROOT].user;
+  struct bs_entry *root = bs_tree_user(&tree, BS_TREE_ROOT);
   cr_assert_eq(root->mode, 0750, "%o", root->mode);
   cr_assert_eq(root->uid, 1234);
 }

@@ -66,11 +66,12 @@ static void attach_all(void)
 {
   for (uint64_t ino = BS_TREE_ROOT; ino < tree.n; ino++) {
     struct bs_node *nd = &tree.nodes[ino];
-    if (!nd->live || nd->user)
+    if (!nd->live || bs_tree_user(&tree, ino))
       continue;
     long ti = nd->is_dir ? -1 : nd->tensor;
-    nd->user = bs_entry_new(ti, ti >= 0 ? cat.tensors[ti].nbytes : 0, nd->is_dir, 0644);
-    cr_assert_not_null(nd->user);
+    struct bs_entry *e = bs_entry_new(ti, ti >= 0 ? cat.tensors[ti].nbytes : 0, nd->is_dir, 0644);
+    cr_assert_not_null(e);
+    cr_assert_eq(bs_tree_set_user(&tree, ino, e), 0);
   }
 }
 
