@@ -30,9 +30,13 @@
 #define BS_PICKLE_MAX_ALLOC (4ull << 30)     /* bytes of values one unpickler may build */
 /* What one unpickler may use, scaled by the bytes of the file its streams
  * come from (a deflated zip member inflates up to 1032:1; one opcode byte
- * can make a value): memory FLOOR + PER_BYTE x the file, and as many
- * opcodes. A 1 MB .pth: 32 MiB of values, 33M opcodes. */
-#define BS_PICKLE_MEM_FLOOR (8ull << 20)
+ * can make a value): memory the larger of FLOOR and PER_BYTE x the file
+ * (its values, stack, memo and input window, and what its caller keeps of
+ * them: the catalog entries of the tensors found, bs_pickle_charge), and
+ * WORK_FLOOR + WORK_PER_BYTE x the file opcodes. A .pth under 2 MiB may use
+ * 48 MiB (a re-zipped torch.save of 30,000 views, 770 KB, needs 45: its
+ * peak is 54 MB), and any costs under 64 MiB whatever its pickle does. */
+#define BS_PICKLE_MEM_FLOOR (48ull << 20)
 #define BS_PICKLE_MEM_PER_BYTE 24u
 #define BS_PICKLE_WORK_FLOOR (1ull << 20)
 #define BS_PICKLE_WORK_PER_BYTE 32u

@@ -110,14 +110,27 @@ uint64_t pk_abs_off(const struct vm *v, uint64_t pos)
   return v->opts->base_off + pos;
 }
 
+#define BOUND_FMT "the bound is the larger of %llu MiB and %u x the file's %" PRIu64 " bytes"
+#define BOUND_ARGS(p) BS_PICKLE_MEM_FLOOR >> 20, BS_PICKLE_MEM_PER_BYTE, (p)->input
+
 /* The memory bound passed: EFBIG naming it. */
 static int over_budget(struct vm *v)
 {
   const struct bs_pickle *p = v->p;
   return VFAIL(v, EFBIG,
-               "the pickle needs more than %" PRIu64 " bytes of memory to load (the bound is %llu "
-               "MiB + %u x the file's %" PRIu64 " bytes)",
-               p->budget, BS_PICKLE_MEM_FLOOR >> 20, BS_PICKLE_MEM_PER_BYTE, p->input);
+               "the pickle needs more than %" PRIu64 " bytes of memory to load (" BOUND_FMT ")",
+               p->budget, BOUND_ARGS(p));
+}
+
+int bs_pickle_charge(struct bs_pickle *p, uint64_t n, const char *key, bs_err *err)
+{
+  if (n > p->budget || p->total > p->budget - n)
+    return bs_fail(err, EFBIG, BS_OFF_NONE, key,
+                   "the pickle's values and the catalog of its tensors need more than %" PRIu64
+                   " bytes of memory (" BOUND_FMT ")",
+                   p->budget, BOUND_ARGS(p));
+  p->total += n;
+  return 0;
 }
 
 int pk_oom(struct vm *v)
@@ -900,9 +913,10 @@ int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off, 
   /* The bounds: from the largest file this unpickler read from. */
   uint64_t input = v.opts->input ? v.opts->input : src->size, mem, work;
   if (input > p->input || p->budget == 0) {
-    if (!bs_mul_u64(input, BS_PICKLE_MEM_PER_BYTE, &mem) ||
-        !bs_add_u64(mem, BS_PICKLE_MEM_FLOOR, &mem) || mem > BS_PICKLE_MAX_ALLOC)
+    if (!bs_mul_u64(input, BS_PICKLE_MEM_PER_BYTE, &mem) || mem > BS_PICKLE_MAX_ALLOC)
       mem = BS_PICKLE_MAX_ALLOC;
+    if (mem < BS_PICKLE_MEM_FLOOR)
+      mem = BS_PICKLE_MEM_FLOOR;
     if (!bs_mul_u64(input, BS_PICKLE_WORK_PER_BYTE, &work) ||
         !bs_add_u64(work, BS_PICKLE_WORK_FLOOR, &work))
       work = UINT64_MAX;

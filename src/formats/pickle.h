@@ -141,15 +141,21 @@ struct bs_pickle_opts {
 
 /* Unpickle one stream from src bytes [off, end), reading lazily (only what
  * the pickle needs, up to BS_PICKLE_MAX_BYTES, through a window the size of
- * its largest opcode). Memory (values, stack, memo, window) and opcodes run
- * are bounded by the file's size (opts->input): past either, EFBIG naming
- * the bound. Several streams loaded into one bs_pickle share the bounds of
+ * its largest opcode). Memory (values, stack, memo, window: the larger of
+ * BS_PICKLE_MEM_FLOOR and BS_PICKLE_MEM_PER_BYTE x the file's size,
+ * opts->input) and opcodes run are bounded: past either, EFBIG naming the
+ * bound. Several streams loaded into one bs_pickle share the bounds of
  * the largest input. *out gets the value STOP
  * returned (borrowed from p); *stop_end, if not NULL, the source offset just
  * after STOP. Errors name the pickle offset and the opcode. */
 BS_NODISCARD int bs_pickle_load(struct bs_pickle *p, const struct bs_src *src, uint64_t off,
                                 uint64_t end, const struct bs_pickle_opts *opts, struct bs_pv **out,
                                 uint64_t *stop_end, bs_err *err);
+
+/* Charge n bytes that the caller keeps for what p's streams made (a
+ * tensor's catalog entry and its key) to p's memory bound (the one
+ * bs_pickle_load set): 0, or -1 with EFBIG naming the bound. */
+BS_NODISCARD int bs_pickle_charge(struct bs_pickle *p, uint64_t n, const char *key, bs_err *err);
 
 /* Notes about what was skipped ("skipped object of class os.system at
  * pickle offset N"), in order. Borrowed. */

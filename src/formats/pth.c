@@ -35,8 +35,6 @@ static void ctx_destroy(struct pth_ctx *c)
     bs_free(c->recs[i].key);
   bs_free(c->recs);
   bs_strmap_destroy(&c->recmap);
-  for (size_t i = 0; i < c->nfound; i++)
-    bs_free(c->found[i].key);
   bs_free(c->found);
   bs_strmap_destroy(&c->keys);
   for (size_t i = 0; i < c->nowned; i++)
@@ -327,6 +325,8 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
 
 int pth_conclude(struct pth_ctx *c, pth_locate_fn locate)
 {
+  if (bs_catalog_reserve(c->cat, c->nfound) != 0) /* exactly: no array doubled */
+    return pth_nomem(c);
   for (size_t i = 0; i < c->nfound; i++)
     if (add_tensor(c, &c->found[i], locate) != 0 || add_quantizer(c, &c->found[i], locate) != 0)
       return -1;

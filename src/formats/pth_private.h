@@ -20,6 +20,12 @@
 #define PTH_TENSOR_SHARING 16u        /* keys per distinct tensor, on average, past the first */
 #define PTH_TENSOR_SLACK 4096u        /* 4096 keys of the others */
 #define PTH_WALK_NOTES 100u           /* notes the walk writes (cycles, bare storages) */
+/* What a tensor's key costs while the reader runs, charged to the
+ * unpickler's memory bound (bs_pickle_charge): its catalog entry, found
+ * entry and key maps, plus 16 bytes a dimension, plus the key's copies (the
+ * key map's, the catalog's; growth of the arrays of both). */
+#define PTH_KEY_COST 224u
+#define PTH_KEY_COPIES 2u
 /* Per-channel quantizers kept (scales and zero points, 16 bytes a channel,
  * one copy per key): at most this many times the file's size, plus the
  * slack below. Each key of a shared tensor holds its own copy, so a small
@@ -46,7 +52,7 @@ struct pth_rec {
 };
 
 struct pth_found {
-  char *key;
+  char *key; /* borrowed from owned_keys */
   struct bs_pv *t;
 };
 

@@ -532,13 +532,16 @@ static int visit(struct pth_ctx *c, struct bs_pv *x, size_t plen, bool values, b
                      "%" PRIu64 " distinct tensor(s) appear under %zu keys: shared references "
                      "multiply them (limit: %u keys per tensor + %u)",
                      c->tensors, c->nfound, PTH_TENSOR_SHARING, PTH_TENSOR_SLACK);
+    /* what this key will hold (its copies, its catalog entry): a few bytes
+     * of the pickle can name a shared tensor under thousands of long keys */
+    uint64_t klen = strlen(key) + 1, cost = PTH_KEY_COST + (uint64_t)x->u.tensor.rank * 16;
     char *kept;
-    if (claim_key(c, key, &kept) != 0)
+    if (bs_pickle_charge(c->p, cost + PTH_KEY_COPIES * klen, key, c->err) != 0 ||
+        claim_key(c, key, &kept) != 0)
       return -1;
     if (bs_grow((void **)&c->found, &c->foundcap, c->nfound + 1, sizeof *c->found) != 0)
       return pth_nomem(c);
-    if (!(c->found[c->nfound].key = bs_strdup(kept)))
-      return pth_nomem(c);
+    c->found[c->nfound].key = kept; /* owned by owned_keys */
     c->found[c->nfound++].t = x;
     return 0;
   }

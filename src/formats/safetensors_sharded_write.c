@@ -151,6 +151,14 @@ struct set {
   size_t *shard_of; /* per catalog tensor: its shard, or SIZE_MAX (not written) */
   struct bs_st_index old;
   bool have_old;
+  /* The old index is writable by others than its owner (a group-writable
+   * index in a team directory): its names may be anyone's choice, so only
+   * its shards of this set's own naming that are the caller's or root's
+   * regular files (or missing) are removed or reused; the others (foreign)
+   * are left in place, and said. */
+  bool untrusted;
+  bool *foreign; /* per old shard (untrusted only) */
+  size_t nforeign;
 };
 
 static void set_destroy(struct set *s)
@@ -164,6 +172,7 @@ static void set_destroy(struct set *s)
   bs_free(s->dir);
   bs_free(s->stem);
   bs_free(s->index);
+  bs_free(s->foreign);
   bs_st_index_destroy(&s->old);
   if (s->dirfd >= 0)
     close(s->dirfd);
@@ -233,13 +242,39 @@ int bs_st_set_recover(const char *path, bs_err *err)
   return rc;
 }
 
+/* Whether `name` follows this set's own shard naming: STEM-NNNNN-of-NNNNN
+ * .safetensors (five digits or more each), the names reshard gives. */
+static bool own_shard_name(const struct set *s, const char *name)
+{
+  size_t sl = strlen(s->stem);
+  if (strncmp(name, s->stem, sl) != 0 || name[sl] != '-')
+    return false;
+  const char *p = name + sl + 1;
+  for (int part = 0; part < 2; part++) {
+    size_t d = strspn(p, "0123456789");
+    if (d < 5)
+      return false;
+    p += d;
+    if (part == 0) {
+      if (strncmp(p, "-of-", 4) != 0)
+        return false;
+      p += 4;
+    }
+  }
+  return strcmp(p, ST_SUFFIX) == 0;
+}
+
 /* The existing index at s->index, if there is a readable one; it must be a
  * regular file of this user's or root's (another user who may write the
  * directory could plant one naming this user's files as its shards), and
  * every shard it names one this write may replace or remove: a plain
  * NAME.safetensors in the index's directory, a regular file of this user's
  * or root's (or missing), not the index. Anything else refuses the write
- * before it starts, in one line naming it (and its owner). */
+ * before it starts, in one line naming it (and its owner). An index that
+ * others may write (group or other write bits) is not refused for its
+ * names, which another user may have chosen: its shards not of this set's
+ * own naming, or not regular files of this user's or root's, are foreign,
+ * never removed, replaced or read (see struct set). */
 static int load_old(struct set *s, bs_err *err)
 {
   bs_err sub;
@@ -285,8 +320,22 @@ static int load_old(struct set *s, bs_err *err)
                    "%s: %s; burnstore replaces and removes only the set's own shard files beside "
                    "the index, so it writes nothing",
                    s->index, sub.msg);
+  s->untrusted = s->have_old && (s->ist.st_mode & (S_IWGRP | S_IWOTH));
+  if (s->untrusted && !(s->foreign = bs_calloc(s->old.nshards + 1, sizeof *s->foreign)))
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   for (size_t k = 0; s->have_old && k < s->old.nshards; k++) {
     const char *name = s->old.shards[k];
+    if (s->untrusted) {
+      bool ours = false;
+      struct stat st;
+      if (own_shard_name(s, name))
+        ours = fstatat(s->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0
+                   ? errno == ENOENT
+                   : S_ISREG(st.st_mode) && (st.st_uid == geteuid() || st.st_uid == 0);
+      s->foreign[k] = !ours;
+      s->nforeign += !ours;
+      continue;
+    }
     if (strcmp(name, ibase) == 0)
       return not_owned(s, k, "the index itself", err);
     if (strchr(name, '/'))
@@ -359,27 +408,45 @@ static int reshard(struct set *s, const struct bs_catalog *cat, uint64_t max, bs
   return 0;
 }
 
-/* Each tensor back to the shard the existing index names; new ones to the last shard. */
+/* Each tensor back to the shard the existing index names; new ones to the
+ * last shard. The foreign shards of an index others may write are left out
+ * (their tensors go to the last shard of the set's own, as new ones do);
+ * the caller reshards when none is left. */
 static int keep_shards(struct set *s, const struct bs_catalog *cat, bs_err *err)
 {
-  if (new_shards(s, s->old.nshards, err) != 0)
+  size_t *to = bs_malloc((s->old.nshards + 1) * sizeof *to), n = 0;
+  if (!to)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (new_shards(s, s->old.nshards - s->nforeign, err) != 0) {
+    bs_free(to);
     return -1;
-  for (size_t k = 0; k < s->old.nshards; k++)
-    if (!(s->shards[k].name = bs_strdup(s->old.shards[k])))
+  }
+  for (size_t k = 0; k < s->old.nshards; k++) {
+    to[k] = SIZE_MAX;
+    if (s->foreign && s->foreign[k])
+      continue;
+    if (!(s->shards[n].name = bs_strdup(s->old.shards[k]))) {
+      bs_free(to);
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
+    to[k] = n++;
+  }
   struct bs_strmap m = {0};
   for (size_t e = 0; e < s->old.nmap; e++)
     if (bs_strmap_put(&m, s->old.map[e].key, s->old.map[e].shard) < 0) {
       bs_strmap_destroy(&m);
+      bs_free(to);
       return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     }
   for (size_t i = 0; i < cat->count; i++) {
     if (cat->tensors[i].hidden)
       continue;
     size_t k;
-    s->shard_of[i] = bs_strmap_get(&m, cat->tensors[i].name, &k) ? k : s->old.nshards - 1;
+    s->shard_of[i] =
+        bs_strmap_get(&m, cat->tensors[i].name, &k) && to[k] != SIZE_MAX ? to[k] : n - 1;
   }
   bs_strmap_destroy(&m);
+  bs_free(to);
   return 0;
 }
 
@@ -481,7 +548,8 @@ static int journal_names(const struct set *s, const char *path, const char ***ne
     (*newf)[(*nnew)++] = s->shards[k].name;
   (*newf)[(*nnew)++] = strrchr(s->index, '/') + 1;
   for (size_t k = 0; s->have_old && k < s->old.nshards; k++)
-    (*oldf)[(*nold)++] = s->old.shards[k];
+    if (!s->foreign || !s->foreign[k])
+      (*oldf)[(*nold)++] = s->old.shards[k];
   struct stat st;
   const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
   if (ends_with(path, ST_SUFFIX) && s->dirfd >= 0 &&
@@ -497,6 +565,35 @@ static int journal_names(const struct set *s, const char *path, const char ***ne
     (*oldf)[(*nold)++] = base;
   }
   return 0;
+}
+
+/* After a write over an index others may write: the files it named as
+ * shards that were left in place, in one line (the mount's log, convert's
+ * stderr). */
+static void note_foreign(const struct set *s)
+{
+  char line[BS_LOG_LINE];
+  size_t n = (size_t)snprintf(line, sizeof line,
+                              "note: %s was writable by others (mode %04o), so the %zu files it "
+                              "named as shards that are not this set's own (%s-NNNNN-of-NNNNN"
+                              ".safetensors of yours) were left in place:",
+                              s->index, (unsigned)(s->ist.st_mode & 07777), s->nforeign, s->stem);
+  for (size_t k = 0; k < s->old.nshards && n < sizeof line; k++)
+    if (s->foreign[k])
+      n += (size_t)snprintf(line + n, sizeof line - n, " %s", s->old.shards[k]);
+  bs_log(BS_LOG_WARNING, "%s", line);
+}
+
+/* Foreign old shards the new set writes over (a name of this set's own
+ * that another user's file held) are not left in place: not foreign. */
+static void unmark_written(struct set *s)
+{
+  for (size_t k = 0; s->foreign && k < s->old.nshards; k++)
+    for (size_t j = 0; s->foreign[k] && j < s->nshards; j++)
+      if (strcmp(s->old.shards[k], s->shards[j].name) == 0) {
+        s->foreign[k] = false;
+        s->nforeign--;
+      }
 }
 
 int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct bs_write_opts *o,
@@ -523,7 +620,7 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
    * writers of the set out from here. */
   if (bs_set_begin(&js, s.index, err) != 0 || load_old(&s, err) != 0)
     goto out;
-  if (o->max_shard_size == 0 && s.have_old && s.old.nshards > 0) {
+  if (o->max_shard_size == 0 && s.have_old && s.old.nshards > s.nforeign) {
     if (keep_shards(&s, cat, err) != 0)
       goto out;
   } else if (reshard(&s, cat, o->max_shard_size ? o->max_shard_size : UINT64_MAX, err) != 0) {
@@ -586,6 +683,9 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   }
   /* The commit record, then the shards, the index, the old shards' removal. */
   rc = bs_set_commit(&js, at, nat, err);
+  unmark_written(&s);
+  if (rc == 0 && s.nforeign)
+    note_foreign(&s);
 out:
   for (size_t k = 0; at && k <= s.nshards; k++)
     bs_atomic_abort(&at[k]);

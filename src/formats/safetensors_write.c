@@ -390,11 +390,13 @@ int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size
     return -1;
   }
   /* (Another user may have put a FIFO or a link at a new shard's name: one
-   * never blocks this open, the other is never followed; neither is kept.) */
+   * never blocks this open, the other is never followed; neither is kept,
+   * nor a file of theirs, which they could change once the index names it.) */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
   struct stat st;
   uint8_t *old = NULL;
-  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (st.st_uid != geteuid() && st.st_uid != 0))
     goto out;
   uint64_t size = PREFIX + (uint64_t)p.hdr.len + p.data;
   if ((uint64_t)st.st_size != size || !(old = bs_malloc(PREFIX + p.hdr.len)))

@@ -56,7 +56,8 @@ size_t bs_st_json_len_n(const char *s, size_t n);
 /* Would bs_st_write_some write exactly the file at `path`: the same header
  * bytes, and every tensor's bytes already in that file at the place they
  * would be written (read from it, unstrided)? *same gets the answer; a
- * missing or unreadable file is "no". -1 only for errors of the plan. */
+ * missing or unreadable file, or one of another user's (not the caller's or
+ * root's), is "no". -1 only for errors of the plan. */
 BS_NODISCARD int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size_t n,
                                       const char *path, bool *same, bs_err *err);
 

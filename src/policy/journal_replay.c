@@ -649,6 +649,10 @@ int bs_journal_rebuild(const struct bs_stage_dir *stg, bool salvage, struct bs_b
             m);
     goto out;
   }
+  /* A journal copied from another staging directory: its BASE names that
+   * one (and its target), its records this one's staged files. */
+  if (r.records >= 1 && bs_stage_index_check_dir(&r.base, stg, BS_JOURNAL_NAME, err) != 0)
+    goto out;
   /* A damaged record with records after it is not the end of the last
    * write: what follows it would be lost without a word. */
   if (r.damaged && !salvage) {

@@ -32,6 +32,7 @@ void bs_stage_index_init(struct bs_stage_index *idx)
 void bs_stage_index_destroy(struct bs_stage_index *idx)
 {
   bs_free(idx->target);
+  bs_free(idx->staging);
   bs_free(idx->ck.path);
   for (size_t i = 0; i < idx->nsrcs; i++) {
     bs_free(idx->srcs[i].file);
@@ -109,6 +110,25 @@ static void put_shape(struct out *o, uint32_t rank, const uint64_t *shape)
   put(o, buf, n < sizeof buf ? n : sizeof buf - 1);
 }
 
+/* The last component of the directory path `dir` (trailing slashes
+ * ignored) into out: false if there is none ("/", "", ".", "..") or it is too long. */
+static bool dir_name(const char *dir, char *out, size_t n)
+{
+  size_t len = strlen(dir);
+  while (len > 1 && dir[len - 1] == '/')
+    len--;
+  size_t start = len;
+  while (start > 0 && dir[start - 1] != '/')
+    start--;
+  size_t k = len - start;
+  if (k == 0 || k >= n || (k == 1 && dir[start] == '.') ||
+      (k == 2 && dir[start] == '.' && dir[start + 1] == '.'))
+    return false;
+  memcpy(out, dir + start, k);
+  out[k] = '\0';
+  return true;
+}
+
 int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_catalog *out,
                           const char *staging, struct bs_buf *buf, bs_err *err)
 {
@@ -118,9 +138,15 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
                                 "`burnstore --finish DIR`, list it with `burnstore "
                                 "--list-staging DIR`\n";
   put(&o, comment, sizeof comment - 1);
-  putf(&o, MAGIC "\t1\npid\t%ld\n", idx->pid);
+  putf(&o, MAGIC "\t2\npid\t%ld\n", idx->pid);
   put(&o, "target", 6);
   put_str(&o, idx->target ? idx->target : "");
+  put(&o, "\nstaging", 8); /* its name: an INDEX or JOURNAL copied elsewhere is refused */
+  char sname[NAME_MAX + 1];
+  if (!dir_name(staging, sname, sizeof sname))
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "INDEX: no staging directory name in '%s'",
+                   staging);
+  put_str(&o, sname);
   putf(&o, "\nformat\t%s\n", bs_format_name(idx->format));
   if (idx->max_shard_size)
     putf(&o, "max_shard_size\t%llu\n", (unsigned long long)idx->max_shard_size);
@@ -549,12 +575,19 @@ static int parse_file(struct bs_stage_index *idx, struct line *l, bs_err *err)
   return 0;
 }
 
-static int parse_line(struct bs_stage_index *idx, struct line *l, bool *ended, size_t *records,
-                      bs_err *err)
+static int parse_line(struct bs_stage_index *idx, struct line *l, unsigned version, bool *ended,
+                      size_t *records, bs_err *err)
 {
   const char *r = l->f[0];
   if (*ended)
     return perr(err, l, "records after 'end'");
+  if (strcmp(r, "staging") == 0 && l->n == 2 && version >= 2) {
+    if (idx->staging || unescape(l->f[1]) != 0 || !staging_name_ok(l->f[1]))
+      return perr(err, l, "bad staging record (a directory name, once)");
+    if (!(idx->staging = bs_strdup(l->f[1])))
+      return bs_fail(err, ENOMEM, l->off, NULL, "out of memory");
+    return 0;
+  }
   if (strcmp(r, "pid") == 0 && l->n == 2) {
     int64_t v;
     if (!parse_i64(l->f[1], &v))
@@ -702,6 +735,7 @@ int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *id
   buf[len] = 0;
   int rc = -1;
   bool magic = false, ended = false;
+  unsigned version = 0;
   size_t records = 0;
   char *p = buf;
   while (p < buf + len) {
@@ -730,12 +764,15 @@ int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *id
         f = tab + 1;
       }
       if (!magic) {
-        if (strcmp(l.f[0], MAGIC) != 0 || l.n != 2 || strcmp(l.f[1], "1") != 0) {
-          perr(err, &l, "not a burnstore staging INDEX of version 1");
+        /* 1: burnstore 0.1.0's, without a staging record; 2: with one */
+        if (strcmp(l.f[0], MAGIC) != 0 || l.n != 2 ||
+            (strcmp(l.f[1], "1") != 0 && strcmp(l.f[1], "2") != 0)) {
+          perr(err, &l, "not a burnstore staging INDEX of version 1 or 2");
           goto out;
         }
+        version = (unsigned)(l.f[1][0] - '0');
         magic = true;
-      } else if (parse_line(idx, &l, &ended, &records, err) != 0) {
+      } else if (parse_line(idx, &l, version, &ended, &records, err) != 0) {
         goto out;
       }
     }
@@ -747,6 +784,10 @@ int bs_stage_index_parse(const void *text, size_t len, struct bs_stage_index *id
   }
   if (!idx->target || idx->format == BS_FMT_NONE) {
     perr(err, NULL, "no target or format record");
+    goto out;
+  }
+  if (version >= 2 && !idx->staging) {
+    perr(err, NULL, "no staging record (version 2 names its staging directory)");
     goto out;
   }
   rc = 0;
@@ -791,7 +832,36 @@ int bs_stage_index_load(const struct bs_stage_dir *stg, struct bs_stage_index *i
     return rc;
   rc = bs_stage_index_parse(text, len, idx, err);
   bs_free(text);
+  if (rc == 0 && (rc = bs_stage_index_check_dir(idx, stg, BS_STAGE_INDEX_NAME, err)) != 0) {
+    bs_stage_index_destroy(idx);
+    bs_stage_index_init(idx);
+  }
   return rc;
+}
+
+int bs_stage_index_check_dir(const struct bs_stage_index *idx, const struct bs_stage_dir *stg,
+                             const char *what, bs_err *err)
+{
+  if (!idx->staging) /* version 1 */
+    return 0;
+  /* its name now: the held directory's, as the kernel has it (a path given
+   * as "." or through a link names it too); else the path's last component */
+  char fdpath[64], real[PATH_MAX], name[NAME_MAX + 1] = "";
+  snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", stg->fd);
+  ssize_t n = stg->fd >= 0 ? readlink(fdpath, real, sizeof real - 1) : -1;
+  if (n > 0 && real[0] == '/') {
+    real[n] = '\0';
+    if (!dir_name(real, name, sizeof name))
+      name[0] = '\0';
+  }
+  if (!name[0] && !dir_name(stg->path, name, sizeof name))
+    name[0] = '\0';
+  if (strcmp(name, idx->staging) == 0)
+    return 0;
+  return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                 "%s/%s was written in %s, not in this staging directory (%s): copied from "
+                 "another? not used (its target: %s)",
+                 stg->path, what, idx->staging, name[0] ? name : "?", idx->target);
 }
 
 static int stale(bs_err *err, const char *path, const char *what)

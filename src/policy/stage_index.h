@@ -8,8 +8,10 @@
  * Format (docs/robustness.md): UTF-8 text, one record per line, fields
  * separated by TAB; strings are percent-escaped (bytes <= 0x20, '%', 0x7f as
  * %XX). Lines starting with '#' are comments. The first record is
- * "burnstore-staging-index 1", the last "end N" (N = tensor + file records),
- * so a cut INDEX is refused. */
+ * "burnstore-staging-index 2", the last "end N" (N = tensor + file records),
+ * so a cut INDEX is refused. Version 2 names its staging directory
+ * ("staging NAME"), so an INDEX or JOURNAL copied into another one is
+ * refused; version 1 (burnstore 0.1.0) did not, and is still read. */
 #ifndef BURNSTORE_STAGE_INDEX_H
 #define BURNSTORE_STAGE_INDEX_H
 
@@ -59,6 +61,8 @@ struct bs_stage_src {
 struct bs_stage_index {
   long pid;
   char *target;
+  char *staging; /* the staging directory's name (its last component); NULL in an
+                    INDEX of version 1, which names none */
   enum bs_format format;
   uint64_t max_shard_size; /* the write's bs_write_opts (0: none) */
   bool has_output_as;      /* "output_as DT": the tensors are written as DT (writeback.h) */
@@ -92,9 +96,18 @@ BS_NODISCARD int bs_stage_index_parse(const void *text, size_t len, struct bs_st
                                       bs_err *err);
 /* Read INDEX beneath the held staging directory (at most BS_STAGE_INDEX_MAX
  * bytes; a regular file of the caller's or root's that no one else may
- * write) and parse it. ENOENT when there is none. */
+ * write), parse it and check it was written there (bs_stage_index_check_dir).
+ * ENOENT when there is none. */
 BS_NODISCARD int bs_stage_index_load(const struct bs_stage_dir *stg, struct bs_stage_index *idx,
                                      bs_err *err);
+/* Whether idx, read from stg's file `what` (INDEX, JOURNAL), was written for
+ * stg: the staging directory it names must be stg's (its name now, through
+ * the held fd). One copied from another staging directory would write that
+ * one's target with this one's staged bytes: refused (EINVAL) in one line
+ * naming both directories. An INDEX of version 1 names none: taken as it is. */
+BS_NODISCARD int bs_stage_index_check_dir(const struct bs_stage_index *idx,
+                                          const struct bs_stage_dir *stg, const char *what,
+                                          bs_err *err);
 /* Open the byte sources into idx->cat: the checkpoint (refused with ESTALE
  * if its size, mtime or inode changed, or it reads differently) and the
  * staging files beneath stg (their sizes must match; opened per read). */

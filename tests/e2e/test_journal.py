@@ -150,6 +150,59 @@ def test_filtered_in_place_keeps_what_it_hides(tmp):
           "hidden tensors kept, the rename applied: %s" % sorted(got)[:8])
 
 
+def safetensors_f32(path, values):
+    """A SafeTensors file of one F32 tensor w."""
+    data = struct.pack("<%df" % len(values), *values)
+    head = json.dumps({"w": {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, len(data)]}}).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + data)
+
+
+def test_journal_copied_into_another_staging_directory(tmp):
+    """Nothing tied a JOURNAL to its directory: kill -9 two writable mounts
+    of same-sized one/m.safetensors and two/m.safetensors, copy one's
+    JOURNAL into two's staging directory, and --finish of it exited 0
+    having written one/m.safetensors with two's staged bytes. The journal's
+    BASE names its staging directory: refused in one line naming both."""
+    dirs, stgs = {}, {}
+    for name, first in (("one", 1.0), ("two", 100.0)):
+        d = os.path.join(tmp, "copied", name)
+        os.makedirs(d)
+        target = os.path.join(d, "m.safetensors")
+        safetensors_f32(target, [first, first + 1, first + 2, first + 3])
+        mnt = os.path.join(d, "mnt")
+        with Mount(target, mnt, "rw"):
+            with open(os.path.join(mnt, "w"), "r+b") as f:
+                f.write(struct.pack("<4f", first + 10, first + 11, first + 12, first + 13))
+            time.sleep(WINDOW + 0.5)
+            kill_daemon(mnt)
+        stg = glob.glob(os.path.join(d, ".m.safetensors.staging-*"))
+        if not check(len(stg) == 1, "%s: one staging directory left: %r" % (name, stg)):
+            return
+        dirs[name], stgs[name] = d, stg[0]
+    before = {n: open(os.path.join(d, "m.safetensors"), "rb").read() for n, d in dirs.items()}
+    two_journal = os.path.join(stgs["two"], "JOURNAL")
+    shutil.copyfile(two_journal, os.path.join(tmp, "two.JOURNAL"))
+    shutil.copyfile(os.path.join(stgs["one"], "JOURNAL"), two_journal)
+    r = run([BIN, "--finish", stgs["two"]])
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode != 0 and len(lines) == 1 and os.path.basename(stgs["one"]) in lines[0]
+          and os.path.basename(stgs["two"]) in lines[0] and "copied from another" in lines[0],
+          "a journal copied from another staging directory is refused in one line naming both: %r" % r.stderr)
+    for n, d in dirs.items():
+        check(open(os.path.join(d, "m.safetensors"), "rb").read() == before[n], "%s/m.safetensors untouched" % n)
+    check(os.path.isdir(stgs["two"]), "the staging directory is kept")
+    # each in its own directory finishes with its own bytes
+    shutil.copyfile(os.path.join(tmp, "two.JOURNAL"), two_journal)
+    for name, first in (("one", 1.0), ("two", 100.0)):
+        r = run([BIN, "--finish", stgs[name]])
+        check(r.returncode == 0, "%s: --finish: %r" % (name, r.stderr))
+        got = open(os.path.join(dirs[name], "m.safetensors"), "rb").read()
+        check(got.endswith(struct.pack("<4f", first + 10, first + 11, first + 12, first + 13)),
+              "%s: its own staged bytes" % name)
+
+
 def test_nojournal(tmp):
     d, target, mnt = fresh(tmp, "nojournal")
     with Mount(target, mnt, "rw,nojournal") as m:
@@ -165,4 +218,5 @@ def test_nojournal(tmp):
 
 if __name__ == "__main__":
     run_tests("test_journal", [test_kill_while_mounted, test_changed_checkpoint_is_refused,
-                               test_filtered_in_place_keeps_what_it_hides, test_nojournal], "journal")
+                               test_filtered_in_place_keeps_what_it_hides, test_nojournal,
+                               test_journal_copied_into_another_staging_directory], "journal")

@@ -422,8 +422,9 @@ def test_finish_after_the_rename(tmp):
         u = m.unmount()
         check(u.returncode == 0, "many.bpk written: %s" % u.stderr)
     # An in-place write-back whose rename fails (the target is immutable)
-    # keeps its staging directory and INDEX; a copy of it, finished after the
-    # original was, is a staging directory whose target is its result.
+    # keeps its staging directory and INDEX; a copy of it, put back under its
+    # name (an INDEX names its directory) once the original was finished, is
+    # a staging directory whose target is its result.
     stg = os.path.join(tmp, "rn-stg")
     os.makedirs(stg)
     with immutable(out) as ok:
@@ -441,6 +442,8 @@ def test_finish_after_the_rename(tmp):
     shutil.copytree(dirs[0], copy)
     r = run([BIN, "--finish", dirs[0]])
     check(r.returncode == 0, "--finish: %s" % r.stderr)
+    os.rename(copy, dirs[0])
+    copy = dirs[0]
     t0 = time.monotonic()
     r = run([BIN, "--finish", copy])
     secs = time.monotonic() - t0

@@ -363,6 +363,128 @@ def test_planted_index(tmp):
           % (st.st_uid, stat.S_IMODE(st.st_mode), r.stderr))
 
 
+REWRITE = r"""
+import sys
+path, text = sys.argv[1], sys.argv[2]
+with open(path, "r+") as f:  # in place: a group member may write the file, not replace it
+    f.truncate(0)
+    f.write(text)
+"""
+
+
+def group_index_case(tmp, name, owner, other):
+    """owner's shard set m.safetensors.index.json (0664) in a sticky
+    directory of the group nogroup, owner's other files precious and keep2
+    (each holding one tensor) beside it; `other` (of the group) rewrites the
+    index in place so that it also names them as shards. owner's convert
+    reshards, then rewrites keeping the shards, then (root only) a writable
+    mount writes back in place: the set is written each time, precious and
+    keep2 are left as they were and named in one note line, and an index
+    the owner left untouched still has its own old shards removed."""
+    d = team_dir(tmp, name, 0o3775)  # setgid + sticky: a team directory
+    env = dict(ENV)
+    as_owner = []
+    if owner != "root":
+        run_dir = os.path.join(tmp, name + "-run")
+        os.makedirs(run_dir, 0o700)
+        os.chown(run_dir, NOBODY_UID, NOBODY_UID)
+        env["BURNSTORE_RUN_DIR"] = run_dir
+        as_owner = ["setpriv", "--reuid=%s" % owner, "--regid=nogroup", "--clear-groups"]
+    as_other = ["setpriv", "--reuid=%s" % other, "--regid=nogroup", "--clear-groups"]
+    src = os.path.join(d, "src.safetensors")
+    ts = {"a": A, "b": NEW, "c": SECRET}
+    index = os.path.join(d, "m.safetensors.index.json")
+
+    def own(cmd):  # the owner's command, under umask 002 (a team's)
+        return run(as_owner + ["sh", "-c", 'umask 002 && exec "$@"', "sh"] + cmd, env=env)
+
+    for f, t in ((src, ts), (os.path.join(d, "precious.safetensors"), {"p": b"precious"}),
+                 (os.path.join(d, "keep2.safetensors"), {"q": b"keep2"})):
+        r = own(["/usr/bin/python3", "-c", "import sys; sys.path.insert(0, %r)\nfrom bsmount import "
+                 "write_safetensors\nwrite_safetensors(sys.argv[1], %r)" % (os.path.dirname(__file__) or ".", t), f])
+        check(r.returncode == 0, "%s: %s" % (f, r.stderr))
+    r = own([BIN, "convert", "-q", "-o", "max_shard_size=5KB", src, index])
+    st = os.stat(index)
+    if not check(r.returncode == 0 and stat.S_IMODE(st.st_mode) == 0o664 and st.st_gid == NOBODY_UID,
+                 "%s's set, its index 0664 of the group: %o %r" % (owner, stat.S_IMODE(st.st_mode), r.stderr)):
+        return
+    theirs = {"p": b"precious", "q": b"keep2"}
+
+    def tamper():
+        wm = json.load(open(index))["weight_map"]
+        wm.update({"p": "precious.safetensors", "q": "keep2.safetensors"})
+        r = run(as_other + ["/usr/bin/python3", "-c", REWRITE, index,
+                            json.dumps({"metadata": {}, "weight_map": wm})], env=ENV)
+        check(r.returncode == 0 and os.stat(index).st_uid == os.stat(src).st_uid,
+              "%s rewrote %s's index in place: %r" % (other, owner, r.stderr))
+
+    def kept(what):
+        for f, t in (("precious.safetensors", "p"), ("keep2.safetensors", "q")):
+            p = os.path.join(d, f)
+            check(os.path.exists(p) and read_safetensors(p)[0].get(t, (0, 0, None))[2] == theirs[t],
+                  "%s: %s's %s is left as it was" % (what, owner, f))
+
+    def the_set(what, want):
+        wm = json.load(open(index))["weight_map"]
+        check(set(wm) == set(want) and not set(wm.values()) & {"precious.safetensors", "keep2.safetensors"},
+              "%s: the new index names the set's own shards: %r" % (what, wm))
+        for k, v in want.items():
+            got = read_safetensors(os.path.join(d, wm.get(k, "?")))[0] if k in wm else {}
+            check(k in got and got[k][2] == v, "%s: %s read back" % (what, k))
+
+    def noted(what, r):
+        notes = [l for l in r.stderr.splitlines() if "note:" in l]
+        check(len(notes) == 1 and "precious.safetensors" in notes[0] and "keep2.safetensors" in notes[0]
+              and "left in place" in notes[0], "%s: one note naming what was left: %r" % (what, r.stderr))
+
+    for opts in (["-o", "max_shard_size=6KB"], []):
+        what = "%s's convert %s" % (owner, " ".join(opts) or "(keeping the shards)")
+        tamper()
+        r = own([BIN, "convert", "-q"] + opts + [src, index])
+        check(r.returncode == 0, "%s over %s's rewrite of the index: %r" % (what, other, r.stderr))
+        kept(what)
+        the_set(what, ts)
+        noted(what, r)
+    # the owner's own group-writable index, untouched: a reshard removes its old shards
+    before = set(json.load(open(index))["weight_map"].values())
+    r = own([BIN, "convert", "-q", "-o", "max_shard_size=2KB", src, index])
+    after = set(json.load(open(index))["weight_map"].values())
+    check(r.returncode == 0 and "note:" not in r.stderr, "%s's own index resharded: %r" % (owner, r.stderr))
+    check(all(not os.path.exists(os.path.join(d, f)) for f in before - after),
+          "the old shards of %s's own index are removed: %r" % (owner, sorted(before - after)))
+    if owner != "root":
+        return
+    # a writable mount of the set in place: it shows p and q (the index names them)
+    tamper()
+    mnt = os.path.join(tmp, name + "-mnt")
+    os.makedirs(mnt)
+    try:
+        r = run([BIN, index, mnt, "-o", "rw"], timeout=60)
+        if check(r.returncode == 0, "root mounts the set writable: %r" % r.stderr):
+            with open(os.path.join(mnt, "a"), "r+b") as f:
+                f.write(NEW)
+            u = run([BIN, "-u", "-v", mnt], timeout=60)
+            check(u.returncode == 0, "write-back: %r" % u.stderr)
+            noted("the mount's write-back (its log)", subprocess.CompletedProcess([], 0, "", u.stdout + u.stderr))
+            kept("the mount's write-back")
+            the_set("the mount's write-back", dict(ts, a=NEW, **theirs))
+    finally:
+        force_unmount(mnt)
+
+
+def test_group_writable_old_index(tmp):
+    """A group-writable old index in a sticky team directory: the owner's
+    0664 index (umask 002) may be rewritten by a group member so that its
+    shards name the owner's other files; the owner's reshard then removed
+    them, a rewrite keeping the shards overwrote them. Now only the shards of
+    the set's own naming (STEM-NNNNN-of-NNNNN.safetensors) that are the
+    caller's or root's are removed or reused; the others are left in place
+    and named in one note (convert's stderr, the mount's log). root's set
+    and nobody's rewrite; nobody's set and daemon's rewrite."""
+    group_index_case(tmp, "team-root", "root", "nobody")
+    group_index_case(tmp, "team-nobody", "nobody", "daemon")
+
+
 def test_run_dir_fifo(tmp):
     """Run-directory files are opened as any file burnstore did not just
     create: a FIFO at a mount's log path blocks neither `burnstore status`
@@ -565,7 +687,8 @@ def test_planted_name_is_one_line(tmp):
 if __name__ == "__main__":
     run_tests("test_planted", [test_staging_swapped_while_mounted, test_foreign_staging_is_refused,
                                test_fifos_do_not_block, test_planted_staging_at_mount,
-                               test_set_journal_fifo, test_planted_index, test_run_dir_fifo,
+                               test_set_journal_fifo, test_planted_index, test_group_writable_old_index,
+                               test_run_dir_fifo,
                                test_foreign_link_is_never_written_through, test_foreign_link_mode_is_not_copied,
                                test_fifo_at_a_new_shard_name, test_checkpoint_swapped_during_finish,
                                test_planted_name_is_one_line],

@@ -13,11 +13,14 @@ import sys
 import time
 import zipfile
 
-from bsmount import (BIN, Mount, check, finish, force_unmount, foreground_mount, is_mounted, mem_limit_kb,
-                     run, tmpdir, vmhwm_kb, xattrs)
+from bsmount import (BIN, SANITIZE, Mount, check, finish, force_unmount, foreground_mount, is_mounted,
+                     mem_limit_kb, run, tmpdir, vmhwm_kb, xattrs)
 
 MAX_SECONDS = 3.0  # loose: sanitizer builds on a loaded machine; memory is the tight check
-MAX_RSS_KB = mem_limit_kb(64 * 1024)
+# The issue's bound, measured in release: any .pth under 1 MB costs under 64
+# MiB. AddressSanitizer's shadow, redzones and quarantine (freed blocks kept)
+# cost up to 2x of a 48 MiB arena (83-110 MB measured): its builds get 128.
+MAX_RSS_KB = mem_limit_kb((128 if SANITIZE == "ON" else 64) * 1024)
 
 
 GEN = r"""
@@ -37,6 +40,8 @@ torch.save({"w": t, "v": d}, out + "/selfref.pth")
 torch.save({"w": t, "f": 0.1, "g": 1e-7, "k": 1 / 3}, out + "/floats.pth")
 torch.save({"z": torch.zeros(2 << 20)}, out + "/zeros.pth")  # 8 MiB of zeros
 torch.save({"t%d" % i: torch.full((3,), float(i)) for i in range(3000)}, out + "/many.pth")
+base = torch.arange(4 * 30000, dtype=torch.float32)  # 30,000 views of one storage
+torch.save({"layer.%d.weight" % i: base[4 * i:4 * i + 4] for i in range(30000)}, out + "/views.pth")
 """
 
 
@@ -159,31 +164,59 @@ def flood_pth(path, body, method=zipfile.ZIP_DEFLATED):
         z.writestr("archive/version", b"3\n")
 
 
+def su(s):
+    """A pickled str (SHORT_BINUNICODE, or BINUNICODE past 255 bytes)."""
+    b = s.encode()
+    return b"\x8c" + bytes([len(b)]) + b if len(b) < 256 else b"X" + struct.pack("<I", len(b)) + b
+
+
+def tensors_body(n, copies=0, klen=0):
+    """n tensors (one storage, the rebuild and its arguments memoized: 11
+    bytes a tensor) in a dict; with copies, the root dict names that dict
+    under `copies` keys of klen bytes, each a catalog key of every tensor."""
+    b = bytearray(b"}ctorch._utils\n_rebuild_tensor_v2\nq\x000")
+    b += b"((" + su("storage") + b"ctorch\nFloatStorage\n" + su("0") + su("cpu") + b"K\x04tQ"
+    b += b"K\x00K\x04\x85K\x01\x85\x89ccollections\nOrderedDict\n)Rtq\x010"
+    if copies:
+        b += b"}q\x02"
+    for i in range(0, n, 1000):
+        b += b"(" + b"".join(su(format(j, "x")) + b"h\x00h\x01R" for j in range(i, min(n, i + 1000))) + b"u"
+    if copies:
+        b += b"0(" + b"".join(su("%02d" % k + "k" * (klen - 2)) + b"h\x02" for k in range(copies)) + b"u"
+    return bytes(b)
+
+
 def test_pickle_floods(tmp, files):
     """Issue 30: a 78 KB .pth whose deflated data.pkl is 40M x (EMPTY_TUPLE,
     POP) filled a fixed 4 GiB arena before it was refused (4.3 GB, 9 s). The
-    unpickler's memory and opcodes are bounded by the file's bytes (8 MiB +
-    24 x, 1M + 32 x): each family of opcodes that allocates without growing
-    the input (or builds nothing) is refused in one line, fast and small, by
-    ls and by a foreground mount (its peak RSS measured: no fork); the same
-    at 1 MB uncompressed; a re-zipped real checkpoint still opens."""
+    unpickler's memory is bounded by the larger of 48 MiB and 24 x the file's
+    bytes (its values, and the catalog entries of the tensors they name), its
+    opcodes by 1M + 32 x: each family of opcodes that allocates without
+    growing the input (or builds nothing) is refused in one line, fast and
+    under 64 MiB, by ls and by a foreground mount (its peak RSS measured: no
+    fork); the same at 1 MB uncompressed; so are tensors by the hundred
+    thousand (218 KB) and a dict of tensors named under 16 keys of 4 KB (a
+    19 KB file: 1.5 GB for ls before); a re-zipped real checkpoint opens."""
     n = 40_000_000
     deflated = {
         "tuple_pop": (b")0" * n, "opcodes"),
         "mark_pop_mark": (b"(1" * (n // 2), "opcodes"),
         "none_pop": (b"N0" * (n // 2), "opcodes"),
-        "dup": (b"]" + b"2" * n, "bytes of memory"),
-        "memo_get": (b"]\x94" + b"h\x00" * (n // 2), "bytes of memory"),
-        "memoize": (b"]" + b"\x94" * n, "bytes of memory"),
+        # 8 bytes an opcode (a stack or memo slot): the opcodes stop them under the floor
+        "dup": (b"]" + b"2" * n, "opcodes"),
+        "memo_get": (b"]\x94" + b"h\x00" * (n // 2), "opcodes"),
+        "memoize": (b"]" + b"\x94" * n, "opcodes"),
         "memo_far": (b"]r" + struct.pack("<I", 9_999_000) + b"0" * n, "bytes of memory"),
         "list_appends": (b"]" + (b"(" + b"N" * 1000 + b"e") * (n // 1002), "bytes of memory"),
         "empty_lists": (b"(" + b"]" * n + b"l", "bytes of memory"),
         "big_bytes": (b"B" + struct.pack("<I", n) + bytes(n), "bytes of memory"),
-        "long4": (b"\x8b" + struct.pack("<I", n) + bytes(n), "bytes of memory"),
+        "long4": (b"\x8b" + struct.pack("<I", 60_000_000) + bytes(60_000_000), "bytes of memory"),
+        "many_tensors": (tensors_body(100_000), "catalog of its tensors need more than"),
+        "long_keys": (tensors_body(8000, 16, 4000), "catalog of its tensors need more than"),
     }
-    stored = {  # 1 MB files, uncompressed: the bound at its largest, 32 MiB
+    stored = {  # 1 MB files, uncompressed: the bound is the floor, 48 MiB
         "stored_empty_lists": (b"(" + b"]" * 999_700 + b"l", "bytes of memory"),
-        "stored_strs": (b"(" + b"\x8c\x01x" * 333_000 + b"l", "bytes of memory"),
+        "stored_strs": (b"(" + b"\x8c\x00" * 499_000 + b"l", "bytes of memory"),
     }
     cases = [(k, v, zipfile.ZIP_DEFLATED) for k, v in deflated.items()] + \
             [(k, v, zipfile.ZIP_STORED) for k, v in stored.items()]
@@ -236,6 +269,36 @@ def test_pickle_floods(tmp, files):
           % r.stderr[-300:])
 
 
+def test_many_views(tmp, files):
+    """A re-zipped (deflated) torch.save of 30,000 views of one storage
+    (770 KB, a 2.8 MB pickle): about 38 MB of values and 8 MB of catalog,
+    over issue 30's 8 MiB + 24 x the file (26.9 MB: 'needs more than
+    26883728 bytes'; 105 MB read before issue 30), under the 48 MiB floor:
+    ls lists it and a mount reads it, each under 64 MiB."""
+    src = os.path.join(tmp, "views_deflated.pth")
+    rezip(os.path.join(files, "views.pth"), src)
+    size = os.path.getsize(src)
+    check(size < 1_000_000, "the re-zipped views are under 1 MB (%d bytes)" % size)
+    r, secs, rss = timed([BIN, "ls", src])
+    check(r.returncode == 0 and r.stdout.count("\n") == 30000, "ls lists the 30,000 views: %r" % r.stderr[-300:])
+    check(r.stdout.startswith("layer.0.weight\tF32\t[4]\t16"), "ls: %r" % r.stdout[:100])
+    check(rss < MAX_RSS_KB, "views: ls peak RSS %d KB (< %d)" % (rss, MAX_RSS_KB))
+    print("views: %d bytes, burnstore ls %.2f s, peak %d KB" % (size, secs, rss), flush=True)
+    mnt = os.path.join(tmp, "m-views")
+    with foreground_mount(src, mnt) as p:
+        if not is_mounted(mnt):
+            return
+        with open(os.path.join(mnt, "layer", "29999", "weight"), "rb") as f:
+            data = f.read()
+        check(data == struct.pack("<4f", 119996, 119997, 119998, 119999), "the last view's bytes: %r" % data)
+        check(len(os.listdir(os.path.join(mnt, "layer"))) == 30000, "the mount shows 30,000 views")
+        peak = vmhwm_kb(p.pid)
+        check(peak < MAX_RSS_KB, "views: the mount's peak %d KB (< %d)" % (peak, MAX_RSS_KB))
+        print("views: mount peak %d KB" % peak, flush=True)
+        r = run([BIN, "-u", mnt])
+        check(r.returncode == 0, "unmounted: %s" % r.stderr)
+
+
 def main():
     with tmpdir("pt-hostile") as tmp:
         files = os.path.join(tmp, "files")
@@ -247,6 +310,7 @@ def main():
         test_floats(tmp, files)
         test_deflated(tmp, files)
         test_pickle_floods(tmp, files)
+        test_many_views(tmp, files)
     finish("test_pytorch_hostile")
 
 

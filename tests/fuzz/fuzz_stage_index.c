@@ -14,11 +14,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   bs_err err = {0};
   if (bs_stage_index_parse(data, size, &idx, &err) != 0) {
     FUZZ_CHECK(err.code != 0 && err.msg[0]);
-    FUZZ_CHECK(idx.cat.count == 0 && idx.nsrcs == 0 && idx.target == NULL);
+    FUZZ_CHECK(idx.cat.count == 0 && idx.nsrcs == 0 && idx.target == NULL && idx.staging == NULL);
     bs_stage_index_destroy(&idx);
     return 0;
   }
   FUZZ_CHECK(idx.target && idx.target[0] == '/');
+  FUZZ_CHECK(!idx.staging || (idx.staging[0] && !strchr(idx.staging, '/')));
   FUZZ_CHECK(idx.ncksrcs <= idx.nsrcs);
   for (size_t i = 0; i < idx.nsrcs; i++)
     FUZZ_CHECK(i < idx.ncksrcs

@@ -601,6 +601,101 @@ Test(journal, without_journal_finish_still_says_no_index)
   cr_assert_neq(stat(W.stg, &st), 0, "removed");
 }
 
+/* Nothing tied a JOURNAL to its directory: one copied into another killed
+ * mount's staging directory was replayed there (its BASE names its target,
+ * its records that directory's staged files): --finish wrote one target
+ * with the other's bytes, exit 0. Its BASE names its staging directory. */
+Test(journal, a_journal_copied_into_another_staging_directory_is_refused)
+{
+  stage(entry("a"), "abcdefghijklmnop", 16);
+  kill_owner();
+  uint8_t *data;
+  size_t n = read_journal(&data);
+  /* the other directory: a killed mount's, its staged file of that name
+   * holding other bytes */
+  char other[200], p[220];
+  snprintf(other, sizeof other, "%s/.other.safetensors.staging-AbC123", W.dir);
+  cr_assert_eq(mkdir(other, 0700), 0);
+  snprintf(p, sizeof p, "%s/%llu", other, (unsigned long long)entry("a")->stage);
+  FILE *f = fopen(p, "wb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fwrite("ZZZZZZZZZZZZZZZZ", 1, 16, f), 16);
+  fclose(f);
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, other);
+  f = fopen(p, "wb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fwrite(data, 1, n, f), n);
+  fclose(f);
+  bs_free(data);
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(other, 0, &res, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  const char *name = strrchr(W.stg, '/') + 1;
+  char want[1024];
+  snprintf(want, sizeof want,
+           "%s/JOURNAL was written in %s, not in this staging directory "
+           "(.other.safetensors.staging-AbC123): copied from another? not used (its target: %s)",
+           other, name, out_path);
+  cr_assert_str_eq(err.msg, want);
+  bs_free(res.target);
+  struct stat st;
+  cr_assert_eq(stat(out_path, &st), -1, "nothing written");
+  cr_assert_eq(stat(p, &st), 0, "the directory is kept");
+  /* in its own directory it finishes */
+  bs_err_clear(&err);
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  bs_free(res.target);
+  cr_assert_eq(stat(out_path, &st), 0);
+  bs_test_rmrf(other);
+}
+
+/* A journal of burnstore 0.1.0 (its BASE an INDEX of version 1, naming no
+ * staging directory) still finishes: taken without the check. */
+Test(journal, a_journal_of_version_1_still_finishes)
+{
+  stage(entry("a"), "abcdefghijklmnop", 16);
+  kill_owner();
+  uint8_t *data;
+  size_t n = read_journal(&data);
+  /* BASE: u32 len | u64 sum | kind | u64 ino | u32 alen | INDEX | origins */
+  const uint8_t *rec = data + BS_JOURNAL_MAGIC_LEN;
+  uint32_t len = bs_le32(rec), alen = bs_le32(rec + 12 + 9);
+  char *text = bs_malloc(alen + 1);
+  memcpy(text, rec + 12 + 13, alen);
+  text[alen] = '\0';
+  char *v = strstr(text, "burnstore-staging-index\t2\n"), *st = strstr(text, "\nstaging\t");
+  cr_assert(v && st, "%s", text);
+  v[strlen("burnstore-staging-index\t")] = '1';
+  char *nl = strchr(st + 1, '\n');
+  memmove(st, nl, strlen(nl) + 1);
+  uint8_t *out = bs_malloc(n);
+  size_t off = BS_JOURNAL_MAGIC_LEN;
+  memcpy(out, data, off);
+  put_rec2(out, &off, BS_J_BASE, 0, text, (uint32_t)strlen(text), rec + 12 + 13 + alen,
+           len - 13 - alen);
+  memcpy(out + off, rec + 12 + len, n - BS_JOURNAL_MAGIC_LEN - 12 - len);
+  off += n - BS_JOURNAL_MAGIC_LEN - 12 - len;
+  char p[200];
+  snprintf(p, sizeof p, "%s/" BS_JOURNAL_NAME, W.stg);
+  FILE *f = fopen(p, "wb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fwrite(out, 1, off, f), off);
+  fclose(f);
+  bs_free(text);
+  bs_free(out);
+  bs_free(data);
+  struct bs_wb_finished res;
+  cr_assert_eq(bs_wb_finish(W.stg, 0, &res, &err), 0, "%s", err.msg);
+  bs_free(res.target);
+  struct bs_catalog cat;
+  bs_test_open_file(out_path, &cat);
+  long ia = bs_catalog_find(&cat, "a");
+  uint8_t got[16];
+  cr_assert(ia >= 0 && bs_tensor_read(&cat, &cat.tensors[ia], 0, got, 16) == 16);
+  cr_assert_arr_eq(got, "abcdefghijklmnop", 16);
+  bs_catalog_destroy(&cat);
+}
+
 /* A kill during the removal after the commit leaves DONE: --finish removes
  * the rest, saying the write-back had completed; a mount's sweep too. */
 Test(journal, a_completed_write_back_is_removed)

@@ -1385,6 +1385,28 @@ Test(pth, shared_reference_bomb_without_tensors_is_walked_once)
   bs_free(z);
 }
 
+/* The stored torch zip of pickle pk (n bytes; freed) is refused (EFBIG)
+ * within cpu_max CPU seconds and max_mib of peak memory (twice that under
+ * AddressSanitizer, whose shadow and quarantine double a 48 MiB arena),
+ * adding no tensor; *e says why. */
+static void refused_fast(char *pk, size_t n, double cpu_max, double max_mib, bs_err *e)
+{
+#if defined(__SANITIZE_ADDRESS__)
+  max_mib *= 2;
+#endif
+  size_t len;
+  uint8_t *z = w_zip(pk, n, STORE8, sizeof STORE8, &len);
+  free(pk);
+  struct bs_catalog cat;
+  double t0 = cpu_s();
+  cr_assert_eq(open_mem(&cat, z, len, false, e), -1, "%zu bytes read", len);
+  cr_assert_lt(cpu_s() - t0, cpu_max);
+  cr_assert_lt(peak_mib(), max_mib, "peak %.0f MiB", peak_mib());
+  cr_assert_eq(e->code, EFBIG, "%s", e->msg);
+  cr_assert_eq(cat.count, 0);
+  bs_free(z);
+}
+
 /* Shared tensors are real paths (tied weights), but 2^40 paths to one tensor
  * are refused fast, in little memory (the old walk took 4M steps and
  * hundreds of MB of keys before refusing). */
@@ -1407,19 +1429,60 @@ Test(pth, shared_tensor_bomb_is_refused_fast)
     n += sizeof lvl;
   }
   pk[n++] = '.';
-  size_t len;
-  uint8_t *z = w_zip(pk, n, STORE8, sizeof STORE8, &len);
-  free(pk);
-  struct bs_catalog cat;
   bs_err e;
-  double t0 = cpu_s();
-  cr_assert_eq(open_mem(&cat, z, len, false, &e), -1);
-  cr_assert_lt(cpu_s() - t0, 0.5);
-  cr_assert_lt(peak_mib(), 64, "peak %.0f MiB", peak_mib());
-  cr_assert_eq(e.code, EFBIG);
+  refused_fast(pk, n, 0.5, 64, &e);
   cr_assert(strstr(e.msg, "1 distinct tensor(s) appear under 4112 keys"), "%s", e.msg);
-  cr_assert_eq(cat.count, 0);
-  bs_free(z);
+}
+
+/* A few bytes of pickle make a tensor; a reference to a dict of them under
+ * another key names them all again, and a key can be 4 KB long: a 86 KB file
+ * of 2000 tensors under 16 keys of 4000 bytes made 32,000 catalog entries
+ * of 4 KB keys (the catalog, the flattening's key map: 390 MB for ls). What a
+ * tensor's key will hold is charged to the unpickler's memory bound. */
+Test(pth, tensors_under_many_long_keys_stop_at_the_memory_bound)
+{
+  static const char head[] = "\x80\x02}ctorch._utils\n_rebuild_tensor_v2\nq\x00"
+                             "0((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x00"
+                             "0X\x03\x00\x00\x00"
+                             "cpuK\x08tQK\x00K\x08\x85K\x01\x85\x89"
+                             "ccollections\nOrderedDict\n)Rtq\x01"
+                             "0}q\x02";
+  enum { TENSORS = 2000, COPIES = 16, KLEN = 4000 };
+  size_t cap = sizeof head + TENSORS * 16 + COPIES * (KLEN + 8) + 64, n = 0;
+  char *pk = malloc(cap);
+  cr_assert_not_null(pk);
+  memcpy(pk, head, sizeof head - 1);
+  n = sizeof head - 1;
+  for (int i = 0; i < TENSORS; i++) { /* (key, _rebuild_tensor_v2, args) SETITEMS of 100 */
+    if (i % 100 == 0)
+      pk[n++] = '(';
+    n += (size_t)sprintf(pk + n, "\x8c\x04%04x", i);
+    memcpy(pk + n, "h\x00h\x01R", 5);
+    n += 5;
+    if (i % 100 == 99)
+      pk[n++] = 'u';
+  }
+  memcpy(pk + n, "0(", 2); /* the dict of tensors off the stack; the root's items: */
+  n += 2;
+  for (int k = 0; k < COPIES; k++) { /* 'NNkkkk...': that dict */
+    const uint32_t kl = KLEN;
+    pk[n++] = 'X';
+    memcpy(pk + n, &kl, 4);
+    n += 4;
+    sprintf(pk + n, "%02d", k);
+    memset(pk + n + 2, 'k', KLEN - 2);
+    n += KLEN;
+    memcpy(pk + n, "h\x02", 2);
+    n += 2;
+  }
+  memcpy(pk + n, "u.", 2);
+  n += 2;
+  bs_err e;
+  refused_fast(pk, n, 1.0, 64, &e);
+  cr_assert(strstr(e.msg, "the pickle's values and the catalog of its tensors need more than "
+                          "50331648 bytes of memory (the bound is the larger of 48 MiB and 24 x "
+                          "the file's"),
+            "%s", e.msg);
 }
 
 Test(pth, truncated_zip_and_legacy_files_fail_cleanly)

@@ -196,7 +196,18 @@ static void refused(const char *text, const char *what)
 
 Test(stage_index, hostile_records_are_refused)
 {
-  refused("burnstore-staging-index\t2\n", "version 1");
+  refused("burnstore-staging-index\t3\n", "version 1 or 2");
+  refused("burnstore-staging-index\t2\npid\t1\ntarget\t/t.bpk\nformat\tburnpack\nend\t0\n",
+          "no staging record");
+  refused("burnstore-staging-index\t1\nstaging\ts\ntarget\t/t.bpk\nformat\tburnpack\nend\t0\n",
+          "unknown record 'staging'");
+  refused("burnstore-staging-index\t2\nstaging\ta/b\ntarget\t/t.bpk\nformat\tburnpack\nend\t0\n",
+          "bad staging record");
+  refused("burnstore-staging-index\t2\nstaging\t..\ntarget\t/t.bpk\nformat\tburnpack\nend\t0\n",
+          "bad staging record");
+  refused("burnstore-staging-index\t2\nstaging\ts\nstaging\ts\ntarget\t/t.bpk\nformat\t"
+          "burnpack\nend\t0\n",
+          "bad staging record");
   refused(HEAD "tensor\tk\tF32\t[2]\t-\t0\t60\t8\nend\t1\n", "outside their source");
   refused(HEAD "tensor\tk\tF32\t[2]\t-\t0\t18446744073709551615\t8\nend\t1\n", "outside");
   refused(HEAD "tensor\tk\tF32\t[2]\t-\t2\t0\t8\nend\t1\n", "bad param_id, source");
@@ -413,6 +424,69 @@ Test(stage_index, save_load_attach)
   close(stg.fd);
   bs_test_rmrf(dir);
   free(dir);
+}
+
+/* An INDEX names its staging directory: one copied into another (or the
+ * directory renamed) is refused in one line naming both; version 1 (burnstore
+ * 0.1.0's, naming none) is read anywhere. */
+Test(stage_index, an_index_names_its_staging_directory)
+{
+  char *a = bs_test_tmpdir("stage"), *b = bs_test_tmpdir("stage");
+  struct bs_stage_index h;
+  head(&h);
+  h.ncksrcs = 0;
+  h.ck.path = NULL;
+  struct bs_buf buf = {0};
+  cr_assert_eq(bs_stage_index_format(&h, NULL, a, &buf, &err), 0, "%s", err.msg);
+  const char *an = strrchr(a, '/') + 1, *bn = strrchr(b, '/') + 1;
+  char rec[300];
+  snprintf(rec, sizeof rec,
+           "burnstore-staging-index\t2\npid\t4242\ntarget\t/out%%20dir/m.bpk\n"
+           "staging\t%s\n",
+           an);
+  char *text = (char *)buf.data;
+  cr_assert_not_null(strstr(text, rec), "%s", text);
+  struct bs_stage_dir sa = {open(a, O_RDONLY | O_DIRECTORY | O_CLOEXEC), a},
+                      sb = {open(b, O_RDONLY | O_DIRECTORY | O_CLOEXEC), b};
+  cr_assert_eq(bs_stage_index_save(sa.fd, &buf, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_stage_index_save(sb.fd, &buf, &err), 0, "%s", err.msg);
+  struct bs_stage_index idx;
+  cr_assert_eq(bs_stage_index_load(&sa, &idx, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(idx.staging, an);
+  bs_stage_index_destroy(&idx);
+  /* its directory reached as "." (--list-staging .): its name from the fd */
+  struct bs_stage_dir dot = {sa.fd, "."};
+  cr_assert_eq(bs_stage_index_load(&dot, &idx, &err), 0, "%s", err.msg);
+  bs_stage_index_destroy(&idx);
+  cr_assert_eq(bs_stage_index_load(&sb, &idx, &err), -1);
+  cr_assert_eq(err.code, EINVAL);
+  char want[600];
+  snprintf(want, sizeof want,
+           "%s/INDEX was written in %s, not in this staging directory (%s): copied from "
+           "another? not used (its target: /out dir/m.bpk)",
+           b, an, bn);
+  cr_assert_str_eq(err.msg, want);
+  cr_assert_null(idx.staging);
+  bs_stage_index_destroy(&idx);
+  /* version 1 names no directory: read as it is (burnstore 0.1.0's) */
+  char *v1 = strstr(text, "\t2\n");
+  v1[1] = '1';
+  char *st = strstr(text, "staging\t");
+  char *nl = strchr(st, '\n');
+  memmove(st, nl + 1, strlen(nl + 1) + 1);
+  buf.len = strlen(text);
+  cr_assert_eq(bs_stage_index_save(sb.fd, &buf, &err), 0, "%s", err.msg);
+  bs_err_clear(&err);
+  cr_assert_eq(bs_stage_index_load(&sb, &idx, &err), 0, "%s", err.msg);
+  cr_assert_null(idx.staging);
+  bs_stage_index_destroy(&idx);
+  bs_buf_destroy(&buf);
+  close(sa.fd);
+  close(sb.fd);
+  bs_test_rmrf(a);
+  bs_test_rmrf(b);
+  free(a);
+  free(b);
 }
 
 Test(stage_index, no_index_is_a_clear_error)
