@@ -1,17 +1,10 @@
-""
-    "GGUF through real mounts (issue 12): files written by the test suite's
-    own GGUF
-    writer(tests / support / gguf_fixture.py,
-           from the spec) are mounted and compared with its independent reader
-    : bytes,
-      dtype and shape xattrs(row - major
-                             : ne reversed),
-      metadata xattrs of every type;
-metadata changed with setfattr is written back with its GGUF
-    type and everything else byte identical;
-tensors removed and added;
-read->write->read round trips;
-a new.gguf output; hostile files refused with a one-line error."""
+"""GGUF through real mounts (issue 12): files written by the test suite's
+own GGUF writer (tests/support/gguf_fixture.py, from the spec) are mounted
+and compared with its independent reader: bytes, dtype and shape xattrs
+(row-major: ne reversed), metadata xattrs of every type; metadata changed
+with setfattr is written back with its GGUF type and everything else byte
+identical; tensors removed and added; read -> write -> read round trips;
+a new .gguf output; hostile files refused with a one-line error."""
 import errno
 import glob
 import os
@@ -81,10 +74,8 @@ def test_version_1_is_read(tmp):
         if got is None:
             continue
         check(got.kv == ref.kv, "%s: every value as the version 1 file has it" % how)
-        check({
-k: (t["type"], t["shape"], t["data"]) for k, t in got.tensors.items()}
-              == {
-k: (t["type"], t["shape"], t["data"]) for k, t in ref.tensors.items()},
+        check({k: (t["type"], t["shape"], t["data"]) for k, t in got.tensors.items()}
+              == {k: (t["type"], t["shape"], t["data"]) for k, t in ref.tensors.items()},
               "%s: every tensor's type, shape and bytes" % how)
 
 
@@ -108,11 +99,11 @@ def matches_the_python_reader(tmp, src):
             check(x.get("user.burnstore.dtype") == t["type"], "%s: dtype %r" % (name, x.get("user.burnstore.dtype")))
             check(x.get("user.burnstore.shape") == "[" + ",".join(map(str, t["shape"])) + "]",
                   "%s: shape %r (row-major, ne reversed)" % (name, x.get("user.burnstore.shape")))
-#numpy reads an F32 tensor through the mount as the fixture wrote it
+        # numpy reads an F32 tensor through the mount as the fixture wrote it
         import numpy as np
         a = np.fromfile(os.path.join(m, "token_embd/weight"), dtype="<f4").reshape(2, 3)
         check(a.tolist() == [[0, 1, 2], [3, 4, 5]], "token_embd.weight as numpy: %r" % a)
-#extract one tensor with cp
+        # extract one tensor with cp
         out = os.path.join(tmp, "q.bin")
         r = run(["cp", os.path.join(m, "blk/0/attn_q/weight"), out])
         check(r.returncode == 0 and open(out, "rb").read() == ref.tensors["blk.0.attn_q.weight"]["data"],
@@ -126,12 +117,13 @@ def test_long_values_are_E2BIG_and_not_listed(tmp):
             [("w", 0, [2], struct.pack("<2f", 1, 2))])
     with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
         names = os.listxattr(m)
-#Listed, it would make getfattr - d and rsync - aX of the root fail.
+        # Listed, it would make getfattr -d and rsync -aX of the root fail.
         check(META + "tokenizer.ggml.tokens" not in names, "a value getxattr cannot return is not listed")
         check(META + "general.name" in names, "the others are: %r" % names)
         r = run(["getfattr", "-d", "-m", "-", m])
         check(r.returncode == 0, "getfattr -d of the root: %r" % r.stderr)
-try : os.getxattr(m, META + "tokenizer.ggml.tokens")
+        try:
+            os.getxattr(m, META + "tokenizer.ggml.tokens")
             check(False, "a value over 64 KiB is E2BIG")
         except OSError as e:
             check(e.errno == errno.E2BIG, "E2BIG, got %r" % e)
@@ -178,7 +170,7 @@ def test_setfattr_writes_back_typed_metadata(tmp):
     check(list(after.kv)[:len(before.kv)] == list(before.kv), "key order kept, new keys last")
     for name, t in before.tensors.items():
         check(after.tensors[name]["data"] == t["data"], "%s unchanged" % name)
-#the whole file is what the spec writer makes of the expected content
+    # the whole file is what the spec writer makes of the expected content
     kvs = [(k, vt, v) for k, (vt, v) in after.kv.items()]
     tens = [(n, t["gtype"], t["shape"], t["data"]) for n, t in before.tensors.items()]
     check(open(src, "rb").read() == G.write(os.path.join(tmp, "want.gguf"), kvs, tens),
@@ -192,47 +184,34 @@ def test_bad_typed_value_is_refused_by_setfattr(tmp):
     with Mount(src, os.path.join(tmp, "m"), opts="rw") as m:
         for k, v in (("t.u32", b"not a number"), ("t.u8", b"256"), ("a.i32", b"[1, 2"),
                      ("general.alignment", b"48"), ("t.bool", b"maybe")):
-  try : os
-    .setxattr(m, META + k, v) check(False, "setxattr %s=%r is refused" % (k, v)) except OSError as e
-        : check(e.errno == errno.EINVAL,
-                "%s=%r: EINVAL, got %r" %
-                    (k, v, e)) r = run([ "setfattr", "-n", META + "t.u32", "-v", "abc", m ])
-        check(r.returncode != 0 and "Invalid argument" in r.stderr,
-              "setfattr reports EINVAL: %r" % r.stderr)
-    try:
-#an empty key : the reader refuses a file holding one
-          os.setxattr(m, META, b "x") check(False, "setxattr of an empty metadata key is refused")
-              except OSError as e : check(e.errno == errno.EINVAL, "empty key: EINVAL, got %r" % e)
-                  os.setxattr(m, META + "t.u32", b "12")
-                      os.setxattr(m, META + "general.alignment", b "64\n") #accepted,
-          so written check(os.getxattr(m, META + "t.u32") == b "12", "the good value is kept") u =
-              m.unmount() check(u.returncode == 0, "write-back: %s" % u.stderr) ref =
-                  G.Reader(src) check(ref.kv["t.u32"] == (G.VU32, 12),
-                                      "t.u32 written: %r" % (ref.kv["t.u32"], ))
-                      check(ref.alignment == 64 and ref.data_offset % 64 == 0,
-                            "the new alignment is used")
-                          check(all(t["offset"] % 64 == 0 for t in ref.tensors.values()),
-                                "offsets aligned to 64")
-                              check(ref.tensors["blk.0.attn_q.weight"]["data"] == G.q8_0_bytes(4),
-                                    "data intact after realignment")
+            try:
+                os.setxattr(m, META + k, v)
+                check(False, "setxattr %s=%r is refused" % (k, v))
+            except OSError as e:
+                check(e.errno == errno.EINVAL, "%s=%r: EINVAL, got %r" % (k, v, e))
+        r = run(["setfattr", "-n", META + "t.u32", "-v", "abc", m])
+        check(r.returncode != 0 and "Invalid argument" in r.stderr, "setfattr reports EINVAL: %r" % r.stderr)
+        try:  # an empty key: the reader refuses a file holding one
+            os.setxattr(m, META, b"x")
+            check(False, "setxattr of an empty metadata key is refused")
+        except OSError as e:
+            check(e.errno == errno.EINVAL, "empty key: EINVAL, got %r" % e)
+        os.setxattr(m, META + "t.u32", b"12")
+        os.setxattr(m, META + "general.alignment", b"64\n")  # accepted, so written
+        check(os.getxattr(m, META + "t.u32") == b"12", "the good value is kept")
+        u = m.unmount()
+    check(u.returncode == 0, "write-back: %s" % u.stderr)
+    ref = G.Reader(src)
+    check(ref.kv["t.u32"] == (G.VU32, 12), "t.u32 written: %r" % (ref.kv["t.u32"],))
+    check(ref.alignment == 64 and ref.data_offset % 64 == 0, "the new alignment is used")
+    check(all(t["offset"] % 64 == 0 for t in ref.tensors.values()), "offsets aligned to 64")
+    check(ref.tensors["blk.0.attn_q.weight"]["data"] == G.q8_0_bytes(4), "data intact after realignment")
 
-                                  def test_refusal_reason_reaches_the_user_without_syslog(tmp)
-          : ""
-            "setfattr only says " Invalid argument ": the reason is in the mount's
-            log,
-                                                                                               which `burnstore
-                                                                                                       status MNT`
-                                                                                                           and `burnstore -
-                                                                                                   u -
-                                                                                                   v MNT` print,
-                                                                                               with no
-                                                                                                   syslog(
-                                                                                                       this machine has
-                                                                                                               no /
-                                                                                                           dev /
-                                                                                                           log,
-                                                                                                       like most
-                                                                                                           containers); in the
+
+def test_refusal_reason_reaches_the_user_without_syslog(tmp):
+    """setfattr only says "Invalid argument": the reason is in the mount's
+    log, which `burnstore status MNT` and `burnstore -u -v MNT` print, with
+    no syslog (this machine has no /dev/log, like most containers); in the
     foreground it is on stderr."""
     src = os.path.join(tmp, "why.gguf")
     G.write_tiny(src)
@@ -246,10 +225,13 @@ def test_bad_typed_value_is_refused_by_setfattr(tmp):
         line = [l for l in st.stdout.splitlines() if META + "t.u32" in l]
         check(len(line) == 1 and "refused" in line[0] and "expected an integer" in line[0],
               "burnstore status shows the refusal and its reason: %r" % st.stdout)
-#refusals of names and file types, explained in the same log
+        # refusals of names and file types, explained in the same log
         for what, call in (("mkdir a%zz", lambda: os.mkdir(os.path.join(m, "a%zz"))),
                            ("mknod fifo", lambda: os.mkfifo(os.path.join(m, "fifo")))):
-try : call() check(False, "%s is refused" % what) except OSError:
+            try:
+                call()
+                check(False, "%s is refused" % what)
+            except OSError:
                 pass
         st = run([BIN, "status", m]).stdout
         check("mkdir 'a%zz' refused: 'a%zz': a '%' starts an escape" in st and "mknod fifo refused" in st,
@@ -261,7 +243,7 @@ try : call() check(False, "%s is refused" % what) except OSError:
     r = run([BIN, "status", mnt])
     check(r.returncode == 1 and "no burnstore daemon serves it" in r.stderr,
           "status of an unmounted directory: %d %r" % (r.returncode, r.stderr))
-#In the foreground, on stderr.
+    # In the foreground, on stderr.
     with foreground_mount(src, mnt, "rw") as p:
         if is_mounted(mnt):
             run(["setfattr", "-n", META + "t.u8", "-v", "256", mnt])
@@ -283,7 +265,7 @@ def test_remove_and_add_tensors(tmp):
             f.write(newq)
         os.setxattr(p, "user.burnstore.dtype", b"Q8_0")
         os.setxattr(p, "user.burnstore.shape", b"[2,32]")
-#replace the bytes of an F32 tensor
+        # replace the bytes of an F32 tensor
         with open(os.path.join(m, "token_embd/weight"), "r+b") as f:
             f.write(struct.pack("<f", 9.5))
         u = m.unmount()
@@ -315,7 +297,7 @@ def test_round_trip_and_new_output(tmp):
     with Mount(out, os.path.join(tmp, "m2"), opts="output=" + back) as m:
         u = m.unmount()
     check(os.path.exists(back) and open(back, "rb").read() == data, "read -> write -> read -> write")
-#A new.gguf path : the GGUF writer is chosen by the extension.
+    # A new .gguf path: the GGUF writer is chosen by the extension.
     new = os.path.join(tmp, "new.gguf")
     with Mount(new, os.path.join(tmp, "n")) as m:
         check(os.getxattr(m, "user.burnstore.format") == b"gguf", "a new .gguf mount says gguf: %r"
@@ -331,7 +313,7 @@ def test_round_trip_and_new_output(tmp):
     check(ref is not None and ref.tensors["w"]["shape"] == [2, 2] and ref.tensors["w"]["type"] == "F32"
           and ref.tensors["w"]["data"] == struct.pack("<4f", 1, 2, 3, 4), "new .gguf tensor")
     check(ref is not None and ref.kv.get("general.name") == (G.VSTRING, "fresh"), "new .gguf metadata")
-#A U8 file cannot be GGUF : refused in one line naming it.
+    # A U8 file cannot be GGUF: refused in one line naming it.
     bad = os.path.join(tmp, "u8.gguf")
     stg = os.path.join(tmp, "stg-u8")
     os.makedirs(stg)
@@ -360,9 +342,9 @@ def hostile(tmp):
         ("huge_kv", hdr(nkv=2**40), "metadata count"),
         ("big_endian", b"GGUF" + struct.pack(">IQQ", 3, 0, 0), "big-endian"),
         ("version4", hdr(version=4), "versions 1 to 3 are"),
-#an early big - endian writer's file: its magic (a u32) byte-swapped
+        # an early big-endian writer's file: its magic (a u32) byte-swapped
         ("fugg", b"FUGG" + struct.pack(">IQQ", 3, 0, 0), "its magic reads 'FUGG'"),
-#version 1's sizes are u32 : a count that does not fit what is left
+        # version 1's sizes are u32: a count that does not fit what is left
         ("v1_huge_kv", b"GGUF" + struct.pack("<III", 1, 0, 2**31), "metadata count"),
         ("misaligned", padded(hdr(nt=1) + ti(b"t", [4], 0, 8)) + bytes(64), "alignment"),
         ("overlap", padded(hdr(nt=2) + ti(b"a", [16], 0, 0) + ti(b"b", [4], 0, 32)) + bytes(96), "overlaps"),
@@ -371,7 +353,7 @@ def hostile(tmp):
         ("past_end", padded(hdr(nt=1) + ti(b"t", [1000], 0, 0)) + bytes(32), "outside the file"),
         ("bad_alignment", hdr(nkv=1) + struct.pack("<Q", 17) + b"general.alignment" + struct.pack("<II", 4, 24),
          "power of two"),
-#a newline in a name from the file does not split the error line
+        # a newline in a name from the file does not split the error line
         ("newline_key", hdr(nkv=2) + (struct.pack("<Q", 12) + b"a\nfake: line" + struct.pack("<IB", 0, 1)) * 2,
          "appears twice"),
     ]
@@ -410,51 +392,51 @@ def test_metadata_edit_streams_the_tensors(tmp):
     mnt = os.path.join(tmp, "big")
     os.makedirs(mnt, exist_ok=True)
     p = subprocess.Popen([BIN, "-f", src, mnt, "-o", "rw"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  try : import time
-        for
-          _ in range(600)
-              : if is_mounted (mnt) or p.poll() is not None
-              : break time.sleep(0.1) check(is_mounted(mnt), "foreground mount") os.setxattr(
-                    mnt, META + "general.name", b "new name")
-                    run([ "fusermount3", "-u", mnt ],
-                        timeout = 600) end =
-              time.time() + 600 while True : #the daemon's own rusage, reaped with a deadline pid,
-                                       status, ru = os.wait4(p.pid, os.WNOHANG) if pid
-                                                    or time.time() > end
-              : break time.sleep(0.05)
-                    check(pid != 0, "the daemon exits after the unmount") status =
-                                                        status if pid else - 1 p.returncode =
-                                                            status finally
-              : force_unmount(mnt) if p.poll() is None
-              : p.kill() p.wait() check(status != -1 and os.waitstatus_to_exitcode(status) == 0,
-                                        "daemon exit status %r" % status)
-                    check(ru.ru_maxrss < mem_limit_kb(64 * 1024),
-                          "peak daemon memory %d KiB while rewriting 192 MiB (< 64 MiB)" %
-                              ru.ru_maxrss) ref = G.Reader(src) check(ref.kv["general.name"] ==
-                                                                          (G.VSTRING, "new name"),
-                                                                      "the name changed") t =
-                                                                ref.tensors["w"] check(
-                                                                    t["nbytes"] == 4 * n and
-                                                                        t["data"] [-4:] ==
-                                                                            struct.pack("<f",
-                                                                                        2.5) and
-                                                                        not any(t["data"][:4096]),
-                                                                    "the tensor copied")
+    try:
+        import time
+        for _ in range(600):
+            if is_mounted(mnt) or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        check(is_mounted(mnt), "foreground mount")
+        os.setxattr(mnt, META + "general.name", b"new name")
+        run(["fusermount3", "-u", mnt], timeout=600)
+        end = time.time() + 600
+        while True:  # the daemon's own rusage, reaped with a deadline
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid or time.time() > end:
+                break
+            time.sleep(0.05)
+        check(pid != 0, "the daemon exits after the unmount")
+        status = status if pid else -1
+        p.returncode = status
+    finally:
+        force_unmount(mnt)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(status != -1 and os.waitstatus_to_exitcode(status) == 0, "daemon exit status %r" % status)
+    check(ru.ru_maxrss < mem_limit_kb(64 * 1024),
+          "peak daemon memory %d KiB while rewriting 192 MiB (< 64 MiB)" % ru.ru_maxrss)
+    ref = G.Reader(src)
+    check(ref.kv["general.name"] == (G.VSTRING, "new name"), "the name changed")
+    t = ref.tensors["w"]
+    check(t["nbytes"] == 4 * n and t["data"][-4:] == struct.pack("<f", 2.5) and not any(t["data"][:4096]),
+          "the tensor copied")
 
-                                                                    def
-                                                                test_finish_after_enospc_keeps_types(
-                                                                    tmp)
-              : ""
-                "A write-back that fails for lack of space keeps its staging; --finish
-                completes it later,
-                                       still with the metadata's GGUF types.""" small =
-                                           os.path.join(tmp, "small") os.makedirs(small) r = run([
-                                             "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs",
-                                             small
-                                           ]) if not check(r.returncode == 0,
-                                                           "mount a small tmpfs: %s" % r.stderr)
-              : return stg = os.path.join(tmp, "stg-finish") os.makedirs(stg)
-          try : src = os.path.join(small, "m.gguf")
+
+def test_finish_after_enospc_keeps_types(tmp):
+    """A write-back that fails for lack of space keeps its staging; --finish
+    completes it later, still with the metadata's GGUF types."""
+    small = os.path.join(tmp, "small")
+    os.makedirs(small)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", small])
+    if not check(r.returncode == 0, "mount a small tmpfs: %s" % r.stderr):
+        return
+    stg = os.path.join(tmp, "stg-finish")
+    os.makedirs(stg)
+    try:
+        src = os.path.join(small, "m.gguf")
         G.write_tiny(src)
         with Mount(src, os.path.join(tmp, "f"), opts="rw,staging=" + stg) as m:
             os.setxattr(m, META + "t.u32", b"99")
@@ -563,7 +545,8 @@ def daemon_peak_kb(src, mnt, edits):
     with foreground_mount(src, mnt, opts="rw") as p:
         def poll():
             while p.poll() is None:
-            try : peak[0] = max(peak[0], vmhwm_kb(p.pid))
+                try:
+                    peak[0] = max(peak[0], vmhwm_kb(p.pid))
                 except OSError:
                     pass
                 time.sleep(0.01)

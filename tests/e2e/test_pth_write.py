@@ -1,45 +1,65 @@
 """PyTorch out (issue 21): every fixture converted to .pth and loaded by real
 torch with torch.load(weights_only=True): same keys in the same order, dtypes,
 shapes and bytes as burnstore reads the source (and as torch reads it, for
-flat torch-made sources);
-every member 's data 64-byte aligned as torch' s own writer aligns it;
-the.pth outputs of mounts(output =, a new model.pth path);
-dtypes torch cannot store refused naming the tensor;
-a.pth never rewritten in place.(torch 1.13 here
-                                : its torch.load has no mmap =,
-                                  so the alignment is checked on the bytes.) ""
-                                                                             "
-    import collections import glob import json import os import pickle import
-    pickletools import signal import struct import subprocess import time import zipfile
+flat torch-made sources); every member's data 64-byte aligned as torch's own
+writer aligns it; the .pth outputs of mounts (output=, a new model.pth path);
+dtypes torch cannot store refused naming the tensor; a .pth never rewritten
+in place. (torch 1.13 here: its torch.load has no mmap=, so the alignment is
+checked on the bytes.)"""
+import collections
+import glob
+import json
+import os
+import pickle
+import pickletools
+import signal
+import struct
+import subprocess
+import time
+import zipfile
 
-    from bsmount import(BIN, FIX, Mount, check, daemon_pid, force_unmount, is_mounted, run,
-                        run_tests, wait_gone, small_tmpfs)
+from bsmount import (BIN, FIX, Mount, check, daemon_pid, force_unmount, is_mounted, run, run_tests, wait_gone,
+                     small_tmpfs)
 
 import torch
 
-    FIXTURES = os.path.dirname(FIX) DT = {"F64" :torch.float64, "F32" :torch.float32, "F16" :torch.float16, "BF16" :torch.bfloat16, "I64" :torch.int64, "I32" :torch.int32, "I16" :torch.int16, "I8" :torch.int8, "U8" :torch.uint8, "BOOL" :torch.bool, "C64" :torch.complex64, "C128" :torch.complex128 }
-#The dtypes torch 2.x saves as an UntypedStorage rebuilt by _rebuild_tensor_v3
-#with the torch dtype as 7th argument(pytorch torch / storage.py _new_dtypes,
-#torch / _tensor.py _reduce_ex_internal, torch / serialization.py _save's
-#persistent_id) : burnstore 's name -> torch' s.torch 1.13 has none of them.
-                                          NEW_DT = {"F8_E4M3" : "float8_e4m3fn", "F8_E5M2" : "float8_e5m2", "F8_E4M3FNUZ" : "float8_e4m3fnuz", "F8_E5M2FNUZ" : "float8_e5m2fnuz", "F8_E8M0" : "float8_e8m0fnu", "U16" : "uint16", "U32" : "uint32", "U64" : "uint64", "F4" : "float4_e2m1fn_x2" }
-#torch / storage.py _dtype_to_storage_type_map, for the dtypes 1.13 has
-                                                    STORAGE = {"F64" : "DoubleStorage", "F32" : "FloatStorage", "F16" : "HalfStorage", "BF16" : "BFloat16Storage", "I64" : "LongStorage", "I32" : "IntStorage", "I16" : "ShortStorage", "I8" : "CharStorage", "U8" : "ByteStorage", "BOOL" : "BoolStorage", "C64" : "ComplexFloatStorage", "C128" : "ComplexDoubleStorage" }
-#The opcodes torch's weights_only unpickler (torch/_weights_only_unpickler.py
-#Unpickler.load) handles; any other one is refused there.
-                                                               WEIGHTS_ONLY_OPS = {"PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BINPERSID", "BININT", "BININT1", "BININT2", "BINFLOAT", "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT", "BINUNICODE", "SHORT_BINSTRING", "LONG1", "BINBYTES", "SHORT_BINBYTES" }
+FIXTURES = os.path.dirname(FIX)
+DT = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+      "BOOL": torch.bool, "C64": torch.complex64, "C128": torch.complex128}
+# The dtypes torch 2.x saves as an UntypedStorage rebuilt by _rebuild_tensor_v3
+# with the torch dtype as 7th argument (pytorch torch/storage.py _new_dtypes,
+# torch/_tensor.py _reduce_ex_internal, torch/serialization.py _save's
+# persistent_id): burnstore's name -> torch's. torch 1.13 has none of them.
+NEW_DT = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+          "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "U16": "uint16", "U32": "uint32",
+          "U64": "uint64", "F4": "float4_e2m1fn_x2"}
+# torch/storage.py _dtype_to_storage_type_map, for the dtypes 1.13 has
+STORAGE = {"F64": "DoubleStorage", "F32": "FloatStorage", "F16": "HalfStorage", "BF16": "BFloat16Storage",
+           "I64": "LongStorage", "I32": "IntStorage", "I16": "ShortStorage", "I8": "CharStorage",
+           "U8": "ByteStorage", "BOOL": "BoolStorage", "C64": "ComplexFloatStorage",
+           "C128": "ComplexDoubleStorage"}
+# The opcodes torch's weights_only unpickler (torch/_weights_only_unpickler.py
+# Unpickler.load) handles; any other one is refused there.
+WEIGHTS_ONLY_OPS = {"PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM",
+                    "SETITEMS", "MARK", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE",
+                    "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BINPERSID", "BININT", "BININT1",
+                    "BININT2", "BINFLOAT", "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT", "BINUNICODE",
+                    "SHORT_BINSTRING", "LONG1", "BINBYTES", "SHORT_BINBYTES"}
 
-                                                                                   class Glob(collections.namedtuple("Glob", "module name")) : ""
-                                                                                                                                               "A GLOBAL the pickle names, not imported."
-                                                                                                                                               ""
 
-                                                                                              class Rebuilt(collections.namedtuple("Rebuilt", "func args")) : ""
-                                                                                                                                                              "A call of a torch._utils rebuild function, not made."
-                                                                                                                                                              ""
+class Glob(collections.namedtuple("Glob", "module name")):
+    """A GLOBAL the pickle names, not imported."""
 
-                                                                                                            class TorchNames(pickle.Unpickler) : ""
-                                                                                                                                                 "data.pkl read without torch: the globals torch's weights_only
-                                                                                                                             unpickler allows(those a state dict needs) come back as names, a rebuild call as its function and arguments, a persistent id as itself;
+
+class Rebuilt(collections.namedtuple("Rebuilt", "func args")):
+    """A call of a torch._utils rebuild function, not made."""
+
+
+class TorchNames(pickle.Unpickler):
+    """data.pkl read without torch: the globals torch's weights_only
+    unpickler allows (those a state dict needs) come back as names, a
+    rebuild call as its function and arguments, a persistent id as itself;
     any other global is an error."""
     def find_class(self, module, name):
         ok = ((module, name) in (("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
@@ -62,9 +82,8 @@ def pickled(path):
     with zipfile.ZipFile(path) as z:
         pkl = z.read([n for n in z.namelist() if n.endswith("/data.pkl")][0])
     import io
-    return TorchNames(io.BytesIO(pkl)).load(),
-    {o.name for o, _, _ in pickletools.genops(pkl)
-    }
+    return TorchNames(io.BytesIO(pkl)).load(), {o.name for o, _, _ in pickletools.genops(pkl)}
+
 
 def rebuild_as_torch(name, r, dtype, shape, index):
     """Is r, the pickled tensor `name` (index-th storage), exactly the call
@@ -89,8 +108,7 @@ def rebuild_as_torch(name, r, dtype, shape, index):
 
 def write_st(path, ts, meta=None):
     """A SafeTensors file of {key: (dtype, shape, bytes)}."""
-    header, off, blob = ({
-  "__metadata__" : meta} if meta else {}), 0, []
+    header, off, blob = ({"__metadata__": meta} if meta else {}), 0, []
     for k, (dt, shape, b) in ts.items():
         header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
         off += len(b)
@@ -135,9 +153,9 @@ def cat_bytes(path, key):
 
 def compare(name, out, want, src=None):
     """torch loads `out` with weights_only=True and finds exactly `want`
-    (list of ls entries);
-bytes equal burnstore's reading of src."""
-try : sd = torch.load(out, weights_only=True)
+    (list of ls entries); bytes equal burnstore's reading of src."""
+    try:
+        sd = torch.load(out, weights_only=True)
     except Exception as e:
         check(False, "%s: torch.load(weights_only=True) fails: %r" % (name, e))
         return False
@@ -186,9 +204,10 @@ def test_every_fixture(tmp):
             converted += 1
         elif compare(name, out, want, src):
             converted += 1
-#A flat state dict torch wrote : torch reads both files to equal tensors.
+        # A flat state dict torch wrote: torch reads both files to equal tensors.
         if src.endswith((".pt", ".pth")):
-try : orig = torch.load(src, weights_only=True)
+            try:
+                orig = torch.load(src, weights_only=True)
             except Exception:
                 orig = None
             if isinstance(orig, dict) and orig and all(torch.is_tensor(v) for v in orig.values()):
@@ -196,7 +215,7 @@ try : orig = torch.load(src, weights_only=True)
                 check(list(back) == list(orig) and all(back[k].dtype == orig[k].dtype and raw(back[k]) == raw(orig[k])
                                                        for k in orig),
                       "%s: torch sees the same tensors in both files" % name)
-#The written file reads back through burnstore as the same checkpoint.
+        # The written file reads back through burnstore as the same checkpoint.
         r = run([BIN, "diff", src, out])
         check(r.returncode == 0, "%s: burnstore diff with its .pth: %r" % (name, r.stdout[-300:]))
     check(converted >= 40, "converted %d fixtures (refused %d)" % (converted, refused))
@@ -229,7 +248,7 @@ def test_torch_dtypes_and_views(tmp):
         check(back[k].dtype == v.dtype and torch.equal(back[k], v), "%s: torch sees the same tensor" % k)
         check(back[k].is_contiguous(), "%s: written contiguous" % k)
     check(not aligned(out), "aligned")
-#the prefix torch.save would use for this path
+    # the prefix torch.save would use for this path
     with zipfile.ZipFile(out) as z:
         names = z.namelist()
     check(names[0] == "dtypes-out/data.pkl" and "dtypes-out/byteorder" in names
@@ -290,7 +309,7 @@ def test_refusals(tmp):
     r = run([BIN, "convert", "-q", "-o", r"exclude=\.f6$", st, out])
     check(r.returncode == 0 and list(torch.load(out, weights_only=True)) == ["ok"],
           "leaving it out converts the rest: %r" % r.stderr)
-#File metadata has no place in a torch file : convert says it drops it.
+    # File metadata has no place in a torch file: convert says it drops it.
     st2 = os.path.join(tmp, "meta.safetensors")
     write_st(st2, {"w": ("F32", [1], b"\0" * 4)}, meta={"format": "pt", "note": "x"})
     out2 = os.path.join(tmp, "meta.pth")
@@ -324,7 +343,7 @@ def test_training_checkpoint_values_noted(tmp):
         ls = run([BIN, "ls", out])
         keys = {line.split("\t")[0] for line in ls.stdout.splitlines()}
         check({"model." + k for k in want} <= keys, "%s: the model's tensors written: %r" % (ext, sorted(keys)))
-#A plain state_dict has no such values : nothing to say.
+    # A plain state_dict has no such values: nothing to say.
     sd = os.path.join(tmp, "sd.pth")
     torch.save(net.state_dict(), sd)
     r = run([BIN, "convert", "-q", sd, os.path.join(tmp, "sd.safetensors")])
@@ -336,8 +355,8 @@ def test_torch2_dtypes(tmp):
     torch.save writes them: data.pkl names exactly the globals, persistent
     ids and rebuild arguments torch's source gives (read here without
     torch, which 1.13 cannot do), with opcodes its weights_only loader
-    takes;
-burnstore reads each back to the same dtype, shape and bytes, also after a rewrite in place; torch 1.13 refuses the file (it has no
+    takes; burnstore reads each back to the same dtype, shape and bytes,
+    also after a rewrite in place; torch 1.13 refuses the file (it has no
     _rebuild_tensor_v3), and loads it once those tensors are left out."""
     st = os.path.join(tmp, "t2.safetensors")
     ts, i = {"f32": ("F32", [2], struct.pack("<2f", 1.5, -2))}, 0
@@ -365,16 +384,16 @@ burnstore reads each back to the same dtype, shape and bytes, also after a rewri
         check(cat_bytes(out, k) == b, "%s: burnstore reads the same bytes" % k)
     r = run([BIN, "diff", st, out])
     check(r.returncode == 0, "burnstore diff of the source and its .pth: %r" % r.stdout[-300:])
-#torch 1.13 has neither these dtypes nor _rebuild_tensor_v3 : it refuses the file.
+    # torch 1.13 has neither these dtypes nor _rebuild_tensor_v3: it refuses the file.
     r = run(["/usr/bin/python3", "-c", "import sys, torch; torch.load(sys.argv[1], weights_only=True)", out])
     check(r.returncode != 0 and "_rebuild_tensor_v3" in r.stderr,
           "torch 1.13 cannot load it (a dtype it lacks): %r" % r.stderr[-300:])
-#Left out, the rest is a file torch 1.13 loads.
+    # Left out, the rest is a file torch 1.13 loads.
     out13 = os.path.join(tmp, "t13.pth")
     r = run([BIN, "convert", "-q", "-o", r"exclude=^(t|u64|f8)\.", st, out13])
     if check(r.returncode == 0, "convert without them: %r" % r.stderr):
         check(torch.equal(torch.load(out13, weights_only=True)["f32"], torch.tensor([1.5, -2])), "torch 1.13 loads it")
-#A rewrite in place of that file : edit one F8 tensor, add a U32 one.
+    # A rewrite in place of that file: edit one F8 tensor, add a U32 one.
     with Mount(out, os.path.join(tmp, "m"), opts="rw") as m:
         with open(os.path.join(m, "t", "f8_e5m2"), "r+b") as f:
             f.write(b"\x7b\x7c")
@@ -397,8 +416,9 @@ def test_f4(tmp):
     dtype; c10/util/Float4_e2m1fn_x2.h: element 2j in the low nibble): the
     same bytes in an UntypedStorage of that many bytes, the last dimension
     halved, rebuilt by _rebuild_tensor_v3 with torch.float4_e2m1fn_x2;
-burnstore reads the file back as F4 of the source's shape and bytes (also through a mount);
-an odd last dimension is refused naming the tensor; torch 1.13 (no such dtype) refuses the file."""
+    burnstore reads the file back as F4 of the source's shape and bytes
+    (also through a mount); an odd last dimension is refused naming the
+    tensor; torch 1.13 (no such dtype) refuses the file."""
     st = os.path.join(tmp, "f4.safetensors")
     ts = {"a": ("F4", [2, 6], bytes([0x21, 0x43, 0x65, 0x87, 0xa9, 0xcb])),
           "b": ("F4", [4], bytes([0x0f, 0xf0])),
@@ -429,7 +449,7 @@ an odd last dimension is refused naming the tensor; torch 1.13 (no such dtype) r
               and os.getxattr(os.path.join(m, "a"), "user.burnstore.dtype") == b"F4", "a mount shows it as F4")
     r = run(["/usr/bin/python3", "-c", "import sys, torch; torch.load(sys.argv[1], weights_only=True)", out])
     check(r.returncode != 0, "torch 1.13 cannot load it: %r" % r.stderr[-200:])
-#a float4_e2m1fn_x2 view that is not row - major(strides(3, 1)->(1, 2)) : listed unsupported
+    # a float4_e2m1fn_x2 view that is not row-major (strides (3, 1) -> (1, 2)): listed unsupported
     view = os.path.join(tmp, "view.pth")
     with zipfile.ZipFile(out) as zin, zipfile.ZipFile(view, "w", zipfile.ZIP_STORED) as zout:
         for info in zin.infolist():
@@ -480,7 +500,7 @@ def make_sources(tmp):
 
 def test_rw_in_place(tmp):
     sd, views = make_sources(tmp)
-#A module's state dict: replace, add, delete, rename; _metadata kept.
+    # A module's state dict: replace, add, delete, rename; _metadata kept.
     path = os.path.join(tmp, "module.pth")
     orig = torch.load(path, weights_only=True)
     with Mount(path, os.path.join(tmp, "m1"), opts="rw") as m:
@@ -507,13 +527,13 @@ def test_rw_in_place(tmp):
     check(type(got).__name__ == "OrderedDict" and getattr(got, "_metadata", None) == orig._metadata,
           "the state dict's _metadata is kept: %r" % getattr(got, "_metadata", None))
     check(not aligned(path), "aligned")
-#A round trip that changes nothing : torch loads identical tensors.
+    # A round trip that changes nothing: torch loads identical tensors.
     with Mount(path, os.path.join(tmp, "m0"), opts="rw") as m:
         u = m.unmount()
     again = torch.load(path, weights_only=True)
     check(list(again) == list(got) and all(torch.equal(again[k], got[k]) for k in got)
           and again._metadata == orig._metadata, "an unchanged rw round trip")
-#A plain dict with shared storages and views : stays a dict, values equal.
+    # A plain dict with shared storages and views: stays a dict, values equal.
     path = os.path.join(tmp, "views.pt")
     with Mount(path, os.path.join(tmp, "m2"), opts="rw") as m:
         with open(os.path.join(m, "half"), "r+b") as f:
@@ -525,9 +545,9 @@ def test_rw_in_place(tmp):
         for k, v in views.items():
             want = torch.tensor([3.0, 1], dtype=torch.float16) if k == "half" else v
             check(torch.equal(got[k], want), "%s: torch sees the edit and nothing else" % k)
-#A nested checkpoint(model, optimizer state, epoch, floats, strings,
-#tuples, lists, an int key) : an edit inside the model, a tensor added
-#there; everything else as torch had it.
+    # A nested checkpoint (model, optimizer state, epoch, floats, strings,
+    # tuples, lists, an int key): an edit inside the model, a tensor added
+    # there; everything else as torch had it.
     path = os.path.join(tmp, "nested.pth")
     orig = torch.load(path)
     with Mount(path, os.path.join(tmp, "m3"), opts="rw") as m:
@@ -556,7 +576,7 @@ def test_rw_in_place(tmp):
         check(list(st) == list(ost) and all(torch.equal(st[i]["momentum_buffer"], ost[i]["momentum_buffer"]) for i in ost),
               "the optimizer's state (int keys, tensors)")
         check(not aligned(path), "aligned")
-#What cannot be kept is refused up front, naming it; the file untouched.
+    # What cannot be kept is refused up front, naming it; the file untouched.
     for name, needle in (("args.pth", "'args' holds a value of type object"), ("legacy.pth", "legacy"),
                          ("bomb.pth", "more than 4194304 values"), ("cyc.pth", "deeper than 100")):
         path = os.path.join(tmp, name)
@@ -570,7 +590,7 @@ def test_rw_in_place(tmp):
               and needle in r.stderr and "output=NEW.pth" in r.stderr,
               "%s: rw in place refused up front: %r" % (name, r.stderr))
         check(open(path, "rb").read() == before, "%s untouched" % name)
-#... and with output = a new file it is a conversion of the tensors.
+    # ... and with output= a new file it is a conversion of the tensors.
     out = os.path.join(tmp, "args-flat.pth")
     with Mount(os.path.join(tmp, "args.pth"), os.path.join(tmp, "m4"), opts="output=" + out) as m:
         u = m.unmount()
@@ -633,7 +653,7 @@ def test_list_items_fixed(tmp):
               "the tuple kept")
         check(list(got["model"]) == ["0.weight"] and torch.equal(got["model"]["0.weight"], orig["model"]["0.weight"]),
               "the dict's tensor removed, the other kept")
-#key options that leave out or rename an item : refused at mount, the file untouched
+    # key options that leave out or rename an item: refused at mount, the file untouched
     before = open(path, "rb").read()
     for opts, needle in (("rw,exclude=^hist\\.0$", "'hist.0' is an item of a list"),
                          ("rw,remap=^pair\\.0$=>p0", "'pair.0' is an item of a list")):
@@ -725,13 +745,9 @@ def test_beyond_4gib(tmp):
     The source is sparse; the .pth is written in full."""
     src = os.path.join(tmp, "big.safetensors")
     n = (1 << 32) + 4096 + 3
-    header = {
-  "before" : {"dtype" : "F32", "shape" : [2], "data_offsets" : [ 0, 8 ]},
-             "big" : {"dtype" : "U8", "shape" : [n], "data_offsets" : [ 8, 8 + n ]},
-                     "after":
-  {
-    "dtype" : "I64", "shape" : [2], "data_offsets" : [ 8 + n, 24 + n ]
-  }}
+    header = {"before": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+              "big": {"dtype": "U8", "shape": [n], "data_offsets": [8, 8 + n]},
+              "after": {"dtype": "I64", "shape": [2], "data_offsets": [8 + n, 24 + n]}}
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(src, "wb") as f:

@@ -26,7 +26,7 @@ VU8, VI8, VU16, VI16, VU32, VI32, VF32, VBOOL, VSTRING, VARRAY, VU64, VI64, VF64
 _SCALAR = {VU8: "<B", VI8: "<b", VU16: "<H", VI16: "<h", VU32: "<I", VI32: "<i", VF32: "<f",
            VBOOL: "<?", VU64: "<Q", VI64: "<q", VF64: "<d"}
 
-#ggml type id->(name, block elements, block bytes)
+# ggml type id -> (name, block elements, block bytes)
 GGML = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
         6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
         10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
@@ -119,8 +119,7 @@ class Reader:
             raise ValueError("GGUF version %d" % self.version)
         self.p = 8
         nt, nkv = self._size(), self._size()
-        self.kv =
-{}
+        self.kv = {}
         self.kv_raw = {}
         for _ in range(nkv):
             k = self._string().decode()
@@ -167,7 +166,7 @@ class Reader:
     def _value(self, vt):
         if vt == VSTRING:
             s = self._string()
-try:
+            try:
                 return s.decode()
             except UnicodeDecodeError:
                 return s
@@ -205,7 +204,7 @@ def every_type_kvs(name="tiny", template="{{ bos_token }}{% for m in messages %}
 
 
 def q8_0_bytes(nblocks, seed=0):
-#d(f16) + 32 int8 per block
+    # d (f16) + 32 int8 per block
     out = bytearray()
     for b in range(nblocks):
         out += struct.pack("<e", 0.5 + b)

@@ -1,4 +1,4 @@
-#!/ usr / bin / env python3
+#!/usr/bin/env python3
 """Write PyTorch checkpoints with real torch for test_pth.c.
 
 Usage: make_torch_cases.py OUTDIR [MAKE_PTH_FIXTURES_PY]
@@ -133,7 +133,7 @@ def main():
         "optimizer.param_groups.0.lr": 0.001, "optimizer.param_groups.0.betas": [0.9, 0.999],
         "optimizer.param_groups.0.params": [0, 1, 2, 3]}})
 
-#A re - zipped copy : same records, DEFLATED, with directory entries.
+    # A re-zipped copy: same records, DEFLATED, with directory entries.
     def rezip(path):
         raw = io.BytesIO()
         torch.save(sd, raw)
@@ -157,8 +157,8 @@ def main():
     ])
     write_case("dtypes_more", dt)
 
-#torch.save(model) of a class of __main__ : named by its class, not by the
-#first submodule met(issue 34), in the zip and the legacy formats
+    # torch.save(model) of a class of __main__: named by its class, not by the
+    # first submodule met (issue 34), in the zip and the legacy formats
     write_case("whole_module", fill(Net()), tensors=False,
                expect={"error": "pickles a whole nn.Module (__main__.Net, holding "
                                 "torch.nn.modules.linear.Linear); save model.state_dict() instead"})
@@ -167,7 +167,7 @@ def main():
     write_case("whole_module_builtin", fill(nn.Linear(2, 2)), tensors=False,
                expect={"error": "torch.nn.modules.linear.Linear"})
 
-#Roots that are not dicts : a bare tensor is named "tensor", a list by index.
+    # Roots that are not dicts: a bare tensor is named "tensor", a list by index.
     t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
     write_case("root_tensor", t, manifest_obj={"tensor": t})
     write_case("root_list", [t, {"x": t.t()}, 5], expect={"values": {"2": 5}})
