@@ -64,10 +64,10 @@ struct bs_tensor_x {
 /* 64 bytes a tensor (issue 34: a million tensors in 150 bytes each, the
  * tree's node and the key included). */
 struct bs_tensor {
-  char *key;             /* the key in the source file: in the catalog's key arena, with shape */
+  char *key;             /* the key in the source file: in the catalog's key arena */
   char *name;            /* the presented key after options: key itself (the same string) until
                             key options rename it, then owned */
-  uint64_t *shape;       /* in the key arena before key; rank entries, NULL when rank == 0 */
+  uint64_t *shape;       /* in the catalog's arena; rank entries, NULL when rank == 0 */
   uint64_t nbytes;       /* byte length of the contiguous row-major data */
   uint64_t off;          /* absolute offset in the source: of the data when
                             x->strides == NULL, else of the storage's first byte */
@@ -94,8 +94,9 @@ struct bs_catalog {
   char *values_json;           /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
   char *notes;                 /* owned, may be NULL: what a reader skipped, one line each */
   size_t notes_len, notes_cap; /* of notes (bs_catalog_note), while notes is not NULL */
-  struct bs_key_block *keys;   /* owned: the arena of the tensors' shapes and keys, one
-                                  allocation per many tensors (freed with the catalog) */
+  struct bs_key_block *keys;   /* owned: the arena of the tensors' keys, one allocation
+                                  per many tensors (freed with the catalog) */
+  struct bs_key_block *words;  /* owned: the same of their shapes and x blocks (8-aligned) */
 };
 
 void bs_catalog_init(struct bs_catalog *cat);

@@ -16,10 +16,11 @@ void bs_catalog_init(struct bs_catalog *cat)
   memset(cat, 0, sizeof *cat);
 }
 
-/* The tensors' shapes and keys live in an arena of blocks (issue 34): a
+/* The tensors' shapes and keys live in arenas of blocks (issue 34): a
  * malloc per tensor cost 16-24 bytes of overhead and rounding, a sixth of
- * an entry at a million tensors. A dropped tensor's bytes (a reader's
- * rollback) stay in the arena until the catalog goes. */
+ * an entry at a million tensors. Keys are packed byte by byte (cat->keys),
+ * shapes and x blocks 8-aligned (cat->words). A dropped tensor's bytes (a
+ * reader's rollback) stay in the arena until the catalog goes. */
 struct bs_key_block {
   struct bs_key_block *next;
   size_t used, cap;
@@ -28,11 +29,11 @@ struct bs_key_block {
 
 #define KEY_BLOCK (256u << 10)
 
-/* n bytes, 8-aligned, from the arena; NULL out of memory. */
-static void *key_alloc(struct bs_catalog *cat, size_t n)
+/* n bytes from arena *head (align: 1, or 8 rounds n up); NULL out of memory. */
+static void *arena_alloc(struct bs_key_block **head, size_t n, size_t align)
 {
-  size_t need = (n + 7) & ~(size_t)7;
-  struct bs_key_block *b = cat->keys;
+  size_t need = (n + align - 1) & ~(align - 1);
+  struct bs_key_block *b = *head;
   if (!b || b->cap - b->used < need) {
     size_t cap = need > KEY_BLOCK ? need : KEY_BLOCK;
     struct bs_key_block *nb = bs_malloc(sizeof *nb + cap);
@@ -45,7 +46,7 @@ static void *key_alloc(struct bs_catalog *cat, size_t n)
       b->next = nb;
     } else {
       nb->next = b;
-      cat->keys = nb;
+      *head = nb;
     }
     b = nb;
   }
@@ -62,7 +63,7 @@ struct bs_tensor_x *bs_tensor_x(struct bs_catalog *cat, struct bs_tensor *t)
 {
   if (t->x != &x_none)
     return t->x;
-  struct bs_tensor_x *x = key_alloc(cat, sizeof *x);
+  struct bs_tensor_x *x = arena_alloc(&cat->words, sizeof *x, 8);
   if (x) {
     memset(x, 0, sizeof *x);
     t->x = x;
@@ -147,10 +148,13 @@ void bs_catalog_destroy(struct bs_catalog *cat)
   bs_free(cat->meta);
   bs_free(cat->values_json);
   bs_free(cat->notes);
-  while (cat->keys) {
-    struct bs_key_block *next = cat->keys->next;
-    bs_free(cat->keys);
-    cat->keys = next;
+  for (struct bs_key_block *b = cat->keys, *next; b; b = next) {
+    next = b->next;
+    bs_free(b);
+  }
+  for (struct bs_key_block *b = cat->words, *next; b; b = next) {
+    next = b->next;
+    bs_free(b);
   }
   memset(cat, 0, sizeof *cat);
 }
@@ -208,18 +212,18 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
   }
   struct bs_tensor *t = &cat->tensors[cat->count];
   memset(t, 0, sizeof *t);
-  /* The shape and the key together in the arena (the shape first, aligned). */
   size_t klen = strlen(key), sbytes = (size_t)rank * sizeof *shape;
-  char *block = key_alloc(cat, sbytes + klen + 1);
-  if (!block) {
+  uint64_t *sh = rank ? arena_alloc(&cat->words, sbytes, 8) : NULL;
+  char *k = arena_alloc(&cat->keys, klen + 1, 1);
+  if ((rank && !sh) || !k) {
     bs_fail(err, ENOMEM, off, key, "out of memory");
     return NULL;
   }
   if (rank) {
-    t->shape = (uint64_t *)(void *)block;
+    t->shape = sh;
     memcpy(t->shape, shape, sbytes);
   }
-  t->key = block + sbytes;
+  t->key = k;
   memcpy(t->key, key, klen + 1);
   t->name = t->key; /* one string until key options rename it */
   t->x = (struct bs_tensor_x *)&x_none;
