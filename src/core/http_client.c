@@ -178,7 +178,7 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   long low = sh->timeout_s < LOW_SPEED_S ? sh->timeout_s : LOW_SPEED_S;
   r->attempt++;
   r->started = r->err_cut = false;
-  r->skip = 0;
+  r->skip = r->body_base = 0;
   r->errbuf[0] = '\0';
   r->x = (struct bs_http_xfer){.length = UINT64_MAX, .retry_ms = -1};
   curl_easy_reset(c);
@@ -191,6 +191,10 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRS);
   curl_easy_setopt(c, CURLOPT_PATH_AS_IS, sh->as_is ? 1L : 0L);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  /* A name still being resolved when the request ends (its deadline, a
+   * cancel) leaves its resolver thread behind, detached: else libcurl joins
+   * it, and the client's one thread (every request) waits for getaddrinfo. */
+  curl_easy_setopt(c, CURLOPT_QUICK_EXIT, 1L);
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low);
@@ -201,6 +205,9 @@ static int attempt(struct bs_http_req *r, uint64_t now)
   curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, bs_http_on_body);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, bs_http_on_progress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, r);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, r->errbuf);
   curl_easy_setopt(c, CURLOPT_USERAGENT, "burnstore");
   curl_easy_setopt(c, CURLOPT_BUFFERSIZE, (long)BUFFER);
@@ -315,7 +322,13 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
       end(r, -EIO, ended);
       return;
     }
-    snprintf(r->msg, sizeof r->msg, "%s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(cc));
+    /* (libcurl 7.88 says only "Out of memory" of a header line over its
+     * 100 KiB bound: a server's, most likely) */
+    snprintf(r->msg, sizeof r->msg, "%s",
+             r->errbuf[0]                ? r->errbuf
+             : cc == CURLE_OUT_OF_MEMORY ? "a header line of the answer is over 100 KiB (or out of "
+                                           "memory)"
+                                         : curl_easy_strerror(cc));
     if (cc == CURLE_OPERATION_TIMEDOUT && now + 50 >= r->deadline) {
       timed_out(r, r->msg);
       end(r, -EIO, ended);
@@ -346,6 +359,9 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
              "HTTP %ld: a redirect, not followed with AWS_SESSION_TOKEN set (the token would go "
              "to the redirect's host)",
              code);
+  } else if (code >= 300 && code < 400 && r->err_cut) {
+    snprintf(r->msg, sizeof r->msg,
+             "HTTP %ld: a redirect whose body goes on past 64 KiB: not followed", code);
   } else if (code != 200 && code != 206) {
     snprintf(r->msg, sizeof r->msg, "HTTP %ld", code);
   } else if (r->x.encoding[0]) {
@@ -353,6 +369,9 @@ static void finished(struct bs_http_req *r, CURLcode cc, uint64_t now, struct bs
              "the server sent the bytes with Content-Encoding: %s (compressed, not the file's "
              "bytes): refused",
              r->x.encoding);
+  } else if (r->x.twice[0]) {
+    snprintf(r->msg, sizeof r->msg, "the answer gives two %s headers that differ: refused",
+             r->x.twice);
   } else {
     r->msg[0] = '\0';
     rc = 0;

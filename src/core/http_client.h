@@ -5,6 +5,7 @@
 #ifndef BURNSTORE_CORE_HTTP_CLIENT_H
 #define BURNSTORE_CORE_HTTP_CLIENT_H
 
+#include <curl/system.h> /* curl_off_t */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -68,6 +69,8 @@ struct bs_http_xfer {
   size_t etag_n;                   /* its length as sent (0: none) */
   char lastmod[64];                /* "" when none (or longer) */
   char encoding[32];               /* Content-Encoding other than identity ("" when none) */
+  unsigned seen;                   /* (the headers above given, a bit each) */
+  char twice[16];                  /* a header given twice with two values ("" when none) */
   char commit[72];                 /* the first answer's X-Repo-Commit (the Hub) */
   long retry_ms;                   /* Retry-After; -1: none */
 };
@@ -109,6 +112,7 @@ struct bs_http_req {
   int attempt, state;
   long backoff;
   uint64_t next_try, skip;
+  uint64_t body_base; /* bytes received before this answer's body */
   bool cancel, ended, started, err_cut;
   struct bs_http_req *next;
 };
@@ -145,6 +149,8 @@ int bs_http_get(struct bs_http_site *sh, const atomic_bool *stop, const char *pi
  * the bs_http_req), on the client's thread. */
 size_t bs_http_on_header(char *line, size_t size, size_t nitems, void *ud);
 size_t bs_http_on_body(char *data, size_t size, size_t nmemb, void *ud);
+int bs_http_on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                        curl_off_t ulnow);
 /* CLOCK_MONOTONIC in milliseconds. */
 uint64_t bs_http_now_ms(void);
 /* Whether the last answer's first byte took over 5 ms (a link with latency). */

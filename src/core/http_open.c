@@ -148,6 +148,9 @@ static int open_end(struct opening *o, struct bs_src *s, bs_err *err)
   if (x->status == 416) {
     rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
                  "the file is empty (0 bytes: HTTP 416 to a range from its first byte)");
+  } else if (x->status == 412) {
+    rc = bs_fail(err, EIO, BS_OFF_NONE, NULL,
+                 "HTTP 412 (precondition failed) to the opening request, which sets none");
   } else if (e != 0) {
     rc = bs_fail(err, e == -ESTALE || e == -ECANCELED ? EIO : -e, BS_OFF_NONE, NULL, "%s",
                  o->req.msg);
@@ -161,7 +164,11 @@ static int open_end(struct opening *o, struct bs_src *s, bs_err *err)
                  "the server gives its size as %llu bytes, over 2^62: refused (no checkpoint "
                  "is that large)",
                  (unsigned long long)x->total);
-  } else if (x->first != 0 || x->got != x->last + 1) {
+  } else if (x->first != 0 || x->last >= BS_HTTP_FIRST) {
+    rc = bs_fail(err, EIO, BS_OFF_NONE, NULL,
+                 "the server answered another range than asked (bytes %llu-%llu for bytes 0-%d)",
+                 (unsigned long long)x->first, (unsigned long long)x->last, BS_HTTP_FIRST - 1);
+  } else if (x->got != x->last + 1) {
     rc = bs_fail(err, EIO, BS_OFF_NONE, NULL, "short body: %zu of %llu bytes", x->got,
                  (unsigned long long)(x->last - x->first + 1));
   } else if (no_strong(x, why, sizeof why) && !h->sh->unvalidated) {

@@ -89,7 +89,12 @@ int bs_http_check(struct http *h, uint64_t off, size_t n, const struct bs_http_x
   uint64_t total = x->status == 206 && x->have_range ? x->total
                    : x->status == 200                ? x->length
                                                      : UINT64_MAX;
-  if (total != UINT64_MAX && total != h->size) {
+  if (!h->strong && ((x->status == 206 && x->have_range && total == UINT64_MAX) ||
+                     (x->status == 200 && total == UINT64_MAX))) {
+    /* (unvalidated: the size is one of the few things compared) */
+    snprintf(msg, mn, "an answer came without its size (%llu bytes)", (unsigned long long)h->size);
+    rc = -ESTALE;
+  } else if (total != UINT64_MAX && total != h->size) {
     snprintf(msg, mn, "its size changed from %llu to %llu bytes", (unsigned long long)h->size,
              (unsigned long long)total);
     rc = -ESTALE;

@@ -39,6 +39,7 @@ the answer of an honest (or a lying) range server for it.
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -447,6 +448,32 @@ class FaultProxy(_Server):
             os.close(pw)
 
 
+class Raw:
+    """An answer sent exactly as given (its status line, headers and body
+    bytes, in `parts` sent one after another, `pause` seconds between
+    them), then `end`: "keep" (the connection serves the next request),
+    "close", "reset" (an RST: SO_LINGER 0) or "stall" (silence until the
+    server closes). For what range_answer cannot say: duplicated headers,
+    blanks, bare LF, a header a byte at a time, an answer cut anywhere."""
+
+    def __init__(self, *parts, end="keep", pause=0.0):
+        self.parts = [p.encode("latin-1") if isinstance(p, str) else p for p in parts]
+        self.end = end
+        self.pause = pause
+
+    def send(self, c, stop):
+        """Sent on c; whether the connection goes on."""
+        for i, p in enumerate(self.parts):
+            if i and self.pause and stop.wait(self.pause):
+                return False
+            c.sendall(p)
+        if self.end == "stall":
+            stop.wait(3600)
+        elif self.end == "reset":
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return self.end == "keep"
+
+
 class Stall:
     """An answer's body that sends `first` bytes, then nothing (the
     connection kept open) until the server closes."""
@@ -510,6 +537,10 @@ class Hostile(_Server):
                     self.requests.append((method, path, hs))
                     n = len(self.requests)
                 status, h, body = self.answer(method, path, hs, n)
+                if isinstance(body, Raw):
+                    if not body.send(c, self.stop):
+                        return
+                    continue
                 out = "HTTP/1.1 %d X\r\n" % status
                 endless = not isinstance(body, (bytes, Stall))
                 for k, v in h:
