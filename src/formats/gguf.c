@@ -826,61 +826,70 @@ static int widen_value(struct cur *c, uint32_t t, unsigned depth, struct bs_buf 
   return 0;
 }
 
-int bs_gguf_widen(const struct bs_src *s, const struct bs_meta_ref *r, struct bs_buf *out,
-                  bs_err *err)
+/* A cursor at value r of source s (checked to lie in it), making text
+ * into out (NULL: none) up to max bytes; NULL with err set. */
+static struct cur *value_cur(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                             struct bs_buf *out, bs_err *err)
 {
-  if (r->format != BS_FMT_GGUF || !bs_range_ok(r->off, r->len, s->size))
-    return bs_fail(err, EINVAL, r->off, NULL, "not a GGUF value of %s",
-                   s->name ? s->name : "its file");
+  if (r->format != BS_FMT_GGUF || !bs_range_ok(r->off, r->len, s->size)) {
+    bs_fail(err, EINVAL, r->off, NULL,
+            "a metadata value at [%" PRIu64 ", +%" PRIu64 ") is not a GGUF value of %s", r->off,
+            r->len, s->name ? s->name : "its file");
+    return NULL;
+  }
   struct cur *c = bs_malloc(sizeof *c);
-  if (!c)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  memset(c, 0, offsetof(struct cur, win));
-  c->s = s;
-  c->pos = r->off;
-  c->max = UINT64_MAX;
-  c->err = err;
-  c->v1 = true;
-  int rc = widen_value(c, r->types[0], 0, out);
-  if (rc == 0 && c->pos != r->off + r->len)
-    rc = bs_fail(err, EIO, r->off, NULL,
-                 "the metadata value at %" PRIu64 " is no longer %" PRIu64 " bytes (%s changed?)",
-                 r->off, r->len, s->name ? s->name : "the file");
-  bs_free(c);
-  return rc;
-}
-
-int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
-                   struct bs_buf *out, bool *cut, bs_err *err)
-{
-  *cut = false;
-  if (r->format != BS_FMT_GGUF || !bs_range_ok(r->off, r->len, s->size))
-    return bs_fail(err, EINVAL, r->off, NULL,
-                   "a metadata value at [%" PRIu64 ", +%" PRIu64 ") is not a GGUF value of %s",
-                   r->off, r->len, s->name ? s->name : "its file");
-  struct cur *c = bs_malloc(sizeof *c);
-  if (!c)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (!c) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    return NULL;
+  }
   memset(c, 0, offsetof(struct cur, win));
   c->s = s;
   c->pos = r->off;
   c->out = out;
   c->max = max;
   c->err = err;
-  int rc = bs_gguf_src_v1(s, &c->v1, err) != 0
-               ? -1
-               : render_value(c, r->types[0], false, 0, NULL, false);
-  if (rc != 0 && c->cut) {
-    rc = 0;
-    *cut = true;
-  } else if (rc == 0 && c->pos != r->off + r->len) {
-    rc = bs_fail(err, EIO, r->off, NULL,
+  return c;
+}
+
+/* rc of a walk of value r that ended at c->pos: EIO when the walk went
+ * through (not cut) and did not end at the value's end (the file
+ * changed); c freed. */
+static int value_done(struct cur *c, const struct bs_meta_ref *r, int rc)
+{
+  if (rc == 0 && !c->cut && c->pos != r->off + r->len)
+    rc = bs_fail(c->err, EIO, r->off, NULL,
                  "the metadata value at %" PRIu64 " is no longer %" PRIu64 " bytes (%s changed?)",
-                 r->off, r->len, s->name ? s->name : "the file");
-  }
+                 r->off, r->len, c->s->name ? c->s->name : "the file");
   bs_free(c->tmp);
   bs_free(c);
   return rc;
+}
+
+int bs_gguf_widen(const struct bs_src *s, const struct bs_meta_ref *r, struct bs_buf *out,
+                  bs_err *err)
+{
+  struct cur *c = value_cur(s, r, UINT64_MAX, NULL, err);
+  if (!c)
+    return -1;
+  c->v1 = true;
+  return value_done(c, r, widen_value(c, r->types[0], 0, out));
+}
+
+int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                   struct bs_buf *out, bool *cut, bs_err *err)
+{
+  *cut = false;
+  struct cur *c = value_cur(s, r, max, out, err);
+  if (!c)
+    return -1;
+  int rc = bs_gguf_src_v1(s, &c->v1, err) != 0
+               ? -1
+               : render_value(c, r->types[0], false, 0, NULL, false);
+  if (rc != 0 && c->cut) { /* (cut: not an error) */
+    rc = 0;
+    *cut = true;
+  }
+  return value_done(c, r, rc);
 }
 
 int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
