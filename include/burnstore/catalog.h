@@ -30,18 +30,21 @@ enum bs_format {
 /* A metadata value left where it is in a source (GGUF's typed values): its
  * text is made when asked for (formats.h: bs_meta_text), never kept, so
  * a large block (a tokenizer) costs what its entries take, not its text. */
-struct bs_meta_ref {
-  enum bs_format format; /* whose encoding (BS_FMT_GGUF) */
-  uint32_t src;          /* the catalog's source holding the bytes */
-  uint8_t types[10];     /* the value's type and its arrays' element types */
-  uint64_t off, len;     /* the value's bytes in that source */
-  uint64_t text_len;     /* the length of its text */
+struct bs_meta_ref { /* 40 bytes (a GGUF file may hold a million small values) */
+  uint64_t off, len; /* the value's bytes in that source */
+  uint64_t text_len; /* the length of its text */
+  uint32_t src;      /* the catalog's source holding the bytes */
+  uint8_t format;    /* whose encoding (enum bs_format: BS_FMT_GGUF) */
+  uint8_t types[10]; /* the value's type and its arrays' element types */
 };
 
 struct bs_kv {
   char *key;               /* owned */
   char *value;             /* owned text; NULL when ref is set */
   struct bs_meta_ref *ref; /* owned, or NULL: the value left in its source */
+  bool borrowed;           /* key, value and ref are another entry's, which outlives this
+                              one (bs_kv_destroy leaves them): the edit layer's view of its
+                              source's metadata until it changes */
 };
 
 /* What few tensors have (strided views, a raw dtype, a reason they cannot
@@ -129,6 +132,10 @@ BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, co
 /* The same, taking ownership of key and value (bs_malloc'd; freed when it
  * fails): a reader hands over a long value without a copy. */
 BS_NODISCARD int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err);
+/* Append key (taken: bs_malloc'd, freed when it fails) = the value r
+ * (copied) left in a source: a reader hands over its keys without a copy. */
+BS_NODISCARD int bs_catalog_take_meta_ref(struct bs_catalog *cat, char *key,
+                                          const struct bs_meta_ref *r, bs_err *err);
 /* Append a copy of kv: its key and its text or its ref. */
 BS_NODISCARD int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv,
                                         bs_err *err);
@@ -136,6 +143,10 @@ BS_NODISCARD int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_
 uint64_t bs_kv_text_len(const struct bs_kv *kv);
 /* Free kv's key and value or ref (the entry itself is the caller's). */
 void bs_kv_destroy(struct bs_kv *kv);
+/* Give kv the text value (taken: bs_malloc'd; freed when it fails), its
+ * own (a borrowed entry's key copied, the other's untouched). 0, or -1 out
+ * of memory. */
+BS_NODISCARD int bs_kv_set_value(struct bs_kv *kv, char *value);
 /* *dst = a copy of *src (key, text or ref); -1 out of memory (dst empty). */
 BS_NODISCARD int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src);
 /* Append one line to cat->notes (amortized: in time linear in the line). */

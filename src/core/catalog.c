@@ -252,17 +252,38 @@ int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err 
     bs_free(value);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  cat->meta[cat->nmeta++] = (struct bs_kv){key, value, NULL};
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, value, NULL, false};
   return 0;
 }
 
 void bs_kv_destroy(struct bs_kv *kv)
 {
-  bs_free(kv->key);
-  bs_free(kv->value);
-  bs_free(kv->ref);
+  if (!kv->borrowed) {
+    bs_free(kv->key);
+    bs_free(kv->value);
+    bs_free(kv->ref);
+  }
   kv->key = kv->value = NULL;
   kv->ref = NULL;
+  kv->borrowed = false;
+}
+
+int bs_kv_set_value(struct bs_kv *kv, char *value)
+{
+  if (kv->borrowed) {
+    char *key = bs_strdup(kv->key);
+    if (!key) {
+      bs_free(value);
+      return -1;
+    }
+    *kv = (struct bs_kv){key, value, NULL, false};
+    return 0;
+  }
+  bs_free(kv->value);
+  bs_free(kv->ref);
+  kv->value = value;
+  kv->ref = NULL;
+  return 0;
 }
 
 uint64_t bs_kv_text_len(const struct bs_kv *kv)
@@ -272,6 +293,7 @@ uint64_t bs_kv_text_len(const struct bs_kv *kv)
 
 int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src)
 {
+  dst->borrowed = false; /* (a copy is its own) */
   dst->key = bs_strdup(src->key);
   dst->value = src->value ? bs_strdup(src->value) : NULL;
   dst->ref = src->ref ? bs_malloc(sizeof *dst->ref) : NULL;
@@ -290,6 +312,20 @@ int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv, bs_er
       bs_kv_copy(&cat->meta[cat->nmeta], kv) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   cat->nmeta++;
+  return 0;
+}
+
+int bs_catalog_take_meta_ref(struct bs_catalog *cat, char *key, const struct bs_meta_ref *r,
+                             bs_err *err)
+{
+  struct bs_meta_ref *ref = bs_malloc(sizeof *ref);
+  if (!ref || bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0) {
+    bs_free(ref);
+    bs_free(key);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  *ref = *r;
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, NULL, ref, false};
   return 0;
 }
 

@@ -78,12 +78,14 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
   ed->flat = flat;
   ed->xattr_budget = BS_EDIT_XATTR_BUDGET;
   atomic_init(&ed->xattr_bytes, 0);
+  /* The source's entries as they are (borrowed: src outlives the edit),
+   * not copies: a GGUF file may hold a million small values (issue 34). */
+  if (src->nmeta && !(ed->meta = bs_malloc(src->nmeta * sizeof *ed->meta)))
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  ed->metacap = src->nmeta;
   for (size_t i = 0; i < src->nmeta; i++) {
-    if (bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_kv *kv = &ed->meta[ed->nmeta];
-    if (bs_kv_copy(kv, &src->meta[i]) != 0)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    *kv = (struct bs_kv){src->meta[i].key, src->meta[i].value, src->meta[i].ref, true};
     ed->nmeta++;
     /* The source's own metadata counts, but never refuses the mount; a
      * value left in the file (GGUF) holds no memory: its key only. */
@@ -460,14 +462,17 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     (void)budget_take(ed, release, 0);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
-  if (kv) {
-    bs_free(kv->value);
-    bs_free(kv->ref); /* (a value left in the source holds no budget) */
-    kv->ref = NULL;
-    kv->value = v;
+  if (kv) { /* (the source's entry becomes the edit's own; a value left in the
+               source holds no budget) */
+    if (bs_kv_set_value(kv, v) != 0) {
+      budget_give(ed, add);
+      (void)budget_take(ed, release, 0);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
+    jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
     return 0;
   }
+  jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
   char *k = bs_strdup(key);
   if (!k || bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0) {
     bs_free(k);
@@ -475,7 +480,7 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     budget_give(ed, add);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  ed->meta[ed->nmeta] = (struct bs_kv){k, v, NULL};
+  ed->meta[ed->nmeta] = (struct bs_kv){k, v, NULL, false};
   ed->nmeta++;
   return 0;
 }
@@ -877,8 +882,25 @@ static int add_hidden(const struct bs_edit *ed, struct bs_catalog *out, bs_err *
   return rc;
 }
 
+static int edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
+                        bool borrow_meta, struct bs_catalog *out, bs_err *err);
+
 int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
                     struct bs_catalog *out, bs_err *err)
+{
+  return edit_catalog(ed, stg, keep_hidden, false, out, err);
+}
+
+int bs_edit_catalog_view(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
+                         struct bs_catalog *out, bs_err *err)
+{
+  return edit_catalog(ed, stg, keep_hidden, true, out, err);
+}
+
+/* bs_edit_catalog; with borrow_meta, the metadata entries are ed's,
+ * borrowed (not copied). */
+static int edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
+                        bool borrow_meta, struct bs_catalog *out, bs_err *err)
 {
   /* The source's byte sources, borrowed, at the same indices, so clean
    * tensors keep their src index. */
@@ -901,6 +923,16 @@ int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bo
     if (check_duplicates(out, &sorted, err) != 0)
       return -1;
     bs_free(sorted);
+  }
+  if (borrow_meta) {
+    if (ed->nmeta && !(out->meta = bs_malloc(ed->nmeta * sizeof *out->meta)))
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    out->metacap = ed->nmeta;
+    for (size_t i = 0; i < ed->nmeta; i++) {
+      const struct bs_kv *kv = &ed->meta[i];
+      out->meta[out->nmeta++] = (struct bs_kv){kv->key, kv->value, kv->ref, true};
+    }
+    return 0;
   }
   for (size_t i = 0; i < ed->nmeta; i++)
     if (bs_catalog_add_meta_kv(out, &ed->meta[i], err) != 0)

@@ -94,13 +94,16 @@ struct cur {
   uint64_t pos;
   uint64_t wstart;
   size_t wlen;
-  struct bs_buf *out; /* the value's text, or NULL: its length counted only */
-  uint64_t text;      /* the value's text so far (made or counted) */
-  uint64_t max;       /* at most this much text is made: the rest is cut */
-  bool cut;           /* it was (then the render stops with -1, no error) */
-  bool types_only;    /* bs_gguf_parse_types: strings are skipped, not read */
-  bool v1;            /* GGUF version 1: counts and lengths are 32-bit */
-  char *tmp;          /* a string value's bytes */
+  struct bs_buf *out;     /* the value's text, or NULL: its length counted only */
+  uint64_t text;          /* the value's text so far (made or counted) */
+  uint64_t max;           /* at most this much text is made: the rest is cut */
+  bool cut;               /* it was (then the render stops with -1, no error) */
+  bool types_only;        /* bs_gguf_parse_types: strings are skipped, not read */
+  bool v1;                /* GGUF version 1: counts and lengths are 32-bit */
+  struct bs_catalog *cat; /* the reader's: key/values go straight into its metadata */
+  uint32_t src;           /* (the source they are left in) */
+  size_t meta0;           /* where they start in cat->meta */
+  char *tmp;              /* a string value's bytes */
   size_t tmpcap;
   bs_err *err;
   uint8_t win[WIN];
@@ -456,7 +459,7 @@ static int render_value(struct cur *c, uint32_t t, bool in_array, unsigned depth
 
 void bs_gguf_free(struct bs_gguf *g)
 {
-  for (size_t i = 0; i < g->nkv; i++)
+  for (size_t i = 0; g->kv && i < g->nkv; i++) /* (no kv: the reader's, in its catalog) */
     bs_free(g->kv[i].key);
   for (size_t i = 0; i < g->nti; i++)
     bs_free(g->ti[i].name);
@@ -480,16 +483,40 @@ static const char *duplicate(const char **v, size_t n)
   return NULL;
 }
 
+/* Key/value i: g->kv[i], or (the reader's parse) the catalog's entry as a
+ * view, its key borrowed. */
+static struct bs_gguf_kv kv_at(const struct cur *c, const struct bs_gguf *g, size_t i)
+{
+  if (!c->cat)
+    return g->kv[i];
+  const struct bs_kv *m = &c->cat->meta[c->meta0 + i];
+  struct bs_gguf_kv v = {.key = m->key, .off = m->ref->off, .len = m->ref->len};
+  memcpy(v.types, m->ref->types, sizeof v.types);
+  return v;
+}
+
+/* Key/value i of the parse: read into g->kv, or (the reader's parse: no
+ * copy of the header beside the catalog, a GGUF file may hold a million
+ * small values; issue 34) into the catalog's metadata, its key the
+ * catalog's from the start and its value's place set once read. */
 static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
 {
   for (uint64_t i = 0; i < nkv; i++) {
-    struct bs_gguf_kv *kv = &g->kv[g->nkv];
+    struct bs_gguf_kv one, *kv = c->cat ? &one : &g->kv[g->nkv];
     memset(kv, 0, sizeof *kv);
     uint64_t at = c->pos, klen;
-    if (get_string(c, BS_GGUF_MAX_KEY, "a metadata key", &kv->key, &klen) != 0)
+    char *key;
+    if (get_string(c, BS_GGUF_MAX_KEY, "a metadata key", &key, &klen) != 0)
       return -1;
-    g->nkv++;
-    if (klen == 0 || strlen(kv->key) != klen)
+    if (c->cat) {
+      const struct bs_meta_ref none = {.format = BS_FMT_GGUF, .src = c->src};
+      if (bs_catalog_take_meta_ref(c->cat, key, &none, c->err) != 0)
+        return -1;
+    } else {
+      kv->key = key;
+    }
+    g->nkv++; /* (the key is freed with g or the catalog from now on) */
+    if (klen == 0 || strlen(key) != klen)
       return bs_fail(c->err, EINVAL, at, NULL, "metadata key %" PRIu64 " is %s", i,
                      klen ? "not text (it holds a NUL byte)" : "empty");
     uint32_t t;
@@ -503,7 +530,7 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
       if (c->err && c->err->key[0] == '\0') {
         /* err->key names a tensor: the metadata key goes in the message */
         char msg[sizeof c->err->msg + 128];
-        snprintf(msg, sizeof msg, "metadata '%.100s': %s", kv->key, c->err->msg);
+        snprintf(msg, sizeof msg, "metadata '%.100s': %s", key, c->err->msg);
         memcpy(c->err->msg, msg, sizeof c->err->msg - 1);
         c->err->msg[sizeof c->err->msg - 1] = '\0';
       }
@@ -511,6 +538,13 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
     }
     kv->text_len = c->text;
     kv->len = c->pos - kv->off;
+    if (c->cat) {
+      struct bs_meta_ref *r = c->cat->meta[c->cat->nmeta - 1].ref;
+      r->off = kv->off;
+      r->len = kv->len;
+      r->text_len = kv->text_len;
+      memcpy(r->types, kv->types, sizeof r->types);
+    }
   }
   return 0;
 }
@@ -519,7 +553,7 @@ static int read_alignment(struct cur *c, struct bs_gguf *g)
 {
   g->alignment = BS_GGUF_DEFAULT_ALIGN;
   for (size_t i = 0; i < g->nkv; i++) {
-    const struct bs_gguf_kv *kv = &g->kv[i];
+    const struct bs_gguf_kv view = kv_at(c, g, i), *kv = &view;
     if (strcmp(kv->key, "general.alignment") != 0)
       continue;
     if (kv->types[0] != BS_GG_U32)
@@ -640,7 +674,10 @@ out:
   return rc;
 }
 
-static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_err *err)
+/* With cat (the reader), the key/values go into cat->meta (from its end
+ * on; the caller rolls them back on failure), not into g->kv. */
+static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, struct bs_catalog *cat,
+                 uint32_t src, bs_err *err)
 {
   memset(g, 0, sizeof *g);
   struct cur *c = bs_malloc(sizeof *c);
@@ -648,6 +685,9 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   memset(c, 0, offsetof(struct cur, win));
   c->types_only = types_only;
+  c->cat = cat;
+  c->src = src;
+  c->meta0 = cat ? cat->nmeta : 0;
   c->s = s;
   c->max = UINT64_MAX;
   c->err = err;
@@ -700,8 +740,8 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
             left(c));
     goto out;
   }
-  g->kv = bs_malloc((nkv ? (size_t)nkv : 1) * sizeof *g->kv);
-  if (!g->kv) {
+  g->kv = cat ? NULL : bs_malloc((nkv ? (size_t)nkv : 1) * sizeof *g->kv);
+  if (!cat && !g->kv) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
@@ -718,7 +758,7 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
       goto out;
     }
     for (size_t i = 0; i < g->nkv; i++)
-      keys[i] = g->kv[i].key;
+      keys[i] = cat ? cat->meta[c->meta0 + i].key : g->kv[i].key;
     const char *dup = duplicate(keys, g->nkv);
     if (dup)
       bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice", dup);
@@ -894,12 +934,12 @@ int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t
 
 int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
 {
-  return parse(s, g, false, err);
+  return parse(s, g, false, NULL, 0, err);
 }
 
 int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
 {
-  return parse(s, g, true, err);
+  return parse(s, g, true, NULL, 0, err);
 }
 
 /* ---- The reader ---------------------------------------------------------------------------- */
@@ -921,20 +961,13 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
   const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   struct bs_gguf g;
-  if (bs_gguf_parse(&cat->srcs[src], &g, err) != 0)
+  /* The metadata goes straight into the catalog: each value stays in the
+   * file, its text made when asked for. */
+  if (parse(&cat->srcs[src], &g, false, cat, src, err) != 0) {
+    bs_catalog_rollback(cat, &mark);
     return -1;
-  int rc = 0;
-  for (size_t i = 0; i < g.nkv && !rc; i++) {
-    /* The value stays in the file: its text is made when asked for. */
-    struct bs_meta_ref r = {.format = BS_FMT_GGUF,
-                            .src = src,
-                            .off = g.kv[i].off,
-                            .len = g.kv[i].len,
-                            .text_len = g.kv[i].text_len};
-    memcpy(r.types, g.kv[i].types, sizeof r.types);
-    struct bs_kv kv = {g.kv[i].key, NULL, &r};
-    rc = bs_catalog_add_meta_kv(cat, &kv, err);
   }
+  int rc = 0;
   for (size_t i = 0; i < g.nti && !rc; i++) {
     const struct bs_gguf_ti *ti = &g.ti[i];
     struct bs_tensor *t =

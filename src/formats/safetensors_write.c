@@ -155,10 +155,8 @@ int bs_st_default_meta(struct bs_catalog *cat, bs_err *err)
     if (strcmp(cat->meta[i].key, "format") == 0 && cat->meta[i].value &&
         strcmp(cat->meta[i].value, "burnpack") == 0) {
       char *v = bs_strdup("pt");
-      if (!v)
+      if (!v || bs_kv_set_value(&cat->meta[i], v) != 0) /* (an entry of the edit's: copied) */
         return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-      bs_free(cat->meta[i].value);
-      cat->meta[i].value = v;
     }
   return 0;
 }

@@ -704,7 +704,7 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, unsigned versi
     if (!ok)
       return perr(err, l, "bad metaref record (a GGUF value in a checkpoint source)");
     ref.src = (uint32_t)src;
-    struct bs_kv kv = {l->f[1], NULL, &ref};
+    struct bs_kv kv = {l->f[1], NULL, &ref, false};
     return bs_catalog_add_meta_kv(&idx->cat, &kv, err);
   } else if (strcmp(r, "tensor") == 0) {
     (*records)++;

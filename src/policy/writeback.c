@@ -339,7 +339,9 @@ int bs_wb_run(const struct bs_wb *wb, char **report, bs_err *err)
   int rc = -1;
   bool built = false;
   struct bs_stage_dir stg = {*wb->staging_fd, wb->staging};
-  if (bs_edit_catalog(wb->edit, &stg, wb->keep_hidden, &out, err) != 0)
+  /* (the edit's metadata borrowed: the mount serves nothing while its
+   * write-back runs) */
+  if (bs_edit_catalog_view(wb->edit, &stg, wb->keep_hidden, &out, err) != 0)
     goto out;
   if (wb->writer->default_meta && wb->writer->default_meta(&out, err) != 0)
     goto out;
@@ -386,7 +388,7 @@ struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
   struct bs_stage_index idx;
   /* BASE: the INDEX a write-back right now would save (no file staged). */
   struct bs_stage_dir stg = {*wb->staging_fd, wb->staging};
-  if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, &stg, wb->keep_hidden, &out, err) ||
+  if (*wb->staging_fd < 0 || bs_edit_catalog_view(wb->edit, &stg, wb->keep_hidden, &out, err) ||
       index_head(wb, &idx, err) != 0 || bs_stage_index_format(&idx, &out, wb->staging, &buf, err))
     goto out;
   /* Its origins: which base tensor each file of the tree is (by its key). */

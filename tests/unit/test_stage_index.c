@@ -74,8 +74,13 @@ static void build(struct bs_catalog *c)
   cr_assert_eq(bs_catalog_add_meta(c, "note", "a\tb %41\n", &err), 0);
   cr_assert_eq(bs_catalog_add_meta(c, "", "", &err), 0);
   /* a GGUF value left in the checkpoint: where it is, not its text */
-  struct bs_meta_ref r = {BS_FMT_GGUF, 0, {9, 8}, 16, 20, 1234}; /* an array of strings */
-  struct bs_kv kv = {"tokenizer.ggml.tokens", NULL, &r};
+  struct bs_meta_ref r = {.format = BS_FMT_GGUF,
+                          .src = 0,
+                          .types = {9, 8},
+                          .off = 16,
+                          .len = 20,
+                          .text_len = 1234}; /* an array of strings */
+  struct bs_kv kv = {"tokenizer.ggml.tokens", NULL, &r, false};
   cr_assert_eq(bs_catalog_add_meta_kv(c, &kv, &err), 0);
 }
 

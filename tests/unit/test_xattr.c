@@ -365,7 +365,7 @@ Test(xattr, a_root_with_thousands_of_keys_lists_what_fits)
   char *huge = bs_malloc(BS_MAX_XATTR_VALUE + 2);
   memset(huge, 'x', BS_MAX_XATTR_VALUE + 1);
   huge[BS_MAX_XATTR_VALUE + 1] = '\0';
-  ed.meta[ed.nmeta++] = (struct bs_kv){bs_strdup("a.huge"), huge, NULL};
+  ed.meta[ed.nmeta++] = (struct bs_kv){bs_strdup("a.huge"), huge, NULL, false};
   struct bs_xa_node r = node("", false);
   struct bs_buf b = {0};
   cr_assert_eq(bs_xa_list(&ro, &r, &b, &err), 0);
