@@ -544,7 +544,7 @@ uint64_t burnstore_tensor_nbytes(const burnstore_tensor *t)
 
 const char *burnstore_tensor_unreadable(const burnstore_tensor *t)
 {
-  return t ? core(t)->unsupported : NULL;
+  return t ? core(t)->x->unsupported : NULL;
 }
 
 static struct bs_xa_node tensor_node(const burnstore_tensor *t)
@@ -584,9 +584,9 @@ int burnstore_tensor_read(const burnstore_tensor *t, uint64_t off, void *buf, si
     return bs_api_failf(EINVAL, "burnstore_tensor_read: no %s", t ? "buffer" : "tensor");
   const burnstore_checkpoint *ck = t->ck;
   const struct bs_tensor *c = core(t);
-  if (c->unsupported)
+  if (c->x->unsupported)
     return bs_api_failf(ENOTSUP, "%s: tensor '%s' cannot be read: %s", ck->name, c->name,
-                        c->unsupported);
+                        c->x->unsupported);
   if (off >= c->nbytes)
     return 0;
   size_t want = c->nbytes - off < n ? (size_t)(c->nbytes - off) : n, got = 0;
@@ -617,9 +617,9 @@ int burnstore_tensor_file_range(const burnstore_tensor *t, const char **path, ui
     return bs_api_failf(EINVAL, "burnstore_tensor_file_range: NULL argument");
   const burnstore_checkpoint *ck = t->ck;
   const struct bs_tensor *c = core(t);
-  const char *why = c->unsupported ? "it cannot be read"
-                    : c->decoded   ? "it is decoded (as=)"
-                    : c->strides   ? "it is a strided view"
+  const char *why = c->x->unsupported ? "it cannot be read"
+                    : c->decoded      ? "it is decoded (as=)"
+                    : c->x->strides   ? "it is a strided view"
                     : c->src >= ck->cat.nsrcs || !ck->paths[c->src]
                         ? "its source is no local regular file (a URL, memory, a deflated zip "
                           "member)"

@@ -201,9 +201,9 @@ static int add_copy(burnstore_writer *w, const char *key, const burnstore_checkp
 {
   if (check_key(w, key, err) != 0)
     return -1;
-  if (c->unsupported)
+  if (c->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, key, "%s: cannot be read: %s", ck->name,
-                   c->unsupported);
+                   c->x->unsupported);
   struct bs_tensor *t = bs_catalog_add(&w->cat, key, c->dtype, c->rank, c->shape, c->off, err);
   if (!t)
     return -1;
@@ -212,23 +212,11 @@ static int add_copy(burnstore_writer *w, const char *key, const burnstore_checkp
   t->nbytes = c->nbytes;
   t->src = base + c->src;
   t->off = c->off;
-  t->storage_off = c->storage_off;
-  t->storage_bytes = c->storage_bytes;
   t->has_param_id = c->has_param_id;
-  t->param_id = c->param_id;
   t->decoded = c->decoded;
   t->stored_dtype = c->stored_dtype;
-  if (c->strides) {
-    if (!(t->strides = bs_malloc(c->rank * sizeof *t->strides)))
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
-    memcpy(t->strides, c->strides, c->rank * sizeof *t->strides);
-  }
-  if (c->dtype_raw) {
-    if (!(t->dtype_raw = bs_malloc(c->dtype_raw_len)))
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
-    memcpy(t->dtype_raw, c->dtype_raw, c->dtype_raw_len);
-    t->dtype_raw_len = c->dtype_raw_len;
-  }
+  if (bs_tensor_copy_x(&w->cat, t, c) != 0)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
   return take(w, err);
 }
 

@@ -16,15 +16,95 @@ void bs_catalog_init(struct bs_catalog *cat)
   memset(cat, 0, sizeof *cat);
 }
 
+/* The tensors' shapes and keys live in arenas of blocks (issue 34): a
+ * malloc per tensor cost 16-24 bytes of overhead and rounding, a sixth of
+ * an entry at a million tensors. Keys are packed byte by byte (cat->keys),
+ * shapes and x blocks 8-aligned (cat->words). A dropped tensor's bytes (a
+ * reader's rollback) stay in the arena until the catalog goes. */
+struct bs_key_block {
+  struct bs_key_block *next;
+  size_t used, cap;
+  _Alignas(uint64_t) char bytes[];
+};
+
+#define KEY_BLOCK (256u << 10)
+
+/* n bytes from arena *head (align: 1, or 8 rounds n up); NULL out of memory. */
+static void *arena_alloc(struct bs_key_block **head, size_t n, size_t align)
+{
+  size_t need = (n + align - 1) & ~(align - 1);
+  struct bs_key_block *b = *head;
+  if (!b || b->cap - b->used < need) {
+    size_t cap = need > KEY_BLOCK ? need : KEY_BLOCK;
+    struct bs_key_block *nb = bs_malloc(sizeof *nb + cap);
+    if (!nb)
+      return NULL;
+    nb->used = 0;
+    nb->cap = cap;
+    if (b && need > KEY_BLOCK) { /* a long key: a block of its own, behind the current one */
+      nb->next = b->next;
+      b->next = nb;
+    } else {
+      nb->next = b;
+      *head = nb;
+    }
+    b = nb;
+  }
+  void *p = b->bytes + b->used;
+  b->used += need;
+  return p;
+}
+
+/* The rarely-used fields of every tensor that has none of its own: read
+ * only (in read-only memory: a write through it faults at once). */
+static const struct bs_tensor_x x_none;
+
+struct bs_tensor_x *bs_tensor_x(struct bs_catalog *cat, struct bs_tensor *t)
+{
+  if (t->x != &x_none)
+    return t->x;
+  struct bs_tensor_x *x = arena_alloc(&cat->words, sizeof *x, 8);
+  if (x) {
+    memset(x, 0, sizeof *x);
+    t->x = x;
+  }
+  return x;
+}
+
+int bs_tensor_copy_x(struct bs_catalog *cat, struct bs_tensor *t, const struct bs_tensor *s)
+{
+  if (s->x == &x_none)
+    return 0;
+  struct bs_tensor_x *x = bs_tensor_x(cat, t);
+  if (!x)
+    return -1;
+  x->storage_off = s->x->storage_off;
+  x->storage_bytes = s->x->storage_bytes;
+  x->param_id = s->x->param_id;
+  if (s->x->strides) {
+    if (!(x->strides = bs_malloc(s->rank * sizeof *x->strides)))
+      return -1;
+    memcpy(x->strides, s->x->strides, s->rank * sizeof *x->strides);
+  }
+  if (s->x->dtype_raw) {
+    if (!(x->dtype_raw = bs_malloc(s->x->dtype_raw_len)))
+      return -1;
+    memcpy(x->dtype_raw, s->x->dtype_raw, s->x->dtype_raw_len);
+    x->dtype_raw_len = s->x->dtype_raw_len;
+  }
+  return 0;
+}
+
 static void tensor_destroy(struct bs_tensor *t)
 {
   if (t->name != t->key)
     bs_free(t->name);
-  /* key and shape are one block, the shape first (bs_catalog_add). */
-  bs_free(t->shape ? (void *)t->shape : (void *)t->key);
-  bs_free(t->strides);
-  bs_free(t->dtype_raw);
-  bs_free(t->unsupported);
+  /* key, shape and x are in the catalog's arena (bs_catalog_add). */
+  if (t->x != &x_none) {
+    bs_free(t->x->strides);
+    bs_free(t->x->dtype_raw);
+    bs_free(t->x->unsupported);
+  }
 }
 
 void bs_catalog_truncate(struct bs_catalog *cat, size_t count, size_t nmeta)
@@ -68,6 +148,14 @@ void bs_catalog_destroy(struct bs_catalog *cat)
   bs_free(cat->meta);
   bs_free(cat->values_json);
   bs_free(cat->notes);
+  for (struct bs_key_block *b = cat->keys, *next; b; b = next) {
+    next = b->next;
+    bs_free(b);
+  }
+  for (struct bs_key_block *b = cat->words, *next; b; b = next) {
+    next = b->next;
+    bs_free(b);
+  }
   memset(cat, 0, sizeof *cat);
 }
 
@@ -124,21 +212,21 @@ struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum b
   }
   struct bs_tensor *t = &cat->tensors[cat->count];
   memset(t, 0, sizeof *t);
-  /* One allocation for the shape and the key (the shape first, aligned):
-   * two small blocks cost twice the malloc overhead per tensor. */
   size_t klen = strlen(key), sbytes = (size_t)rank * sizeof *shape;
-  char *block = bs_malloc(sbytes + klen + 1);
-  if (!block) {
+  uint64_t *sh = rank ? arena_alloc(&cat->words, sbytes, 8) : NULL;
+  char *k = arena_alloc(&cat->keys, klen + 1, 1);
+  if ((rank && !sh) || !k) {
     bs_fail(err, ENOMEM, off, key, "out of memory");
     return NULL;
   }
   if (rank) {
-    t->shape = (uint64_t *)(void *)block;
+    t->shape = sh;
     memcpy(t->shape, shape, sbytes);
   }
-  t->key = block + sbytes;
+  t->key = k;
   memcpy(t->key, key, klen + 1);
   t->name = t->key; /* one string until key options rename it */
+  t->x = (struct bs_tensor_x *)&x_none;
   t->dtype = dtype;
   t->rank = rank;
   t->nbytes = nbytes;
@@ -164,17 +252,38 @@ int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err 
     bs_free(value);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  cat->meta[cat->nmeta++] = (struct bs_kv){key, value, NULL};
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, value, NULL, false};
   return 0;
 }
 
 void bs_kv_destroy(struct bs_kv *kv)
 {
-  bs_free(kv->key);
-  bs_free(kv->value);
-  bs_free(kv->ref);
+  if (!kv->borrowed) {
+    bs_free(kv->key);
+    bs_free(kv->value);
+    bs_free(kv->ref);
+  }
   kv->key = kv->value = NULL;
   kv->ref = NULL;
+  kv->borrowed = false;
+}
+
+int bs_kv_set_value(struct bs_kv *kv, char *value)
+{
+  if (kv->borrowed) {
+    char *key = bs_strdup(kv->key);
+    if (!key) {
+      bs_free(value);
+      return -1;
+    }
+    *kv = (struct bs_kv){key, value, NULL, false};
+    return 0;
+  }
+  bs_free(kv->value);
+  bs_free(kv->ref);
+  kv->value = value;
+  kv->ref = NULL;
+  return 0;
 }
 
 uint64_t bs_kv_text_len(const struct bs_kv *kv)
@@ -184,6 +293,7 @@ uint64_t bs_kv_text_len(const struct bs_kv *kv)
 
 int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src)
 {
+  dst->borrowed = false; /* (a copy is its own) */
   dst->key = bs_strdup(src->key);
   dst->value = src->value ? bs_strdup(src->value) : NULL;
   dst->ref = src->ref ? bs_malloc(sizeof *dst->ref) : NULL;
@@ -202,6 +312,20 @@ int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv, bs_er
       bs_kv_copy(&cat->meta[cat->nmeta], kv) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   cat->nmeta++;
+  return 0;
+}
+
+int bs_catalog_take_meta_ref(struct bs_catalog *cat, char *key, const struct bs_meta_ref *r,
+                             bs_err *err)
+{
+  struct bs_meta_ref *ref = bs_malloc(sizeof *ref);
+  if (!ref || bs_grow((void **)&cat->meta, &cat->metacap, cat->nmeta + 1, sizeof *cat->meta) != 0) {
+    bs_free(ref);
+    bs_free(key);
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
+  *ref = *r;
+  cat->meta[cat->nmeta++] = (struct bs_kv){key, NULL, ref, false};
   return 0;
 }
 
@@ -247,7 +371,7 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key)
 bool bs_tensor_fd_range(const struct bs_catalog *cat, const struct bs_tensor *t, int *fd,
                         uint64_t *abs_off)
 {
-  if (t->strides || t->unsupported || t->decoded || t->src >= cat->nsrcs)
+  if (t->x->strides || t->x->unsupported || t->decoded || t->src >= cat->nsrcs)
     return false;
   *fd = bs_src_fd_get(&cat->srcs[t->src]);
   if (*fd < 0)
@@ -266,7 +390,7 @@ int bs_tensor_view(const struct bs_catalog *cat, const struct bs_tensor *t, uint
                    struct bs_src_view *v)
 {
   v->count = 0;
-  if (t->strides || t->unsupported || t->decoded || t->src >= cat->nsrcs)
+  if (t->x->strides || t->x->unsupported || t->decoded || t->src >= cat->nsrcs)
     return -ENOTSUP;
   if (off >= t->nbytes || n == 0)
     return -EINVAL;
@@ -299,23 +423,23 @@ int bs_tensor_check_view(const struct bs_tensor *t, uint64_t off, bs_err *err)
   if (bits == 0 || bits % 8 != 0)
     return bs_fail(err, ENOTSUP, off, t->key, "strided view of %s is not supported",
                    bs_dtype_name(t->dtype));
-  uint64_t last = t->storage_off;
+  uint64_t last = t->x->storage_off;
   for (uint32_t i = 0; i < t->rank; i++) {
     uint64_t step;
-    if (t->strides[i] < 0)
+    if (t->x->strides[i] < 0)
       return bs_fail(err, EINVAL, off, t->key, "negative stride %lld in dimension %u",
-                     (long long)t->strides[i], i);
-    if (!bs_mul_u64(t->shape[i] - 1, (uint64_t)t->strides[i], &step) ||
+                     (long long)t->x->strides[i], i);
+    if (!bs_mul_u64(t->shape[i] - 1, (uint64_t)t->x->strides[i], &step) ||
         !bs_add_u64(last, step, &last))
       return bs_fail(err, EINVAL, off, t->key, "stride arithmetic overflows");
   }
   uint64_t end;
   if (!bs_add_u64(last, 1, &end) || !bs_mul_u64(end, bits / 8, &end))
     return bs_fail(err, EINVAL, off, t->key, "stride arithmetic overflows");
-  if (end > t->storage_bytes)
+  if (end > t->x->storage_bytes)
     return bs_fail(err, EINVAL, off, t->key,
                    "storage too short: the view needs %llu bytes but the storage has %llu",
-                   (unsigned long long)end, (unsigned long long)t->storage_bytes);
+                   (unsigned long long)end, (unsigned long long)t->x->storage_bytes);
   return 0;
 }
 
@@ -331,7 +455,7 @@ static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t e
   int inner = (int)t->rank;
   while (inner > 0) {
     uint32_t d = (uint32_t)inner - 1;
-    if (t->shape[d] == 1 || (uint64_t)t->strides[d] == run) {
+    if (t->shape[d] == 1 || (uint64_t)t->x->strides[d] == run) {
       run *= t->shape[d];
       inner--;
     } else {
@@ -344,11 +468,11 @@ static long gather(const struct bs_src *s, const struct bs_tensor *t, uint64_t e
     uint64_t elem = pos / esize, in_el = pos % esize;
     uint64_t run_idx = elem / run, in_run = elem % run;
     /* storage element of the first element of this run */
-    uint64_t se = t->storage_off, rem = run_idx;
+    uint64_t se = t->x->storage_off, rem = run_idx;
     for (int d = inner - 1; d >= 0; d--) {
       uint64_t i = rem % t->shape[d];
       rem /= t->shape[d];
-      se += i * (uint64_t)t->strides[d];
+      se += i * (uint64_t)t->x->strides[d];
     }
     uint64_t src_off = t->off + (se + in_run) * esize + in_el;
     uint64_t avail = run_bytes - (in_run * esize + in_el);
@@ -371,7 +495,7 @@ static long raw_pread(const struct bs_catalog *cat, const struct bs_tensor *t, u
 {
   if (off >= nbytes)
     return 0;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return -ENOTSUP;
   if (t->src >= cat->nsrcs)
     return -EIO;
@@ -379,7 +503,7 @@ static long raw_pread(const struct bs_catalog *cat, const struct bs_tensor *t, u
     n = (size_t)(nbytes - off);
   const struct bs_src *s = &cat->srcs[t->src];
   long got;
-  if (t->strides) {
+  if (t->x->strides) {
     got = gather(s, t, esize, off, buf, n);
   } else {
     size_t done = 0;
@@ -414,7 +538,7 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
 {
   if (dt != BS_DT_QI8 && dt != BS_DT_QU8 && dt != BS_DT_QI32)
     return NULL;
-  const struct bs_torch_q *q = bs_torch_q_get(t->dtype_raw, t->dtype_raw_len);
+  const struct bs_torch_q *q = bs_torch_q_get(t->x->dtype_raw, t->x->dtype_raw_len);
   uint64_t numel;
   return q && bs_shape_numel(t->rank, t->shape, &numel) == 0 && bs_torch_q_fits(q, numel) ? q
                                                                                           : NULL;
@@ -425,8 +549,8 @@ static const struct bs_torch_q *torch_q(const struct bs_tensor *t, enum bs_dtype
  * kept there), or NULL. */
 static const struct bs_qfloat *qfloat_kept(const struct bs_tensor *t)
 {
-  return t->dtype_raw && t->dtype_raw_len == sizeof(struct bs_qfloat)
-             ? (const struct bs_qfloat *)(const void *)t->dtype_raw
+  return t->x->dtype_raw && t->x->dtype_raw_len == sizeof(struct bs_qfloat)
+             ? (const struct bs_qfloat *)(const void *)t->x->dtype_raw
              : NULL;
 }
 
@@ -483,7 +607,7 @@ static long qfloat_read(const struct bs_catalog *cat, const struct bs_tensor *t,
 {
   const struct bs_qfloat *q = qfloat_kept(t);
   const uint32_t osz = bs_dtype_bits(t->dtype) / 8;
-  const uint64_t stored_len = t->storage_bytes; /* bs_catalog_decode_as kept it */
+  const uint64_t stored_len = t->x->storage_bytes; /* bs_catalog_decode_as kept it */
   if (off >= t->nbytes)
     return 0;
   if (!q || !bs_encode_ok(t->dtype))
@@ -636,8 +760,8 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
 const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
                           char *buf, size_t n)
 {
-  if (code == ENOTSUP && t->unsupported) {
-    snprintf(buf, n, "%s", t->unsupported);
+  if (code == ENOTSUP && t->x->unsupported) {
+    snprintf(buf, n, "%s", t->x->unsupported);
     return buf;
   }
   return bs_src_why(t->src < cat->nsrcs ? &cat->srcs[t->src] : NULL, code, buf, n);

@@ -18,49 +18,61 @@
  * keeps in its file): its text is made when asked for (formats/formats.h:
  * bs_meta_text), never kept, so a large block (a tokenizer) costs what its
  * entries take, not its text. The core copies it, never reads it. */
-struct bs_meta_ref {
-  int format;        /* whose encoding: an enum bs_format (formats/formats.h) */
-  uint32_t src;      /* the catalog's source holding the bytes */
-  uint8_t types[10]; /* the value's type and its arrays' element types */
+struct bs_meta_ref { /* 40 bytes (a file may hold a million small values) */
   uint64_t off, len; /* the value's bytes in that source */
   uint64_t text_len; /* the length of its text */
+  uint32_t src;      /* the catalog's source holding the bytes */
+  uint8_t format;    /* whose encoding: an enum bs_format (formats/formats.h) */
+  uint8_t types[10]; /* the value's type and its arrays' element types */
 };
 
 struct bs_kv {
   char *key;               /* owned */
   char *value;             /* owned text; NULL when ref is set */
   struct bs_meta_ref *ref; /* owned, or NULL: the value left in its source */
+  bool borrowed;           /* key, value and ref are another entry's, which outlives this
+                              one (bs_kv_destroy leaves them): the edit layer's view of its
+                              source's metadata until it changes */
 };
 
-struct bs_tensor {
-  char *key;  /* owned (one block with shape): the key in the source file */
-  char *name; /* the presented key after options: key itself (the same string) until
-                 key options rename it, then owned */
-  enum bs_dtype dtype;
-  uint32_t rank;
-  uint64_t *shape;        /* owned with key (one block); rank entries, NULL when rank == 0 */
-  uint64_t nbytes;        /* byte length of the contiguous row-major data */
-  uint32_t src;           /* index into bs_catalog.srcs */
-  bool has_param_id;      /* (beside src: no padding; 16 bytes less a tensor) */
-  bool hidden;            /* filtered out by key options; not presented */
-  bool decoded;           /* presented as dtype (F32) by bs_catalog_decode_as (policy/
-                             decode_as.h): reads decode
-                             the stored bytes; nbytes is the decoded length */
-  uint8_t stored_dtype;   /* decoded only: the enum bs_dtype the bytes are stored in
-                             (in the padding before off: the struct's size is unchanged) */
-  uint64_t off;           /* absolute offset in the source: of the data when
-                             strides == NULL, else of the storage's first byte */
+/* What few tensors have (strided views, a raw dtype, a reason they cannot
+ * be read, a param id): behind bs_tensor.x, shared and all zero
+ * for the rest (bs_tensor_x gives a tensor its own). */
+struct bs_tensor_x {
   int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
   uint64_t storage_off;   /* strided only: element offset into the storage */
   uint64_t storage_bytes; /* strided only: bytes of the storage from off; a decoded
                              QFloat tensor (never strided): its stored length */
-  uint64_t param_id;
-  uint8_t *dtype_raw; /* owned, may be NULL: the dtype exactly as the file
-                         encoded it (a QFloat's scheme), for round trips;
-                         a torch quantizer (decode.h); a decoded QFloat tensor:
-                         its scheme parsed once (qfloat.h's struct bs_qfloat) */
+  uint64_t param_id;      /* when has_param_id */
+  uint8_t *dtype_raw;     /* owned, may be NULL: the dtype exactly as the file
+                             encoded it (a QFloat's scheme), for round trips;
+                             a torch quantizer (decode.h); a decoded QFloat tensor:
+                             its scheme parsed once (qfloat.h's struct bs_qfloat) */
   size_t dtype_raw_len;
   char *unsupported; /* owned, may be NULL: the tensor cannot be read, and why */
+};
+
+/* 64 bytes a tensor (issue 34: a million tensors in 150 bytes each, the
+ * tree's node and the key included). */
+struct bs_tensor {
+  char *key;             /* the key in the source file: in the catalog's key arena */
+  char *name;            /* the presented key after options: key itself (the same string) until
+                            key options rename it, then owned */
+  uint64_t *shape;       /* in the catalog's arena; rank entries, NULL when rank == 0 */
+  uint64_t nbytes;       /* byte length of the contiguous row-major data */
+  uint64_t off;          /* absolute offset in the source: of the data when
+                            x->strides == NULL, else of the storage's first byte */
+  struct bs_tensor_x *x; /* never NULL: the shared empty one, or the tensor's own
+                            (in the catalog's arena; bs_tensor_x) */
+  enum bs_dtype dtype;
+  uint8_t rank;         /* <= BS_MAX_RANK */
+  bool hidden;          /* filtered out by key options; not presented */
+  bool decoded;         /* presented as dtype (F32) by bs_catalog_decode_as (policy/
+                           decode_as.h): reads decode
+                           the stored bytes; nbytes is the decoded length */
+  uint8_t stored_dtype; /* decoded only: the enum bs_dtype the bytes are stored in */
+  uint32_t src;         /* index into bs_catalog.srcs */
+  bool has_param_id;    /* x->param_id is set */
 };
 
 struct bs_catalog {
@@ -75,6 +87,9 @@ struct bs_catalog {
   char *values_json;           /* owned, may be NULL: non-tensor values of the file, JSON object */
   char *notes;                 /* owned, may be NULL: what a reader skipped, one line each */
   size_t notes_len, notes_cap; /* of notes (bs_catalog_note), while notes is not NULL */
+  struct bs_key_block *keys;   /* owned: the arena of the tensors' keys, one allocation
+                                  per many tensors (freed with the catalog) */
+  struct bs_key_block *words;  /* owned: the same of their shapes and x blocks (8-aligned) */
 };
 
 void bs_catalog_init(struct bs_catalog *cat);
@@ -93,12 +108,24 @@ BS_NODISCARD int bs_catalog_reserve(struct bs_catalog *cat, size_t more);
  * error messages only. */
 struct bs_tensor *bs_catalog_add(struct bs_catalog *cat, const char *key, enum bs_dtype dtype,
                                  uint32_t rank, const uint64_t *shape, uint64_t off, bs_err *err);
+/* t's own rarely-used fields, made on first use (zero) in cat's arena, to
+ * set: t->x is shared and read-only until then. NULL out of memory. */
+struct bs_tensor_x *bs_tensor_x(struct bs_catalog *cat, struct bs_tensor *t);
+/* Give t (of cat) a copy of s's rarely-used fields but unsupported: its
+ * storage range, param id, strides (s->rank of them) and raw dtype. 0, or
+ * -1 out of memory. */
+BS_NODISCARD int bs_tensor_copy_x(struct bs_catalog *cat, struct bs_tensor *t,
+                                  const struct bs_tensor *s);
 
 BS_NODISCARD int bs_catalog_add_meta(struct bs_catalog *cat, const char *key, const char *value,
                                      bs_err *err);
 /* The same, taking ownership of key and value (bs_malloc'd; freed when it
  * fails): a reader hands over a long value without a copy. */
 BS_NODISCARD int bs_catalog_take_meta(struct bs_catalog *cat, char *key, char *value, bs_err *err);
+/* Append key (taken: bs_malloc'd, freed when it fails) = the value r
+ * (copied) left in a source: a reader hands over its keys without a copy. */
+BS_NODISCARD int bs_catalog_take_meta_ref(struct bs_catalog *cat, char *key,
+                                          const struct bs_meta_ref *r, bs_err *err);
 /* Append a copy of kv: its key and its text or its ref. */
 BS_NODISCARD int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_kv *kv,
                                         bs_err *err);
@@ -106,6 +133,10 @@ BS_NODISCARD int bs_catalog_add_meta_kv(struct bs_catalog *cat, const struct bs_
 uint64_t bs_kv_text_len(const struct bs_kv *kv);
 /* Free kv's key and value or ref (the entry itself is the caller's). */
 void bs_kv_destroy(struct bs_kv *kv);
+/* Give kv the text value (taken: bs_malloc'd; freed when it fails), its
+ * own (a borrowed entry's key copied, the other's untouched). 0, or -1 out
+ * of memory. */
+BS_NODISCARD int bs_kv_set_value(struct bs_kv *kv, char *value);
 /* *dst = a copy of *src (key, text or ref); -1 out of memory (dst empty). */
 BS_NODISCARD int bs_kv_copy(struct bs_kv *dst, const struct bs_kv *src);
 /* Append one line to cat->notes (amortized: in time linear in the line). */

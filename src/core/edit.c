@@ -78,12 +78,14 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
   ed->flat = flat;
   ed->xattr_budget = BS_EDIT_XATTR_BUDGET;
   atomic_init(&ed->xattr_bytes, 0);
+  /* The source's entries as they are (borrowed: src outlives the edit),
+   * not copies: a file may hold a million small values (issue 34). */
+  if (src->nmeta && !(ed->meta = bs_malloc(src->nmeta * sizeof *ed->meta)))
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  ed->metacap = src->nmeta;
   for (size_t i = 0; i < src->nmeta; i++) {
-    if (bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     struct bs_kv *kv = &ed->meta[ed->nmeta];
-    if (bs_kv_copy(kv, &src->meta[i]) != 0)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    *kv = (struct bs_kv){src->meta[i].key, src->meta[i].value, src->meta[i].ref, true};
     ed->nmeta++;
     /* The source's own metadata counts, but never refuses the mount; a
      * value left in the file (struct bs_meta_ref) holds no memory: its key only. */
@@ -101,7 +103,7 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
   struct bs_tree *t = ed->tree;
   for (uint64_t ino = BS_TREE_ROOT; ino < t->n; ino++) {
     struct bs_node *nd = &t->nodes[ino];
-    if (!nd->live || nd->user)
+    if (!nd->live || bs_tree_user(t, ino))
       continue;
     long ti = nd->is_dir ? -1 : nd->tensor;
     uint64_t size = ti >= 0 && (size_t)ti < ed->src->count ? ed->src->tensors[ti].nbytes : 0;
@@ -114,7 +116,10 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
     e->ino = ino;
     if (mtime)
       e->mtime = *mtime;
-    nd->user = e;
+    if (bs_tree_set_user(t, ino, e) != 0) {
+      bs_entry_free(e);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
   }
   return 0;
 }
@@ -122,10 +127,11 @@ int bs_edit_attach(struct bs_edit *ed, const struct timespec *mtime, const struc
 void bs_edit_destroy(struct bs_edit *ed)
 {
   if (ed->tree) {
-    for (uint64_t ino = 0; ino < ed->tree->n; ino++) {
-      bs_entry_free(ed->tree->nodes[ino].user);
-      ed->tree->nodes[ino].user = NULL;
-    }
+    for (uint64_t ino = 0; ino < ed->tree->n; ino++)
+      bs_entry_free(bs_tree_user(ed->tree, ino));
+    bs_free(ed->tree->users);
+    ed->tree->users = NULL;
+    ed->tree->ucap = 0;
   }
   for (size_t i = 0; i < ed->nmeta; i++)
     bs_kv_destroy(&ed->meta[i]);
@@ -138,7 +144,7 @@ struct bs_entry *bs_edit_entry(const struct bs_edit *ed, uint64_t ino)
 {
   if (!ed->tree || ino == 0 || ino >= ed->tree->n || !ed->tree->nodes[ino].name)
     return NULL;
-  return ed->tree->nodes[ino].user;
+  return bs_tree_user(ed->tree, ino);
 }
 
 const struct bs_tensor *bs_entry_origin(const struct bs_edit *ed, const struct bs_entry *e)
@@ -186,7 +192,7 @@ void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, stru
 bool bs_entry_strided_clean(const struct bs_edit *ed, const struct bs_entry *e)
 {
   const struct bs_tensor *t = e->stage ? NULL : bs_entry_origin(ed, e);
-  return t && t->strides;
+  return t && t->x->strides;
 }
 
 /* Append a change of e to the mount's journal, if it keeps one. */
@@ -456,14 +462,17 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     (void)budget_take(ed, release, 0);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
-  if (kv) {
-    bs_free(kv->value);
-    bs_free(kv->ref); /* (a value left in the source holds no budget) */
-    kv->ref = NULL;
-    kv->value = v;
+  if (kv) { /* (the source's entry becomes the edit's own; a value left in the
+               source holds no budget) */
+    if (bs_kv_set_value(kv, v) != 0) {
+      budget_give(ed, add);
+      (void)budget_take(ed, release, 0);
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    }
+    jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
     return 0;
   }
+  jlog(ed, BS_J_MSET, NULL, key, strlen(key), value, len);
   char *k = bs_strdup(key);
   if (!k || bs_grow((void **)&ed->meta, &ed->metacap, ed->nmeta + 1, sizeof *ed->meta) != 0) {
     bs_free(k);
@@ -471,7 +480,7 @@ int bs_edit_set_meta(struct bs_edit *ed, const char *key, const char *value, siz
     budget_give(ed, add);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
-  ed->meta[ed->nmeta] = (struct bs_kv){k, v, NULL};
+  ed->meta[ed->nmeta] = (struct bs_kv){k, v, NULL, false};
   ed->nmeta++;
   return 0;
 }
@@ -499,8 +508,8 @@ static void log_keys(const struct bs_edit *ed, uint64_t ino, unsigned depth)
     return;
   if (nd->is_dir) {
     for (size_t i = 0; i < nd->nkids; i++)
-      if (nd->kids[i])
-        log_keys(ed, nd->kids[i], depth + 1);
+      if (bs_node_kids(nd)[i])
+        log_keys(ed, bs_node_kids(nd)[i], depth + 1);
     return;
   }
   char *key = bs_tree_key(ed->tree, ino, ed->flat);
@@ -546,30 +555,48 @@ void bs_entry_drop(struct bs_edit *ed, struct bs_entry *e)
 /* --- the output catalog -------------------------------------------------- */
 
 /* Point the output tensor t at the source tensor s's bytes. */
-static int copy_location(struct bs_tensor *t, const struct bs_tensor *s, bs_err *err)
+static int copy_location(struct bs_catalog *out, struct bs_tensor *t, const struct bs_tensor *s,
+                         bs_err *err)
 {
   t->src = s->src;
   t->off = s->off;
-  t->storage_off = s->storage_off;
-  t->storage_bytes = s->storage_bytes;
-  if (s->strides) {
-    t->strides = bs_malloc(s->rank * sizeof *t->strides);
-    if (!t->strides)
+  if (!s->x->strides && !s->x->storage_off && !s->x->storage_bytes)
+    return 0;
+  struct bs_tensor_x *x = bs_tensor_x(out, t);
+  if (!x)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
+  x->storage_off = s->x->storage_off;
+  x->storage_bytes = s->x->storage_bytes;
+  if (s->x->strides) {
+    x->strides = bs_malloc(s->rank * sizeof *x->strides);
+    if (!x->strides)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
-    memcpy(t->strides, s->strides, s->rank * sizeof *t->strides);
+    memcpy(x->strides, s->x->strides, s->rank * sizeof *x->strides);
   }
   return 0;
 }
 
-static int copy_dtype_raw(struct bs_tensor *t, const struct bs_tensor *s, bs_err *err)
+static int copy_dtype_raw(struct bs_catalog *out, struct bs_tensor *t, const struct bs_tensor *s,
+                          bs_err *err)
 {
-  if (!s->dtype_raw)
+  if (!s->x->dtype_raw)
     return 0;
-  t->dtype_raw = bs_malloc(s->dtype_raw_len);
-  if (!t->dtype_raw)
+  struct bs_tensor_x *x = bs_tensor_x(out, t);
+  if (!x || !(x->dtype_raw = bs_malloc(s->x->dtype_raw_len)))
     return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
-  memcpy(t->dtype_raw, s->dtype_raw, s->dtype_raw_len);
-  t->dtype_raw_len = s->dtype_raw_len;
+  memcpy(x->dtype_raw, s->x->dtype_raw, s->x->dtype_raw_len);
+  x->dtype_raw_len = s->x->dtype_raw_len;
+  return 0;
+}
+
+/* Give t the param id `id`. */
+static int set_param_id(struct bs_catalog *out, struct bs_tensor *t, uint64_t id, bs_err *err)
+{
+  struct bs_tensor_x *x = bs_tensor_x(out, t);
+  if (!x)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
+  x->param_id = id;
+  t->has_param_id = true;
   return 0;
 }
 
@@ -597,7 +624,7 @@ static int add_npy(const struct bs_stage_dir *stg, struct bs_catalog *out, const
                    const struct bs_entry *e, const char *key, bs_err *err)
 {
   size_t nl = strlen(nd->name), kl = strlen(key);
-  if (!e->stage || nd->seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
+  if (!e->stage || nd->has_seg || !bs_npy_name(nd->name, nl) || kl <= 4 || e->size < 6)
     return 1; /* shorter than NumPy's magic: no .npy (from 6 bytes on, the magic decides) */
   struct bs_src s;
   if (open_staged(stg, e, &s, err) != 0)
@@ -650,26 +677,23 @@ static int add_npy(const struct bs_stage_dir *stg, struct bs_catalog *out, const
       if (info.fortran_order && info.rank >= 2) {
         /* Column-major data: read through strides (1, d0, d0*d1...) into
          * the row-major bytes every writer expects; nothing is copied now. */
-        t->strides = bs_malloc(info.rank * sizeof *t->strides);
-        if (!t->strides) {
+        struct bs_tensor_x *x = bs_tensor_x(out, t);
+        if (!x || !(x->strides = bs_malloc(info.rank * sizeof *x->strides))) {
           bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
           goto done;
         }
         uint64_t st = 1;
         for (uint32_t d = 0; d < info.rank; d++) {
-          t->strides[d] = (int64_t)st;
+          x->strides[d] = (int64_t)st;
           st *= info.shape[d] ? info.shape[d] : 1; /* no overflow: nbytes was checked */
         }
-        t->storage_off = 0;
-        t->storage_bytes = t->nbytes;
+        x->storage_off = 0;
+        x->storage_bytes = t->nbytes;
         if (bs_tensor_check_view(t, info.header_len, err) != 0)
           goto done;
       }
-      if (e->has_param_id) {
-        t->has_param_id = true;
-        t->param_id = e->param_id;
-      }
-      rc = 0;
+      if (!e->has_param_id || set_param_id(out, t, e->param_id, err) == 0)
+        rc = 0;
     }
   done:
     bs_free(name);
@@ -683,7 +707,7 @@ static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                     struct bs_catalog *out, uint64_t ino, bs_err *err)
 {
   const struct bs_node *nd = &ed->tree->nodes[ino];
-  const struct bs_entry *e = nd->user;
+  const struct bs_entry *e = bs_tree_user(ed->tree, ino);
   if (!e)
     return bs_fail(err, EINVAL, BS_OFF_NONE, nd->name, "file has no entry");
   char *key = bs_tree_key(ed->tree, ino, ed->flat);
@@ -743,22 +767,23 @@ static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
   } else if (src) {
     /* The origin's strides index its own shape in elements of its own
      * width: read through another shape or width they give other bytes. */
-    if (src->strides &&
+    if (src->x->strides &&
         (t->rank != src->rank || bs_dtype_bits(t->dtype) != bs_dtype_bits(src->dtype) ||
          (src->rank && memcmp(t->shape, src->shape, src->rank * sizeof *src->shape) != 0)))
       return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
                      "the dtype or shape of a strided tensor changed while its bytes were not "
                      "copied: it cannot be written");
-    if (copy_location(t, src, err) != 0)
+    if (copy_location(out, t, src, err) != 0)
       return -1;
-    if (src->unsupported)
-      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s", src->unsupported);
+    if (src->x->unsupported)
+      return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "cannot be written: %s",
+                     src->x->unsupported);
   } else {
     t->src = UINT32_MAX; /* an empty new file: no bytes to read */
   }
   /* The origin's dtype as the file encoded it (QFloat's scheme) stays with
    * the bytes as long as the dtype does. */
-  if (src && eff.dtype == src->dtype && copy_dtype_raw(t, src, err) != 0)
+  if (src && eff.dtype == src->dtype && copy_dtype_raw(out, t, src, err) != 0)
     return -1;
   if (eff.dtype == BS_DT_QFLOAT)
     t->nbytes = e->size;
@@ -768,13 +793,10 @@ static int add_file(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                    "user.burnstore.shape / user.burnstore.dtype to match the data)",
                    (unsigned long long)e->size, bs_dtype_name(eff.dtype),
                    (unsigned long long)t->nbytes);
-  if (e->has_param_id) {
-    t->has_param_id = true;
-    t->param_id = e->param_id;
-  } else if (src && src->has_param_id) {
-    t->has_param_id = true;
-    t->param_id = src->param_id;
-  }
+  if (e->has_param_id)
+    return set_param_id(out, t, e->param_id, err);
+  if (src && src->has_param_id)
+    return set_param_id(out, t, src->x->param_id, err);
   return 0;
 }
 
@@ -785,7 +807,7 @@ static int add_dir(const struct bs_edit *ed, const struct bs_stage_dir *stg, str
     return bs_fail(err, ELOOP, BS_OFF_NONE, NULL, "directory tree too deep");
   const struct bs_node *nd = &ed->tree->nodes[dir];
   for (size_t i = 0; i < nd->nkids; i++) {
-    uint64_t kid = nd->kids[i];
+    uint64_t kid = bs_node_kids(nd)[i];
     if (!kid)
       continue;
     const struct bs_node *kn = &ed->tree->nodes[kid];
@@ -850,19 +872,35 @@ static int add_hidden(const struct bs_edit *ed, struct bs_catalog *out, bs_err *
     }
     if (s->dtype == BS_DT_QFLOAT)
       t->nbytes = s->nbytes;
-    t->has_param_id = s->has_param_id;
-    t->param_id = s->param_id;
-    if (copy_location(t, s, err) != 0 || copy_dtype_raw(t, s, err) != 0)
+    if ((s->has_param_id && set_param_id(out, t, s->x->param_id, err) != 0) ||
+        copy_location(out, t, s, err) != 0 || copy_dtype_raw(out, t, s, err) != 0)
       rc = -1;
-    else if (s->unsupported)
-      rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, s->name, "cannot be written: %s", s->unsupported);
+    else if (s->x->unsupported)
+      rc = bs_fail(err, ENOTSUP, BS_OFF_NONE, s->name, "cannot be written: %s", s->x->unsupported);
   }
   bs_free(sorted);
   return rc;
 }
 
+static int edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
+                        bool borrow_meta, struct bs_catalog *out, bs_err *err);
+
 int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
                     struct bs_catalog *out, bs_err *err)
+{
+  return edit_catalog(ed, stg, keep_hidden, false, out, err);
+}
+
+int bs_edit_catalog_view(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
+                         struct bs_catalog *out, bs_err *err)
+{
+  return edit_catalog(ed, stg, keep_hidden, true, out, err);
+}
+
+/* bs_edit_catalog; with borrow_meta, the metadata entries are ed's,
+ * borrowed (not copied). */
+static int edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bool keep_hidden,
+                        bool borrow_meta, struct bs_catalog *out, bs_err *err)
 {
   /* The source's byte sources, borrowed, at the same indices, so clean
    * tensors keep their src index. */
@@ -885,6 +923,16 @@ int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg, bo
     if (check_duplicates(out, &sorted, err) != 0)
       return -1;
     bs_free(sorted);
+  }
+  if (borrow_meta) {
+    if (ed->nmeta && !(out->meta = bs_malloc(ed->nmeta * sizeof *out->meta)))
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    out->metacap = ed->nmeta;
+    for (size_t i = 0; i < ed->nmeta; i++) {
+      const struct bs_kv *kv = &ed->meta[i];
+      out->meta[out->nmeta++] = (struct bs_kv){kv->key, kv->value, kv->ref, true};
+    }
+    return 0;
   }
   for (size_t i = 0; i < ed->nmeta; i++)
     if (bs_catalog_add_meta_kv(out, &ed->meta[i], err) != 0)

@@ -176,5 +176,11 @@ struct bs_stage_dir {
  * give one key. `out` must be freshly initialised; destroy it either way. */
 BS_NODISCARD int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                                  bool keep_hidden, struct bs_catalog *out, bs_err *err);
+/* The same, its metadata entries ed's (borrowed, not copied; a writer that
+ * changes one makes it its own, bs_kv_set_value): for a catalog destroyed
+ * before ed's metadata changes (the journal's BASE, a write-back: a
+ * file may hold a million values; issue 34). */
+BS_NODISCARD int bs_edit_catalog_view(const struct bs_edit *ed, const struct bs_stage_dir *stg,
+                                      bool keep_hidden, struct bs_catalog *out, bs_err *err);
 
 #endif

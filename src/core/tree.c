@@ -7,7 +7,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 
-#define SLOT_DELETED UINT64_MAX
+#define SLOT_DELETED UINT32_MAX
 
 static uint64_t hash_name(uint64_t parent, const char *name)
 {
@@ -15,52 +15,69 @@ static uint64_t hash_name(uint64_t parent, const char *name)
   return h ^ (h >> 29);
 }
 
-/* A slot holds an ino in its low 40 bits and 24 bits of the name's hash
- * above them: a probe compares those before it touches the node (a cache
- * miss per probe, most of a large mount's tree build otherwise). */
-#define SLOT_INO_BITS 40
-#define SLOT_INO(s) ((s) & ((UINT64_C(1) << SLOT_INO_BITS) - 1))
-#define SLOT_TAG(h) (((h) >> SLOT_INO_BITS) << SLOT_INO_BITS)
-#define MAX_NODES ((UINT64_C(1) << SLOT_INO_BITS) - 2)
+/* A slot is 32 bits: the ino in its low ino_bits (log2 of the table's
+ * size, which is always above every ino: hash_insert grows the table
+ * first) and the top bits of the name's hash above them, compared before a
+ * probe touches the node (a cache miss per probe, most of a large mount's
+ * tree build otherwise). */
+#define MAX_NODES (UINT32_MAX - 1u)
+#define SLOT_INO(t, s) ((s) & (uint32_t)((t)->nslots - 1))
+static uint32_t slot_tag(unsigned ino_bits, uint64_t h)
+{
+  return ino_bits >= 32 ? 0 : (uint32_t)(h >> 32) >> ino_bits << ino_bits;
+}
+
+static unsigned log2_of(size_t pow2)
+{
+  unsigned b = 0;
+  while (((size_t)1 << b) < pow2)
+    b++;
+  return b;
+}
 
 static int rehash(struct bs_tree *t, size_t nslots)
 {
-  uint64_t *slots = bs_calloc(nslots, sizeof *slots);
+  if (nslots > ((size_t)1 << 32) || nslots < 2)
+    return -1;
+  uint32_t *slots = bs_calloc(nslots, sizeof *slots);
   if (!slots)
     return -1;
+  unsigned bits = log2_of(nslots);
+  size_t used = 0;
   for (size_t i = 0; i < t->nslots; i++) {
-    uint64_t s = t->slots[i];
+    uint32_t s = t->slots[i];
     if (s == 0 || s == SLOT_DELETED)
       continue;
-    const struct bs_node *nd = &t->nodes[SLOT_INO(s)];
-    size_t j = hash_name(nd->parent, nd->name) & (nslots - 1);
+    uint32_t ino = SLOT_INO(t, s);
+    const struct bs_node *nd = &t->nodes[ino];
+    uint64_t h = hash_name(nd->parent, nd->name);
+    size_t j = h & (nslots - 1);
     while (slots[j])
       j = (j + 1) & (nslots - 1);
-    slots[j] = s;
+    slots[j] = ino | slot_tag(bits, h);
+    used++;
   }
   bs_free(t->slots);
   t->slots = slots;
   t->nslots = nslots;
-  t->nused = 0;
-  for (size_t i = 0; i < nslots; i++)
-    if (slots[i])
-      t->nused++;
+  t->ino_bits = bits;
+  t->nused = used;
   return 0;
 }
 
-/* Slot holding (parent, name), or the first free slot for it if absent. */
 /* The slot of (parent, name), or where it would go; *tagp (if not NULL) gets
  * the name's slot tag, so an insert need not hash again. */
 static size_t find_slot(const struct bs_tree *t, uint64_t parent, const char *name, bool *found,
-                        uint64_t *tagp)
+                        uint32_t *tagp)
 {
-  uint64_t h = hash_name(parent, name), tag = SLOT_TAG(h);
+  uint64_t h = hash_name(parent, name);
+  uint32_t tag = slot_tag(t->ino_bits, h), inomask = (uint32_t)(t->nslots - 1);
   if (tagp)
     *tagp = tag;
   size_t mask = t->nslots - 1, j = h & mask;
   size_t first_free = SIZE_MAX;
   for (;;) {
-    uint64_t s = t->slots[j], ino = SLOT_INO(s);
+    uint32_t s = t->slots[j], ino = s & inomask;
     if (s == 0) {
       *found = false;
       return first_free != SIZE_MAX ? first_free : j;
@@ -68,7 +85,7 @@ static size_t find_slot(const struct bs_tree *t, uint64_t parent, const char *na
     if (s == SLOT_DELETED) {
       if (first_free == SIZE_MAX)
         first_free = j;
-    } else if ((s & ~SLOT_INO(UINT64_MAX)) == tag && t->nodes[ino].parent == parent &&
+    } else if ((s & ~inomask) == tag && t->nodes[ino].parent == parent &&
                strcmp(t->nodes[ino].name, name) == 0) {
       *found = true;
       return j;
@@ -114,6 +131,19 @@ static char *name_dup(struct bs_tree *t, const char *name)
   return p;
 }
 
+/* A name of its own (name_owned): name, and seg (if not NULL) after its NUL. */
+static char *name_block(const char *name, const char *seg)
+{
+  size_t nl = strlen(name) + 1, sl = seg ? strlen(seg) + 1 : 0;
+  char *b = bs_malloc(nl + sl);
+  if (b) {
+    memcpy(b, name, nl);
+    if (seg)
+      memcpy(b + nl, seg, sl);
+  }
+  return b;
+}
+
 int bs_tree_init(struct bs_tree *t, bs_err *err)
 {
   memset(t, 0, sizeof *t);
@@ -144,10 +174,11 @@ void bs_tree_destroy(struct bs_tree *t)
   for (size_t i = 0; i < t->n; i++) {
     if (t->nodes[i].name_owned)
       bs_free(t->nodes[i].name);
-    bs_free(t->nodes[i].seg);
-    bs_free(t->nodes[i].kids);
+    if (t->nodes[i].kidcap > BS_NODE_KIDS_INLINE)
+      bs_free(t->nodes[i].kheap);
   }
   bs_free(t->nodes);
+  bs_free(t->users);
   bs_free(t->slots);
   while (t->names) {
     struct bs_name_block *next = t->names->next;
@@ -168,15 +199,64 @@ uint64_t bs_tree_lookup(const struct bs_tree *t, uint64_t parent, const char *na
 {
   bool found;
   size_t j = find_slot(t, parent, name, &found, NULL);
-  return found ? SLOT_INO(t->slots[j]) : 0;
+  return found ? SLOT_INO(t, t->slots[j]) : 0;
+}
+
+/* Room for one more child of p (doubling). */
+void *bs_tree_user(const struct bs_tree *t, uint64_t ino)
+{
+  return t->users && ino < t->ucap ? t->users[ino] : NULL;
+}
+
+int bs_tree_set_user(struct bs_tree *t, uint64_t ino, void *p)
+{
+  if (!t->users) {
+    if (!p)
+      return 0;
+    if (!(t->users = bs_calloc(t->cap, sizeof *t->users)))
+      return -1;
+    t->ucap = t->cap;
+  }
+  t->users[ino] = p;
+  return 0;
+}
+
+const uint32_t *bs_node_kids(const struct bs_node *nd)
+{
+  return nd->kidcap > BS_NODE_KIDS_INLINE ? nd->kheap : nd->kin;
+}
+
+static uint32_t *kids_of(struct bs_node *nd)
+{
+  return nd->kidcap > BS_NODE_KIDS_INLINE ? nd->kheap : nd->kin;
+}
+
+/* Room for one more child of p: in the node up to BS_NODE_KIDS_INLINE,
+ * then a block of its own (doubling). */
+static int kids_room(struct bs_node *p)
+{
+  uint32_t cap = p->kidcap > BS_NODE_KIDS_INLINE ? p->kidcap : BS_NODE_KIDS_INLINE;
+  if (p->nkids < cap)
+    return 0;
+  if (cap >= MAX_NODES / 2)
+    return -1;
+  bool heap = p->kidcap > BS_NODE_KIDS_INLINE;
+  uint32_t *k = bs_realloc(heap ? p->kheap : NULL, (size_t)cap * 2 * sizeof *k);
+  if (!k)
+    return -1;
+  if (!heap)
+    memcpy(k, p->kin, sizeof p->kin);
+  p->kheap = k;
+  p->kidcap = cap * 2;
+  return 0;
 }
 
 static int link_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
 {
   struct bs_node *p = &t->nodes[parent];
-  if (bs_grow((void **)&p->kids, &p->kidcap, p->nkids + 1, sizeof *p->kids) != 0)
+  if (kids_room(p) != 0)
     return -1;
-  p->kids[p->nkids++] = ino;
+  kids_of(p)[p->nkids++] = (uint32_t)ino;
   p->nlive++;
   return 0;
 }
@@ -184,29 +264,37 @@ static int link_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
 static void unlink_kid(struct bs_tree *t, uint64_t parent, uint64_t ino)
 {
   struct bs_node *p = &t->nodes[parent];
+  uint32_t *kids = kids_of(p);
   for (size_t i = 0; i < p->nkids; i++) {
-    if (p->kids[i] == ino) {
-      p->kids[i] = 0;
+    if (kids[i] == ino) {
+      kids[i] = 0;
       p->nlive--;
       break;
     }
   }
   /* Trailing removed slots can go; inner ones stay so readdir offsets hold. */
-  while (p->nkids && p->kids[p->nkids - 1] == 0)
+  while (p->nkids && kids[p->nkids - 1] == 0)
     p->nkids--;
 }
 
 static int hash_insert(struct bs_tree *t, uint64_t ino)
 {
-  if ((t->nused + 1) * 4 >= t->nslots * 3 && rehash(t, t->nslots * 2) != 0)
+  /* Below 7/8 full (the slots' tags keep a probe off the nodes: a fuller
+   * table costs little time, and a table of 4 bytes a slot a fifth of an
+   * LLM's tree), and every ino below nslots - 1 (a slot's ino bits; never
+   * all ones, which with an all-ones tag would read as SLOT_DELETED). */
+  size_t want = t->nslots;
+  while ((t->nused + 1) * 8 >= want * 7 || ino >= want - 1)
+    want *= 2;
+  if (want != t->nslots && rehash(t, want) != 0)
     return -1;
   bool found;
   const struct bs_node *nd = &t->nodes[ino];
-  uint64_t tag;
+  uint32_t tag;
   size_t j = find_slot(t, nd->parent, nd->name, &found, &tag);
   if (t->slots[j] == 0)
     t->nused++;
-  t->slots[j] = ino | tag;
+  t->slots[j] = (uint32_t)ino | tag;
   return 0;
 }
 
@@ -218,8 +306,10 @@ static void hash_delete(struct bs_tree *t, uint64_t ino)
     t->slots[j] = SLOT_DELETED;
 }
 
-int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
-                uint64_t *ino, bs_err *err)
+/* bs_tree_add; with borrowed, the node points at name (which outlives the
+ * tree) instead of a copy. */
+static int tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
+                    bool borrowed, uint64_t *ino, bs_err *err)
 {
   struct bs_node *p = bs_tree_node(t, parent);
   if (!p || !p->is_dir)
@@ -228,16 +318,24 @@ int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_di
     return bs_fail(err, EEXIST, BS_OFF_NONE, NULL, "'%s' exists", name);
   if (t->n >= MAX_NODES || bs_grow((void **)&t->nodes, &t->cap, t->n + 1, sizeof *t->nodes) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (t->users && t->ucap < t->cap) {
+    void **u = bs_realloc(t->users, t->cap * sizeof *u);
+    if (!u)
+      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    memset(u + t->ucap, 0, (t->cap - t->ucap) * sizeof *u);
+    t->users = u;
+    t->ucap = t->cap;
+  }
   uint64_t id = t->n;
   struct bs_node *nd = &t->nodes[id];
   memset(nd, 0, sizeof *nd);
-  nd->name = name_dup(t, name);
+  nd->name = borrowed ? (char *)name : name_dup(t, name);
   if (!nd->name)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  nd->parent = parent;
+  nd->parent = (uint32_t)parent;
   nd->is_dir = is_dir;
   nd->live = true;
-  nd->tensor = tensor;
+  nd->tensor = (int32_t)tensor;
   t->n++;
   if (hash_insert(t, id) != 0 || link_kid(t, parent, id) != 0) {
     hash_delete(t, id);
@@ -247,6 +345,12 @@ int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_di
   }
   *ino = id;
   return 0;
+}
+
+int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *name, bool is_dir, long tensor,
+                uint64_t *ino, bs_err *err)
+{
+  return tree_add(t, parent, name, is_dir, tensor, false, ino, err);
 }
 
 int bs_tree_remove(struct bs_tree *t, uint64_t ino, bs_err *err)
@@ -280,22 +384,22 @@ int bs_tree_move(struct bs_tree *t, uint64_t ino, uint64_t newparent, const char
     if (a == BS_TREE_ROOT)
       break;
   }
-  char *name = bs_strdup(newname);
-  if (!name || bs_grow((void **)&np->kids, &np->kidcap, np->nkids + 1, sizeof *np->kids) != 0) {
+  /* A node that keeps its name keeps its segment; a new name drops it (the
+   * key now comes from the new name). */
+  const char *seg = strcmp(nd->name, newname) == 0 ? bs_node_seg(nd) : NULL;
+  char *name = name_block(newname, seg);
+  if (!name || kids_room(np) != 0) {
     bs_free(name);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   }
   hash_delete(t, ino);
   unlink_kid(t, nd->parent, ino);
-  if (strcmp(nd->name, newname) != 0) {
-    bs_free(nd->seg); /* the key now comes from the new name */
-    nd->seg = NULL;
-  }
   if (nd->name_owned)
     bs_free(nd->name);
   nd->name = name;
   nd->name_owned = true;
-  nd->parent = newparent;
+  nd->has_seg = seg != NULL;
+  nd->parent = (uint32_t)newparent;
   if (hash_insert(t, ino) != 0 || link_kid(t, newparent, ino) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   return 0;
@@ -401,9 +505,9 @@ char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat)
     return NULL;
   }
   if (flat) {
-    if (!nd->seg)
+    if (!nd->has_seg)
       return bs_unescape_component(nd->name);
-    char *k = bs_strdup(nd->seg);
+    char *k = bs_strdup(bs_node_seg(nd));
     if (!k)
       errno = ENOMEM;
     return k;
@@ -423,8 +527,8 @@ char *bs_tree_key(const struct bs_tree *t, uint64_t ino, bool flat)
     i--;
     if (a == ino && strcmp(t->nodes[a].name, BS_SELF_NAME) == 0)
       continue; /* the directory's own tensor */
-    if (t->nodes[a].seg) {
-      segs[i] = bs_strdup(t->nodes[a].seg);
+    if (t->nodes[a].has_seg) {
+      segs[i] = bs_strdup(bs_node_seg(&t->nodes[a]));
       if (!segs[i]) {
         errno = ENOMEM;
         goto out;
@@ -466,19 +570,43 @@ out:
   return key;
 }
 
+const char *bs_node_seg(const struct bs_node *nd)
+{
+  return nd->has_seg ? nd->name + strlen(nd->name) + 1 : NULL;
+}
+
+int bs_tree_set_seg(struct bs_tree *t, uint64_t ino, const char *seg, size_t len)
+{
+  struct bs_node *nd = &t->nodes[ino];
+  size_t nl = strlen(nd->name);
+  char *b = bs_malloc(nl + 1 + len + 1);
+  if (!b)
+    return -1;
+  memcpy(b, nd->name, nl + 1);
+  memcpy(b + nl + 1, seg, len);
+  b[nl + 1 + len] = '\0';
+  if (nd->name_owned)
+    bs_free(nd->name);
+  nd->name = b;
+  nd->name_owned = true;
+  nd->has_seg = true;
+  return 0;
+}
+
 /* Give node ino the whole segment its shortened name stands for. */
 static int set_seg(struct bs_tree *t, uint64_t ino, const char *seg, size_t len, const char *key,
                    bs_err *err)
 {
-  t->nodes[ino].seg = bs_strndup(seg, len);
-  return t->nodes[ino].seg ? 0 : bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
+  return bs_tree_set_seg(t, ino, seg, len) == 0
+             ? 0
+             : bs_fail(err, ENOMEM, BS_OFF_NONE, key, "out of memory");
 }
 
 /* Two different segments with one shortened name: refused, never merged. */
 static int check_same_seg(const struct bs_tree *t, uint64_t ino, const char *seg, size_t len,
                           const char *key, bs_err *err)
 {
-  const char *have = t->nodes[ino].seg;
+  const char *have = bs_node_seg(&t->nodes[ino]);
   if (!have || (strlen(have) == len && memcmp(have, seg, len) == 0))
     return 0;
   return bs_fail(err, EEXIST, BS_OFF_NONE, key,
@@ -521,7 +649,7 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
   /* The hash table sized once for the files and some directories, not
    * rehashed twenty times on the way. */
   size_t want = t->nslots;
-  while (want / 4 * 3 < cat->count + cat->count / 4 && want < SIZE_MAX / 4)
+  while (want / 8 * 7 < cat->count + cat->count / 4 && want < SIZE_MAX / 4)
     want *= 2;
   if (want > t->nslots && rehash(t, want) != 0)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -570,8 +698,11 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
       return bs_fail(err, EEXIST, BS_OFF_NONE, key, "two tensors have the same name: '%s' and '%s'",
                      other >= 0 ? cat->tensors[other].key : "?", ten->key);
     }
+    /* A file's name that is its key's last segment as it is (most) points
+     * into the catalog's name: no copy (issue 34). */
+    bool borrow = !shortened && fname == comp && strcmp(comp, seg) == 0;
     uint64_t f;
-    int rc = bs_tree_add(t, parent, fname, false, (long)i, &f, err);
+    int rc = tree_add(t, parent, borrow ? seg : fname, false, (long)i, borrow, &f, err);
     bs_free(comp);
     if (rc != 0 || (shortened && set_seg(t, f, seg, len, key, err) != 0))
       return -1;
@@ -580,10 +711,17 @@ int bs_tree_build(struct bs_tree *t, const struct bs_catalog *cat, bool flat, bs
    * the larger block). */
   for (size_t i = 1; i < t->n; i++) {
     struct bs_node *nd = &t->nodes[i];
-    if (nd->kids && nd->kidcap > nd->nkids && nd->nkids) {
-      uint64_t *k = bs_realloc(nd->kids, nd->nkids * sizeof *k);
+    if (nd->kidcap <= BS_NODE_KIDS_INLINE || nd->kidcap == nd->nkids)
+      continue;
+    if (nd->nkids <= BS_NODE_KIDS_INLINE) { /* back into the node */
+      uint32_t *heap = nd->kheap;
+      memcpy(nd->kin, heap, nd->nkids * sizeof *heap);
+      bs_free(heap);
+      nd->kidcap = 0;
+    } else {
+      uint32_t *k = bs_realloc(nd->kheap, (size_t)nd->nkids * sizeof *k);
       if (k) {
-        nd->kids = k;
+        nd->kheap = k;
         nd->kidcap = nd->nkids;
       }
     }

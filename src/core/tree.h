@@ -22,37 +22,67 @@
  * escape or a UTF-8 sequence), then BS_SHORT_MARK, then 16 lowercase hex
  * digits of a 64-bit FNV-1a hash of the whole segment. "%~" is not an
  * escape, so a shortened name never equals the escaped form of a segment;
- * the node keeps the whole segment (bs_node.seg), so the key stays known. */
+ * the node keeps the whole segment (bs_node_seg), so the key stays known. */
 #define BS_NAME_MAX 255
 #define BS_SHORT_PREFIX 200
 #define BS_SHORT_MARK "%~"
 
+/* 40 bytes a node (issue 34: a million tensors in 150 bytes each): inos,
+ * tensor indices and child counts are 32-bit (a tree holds fewer than
+ * 2^32 - 2 nodes), and the rare whole segment of a shortened name lives
+ * behind the name in its own block (bs_node_seg); the FUSE layer's data
+ * is in a table of its own (bs_tree_user), which a read-only mount has not. */
+#define BS_NODE_KIDS_INLINE 2
 struct bs_node {
-  char *name;      /* owned: the component as shown (escaped); "" for the root */
-  char *seg;       /* owned, NULL unless name is shortened: the whole key segment */
-  uint64_t parent; /* parent's ino; the root is its own parent */
+  char *name;        /* the component as shown (escaped); "" for the root; in the
+                        tree's arena, or its own block (name_owned) */
+  union {            /* dirs only: child inos in creation order (bs_node_kids); 0 = removed slot */
+    uint32_t *kheap; /* owned, when kidcap > BS_NODE_KIDS_INLINE */
+    uint32_t kin[BS_NODE_KIDS_INLINE]; /* else here (a directory of one file: most of
+                                          an LLM's experts' weights) */
+  };
+  uint32_t parent; /* parent's ino; the root is its own parent */
+  int32_t tensor;  /* index into the catalog, or -1 */
+  uint32_t nkids, kidcap;
+  uint32_t nlive; /* live children */
   bool is_dir;
   bool live;       /* false once removed */
   bool name_owned; /* name is its own allocation (else it lies in the tree's arena) */
-  long tensor;     /* index into the catalog, or -1 */
-  uint64_t *kids;  /* owned, dirs only: child inos in creation order; 0 = removed slot */
-  size_t nkids, kidcap;
-  size_t nlive; /* live children */
-  void *user;   /* the FUSE layer's per-node data, not owned by the tree */
+  bool has_seg;    /* name is shortened: the whole key segment follows its NUL */
 };
 
 struct bs_tree {
   struct bs_node *nodes; /* owned; index = ino; nodes[0] unused */
   size_t n, cap;
-  uint64_t *slots; /* owned: hash of (parent, name) -> ino; 0 empty, UINT64_MAX deleted */
+  uint32_t *slots; /* owned: hash of (parent, name) -> ino (low bits) and a tag of
+                      the name's hash (the bits above nslots); 0 empty, UINT32_MAX deleted */
   size_t nslots, nused;
+  unsigned ino_bits; /* log2(nslots): the bits of a slot that hold the ino */
+  void **users;      /* owned, NULL until a first bs_tree_set_user: by ino, the FUSE layer's
+                        per-node data (not owned by the tree); a read-only mount has none */
+  size_t ucap;       /* entries of users (grown with nodes) */
   struct bs_name_block *names; /* owned: the arena of node names (bs_tree_add) */
 };
+
+/* The FUSE layer's data of node ino (NULL: none, or ino out of range). */
+void *bs_tree_user(const struct bs_tree *t, uint64_t ino);
+/* Set it (ino < n). Fails (-1, out of memory) only when the table of
+ * them is made, at the first one that is not NULL. */
+BS_NODISCARD int bs_tree_set_user(struct bs_tree *t, uint64_t ino, void *p);
+/* A directory's nkids children (inos, 0 for a removed one), in creation order. */
+const uint32_t *bs_node_kids(const struct bs_node *nd);
+/* The whole key segment a shortened name stands for, or NULL. */
+const char *bs_node_seg(const struct bs_node *nd);
+/* Give node ino the whole segment seg[0..len) of its shortened name. 0, or
+ * -1 out of memory (the node unchanged). */
+BS_NODISCARD int bs_tree_set_seg(struct bs_tree *t, uint64_t ino, const char *seg, size_t len);
 
 BS_NODISCARD int bs_tree_init(struct bs_tree *t, bs_err *err);
 void bs_tree_destroy(struct bs_tree *t);
 
-/* Build the tree of every non-hidden tensor of cat (by t->name). With flat,
+/* Build the tree of every non-hidden tensor of cat (by t->name): the file
+ * nodes' names may point into those names, so cat outlives the tree and
+ * keeps them. With flat,
  * one file per key in the root, named by the escaped key. Duplicate names
  * are an error naming both keys, and so are two segments that shorten to
  * the same name (EEXIST). */
@@ -69,7 +99,7 @@ BS_NODISCARD int bs_tree_add(struct bs_tree *t, uint64_t parent, const char *nam
 /* Unlink a node from its parent (a dir must be empty: ENOTEMPTY). */
 BS_NODISCARD int bs_tree_remove(struct bs_tree *t, uint64_t ino, bs_err *err);
 /* Move a node to (newparent, newname); the target name must be free. A
- * node that keeps its name keeps its segment (seg); one renamed drops it,
+ * node that keeps its name keeps its segment (bs_node_seg); one renamed drops it,
  * its key then comes from the new name. */
 BS_NODISCARD int bs_tree_move(struct bs_tree *t, uint64_t ino, uint64_t newparent,
                               const char *newname, bs_err *err);

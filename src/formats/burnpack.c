@@ -623,8 +623,12 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
     goto out;
   if (dt == BS_DT_QFLOAT) {
     t->nbytes = len;
-    t->dtype_raw = raw;
-    t->dtype_raw_len = rawlen;
+    if (!bs_tensor_x(r->cat, t)) {
+      bs_fail(err, ENOMEM, off, name, "out of memory");
+      goto out;
+    }
+    t->x->dtype_raw = raw;
+    t->x->dtype_raw_len = rawlen;
     raw = NULL;
   } else if (t->nbytes != len) {
     bs_fail(err, EINVAL, off, name,
@@ -635,8 +639,14 @@ static int parse_desc(struct rd *r, const char *name, const cbor_item_t *v, uint
   }
   t->src = r->src;
   t->off = start; /* relative until the layout is known */
-  t->has_param_id = has_pid;
-  t->param_id = param_id;
+  if (has_pid) {
+    if (!bs_tensor_x(r->cat, t)) {
+      bs_fail(err, ENOMEM, off, name, "out of memory");
+      goto out;
+    }
+    t->has_param_id = true;
+    t->x->param_id = param_id;
+  }
   r->spans[r->nspans++] = (struct span){start, end, r->cat->count - 1, off};
   rc = 0;
 out:

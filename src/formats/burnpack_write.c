@@ -88,7 +88,7 @@ static void dtype(struct enc *e, const struct bs_tensor *t)
 {
   const char *s;
   if (t->dtype == BS_DT_QFLOAT) {
-    put(e, t->dtype_raw, t->dtype_raw_len);
+    put(e, t->x->dtype_raw, t->x->dtype_raw_len);
   } else if ((s = bs_dtype_bpk_bool(t->dtype))) {
     head(e, 5, 1);
     text(e, "Bool");
@@ -146,11 +146,11 @@ int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err)
 {
   if (bs_bpk_name_ok(t->name, err) != 0)
     return -1;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
-                   t->unsupported);
+                   t->x->unsupported);
   if (t->dtype == BS_DT_QFLOAT) {
-    if (!t->dtype_raw || t->dtype_raw_len == 0)
+    if (!t->x->dtype_raw || t->x->dtype_raw_len == 0)
       return bs_fail(err, EINVAL, BS_OFF_NONE, t->name,
                      "QFloat tensor has no encoded quantization scheme to write");
     return 0;
@@ -270,7 +270,7 @@ static int encode_meta(const struct bs_catalog *cat, const struct wplan *w, stru
     uint_(&e, w->start[pos] + t->nbytes);
     if (t->has_param_id) {
       text(&e, "param_id");
-      uint_(&e, t->param_id);
+      uint_(&e, t->x->param_id);
     }
   }
   if (cat->nmeta) {

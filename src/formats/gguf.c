@@ -1,6 +1,6 @@
 /* The GGUF reader (llama.cpp / ggml; spec: ggml's docs/gguf.md).
  *
- * Layout (little-endian; versions 2 and 3):
+ * Layout (little-endian; versions 1, 2 and 3):
  *   "GGUF", u32 version, u64 tensor_count, u64 kv_count,
  *   kv_count x { string key, u32 type, value },
  *   tensor_count x { string name, u32 n_dims, u64 ne[n_dims], u32 ggml_type, u64 offset },
@@ -10,6 +10,11 @@
  * elements (arrays of arrays allowed). ne lists dimensions fastest first: the
  * catalog shape is ne reversed (row-major). Quantized types keep their raw
  * blocks; the fastest dimension must be a multiple of the block size.
+ * Version 1 (llama.cpp's first GGUF files) is the same with 32-bit sizes:
+ * the tensor and kv counts, string and array lengths and the ne[] are u32
+ * (tensor offsets stay u64); version 2 widened them to u64. Big-endian
+ * files (the magic read as "FUGG", or the version's bytes swapped) are
+ * refused, saying so.
  *
  * Metadata becomes catalog metadata shown as text: strings as they are,
  * numbers in decimal (floats with enough digits to round-trip; NaN,
@@ -89,12 +94,16 @@ struct cur {
   uint64_t pos;
   uint64_t wstart;
   size_t wlen;
-  struct bs_buf *out; /* the value's text, or NULL: its length counted only */
-  uint64_t text;      /* the value's text so far (made or counted) */
-  uint64_t max;       /* at most this much text is made: the rest is cut */
-  bool cut;           /* it was (then the render stops with -1, no error) */
-  bool types_only;    /* bs_gguf_parse_types: strings are skipped, not read */
-  char *tmp;          /* a string value's bytes */
+  struct bs_buf *out;     /* the value's text, or NULL: its length counted only */
+  uint64_t text;          /* the value's text so far (made or counted) */
+  uint64_t max;           /* at most this much text is made: the rest is cut */
+  bool cut;               /* it was (then the render stops with -1, no error) */
+  bool types_only;        /* bs_gguf_parse_types: strings are skipped, not read */
+  bool v1;                /* GGUF version 1: counts and lengths are 32-bit */
+  struct bs_catalog *cat; /* the reader's: key/values go straight into its metadata */
+  uint32_t src;           /* (the source they are left in) */
+  size_t meta0;           /* where they start in cat->meta */
+  char *tmp;              /* a string value's bytes */
   size_t tmpcap;
   bs_err *err;
   uint8_t win[WIN];
@@ -153,13 +162,25 @@ static int get_u64(struct cur *c, uint64_t *v, const char *what)
   return 0;
 }
 
+/* A count or length: u64, or u32 in a version 1 file. */
+static int get_size(struct cur *c, uint64_t *v, const char *what)
+{
+  if (!c->v1)
+    return get_u64(c, v, what);
+  uint32_t v32;
+  if (get_u32(c, &v32, what) != 0)
+    return -1;
+  *v = v32;
+  return 0;
+}
+
 /* A GGUF string of at most `cap` bytes into a new NUL-terminated buffer.
  * *len gets its length (it may hold NUL bytes). */
 static int get_string(struct cur *c, uint64_t cap, const char *what, char **out, uint64_t *len)
 {
   uint64_t at = c->pos, n;
   *out = NULL;
-  if (get_u64(c, &n, what) != 0)
+  if (get_size(c, &n, what) != 0)
     return -1;
   if (n > left(c))
     return bs_fail(c->err, EINVAL, at, NULL,
@@ -207,7 +228,7 @@ static int puts_(struct cur *c, const char *s)
 /* A string value's length (at `at`), checked against the bytes left. */
 static int get_string_len(struct cur *c, uint64_t at, uint64_t *n)
 {
-  if (get_u64(c, n, "a string value") != 0)
+  if (get_size(c, n, "a string value") != 0)
     return -1;
   if (*n > left(c))
     return bs_fail(c->err, EINVAL, at, NULL,
@@ -261,10 +282,12 @@ static unsigned scalar_size(uint32_t t)
   return t < BS_GG_NTYPES ? sz[t] : 0;
 }
 
-/* The fewest bytes one value of type t takes in the file. */
-static unsigned min_size(uint32_t t)
+/* The fewest bytes one value of type t takes in the file (a version 1
+ * file's sizes are 4 bytes). */
+static unsigned min_size(const struct cur *c, uint32_t t)
 {
-  return t == BS_GG_STRING ? 8 : t == BS_GG_ARRAY ? 12 : scalar_size(t);
+  unsigned sz = c->v1 ? 4 : 8;
+  return t == BS_GG_STRING ? sz : t == BS_GG_ARRAY ? 4 + sz : scalar_size(t);
 }
 
 static int render_scalar(struct cur *c, uint32_t t, const uint8_t *p)
@@ -395,14 +418,14 @@ static int render_value(struct cur *c, uint32_t t, bool in_array, unsigned depth
   }
   uint32_t et;
   uint64_t n;
-  if (get_u32(c, &et, "an array's element type") != 0 || get_u64(c, &n, "an array's length") != 0)
+  if (get_u32(c, &et, "an array's element type") != 0 || get_size(c, &n, "an array's length") != 0)
     return -1;
   if (et >= BS_GG_NTYPES)
     return bs_fail(c->err, EINVAL, at, NULL, "array of unknown metadata value type %" PRIu32, et);
   if (et == BS_GG_ARRAY && depth + 1 >= BS_GGUF_MAX_DEPTH)
     return bs_fail(c->err, EINVAL, at, NULL, "arrays nested more than %u deep", BS_GGUF_MAX_DEPTH);
   uint64_t need;
-  if (!bs_mul_u64(n, min_size(et), &need) || need > left(c))
+  if (!bs_mul_u64(n, min_size(c, et), &need) || need > left(c))
     return bs_fail(c->err, EINVAL, at, NULL,
                    "array of %" PRIu64 " %s values does not fit in the %" PRIu64
                    " bytes left in the file",
@@ -436,7 +459,7 @@ static int render_value(struct cur *c, uint32_t t, bool in_array, unsigned depth
 
 void bs_gguf_free(struct bs_gguf *g)
 {
-  for (size_t i = 0; i < g->nkv; i++)
+  for (size_t i = 0; g->kv && i < g->nkv; i++) /* (no kv: the reader's, in its catalog) */
     bs_free(g->kv[i].key);
   for (size_t i = 0; i < g->nti; i++)
     bs_free(g->ti[i].name);
@@ -460,16 +483,40 @@ static const char *duplicate(const char **v, size_t n)
   return NULL;
 }
 
+/* Key/value i: g->kv[i], or (the reader's parse) the catalog's entry as a
+ * view, its key borrowed. */
+static struct bs_gguf_kv kv_at(const struct cur *c, const struct bs_gguf *g, size_t i)
+{
+  if (!c->cat)
+    return g->kv[i];
+  const struct bs_kv *m = &c->cat->meta[c->meta0 + i];
+  struct bs_gguf_kv v = {.key = m->key, .off = m->ref->off, .len = m->ref->len};
+  memcpy(v.types, m->ref->types, sizeof v.types);
+  return v;
+}
+
+/* Key/value i of the parse: read into g->kv, or (the reader's parse: no
+ * copy of the header beside the catalog, a GGUF file may hold a million
+ * small values; issue 34) into the catalog's metadata, its key the
+ * catalog's from the start and its value's place set once read. */
 static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
 {
   for (uint64_t i = 0; i < nkv; i++) {
-    struct bs_gguf_kv *kv = &g->kv[g->nkv];
+    struct bs_gguf_kv one, *kv = c->cat ? &one : &g->kv[g->nkv];
     memset(kv, 0, sizeof *kv);
     uint64_t at = c->pos, klen;
-    if (get_string(c, BS_GGUF_MAX_KEY, "a metadata key", &kv->key, &klen) != 0)
+    char *key;
+    if (get_string(c, BS_GGUF_MAX_KEY, "a metadata key", &key, &klen) != 0)
       return -1;
-    g->nkv++;
-    if (klen == 0 || strlen(kv->key) != klen)
+    if (c->cat) {
+      const struct bs_meta_ref none = {.format = BS_FMT_GGUF, .src = c->src};
+      if (bs_catalog_take_meta_ref(c->cat, key, &none, c->err) != 0)
+        return -1;
+    } else {
+      kv->key = key;
+    }
+    g->nkv++; /* (the key is freed with g or the catalog from now on) */
+    if (klen == 0 || strlen(key) != klen)
       return bs_fail(c->err, EINVAL, at, NULL, "metadata key %" PRIu64 " is %s", i,
                      klen ? "not text (it holds a NUL byte)" : "empty");
     uint32_t t;
@@ -483,7 +530,7 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
       if (c->err && c->err->key[0] == '\0') {
         /* err->key names a tensor: the metadata key goes in the message */
         char msg[sizeof c->err->msg + 128];
-        snprintf(msg, sizeof msg, "metadata '%.100s': %s", kv->key, c->err->msg);
+        snprintf(msg, sizeof msg, "metadata '%.100s': %s", key, c->err->msg);
         memcpy(c->err->msg, msg, sizeof c->err->msg - 1);
         c->err->msg[sizeof c->err->msg - 1] = '\0';
       }
@@ -491,6 +538,13 @@ static int read_kvs(struct cur *c, struct bs_gguf *g, uint64_t nkv)
     }
     kv->text_len = c->text;
     kv->len = c->pos - kv->off;
+    if (c->cat) {
+      struct bs_meta_ref *r = c->cat->meta[c->cat->nmeta - 1].ref;
+      r->off = kv->off;
+      r->len = kv->len;
+      r->text_len = kv->text_len;
+      memcpy(r->types, kv->types, sizeof r->types);
+    }
   }
   return 0;
 }
@@ -499,7 +553,7 @@ static int read_alignment(struct cur *c, struct bs_gguf *g)
 {
   g->alignment = BS_GGUF_DEFAULT_ALIGN;
   for (size_t i = 0; i < g->nkv; i++) {
-    const struct bs_gguf_kv *kv = &g->kv[i];
+    const struct bs_gguf_kv view = kv_at(c, g, i), *kv = &view;
     if (strcmp(kv->key, "general.alignment") != 0)
       continue;
     if (kv->types[0] != BS_GG_U32)
@@ -539,7 +593,7 @@ static int read_tensor_info(struct cur *c, struct bs_gguf *g, uint64_t i)
   ti->rank = nd;
   for (uint32_t d = 0; d < nd; d++) {
     uint64_t ne;
-    if (get_u64(c, &ne, "a tensor dimension") != 0)
+    if (get_size(c, &ne, "a tensor dimension") != 0)
       return -1;
     if (ne > INT64_MAX)
       return bs_fail(c->err, EINVAL, c->pos - 8, ti->name, "dimension %" PRIu64 " is negative", ne);
@@ -620,7 +674,10 @@ out:
   return rc;
 }
 
-static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_err *err)
+/* With cat (the reader), the key/values go into cat->meta (from its end
+ * on; the caller rolls them back on failure), not into g->kv. */
+static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, struct bs_catalog *cat,
+                 uint32_t src, bs_err *err)
 {
   memset(g, 0, sizeof *g);
   struct cur *c = bs_malloc(sizeof *c);
@@ -628,6 +685,9 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   memset(c, 0, offsetof(struct cur, win));
   c->types_only = types_only;
+  c->cat = cat;
+  c->src = src;
+  c->meta0 = cat ? cat->nmeta : 0;
   c->s = s;
   c->max = UINT64_MAX;
   c->err = err;
@@ -637,42 +697,51 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
   uint64_t nt, nkv;
   if (get(c, magic, 4, "the GGUF magic") != 0)
     goto out;
+  if (memcmp(magic, BS_GGUF_MAGIC_SWAPPED, 4) == 0) {
+    bs_fail(err, ENOTSUP, 0, NULL,
+            "a big-endian GGUF file (its magic reads 'FUGG': an early big-endian writer's): "
+            "burnstore reads little-endian GGUF only");
+    goto out;
+  }
   if (memcmp(magic, BS_GGUF_MAGIC, 4) != 0) {
     bs_fail(err, EINVAL, 0, NULL, "not a GGUF file: no 'GGUF' magic");
     goto out;
   }
   if (get_u32(c, &version, "the version") != 0)
     goto out;
-  if (version == 0x02000000u || version == 0x03000000u) {
+  if (version == 0x01000000u || version == 0x02000000u || version == 0x03000000u) {
     bs_fail(err, ENOTSUP, 4, NULL,
             "a big-endian GGUF file (version %u with its bytes swapped): burnstore reads "
             "little-endian GGUF only",
             version >> 24);
     goto out;
   }
-  if (version != 2 && version != 3) {
-    bs_fail(err, ENOTSUP, 4, NULL, "GGUF version %" PRIu32 " is not read (versions 2 and 3 are)%s",
-            version, version == 1 ? "; convert a version 1 file with llama.cpp" : "");
+  if (version < 1 || version > 3) {
+    bs_fail(err, ENOTSUP, 4, NULL, "GGUF version %" PRIu32 " is not read (versions 1 to 3 are)",
+            version);
     goto out;
   }
   g->version = version;
-  if (get_u64(c, &nt, "the tensor count") != 0 || get_u64(c, &nkv, "the metadata count") != 0)
+  c->v1 = version == 1;
+  if (get_size(c, &nt, "the tensor count") != 0 || get_size(c, &nkv, "the metadata count") != 0)
     goto out;
-  /* Each key/value takes at least 13 bytes and each tensor info 24. */
-  if (nkv > BS_GGUF_MAX_KV || nkv > left(c) / 13) {
-    bs_fail(err, EINVAL, 16, NULL,
+  /* Each key/value takes at least 13 bytes and each tensor info 24 (10 and
+   * 21 in a version 1 file). */
+  const uint64_t kv_min = c->v1 ? 10 : 13, ti_min = c->v1 ? 21 : 24;
+  if (nkv > BS_GGUF_MAX_KV || nkv > left(c) / kv_min) {
+    bs_fail(err, EINVAL, c->v1 ? 12 : 16, NULL,
             "metadata count %" PRIu64 " cannot fit in the file (%" PRIu64 " bytes left)", nkv,
             left(c));
     goto out;
   }
-  if (nt > BS_MAX_TENSORS || nt > left(c) / 24) {
+  if (nt > BS_MAX_TENSORS || nt > left(c) / ti_min) {
     bs_fail(err, EINVAL, 8, NULL,
             "tensor count %" PRIu64 " cannot fit in the file (%" PRIu64 " bytes left)", nt,
             left(c));
     goto out;
   }
-  g->kv = bs_malloc((nkv ? (size_t)nkv : 1) * sizeof *g->kv);
-  if (!g->kv) {
+  g->kv = cat ? NULL : bs_malloc((nkv ? (size_t)nkv : 1) * sizeof *g->kv);
+  if (!cat && !g->kv) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
     goto out;
   }
@@ -689,7 +758,7 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
       goto out;
     }
     for (size_t i = 0; i < g->nkv; i++)
-      keys[i] = g->kv[i].key;
+      keys[i] = cat ? cat->meta[c->meta0 + i].key : g->kv[i].key;
     const char *dup = duplicate(keys, g->nkv);
     if (dup)
       bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "metadata key '%.100s' appears twice", dup);
@@ -699,7 +768,7 @@ static int parse(const struct bs_src *s, struct bs_gguf *g, bool types_only, bs_
   }
   if (read_alignment(c, g) != 0)
     goto out;
-  if (nt > left(c) / 24) {
+  if (nt > left(c) / ti_min) {
     bs_fail(err, EINVAL, 8, NULL,
             "tensor count %" PRIu64 " cannot fit in the %" PRIu64 " bytes after the metadata", nt,
             left(c));
@@ -735,45 +804,142 @@ out:
   return rc;
 }
 
-int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
-                   struct bs_buf *out, bool *cut, bs_err *err)
+int bs_gguf_src_v1(const struct bs_src *s, bool *v1, bs_err *err)
 {
-  *cut = false;
-  if (r->format != BS_FMT_GGUF || !bs_range_ok(r->off, r->len, s->size))
-    return bs_fail(err, EINVAL, r->off, NULL,
-                   "a metadata value at [%" PRIu64 ", +%" PRIu64 ") is not a GGUF value of %s",
-                   r->off, r->len, s->name ? s->name : "its file");
+  uint8_t h[8];
+  if (bs_src_read(s, 0, h, sizeof h, err) != 0)
+    return -1;
+  *v1 = memcmp(h, BS_GGUF_MAGIC, 4) == 0 && bs_le32(h + 4) == 1;
+  return 0;
+}
+
+/* Copy one value of type t at the cursor (a version 1 file's) to out as
+ * version 3 encodes it: its sizes widened to u64. */
+static int widen_value(struct cur *c, uint32_t t, unsigned depth, struct bs_buf *out)
+{
+  uint64_t at = c->pos, n;
+  if (t >= BS_GG_NTYPES)
+    return bs_fail(c->err, EINVAL, at, NULL, "unknown metadata value type %" PRIu32, t);
+  if (t != BS_GG_STRING && t != BS_GG_ARRAY) {
+    uint8_t v[8];
+    return get(c, v, scalar_size(t), vtype_names[t]) != 0 ? -1
+           : bs_buf_put(out, v, scalar_size(t)) != 0
+               ? bs_fail(c->err, ENOMEM, at, NULL, "out of memory")
+               : 0;
+  }
+  uint32_t et = 0;
+  if (t == BS_GG_ARRAY && get_u32(c, &et, "an array's element type") != 0)
+    return -1;
+  if (get_size(c, &n, t == BS_GG_ARRAY ? "an array's length" : "a string value") != 0)
+    return -1;
+  uint8_t w[12];
+  size_t wl = 0;
+  if (t == BS_GG_ARRAY) {
+    bs_put_le32(w, et);
+    wl = 4;
+  }
+  bs_put_le64(w + wl, n);
+  if (bs_buf_put(out, w, wl + 8) != 0)
+    return bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+  if (t == BS_GG_STRING) {
+    if (n > left(c))
+      return truncated(c, n, "a string value");
+    for (uint64_t done = 0; done < n;) {
+      uint8_t buf[4096];
+      size_t k = n - done < sizeof buf ? (size_t)(n - done) : sizeof buf;
+      if (get(c, buf, k, "a string value") != 0)
+        return -1;
+      if (bs_buf_put(out, buf, k) != 0)
+        return bs_fail(c->err, ENOMEM, at, NULL, "out of memory");
+      done += k;
+    }
+    return 0;
+  }
+  if (et == BS_GG_ARRAY && depth + 1 >= BS_GGUF_MAX_DEPTH)
+    return bs_fail(c->err, EINVAL, at, NULL, "arrays nested more than %u deep", BS_GGUF_MAX_DEPTH);
+  uint64_t need;
+  if (et >= BS_GG_NTYPES || !bs_mul_u64(n, min_size(c, et), &need) || need > left(c))
+    return bs_fail(c->err, EINVAL, at, NULL, "a bad array of %" PRIu64 " values", n);
+  for (uint64_t i = 0; i < n; i++)
+    if (widen_value(c, et, depth + 1, out) != 0)
+      return -1;
+  return 0;
+}
+
+/* A cursor at value r of source s (checked to lie in it), making text
+ * into out (NULL: none) up to max bytes; NULL with err set. */
+static struct cur *value_cur(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                             struct bs_buf *out, bs_err *err)
+{
+  if (r->format != BS_FMT_GGUF || !bs_range_ok(r->off, r->len, s->size)) {
+    bs_fail(err, EINVAL, r->off, NULL,
+            "a metadata value at [%" PRIu64 ", +%" PRIu64 ") is not a GGUF value of %s", r->off,
+            r->len, s->name ? s->name : "its file");
+    return NULL;
+  }
   struct cur *c = bs_malloc(sizeof *c);
-  if (!c)
-    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  if (!c) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+    return NULL;
+  }
   memset(c, 0, offsetof(struct cur, win));
   c->s = s;
   c->pos = r->off;
   c->out = out;
   c->max = max;
   c->err = err;
-  int rc = render_value(c, r->types[0], false, 0, NULL, false);
-  if (rc != 0 && c->cut) {
-    rc = 0;
-    *cut = true;
-  } else if (rc == 0 && c->pos != r->off + r->len) {
-    rc = bs_fail(err, EIO, r->off, NULL,
+  return c;
+}
+
+/* rc of a walk of value r that ended at c->pos: EIO when the walk went
+ * through (not cut) and did not end at the value's end (the file
+ * changed); c freed. */
+static int value_done(struct cur *c, const struct bs_meta_ref *r, int rc)
+{
+  if (rc == 0 && !c->cut && c->pos != r->off + r->len)
+    rc = bs_fail(c->err, EIO, r->off, NULL,
                  "the metadata value at %" PRIu64 " is no longer %" PRIu64 " bytes (%s changed?)",
-                 r->off, r->len, s->name ? s->name : "the file");
-  }
+                 r->off, r->len, c->s->name ? c->s->name : "the file");
   bs_free(c->tmp);
   bs_free(c);
   return rc;
 }
 
+int bs_gguf_widen(const struct bs_src *s, const struct bs_meta_ref *r, struct bs_buf *out,
+                  bs_err *err)
+{
+  struct cur *c = value_cur(s, r, UINT64_MAX, NULL, err);
+  if (!c)
+    return -1;
+  c->v1 = true;
+  return value_done(c, r, widen_value(c, r->types[0], 0, out));
+}
+
+int bs_gguf_render(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
+                   struct bs_buf *out, bool *cut, bs_err *err)
+{
+  *cut = false;
+  struct cur *c = value_cur(s, r, max, out, err);
+  if (!c)
+    return -1;
+  int rc = bs_gguf_src_v1(s, &c->v1, err) != 0
+               ? -1
+               : render_value(c, r->types[0], false, 0, NULL, false);
+  if (rc != 0 && c->cut) { /* (cut: not an error) */
+    rc = 0;
+    *cut = true;
+  }
+  return value_done(c, r, rc);
+}
+
 int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
 {
-  return parse(s, g, false, err);
+  return parse(s, g, false, NULL, 0, err);
 }
 
 int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
 {
-  return parse(s, g, true, err);
+  return parse(s, g, true, NULL, 0, err);
 }
 
 /* ---- The reader ---------------------------------------------------------------------------- */
@@ -781,7 +947,11 @@ int bs_gguf_parse_types(const struct bs_src *s, struct bs_gguf *g, bs_err *err)
 enum bs_sniff bs_gguf_sniff(const uint8_t *head, size_t n, uint64_t size)
 {
   (void)size;
-  return n >= 4 && memcmp(head, BS_GGUF_MAGIC, 4) == 0 ? BS_SNIFF_YES : BS_SNIFF_NO;
+  /* (a big-endian file's magic too: the reader says what it is) */
+  return n >= 4 && (memcmp(head, BS_GGUF_MAGIC, 4) == 0 ||
+                    memcmp(head, BS_GGUF_MAGIC_SWAPPED, 4) == 0)
+             ? BS_SNIFF_YES
+             : BS_SNIFF_NO;
 }
 
 int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts, bs_err *err)
@@ -791,20 +961,13 @@ int bs_gguf_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts
     return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "no source %u", src);
   const struct bs_catalog_mark mark = bs_catalog_mark(cat);
   struct bs_gguf g;
-  if (bs_gguf_parse(&cat->srcs[src], &g, err) != 0)
+  /* The metadata goes straight into the catalog: each value stays in the
+   * file, its text made when asked for. */
+  if (parse(&cat->srcs[src], &g, false, cat, src, err) != 0) {
+    bs_catalog_rollback(cat, &mark);
     return -1;
-  int rc = 0;
-  for (size_t i = 0; i < g.nkv && !rc; i++) {
-    /* The value stays in the file: its text is made when asked for. */
-    struct bs_meta_ref r = {.format = BS_FMT_GGUF,
-                            .src = src,
-                            .off = g.kv[i].off,
-                            .len = g.kv[i].len,
-                            .text_len = g.kv[i].text_len};
-    memcpy(r.types, g.kv[i].types, sizeof r.types);
-    struct bs_kv kv = {g.kv[i].key, NULL, &r};
-    rc = bs_catalog_add_meta_kv(cat, &kv, err);
   }
+  int rc = 0;
   for (size_t i = 0; i < g.nti && !rc; i++) {
     const struct bs_gguf_ti *ti = &g.ti[i];
     struct bs_tensor *t =

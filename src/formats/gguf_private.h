@@ -34,6 +34,7 @@ enum bs_gguf_vtype {
 #define BS_GG_UNKNOWN 0xffu /* an element type nothing tells (inside an empty array) */
 
 #define BS_GGUF_MAGIC "GGUF"
+#define BS_GGUF_MAGIC_SWAPPED "FUGG" /* the magic as a big-endian writer's u32 */
 #define BS_GGUF_DEFAULT_ALIGN 32u
 #define BS_GGUF_MAX_DIMS 4u          /* GGML_MAX_DIMS */
 #define BS_GGUF_MAX_NAME 63u         /* ggml's GGML_MAX_NAME (64) less the NUL: writer only */
@@ -78,6 +79,12 @@ struct bs_gguf {
  * ranges, the length of their text: counted, not made), tensor infos,
  * alignment, every tensor's range. On failure *g is empty. */
 BS_NODISCARD int bs_gguf_parse(const struct bs_src *s, struct bs_gguf *g, bs_err *err);
+/* Whether s is a GGUF file of version 1 (32-bit sizes). */
+BS_NODISCARD int bs_gguf_src_v1(const struct bs_src *s, bool *v1, bs_err *err);
+/* Append value r of a version 1 file s to out as version 2 and 3 encode it
+ * (its string and array lengths widened to u64). */
+BS_NODISCARD int bs_gguf_widen(const struct bs_src *s, const struct bs_meta_ref *r,
+                               struct bs_buf *out, bs_err *err);
 
 /* Only the key/values' keys, types and byte ranges (a string value is
  * skipped, not read: its text length is 0), and no tensor infos: what the

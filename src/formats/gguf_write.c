@@ -1,7 +1,7 @@
 /* The GGUF writer (the ".gguf" row of the writers table).
  *
  * What it writes (the layout ggml's gguf_write_to_file writes):
- *   "GGUF", u32 version (the source's, else 3), u64 tensor count, u64 kv count,
+ *   "GGUF", u32 version (the source's if 2 or 3, else 3), u64 tensor count, u64 kv count,
  *   the key/values in catalog order, the tensor infos, zero padding to the
  *   alignment, then each tensor's bytes followed by zero padding to the
  *   alignment; tensor offsets are those running positions.
@@ -9,7 +9,8 @@
  * Metadata types: when the catalog's first source is a GGUF file (a mount of
  * a .gguf written back, or extracted to a new .gguf), its header is parsed
  * again; a key it has keeps its GGUF type: an unchanged value (the text is
- * the one the reader rendered) is copied byte for byte, a changed one is
+ * the one the reader rendered) is copied byte for byte (from a version 1
+ * file with its lengths widened to u64), a changed one is
  * parsed as that type (a bad value fails the write with EINVAL naming the
  * key). Other keys are written as strings, except general.alignment (uint32).
  * Tensors keep the source's order (those it has, by name), new ones follow in
@@ -41,9 +42,9 @@ int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err)
   uint32_t gt;
   if (bs_gguf_name_ok(t->name, err) != 0)
     return -1;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
-                   t->unsupported);
+                   t->x->unsupported);
   if (!bs_gguf_type_of(t->dtype, &gt))
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                    "GGUF has no type for %s (ggml stores F32, F16, BF16, F64, I8-I64 and its "
@@ -596,8 +597,11 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
     goto out;
   /* Header and key/values; unchanged values are copied from the source
    * after the part of the header built so far. */
-  if (bs_buf_put(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, x.has_orig ? x.orig.version : 3) ||
-      bput_u64(&h, x.n) || bput_u64(&h, cat->nmeta))
+  uint32_t version = x.has_orig && x.orig.version >= 2 ? x.orig.version : 3;
+  uint32_t v1_src = UINT32_MAX; /* the last source asked (bs_gguf_src_v1), and its answer */
+  bool v1 = false;
+  if (bs_buf_put(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, version) || bput_u64(&h, x.n) ||
+      bput_u64(&h, cat->nmeta))
     goto oom;
   for (size_t i = 0; i < cat->nmeta; i++) {
     const struct bs_kv *kv = &cat->meta[i];
@@ -615,6 +619,21 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
                                                                        : str_t;
     if (bput_str(&h, kv->key, strlen(kv->key)) || bput_u32(&h, types[0]))
       goto oom;
+    if (r && r->src != v1_src) {
+      if (bs_gguf_src_v1(&cat->srcs[r->src], &v1, err) != 0)
+        goto out;
+      v1_src = r->src;
+    }
+    if (r && v1) { /* a version 1 file's value: its lengths widened */
+      if (bs_gguf_widen(&cat->srcs[r->src], r, &h, err) != 0)
+        goto out;
+      if (h.len >= CHUNK) {
+        if (bs_sink_put(k, h.data, h.len, err) != 0)
+          goto out;
+        h.len = 0;
+      }
+      continue;
+    }
     if (r) {
       /* a value still in place: flush and copy its bytes as they are */
       if (bs_sink_put(k, h.data, h.len, err) != 0 ||

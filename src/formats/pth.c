@@ -103,7 +103,7 @@ static int add_tensor(struct pth_ctx *c, const struct pth_found *f, pth_locate_f
       return -1;
     bt->src = c->src;
     bt->nbytes = 0;
-    if (!(bt->unsupported = bs_strdup(t->u.tensor.unsupported)))
+    if (!bs_tensor_x(c->cat, bt) || !(bt->x->unsupported = bs_strdup(t->u.tensor.unsupported)))
       return pth_nomem(c);
     return 0;
   }
@@ -159,12 +159,12 @@ static int add_tensor(struct pth_ctx *c, const struct pth_found *f, pth_locate_f
     bt->off = base + doff;
     return 0;
   }
-  bt->strides = bs_malloc(t->u.tensor.rank * sizeof *bt->strides);
-  if (!bt->strides)
+  if (!bs_tensor_x(c->cat, bt) ||
+      !(bt->x->strides = bs_malloc(t->u.tensor.rank * sizeof *bt->x->strides)))
     return pth_nomem(c);
-  memcpy(bt->strides, t->u.tensor.stride, t->u.tensor.rank * sizeof *bt->strides);
-  bt->storage_off = t->u.tensor.offset;
-  bt->storage_bytes = slen;
+  memcpy(bt->x->strides, t->u.tensor.stride, t->u.tensor.rank * sizeof *bt->x->strides);
+  bt->x->storage_off = t->u.tensor.offset;
+  bt->x->storage_bytes = slen;
   bt->off = base;
   return bs_tensor_check_view(bt, base, c->err);
 }
@@ -260,7 +260,7 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
    * t(), slices) keeps its quantizer too: a read gathers its elements in
    * row-major order, and an element's channel is a function of that index. */
   const struct bs_pv_quant *tq = t->u.tensor.q;
-  if (!tq || bt->unsupported || bt->nbytes == 0 ||
+  if (!tq || bt->x->unsupported || bt->nbytes == 0 ||
       (bt->dtype != BS_DT_QI8 && bt->dtype != BS_DT_QU8 && bt->dtype != BS_DT_QI32))
     return 0;
   struct bs_torch_q h = {.scheme = tq->scheme, .scale = tq->scale, .zp = tq->zp};
@@ -313,9 +313,13 @@ static int add_quantizer(struct pth_ctx *c, const struct pth_found *f, pth_locat
     }
   }
   bt = &c->cat->tensors[c->cat->count - 1]; /* pth_rec_get may not move it, but be sure */
-  bs_free(bt->dtype_raw);
-  bt->dtype_raw = blob;
-  bt->dtype_raw_len = (size_t)len;
+  if (!bs_tensor_x(c->cat, bt)) {
+    bs_free(blob);
+    return pth_nomem(c);
+  }
+  bs_free(bt->x->dtype_raw);
+  bt->x->dtype_raw = blob;
+  bt->x->dtype_raw_len = (size_t)len;
   return 0;
 }
 

@@ -98,9 +98,9 @@ int bs_pth_can_write(const struct bs_tensor *t, bs_err *err)
 {
   if (bs_pth_name_ok(t->name, err) != 0)
     return -1;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
-                   t->unsupported);
+                   t->x->unsupported);
   if (t->dtype == BS_DT_F4 && (t->rank == 0 || t->shape[t->rank - 1] % 2 != 0))
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name,
                    "an F4 tensor goes to torch as float4_e2m1fn_x2, two values a byte along the "

@@ -40,16 +40,19 @@ static const char *const st_dtypes[] = {
     "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16",     "U16", "F16", "BF16",    "I32",
     "U32",     "F32",         "C64",         "F64",     "I64", "U64",
 };
+_Static_assert(BS_ST_MAX_HEADER < UINT32_MAX - 8, "header offsets fit struct entry's 32 bits");
 _Static_assert(sizeof st_dtypes / sizeof st_dtypes[0] == 22, "SafeTensors has 22 dtypes");
 
 /* One tensor entry, validated field by field, not yet in the catalog. */
+/* 40 bytes (a million of them are held with the catalog at the mount's
+ * peak): offsets into the header fit 32 bits (BS_ST_MAX_HEADER). */
 struct entry {
-  const char *name; /* borrowed from the jansson tree */
-  uint64_t pos;     /* file offset of the key, for messages */
+  const char *name; /* borrowed from the jansson tree, or the header's strings */
+  uint64_t begin, end;
+  uint32_t pos;  /* file offset of the key, for messages */
+  uint32_t dims; /* index of shape[0] in the flat dims array */
   enum bs_dtype dtype;
   uint32_t rank;
-  size_t dims; /* index of shape[0] in the flat dims array */
-  uint64_t begin, end;
 };
 
 struct dims {
@@ -307,7 +310,7 @@ static int parse_entry(const json_t *val, const char *name, uint64_t off, struct
 {
   memset(e, 0, sizeof *e);
   e->name = name;
-  e->pos = off;
+  e->pos = (uint32_t)off; /* < 8 + BS_ST_MAX_HEADER */
   if (!json_is_object(val))
     return bs_fail(err, EINVAL, off, name,
                    "entry is %s, not an object with dtype, shape and data_offsets", type_name(val));
@@ -339,7 +342,7 @@ static int parse_entry(const json_t *val, const char *name, uint64_t off, struct
   if (bs_grow((void **)&dims->v, &dims->cap, dims->n + rank, sizeof *dims->v) != 0)
     return bs_fail(err, ENOMEM, off, name, "out of memory");
   e->rank = (uint32_t)rank;
-  e->dims = dims->n;
+  e->dims = (uint32_t)dims->n; /* <= the header's length */
   for (size_t i = 0; i < rank; i++)
     if (get_u64(json_array_get(shape, i), "shape", i, name, off, &dims->v[dims->n + i], err))
       return -1;
@@ -526,7 +529,7 @@ static enum fp_result fp_entry(struct fp *p, const char *name, uint64_t off, str
 {
   memset(e, 0, sizeof *e);
   e->name = name;
-  e->pos = off;
+  e->pos = (uint32_t)off; /* < 8 + BS_ST_MAX_HEADER */
   if (strlen(name) > BS_MAX_KEY_LEN || !fp_eat(p, '{'))
     return FP_FALLBACK;
   bool have_dt = false, have_shape = false, have_offs = false;
@@ -550,7 +553,7 @@ static enum fp_result fp_entry(struct fp *p, const char *name, uint64_t off, str
     } else if (strcmp(field, "shape") == 0 && !have_shape) {
       if (!fp_eat(p, '['))
         return FP_FALLBACK;
-      e->dims = dims->n;
+      e->dims = (uint32_t)dims->n; /* <= the header's length */
       if (!fp_eat(p, ']')) {
         do {
           uint64_t v;
@@ -762,6 +765,39 @@ static int fill(struct bs_catalog *cat, uint32_t src, uint64_t data_start,
   return 0;
 }
 
+/* Copy string p to *o, advance *o past it; the copy. */
+static const char *move_str(char **o, const char *p)
+{
+  size_t l = strlen(p) + 1;
+  char *at = memcpy(*o, p, l);
+  *o += l;
+  return at;
+}
+
+/* Copy every string the entries and metadata point to from *hbuf into one
+ * block of their own, point them there and replace *hbuf with it. */
+static int compact_strings(uint8_t **hbuf, struct entry *ents, size_t n, struct meta_kv *kv,
+                           size_t nkv, bs_err *err)
+{
+  size_t total = 1;
+  for (size_t i = 0; i < n; i++)
+    total += strlen(ents[i].name) + 1;
+  for (size_t i = 0; i < nkv; i++)
+    total += strlen(kv[i].k) + strlen(kv[i].v) + 2;
+  char *b = bs_malloc(total), *o = b;
+  if (!b)
+    return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  for (size_t i = 0; i < n; i++)
+    ents[i].name = move_str(&o, ents[i].name);
+  for (size_t i = 0; i < nkv; i++) {
+    kv[i].k = move_str(&o, kv[i].k);
+    kv[i].v = move_str(&o, kv[i].v);
+  }
+  bs_free(*hbuf);
+  *hbuf = (uint8_t *)b;
+  return 0;
+}
+
 /* YES: a header length of at least 2 that fits in the file, then '{' (after
  * optional whitespace). MAYBE: '{' at byte 8 but the length does not fit
  * (truncated or corrupt), so that bs_st_read says which. */
@@ -915,6 +951,13 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
       goto out;
   }
 
+  /* The keys and metadata strings, decoded in place in the header's text,
+   * move to a block of their own and the text goes: at a million tensors
+   * the text is 70 bytes a tensor, held through the catalog's fill
+   * otherwise (the mount's peak memory; issue 34). */
+  if (!root && compact_strings(&hbuf, ents, nents, mkv, nmkv, err) != 0)
+    goto out;
+
   sorted = bs_calloc(nents, sizeof *sorted);
   if (!sorted) {
     bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -948,6 +991,8 @@ int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *
             avail - d, data_start + d, s->size);
     goto out;
   }
+  bs_free(sorted); /* (not needed by fill: less at the peak) */
+  sorted = NULL;
 
   if (fill(cat, src, data_start, mkv, nmkv, ents, nents, dims.v, err) != 0)
     goto out;

@@ -431,7 +431,7 @@ static int shard_meta(const struct bs_catalog *cat, struct bs_kv **out, size_t *
     (*out)[(*n)++] = cat->meta[i]; /* borrowed */
   }
   if (!fmt)
-    (*out)[(*n)++] = (struct bs_kv){"format", "pt", NULL};
+    (*out)[(*n)++] = (struct bs_kv){"format", "pt", NULL, false};
   return 0;
 }
 
@@ -473,7 +473,7 @@ static int index_json(const struct set *s, const struct bs_catalog *cat, struct 
   for (size_t i = 0; i < cat->nmeta; i++)
     if (strcmp(cat->meta[i].key, "total_size") != 0)
       meta[nm++] = cat->meta[i];
-  meta[nm++] = (struct bs_kv){"total_size", tot, NULL};
+  meta[nm++] = (struct bs_kv){"total_size", tot, NULL, false};
   qsort(meta, nm, sizeof *meta, cmp_kv);
   for (size_t i = 0, j = 0; i < cat->count; i++)
     if (s->shard_of[i] != SIZE_MAX)

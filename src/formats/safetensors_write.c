@@ -126,9 +126,9 @@ int bs_st_can_write(const struct bs_tensor *t, bs_err *err)
 {
   if (bs_st_name_ok(t->name, err) != 0)
     return -1;
-  if (t->unsupported)
+  if (t->x->unsupported)
     return bs_fail(err, ENOTSUP, BS_OFF_NONE, t->name, "its data cannot be read: %s",
-                   t->unsupported);
+                   t->x->unsupported);
   if (t->dtype < BS_DT_COUNT && st_rank[t->dtype])
     return 0;
   const char *hint = bs_writer_alias_hint(t->dtype);
@@ -155,10 +155,8 @@ int bs_st_default_meta(struct bs_catalog *cat, bs_err *err)
     if (strcmp(cat->meta[i].key, "format") == 0 && cat->meta[i].value &&
         strcmp(cat->meta[i].value, "burnpack") == 0) {
       char *v = bs_strdup("pt");
-      if (!v)
+      if (!v || bs_kv_set_value(&cat->meta[i], v) != 0) /* (an entry of the edit's: copied) */
         return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-      bs_free(cat->meta[i].value);
-      cat->meta[i].value = v;
     }
   return 0;
 }
@@ -407,7 +405,7 @@ int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t *which, size
   uint64_t off = PREFIX + (uint64_t)p.hdr.len;
   for (size_t i = 0; i < p.n; i++) {
     const struct bs_tensor *t = &cat->tensors[p.order[i]];
-    if (t->nbytes && (t->strides || t->src >= cat->nsrcs || t->off != off ||
+    if (t->nbytes && (t->x->strides || t->src >= cat->nsrcs || t->off != off ||
                       !same_file(&cat->srcs[t->src], &st)))
       goto out;
     off += t->nbytes;

@@ -235,11 +235,11 @@ struct bs_pv *pk_persistent_load(struct vm *v, const struct bs_pv *pid)
   size_t n = pid->u.seq.n;
   const char *tag = it[0]->u.str.s;
   if (strcmp(tag, "module") == 0) {
-    const char *cls = n > 1 && it[1]->kind == BS_PV_GLOBAL ? it[1]->u.glob.name : "?";
+    const bool g = n > 1 && it[1]->kind == BS_PV_GLOBAL;
     VFAIL(v, ENOTSUP,
-          "this file pickles a whole nn.Module (legacy format, class %s); save "
+          "this file pickles a whole nn.Module (legacy format, class %s%s%s); save "
           "model.state_dict() instead",
-          cls);
+          g ? it[1]->u.glob.module : "", g ? "." : "", g ? it[1]->u.glob.name : "?");
     return NULL;
   }
   if (strcmp(tag, "storage") != 0) {
@@ -486,10 +486,29 @@ static struct bs_pv *set_from(struct vm *v, const struct bs_pv *args)
   return s;
 }
 
+/* A module met inside an object being built (torch.save(model) of a class
+ * of the user's: its submodules are met first that burnstore knows) is
+ * named by that object's class: the outermost object of a class not known
+ * (opaque) still on the stack, its state being read. */
 static struct bs_pv *refuse_module(struct vm *v, const struct bs_pv *cls)
 {
-  VFAIL(v, ENOTSUP, "this file pickles a whole nn.Module (%s.%s); save model.state_dict() instead",
-        cls->u.glob.module, cls->u.glob.name);
+  const struct bs_pv *top = NULL;
+  for (size_t i = 0; i < v->sp && !top; i++) {
+    const struct bs_pv *o = v->stack[i];
+    if (o->kind == BS_PV_OBJECT && o->u.obj.cls && o->u.obj.cls->kind == BS_PV_GLOBAL &&
+        o->u.obj.cls->u.glob.kind == BS_PG_OPAQUE)
+      top = o->u.obj.cls;
+  }
+  if (top && (strcmp(top->u.glob.module, cls->u.glob.module) != 0 ||
+              strcmp(top->u.glob.name, cls->u.glob.name) != 0))
+    VFAIL(v, ENOTSUP,
+          "this file pickles a whole nn.Module (%s.%s, holding %s.%s); save model.state_dict() "
+          "instead",
+          top->u.glob.module, top->u.glob.name, cls->u.glob.module, cls->u.glob.name);
+  else
+    VFAIL(v, ENOTSUP,
+          "this file pickles a whole nn.Module (%s.%s); save model.state_dict() instead",
+          cls->u.glob.module, cls->u.glob.name);
   return NULL;
 }
 

@@ -70,12 +70,13 @@ static struct bs_node *node_any(struct fs *fs, fuse_ino_t ino)
   return nd->name ? nd : NULL;
 }
 
-static void ref_of(const struct bs_node *nd, struct fs_ref *r)
+static void ref_of(const struct fs *fs, uint64_t ino, struct fs_ref *r)
 {
+  const struct bs_node *nd = &fs->tree.nodes[ino];
   r->is_dir = nd->is_dir;
   r->live = nd->live;
   r->tensor = nd->tensor;
-  r->e = nd->user;
+  r->e = bs_tree_user(&fs->tree, ino);
 }
 
 int fs_ref_get(struct fs *fs, fuse_ino_t ino, struct fs_ref *r)
@@ -83,7 +84,7 @@ int fs_ref_get(struct fs *fs, fuse_ino_t ino, struct fs_ref *r)
   rdlock(fs);
   struct bs_node *nd = node_any(fs, ino);
   if (nd)
-    ref_of(nd, r);
+    ref_of(fs, ino, r);
   unlock(fs);
   return nd ? 0 : ENOENT;
 }
@@ -206,7 +207,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
   int rc = !p ? ENOENT : !p->is_dir ? ENOTDIR : 0;
   uint64_t ino = rc ? 0 : bs_tree_lookup(&fs->tree, parent, name);
   if (ino)
-    ref_of(&fs->tree.nodes[ino], &r);
+    ref_of(fs, ino, &r);
   unlock(fs);
   if (rc) {
     fuse_reply_err(req, rc);
@@ -401,14 +402,14 @@ static void reply_dir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bo
       uint64_t k = pos - 2;
       if (k >= nd->nkids)
         break;
-      uint64_t kid = nd->kids[k];
+      uint64_t kid = bs_node_kids(nd)[k];
       if (!kid)
         continue;
       const struct bs_node *kn = &fs->tree.nodes[kid];
       name = kn->name;
       if (plus) {
         struct fs_ref r;
-        ref_of(kn, &r);
+        ref_of(fs, kid, &r);
         ep.ino = kid;
         ep.attr_timeout = ep.entry_timeout = fs->timeout;
         fill_attr_locked(fs, kid, &r, st); /* r.e is NULL: read-only */
@@ -480,8 +481,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     rc = EISDIR;
   if (!rc && !r.e) {
     const struct bs_tensor *t = ro_tensor(fs, &r);
-    if (t && t->unsupported) {
-      fuse_log(FUSE_LOG_ERR, "burnstore: %s: cannot read: %s\n", t->key, t->unsupported);
+    if (t && t->x->unsupported) {
+      fuse_log(FUSE_LOG_ERR, "burnstore: %s: cannot read: %s\n", t->key, t->x->unsupported);
       rc = ENOTSUP;
     }
   } else if (!rc) {
@@ -859,7 +860,7 @@ static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t 
   struct bs_node *pn = bs_tree_node(&fs->tree, parent);
   if (!pn || !pn->is_dir)
     return !pn ? ENOENT : ENOTDIR;
-  struct bs_entry *pe = pn->user;
+  struct bs_entry *pe = bs_tree_user(&fs->tree, parent);
   struct bs_entry *e = bs_entry_new(-1, 0, dir, mode & 07777);
   if (!e)
     return ENOMEM;
@@ -882,11 +883,15 @@ static int do_mknode(struct fs *fs, fuse_ino_t parent, const char *name, mode_t 
     bs_entry_free(e);
     return err.code;
   }
-  fs->tree.nodes[*ino].user = e;
+  if (bs_tree_set_user(&fs->tree, *ino, e) != 0) { /* (a writable mount has the table) */
+    int code = bs_tree_remove(&fs->tree, *ino, &err) != 0 ? err.code : ENOMEM;
+    bs_entry_free(e);
+    return code;
+  }
   e->ino = *ino;
   if (!dir)
     bs_edit_log_key(&fs->edit, *ino);
-  ref_of(&fs->tree.nodes[*ino], r);
+  ref_of(fs, *ino, r);
   fs_mark_dirty(fs);
   return 0;
 }
@@ -998,7 +1003,7 @@ static int do_remove(struct fs *fs, fuse_ino_t parent, const char *name, bool di
   if (bs_tree_remove(&fs->tree, ino, &err) != 0)
     return err.code;
   bs_edit_log_gone(&fs->edit, ino);
-  *gone = nd->user;
+  *gone = bs_tree_user(&fs->tree, ino);
   fs_mark_dirty(fs);
   return 0;
 }
@@ -1069,7 +1074,7 @@ static int do_rename(struct fs *fs, fuse_ino_t parent, const char *name, fuse_in
     if (bs_tree_remove(&fs->tree, target, &err) != 0)
       return err.code;
     bs_edit_log_gone(&fs->edit, target);
-    *gone = fs->tree.nodes[target].user; /* replaced: its bytes are freed */
+    *gone = bs_tree_user(&fs->tree, target); /* replaced: its bytes are freed */
   }
   if (bs_tree_move(&fs->tree, ino, newparent, newname, &err) != 0)
     return err.code;

@@ -104,7 +104,7 @@ void fs_progress_begin(struct fs *fs, const char *status_path)
   uint64_t total = 0;
   for (uint64_t ino = BS_TREE_ROOT; ino < fs->tree.n; ino++) {
     const struct bs_node *nd = &fs->tree.nodes[ino];
-    const struct bs_entry *e = nd->user;
+    const struct bs_entry *e = bs_tree_user(&fs->tree, ino);
     if (nd->live && !nd->is_dir && e)
       total += e->size;
   }

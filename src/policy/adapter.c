@@ -86,23 +86,23 @@ static int rename_last(struct bs_tensor *t, size_t cut, const char *to, bs_err *
   return 0;
 }
 
-static int transpose(struct bs_tensor *t, bs_err *err)
+static int transpose(struct bs_catalog *cat, struct bs_tensor *t, bs_err *err)
 {
-  if (t->strides) {
-    int64_t s = t->strides[0];
-    t->strides[0] = t->strides[1];
-    t->strides[1] = s;
+  if (t->x->strides) {
+    int64_t s = t->x->strides[0];
+    t->x->strides[0] = t->x->strides[1];
+    t->x->strides[1] = s;
   } else {
-    int64_t *st = bs_malloc(2 * sizeof *st);
+    int64_t *st = bs_tensor_x(cat, t) ? bs_malloc(2 * sizeof *st) : NULL;
     if (!st)
       return bs_fail(err, ENOMEM, BS_OFF_NONE, t->name, "out of memory");
     /* [out, in] row-major: element (o, i) at o*in + i; the view [in, out]
      * has (i, o) there: strides [1, in]. */
     st[0] = 1;
     st[1] = (int64_t)t->shape[1];
-    t->strides = st;
-    t->storage_off = 0;
-    t->storage_bytes = t->nbytes;
+    t->x->strides = st;
+    t->x->storage_off = 0;
+    t->x->storage_bytes = t->nbytes;
   }
   uint64_t d = t->shape[0];
   t->shape[0] = t->shape[1];
@@ -139,7 +139,7 @@ int bs_adapter_apply(struct bs_catalog *cat, const struct bs_adapter *a, size_t 
     }
   for (size_t i = 0; i < cat->count; i++) {
     struct bs_tensor *t = &cat->tensors[i];
-    if (t->hidden || !is_weight(t->name) || t->unsupported)
+    if (t->hidden || !is_weight(t->name) || t->x->unsupported)
       continue;
     long b = sibling(&m, t->name, "bias");
     const struct bs_tensor *bt = b >= 0 ? &cat->tensors[b] : NULL;
@@ -165,7 +165,7 @@ int bs_adapter_apply(struct bs_catalog *cat, const struct bs_adapter *a, size_t 
   for (size_t i = 0; i < cat->count; i++) {
     struct bs_tensor *t = &cat->tensors[i];
     if (kind[i] == 1) {
-      if (transpose(t, err) != 0)
+      if (transpose(cat, t, err) != 0)
         goto out;
       nt++;
     } else if (kind[i] >= 2) {

@@ -30,13 +30,14 @@ static const char *keep_reason(const struct bs_tensor *t, uint32_t osz, struct b
   uint64_t numel;
   const char *why = NULL;
   detail[0] = '\0';
-  if (t->unsupported)
+  if (t->x->unsupported)
     return "it cannot be read at all (its note says why)";
   if (t->dtype == BS_DT_QFLOAT) {
-    if (t->strides)
+    if (t->x->strides)
       return "a strided view of a QFloat tensor, whose values and scales are laid out for the "
              "whole tensor";
-    if (!bs_qfloat_layout(t->dtype_raw, t->dtype_raw_len, t->rank, t->shape, t->nbytes, ql, &why)) {
+    if (!bs_qfloat_layout(t->x->dtype_raw, t->x->dtype_raw_len, t->rank, t->shape, t->nbytes, ql,
+                          &why)) {
       snprintf(detail, dn, "%s", why ? why : "an unreadable scheme");
       return "burnstore does not decode this QFloat layout";
     }
@@ -49,7 +50,7 @@ static const char *keep_reason(const struct bs_tensor *t, uint32_t osz, struct b
       return why;
     return "no decoder for this dtype yet";
   }
-  if (t->strides && ue > 1) {
+  if (t->x->strides && ue > 1) {
     snprintf(detail, dn, "units of %" PRIu32 " elements", ue);
     return "a strided view of a dtype whose units run along the last dimension";
   }
@@ -142,10 +143,10 @@ int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err)
         break;
       }
       *q = ql;
-      bs_free(t->dtype_raw);
-      t->dtype_raw = (uint8_t *)q;
-      t->dtype_raw_len = sizeof *q;
-      t->storage_bytes = t->nbytes; /* the stored length, for the reads */
+      bs_free(t->x->dtype_raw);
+      t->x->dtype_raw = (uint8_t *)q;
+      t->x->dtype_raw_len = sizeof *q;
+      t->x->storage_bytes = t->nbytes; /* the stored length, for the reads */
     }
     t->stored_dtype = (uint8_t)t->dtype;
     t->dtype = as;

@@ -250,12 +250,14 @@ static int build_tree(struct bs_jreplay *r, struct state *s, bs_err *err)
         bs_fail(err, EEXIST, BS_OFF_NONE, it->key, "two files of the journal have this key");
       break;
     }
-    struct bs_node *nd = &r->tree.nodes[ino];
-    if (shortened && !(nd->seg = bs_strdup(it->key))) {
+    if (shortened && bs_tree_set_seg(&r->tree, ino, it->key, strlen(it->key)) != 0) {
       rc = bs_fail(err, ENOMEM, BS_OFF_NONE, it->key, "out of memory");
       break;
     }
-    nd->user = it->e;
+    if (bs_tree_set_user(&r->tree, ino, it->e) != 0) {
+      rc = bs_fail(err, ENOMEM, BS_OFF_NONE, it->key, "out of memory");
+      break;
+    }
     it->e = NULL;
     r->inos[r->nfiles++] = it->ino;
   }
@@ -521,7 +523,7 @@ void bs_jreplay_destroy(struct bs_jreplay *r)
     bs_edit_destroy(&r->ed);
   else
     for (uint64_t i = 0; i < r->tree.n; i++)
-      bs_entry_free(r->tree.nodes[i].user);
+      bs_entry_free(bs_tree_user(&r->tree, i));
   bs_tree_destroy(&r->tree);
   bs_stage_index_destroy(&r->base);
   bs_free(r->inos);
@@ -534,7 +536,7 @@ void bs_jreplay_destroy(struct bs_jreplay *r)
 static int size_staged(struct bs_jreplay *r, const struct bs_stage_dir *stg, bs_err *err)
 {
   for (uint64_t ino = BS_TREE_ROOT; ino < r->tree.n; ino++) {
-    struct bs_entry *e = r->tree.nodes[ino].user;
+    struct bs_entry *e = bs_tree_user(&r->tree, ino);
     if (!e || !e->stage)
       continue;
     char name[24];

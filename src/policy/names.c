@@ -142,7 +142,7 @@ static long first_fixed(const struct bs_tree *t, const bool *fixed, size_t n, ui
   if (nd->tensor >= 0 && (size_t)nd->tensor < n && fixed[nd->tensor])
     return nd->tensor;
   for (size_t i = 0; nd->is_dir && i < nd->nkids; i++) {
-    long f = nd->kids[i] ? first_fixed(t, fixed, n, nd->kids[i]) : -1;
+    long f = bs_node_kids(nd)[i] ? first_fixed(t, fixed, n, bs_node_kids(nd)[i]) : -1;
     if (f >= 0)
       return f;
   }

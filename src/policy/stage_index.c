@@ -229,7 +229,7 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
       putf(&o, "\t%s", bs_dtype_name(t->dtype));
       put_shape(&o, t->rank, t->shape);
       if (t->has_param_id)
-        putf(&o, "\t%llu", (unsigned long long)t->param_id);
+        putf(&o, "\t%llu", (unsigned long long)t->x->param_id);
       else
         put(&o, "\t-", 2);
       if (t->src == UINT32_MAX)
@@ -237,17 +237,17 @@ int bs_stage_index_format(const struct bs_stage_index *idx, const struct bs_cata
       else
         putf(&o, "\t%u", t->src);
       putf(&o, "\t%llu\t%llu", (unsigned long long)t->off, (unsigned long long)t->nbytes);
-      if (t->strides) {
+      if (t->x->strides) {
         put(&o, "\tstrided\t[", 10);
         for (uint32_t d = 0; d < t->rank; d++)
-          putf(&o, d ? ",%lld" : "%lld", (long long)t->strides[d]);
-        putf(&o, "]\t%llu\t%llu", (unsigned long long)t->storage_off,
-             (unsigned long long)t->storage_bytes);
+          putf(&o, d ? ",%lld" : "%lld", (long long)t->x->strides[d]);
+        putf(&o, "]\t%llu\t%llu", (unsigned long long)t->x->storage_off,
+             (unsigned long long)t->x->storage_bytes);
       }
-      if (t->dtype_raw && t->dtype_raw_len) {
+      if (t->x->dtype_raw && t->x->dtype_raw_len) {
         put(&o, "\traw\t", 5);
-        for (size_t k = 0; k < t->dtype_raw_len; k++)
-          putf(&o, "%02x", t->dtype_raw[k]);
+        for (size_t k = 0; k < t->x->dtype_raw_len; k++)
+          putf(&o, "%02x", t->x->dtype_raw[k]);
       }
       put(&o, "\n", 1);
       records++;
@@ -467,18 +467,25 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
   }
   t->src = (uint32_t)src;
   t->off = off;
-  t->has_param_id = has_pid;
-  t->param_id = pid;
   size_t i = 8;
-  if (i < l->n && strcmp(l->f[i], "strided") == 0) {
+  bool strided = i < l->n && strcmp(l->f[i], "strided") == 0;
+  if ((has_pid || strided || (i < l->n && strcmp(l->f[i], "raw") == 0)) &&
+      !bs_tensor_x(&idx->cat, t)) {
+    bs_fail(err, ENOMEM, BS_OFF_NONE, l->f[1], "out of memory");
+    goto out;
+  }
+  t->has_param_id = has_pid;
+  if (has_pid)
+    t->x->param_id = pid;
+  if (strided) {
     uint32_t srank;
-    if (i + 3 >= l->n + 0 || !parse_list(l->f[i + 1], true, &srank, (void **)&t->strides) ||
-        srank != rank || !parse_u64(l->f[i + 2], &t->storage_off) ||
-        !parse_u64(l->f[i + 3], &t->storage_bytes)) {
+    if (i + 3 >= l->n + 0 || !parse_list(l->f[i + 1], true, &srank, (void **)&t->x->strides) ||
+        srank != rank || !parse_u64(l->f[i + 2], &t->x->storage_off) ||
+        !parse_u64(l->f[i + 3], &t->x->storage_bytes)) {
       perr(err, l, "bad strided view");
       goto out;
     }
-    if (!t->strides) { /* rank 0 */
+    if (!t->x->strides) { /* rank 0 */
       perr(err, l, "a strided view needs a rank");
       goto out;
     }
@@ -489,7 +496,7 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
   if (i < l->n && strcmp(l->f[i], "raw") == 0 && i + 1 < l->n) {
     const char *h = l->f[i + 1];
     size_t hl = strlen(h);
-    if (hl == 0 || hl % 2 || !(t->dtype_raw = bs_malloc(hl / 2))) {
+    if (hl == 0 || hl % 2 || !bs_tensor_x(&idx->cat, t) || !(t->x->dtype_raw = bs_malloc(hl / 2))) {
       perr(err, l, "bad raw dtype");
       goto out;
     }
@@ -499,15 +506,15 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
         perr(err, l, "bad raw dtype");
         goto out;
       }
-      t->dtype_raw[k] = (uint8_t)(hi * 16 + lo);
+      t->x->dtype_raw[k] = (uint8_t)(hi * 16 + lo);
     }
-    t->dtype_raw_len = hl / 2;
+    t->x->dtype_raw_len = hl / 2;
     i += 2;
     /* a torch quantizer (decode.h) must tile this tensor's elements (its
      * channels run over the flat index: a reshaped tensor keeps it; a
      * strided view's elements are gathered in that order) */
     const struct bs_torch_q *q = dt == BS_DT_QI8 || dt == BS_DT_QU8 || dt == BS_DT_QI32
-                                     ? bs_torch_q_get(t->dtype_raw, t->dtype_raw_len)
+                                     ? bs_torch_q_get(t->x->dtype_raw, t->x->dtype_raw_len)
                                      : NULL;
     uint64_t numel;
     if (q && (bs_shape_numel(rank, t->shape, &numel) != 0 || !bs_torch_q_fits(q, numel))) {
@@ -522,7 +529,7 @@ static int parse_tensor(struct bs_stage_index *idx, struct line *l, bs_err *err)
   /* The bytes must lie inside their source. */
   if (t->src != UINT32_MAX) {
     uint64_t size = idx->srcs[t->src].size;
-    uint64_t len = t->strides ? t->storage_bytes : t->nbytes;
+    uint64_t len = t->x->strides ? t->x->storage_bytes : t->nbytes;
     if (!bs_range_ok(off, len, size)) {
       perr(err, l, "bytes %llu+%llu lie outside their source (%llu bytes)", (unsigned long long)off,
            (unsigned long long)len, (unsigned long long)size);
@@ -698,7 +705,7 @@ static int parse_line(struct bs_stage_index *idx, struct line *l, unsigned versi
     if (!ok)
       return perr(err, l, "bad metaref record (a GGUF value in a checkpoint source)");
     ref.src = (uint32_t)src;
-    struct bs_kv kv = {l->f[1], NULL, &ref};
+    struct bs_kv kv = {l->f[1], NULL, &ref, false};
     return bs_catalog_add_meta_kv(&idx->cat, &kv, err);
   } else if (strcmp(r, "tensor") == 0) {
     (*records)++;

@@ -297,7 +297,7 @@ static void save_incomplete_index(const struct bs_wb *wb, const char *why)
   size_t cap = 0;
   for (uint64_t ino = BS_TREE_ROOT; ino < ed->tree->n; ino++) {
     const struct bs_node *nd = &ed->tree->nodes[ino];
-    const struct bs_entry *e = nd->user;
+    const struct bs_entry *e = bs_tree_user(ed->tree, ino);
     if (!nd->live || nd->is_dir || !e || !e->stage)
       continue;
     if (bs_grow((void **)&idx.files, &cap, idx.nfiles + 1, sizeof *idx.files) != 0)
@@ -340,7 +340,9 @@ int bs_wb_run(const struct bs_wb *wb, char **report, bs_err *err)
   int rc = -1;
   bool built = false;
   struct bs_stage_dir stg = {*wb->staging_fd, wb->staging};
-  if (bs_edit_catalog(wb->edit, &stg, wb->keep_hidden, &out, err) != 0)
+  /* (the edit's metadata borrowed: the mount serves nothing while its
+   * write-back runs) */
+  if (bs_edit_catalog_view(wb->edit, &stg, wb->keep_hidden, &out, err) != 0)
     goto out;
   if (wb->writer->default_meta && wb->writer->default_meta(&out, err) != 0)
     goto out;
@@ -387,7 +389,7 @@ struct bs_journal *bs_wb_journal_start(const struct bs_wb *wb, bs_err *err)
   struct bs_stage_index idx;
   /* BASE: the INDEX a write-back right now would save (no file staged). */
   struct bs_stage_dir stg = {*wb->staging_fd, wb->staging};
-  if (*wb->staging_fd < 0 || bs_edit_catalog(wb->edit, &stg, wb->keep_hidden, &out, err) ||
+  if (*wb->staging_fd < 0 || bs_edit_catalog_view(wb->edit, &stg, wb->keep_hidden, &out, err) ||
       index_head(wb, &idx, err) != 0 || bs_stage_index_format(&idx, &out, wb->staging, &buf, err))
     goto out;
   /* Its origins: which base tensor each file of the tree is (by its key). */
@@ -556,7 +558,7 @@ int bs_wb_list(const char *dir, FILE *out, bs_err *err)
       fprintf(out, "staged %s/%s\n", dir, idx.srcs[t->src].file);
     else
       fprintf(out, "checkpoint source %u at %llu%s\n", t->src, (unsigned long long)t->off,
-              t->strides ? " (strided)" : "");
+              t->x->strides ? " (strided)" : "");
   }
   for (size_t i = 0; i < idx.nfiles; i++) {
     const struct bs_stage_file *f = &idx.files[i];

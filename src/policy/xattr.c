@@ -138,7 +138,7 @@ static int get_param_id(const struct ctx *c, struct bs_buf *out, bs_err *err)
   if (c->e->has_param_id)
     v = c->e->param_id;
   else if (t && t->has_param_id)
-    v = t->param_id;
+    v = t->x->param_id;
   else
     return none(err);
   char tmp[24];

@@ -248,10 +248,10 @@ static int cmd_ls(int argc, char **argv)
                             bs_dtype_name(t->dtype), "shape", sh, "bytes", (json_int_t)t->nbytes);
       if (e && strcmp(t->name, t->key) != 0)
         json_object_set_new(e, "source_key", json_string(t->key));
-      if (e && t->strides)
+      if (e && t->x->strides)
         json_object_set_new(e, "strided", json_true());
-      if (e && t->unsupported)
-        json_object_set_new(e, "unsupported", json_string(t->unsupported));
+      if (e && t->x->unsupported)
+        json_object_set_new(e, "unsupported", json_string(t->x->unsupported));
       if (!e || json_array_append_new(arr, e) != 0) {
         rc = 1;
         break;
@@ -260,7 +260,8 @@ static int cmd_ls(int argc, char **argv)
       char shape[BS_MAX_RANK * 21 + 3];
       shape_str(t, shape, sizeof shape);
       printf("%s\t%s\t%s\t%" PRIu64 "%s%s\n", t->name, bs_dtype_name(t->dtype), shape, t->nbytes,
-             t->unsupported ? "\tunsupported: " : "", t->unsupported ? t->unsupported : "");
+             t->x->unsupported ? "\tunsupported: " : "",
+             t->x->unsupported ? t->x->unsupported : "");
     }
   }
   if (arr) {
@@ -350,8 +351,8 @@ static int cmd_info(int argc, char **argv)
       total += t->nbytes;
       per_n[t->dtype]++;
       per_b[t->dtype] += t->nbytes;
-      nstrided += t->strides != NULL;
-      nunsup += t->unsupported != NULL;
+      nstrided += t->x->strides != NULL;
+      nunsup += t->x->unsupported != NULL;
     }
     printf("file: %s\nformat: %s\n", o.pos[0], bs_format_name(cat.format));
     bs_format_describe(&cat, print_detail, NULL);
@@ -411,8 +412,8 @@ static int cmd_info(int argc, char **argv)
 static int stream(const char *file, const struct bs_catalog *cat, const struct bs_tensor *t,
                   int (*fn)(void *ctx, const uint8_t *p, size_t n), void *ctx)
 {
-  if (t->unsupported) /* no bytes to show (nbytes 0): an error, not an empty tensor */
-    return fail("%s: tensor '%s' cannot be read: %s", file, t->name, t->unsupported);
+  if (t->x->unsupported) /* no bytes to show (nbytes 0): an error, not an empty tensor */
+    return fail("%s: tensor '%s' cannot be read: %s", file, t->name, t->x->unsupported);
   uint8_t *buf = bs_malloc(CHUNK);
   if (!buf)
     return fail("out of memory");
@@ -734,6 +735,69 @@ static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
   return 0;
 }
 
+/* What values_note has put in its line. */
+struct vgroups {
+  char line[320];
+  size_t len, shown;
+  bool cut;
+};
+
+/* Add key group[0..glen) of count values to g's line: "epoch", or
+ * "optimizer.* (11)" for a group of several or of dotted keys. */
+static void vgroup_put(struct vgroups *g, const char *group, size_t glen, size_t count)
+{
+  if (g->cut)
+    return;
+  const char *sep = g->shown ? ", " : "";
+  int k = count > 1 || group[glen] == '.' ? snprintf(g->line + g->len, sizeof g->line - g->len,
+                                                     "%s%.*s.* (%zu)", sep, (int)glen, group, count)
+                                          : snprintf(g->line + g->len, sizeof g->line - g->len,
+                                                     "%s%.*s", sep, (int)glen, group);
+  if (k < 0 || g->len + (size_t)k >= sizeof g->line - 8) {
+    g->cut = true;
+    g->line[g->len] = '\0';
+    return;
+  }
+  g->len += (size_t)k;
+  g->shown++;
+}
+
+/* One line on stderr naming the source's non-tensor values (a training
+ * checkpoint's epoch, optimizer state, scheduler fields) that output `out`
+ * of writer w leaves out: no writer writes them on a conversion. Keys are
+ * grouped by their first segment, in the source's order; a long list is
+ * cut with "...". */
+static void values_note(const char *out, const struct bs_writer *w, const char *values_json)
+{
+  json_t *v = json_loads(values_json, 0, NULL);
+  size_t n = json_is_object(v) ? json_object_size(v) : 0;
+  struct vgroups g = {.len = 0};
+  const char *key, *group = NULL;
+  size_t glen = 0, count = 0;
+  json_t *val;
+  json_object_foreach(v, key, val)
+  {
+    const char *dot = strchr(key, '.');
+    size_t l = dot ? (size_t)(dot - key) : strlen(key);
+    if (group && l == glen && memcmp(key, group, l) == 0) {
+      count++;
+      continue;
+    }
+    if (group)
+      vgroup_put(&g, group, glen, count);
+    group = key, glen = l, count = 1;
+  }
+  if (group)
+    vgroup_put(&g, group, glen, count);
+  if (n)
+    fprintf(stderr,
+            "burnstore: note: %s: %zu non-tensor value%s of the source not written (the %s "
+            "writer writes tensors%s only): %s%s\n",
+            out, n, n == 1 ? "" : "s", w->name, w->drops_meta ? "" : " and metadata", g.line,
+            g.cut ? ", ..." : "");
+  json_decref(v);
+}
+
 static int cmd_convert(int argc, char **argv)
 {
   struct opts o;
@@ -795,6 +859,8 @@ static int cmd_convert(int argc, char **argv)
             "burnstore: note: %s: %zu metadata entries not written (a torch.save file has no "
             "place for them)\n",
             out, cat.nmeta);
+  if (rc == 0 && cat.values_json)
+    values_note(out, w, cat.values_json);
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
 out:

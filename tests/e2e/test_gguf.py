@@ -47,6 +47,39 @@ def expected_text(vt, v):
 def test_mount_matches_the_python_reader(tmp):
     src = os.path.join(tmp, "tiny.gguf")
     G.write_tiny(src)
+    matches_the_python_reader(tmp, src)
+
+
+def test_version_1_is_read(tmp):
+    """Issue 34: llama.cpp's first GGUF files (version 1: u32 counts, lengths
+    and dimensions) mount as the spec's reader reads them; converted or
+    written back they become version 3 with the same values and bytes."""
+    src = os.path.join(tmp, "v1.gguf")
+    G.write_v1(src)
+    ref = G.Reader(src)
+    check(ref.version == 1, "the fixture is version 1")
+    matches_the_python_reader(tmp, src)
+    r = run([BIN, "ls", src])
+    check(r.returncode == 0 and len(r.stdout.splitlines()) == len(ref.tensors), "ls: %s" % r.stderr.strip())
+    for how in ("output", "convert"):
+        out = os.path.join(tmp, "v1-%s.gguf" % how)
+        if how == "output":
+            with Mount(src, os.path.join(tmp, "m"), opts="output=" + out) as m:
+                u = m.unmount()
+        else:
+            u = run([BIN, "convert", src, out])
+        check(u.returncode == 0, "%s: %s" % (how, u.stderr.strip()))
+        got = G.Reader(out) if os.path.exists(out) else None
+        check(got is not None and got.version == 3, "%s: written as version 3" % how)
+        if got is None:
+            continue
+        check(got.kv == ref.kv, "%s: every value as the version 1 file has it" % how)
+        check({k: (t["type"], t["shape"], t["data"]) for k, t in got.tensors.items()}
+              == {k: (t["type"], t["shape"], t["data"]) for k, t in ref.tensors.items()},
+              "%s: every tensor's type, shape and bytes" % how)
+
+
+def matches_the_python_reader(tmp, src):
     ref = G.Reader(src)
     with Mount(src, os.path.join(tmp, "m")) as m:
         root = xattrs(m)
@@ -308,7 +341,11 @@ def hostile(tmp):
         ("huge_count", hdr(nt=2**62), "tensor count"),
         ("huge_kv", hdr(nkv=2**40), "metadata count"),
         ("big_endian", b"GGUF" + struct.pack(">IQQ", 3, 0, 0), "big-endian"),
-        ("version1", hdr(version=1), "version 1"),
+        ("version4", hdr(version=4), "versions 1 to 3 are"),
+        # an early big-endian writer's file: its magic (a u32) byte-swapped
+        ("fugg", b"FUGG" + struct.pack(">IQQ", 3, 0, 0), "its magic reads 'FUGG'"),
+        # version 1's sizes are u32: a count that does not fit what is left
+        ("v1_huge_kv", b"GGUF" + struct.pack("<III", 1, 0, 2**31), "metadata count"),
         ("misaligned", padded(hdr(nt=1) + ti(b"t", [4], 0, 8)) + bytes(64), "alignment"),
         ("overlap", padded(hdr(nt=2) + ti(b"a", [16], 0, 0) + ti(b"b", [4], 0, 32)) + bytes(96), "overlaps"),
         ("unknown_type", padded(hdr(nt=1) + ti(b"t", [4], 77, 0)) + bytes(32), "unknown ggml type 77"),
@@ -567,13 +604,48 @@ def test_metadata_costs_its_bytes_not_its_text(tmp):
         check(edited - mounted < 1024, "%s: %d edits cost the daemon %d KiB (the value changed, not the header)"
               % (what, len(edits), edited - mounted))
 
+def test_many_small_values_cost_little(tmp):
+    """Issue 34: 500,000 one-byte values in an 11 MB GGUF cost ls 106 MB and a
+    writable mount 256 MB: the parse's copy of every key/value beside the
+    catalog's, the edit layer's copy of the catalog's, and the journal BASE's
+    catalog a third copy. The reader now parses into the catalog, the edit
+    layer and the BASE borrow its entries: here 200,000 values (5.6 MB),
+    ls under the base + 5x the file, the writable mount under the base + 13x
+    (the BASE's text, 31 bytes a value, is what is left: the aim of 2x and 3x
+    is not reached; docs/performance.md)."""
+    src = os.path.join(tmp, "many.gguf")
+    # made and read back in another python: this one's pages would count in the
+    # peak of every daemon it forks later (a child starts with its parent's)
+    sup = os.path.join(SOURCE_DIR, "tests/support")
+    r = run([sys.executable, "-c", "import sys, struct; sys.path.insert(0, %r); import gguf_fixture as G; "
+             "G.write(%r, [('meta.key.%%06d' %% i, G.VU8, i %% 256) for i in range(200000)], "
+             "[('w', 0, [2], struct.pack('<2f', 1, 2))])" % (sup, src)])
+    check(r.returncode == 0, "the file made: %s" % r.stderr)
+    size = os.path.getsize(src)
+    rc, ls_kb = peak_kb([BIN, "ls", src])
+    check(rc == 0, "ls")
+    peak, mounted, edited = daemon_peak_kb(src, os.path.join(tmp, "m"), [("meta.key.000007", b"9")])
+    print("200,000 values in %d bytes: ls %d KiB, writable mount %d KiB mounted, %d at most (write-back included)"
+          % (size, ls_kb, mounted, peak), flush=True)
+    r = run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import gguf_fixture as G; "
+             "kv = G.Reader(%r).kv; print(kv['meta.key.000007'], kv['meta.key.199999'], len(kv))" % (sup, src)])
+    check(r.stdout.split() == ["(0,", "9)", "(0,", "%d)" % (199999 % 256), "200000"],
+          "the edit written, the rest as they were: %r %s" % (r.stdout, r.stderr))
+    if SANITIZE != "OFF":
+        return  # the sanitizers' allocators: the measure is of the release build
+    base = 10 << 20
+    check(ls_kb * 1024 < base + 5 * size, "ls peaks at %d KiB (< 10 MiB + 5x %d)" % (ls_kb, size))
+    check(peak * 1024 < base + 13 * size, "a writable mount peaks at %d KiB (< 10 MiB + 13x)" % peak)
+
+
 if __name__ == "__main__":
-    run_tests("test_gguf", [test_mount_matches_the_python_reader, test_long_values_are_E2BIG_and_not_listed,
+    run_tests("test_gguf", [test_mount_matches_the_python_reader, test_version_1_is_read,
+                            test_long_values_are_E2BIG_and_not_listed,
                             test_setfattr_writes_back_typed_metadata, test_bad_typed_value_is_refused_by_setfattr,
                             test_refusal_reason_reaches_the_user_without_syslog,
                             test_remove_and_add_tensors, test_round_trip_and_new_output,
                             test_hostile_files_are_refused, test_metadata_edit_streams_the_tensors,
                             test_finish_after_enospc_keeps_types, test_long_string_costs_what_its_text_needs,
                             test_diff_counts_blocks_of_quantized_tensors,
-                            test_metadata_costs_its_bytes_not_its_text],
+                            test_metadata_costs_its_bytes_not_its_text, test_many_small_values_cost_little],
               "gguf")

@@ -318,6 +318,38 @@ def test_refusals(tmp):
           and len(r.stderr.splitlines()) == 1, "convert notes the dropped metadata: %r" % r.stderr)
 
 
+def test_training_checkpoint_values_noted(tmp):
+    """Issue 34: a training checkpoint converted to .pth, .safetensors or
+    .gguf: one line on stderr names the non-tensor values the output leaves
+    out (epoch, the optimizer's hyperparameters, the scheduler's fields),
+    as it does for metadata; the tensors are all written."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    src = os.path.join(tmp, "ckpt.pth")
+    torch.save({"epoch": 3, "model": net.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict()}, src)
+    want = set(net.state_dict())
+    for ext in ("pth", "safetensors", "gguf"):
+        out = os.path.join(tmp, "out." + ext)
+        r = run([BIN, "convert", "-q", src, out])
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 0 and len(lines) == 1 and "non-tensor values of the source not written" in lines[0]
+              and ": epoch, optimizer.* (" in lines[0] and "scheduler.* (" in lines[0],
+              "%s: one line names the values left out: %r" % (ext, r.stderr))
+        ls = run([BIN, "ls", out])
+        keys = {line.split("\t")[0] for line in ls.stdout.splitlines()}
+        check({"model." + k for k in want} <= keys, "%s: the model's tensors written: %r" % (ext, sorted(keys)))
+    # A plain state_dict has no such values: nothing to say.
+    sd = os.path.join(tmp, "sd.pth")
+    torch.save(net.state_dict(), sd)
+    r = run([BIN, "convert", "-q", sd, os.path.join(tmp, "sd.safetensors")])
+    check(r.returncode == 0 and r.stderr == "", "a state_dict converts silently: %r" % r.stderr)
+
+
 def test_torch2_dtypes(tmp):
     """The dtypes only torch 2.x has (F8, U16-U64) are written as torch 2's
     torch.save writes them: data.pkl names exactly the globals, persistent
@@ -775,7 +807,8 @@ def in_own_dir(t):
 
 def main():
     run_tests("test_pth_write", [in_own_dir(t) for t in (
-        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals, test_torch2_dtypes, test_f4,
+        test_every_fixture, test_torch_dtypes_and_views, test_mount_outputs, test_refusals,
+        test_training_checkpoint_values_noted, test_torch2_dtypes, test_f4,
         test_rw_in_place, test_list_items_fixed,
         test_enospc_and_finish, test_kill_during_writeback, test_beyond_4gib)], "pthw")
 

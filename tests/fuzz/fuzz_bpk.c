@@ -42,7 +42,7 @@ static void round_trip(const struct bs_catalog *cat)
     FUZZ_CHECK(u->dtype == t->dtype && u->rank == t->rank && u->nbytes == t->nbytes);
     FUZZ_CHECK(t->rank == 0 || memcmp(u->shape, t->shape, t->rank * sizeof *t->shape) == 0);
     FUZZ_CHECK(u->has_param_id == t->has_param_id);
-    FUZZ_CHECK(!t->has_param_id || u->param_id == t->param_id);
+    FUZZ_CHECK(!t->has_param_id || u->x->param_id == t->x->param_id);
     same_bytes(cat, t, &again, u);
   }
   bs_catalog_destroy(&again);

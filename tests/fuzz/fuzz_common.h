@@ -49,7 +49,7 @@ static inline void fuzz_check_tensor(const struct bs_catalog *cat, const struct 
   FUZZ_CHECK(t->rank == 0 || t->shape);
   FUZZ_CHECK(t->src < cat->nsrcs);
   FUZZ_CHECK(t->nbytes <= BS_MAX_TENSOR_BYTES);
-  if (t->unsupported) {
+  if (t->x->unsupported) {
     if (t->nbytes > 0)
       FUZZ_CHECK(bs_tensor_read(cat, t, 0, fuzz_buf, 1) == -ENOTSUP);
     return;
@@ -61,10 +61,10 @@ static inline void fuzz_check_tensor(const struct bs_catalog *cat, const struct 
     FUZZ_CHECK(bs_dtype_nbytes(t->dtype, t->rank, t->shape, &nb, t->key, 0, &e) == 0);
     FUZZ_CHECK(nb == t->nbytes);
   }
-  if (t->strides) {
+  if (t->x->strides) {
     bs_err e = {0};
     FUZZ_CHECK(bs_tensor_check_view(t, 0, &e) == 0);
-    FUZZ_CHECK(bs_range_ok(t->off, t->storage_bytes, s->size));
+    FUZZ_CHECK(bs_range_ok(t->off, t->x->storage_bytes, s->size));
   } else {
     FUZZ_CHECK(bs_range_ok(t->off, t->nbytes, s->size));
   }

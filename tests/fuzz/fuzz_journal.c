@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   FUZZ_CHECK(r.nfiles + BS_TREE_ROOT + 1 == r.tree.n);
   for (size_t i = 0; i < r.nfiles; i++) {
     uint64_t ino = BS_TREE_ROOT + 1 + i;
-    const struct bs_entry *e = r.tree.nodes[ino].user;
+    const struct bs_entry *e = bs_tree_user(&r.tree, ino);
     FUZZ_CHECK(e && !e->is_dir);
     FUZZ_CHECK(e->tensor < 0 || (size_t)e->tensor < r.base.cat.count);
     FUZZ_CHECK(e->tensor < 0 || !r.base.cat.tensors[e->tensor].hidden);

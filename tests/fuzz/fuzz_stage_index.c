@@ -37,9 +37,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       continue;
     }
     FUZZ_CHECK(t->src < idx.nsrcs);
-    uint64_t len = t->strides ? t->storage_bytes : t->nbytes;
+    uint64_t len = t->x->strides ? t->x->storage_bytes : t->nbytes;
     FUZZ_CHECK(bs_range_ok(t->off, len, idx.srcs[t->src].size));
-    if (t->strides)
+    if (t->x->strides)
       FUZZ_CHECK(bs_tensor_check_view(t, 0, &err) == 0);
   }
   bs_stage_index_destroy(&idx);

@@ -10,6 +10,13 @@ Tensors: (name, ggml_type, shape_row_major, bytes). The writer reverses the
 shape into GGUF's ne (fastest first), packs data with padding to the
 alignment after every tensor, as ggml's gguf_write_to_file does.
 
+Version 1 (llama.cpp's first GGUF files; docs/gguf.md's version history:
+version 2 changed "most countable values (lengths, etc)" from uint32 to
+uint64): the tensor and kv counts, string lengths, array lengths and the
+dimensions ne[] are u32; n_dims, types and tensor offsets are as in version
+3. Version 1 has no 64-bit value types (U64, I64, F64 came with version 2):
+V1_TYPES lists those it has. Both writer and reader take version= / read it.
+
 Run as a script: `gguf_fixture.py seeds DIR` writes the fuzz seed corpus.
 """
 import struct
@@ -42,17 +49,27 @@ def nbytes(gtype, shape):
     return n // blck * size
 
 
-def _str(s):
+V1_TYPES = {VU8, VI8, VU16, VI16, VU32, VI32, VF32, VBOOL, VSTRING, VARRAY}
+
+
+def _size(n, version):
+    """A count or length: u64, u32 in version 1."""
+    return struct.pack("<I" if version == 1 else "<Q", n)
+
+
+def _str(s, version=3):
     b = s.encode() if isinstance(s, str) else s
-    return struct.pack("<Q", len(b)) + b
+    return _size(len(b), version) + b
 
 
-def _value(vt, v):
+def _value(vt, v, version=3):
+    if version == 1:
+        assert vt in V1_TYPES, "version 1 has no value type %d" % vt
     if vt == VSTRING:
-        return _str(v)
+        return _str(v, version)
     if vt == VARRAY:
         et, items = v
-        return struct.pack("<IQ", et, len(items)) + b"".join(_value(et, x) for x in items)
+        return struct.pack("<I", et) + _size(len(items), version) + b"".join(_value(et, x, version) for x in items)
     return struct.pack(_SCALAR[vt], v)
 
 
@@ -62,16 +79,16 @@ def write(path, kvs, tensors, version=3, alignment=None):
     for k, vt, v in kvs:
         if k == "general.alignment":
             align = v
-    out = bytearray(b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)))
+    out = bytearray(b"GGUF" + struct.pack("<I", version) + _size(len(tensors), version) + _size(len(kvs), version))
     for k, vt, v in kvs:
-        out += _str(k) + struct.pack("<I", vt) + _value(vt, v)
+        out += _str(k, version) + struct.pack("<I", vt) + _value(vt, v, version)
     off = 0
     offs = []
     for name, gt, shape, data in tensors:
         assert len(data) == nbytes(gt, shape), name
         offs.append(off)
-        out += _str(name) + struct.pack("<I", len(shape))
-        out += b"".join(struct.pack("<Q", d) for d in reversed(shape))
+        out += _str(name, version) + struct.pack("<I", len(shape))
+        out += b"".join(_size(d, version) for d in reversed(shape))
         out += struct.pack("<IQ", gt, off)
         off += len(data)
         off += (-off) % align
@@ -97,8 +114,11 @@ class Reader:
         self.p = 0
         if self.b[:4] != b"GGUF":
             raise ValueError("no GGUF magic")
-        self.version, nt, nkv = struct.unpack_from("<IQQ", self.b, 4)
-        self.p = 24
+        self.version = struct.unpack_from("<I", self.b, 4)[0]
+        if self.version not in (1, 2, 3):
+            raise ValueError("GGUF version %d" % self.version)
+        self.p = 8
+        nt, nkv = self._size(), self._size()
         self.kv = {}
         self.kv_raw = {}
         for _ in range(nkv):
@@ -112,7 +132,7 @@ class Reader:
         for _ in range(nt):
             name = self._string().decode()
             nd = self._u32()
-            ne = [self._u64() for _ in range(nd)]
+            ne = [self._size() for _ in range(nd)]
             gt = self._u32()
             off = self._u64()
             self.tensors[name] = {"type": GGML[gt][0], "gtype": gt, "shape": list(reversed(ne)),
@@ -133,8 +153,11 @@ class Reader:
         self.p += 8
         return v
 
+    def _size(self):
+        return self._u32() if self.version == 1 else self._u64()
+
     def _string(self):
-        n = self._u64()
+        n = self._size()
         s = self.b[self.p:self.p + n]
         assert len(s) == n
         self.p += n
@@ -149,7 +172,7 @@ class Reader:
                 return s
         if vt == VARRAY:
             et = self._u32()
-            n = self._u64()
+            n = self._size()
             return (et, [self._value(et) for _ in range(n)])
         fmt = _SCALAR[vt]
         v = struct.unpack_from(fmt, self.b, self.p)[0]
@@ -213,6 +236,21 @@ def write_tiny(path, **kw):
     return write(path, every_type_kvs(**kw), tiny_tensors())
 
 
+def v1_kvs():
+    """every_type_kvs less what version 1 has no type for."""
+    def ok(vt, v):
+        if vt == VARRAY:
+            et, items = v
+            return et in V1_TYPES and all(ok(et, x) for x in items) if et == VARRAY else et in V1_TYPES
+        return vt in V1_TYPES
+    return [(k, vt, v) for k, vt, v in every_type_kvs(name="v1") if ok(vt, v)]
+
+
+def write_v1(path):
+    """A version 1 file: every value type version 1 has, the tiny tensors."""
+    return write(path, v1_kvs(), tiny_tensors(), version=1)
+
+
 def seeds(d):
     import os
     os.makedirs(d, exist_ok=True)
@@ -220,6 +258,7 @@ def seeds(d):
     write(os.path.join(d, "v2_align64.gguf"), [("general.alignment", VU32, 64)],
           [("a", 0, [3], struct.pack("<3f", 1, 2, 3)), ("b.q", 8, [32], q8_0_bytes(1))], version=2)
     write(os.path.join(d, "empty.gguf"), [], [])
+    write_v1(os.path.join(d, "v1.gguf"))
     write(os.path.join(d, "meta_only.gguf"),
           [("a.nested", VARRAY, (VARRAY, [(VARRAY, [(VSTRING, ["deep"])])]))], [])
     write(os.path.join(d, "kquant.gguf"), [("general.name", VSTRING, "k")],

@@ -157,8 +157,13 @@ def main():
     ])
     write_case("dtypes_more", dt)
 
+    # torch.save(model) of a class of __main__: named by its class, not by the
+    # first submodule met (issue 34), in the zip and the legacy formats
     write_case("whole_module", fill(Net()), tensors=False,
-               expect={"error": "save model.state_dict() instead"})
+               expect={"error": "pickles a whole nn.Module (__main__.Net, holding "
+                                "torch.nn.modules.linear.Linear); save model.state_dict() instead"})
+    write_case("whole_module_legacy", fill(Net()), save_kwargs={"_use_new_zipfile_serialization": False},
+               tensors=False, expect={"error": "__main__.Net"})
     write_case("whole_module_builtin", fill(nn.Linear(2, 2)), tensors=False,
                expect={"error": "torch.nn.modules.linear.Linear"})
 

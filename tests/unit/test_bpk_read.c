@@ -59,14 +59,14 @@ Test(bpk_read, fixture_reads_three_tensors_with_absolute_offsets)
   cr_assert_eq(w->nbytes, 24);
   cr_assert_eq(w->off, f.data_start);
   cr_assert(w->has_param_id);
-  cr_assert_eq(w->param_id, 300);
+  cr_assert_eq(w->x->param_id, 300);
   cr_assert_eq(b->off, f.data_start + 256);
   cr_assert_not(b->has_param_id);
   cr_assert_eq(s->dtype, BS_DT_I64);
   cr_assert_eq(s->rank, 0);
   cr_assert_eq(s->nbytes, 8);
   cr_assert_eq(s->off, f.data_start + 512);
-  cr_assert_eq(s->param_id, 1ull << 40);
+  cr_assert_eq(s->x->param_id, 1ull << 40);
   cr_assert_float_eq(f32_at(&cat, w, 5), 6.0f, 0);
   cr_assert_float_eq(f32_at(&cat, b, 1), -1.0f, 0);
   int64_t st;
@@ -94,7 +94,7 @@ Test(bpk_read, spec_example_520_bytes_gives_two_tensors)
   cr_assert_eq(w->off, 256);
   cr_assert_eq(w->nbytes, 16);
   cr_assert(w->has_param_id);
-  cr_assert_eq(w->param_id, 7);
+  cr_assert_eq(w->x->param_id, 7);
   cr_assert_eq(b->dtype, BS_DT_F32);
   cr_assert_eq(b->rank, 1);
   cr_assert_eq(b->shape[0], 2);
@@ -297,8 +297,8 @@ Test(bpk_read, qfloat_is_opaque_and_keeps_its_raw_dtype)
   const struct bs_tensor *q = find(&cat, "q");
   cr_assert_eq(q->dtype, BS_DT_QFLOAT);
   cr_assert_eq(q->nbytes, 20);
-  cr_assert_eq(q->dtype_raw_len, sizeof qfloat);
-  cr_assert_arr_eq(q->dtype_raw, qfloat, sizeof qfloat);
+  cr_assert_eq(q->x->dtype_raw_len, sizeof qfloat);
+  cr_assert_arr_eq(q->x->dtype_raw, qfloat, sizeof qfloat);
   bs_catalog_destroy(&cat);
   bpk_fixture_free(&f);
 }

@@ -78,7 +78,8 @@ static void example11_catalog(struct bs_catalog *cat, uint8_t mem[24])
   bs_test_mem_catalog(cat, mem, 24);
   struct bs_tensor *t = bs_test_add(cat, "fc.weight", BS_DT_F32, 2, (uint64_t[]){2, 2}, 0);
   t->has_param_id = true;
-  t->param_id = 7;
+  cr_assert_not_null(bs_tensor_x(cat, t));
+  t->x->param_id = 7;
   bs_test_add(cat, "fc.bias", BS_DT_F32, 1, (uint64_t[]){2}, 16);
   add_meta(cat, "version", "0.22.0-pre.2");
   add_meta(cat, "format", "burnpack");
@@ -162,8 +163,8 @@ Test(bpk_write, qfloat_raw_dtype_round_trips)
   const struct bs_tensor *qt = &again.tensors[bs_catalog_find(&again, "q")];
   cr_assert_eq(qt->dtype, BS_DT_QFLOAT);
   cr_assert_eq(qt->nbytes, 20);
-  cr_assert_eq(qt->dtype_raw_len, sizeof q);
-  cr_assert_arr_eq(qt->dtype_raw, q, sizeof q);
+  cr_assert_eq(qt->x->dtype_raw_len, sizeof q);
+  cr_assert_arr_eq(qt->x->dtype_raw, q, sizeof q);
   bs_catalog_destroy(&again);
   bs_buf_destroy(&out);
   free(o);
@@ -337,7 +338,8 @@ Test(bpk_write, integers_use_the_shortest_head)
     char name[4] = {'t', (char)('0' + i), 0};
     struct bs_tensor *t = bs_test_add(&cat, name, BS_DT_U8, 0, NULL, 0);
     t->has_param_id = true;
-    t->param_id = ids[i];
+    cr_assert_not_null(bs_tensor_x(&cat, t));
+    t->x->param_id = ids[i];
   }
   write_ok(&cat, NULL, &out);
   for (size_t i = 0; i < 8; i++) {

@@ -134,10 +134,11 @@ static struct bs_tensor *view(struct bs_catalog *cat, uint32_t rank, const uint6
   cr_assert_not_null(t);
   t->src = 0;
   t->off = 0;
-  t->storage_off = soff;
-  t->storage_bytes = sizeof storage;
-  t->strides = bs_malloc(rank * sizeof *strides + 1);
-  memcpy(t->strides, strides, rank * sizeof *strides);
+  cr_assert_not_null(bs_tensor_x(cat, t));
+  t->x->storage_off = soff;
+  t->x->storage_bytes = sizeof storage;
+  t->x->strides = bs_malloc(rank * sizeof *strides + 1);
+  memcpy(t->x->strides, strides, rank * sizeof *strides);
   return t;
 }
 

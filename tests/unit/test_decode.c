@@ -784,10 +784,11 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   uint64_t shape[] = {3, 2};
   struct bs_tensor *t = bs_catalog_add(&cat, "w", BS_DT_BF16, 2, shape, 0, &cerr);
   cr_assert_not_null(t);
-  t->strides = bs_malloc(2 * sizeof *t->strides);
-  t->strides[0] = 1;
-  t->strides[1] = 3;
-  t->storage_bytes = sizeof st;
+  cr_assert_not_null(bs_tensor_x(&cat, t));
+  t->x->strides = bs_malloc(2 * sizeof *t->x->strides);
+  t->x->strides[0] = 1;
+  t->x->strides[1] = 3;
+  t->x->storage_bytes = sizeof st;
   uint64_t one[] = {2};
   cr_assert_not_null(bs_catalog_add(&cat, "i", BS_DT_I32, 1, one, 0, &cerr));
   cr_assert_not_null(bs_catalog_add(&cat, "k", BS_DT_F6_E2M3, 1, (uint64_t[]){256}, 0, &cerr));
@@ -858,9 +859,10 @@ Test(decode_as, f4_reads_from_every_offset)
     /* a strided F4 view (no reader makes one) stays as stored */
     struct bs_tensor *v = bs_catalog_add(&cat, "v", BS_DT_F4, 1, (uint64_t[]){4}, 0, &cerr);
     cr_assert_not_null(v);
-    v->strides = bs_malloc(sizeof *v->strides);
-    v->strides[0] = 2;
-    v->storage_bytes = 4;
+    cr_assert_not_null(bs_tensor_x(&cat, v));
+    v->x->strides = bs_malloc(sizeof *v->x->strides);
+    v->x->strides[0] = 2;
+    v->x->storage_bytes = 4;
     cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &cerr), 0, "%s", cerr.msg);
     cr_assert(!cat.tensors[1].decoded && cat.tensors[1].dtype == BS_DT_F4);
     bs_catalog_destroy(&cat);

@@ -43,13 +43,15 @@ static void setup(void)
   add("enc.w", BS_DT_F32, 2, s23, 0); /* 24 bytes */
   struct bs_tensor *q = add("enc.q", BS_DT_QFLOAT, 1, s4, 24);
   q->nbytes = 8;
-  q->dtype_raw = bs_malloc(sizeof scheme);
-  memcpy(q->dtype_raw, scheme, sizeof scheme);
-  q->dtype_raw_len = sizeof scheme;
+  cr_assert_not_null(bs_tensor_x(&cat, q));
+  q->x->dtype_raw = bs_malloc(sizeof scheme);
+  memcpy(q->x->dtype_raw, scheme, sizeof scheme);
+  q->x->dtype_raw_len = sizeof scheme;
   struct bs_tensor *h = add("dec.b", BS_DT_U16, 1, s2, 32); /* hidden by a filter */
   h->hidden = true;
   h->has_param_id = true;
-  h->param_id = 7;
+  cr_assert_not_null(bs_tensor_x(&cat, h));
+  h->x->param_id = 7;
   cr_assert_eq(bs_catalog_add_meta(&cat, "author", "me", &err), 0);
   cr_assert_eq(bs_tree_init(&tree, &err), 0);
   cr_assert_eq(bs_tree_build(&tree, &cat, false, &err), 0, "%s", err.msg);
@@ -89,7 +91,7 @@ static struct bs_entry *create(const char *dir, const char *name)
   cr_assert_eq(bs_tree_add(&tree, d, name, false, -1, &ino, &err), 0, "%s", err.msg);
   struct bs_entry *e = bs_entry_new(-1, 0, false, 0644);
   cr_assert_not_null(e);
-  tree.nodes[ino].user = e;
+  cr_assert_eq(bs_tree_set_user(&tree, ino, e), 0);
   return e;
 }
 
@@ -279,7 +281,7 @@ Test(edit, output_catalog)
   /* enc/w renamed to top/w2 stays clean; a new empty file; root metadata. */
   uint64_t top;
   cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, "top", true, -1, &top, &err), 0);
-  tree.nodes[top].user = bs_entry_new(-1, 0, true, 0755);
+  cr_assert_eq(bs_tree_set_user(&tree, top, bs_entry_new(-1, 0, true, 0755)), 0);
   cr_assert_eq(bs_tree_move(&tree, ino_of("enc", "w"), top, "w2", &err), 0);
   struct bs_entry *n = create("enc", "empty");
   cr_assert_eq(bs_entry_set_shape(NULL, n, "[0]", 3, &err), 0);
@@ -296,7 +298,7 @@ Test(edit, output_catalog)
   cr_assert_eq(bs_tensor_read(&out, w, 0, buf, sizeof buf), 24);
   cr_assert_eq(memcmp(buf, bytes, 24), 0);
   cr_assert_eq(oq->dtype, BS_DT_QFLOAT);
-  cr_assert_eq(oq->dtype_raw_len, sizeof scheme);
+  cr_assert_eq(oq->x->dtype_raw_len, sizeof scheme);
   cr_assert_eq(oq->nbytes, 8);
   cr_assert_eq(bs_tensor_read(&out, oq, 0, buf, 8), 8);
   cr_assert_eq(memcmp(buf, "ABCDEFGH", 8), 0);
@@ -307,7 +309,7 @@ Test(edit, output_catalog)
   bs_catalog_init(&out);
   cr_assert_eq(bs_edit_catalog(&ed, &stg, true, &out, &err), 0, "%s", err.msg);
   const struct bs_tensor *h = find(&out, "dec.b");
-  cr_assert(h && h->has_param_id && h->param_id == 7);
+  cr_assert(h && h->has_param_id && h->x->param_id == 7);
   cr_assert_eq(bs_tensor_read(&out, h, 0, buf, 4), 4);
   cr_assert_eq(memcmp(buf, bytes + 32, 4), 0);
   bs_catalog_destroy(&out);
@@ -317,7 +319,7 @@ Test(edit, output_catalog)
   (void)d;
   uint64_t dec;
   cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, "dec", true, -1, &dec, &err), 0);
-  tree.nodes[dec].user = bs_entry_new(-1, 0, true, 0755);
+  cr_assert_eq(bs_tree_set_user(&tree, dec, bs_entry_new(-1, 0, true, 0755)), 0);
   cr_assert_eq(bs_tree_move(&tree, ino_of("enc", "d"), dec, "b", &err), 0);
   bs_catalog_init(&out);
   cr_assert_eq(bs_edit_catalog(&ed, &stg, true, &out, &err), 0, "%s", err.msg);
@@ -336,7 +338,7 @@ Test(edit, output_catalog)
   n->size = 0;
   uint64_t dot;
   cr_assert_eq(bs_tree_add(&tree, BS_TREE_ROOT, "top.w2", false, -1, &dot, &err), 0);
-  tree.nodes[dot].user = bs_entry_new(-1, 0, false, 0644);
+  cr_assert_eq(bs_tree_set_user(&tree, dot, bs_entry_new(-1, 0, false, 0644)), 0);
   bs_catalog_init(&out);
   bs_err_clear(&err);
   cr_assert_eq(bs_edit_catalog(&ed, &stg, false, &out, &err), -1);
@@ -354,11 +356,12 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
   long wi = bs_catalog_find(&cat, "enc.w");
   cr_assert_geq(wi, 0);
   struct bs_tensor *w = &cat.tensors[wi];
-  w->strides = bs_malloc(2 * sizeof *w->strides); /* [2, 3], the transpose of a [3, 2] */
-  w->strides[0] = 1;
-  w->strides[1] = 2;
-  w->storage_off = 0;
-  w->storage_bytes = 24;
+  cr_assert_not_null(bs_tensor_x(&cat, w));
+  w->x->strides = bs_malloc(2 * sizeof *w->x->strides); /* [2, 3], the transpose of a [3, 2] */
+  w->x->strides[0] = 1;
+  w->x->strides[1] = 2;
+  w->x->storage_off = 0;
+  w->x->storage_bytes = 24;
   struct bs_entry *e = entry("enc", "w");
   cr_assert(bs_entry_strided_clean(&ed, e));
   uint8_t want[24], buf[24];
@@ -371,7 +374,7 @@ Test(edit, strided_origin_keeps_its_view_or_is_refused)
   bs_catalog_init(&out);
   cr_assert_eq(bs_edit_catalog(&ed, &nostage, false, &out, &err), 0, "%s", err.msg);
   const struct bs_tensor *o = find(&out, "enc.w");
-  cr_assert(o && o->dtype == BS_DT_I32 && o->strides);
+  cr_assert(o && o->dtype == BS_DT_I32 && o->x->strides);
   cr_assert_eq(bs_tensor_read(&out, o, 0, buf, sizeof buf), 24);
   cr_assert_eq(memcmp(buf, want, sizeof buf), 0);
   bs_catalog_destroy(&out);
@@ -422,8 +425,8 @@ Test(edit, attach_owns_as_told)
 {
   /* Detach the fixture's entries, then attach again with an owner. */
   for (uint64_t i = BS_TREE_ROOT; i < tree.n; i++) {
-    bs_entry_free(tree.nodes[i].user);
-    tree.nodes[i].user = NULL;
+    bs_entry_free(bs_tree_user(&tree, i));
+    cr_assert_eq(bs_tree_set_user(&tree, i, NULL), 0);
   }
   struct bs_owner own = {.uid = 1234, .gid = 567, .file_mode = 0640, .dir_mode = 0750};
   cr_assert_eq(bs_edit_attach(&ed, NULL, &own, &err), 0);
@@ -432,7 +435,7 @@ Test(edit, attach_owns_as_told)
   cr_assert_eq(w->gid, 567);
   cr_assert_eq(w->mode, 0640, "%o", w->mode);
   cr_assert_eq(entry("enc", "q")->mode, 0640);
-  struct bs_entry *root = tree.nodes[BS_TREE_ROOT].user;
+  struct bs_entry *root = bs_tree_user(&tree, BS_TREE_ROOT);
   cr_assert_eq(root->mode, 0750, "%o", root->mode);
   cr_assert_eq(root->uid, 1234);
 }

@@ -395,8 +395,13 @@ Test(gguf, hostile_headers)
   expect_fail("NUL in key", EINVAL, "NUL");
   head(&B, 0x03000000u, 0, 0);
   expect_fail("big-endian", ENOTSUP, "big-endian");
-  head(&B, 1, 0, 0);
-  expect_fail("version 1", ENOTSUP, "version 1");
+  head(&B, 0x01000000u, 0, 0);
+  expect_fail("big-endian version 1", ENOTSUP, "big-endian");
+  head(&B, 4, 0, 0);
+  expect_fail("version 4", ENOTSUP, "versions 1 to 3 are");
+  B.n = 0;
+  raw(&B, "FUGG", 4), u32(&B, 0x03000000u), u64(&B, 0), u64(&B, 0);
+  expect_fail("FUGG", ENOTSUP, "its magic reads 'FUGG'");
   head(&B, 3, 0, 1);
   key(&B, "general.alignment", BS_GG_U32), u32(&B, 48);
   expect_fail("alignment 48", EINVAL, "power of two");

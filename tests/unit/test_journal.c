@@ -98,7 +98,7 @@ static uint64_t create(const char *name)
   cr_assert_eq(bs_tree_add(&W.tree, BS_TREE_ROOT, name, false, -1, &ino, &err), 0, "%s", err.msg);
   struct bs_entry *e = bs_entry_new(-1, 0, false, 0644);
   e->ino = ino;
-  W.tree.nodes[ino].user = e;
+  cr_assert_eq(bs_tree_set_user(&W.tree, ino, e), 0);
   bs_edit_log_key(&W.ed, ino);
   return ino;
 }
@@ -160,7 +160,7 @@ static const struct bs_entry *replayed(const struct bs_jreplay *r, uint64_t ino)
 {
   for (size_t i = 0; i < r->nfiles; i++)
     if (r->inos[i] == ino)
-      return r->tree.nodes[BS_TREE_ROOT + 1 + i].user;
+      return bs_tree_user(&r->tree, BS_TREE_ROOT + 1 + i);
   return NULL;
 }
 

@@ -243,7 +243,7 @@ Test(adapter, the_rule_on_names_and_shapes)
   cr_assert_eq(bs_tensor_read(&cat, w, 0, out, sizeof out), 24);
   const float want[6] = {0, 3, 1, 4, 2, 5}; /* [[0,1,2],[3,4,5]] transposed */
   cr_assert_eq(memcmp(out, want, sizeof want), 0);
-  cr_assert_null(get(&cat, "emb.weight")->strides);
+  cr_assert_null(get(&cat, "emb.weight")->x->strides);
   cr_assert_not_null(get(&cat, "ln.gamma"));
   cr_assert_not_null(get(&cat, "ln.beta"));
   cr_assert_not_null(get(&cat, "conv.gamma"));

@@ -1523,7 +1523,7 @@ Test(pth, bit_flips_never_crash)
         if (open_mem(&cat, b, len, false, &e) == 0) {
           for (size_t t = 0; t < cat.count; t++) {
             const struct bs_tensor *bt = &cat.tensors[t];
-            if (bt->unsupported || bt->nbytes > (1u << 24))
+            if (bt->x->unsupported || bt->nbytes > (1u << 24))
               continue;
             uint8_t *buf = bs_malloc(bt->nbytes + 1);
             long r = bs_tensor_read(&cat, bt, 0, buf, bt->nbytes);

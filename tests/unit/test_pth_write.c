@@ -75,7 +75,7 @@ Test(pth_write, every_torch_dtype_round_trips_in_key_order)
     for (uint32_t d = 0; d < t->rank; d++)
       cr_assert_eq(u->shape[d], t->shape[d]);
     cr_assert_eq(u->nbytes, t->nbytes);
-    cr_assert_null(u->strides, "%s: written contiguous", t->key);
+    cr_assert_null(u->x->strides, "%s: written contiguous", t->key);
     cr_assert_arr_eq(b.data + u->off, mem + t->off, t->nbytes, "%s", t->key);
   }
   struct bs_buf again = write_mem(&back, "/else/where/model.v1.pt");
@@ -278,18 +278,19 @@ Test(pth_write, strided_views_are_written_contiguous)
   struct bs_catalog cat;
   bs_test_mem_catalog(&cat, s, sizeof s);
   struct bs_tensor *t = bs_test_add(&cat, "t", BS_DT_F32, 2, (uint64_t[]){3, 2}, 0);
-  t->strides = bs_malloc(2 * sizeof *t->strides);
-  cr_assert_not_null(t->strides);
-  t->strides[0] = 1, t->strides[1] = 3;
-  t->storage_off = 0;
-  t->storage_bytes = sizeof s;
+  cr_assert_not_null(bs_tensor_x(&cat, t));
+  t->x->strides = bs_malloc(2 * sizeof *t->x->strides);
+  cr_assert_not_null(t->x->strides);
+  t->x->strides[0] = 1, t->x->strides[1] = 3;
+  t->x->storage_off = 0;
+  t->x->storage_bytes = sizeof s;
   struct bs_buf b = write_mem(&cat, "v.pth");
   bs_err err;
   bs_err_clear(&err);
   struct bs_catalog back;
   cr_assert_eq(read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
   float want[6] = {0, 3, 1, 4, 2, 5};
-  cr_assert_null(back.tensors[0].strides);
+  cr_assert_null(back.tensors[0].x->strides);
   cr_assert_arr_eq(b.data + back.tensors[0].off, want, sizeof want);
   bs_catalog_destroy(&back);
   bs_buf_destroy(&b);
@@ -328,7 +329,7 @@ Test(pth_write, f4_as_float4_e2m1fn_x2)
   cr_assert_eq(read_mem(&back, b.data, b.len, &err), 0, "%s", err.msg);
   const struct bs_tensor *t = &back.tensors[0];
   cr_assert(t->dtype == BS_DT_F4 && t->rank == 2 && t->shape[0] == 2 && t->shape[1] == 8 &&
-            t->nbytes == 8 && !t->unsupported);
+            t->nbytes == 8 && !t->x->unsupported);
   cr_assert_arr_eq(b.data + t->off, mem, 8);
   bs_catalog_destroy(&back);
   bs_buf_destroy(&b);

@@ -251,9 +251,10 @@ static void add(struct bs_catalog *cat, const char *key, const uint8_t *raw, siz
   cr_assert_not_null(t);
   t->off = off;
   t->nbytes = nbytes;
-  t->dtype_raw = bs_malloc(rawlen);
-  memcpy(t->dtype_raw, raw, rawlen);
-  t->dtype_raw_len = rawlen;
+  cr_assert_not_null(bs_tensor_x(cat, t));
+  t->x->dtype_raw = bs_malloc(rawlen);
+  memcpy(t->x->dtype_raw, raw, rawlen);
+  t->x->dtype_raw_len = rawlen;
 }
 
 Test(qfloat, decoded_as_f32)
@@ -316,10 +317,11 @@ Test(qfloat, a_strided_one_is_kept)
   size_t n = scheme(b, "Q8S", "Native", "F32", false, false);
   add(&cat, "v", b, n, 8, 0, 12);
   struct bs_tensor *t = &cat.tensors[0];
-  t->strides = bs_malloc(sizeof *t->strides);
-  t->strides[0] = 1;
-  t->storage_off = 0;
-  t->storage_bytes = 12;
+  cr_assert_not_null(bs_tensor_x(&cat, t));
+  t->x->strides = bs_malloc(sizeof *t->x->strides);
+  t->x->strides[0] = 1;
+  t->x->storage_off = 0;
+  t->x->storage_bytes = 12;
   cr_assert(!bs_tensor_decodable(t));
   cr_assert_eq(bs_catalog_decode_as(&cat, BS_DT_F32, &err), 0, "%s", err.msg);
   cr_assert(!t->decoded && t->dtype == BS_DT_QFLOAT);
@@ -354,9 +356,10 @@ static void one(struct bs_catalog *cat, struct bs_src *s, const uint8_t *st, siz
   struct bs_tensor *t = bs_catalog_add(cat, "t", BS_DT_QFLOAT, rank, shape, 0, &err);
   cr_assert_not_null(t);
   t->nbytes = len;
-  t->dtype_raw = bs_malloc(rawlen);
-  memcpy(t->dtype_raw, raw, rawlen);
-  t->dtype_raw_len = rawlen;
+  cr_assert_not_null(bs_tensor_x(cat, t));
+  t->x->dtype_raw = bs_malloc(rawlen);
+  memcpy(t->x->dtype_raw, raw, rawlen);
+  t->x->dtype_raw_len = rawlen;
   cr_assert_eq(bs_catalog_decode_as(cat, as, &err), 0, "%s", err.msg);
   cr_assert(cat->tensors[0].decoded, "%s", cat->notes ? cat->notes : "");
 }
@@ -546,9 +549,10 @@ static const struct bs_tensor *on_fault(struct bs_catalog *cat, const uint8_t *s
   bs_test_fault_catalog(cat, st, len, bad0, bad0 + 1, false);
   struct bs_tensor *t = bs_test_add(cat, "t", BS_DT_QFLOAT, rank, shape, 0);
   t->nbytes = len;
-  t->dtype_raw = bs_malloc(rawlen);
-  memcpy(t->dtype_raw, raw, rawlen);
-  t->dtype_raw_len = rawlen;
+  cr_assert_not_null(bs_tensor_x(cat, t));
+  t->x->dtype_raw = bs_malloc(rawlen);
+  memcpy(t->x->dtype_raw, raw, rawlen);
+  t->x->dtype_raw_len = rawlen;
   cr_assert_eq(bs_catalog_decode_as(cat, BS_DT_F32, &err), 0, "%s", err.msg);
   cr_assert(cat->tensors[0].decoded, "%s", cat->notes ? cat->notes : "");
   return &cat->tensors[0];
@@ -621,10 +625,10 @@ Test(qfloat, the_scheme_is_parsed_once)
   struct bs_src s;
   one(&cat, &s, st, sizeof st, raw, rl, 1, (const uint64_t[]){8}, BS_DT_F32);
   const struct bs_tensor *t = &cat.tensors[0];
-  cr_assert_eq(t->dtype_raw_len, sizeof(struct bs_qfloat));
+  cr_assert_eq(t->x->dtype_raw_len, sizeof(struct bs_qfloat));
   struct bs_qfloat want;
   cr_assert(bs_qfloat_layout(raw, rl, 1, (const uint64_t[]){8}, sizeof st, &want, NULL));
-  const struct bs_qfloat *kept = (const struct bs_qfloat *)(const void *)t->dtype_raw;
+  const struct bs_qfloat *kept = (const struct bs_qfloat *)(const void *)t->x->dtype_raw;
   cr_assert(kept->layout == want.layout && kept->scale_dt == want.scale_dt &&
             kept->numel == want.numel && kept->value_bytes == want.value_bytes &&
             kept->nscales == want.nscales);

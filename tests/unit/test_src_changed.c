@@ -128,9 +128,10 @@ Test(src_changed, tensor_reads_of_a_changed_source_fail_with_eio)
   struct bs_tensor *v = bs_catalog_add(&cat, "v", BS_DT_U8, 1, shape, 0, &err);
   cr_assert_not_null(v);
   v->src = idx;
-  v->strides = bs_malloc(sizeof *v->strides);
-  v->strides[0] = 2;
-  v->storage_bytes = 8;
+  cr_assert_not_null(bs_tensor_x(&cat, v));
+  v->x->strides = bs_malloc(sizeof *v->x->strides);
+  v->x->strides[0] = 2;
+  v->x->storage_bytes = 8;
   char buf[4];
   cr_assert_eq(bs_tensor_read(&cat, &cat.tensors[0], 0, buf, 4), 4);
   cr_assert_eq(memcmp(buf, "4567", 4), 0);

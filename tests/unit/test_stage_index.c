@@ -42,24 +42,27 @@ static void build(struct bs_catalog *c)
   t->src = 0;
   t->off = 8;
   t->has_param_id = true;
-  t->param_id = UINT64_MAX;
+  cr_assert_not_null(bs_tensor_x(c, t));
+  t->x->param_id = UINT64_MAX;
   t = bs_catalog_add(c, "view", BS_DT_U16, 2, sh, 0, &err);
   cr_assert_not_null(t);
   t->src = 0;
   t->off = 4;
-  t->strides = bs_malloc(2 * sizeof *t->strides);
-  t->strides[0] = 1;
-  t->strides[1] = 2;
-  t->storage_off = 1;
-  t->storage_bytes = 20;
+  cr_assert_not_null(bs_tensor_x(c, t));
+  t->x->strides = bs_malloc(2 * sizeof *t->x->strides);
+  t->x->strides[0] = 1;
+  t->x->strides[1] = 2;
+  t->x->storage_off = 1;
+  t->x->storage_bytes = 20;
   t = bs_catalog_add(c, "q", BS_DT_QFLOAT, 1, sh, 0, &err);
   cr_assert_not_null(t);
   t->src = 1;
   t->off = 0;
   t->nbytes = 16;
-  t->dtype_raw = bs_malloc(3);
-  memcpy(t->dtype_raw, "\xa1\x01\x02", 3);
-  t->dtype_raw_len = 3;
+  cr_assert_not_null(bs_tensor_x(c, t));
+  t->x->dtype_raw = bs_malloc(3);
+  memcpy(t->x->dtype_raw, "\xa1\x01\x02", 3);
+  t->x->dtype_raw_len = 3;
   t = bs_catalog_add(c, "", BS_DT_F32, 0, NULL, 0, &err); /* rank 0, empty key */
   cr_assert_not_null(t);
   t->src = 1;
@@ -71,8 +74,13 @@ static void build(struct bs_catalog *c)
   cr_assert_eq(bs_catalog_add_meta(c, "note", "a\tb %41\n", &err), 0);
   cr_assert_eq(bs_catalog_add_meta(c, "", "", &err), 0);
   /* a GGUF value left in the checkpoint: where it is, not its text */
-  struct bs_meta_ref r = {BS_FMT_GGUF, 0, {9, 8}, 16, 20, 1234}; /* an array of strings */
-  struct bs_kv kv = {"tokenizer.ggml.tokens", NULL, &r};
+  struct bs_meta_ref r = {.format = BS_FMT_GGUF,
+                          .src = 0,
+                          .types = {9, 8},
+                          .off = 16,
+                          .len = 20,
+                          .text_len = 1234}; /* an array of strings */
+  struct bs_kv kv = {"tokenizer.ggml.tokens", NULL, &r, false};
   cr_assert_eq(bs_catalog_add_meta_kv(c, &kv, &err), 0);
 }
 
@@ -137,16 +145,16 @@ Test(stage_index, round_trip)
     cr_assert_eq(y->src, x->src);
     cr_assert_eq(y->off, x->off);
     cr_assert_eq(y->has_param_id, x->has_param_id);
-    cr_assert_eq(y->param_id, x->param_id);
-    cr_assert_eq(!!y->strides, !!x->strides);
-    if (x->strides) {
-      cr_assert_eq(memcmp(y->strides, x->strides, x->rank * sizeof *x->strides), 0);
-      cr_assert_eq(y->storage_off, x->storage_off);
-      cr_assert_eq(y->storage_bytes, x->storage_bytes);
+    cr_assert_eq(y->x->param_id, x->x->param_id);
+    cr_assert_eq(!!y->x->strides, !!x->x->strides);
+    if (x->x->strides) {
+      cr_assert_eq(memcmp(y->x->strides, x->x->strides, x->rank * sizeof *x->x->strides), 0);
+      cr_assert_eq(y->x->storage_off, x->x->storage_off);
+      cr_assert_eq(y->x->storage_bytes, x->x->storage_bytes);
     }
-    cr_assert_eq(y->dtype_raw_len, x->dtype_raw_len);
-    if (x->dtype_raw_len)
-      cr_assert_eq(memcmp(y->dtype_raw, x->dtype_raw, x->dtype_raw_len), 0);
+    cr_assert_eq(y->x->dtype_raw_len, x->x->dtype_raw_len);
+    if (x->x->dtype_raw_len)
+      cr_assert_eq(memcmp(y->x->dtype_raw, x->x->dtype_raw, x->x->dtype_raw_len), 0);
   }
   cr_assert_eq(idx.cat.nmeta, 3);
   cr_assert_str_eq(idx.cat.meta[0].value, "a\tb %41\n");
@@ -280,7 +288,7 @@ Test(stage_index, quantizers_must_fit_their_tensor)
     n += snprintf(text + n, sizeof text - (size_t)n, "%02x", ((const uint8_t *)&pt)[k]);
   snprintf(text + n, sizeof text - (size_t)n, "\nend\t1\n");
   cr_assert_eq(bs_stage_index_parse(text, strlen(text), &idx, &err), 0, "%s", err.msg);
-  cr_assert(idx.cat.tensors[0].strides && idx.cat.tensors[0].dtype_raw_len == sizeof pt);
+  cr_assert(idx.cat.tensors[0].x->strides && idx.cat.tensors[0].x->dtype_raw_len == sizeof pt);
   bs_stage_index_destroy(&idx);
   /* two hex digits a byte, nothing else (sscanf's %2x read "-1" as 0xff) */
   refused(HEAD "tensor\tq\tQFLOAT\t[2]\t-\t0\t0\t6\traw\ta1-1\nend\t1\n", "bad raw dtype");

@@ -138,7 +138,8 @@ Test(writers, check_refuses_unreadable_tensors_and_qfloat_without_scheme)
   struct bs_catalog cat;
   bs_test_mem_catalog(&cat, mem, sizeof mem);
   struct bs_tensor *t = add(&cat, "u", BS_DT_F32, 2, 0);
-  t->unsupported = bs_strdup("storage class FooStorage is not supported");
+  cr_assert_not_null(bs_tensor_x(&cat, t));
+  t->x->unsupported = bs_strdup("storage class FooStorage is not supported");
   const struct bs_writer *w = bs_writer_for_format(BS_FMT_BURNPACK);
   bs_err err;
   bs_err_clear(&err);

@@ -37,7 +37,8 @@ static void setup(void)
   cr_assert_not_null(t);
   t->src = 0;
   t->has_param_id = true;
-  t->param_id = 5;
+  cr_assert_not_null(bs_tensor_x(&cat, t));
+  t->x->param_id = 5;
   cr_assert_eq(bs_catalog_add_meta(&cat, "author", "me", &err), 0);
   cat.values_json = bs_strdup("{\"epoch\":3}");
   cr_assert_eq(bs_catalog_note(&cat, "skipped x", &err), 0);
@@ -65,11 +66,12 @@ static void attach_all(void)
 {
   for (uint64_t ino = BS_TREE_ROOT; ino < tree.n; ino++) {
     struct bs_node *nd = &tree.nodes[ino];
-    if (!nd->live || nd->user)
+    if (!nd->live || bs_tree_user(&tree, ino))
       continue;
     long ti = nd->is_dir ? -1 : nd->tensor;
-    nd->user = bs_entry_new(ti, ti >= 0 ? cat.tensors[ti].nbytes : 0, nd->is_dir, 0644);
-    cr_assert_not_null(nd->user);
+    struct bs_entry *e = bs_entry_new(ti, ti >= 0 ? cat.tensors[ti].nbytes : 0, nd->is_dir, 0644);
+    cr_assert_not_null(e);
+    cr_assert_eq(bs_tree_set_user(&tree, ino, e), 0);
   }
 }
 
@@ -363,7 +365,7 @@ Test(xattr, a_root_with_thousands_of_keys_lists_what_fits)
   char *huge = bs_malloc(BS_MAX_XATTR_VALUE + 2);
   memset(huge, 'x', BS_MAX_XATTR_VALUE + 1);
   huge[BS_MAX_XATTR_VALUE + 1] = '\0';
-  ed.meta[ed.nmeta++] = (struct bs_kv){bs_strdup("a.huge"), huge, NULL};
+  ed.meta[ed.nmeta++] = (struct bs_kv){bs_strdup("a.huge"), huge, NULL, false};
   struct bs_xa_node r = node("", false);
   struct bs_buf b = {0};
   cr_assert_eq(bs_xa_list(&ro, &r, &b, &err), 0);
