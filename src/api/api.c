@@ -13,12 +13,12 @@
 #include <sys/stat.h>
 
 #include "api.h"
-#include "burnstore/dtype.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/dtype.h"
 #include "core/target.h"
 #include "core/tree.h"
+#include "formats/formats.h"
 #include "policy/open.h"
 
 /* ---- Errors --------------------------------------------------------------------------------- */

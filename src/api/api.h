@@ -6,7 +6,7 @@
 #define BURNSTORE_API_API_H
 
 #include "burnstore.h"
-#include "burnstore/catalog.h"
+#include "core/catalog.h"
 #include "core/edit.h"
 #include "core/strmap.h"
 #include "policy/xattr.h"

@@ -7,10 +7,10 @@
 #include <string.h>
 
 #include "api.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/target.h"
+#include "formats/writers.h"
 #include "policy/open.h"
 #include "policy/writeback.h"
 
@@ -321,7 +321,7 @@ int burnstore_writer_save(burnstore_writer *w)
   if (bs_writer_check(wr, &w->cat, &err) != 0 ||
       (wr->default_meta && wr->default_meta(&w->cat, &err) != 0))
     bs_api_fail(w->path, &err);
-  else if ((lk = bs_target_lock(w->path, "libburnstore", &err)) < 0) /* one writer per target */
+  else if ((lk = bs_writer_lock(w->path, "libburnstore", &err)) < 0) /* one writer per target */
     bs_api_fail(NULL, &err);
   else if (bs_writer_write_file_opts(wr, &w->cat, w->path, &wo, &err) != 0)
     bs_api_fail(NULL, &err);

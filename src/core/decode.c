@@ -1,7 +1,7 @@
 /* Stored dtypes to F32 (decode.h). Our own code from the public format
  * descriptions: IEEE 754 binary16/binary64, Google's bfloat16, the OCP 8-bit
  * floating point spec (E4M3FN, E5M2, E8M0), the OCP MX spec's E2M1 (F4) with
- * PyTorch's nibble order, the FNUZ variants as PyTorch and ml_dtypes define
+ * torch's nibble order, the FNUZ variants as torch and ml_dtypes define
  * them, and ggml's block layouts (ggml-common.h) with the formulas of its
  * reference dequantize_row_* (ggml-quants.c). */
 #include "core/decode.h"
@@ -42,7 +42,7 @@ float bs_f16_to_f32(uint16_t h)
 
 /* An 8-bit float without infinities: 1 sign, `ebits` exponent, `mbits`
  * mantissa bits, exponent bias `bias`. `fnuz`: 0x80 is the only NaN and
- * there is no -0 (PyTorch's float8_*_fnuz); else all-ones exponent and
+ * there is no -0 (torch's float8_*_fnuz); else all-ones exponent and
  * mantissa is NaN (OCP E4M3FN). */
 static float f8_finite(uint8_t b, unsigned ebits, unsigned mbits, int bias, bool fnuz)
 {
@@ -124,8 +124,8 @@ static void dec_e8m0(const uint8_t *in, size_t n, float *out)
  * infinity or NaN. Two a byte, element 2j in the low nibble and 2j + 1 in
  * the high one: torch's float4_e2m1fn_x2 (c10/util/Float4_e2m1fn_x2.h,
  * "val1 : val0" in bits "7654 : 3210"), whose storage bytes are what an F4
- * SafeTensors tensor holds (safetensors' torch binding writes them with the
- * last dimension doubled) and what the .pth reader and writer keep. */
+ * tensor holds in every file that has the dtype (torch's own, and those its
+ * bindings write with the last dimension doubled). */
 static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -275,7 +275,7 @@ void bs_decode(enum bs_dtype dt, const uint8_t *in, size_t n, float *out)
 const char *bs_decode_why_not(enum bs_dtype dt)
 {
   if (dt == BS_DT_F6_E2M3 || dt == BS_DT_F6_E3M2)
-    return "SafeTensors does not define how 4 F6 values are packed in 3 bytes, and "
+    return "no file format defines how 4 F6 values are packed in 3 bytes, and "
            "producers differ: decoding with a guessed order would give wrong numbers";
   return NULL;
 }
@@ -382,7 +382,7 @@ void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out)
   }
 }
 
-/* ---- PyTorch's quantized tensors ---- */
+/* ---- torch's quantized dtypes ---- */
 
 const struct bs_torch_q *bs_torch_q_get(const uint8_t *raw, size_t len)
 {

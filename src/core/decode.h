@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 /* The largest unit: elements and bytes (the caller's bounded buffers are
  * sized in whole units of at most these). */
@@ -65,13 +65,13 @@ bool bs_encode_ok(enum bs_dtype dt);
  * (n * 4 or n * 2 bytes). */
 void bs_encode(enum bs_dtype dt, const float *in, size_t n, uint8_t *out);
 
-/* ---- PyTorch's quantized tensors (qint8, quint8, qint32) ---- */
+/* ---- torch's quantized dtypes (qint8, quint8, qint32) ---- */
 
 /* BS_TQ_PER_CHANNEL_FQ: torch's per_channel_affine_float_qparams (float
  * zero points; embedding quantization). */
 enum { BS_TQ_NONE, BS_TQ_PER_TENSOR, BS_TQ_PER_CHANNEL, BS_TQ_PER_CHANNEL_FQ };
 
-/* A torch quantized tensor's quantizer, as the .pth reader keeps it in the
+/* A torch quantized tensor's quantizer, as a reader keeps it in the
  * tensor's dtype_raw: this header, then for BS_TQ_PER_CHANNEL nch doubles
  * (the scales) and nch int64 (the zero points), for BS_TQ_PER_CHANNEL_FQ
  * nch floats (the scales) and nch floats (the zero points), in host order. */

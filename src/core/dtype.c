@@ -1,4 +1,4 @@
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -12,64 +12,62 @@
 static const struct {
   const char *name;
   unsigned bits;
-  const char *bpk;      /* Burnpack's plain dtype name, or NULL */
-  const char *bpk_bool; /* Burnpack's Bool storage ({"Bool": storage}), or NULL */
   uint16_t blck, bsize; /* block types: elements and bytes per block (ggml's type traits) */
 } table[] = {
-    [BS_DT_F64] = {"F64", 64, "F64", NULL},
-    [BS_DT_F32] = {"F32", 32, "F32", NULL},
-    [BS_DT_F16] = {"F16", 16, "F16", NULL},
-    [BS_DT_BF16] = {"BF16", 16, "BF16", NULL},
-    [BS_DT_I64] = {"I64", 64, "I64", NULL},
-    [BS_DT_I32] = {"I32", 32, "I32", NULL},
-    [BS_DT_I16] = {"I16", 16, "I16", NULL},
-    [BS_DT_I8] = {"I8", 8, "I8", NULL},
-    [BS_DT_U64] = {"U64", 64, "U64", NULL},
-    [BS_DT_U32] = {"U32", 32, "U32", NULL},
-    [BS_DT_U16] = {"U16", 16, "U16", NULL},
-    [BS_DT_U8] = {"U8", 8, "U8", NULL},
-    [BS_DT_BOOL] = {"BOOL", 8, NULL, "Native"},
-    [BS_DT_F8_E4M3] = {"F8_E4M3", 8, NULL, NULL},
-    [BS_DT_F8_E5M2] = {"F8_E5M2", 8, NULL, NULL},
-    [BS_DT_F8_E8M0] = {"F8_E8M0", 8, NULL, NULL},
-    [BS_DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8, NULL, NULL},
-    [BS_DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8, NULL, NULL},
-    [BS_DT_F6_E2M3] = {"F6_E2M3", 6, NULL, NULL},
-    [BS_DT_F6_E3M2] = {"F6_E3M2", 6, NULL, NULL},
-    [BS_DT_F4] = {"F4", 4, NULL, NULL},
-    [BS_DT_C64] = {"C64", 64, NULL, NULL},
-    [BS_DT_C128] = {"C128", 128, NULL, NULL},
-    [BS_DT_FLEX32] = {"FLEX32", 32, "Flex32", NULL},
-    [BS_DT_BOOL_U8] = {"BOOL_U8", 8, NULL, "U8"},
-    [BS_DT_BOOL_U32] = {"BOOL_U32", 32, NULL, "U32"},
-    [BS_DT_QFLOAT] = {"QFLOAT", 0, NULL, NULL}, /* a CBOR map, kept raw */
-    [BS_DT_QI8] = {"QI8", 8, NULL, NULL},
-    [BS_DT_QU8] = {"QU8", 8, NULL, NULL},
-    [BS_DT_QI32] = {"QI32", 32, NULL, NULL},
-    [BS_DT_Q4_0] = {"Q4_0", 0, NULL, NULL, 32, 18},
-    [BS_DT_Q4_1] = {"Q4_1", 0, NULL, NULL, 32, 20},
-    [BS_DT_Q5_0] = {"Q5_0", 0, NULL, NULL, 32, 22},
-    [BS_DT_Q5_1] = {"Q5_1", 0, NULL, NULL, 32, 24},
-    [BS_DT_Q8_0] = {"Q8_0", 0, NULL, NULL, 32, 34},
-    [BS_DT_Q8_1] = {"Q8_1", 0, NULL, NULL, 32, 36},
-    [BS_DT_Q2_K] = {"Q2_K", 0, NULL, NULL, 256, 84},
-    [BS_DT_Q3_K] = {"Q3_K", 0, NULL, NULL, 256, 110},
-    [BS_DT_Q4_K] = {"Q4_K", 0, NULL, NULL, 256, 144},
-    [BS_DT_Q5_K] = {"Q5_K", 0, NULL, NULL, 256, 176},
-    [BS_DT_Q6_K] = {"Q6_K", 0, NULL, NULL, 256, 210},
-    [BS_DT_Q8_K] = {"Q8_K", 0, NULL, NULL, 256, 292},
-    [BS_DT_IQ2_XXS] = {"IQ2_XXS", 0, NULL, NULL, 256, 66},
-    [BS_DT_IQ2_XS] = {"IQ2_XS", 0, NULL, NULL, 256, 74},
-    [BS_DT_IQ3_XXS] = {"IQ3_XXS", 0, NULL, NULL, 256, 98},
-    [BS_DT_IQ1_S] = {"IQ1_S", 0, NULL, NULL, 256, 50},
-    [BS_DT_IQ4_NL] = {"IQ4_NL", 0, NULL, NULL, 32, 18},
-    [BS_DT_IQ3_S] = {"IQ3_S", 0, NULL, NULL, 256, 110},
-    [BS_DT_IQ2_S] = {"IQ2_S", 0, NULL, NULL, 256, 82},
-    [BS_DT_IQ4_XS] = {"IQ4_XS", 0, NULL, NULL, 256, 136},
-    [BS_DT_IQ1_M] = {"IQ1_M", 0, NULL, NULL, 256, 56},
-    [BS_DT_TQ1_0] = {"TQ1_0", 0, NULL, NULL, 256, 54},
-    [BS_DT_TQ2_0] = {"TQ2_0", 0, NULL, NULL, 256, 66},
-    [BS_DT_MXFP4] = {"MXFP4", 0, NULL, NULL, 32, 17},
+    [BS_DT_F64] = {"F64", 64},
+    [BS_DT_F32] = {"F32", 32},
+    [BS_DT_F16] = {"F16", 16},
+    [BS_DT_BF16] = {"BF16", 16},
+    [BS_DT_I64] = {"I64", 64},
+    [BS_DT_I32] = {"I32", 32},
+    [BS_DT_I16] = {"I16", 16},
+    [BS_DT_I8] = {"I8", 8},
+    [BS_DT_U64] = {"U64", 64},
+    [BS_DT_U32] = {"U32", 32},
+    [BS_DT_U16] = {"U16", 16},
+    [BS_DT_U8] = {"U8", 8},
+    [BS_DT_BOOL] = {"BOOL", 8},
+    [BS_DT_F8_E4M3] = {"F8_E4M3", 8},
+    [BS_DT_F8_E5M2] = {"F8_E5M2", 8},
+    [BS_DT_F8_E8M0] = {"F8_E8M0", 8},
+    [BS_DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8},
+    [BS_DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8},
+    [BS_DT_F6_E2M3] = {"F6_E2M3", 6},
+    [BS_DT_F6_E3M2] = {"F6_E3M2", 6},
+    [BS_DT_F4] = {"F4", 4},
+    [BS_DT_C64] = {"C64", 64},
+    [BS_DT_C128] = {"C128", 128},
+    [BS_DT_FLEX32] = {"FLEX32", 32},
+    [BS_DT_BOOL_U8] = {"BOOL_U8", 8},
+    [BS_DT_BOOL_U32] = {"BOOL_U32", 32},
+    [BS_DT_QFLOAT] = {"QFLOAT", 0}, /* described by dtype_raw */
+    [BS_DT_QI8] = {"QI8", 8},
+    [BS_DT_QU8] = {"QU8", 8},
+    [BS_DT_QI32] = {"QI32", 32},
+    [BS_DT_Q4_0] = {"Q4_0", 0, 32, 18},
+    [BS_DT_Q4_1] = {"Q4_1", 0, 32, 20},
+    [BS_DT_Q5_0] = {"Q5_0", 0, 32, 22},
+    [BS_DT_Q5_1] = {"Q5_1", 0, 32, 24},
+    [BS_DT_Q8_0] = {"Q8_0", 0, 32, 34},
+    [BS_DT_Q8_1] = {"Q8_1", 0, 32, 36},
+    [BS_DT_Q2_K] = {"Q2_K", 0, 256, 84},
+    [BS_DT_Q3_K] = {"Q3_K", 0, 256, 110},
+    [BS_DT_Q4_K] = {"Q4_K", 0, 256, 144},
+    [BS_DT_Q5_K] = {"Q5_K", 0, 256, 176},
+    [BS_DT_Q6_K] = {"Q6_K", 0, 256, 210},
+    [BS_DT_Q8_K] = {"Q8_K", 0, 256, 292},
+    [BS_DT_IQ2_XXS] = {"IQ2_XXS", 0, 256, 66},
+    [BS_DT_IQ2_XS] = {"IQ2_XS", 0, 256, 74},
+    [BS_DT_IQ3_XXS] = {"IQ3_XXS", 0, 256, 98},
+    [BS_DT_IQ1_S] = {"IQ1_S", 0, 256, 50},
+    [BS_DT_IQ4_NL] = {"IQ4_NL", 0, 32, 18},
+    [BS_DT_IQ3_S] = {"IQ3_S", 0, 256, 110},
+    [BS_DT_IQ2_S] = {"IQ2_S", 0, 256, 82},
+    [BS_DT_IQ4_XS] = {"IQ4_XS", 0, 256, 136},
+    [BS_DT_IQ1_M] = {"IQ1_M", 0, 256, 56},
+    [BS_DT_TQ1_0] = {"TQ1_0", 0, 256, 54},
+    [BS_DT_TQ2_0] = {"TQ2_0", 0, 256, 66},
+    [BS_DT_MXFP4] = {"MXFP4", 0, 32, 17},
 };
 _Static_assert(sizeof table / sizeof table[0] == BS_DT_COUNT, "dtype table incomplete");
 
@@ -96,42 +94,6 @@ int bs_dtype_from_name(const char *name, enum bs_dtype *out)
 {
   for (int i = 0; i < BS_DT_COUNT; i++) {
     if (strcmp(table[i].name, name) == 0) {
-      *out = (enum bs_dtype)i;
-      return 0;
-    }
-  }
-  return -1;
-}
-
-const char *bs_dtype_bpk_name(enum bs_dtype dt)
-{
-  return dt < BS_DT_COUNT ? table[dt].bpk : NULL;
-}
-
-const char *bs_dtype_bpk_bool(enum bs_dtype dt)
-{
-  return dt < BS_DT_COUNT ? table[dt].bpk_bool : NULL;
-}
-
-int bs_dtype_from_bpk_name(const char *name, enum bs_dtype *out)
-{
-  if (strcmp(name, "Bool") == 0) { /* bare "Bool": burn <= 0.20 */
-    *out = BS_DT_BOOL;
-    return 0;
-  }
-  for (int i = 0; i < BS_DT_COUNT; i++) {
-    if (table[i].bpk && strcmp(table[i].bpk, name) == 0) {
-      *out = (enum bs_dtype)i;
-      return 0;
-    }
-  }
-  return -1;
-}
-
-int bs_dtype_from_bpk_bool(const char *storage, enum bs_dtype *out)
-{
-  for (int i = 0; i < BS_DT_COUNT; i++) {
-    if (table[i].bpk_bool && strcmp(table[i].bpk_bool, storage) == 0) {
       *out = (enum bs_dtype)i;
       return 0;
     }

@@ -79,7 +79,7 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
   ed->xattr_budget = BS_EDIT_XATTR_BUDGET;
   atomic_init(&ed->xattr_bytes, 0);
   /* The source's entries as they are (borrowed: src outlives the edit),
-   * not copies: a GGUF file may hold a million small values (issue 34). */
+   * not copies: a file may hold a million small values (issue 34). */
   if (src->nmeta && !(ed->meta = bs_malloc(src->nmeta * sizeof *ed->meta)))
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   ed->metacap = src->nmeta;
@@ -88,7 +88,7 @@ int bs_edit_init(struct bs_edit *ed, const struct bs_catalog *src, struct bs_tre
     *kv = (struct bs_kv){src->meta[i].key, src->meta[i].value, src->meta[i].ref, true};
     ed->nmeta++;
     /* The source's own metadata counts, but never refuses the mount; a
-     * value left in the file (GGUF) holds no memory: its key only. */
+     * value left in the file (struct bs_meta_ref) holds no memory: its key only. */
     atomic_fetch_add(&ed->xattr_bytes, held(kv));
   }
   return 0;
@@ -589,7 +589,7 @@ static int copy_dtype_raw(struct bs_catalog *out, struct bs_tensor *t, const str
   return 0;
 }
 
-/* Give t the Burnpack param id `id`. */
+/* Give t the param id `id`. */
 static int set_param_id(struct bs_catalog *out, struct bs_tensor *t, uint64_t id, bs_err *err)
 {
   struct bs_tensor_x *x = bs_tensor_x(out, t);

@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/err.h"
+#include "core/catalog.h"
+#include "core/err.h"
 #include "core/tree.h"
 
 struct bs_journal;
@@ -108,8 +108,8 @@ struct bs_eff {
 };
 void bs_entry_effective(const struct bs_edit *ed, const struct bs_entry *e, struct bs_eff *eff);
 
-/* A clean file whose origin is a strided view (a PyTorch tensor that is not
- * contiguous): its bytes are gathered through the origin's shape, strides
+/* A clean file whose origin is a strided view (a tensor that is not
+ * contiguous in its storage): its bytes are gathered through the origin's shape, strides
  * and element width, so its dtype or shape may change only after its bytes
  * were staged (the caller stages it first; bs_edit_catalog refuses a
  * clean file whose view would no longer match). */
@@ -178,7 +178,7 @@ BS_NODISCARD int bs_edit_catalog(const struct bs_edit *ed, const struct bs_stage
                                  bool keep_hidden, struct bs_catalog *out, bs_err *err);
 /* The same, its metadata entries ed's (borrowed, not copied; a writer that
  * changes one makes it its own, bs_kv_set_value): for a catalog destroyed
- * before ed's metadata changes (the journal's BASE, a write-back: a GGUF
+ * before ed's metadata changes (the journal's BASE, a write-back: a
  * file may hold a million values; issue 34). */
 BS_NODISCARD int bs_edit_catalog_view(const struct bs_edit *ed, const struct bs_stage_dir *stg,
                                       bool keep_hidden, struct bs_catalog *out, bs_err *err);

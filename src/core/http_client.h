@@ -12,10 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
-#include "burnstore/source.h"
+#include "core/err.h"
 #include "core/http_cache.h"
 #include "core/remote.h"
+#include "core/source.h"
 
 #define BS_HTTP_SKIP_MAX ((uint64_t)64 << 20) /* a server ignoring Range: bytes skipped at most */
 #define BS_HTTP_ETAG_MAX 256                  /* the longest ETag kept (and compared) */

@@ -4,10 +4,11 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/http_parse.h"
+#include "core/size.h"
+#include "core/source.h"
 
 bool bs_http_is_http(const char *s)
 {
@@ -191,31 +192,8 @@ void bs_http_origin(const char *url, char *out, size_t n)
 
 int bs_http_parse_cache(const char *v, uint64_t *bytes)
 {
-  const char *p = v;
-  uint64_t n, mul = 1;
-  if (!v || !parse_u64(&p, &n))
-    return -1;
-  switch (*p) {
-  case 'k':
-  case 'K':
-    mul = 1 << 10;
-    p++;
-    break;
-  case 'm':
-  case 'M':
-    mul = 1 << 20;
-    p++;
-    break;
-  case 'g':
-  case 'G':
-    mul = 1 << 30;
-    p++;
-    break;
-  default: break;
-  }
-  if (*p && strcmp(p, "iB") != 0 && strcmp(p, "B") != 0)
-    return -1;
-  if (!bs_mul_u64(n, mul, &n) || n < BS_HTTP_BLOCK ||
+  uint64_t n;
+  if (!v || bs_parse_size(v, &n) != 0 || n < BS_HTTP_BLOCK ||
       n > (uint64_t)BS_HTTP_CACHE_BLOCKS_MAX * BS_HTTP_BLOCK)
     return -1;
   *bytes = n;

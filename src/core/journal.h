@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 #define BS_JOURNAL_NAME "JOURNAL"
 #define BS_JOURNAL_MAGIC "BSJRNL1\n"

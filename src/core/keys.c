@@ -14,7 +14,7 @@
  * ends where the previous match ended; PCRE2 and Perl retry there non-empty).
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "burnstore/keys.h"
+#include "core/keys.h"
 
 #include <errno.h>
 #include <pcre2.h>

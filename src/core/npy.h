@@ -13,9 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
-#include "burnstore/err.h"
 #include "core/checked.h"
+#include "core/dtype.h"
+#include "core/err.h"
 
 /* The largest header we build or accept (numpy's own limit for reading is
  * 10,000 bytes by default; a 64-dimension shape needs under 1,500). */

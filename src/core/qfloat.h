@@ -1,26 +1,14 @@
-/* qfloat.h: the QFloat schemes burnstore decodes, and their byte layout
- * (docs/user-guide.md, "Decoded views"). The scheme map's spelling:
- * /work/shared/docs/burnpack-format.md section 4.2 (cubecl's QuantScheme
- * serialized by serde: crates/cubecl-common/src/quant/scheme.rs); the bytes:
- * burn-std's QuantizedBytes, quantized_data_len and PackedOrder
- * (crates/burn-std/src/tensor/quantization.rs).
- *
- * Decoded: mode Symmetric; values Q8F, Q8S, Q4F, Q4S, Q2F, Q2S (signed
- * integers of 8, 4 or 2 bits) and E4M3, E5M2 (OCP 8-bit float codes); store
- * Native or PackedNative (a byte per value: an i8, or the float's code) or
- * PackedU32(0) (little-endian u32 words along the innermost dimension, the
- * first value in the low bits, each row padded to whole words as current
- * burn-std writes it; or over the flattened tensor as older burn wrote it,
- * told apart by the length); one per-tensor scale or one scale per block
- * (BlockSize's dims, missing leading ones 1, every dimension a whole number
- * of blocks; the scales row-major over the block grid) in F32, F16, BF16,
- * UE8M0 or UE4M3, after the values with no padding. A value is q * scale in
- * F32. Not decoded (stay as stored): the Lookup mode (its table is not in
- * the file), E2M1 (burn-std writes no E2M1 bytes: which nibble is first is
- * not defined), PackedU32 along an outer dimension, two-level scales, blocks
- * that do not divide the shape, and lengths that need padding or that fit
- * two layouts. A dtype description, read in the core (as ggml's block
- * layouts are) because the catalog's decoded reads need it. */
+/* qfloat.h: the byte layout of a QFloat tensor (Burn's quantized float
+ * dtype) that burnstore decodes (docs/user-guide.md, "Decoded views"):
+ * values (signed integers of 8, 4 or 2 bits, or OCP 8-bit float codes), a
+ * byte each or packed in little-endian u32 words (each row padded to whole
+ * words, or over the flattened tensor), the first value in the low bits;
+ * then one scale per block (a block grid over the shape, row-major; one
+ * block: a per-tensor scale) in F32, F16, BF16, UE8M0 or UE4M3, with no
+ * padding. A value is q * scale in F32. The layout is made from the
+ * dtype's description in the file by the format that wrote it (src/formats,
+ * formats.h: bs_qfloat_layout), and kept in the tensor's dtype_raw once it
+ * is decoded: the core reads through it and parses nothing. */
 #ifndef BURNSTORE_CORE_QFLOAT_H
 #define BURNSTORE_CORE_QFLOAT_H
 
@@ -28,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 
 #define BS_QF_MAX_RANK 8
 
@@ -48,13 +36,6 @@ struct bs_qfloat {
   uint64_t numel, inner, words_per_row;
   uint64_t value_bytes, nscales; /* the scales start at value_bytes */
 };
-
-/* The scheme in the QFloat dtype CBOR `raw` (the {"QFloat": {...}} map as
- * the Burnpack holds it: the current 5-entry scheme or the v0.19-0.21 one)
- * for a tensor of `shape` stored in `nbytes`: true and *q filled if it is
- * decoded here; else false and, if why is not NULL, a short reason. */
-bool bs_qfloat_layout(const uint8_t *raw, size_t len, uint32_t rank, const uint64_t *shape,
-                      uint64_t nbytes, struct bs_qfloat *q, const char **why);
 
 /* The value bytes [*b0, *b1) that hold elements [e0, e1) (e0 < e1). */
 void bs_qfloat_span(const struct bs_qfloat *q, uint64_t e0, uint64_t e1, uint64_t *b0,

@@ -17,11 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/mem.h"
-#include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/http_parse.h"
 #include "core/remote.h"
+#include "core/source.h"
 
 enum { TOKEN_MAX = 4096 }; /* the token file's first line, at most */
 

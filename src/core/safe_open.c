@@ -28,7 +28,7 @@ bool bs_plain_name(const char *n)
 /* One name in a directory, as unlinkat, renameat and mkdirat take it: not
  * empty, not "." or "..", no '/', at most NAME_MAX bytes. (Control
  * characters are the user's to put in a file name: a checkpoint named
- * "a\tb.safetensors" has a staging directory and temp files named after
+ * "a\tb.ext" has a staging directory and temp files named after
  * it; bs_plain_name, which refuses them, is for names read from a file.) */
 static bool one_name(const char *n)
 {

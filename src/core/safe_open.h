@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 /* What the file must be (`want`: one type, plus flags). */
 #define BS_SAFE_REG 1u       /* a regular file */

@@ -24,14 +24,13 @@
 #define MAGIC "burnstore-set-journal 1\n"
 #define TAG ".burnstore-journal"
 #define TMP_TAG ".burnstore-tmp-"
-#define SHARD_SUFFIX ".safetensors"
 #define WAIT_MS 5000 /* how long a reader waits for a committed live writer */
 
-bool bs_set_is_shard_name(const char *name)
+bool bs_set_is_member(const char *name, const char *suffix)
 {
   size_t n = strlen(name);
-  return bs_plain_name(name) && name[0] != '.' && n > strlen(SHARD_SUFFIX) &&
-         bs_ends_with(name, n, SHARD_SUFFIX, true);
+  return bs_plain_name(name) && name[0] != '.' && n > strlen(suffix) &&
+         bs_ends_with(name, n, suffix, true);
 }
 
 /* ---- The journal's text --------------------------------------------------------------------- */
@@ -50,8 +49,8 @@ static int jfail(bs_err *err, const char *where, size_t line, const char *what)
   return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "%s: line %zu: %s", where, line, what);
 }
 
-int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_set_plan *p,
-                      bs_err *err)
+int bs_set_plan_parse(const char *where, const char *suffix, const void *bytes, size_t n,
+                      struct bs_set_plan *p, bs_err *err)
 {
   const char *text = bytes;
   memset(p, 0, sizeof *p);
@@ -95,7 +94,7 @@ int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_
       p->index = ok ? f[1] : NULL;
     } else if (!p->prepared && strcmp(f[0], "new") == 0 && nf == 2) {
       ok = bs_plain_name(f[1]) &&
-           bs_set_is_shard_name(f[1]) != (p->index && !strcmp(f[1], p->index));
+           bs_set_is_member(f[1], suffix) != (p->index && !strcmp(f[1], p->index));
       if (ok && (bs_grow((void **)&p->newf, &p->cnew, p->nnew + 1, sizeof *p->newf) != 0 ||
                  bs_strmap_put(&news, f[1], p->nnew) < 0)) {
         bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
@@ -104,7 +103,7 @@ int bs_set_plan_parse(const char *where, const void *bytes, size_t n, struct bs_
       if (ok)
         p->newf[p->nnew++] = f[1];
     } else if (!p->prepared && strcmp(f[0], "old") == 0 && nf == 2) {
-      ok = bs_set_is_shard_name(f[1]);
+      ok = bs_set_is_member(f[1], suffix);
       if (ok && bs_grow((void **)&p->oldf, &p->cold, p->nold + 1, sizeof *p->oldf) != 0) {
         bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
         goto out;
@@ -285,7 +284,7 @@ static int plan(const struct bs_set *s, const void *text, size_t n, struct bs_se
   char *where = bs_path_join(s->dir, s->jname);
   if (!where)
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  int rc = bs_set_plan_parse(where, text, n, p, err);
+  int rc = bs_set_plan_parse(where, s->suffix, text, n, p, err);
   if (rc == 0 && p->index && strcmp(p->index, s->index) != 0) {
     /* two long index names may share a (cut) journal name: not this set's */
     rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
@@ -324,10 +323,11 @@ static void set_close(struct bs_set *s)
 }
 
 /* dir, jname and dirfd of the set whose index is index_path. */
-static int set_open_dir(struct bs_set *s, const char *index_path, bs_err *err)
+static int set_open_dir(struct bs_set *s, const char *index_path, const char *suffix, bs_err *err)
 {
   memset(s, 0, sizeof *s);
   s->fd = s->dirfd = -1;
+  s->suffix = suffix;
   const char *slash = strrchr(index_path, '/');
   const char *base = slash ? slash + 1 : index_path;
   size_t room = NAME_MAX - 1 - (sizeof TAG - 1), blen = strlen(base);
@@ -465,14 +465,14 @@ static int recover_open(struct bs_set *s, bool writer, bool *did, bs_err *err)
                  s->jname);
 }
 
-int bs_set_recover(const char *index_path, bool *did, bs_err *err)
+int bs_set_recover(const char *index_path, const char *suffix, bool *did, bs_err *err)
 {
   if (did)
     *did = false;
   struct bs_set s;
   bs_err sub;
   bs_err_clear(&sub);
-  if (set_open_dir(&s, index_path, &sub) !=
+  if (set_open_dir(&s, index_path, suffix, &sub) !=
       0) /* no directory we can open: no journal we could see */
     return sub.code == ENOMEM ? bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory") : 0;
   bs_err_clear(&sub);
@@ -519,7 +519,7 @@ static int write_journal(struct bs_set *s, size_t from, bs_err *err)
   return 0;
 }
 
-int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
+int bs_set_begin(struct bs_set *s, const char *index_path, const char *suffix, bs_err *err)
 {
   /* The journal holds the set's names one a line, tab-separated: a name
    * with a control character could not be read back, and the commit would
@@ -535,7 +535,7 @@ int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err)
                    "the set's files one a line); name it without one",
                    bs_text_clean(shown));
   }
-  if (set_open_dir(s, index_path, err) != 0)
+  if (set_open_dir(s, index_path, suffix, err) != 0)
     return -1;
   for (int tries = 0; s->fd < 0; tries++) {
     if (tries == 100 || recover_open(s, true, NULL, err) != 0)

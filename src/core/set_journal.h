@@ -22,17 +22,23 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/err.h"
-#include "burnstore/sink.h"
+#include "core/err.h"
+#include "core/sink.h"
 
 struct bs_set {
-  int dirfd;        /* the index's directory */
-  int fd;           /* the journal, flock'd while the set is written */
-  char *dir;        /* owned: the directory, for messages and paths */
-  char *jname;      /* owned: the journal's name in dir */
-  char *index;      /* owned: the index's name in dir */
-  struct bs_buf jb; /* what the journal holds so far */
+  int dirfd;          /* the index's directory */
+  int fd;             /* the journal, flock'd while the set is written */
+  char *dir;          /* owned: the directory, for messages and paths */
+  char *jname;        /* owned: the journal's name in dir */
+  char *index;        /* owned: the index's name in dir */
+  const char *suffix; /* borrowed (static): how every member's name ends */
+  struct bs_buf jb;   /* what the journal holds so far */
 };
+
+/* The set of every call is named by its index's path and the suffix that
+ * ends the name of each of its members (the writer's: the files a journal
+ * may name new or old, so a journal cannot make recovery touch any other
+ * file of the directory). */
 
 /* Complete or roll back an interrupted write of the set whose index is
  * `index_path`, as its journal says. 0 when nothing was pending or it was
@@ -40,12 +46,13 @@ struct bs_set {
  * that has not committed leaves the old set whole: 0, nothing done. One that
  * has committed is waited for (a few seconds: it only renames), then EBUSY.
  * A journal that cannot be applied is kept: -1, naming it. */
-BS_NODISCARD int bs_set_recover(const char *index_path, bool *did, bs_err *err);
+BS_NODISCARD int bs_set_recover(const char *index_path, const char *suffix, bool *did, bs_err *err);
 
 /* Start writing a set: recover a pending journal (EBUSY while another writer
  * holds it), then create and lock an empty journal, which keeps other writers
  * of the set out until commit or abort (read the old index after this). */
-BS_NODISCARD int bs_set_begin(struct bs_set *s, const char *index_path, bs_err *err);
+BS_NODISCARD int bs_set_begin(struct bs_set *s, const char *index_path, const char *suffix,
+                              bs_err *err);
 /* Record the new files `newf` (names in the index's directory, the index
  * among them) and the old files `oldf` to remove once the index is in;
  * fsynced with the directory before the caller creates any temp file. On
@@ -84,12 +91,12 @@ struct bs_set_plan {
  * record burnstore does not write is EINVAL naming `where` and the line, and
  * p is empty; a commit record cut or with a wrong checksum leaves committed
  * false. */
-BS_NODISCARD int bs_set_plan_parse(const char *where, const void *text, size_t n,
-                                   struct bs_set_plan *p, bs_err *err);
+BS_NODISCARD int bs_set_plan_parse(const char *where, const char *suffix, const void *text,
+                                   size_t n, struct bs_set_plan *p, bs_err *err);
 void bs_set_plan_destroy(struct bs_set_plan *p); /* safe on a zeroed or destroyed plan */
 
 /* A name the set may own: a plain file name (no '/', not hidden, no control
- * characters) ending in ".safetensors". */
-bool bs_set_is_shard_name(const char *name);
+ * characters) ending in `suffix` (ASCII case ignored). */
+bool bs_set_is_member(const char *name, const char *suffix);
 
 #endif

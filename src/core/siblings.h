@@ -6,8 +6,8 @@
 
 #include <stddef.h>
 
-#include "burnstore/err.h"
-#include "burnstore/source.h"
+#include "core/err.h"
+#include "core/source.h"
 
 /* Called with shard i (in order), which it takes over (*s is its to keep
  * or destroy); 0, or -1 with err set (the whole opening stops). */

@@ -13,11 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/crc32.h"
 #include "core/safe_open.h"
+#include "core/sink.h"
 #include "core/target.h"
 
 #define TMP_TAG ".burnstore-tmp-"

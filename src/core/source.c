@@ -1,6 +1,6 @@
 /* The byte sources: the generic calls (bounds, exact reads) over an ops
  * table, and the kinds that implement it. */
-#include "burnstore/source.h"
+#include "core/source.h"
 
 #include <errno.h>
 #include <fcntl.h>

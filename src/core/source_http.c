@@ -18,10 +18,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/http_parse.h"
+#include "core/source.h"
 #include "core/source_http.h"
 
 enum {

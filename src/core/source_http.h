@@ -10,9 +10,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "burnstore/source.h"
 #include "core/http_client.h"
 #include "core/remote.h"
+#include "core/source.h"
 
 enum {
   BS_HTTP_FIRST = 64 << 10, /* the opening request's bytes (a header's start) */

@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/source.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
 #include "core/safe_open.h"
+#include "core/source.h"
 
 char *bs_abs_path(const char *p)
 {
@@ -69,9 +69,7 @@ static bool link_trusted(const struct stat *lst)
   return lst->st_uid == geteuid() || lst->st_uid == 0;
 }
 
-/* bs_abs_path, and the chain of links at the last component followed,
- * stopping at one link_trusted refuses when `trusted_only`. */
-static char *follow_links(const char *p, bool trusted_only)
+char *bs_follow_links(const char *p, bool trusted_only)
 {
   char *abs = bs_abs_path(p);
   /* A symlink is followed by hand, each target resolved as bs_abs_path
@@ -111,14 +109,9 @@ static char *follow_links(const char *p, bool trusted_only)
   return abs;
 }
 
-char *bs_mountpoint_path(const char *p)
-{
-  return follow_links(p, false);
-}
-
 char *bs_link_path(const char *p)
 {
-  return follow_links(p, true);
+  return bs_follow_links(p, true);
 }
 
 char *bs_write_path(const char *p, bs_err *err)
@@ -339,64 +332,7 @@ void bs_run_sweep(void)
   close(dfd);
 }
 
-/* /proc/self/mounts writes space, tab, newline and backslash in a path as
- * \ooo; decode the mountpoint field in place (it ends at the next space). */
-static char *mounts_field(char *p)
-{
-  char *o = p, *start = p;
-  for (; *p && *p != ' '; p++) {
-    if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' &&
-        p[3] <= '7') {
-      *o++ = (char)((p[1] - '0') << 6 | (p[2] - '0') << 3 | (p[3] - '0'));
-      p += 3;
-    } else {
-      *o++ = *p;
-    }
-  }
-  *o = '\0';
-  return start;
-}
-
-bool bs_is_mounted(const char *mnt)
-{
-  FILE *f = fopen("/proc/self/mounts", "r");
-  if (!f)
-    return true;
-  /* No line limit: a mountpoint escapes to up to 4 bytes a character (a
-   * line cut short would hide the mount, and -u would wait for ever). */
-  char *line = NULL;
-  size_t cap = 0;
-  bool found = false;
-  while (!found && getline(&line, &cap, f) > 0) {
-    char *a = strchr(line, ' ');
-    found = a && strcmp(mounts_field(a + 1), mnt) == 0;
-  }
-  free(line);
-  fclose(f);
-  return found;
-}
-
-/* The length of NAME when base is NAME-<digits>-of-<digits>.safetensors, else 0. */
-static size_t shard_stem(const char *base, size_t n)
-{
-  static const char st[] = ".safetensors";
-  if (!bs_ends_with(base, n, st, true))
-    return 0;
-  size_t i = n - (sizeof st - 1), d = i;
-  while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
-    d--;
-  if (d == i || d < 4 || strncmp(base + d - 4, "-of-", 4) != 0)
-    return 0;
-  i = d - 4;
-  d = i;
-  while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
-    d--;
-  if (d == i || d < 2 || base[d - 1] != '-')
-    return 0;
-  return d - 1;
-}
-
-char *bs_target_key(const char *target, bs_err *err)
+char *bs_target_key(const char *target, bs_target_name_fn name, bs_err *err)
 {
   char *real = realpath(target, NULL); /* one lock whatever symlink names it */
   char *abs = real ? bs_strdup(real) : bs_abs_path(target);
@@ -407,22 +343,24 @@ char *bs_target_key(const char *target, bs_err *err)
     return NULL;
   }
   char *slash = strrchr(abs, '/');
-  char *base = slash ? slash + 1 : abs;
-  size_t n = strlen(base), stem = 0;
-  if (bs_ends_with(base, n, ".safetensors.index.json", true))
-    stem = n - strlen(".safetensors.index.json");
+  char *base = slash ? slash + 1 : abs, set[NAME_MAX + 1];
+  if (!name || !name(base, set, sizeof set))
+    return abs;
+  /* a file of a set: the set's one name */
+  char *key = bs_malloc((size_t)(base - abs) + strlen(set) + 1);
+  if (key)
+    sprintf(key, "%.*s%s", (int)(base - abs), abs, set);
   else
-    stem = shard_stem(base, n);
-  if (stem > 0) /* the set: NAME.safetensors (shorter than what it replaces) */
-    memmove(base + stem, ".safetensors", sizeof ".safetensors");
-  return abs;
+    bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  bs_free(abs);
+  return key;
 }
 
-static void record(int fd, const char *target, const char *holder)
+static void record(int fd, const char *target, const char *holder, bool unmounted)
 {
   char text[PATH_MAX * 2 + 128];
-  int n = snprintf(text, sizeof text, "pid %ld\nholder %s\ntarget %s\n", (long)getpid(), holder,
-                   target);
+  int n = snprintf(text, sizeof text, "pid %ld\nholder %s\ntarget %s\n%s", (long)getpid(), holder,
+                   target, unmounted ? "unmounted\n" : "");
   if (n < 0 || n >= (int)sizeof text)
     return;
   /* informative only */
@@ -430,10 +368,10 @@ static void record(int fd, const char *target, const char *holder)
     fsync(fd);
 }
 
-void bs_target_lock_update(int fd, const char *target, const char *holder)
+void bs_target_lock_update(int fd, const char *target, const char *holder, bool unmounted)
 {
   if (fd >= 0)
-    record(fd, target, holder);
+    record(fd, target, holder, unmounted);
 }
 
 /* The refusal: who holds it, from the record it wrote. bs_err's message is
@@ -460,7 +398,7 @@ static int refuse(int fd, const char *target, bs_err *err)
     if (holder[0] != '/')
       snprintf(msg, sizeof msg, "%s is being written by burnstore %s (pid %ld): wait for it to end",
                t, holder, pid);
-    else if (!bs_is_mounted(holder))
+    else if (strstr(buf, "\nunmounted\n"))
       snprintf(msg, sizeof msg,
                "%s is still being written back by the daemon of %s (burnstore pid %ld, already "
                "unmounted): wait for it",
@@ -476,9 +414,9 @@ static int refuse(int fd, const char *target, bs_err *err)
   return bs_fail(err, EBUSY, BS_OFF_NONE, NULL, "%s", msg);
 }
 
-int bs_target_lock(const char *target, const char *holder, bs_err *err)
+int bs_target_lock(const char *target, bs_target_name_fn name, const char *holder, bs_err *err)
 {
-  char *key = bs_target_key(target, err);
+  char *key = bs_target_key(target, name, err);
   if (!key)
     return -1;
   char path[PATH_MAX];
@@ -505,7 +443,7 @@ int bs_target_lock(const char *target, const char *holder, bs_err *err)
     }
     usleep(20000);
   }
-  record(fd, target, holder);
+  record(fd, target, holder, false);
   return fd;
 }
 

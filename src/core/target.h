@@ -7,9 +7,9 @@
  * where RUN is /run/burnstore for root and $XDG_RUNTIME_DIR/burnstore (else
  * /tmp/burnstore-UID) for others. The key is the canonical target: the
  * realpath of the target (or of its directory, for a file that does not exist
- * yet) + its base name, where every name of a SafeTensors set
- * (NAME.safetensors, NAME.safetensors.index.json, NAME-0000K-of-0000N.safetensors)
- * is NAME.safetensors: the set replaces a single file of that name. The lock
+ * yet) + its base name, where every name of a set of files (an index and its
+ * members) is the name of the single file the set replaces, as the writer
+ * of the set says (bs_target_name_fn: the writers table's set_name). The lock
  * file names its holder (pid and what: a mountpoint, "convert", "--finish DIR")
  * for the refusal of the next writer. */
 #ifndef BURNSTORE_TARGET_H
@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 struct bs_catalog;
 
@@ -39,10 +39,12 @@ char *bs_link_path(const char *p);
  * its owner) when it ends at another user's link, which could name any
  * file. */
 char *bs_write_path(const char *p, bs_err *err);
-/* A mountpoint as the mount table names it: every link followed (the
- * kernel mounts on the target; a mount whose daemon may hang is never
- * stat'ed). */
-char *bs_mountpoint_path(const char *p);
+/* bs_abs_path, and the chain of links at the last component followed (40
+ * hops at most), each target resolved the same way, never stat-ing the
+ * directory it ends at (which may be a mount whose daemon hangs); when
+ * `trusted_only`, stopping at a link of another user's (bs_link_path).
+ * Owned; NULL with errno. */
+char *bs_follow_links(const char *p, bool trusted_only);
 
 /* "dir/name" into buf (n bytes). 0, or -1 with err (ENAMETOOLONG) naming
  * dir and name when it does not fit: never a cut path, which could name
@@ -87,24 +89,32 @@ void bs_run_sweep(void);
  * stat'ed by name now; a source that is no file, or is gone, is skipped. */
 unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode);
 
-/* Is `mnt` (absolute) a mountpoint in /proc/self/mounts? (true if unreadable) */
-bool bs_is_mounted(const char *mnt);
+/* How a writer names a target for its lock: true with the one name every
+ * file of a set stands under in out (n bytes) when `base` (a base name) is
+ * one of the set's names; false: base is its own. */
+typedef bool (*bs_target_name_fn)(const char *base, char *out, size_t n);
 
-/* The canonical key of `target` (see above). Owned; NULL with err set. */
-char *bs_target_key(const char *target, bs_err *err);
+/* The canonical key of `target` (see above) with the sets' naming `name`
+ * (NULL: none). Owned; NULL with err set. */
+char *bs_target_key(const char *target, bs_target_name_fn name, bs_err *err);
 
-/* Take the target lock of `target` for `holder`: an absolute mountpoint for a
- * mount, else a word naming the writer ("convert", "--finish DIR"). A holder
+/* Take the target lock of `target` (key: bs_target_key with `name`; a
+ * writer takes it through bs_writer_lock, writers.h) for `holder`: an
+ * absolute mountpoint for a mount, else a word naming the writer
+ * ("convert", "--finish DIR"). A holder
  * that just ended (a daemon finishing its write-back) is waited for about a
  * second. Returns the lock's fd (the caller closes it when its write is
  * done; a forked daemon inherits it), or -1 with EBUSY and one line naming
  * the holder, its pid and what to do in err. */
-BS_NODISCARD int bs_target_lock(const char *target, const char *holder, bs_err *err);
+BS_NODISCARD int bs_target_lock(const char *target, bs_target_name_fn name, const char *holder,
+                                bs_err *err);
 /* Let the lock go: remove its file (found by the fd's own name, if it is
  * still this fd's: the target's key may have changed meanwhile, as when a
  * write replaced a symlink), close fd. */
 void bs_target_unlock(int fd);
-/* Rewrite the holder record after a fork (the daemon's real pid). */
-void bs_target_lock_update(int fd, const char *target, const char *holder);
+/* Rewrite the holder record: after a fork (the daemon's real pid), and once
+ * a mount's session has ended (`unmounted`: the refusal of the next writer
+ * then says the daemon is writing back, not that the target is mounted). */
+void bs_target_lock_update(int fd, const char *target, const char *holder, bool unmounted);
 
 #endif

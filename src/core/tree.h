@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/err.h"
+#include "core/catalog.h"
+#include "core/err.h"
 
 #define BS_TREE_ROOT 1u
 #define BS_SELF_NAME "%%" /* a tensor whose key is also a directory's key */

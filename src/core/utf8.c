@@ -1,5 +1,8 @@
 #include "core/utf8.h"
 
+#include <stdio.h>
+#include <string.h>
+
 size_t bs_utf8_len(const uint8_t *s, size_t left)
 {
   uint8_t c = s[0];
@@ -41,4 +44,24 @@ bool bs_utf8_valid(const void *s, size_t n, size_t *bad)
     i += l;
   }
   return true;
+}
+
+const char *bs_name_printable(const char *name, char *buf, size_t n)
+{
+  size_t len = strlen(name), o = 0;
+  for (size_t i = 0; i < len && n > 0;) {
+    size_t l = bs_utf8_len((const uint8_t *)name + i, len - i);
+    if (l == 0 && o + 4 < n) {
+      snprintf(buf + o, n - o, "\\x%02x", (unsigned char)name[i]);
+      o += 4, i++;
+    } else if (l > 0 && o + l < n) {
+      memcpy(buf + o, name + i, l);
+      o += l, i += l;
+    } else {
+      break;
+    }
+  }
+  if (n > 0)
+    buf[o < n ? o : n - 1] = '\0';
+  return buf;
 }

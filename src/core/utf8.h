@@ -13,5 +13,8 @@ size_t bs_utf8_len(const uint8_t *s, size_t left);
 /* Whether s[0..n) is valid UTF-8. If not and bad is not NULL, *bad gets the
  * offset of the first byte that does not start a valid sequence. */
 bool bs_utf8_valid(const void *s, size_t n, size_t *bad);
+/* `name` for a message: bytes that are not valid UTF-8 as \xNN, cut to fit
+ * n. Returns buf. */
+const char *bs_name_printable(const char *name, char *buf, size_t n);
 
 #endif

@@ -24,10 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
-#include "core/cbor_item.h"
 #include "core/checked.h"
+#include "formats/burnpack_dtype.h"
+#include "formats/cbor_item.h"
+#include "formats/formats.h"
 
 #define HDR_LEN 10u
 

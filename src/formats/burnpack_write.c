@@ -22,11 +22,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/version.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/version.h"
+#include "formats/burnpack_dtype.h"
 #include "formats/burnpack_write.h"
+#include "formats/write_common.h"
 
 #define HDR_LEN 10u
 

@@ -9,8 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
+#include "core/sink.h"
+#include "formats/limits.h"
 
 /* Which tensors to write, in data order: indices into cat->tensors. NULL means
  * every tensor that is not hidden, in catalog order. Names written are

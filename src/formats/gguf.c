@@ -32,9 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "formats/safetensors_write.h" /* bs_st_json_string_n */
 #include "gguf_private.h"
 

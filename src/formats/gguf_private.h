@@ -9,10 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
-#include "burnstore/sink.h"
-#include "burnstore/writers.h"
+#include "core/catalog.h"
+#include "core/sink.h"
+#include "formats/formats.h"
+#include "formats/write_common.h"
 
 /* GGUF value types (docs/gguf.md, gguf_metadata_value_type). */
 enum bs_gguf_vtype {

@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/utf8.h"
+#include "formats/write_common.h"
 #include "gguf_private.h"
 
 #define CHUNK BS_SINK_CHUNK

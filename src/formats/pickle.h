@@ -12,9 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
-#include "burnstore/err.h"
-#include "burnstore/source.h"
+#include "core/dtype.h"
+#include "core/err.h"
+#include "core/source.h"
+#include "formats/limits.h"
 
 enum bs_pv_kind {
   BS_PV_NONE,

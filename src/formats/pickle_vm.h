@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 #include "formats/pickle.h"
 #include "formats/torch_pickle.h"
 

@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/formats.h"
 #include "core/strmap.h"
+#include "formats/formats.h"
 #include "formats/pickle.h"
 #include "formats/torch_pickle.h"
 #include "formats/zip.h"

@@ -14,8 +14,8 @@
 #include <errno.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/source.h"
+#include "core/source.h"
+#include "formats/formats.h"
 
 const uint8_t bs_pth_legacy_magic[10] = {0x6c, 0xfc, 0x9c, 0x46, 0xf9,
                                          0x20, 0x6a, 0xa8, 0x50, 0x19};

@@ -40,13 +40,13 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/crc32.h"
+#include "formats/formats.h"
 #include "formats/pickle.h"
 #include "formats/pth_write.h"
+#include "formats/write_common.h"
 #include "formats/zip.h"
 #include "pth_private.h"
 

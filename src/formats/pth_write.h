@@ -5,8 +5,8 @@
 #ifndef BURNSTORE_PTH_WRITE_H
 #define BURNSTORE_PTH_WRITE_H
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
+#include "core/sink.h"
 
 /* Data of every zip member starts at a multiple of this (torch's alignment,
  * so that torch.load(mmap=True) can map storages). */

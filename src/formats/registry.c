@@ -22,32 +22,63 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "formats/safetensors_sharded.h"
 
 static const struct bs_format_desc formats[] = {
-    [BS_FMT_NONE] = {"none", {NULL}, NULL, NULL, NULL, NULL},
-    [BS_FMT_BURNPACK] = {"burnpack", {".bpk"}, bs_bpk_sniff, bs_bpk_read, bs_bpk_describe, NULL},
-    [BS_FMT_SAFETENSORS] = {"safetensors", {".safetensors"}, bs_st_sniff, bs_st_read, NULL, NULL},
-    [BS_FMT_GGUF] = {"gguf", {".gguf"}, bs_gguf_sniff, bs_gguf_read, NULL, bs_gguf_render},
-    [BS_FMT_PYTORCH] = {"pytorch",
-                        {".pt", ".pth", ".bin", ".ckpt", ".tar"},
-                        bs_pth_sniff,
-                        bs_pth_read,
-                        bs_pth_describe,
-                        NULL},
-    [BS_FMT_ST_SHARDED] = {"safetensors-sharded",
-                           {".safetensors.index.json"},
-                           bs_st_index_sniff,
-                           bs_st_index_read,
-                           bs_st_index_describe,
-                           NULL},
+    [BS_FMT_NONE] = {.name = "none"},
+    [BS_FMT_BURNPACK] = {.name = "burnpack",
+                         .exts = {".bpk"},
+                         .sniff = bs_bpk_sniff,
+                         .read = bs_bpk_read,
+                         .describe = bs_bpk_describe},
+    [BS_FMT_SAFETENSORS] = {.name = "safetensors",
+                            .exts = {".safetensors"},
+                            .sniff = bs_st_sniff,
+                            .read = bs_st_read},
+    [BS_FMT_GGUF] = {.name = "gguf",
+                     .exts = {".gguf"},
+                     .sniff = bs_gguf_sniff,
+                     .read = bs_gguf_read,
+                     .meta_text = bs_gguf_render},
+    [BS_FMT_PYTORCH] = {.name = "pytorch",
+                        .exts = {".pt", ".pth", ".bin", ".ckpt", ".tar"},
+                        .sniff = bs_pth_sniff,
+                        .read = bs_pth_read,
+                        .describe = bs_pth_describe},
+    [BS_FMT_ST_SHARDED] = {.name = "safetensors-sharded",
+                           .exts = {".safetensors.index.json"},
+                           .sniff = bs_st_index_sniff,
+                           .read = bs_st_index_read,
+                           .describe = bs_st_index_describe,
+                           .find_in_dir = bs_st_index_find},
 };
 _Static_assert(sizeof formats / sizeof formats[0] == BS_FMT_COUNT,
                "the format table has one row per enum bs_format value");
+
+int bs_format_in_dir(const char *dir, char **path, bs_err *err)
+{
+  *path = NULL;
+  bs_err first;
+  bs_err_clear(&first);
+  for (size_t f = 0; f < BS_FMT_COUNT; f++) {
+    if (!formats[f].find_in_dir)
+      continue;
+    bs_err sub;
+    bs_err_clear(&sub);
+    if (formats[f].find_in_dir(dir, path, &sub) == 0)
+      return 0;
+    if (sub.code != ENOENT)
+      return bs_fail(err, sub.code, sub.off, NULL, "%s", sub.msg);
+    if (!first.code)
+      first = sub;
+  }
+  return bs_fail(err, ENOENT, BS_OFF_NONE, NULL, "%s",
+                 first.code ? first.msg : "a directory, which holds no checkpoint burnstore reads");
+}
 
 const struct bs_format_desc *bs_format_desc(enum bs_format f)
 {

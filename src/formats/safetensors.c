@@ -26,10 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/utf8.h"
+#include "formats/formats.h"
 
 #define PREFIX 8u
 

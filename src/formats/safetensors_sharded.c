@@ -27,7 +27,7 @@
 #include "core/strmap.h"
 #include "formats/safetensors_sharded.h"
 
-#define INDEX_SUFFIX ".safetensors.index.json"
+#define INDEX_SUFFIX BS_ST_INDEX_SUFFIX
 #define MAX_NOTES 100
 
 void bs_st_index_destroy(struct bs_st_index *ix)
@@ -370,7 +370,7 @@ static int recover_first(struct bs_catalog *cat, uint32_t src, bs_err *err)
   if (!bs_src_ident(s, &id))
     return 0; /* no file (memory): no directory */
   bool did = false;
-  if (bs_set_recover(s->name, &did, err) != 0)
+  if (bs_set_recover(s->name, BS_ST_SHARD_SUFFIX, &did, err) != 0)
     return -1;
   struct bs_src fresh;
   if (!did)
@@ -458,6 +458,37 @@ int bs_st_index_find(const char *dir, char **path, bs_err *err)
     rc = bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
   bs_free(found);
   return rc;
+}
+
+/* The length of NAME when base is NAME-<digits>-of-<digits>.safetensors, else 0. */
+static size_t shard_stem(const char *base, size_t n)
+{
+  static const char st[] = BS_ST_SHARD_SUFFIX;
+  if (!bs_ends_with(base, n, st, true))
+    return 0;
+  size_t i = n - (sizeof st - 1), d = i;
+  while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
+    d--;
+  if (d == i || d < 4 || strncmp(base + d - 4, "-of-", 4) != 0)
+    return 0;
+  i = d - 4;
+  d = i;
+  while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
+    d--;
+  if (d == i || d < 2 || base[d - 1] != '-')
+    return 0;
+  return d - 1;
+}
+
+bool bs_st_set_name(const char *base, char *out, size_t n)
+{
+  size_t len = strlen(base), stem = 0;
+  if (bs_ends_with(base, len, BS_ST_INDEX_SUFFIX, true))
+    stem = len - strlen(BS_ST_INDEX_SUFFIX);
+  else
+    stem = shard_stem(base, len);
+  int w = stem > 0 ? snprintf(out, n, "%.*s" BS_ST_SHARD_SUFFIX, (int)stem, base) : -1;
+  return w > 0 && (size_t)w < n;
 }
 
 void bs_st_index_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx)

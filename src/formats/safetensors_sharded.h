@@ -9,8 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
+#include "core/catalog.h"
+#include "formats/formats.h"
+
+/* The names of a set: its index NAME.safetensors.index.json, its shards
+ * (members, core/set_journal.h) NAME-0000K-of-0000N.safetensors. */
+#define BS_ST_INDEX_SUFFIX ".safetensors.index.json"
+#define BS_ST_SHARD_SUFFIX ".safetensors"
 
 struct bs_st_index_entry {
   char *key;      /* owned */
@@ -53,6 +58,11 @@ BS_NODISCARD int bs_st_index_read(struct bs_catalog *cat, uint32_t src,
 /* The one *.safetensors.index.json in directory `dir`: *path gets
  * "dir/NAME" (bs_malloc'd). Fails when there is none or more than one. */
 BS_NODISCARD int bs_st_index_find(const char *dir, char **path, bs_err *err);
+
+/* The writers table's set_name: NAME.safetensors for a base name that is
+ * NAME.safetensors.index.json or NAME-<digits>-of-<digits>.safetensors
+ * (ASCII case ignored in the suffixes). */
+bool bs_st_set_name(const char *base, char *out, size_t n);
 
 /* The shard a tensor of a sharded catalog is read from, relative to the
  * index's directory (borrowed from the catalog), or NULL when cat is not a

@@ -24,51 +24,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/safe_open.h"
 #include "core/set_journal.h"
 #include "core/strmap.h"
+#include "formats/formats.h"
 #include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
 
 #define IDX_SUFFIX ".safetensors.index.json"
 #define ST_SUFFIX ".safetensors"
-
-int bs_st_parse_size(const char *s, uint64_t *out)
-{
-  static const struct {
-    const char *unit;
-    uint64_t mul;
-    bool bits_if_b; /* "Gb": gigabits, as Hugging Face reads it */
-  } units[] = {
-      {"GIB", 1ull << 30, false},  {"MIB", 1ull << 20, false}, {"KIB", 1ull << 10, false},
-      {"GB", 1000000000ull, true}, {"MB", 1000000ull, true},   {"KB", 1000ull, true},
-  };
-  size_t n = strlen(s), digits = 0;
-  while (digits < n && s[digits] >= '0' && s[digits] <= '9')
-    digits++;
-  if (digits == 0 || digits > 19)
-    return -1;
-  uint64_t v = strtoull(s, NULL, 10), mul = 1;
-  const char *unit = s + digits;
-  bool bits = false;
-  if (*unit) {
-    size_t i = 0;
-    for (; i < sizeof units / sizeof units[0]; i++)
-      if (strcasecmp(unit, units[i].unit) == 0)
-        break;
-    if (i == sizeof units / sizeof units[0])
-      return -1;
-    mul = units[i].mul;
-    bits = units[i].bits_if_b && unit[strlen(unit) - 1] == 'b';
-  }
-  if (!bs_mul_u64(v, mul, &v))
-    return -1;
-  *out = bits ? v / 8 : v;
-  return *out ? 0 : -1;
-}
 
 /* ---- JSON as Python's json.dumps writes it (ensure_ascii) -------------------------------- */
 
@@ -237,7 +203,7 @@ static int not_owned(const struct set *s, size_t k, const char *why, bs_err *err
 int bs_st_set_recover(const char *path, bs_err *err)
 {
   struct set s = {.dirfd = -1};
-  int rc = names(&s, path, err) == 0 && bs_set_recover(s.index, NULL, err) == 0 ? 0 : -1;
+  int rc = names(&s, path, err) == 0 && bs_set_recover(s.index, ST_SUFFIX, NULL, err) == 0 ? 0 : -1;
   set_destroy(&s);
   return rc;
 }
@@ -340,7 +306,7 @@ static int load_old(struct set *s, bs_err *err)
       return not_owned(s, k, "the index itself", err);
     if (strchr(name, '/'))
       return not_owned(s, k, "not a file of the index's own directory", err);
-    if (!bs_set_is_shard_name(name))
+    if (!bs_set_is_member(name, ST_SUFFIX))
       return not_owned(s, k, "not a shard file name (NAME.safetensors)", err);
     struct stat st;
     int r = fstatat(s->dirfd, name, &st, AT_SYMLINK_NOFOLLOW);
@@ -556,7 +522,7 @@ static int journal_names(const struct set *s, const char *path, const char ***ne
       fstatat(s->dirfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
     char who[160];
     bs_safe_owner(st.st_uid, who, sizeof who);
-    if (!S_ISREG(st.st_mode) || !bs_set_is_shard_name(base) ||
+    if (!S_ISREG(st.st_mode) || !bs_set_is_member(base, ST_SUFFIX) ||
         (st.st_uid != geteuid() && st.st_uid != 0))
       return bs_fail(err, EACCES, BS_OFF_NONE, NULL,
                      "%s (owned by %s) is not a regular NAME.safetensors file of yours; burnstore "
@@ -618,7 +584,7 @@ int bs_st_write_set(const struct bs_catalog *cat, const char *path, const struct
   /* An interrupted write of this set first completes or rolls back, so the
    * old index read next is a whole set's; the journal's lock keeps other
    * writers of the set out from here. */
-  if (bs_set_begin(&js, s.index, err) != 0 || load_old(&s, err) != 0)
+  if (bs_set_begin(&js, s.index, ST_SUFFIX, err) != 0 || load_old(&s, err) != 0)
     goto out;
   if (o->max_shard_size == 0 && s.have_old && s.old.nshards > s.nforeign) {
     if (keep_shards(&s, cat, err) != 0)

@@ -21,10 +21,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/safetensors_write.h"
+#include "formats/write_common.h"
 
 #define PREFIX 8u
 

@@ -18,9 +18,10 @@
 
 #include <stdbool.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
-#include "burnstore/writers.h"
+#include "core/catalog.h"
+#include "core/sink.h"
+#include "formats/limits.h"
+#include "formats/write_common.h"
 
 /* Can SafeTensors store this tensor (one of its 22 dtypes, a readable
  * source, not named __metadata__)? 0, or -1 with err naming the tensor and
@@ -84,13 +85,9 @@ BS_NODISCARD int bs_st_file_unchanged(const struct bs_catalog *cat, const size_t
  * file, a symlink) refuses the write up front, naming the entry (EACCES). */
 BS_NODISCARD int bs_st_write_set(const struct bs_catalog *cat, const char *path,
                                  const struct bs_write_opts *o, bs_err *err);
-/* Parse a size as Hugging Face spells it: "5GB" (10^9), "5GiB" (2^30),
- * "500MB", "100KB", "10MiB", "1KiB", "1000" (bytes); units in any case, a
- * unit ending in a lower-case 'b' ("5Gb") counts bits. 0, or -1. */
 /* Complete or roll back an interrupted write of the shard set whose target
  * is `path` (NAME.safetensors.index.json, or NAME.safetensors written as a
  * set): see core/set_journal.h. */
 BS_NODISCARD int bs_st_set_recover(const char *path, bs_err *err);
-BS_NODISCARD int bs_st_parse_size(const char *s, uint64_t *out);
 
 #endif

@@ -5,7 +5,7 @@
 
 #include <stdbool.h>
 
-#include "burnstore/dtype.h"
+#include "core/dtype.h"
 #include "formats/pickle.h"
 
 /* What a GLOBAL resolved to. */

@@ -4,14 +4,16 @@
 #include <string.h>
 #include <strings.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/target.h"
 #include "core/utf8.h"
 #include "formats/burnpack_write.h"
+#include "formats/formats.h"
 #include "formats/pth_write.h"
+#include "formats/safetensors_sharded.h"
 #include "formats/safetensors_write.h"
+#include "formats/writers.h"
 #include "gguf_private.h"
 
 static int bpk_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
@@ -61,17 +63,62 @@ static int pth_in_place_ok(const struct bs_catalog *cat, bool *fixed, bs_err *er
 /* A NAME.safetensors target may have been written as a shard set
  * (rw,max_shard_size=): both SafeTensors rows recover a set's journal. */
 const struct bs_writer bs_writers[] = {
-    {"burnpack", BS_FMT_BURNPACK, bpk_ext, bs_bpk_can_write, bs_bpk_name_ok, bs_bpk_default_meta,
-     bpk_write, NULL, utf8_meta, NULL, NULL, NULL, false, NULL, false},
-    {"safetensors", BS_FMT_SAFETENSORS, st_ext, bs_st_can_write, bs_st_name_ok, bs_st_default_meta,
-     bs_st_write, NULL, utf8_meta, NULL, NULL, NULL, false, bs_st_set_recover, false},
-    {"safetensors-sharded", BS_FMT_ST_SHARDED, st_sharded_ext, bs_st_can_write, bs_st_name_ok,
-     bs_st_default_meta, bs_st_write, bs_st_write_set, utf8_meta, NULL, NULL, NULL, false,
-     bs_st_set_recover, false},
-    {"gguf", BS_FMT_GGUF, gguf_ext, bs_gguf_can_write, bs_gguf_name_ok, NULL, bs_gguf_write, NULL,
-     bs_gguf_check_meta, bs_gguf_meta_rules, bs_gguf_meta_rules_free, NULL, false, NULL, true},
-    {"pytorch", BS_FMT_PYTORCH, pth_ext, bs_pth_can_write, bs_pth_name_ok, NULL, bs_pth_write, NULL,
-     NULL, NULL, NULL, pth_in_place_ok, true, NULL, false},
+    {
+        .name = "burnpack",
+        .format = BS_FMT_BURNPACK,
+        .extensions = bpk_ext,
+        .can_write = bs_bpk_can_write,
+        .name_ok = bs_bpk_name_ok,
+        .default_meta = bs_bpk_default_meta,
+        .write = bpk_write,
+        .check_meta = utf8_meta,
+    },
+    {
+        .name = "safetensors",
+        .format = BS_FMT_SAFETENSORS,
+        .extensions = st_ext,
+        .can_write = bs_st_can_write,
+        .name_ok = bs_st_name_ok,
+        .default_meta = bs_st_default_meta,
+        .write = bs_st_write,
+        .check_meta = utf8_meta,
+        .recover = bs_st_set_recover,
+    },
+    {
+        .name = "safetensors-sharded",
+        .format = BS_FMT_ST_SHARDED,
+        .extensions = st_sharded_ext,
+        .can_write = bs_st_can_write,
+        .name_ok = bs_st_name_ok,
+        .default_meta = bs_st_default_meta,
+        .write = bs_st_write,
+        .write_set = bs_st_write_set,
+        .check_meta = utf8_meta,
+        .recover = bs_st_set_recover,
+        .set_name = bs_st_set_name,
+    },
+    {
+        .name = "gguf",
+        .format = BS_FMT_GGUF,
+        .extensions = gguf_ext,
+        .can_write = bs_gguf_can_write,
+        .name_ok = bs_gguf_name_ok,
+        .write = bs_gguf_write,
+        .check_meta = bs_gguf_check_meta,
+        .meta_rules = bs_gguf_meta_rules,
+        .meta_rules_free = bs_gguf_meta_rules_free,
+        .meta_refs = true,
+    },
+    {
+        .name = "pytorch",
+        .format = BS_FMT_PYTORCH,
+        .extensions = pth_ext,
+        .can_write = bs_pth_can_write,
+        .name_ok = bs_pth_name_ok,
+        .write = bs_pth_write,
+        .in_place_ok = pth_in_place_ok,
+        .drops_meta = true,
+    },
 };
 const size_t bs_nwriters = sizeof bs_writers / sizeof bs_writers[0];
 
@@ -124,52 +171,6 @@ const char *bs_writer_list(char *buf, size_t n)
   return buf;
 }
 
-const char *bs_name_printable(const char *name, char *buf, size_t n)
-{
-  size_t len = strlen(name), o = 0;
-  for (size_t i = 0; i < len && n > 0;) {
-    size_t l = bs_utf8_len((const uint8_t *)name + i, len - i);
-    if (l == 0 && o + 4 < n) {
-      snprintf(buf + o, n - o, "\\x%02x", (unsigned char)name[i]);
-      o += 4, i++;
-    } else if (l > 0 && o + l < n) {
-      memcpy(buf + o, name + i, l);
-      o += l, i += l;
-    } else {
-      break;
-    }
-  }
-  if (n > 0)
-    buf[o < n ? o : n - 1] = '\0';
-  return buf;
-}
-
-int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why, bs_err *err)
-{
-  size_t len = strlen(name), bad;
-  char key[sizeof err->key];
-  bs_name_printable(name, key, sizeof key);
-  if (len == 0 && !empty_ok)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "an empty name: %s", why);
-  if (!bs_utf8_valid(name, len, &bad))
-    return bs_fail(err, EINVAL, BS_OFF_NONE, key,
-                   "the name is not valid UTF-8 (byte %zu is 0x%02x): %s", bad,
-                   (unsigned char)name[bad], why);
-  if (len > max)
-    return bs_fail(err, EINVAL, BS_OFF_NONE, key, "a name of %zu bytes, over the limit of %zu: %s",
-                   len, max, why);
-  return 0;
-}
-
-const char *bs_writer_alias_hint(enum bs_dtype dt)
-{
-  switch (dt) {
-  case BS_DT_FLEX32: return "; its bytes are F32: set user.burnstore.dtype to F32 to write them";
-  case BS_DT_BOOL_U8: return "; its bytes are BOOL: set user.burnstore.dtype to BOOL to write them";
-  default: return "";
-  }
-}
-
 int bs_writer_check(const struct bs_writer *w, const struct bs_catalog *cat, bs_err *err)
 {
   for (size_t i = 0; i < cat->count; i++) {
@@ -215,11 +216,6 @@ int bs_writer_write_file(const struct bs_writer *w, const struct bs_catalog *cat
                          bs_err *err)
 {
   return bs_writer_write_file_opts(w, cat, path, NULL, err);
-}
-
-unsigned bs_write_new_mode(const struct bs_write_opts *o)
-{
-  return o && o->has_mode ? o->mode & 0666 : 0644;
 }
 
 /* A shallow copy of cat whose metadata is all text (GGUF values left in
@@ -332,4 +328,17 @@ int bs_writer_recover(const char *path, bs_err *err)
 {
   const struct bs_writer *w = bs_writer_for_path(path);
   return w && w->recover ? w->recover(path, err) : 0;
+}
+
+bool bs_writer_target_name(const char *base, char *out, size_t n)
+{
+  for (size_t i = 0; i < bs_nwriters; i++)
+    if (bs_writers[i].set_name && bs_writers[i].set_name(base, out, n))
+      return true;
+  return false;
+}
+
+int bs_writer_lock(const char *path, const char *holder, bs_err *err)
+{
+  return bs_target_lock(path, bs_writer_target_name, holder, err);
 }

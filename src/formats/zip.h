@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
-#include "burnstore/source.h"
+#include "core/err.h"
+#include "core/source.h"
 #include "core/strmap.h"
 
 #define BS_ZIP_STORED 0

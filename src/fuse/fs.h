@@ -11,11 +11,11 @@
 #include <sys/types.h>
 #include <time.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/keys.h"
-#include "burnstore/writers.h"
+#include "core/catalog.h"
 #include "core/edit.h"
+#include "core/keys.h"
 #include "core/tree.h"
+#include "formats/writers.h"
 #include "policy/xattr.h"
 
 struct fs {
@@ -56,7 +56,7 @@ struct fs {
   unsigned long next_stage;   /* lock: `stage_lock` */
   struct timespec mtime;      /* timestamps of the read-only view */
   /* -o uid=, gid= (default: the mounting user's); the modes of SOURCE's
-   * files and directories: its own less umask= (fs_main.c: prepare) */
+   * files and directories: its own less umask= (fs_prepare.c) */
   struct bs_owner owner;
   double timeout;             /* entry/attr cache timeout */
   pthread_rwlock_t lock;      /* the tree lock: names only (fs_ops.c) */
@@ -142,14 +142,13 @@ void fs_staging_remove(struct fs *fs);
  * without user_allow_other in /etc/fuse.conf. false (out "") otherwise. */
 bool fs_mount_diagnose(const char *opts, char *out, size_t n);
 
-/* -o readahead= (fs_readahead.c): the "MAJOR:MINOR" of the mount on mnt
- * (the last one, from /proc/self/mountinfo) into out; false when there is
- * none. */
-bool fs_bdi_of(const char *mnt, char *out, size_t n);
 /* Write fs->readahead_kb to the mount's bdi once (the first call: op_open,
  * after the kernel took the INIT reply); a failure is logged when the
  * option was given. */
 void fs_readahead_apply(struct fs *fs);
+/* readahead=KIB of a local SOURCE: say in one line when the daemon's reads
+ * of that size cannot be spliced here (pipe-max-size), and what can. */
+void fs_readahead_warn(unsigned kib);
 
 /* Writable mounts (fs_stop.c): from just before the session loop until just
  * after it, SIGTERM, SIGINT and SIGHUP flush and unmount the mount while

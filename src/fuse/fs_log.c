@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 #include "core/safe_open.h"
 #include "fs.h"
 #include "fs_log.h"

@@ -38,6 +38,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
+#include "core/utf8.h"
 #include "fs.h"
 #include "fs_views.h"
 #include "policy/names.h"
@@ -187,8 +188,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->max_read = fs->max_read;
   /* The kernel's read-ahead READs go out as background requests, 12 at
    * once by default: readers stuck on a stalled URL range would hold them
-   * all, and every other file's reads would queue behind (fs_main.c gives a
-   * URL mount workers for more). */
+   * all, and every other file's reads would queue behind (fs_prepare.c gives a
+   * URL mount more, fs_main.c more workers). */
   if (fs->max_background) {
     conn->max_background = fs->max_background;
     conn->congestion_threshold = fs->max_background * 3 / 4;
@@ -304,7 +305,7 @@ static int do_setattr(struct fs *fs, fuse_ino_t ino, struct stat *attr, int to_s
     rc = truncate_entry(fs, e, (uint64_t)attr->st_size);
   if (!rc) {
     /* The kernel has checked who may chmod and chown (default_permissions,
-     * always on: fs_main.c); they hold until unmount, the output keeps no
+     * always on: fs_main.c, serve); they hold until unmount, the output keeps no
      * owner nor mode. */
     if (to_set & FUSE_SET_ATTR_MODE)
       e->mode = attr->st_mode & 07777;

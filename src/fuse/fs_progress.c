@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/sink.h"
 #include "core/progress.h"
 #include "core/safe_open.h"
+#include "core/sink.h"
 #include "fs_views.h"
 
 #define PROGRESS_PATH_MAX (PATH_MAX + 16)

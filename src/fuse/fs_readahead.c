@@ -16,57 +16,6 @@
 
 #include "fs.h"
 
-/* A mountinfo field as the kernel escapes it (space, tab, newline and
- * backslash as \ooo) equals s. */
-static bool field_is(const char *f, size_t n, const char *s)
-{
-  for (size_t i = 0; i < n; s++) {
-    char c = f[i];
-    if (c == '\\' && i + 3 < n) {
-      c = (char)((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
-      i += 4;
-    } else {
-      i++;
-    }
-    if (*s != c)
-      return false;
-  }
-  return *s == '\0';
-}
-
-bool fs_bdi_of(const char *mnt, char *out, size_t n)
-{
-  FILE *f = fopen("/proc/self/mountinfo", "re");
-  if (!f)
-    return false;
-  char *line = NULL;
-  size_t cap = 0;
-  bool found = false;
-  /* "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...": the last line of mnt is the
-   * mount on top (ours, just made). A line has no length limit: a
-   * mountpoint may be up to PATH_MAX escaped (4 bytes a space). */
-  while (getline(&line, &cap, f) > 0) {
-    char *p = line, *fld[5];
-    size_t len[5];
-    int k = 0;
-    for (; k < 5 && *p; k++) {
-      fld[k] = p;
-      len[k] = strcspn(p, " \n");
-      p += len[k];
-      if (*p == ' ')
-        p++;
-    }
-    if (k == 5 && field_is(fld[4], len[4], mnt) && len[2] < n) {
-      memcpy(out, fld[2], len[2]);
-      out[len[2]] = '\0';
-      found = true;
-    }
-  }
-  free(line);
-  fclose(f);
-  return found;
-}
-
 void fs_readahead_apply(struct fs *fs)
 {
   if (!fs->readahead_kb || !fs->bdi[0] || atomic_exchange(&fs->readahead_done, true))
@@ -84,4 +33,42 @@ void fs_readahead_apply(struct fs *fs)
              "burnstore: readahead=%u: cannot write %s (only root can): the kernel's 128 KiB "
              "stays\n",
              fs->readahead_kb, path);
+}
+
+/* libfuse splices a local file's reply through a pipe that must hold it
+ * whole, with 3 pages and the header (fuse_send_data_iov), and grows the
+ * pipe with F_SETPIPE_SZ: past pipe-max-size only with CAP_SYS_RESOURCE.
+ * Where the pipe cannot grow so far, every READ of readahead= KiB is read
+ * into memory and copied instead, half as fast (bench.py): said in one
+ * line, with the largest value that still splices. Probed on a pipe of
+ * our own, as the daemon's threads will ask for theirs. */
+void fs_readahead_warn(unsigned kib)
+{
+  long pg = sysconf(_SC_PAGESIZE);
+  if (pg <= 0)
+    pg = 4096;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return;
+  bool fits = fcntl(fds[0], F_SETPIPE_SZ, (int)((size_t)kib * 1024 + 3 * (size_t)pg + 16)) >= 0;
+  close(fds[0]);
+  close(fds[1]);
+  if (fits)
+    return;
+  unsigned long pmax = 1048576;
+  FILE *f = fopen("/proc/sys/fs/pipe-max-size", "re");
+  if (f) {
+    if (fscanf(f, "%lu", &pmax) != 1)
+      pmax = 1048576;
+    fclose(f);
+  }
+  unsigned long over = 3 * (unsigned long)pg + 16;
+  unsigned long fit =
+      pmax > over ? (pmax - over) / (unsigned long)pg * (unsigned long)pg / 1024 : 0;
+  fprintf(
+      stderr,
+      "burnstore: readahead=%u: reads of a local file larger than %lu KiB cannot be spliced here "
+      "(pipe-max-size is %lu bytes): they are copied, about half as fast; readahead=%lu "
+      "keeps splicing\n",
+      kib, fit, pmax, fit);
 }

@@ -22,17 +22,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "fs.h"
-
-extern char **environ;
+#include "fs_mounts.h"
 
 static int stop_pipe[2] = {-1, -1};
 static pthread_t stop_thread, main_thread;
@@ -69,20 +66,7 @@ static int unmount_now(const char *mnt)
 {
   if (geteuid() == 0)
     return umount2(mnt, 0) == 0 ? 0 : -1;
-  pid_t pid;
-  char *argv[] = {"fusermount3", "-u", "-q", (char *)mnt, NULL};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  int rc = posix_spawnp(&pid, "fusermount3", &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0)
-    return -1;
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR)
-      return -1;
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+  return fs_fusermount_u(mnt, true) == 0 ? 0 : -1;
 }
 
 static void *stopper(void *arg)

@@ -1,5 +1,5 @@
 /* The views of a read-only mount beyond the plain tensor files: the .npy
- * views (fs_npy.c). Hooks for fs_ops.c and fs_main.c. */
+ * views (fs_npy.c). Hooks for fs_ops.c, fs_prepare.c and fs_main.c. */
 #ifndef BURNSTORE_FS_VIEWS_H
 #define BURNSTORE_FS_VIEWS_H
 

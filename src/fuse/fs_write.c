@@ -21,11 +21,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
 #include "core/safe_open.h"
+#include "formats/writers.h"
 #include "fs.h"
 #include "policy/writeback.h"
 

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/version.h"
+#include "core/version.h"
 #include "main/mount.h"
 
 int bs_mount_main(int argc, char **argv, const char *cli_usage)

@@ -12,12 +12,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/safe_open.h"
 #include "core/strmap.h"
+#include "formats/formats.h"
+#include "formats/writers.h"
 
 _Static_assert(BS_STAGE_INDEX_MAX + 4096u <= BS_JOURNAL_RECORD_MAX,
                "a BASE record holds a whole INDEX");

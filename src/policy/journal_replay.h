@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
 #include "core/edit.h"
+#include "core/err.h"
 #include "core/journal.h"
 #include "policy/stage_index.h"
 

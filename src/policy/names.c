@@ -3,9 +3,10 @@
 #include <errno.h>
 #include <string.h>
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/npy.h"
+#include "core/utf8.h"
 
 /* Lookups one check may spend under the tree lock. The walk below visits
  * each node whose key is a prefix of the key at most once, trying each dot

@@ -8,9 +8,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
-#include "burnstore/writers.h"
+#include "core/err.h"
 #include "core/tree.h"
+#include "formats/writers.h"
 
 /* May `name` be created in directory `parent` (or node `moving`, 0 for a
  * new one, be renamed to it)? 0, or -1 with err naming the key and why:

@@ -4,11 +4,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/decode.h"
-#include "formats/safetensors_sharded.h"
-#include "formats/safetensors_write.h"
+#include "core/size.h"
+#include "formats/writers.h"
+#include "policy/decode_as.h"
 
 void bs_open_spec_init(struct bs_open_spec *s)
 {
@@ -35,6 +35,8 @@ int bs_open_spec_add_item(struct bs_open_spec *s, const char *item, bs_err *err)
   const char *v;
   if (strcmp(item, "strict") == 0) {
     s->open.strict = true;
+  } else if (strcmp(item, "unvalidated") == 0) {
+    s->http.unvalidated = true;
   } else if ((v = value_of(item, "as"))) {
     enum bs_dtype dt;
     if (bs_dtype_from_name(v, &dt) != 0 || !bs_encode_ok(dt))
@@ -45,7 +47,7 @@ int bs_open_spec_add_item(struct bs_open_spec *s, const char *item, bs_err *err)
   } else if ((v = value_of(item, "http_cache"))) {
     if (bs_http_parse_cache(v, &s->http.cache_bytes) != 0)
       return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                     "option '%s': not a cache size (1M to 16G; K, M, G binary, e.g. 256M)", item);
+                     "option '%s': not a cache size (1M to 16G, e.g. 256M, 256MiB or 300MB)", item);
   } else if ((v = value_of(item, "http_timeout"))) {
     if (bs_http_parse_timeout(v, &s->http.timeout_s) != 0)
       return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
@@ -76,13 +78,25 @@ int bs_open_spec_parse(struct bs_open_spec *s, const char *optstr, bs_err *err)
     if (r > 0)
       rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
                    "unknown option '%s' (include=, exclude=, remap=, top_level_key=, "
-                   "contiguous_indices, adapter=, as=, strict, http_cache=, http_timeout=)",
+                   "contiguous_indices, adapter=, as=, strict, http_cache=, http_timeout=, "
+                   "unvalidated)",
                    items[i]);
     else if (r < 0)
       rc = -1;
   }
   bs_opts_free(items, n);
   return rc;
+}
+
+int bs_write_spec_add_item(uint64_t *max_shard_size, const char *item, bs_err *err)
+{
+  const char *v = value_of(item, "max_shard_size");
+  if (!v)
+    return 1;
+  if (bs_parse_size(v, max_shard_size) != 0 || *max_shard_size == 0)
+    return bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+                   "option '%s': not a size (5GB, 500MB, 2GiB, 64M, bytes...)", item);
+  return 0;
 }
 
 int bs_write_spec_parse(const char *optstr, uint64_t *max_shard_size, bs_err *err)
@@ -94,13 +108,12 @@ int bs_write_spec_parse(const char *optstr, uint64_t *max_shard_size, bs_err *er
     return -1;
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
-    const char *v = value_of(items[i], "max_shard_size");
-    if (!v)
+    int r = bs_write_spec_add_item(max_shard_size, items[i], err);
+    if (r > 0)
       rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
                    "unknown option '%s' (a write takes max_shard_size=SIZE)", items[i]);
-    else if (bs_st_parse_size(v, max_shard_size) != 0)
-      rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "option '%s': not a size (5GB, 500MB, 2GiB, bytes...)", items[i]);
+    else if (r < 0)
+      rc = -1;
   }
   bs_opts_free(items, n);
   return rc;
@@ -116,8 +129,8 @@ int bs_checkpoint_open(struct bs_catalog *cat, const char *source, const struct 
   char *index = NULL;
   struct stat st;
   if (!url && stat(source, &st) == 0 && S_ISDIR(st.st_mode)) {
-    /* A directory: the sharded checkpoint it holds. */
-    int rc = bs_st_index_find(source, &index, err);
+    /* A directory: the checkpoint it holds (a shard set's index). */
+    int rc = bs_format_in_dir(source, &index, err);
     *name = bs_strdup(rc == 0 ? index : source);
     if (rc != 0)
       return -1;
@@ -131,8 +144,9 @@ int bs_checkpoint_open(struct bs_catalog *cat, const char *source, const struct 
   const char *path = index ? index : source;
   struct bs_src src;
   int rc = -1;
-  if (!url && (s->http.cache_bytes || s->http.timeout_s)) {
-    bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "http_cache= and http_timeout= apply to a URL");
+  if (!url && (s->http.cache_bytes || s->http.timeout_s || s->http.unvalidated)) {
+    bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
+            "http_cache=, http_timeout= and unvalidated apply to a URL");
   } else if (url ? bs_src_init_http(&src, source, &s->http, err) != 0
                  : bs_writer_recover(path, err) != 0 || bs_src_open(&src, path, err) != 0) {
     /* (A set whose write a kill interrupted completes or rolls back first,

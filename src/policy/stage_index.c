@@ -13,13 +13,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/decode.h"
 #include "core/journal.h"
 #include "core/safe_open.h"
 #include "core/target.h"
+#include "formats/formats.h"
+#include "policy/open.h"
 
 #define MAGIC "burnstore-staging-index"
 
@@ -872,6 +873,25 @@ static int stale(bs_err *err, const char *path, const char *what)
                  path, what);
 }
 
+/* The checkpoint of idx into ck, opened as the mount opened it (the one
+ * open path, bs_checkpoint_open: strict as it was; a URL read without a
+ * strong ETag, -o unvalidated, read so again), its key options not applied:
+ * the INDEX names its tensors by their keys. */
+static int reopen(const struct bs_stage_index *idx, struct bs_catalog *ck, bs_err *err)
+{
+  struct bs_open_spec spec;
+  bs_open_spec_init(&spec);
+  spec.open.strict = idx->ck.strict;
+  for (size_t i = 0; idx->ck.remote && i < idx->ncksrcs; i++)
+    if (idx->srcs[i].validator && strncmp(idx->srcs[i].validator, "If-Match:", 9) != 0)
+      spec.http.unvalidated = true;
+  char *name = NULL;
+  int rc = bs_checkpoint_open(ck, idx->ck.path, &spec, &name, err);
+  bs_free(name);
+  bs_open_spec_destroy(&spec);
+  return rc;
+}
+
 int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir *stg, bs_err *err)
 {
   if (idx->cat.nsrcs)
@@ -881,9 +901,7 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir 
   if (idx->ncksrcs && idx->ck.remote) {
     /* A URL: opened again (an hf:// one at the commit it was read at); its
      * size and each source's validator (ETag) must be the mount's. */
-    struct bs_src s;
-    struct bs_open_opts oo = {.strict = idx->ck.strict};
-    if (bs_src_init_http(&s, idx->ck.path, NULL, err) != 0 || bs_open_any(&ck, &s, &oo, err) != 0) {
+    if (reopen(idx, &ck, err) != 0) {
       char m[sizeof err->msg];
       snprintf(m, sizeof m, "%s", err->msg);
       int code = err->code;
@@ -925,12 +943,8 @@ int bs_stage_index_attach(struct bs_stage_index *idx, const struct bs_stage_dir 
         (uint64_t)st.st_dev != idx->ck.dev || (int64_t)st.st_mtim.tv_sec != idx->ck.mtime_sec ||
         st.st_mtim.tv_nsec != idx->ck.mtime_nsec)
       return stale(err, idx->ck.path, "size, mtime or inode");
-    struct bs_src s;
-    struct bs_open_opts oo = {.strict = idx->ck.strict};
-    if (bs_src_open(&s, idx->ck.path, err) != 0 || bs_open_any(&ck, &s, &oo, err) != 0) {
-      bs_catalog_destroy(&ck);
+    if (reopen(idx, &ck, err) != 0)
       return -1;
-    }
     /* The file opened is the one checked: its name may have been given to
      * another file since the stat (by whoever may write its directory). */
     struct bs_src_ident id;

@@ -19,9 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
 #include "core/edit.h"
+#include "core/sink.h"
+#include "formats/formats.h" /* enum bs_format */
 
 #define BS_STAGE_INDEX_NAME "INDEX"
 #define BS_STAGE_LOCK_NAME "lock"

@@ -12,13 +12,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/journal.h"
 #include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
+#include "formats/formats.h"
+#include "policy/decode_as.h"
 #include "policy/journal_replay.h"
 #include "policy/stage_index.h"
 
@@ -718,7 +719,7 @@ int bs_wb_finish(const char *arg, unsigned flags, struct bs_wb_finished *res, bs
   char who[PATH_MAX + 16];
   snprintf(who, sizeof who, "--finish %s", dir);
   /* A set whose commit a kill interrupted is rolled forward or back first. */
-  if ((tfd = bs_target_lock(idx.target, who, err)) < 0 || bs_writer_recover(idx.target, err) != 0)
+  if ((tfd = bs_writer_lock(idx.target, who, err)) < 0 || bs_writer_recover(idx.target, err) != 0)
     goto out;
   if (bs_stage_index_attach(&idx, &stg, err) != 0) {
     if (err->code == ESTALE && idx.ck.path && strcmp(idx.ck.path, idx.target) == 0 &&

@@ -13,8 +13,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "burnstore/writers.h"
 #include "core/edit.h"
+#include "formats/writers.h"
 
 /* The one output -> writer rule (mounts and convert): the writer of path's
  * extension; with max_shard_size, a SafeTensors output is written as a

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "formats/safetensors_sharded.h"
 
 /* What a row works on: the mount, the node and the entry that describes it

@@ -19,11 +19,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/err.h"
-#include "burnstore/sink.h"
-#include "burnstore/writers.h"
+#include "core/catalog.h"
 #include "core/edit.h"
+#include "core/err.h"
+#include "core/sink.h"
+#include "formats/writers.h"
 
 #define BS_XA_PREFIX "user.burnstore."
 /* What one listxattr may return (Linux's XATTR_LIST_MAX): beyond it the

@@ -13,11 +13,6 @@
 #include <syslog.h>
 #include <unistd.h>
 
-#include "burnstore/adapter.h"
-#include "burnstore/formats.h"
-#include "burnstore/keys.h"
-#include "burnstore/version.h"
-#include "burnstore/writers.h"
 #include "cli.h"
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -27,8 +22,11 @@
 #include "core/safe_open.h"
 #include "core/strmap.h"
 #include "core/target.h"
-#include "formats/safetensors_sharded.h"
-#include "formats/safetensors_write.h"
+#include "core/version.h"
+#include "formats/formats.h"
+#include "formats/writers.h"
+#include "policy/decode_as.h"
+#include "policy/open.h"
 #include "policy/writeback.h"
 
 #define PROG "burnstore"
@@ -43,11 +41,12 @@ const char bs_cli_usage[] =
     "       burnstore --finish [--salvage] STAGING_DIR | --list-staging STAGING_DIR\n";
 
 static const char keyopts_help[] =
-    "  -o OPTIONS   key options as for a mount, comma-separated: include=REGEX,\n"
+    "  -o OPTIONS   how FILE is opened, as for a mount, comma-separated: include=REGEX,\n"
     "               exclude=REGEX, remap=FROM=>TO, top_level_key=K, contiguous_indices,\n"
     "               strict (PyTorch: refuse unknown pickle classes), adapter=pytorch\n"
     "               (Linear weights transposed, norm weight/bias as gamma/beta),\n"
-    "               adapter_linear=REGEX, adapter_norm=REGEX\n";
+    "               adapter_linear=REGEX, adapter_norm=REGEX, as=F32|F16|BF16; a URL:\n"
+    "               http_cache=SIZE, http_timeout=SECONDS, unvalidated\n";
 
 struct cmd {
   const char *name, *args, *help;
@@ -58,9 +57,8 @@ struct cmd {
 /* ---- Common options and opening --------------------------------------------------------- */
 
 struct opts {
-  struct bs_keyopts keys;
-  struct bs_adapter adapter;
-  bool strict, json, npy, quiet;
+  struct bs_open_spec open; /* -o: how a checkpoint is opened (policy/open.h) */
+  bool json, npy, quiet;
   enum bs_dtype as; /* --as F32|F16|BF16; BS_DT_COUNT: none */
   int progress;     /* BS_PROGRESS_*: --progress, --no-progress */
   const char *meta;
@@ -102,8 +100,7 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
   const struct cmd *c = find_cmd(argv[0]);
   memset(o, 0, sizeof *o);
   o->as = BS_DT_COUNT;
-  bs_keyopts_init(&o->keys);
-  bs_adapter_init(&o->adapter);
+  bs_open_spec_init(&o->open);
   bool dashdash = false;
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
@@ -154,25 +151,16 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
         return -1;
       }
       int bad = 0;
-      for (size_t k = 0; k < n; k++) {
-        if (bad) {
-        } else if (strcmp(items[k], "strict") == 0) {
-          o->strict = true;
-        } else if (strncmp(items[k], "max_shard_size=", 15) == 0 && strchr(flags, 's')) {
-          if (bs_st_parse_size(items[k] + 15, &o->max_shard_size) != 0)
-            bad = fail("%s: %s: not a size (5GB, 500MB, 2GiB, bytes...)", argv[0], items[k]);
-        } else if (strncmp(items[k], "adapter", 7) == 0 &&
-                   bs_adapter_add_item(&o->adapter, items[k], &err) <= 0) {
-          if (err.code)
-            bad = fail("%s: option '%s': %s", argv[0], items[k], err.msg);
-        } else {
-          int rc = bs_keyopts_add_item(&o->keys, items[k], &err);
-          if (rc < 0)
-            bad = fail("%s: option '%s': %s", argv[0], items[k], err.msg);
-          else if (rc > 0)
-            bad = fail("%s: unknown option '%s' (see burnstore %s --help)", argv[0], items[k],
-                       argv[0]);
-        }
+      for (size_t k = 0; k < n && !bad; k++) {
+        int rc =
+            strchr(flags, 's') ? bs_write_spec_add_item(&o->max_shard_size, items[k], &err) : 1;
+        if (rc > 0)
+          rc = bs_open_spec_add_item(&o->open, items[k], &err);
+        if (rc < 0)
+          bad = fail("%s: %s", argv[0], err.msg);
+        else if (rc > 0)
+          bad =
+              fail("%s: unknown option '%s' (see burnstore %s --help)", argv[0], items[k], argv[0]);
       }
       bs_opts_free(items, n);
       if (bad)
@@ -191,48 +179,21 @@ static int parse(int argc, char **argv, struct opts *o, int want, const char *fl
 
 static void opts_destroy(struct opts *o)
 {
-  bs_keyopts_destroy(&o->keys);
-  bs_adapter_destroy(&o->adapter);
+  bs_open_spec_destroy(&o->open);
 }
 
-/* Open a checkpoint (a directory: the sharded checkpoint it holds) and apply
- * the key options. 0, or -1 with the error printed. */
+/* Open a checkpoint (a file, a directory, a URL) through the one open path
+ * with the -o options. 0, or -1 with the error printed. */
 static int open_ckpt(const char *path, const struct opts *o, struct bs_catalog *cat)
 {
   bs_err err;
   bs_err_clear(&err);
   bs_catalog_init(cat);
-  char *index = NULL;
-  struct stat st;
-  bool url = bs_src_is_url(path);
-  if (!url && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-    if (bs_st_index_find(path, &index, &err) != 0)
-      return fail_err(path, &err);
-  }
-  struct bs_src src;
-  struct bs_open_opts oo = {.strict = o->strict};
-  int rc = -1;
-  char *shown = url ? bs_http_redact(path) : NULL; /* no credentials in errors */
-  if (url && !shown)
-    return fail("%s", strerror(ENOMEM));
-  /* A set whose write a kill interrupted completes or rolls back first
-   * (also one with no index yet: its temp files and journal go). A URL is
-   * read by ranges. */
-  if (url ? bs_src_init_http(&src, path, NULL, &err) != 0 || bs_open_any(cat, &src, &oo, &err) != 0
-          : bs_writer_recover(index ? index : path, &err) != 0 ||
-                bs_src_open(&src, index ? index : path, &err) != 0 ||
-                bs_open_any(cat, &src, &oo, &err) != 0)
-    fail_err(url ? shown : path, &err);
-  else if (bs_keyopts_any(&o->keys) && bs_keys_apply(cat, &o->keys, &err) != 0)
-    fail_err(url ? shown : path, &err);
-  else if (bs_adapter_apply(cat, &o->adapter, NULL, NULL, &err) != 0)
-    fail_err(url ? shown : path, &err);
-  else
-    rc = 0;
-  bs_free(shown);
-  bs_free(index);
-  if (rc != 0)
-    bs_catalog_destroy(cat);
+  char *name = NULL;
+  int rc = bs_checkpoint_open(cat, path, &o->open, &name, &err);
+  if (rc != 0) /* (a URL as shown without credentials; a file or directory as given) */
+    fail_err(name && bs_src_is_url(path) ? name : path, &err);
+  bs_free(name);
   return rc;
 }
 
@@ -877,7 +838,7 @@ static int cmd_convert(int argc, char **argv)
   int lk = -1;
   if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
     fail_err(in, &err);
-  else if ((lk = bs_target_lock(out, "convert", &err)) < 0) /* one writer per target */
+  else if ((lk = bs_writer_lock(out, "convert", &err)) < 0) /* one writer per target */
     fail_err(NULL, &err);
   else {
     if (pr.on)

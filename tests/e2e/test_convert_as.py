@@ -107,7 +107,7 @@ def test_pth_and_safetensors(tmp):
 
 
 def test_refusals(tmp):
-    # F6 (SafeTensors does not define how 4 values pack in 3 bytes) has no decoder
+    # F6 (no file format defines how 4 values pack in 3 bytes) has no decoder
     g = os.path.join(tmp, "k.safetensors")
     h = json.dumps({"k": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]},
                     "f": {"dtype": "F32", "shape": [2], "data_offsets": [3, 11]}}).encode()

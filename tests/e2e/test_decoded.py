@@ -521,7 +521,7 @@ def write_st_tensors(path, tensors):
         f.write(struct.pack("<Q", len(hb)) + hb + b"".join(b for _, _, b in tensors.values()))
 
 
-F6_WHY = "SafeTensors does not define how 4 F6 values are packed in 3 bytes"
+F6_WHY = "no file format defines how 4 F6 values are packed in 3 bytes"
 
 
 def test_f4_and_f6(tmp):

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "formats/formats.h"
 
 #define BPK BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 

@@ -323,6 +323,17 @@ def refusals(tmp, ng):
     check(r.returncode == 1 and "apply to a URL" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
           "-o http_timeout= of a local SOURCE refused in one line: %r" % r.stderr)
     check(not os.path.ismount(mnt), "nothing mounted after these refusals")
+    # the CLI opens through the same path, with the same options (one size
+    # grammar: 64M and 64MiB binary, as http_cache= always read them)
+    r = run([BIN, "ls", "-o", "http_cache=64M,http_timeout=30", ng.url(name)])
+    check(r.returncode == 0 and r.stdout.strip(), "ls -o http_cache=,http_timeout= URL: %r"
+          % r.stderr)
+    r = run([BIN, "ls", "-o", "http_cache=17G", ng.url(name)])
+    check(r.returncode == 2 and "not a cache size" in r.stderr
+          and len(r.stderr.strip().splitlines()) == 1, "ls -o http_cache=17G: %r" % r.stderr)
+    r = run([BIN, "ls", "-o", "unvalidated", ST])
+    check(r.returncode == 1 and "apply to a URL" in r.stderr
+          and len(r.stderr.strip().splitlines()) == 1, "ls -o unvalidated FILE: %r" % r.stderr)
     # the variables: set to something that is not a value, an error naming
     # the variable (it was taken as the default, silently)
     for var, val in (("BURNSTORE_HTTP_CACHE", "lots"), ("BURNSTORE_HTTP_CACHE", "0"),

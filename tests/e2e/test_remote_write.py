@@ -172,6 +172,33 @@ def killed_then_finish(tmp, ng):
     check(not os.path.exists(stg[0]), "--finish removed the staging directory")
 
 
+def unvalidated_finish(tmp, _ng):
+    """A server that gives no ETag, only Last-Modified, mounted with -o
+    unvalidated: --finish after kill -9 reads it the same way (the INDEX's
+    validator says how), not refused for want of a strong ETag."""
+    d = os.path.join(tmp, "unvalidated")
+    os.makedirs(d)
+    ng = Nginx(d)
+    ng.extra["server"] = "location /ne/ { alias %s/; etag off; }" % ng.root
+    with ng:
+        src = model(os.path.join(ng.root, "u.safetensors"), 4)
+        url = ng.url("ne/u.safetensors")
+        out = os.path.join(d, "out.safetensors")
+        mnt = os.path.join(d, "mnt")
+        with Mount(url, mnt, "rw,unvalidated,output=" + out) as m:
+            want = edit(d, m)(src)
+            time.sleep(WINDOW + 0.5)
+            kill_daemon(m)
+        stg = glob.glob(os.path.join(d, ".out.safetensors.staging-*"))
+        if not check(len(stg) == 1, "one staging directory left: %r" % stg):
+            return
+        env = {k: v for k, v in os.environ.items() if k != "BURNSTORE_HTTP_UNVALIDATED"}
+        r = run([BIN, "--finish", stg[0]], env=env)
+        check(r.returncode == 0, "--finish of an unvalidated mount's staging: %r" % r.stderr)
+        check(os.path.exists(out) and tensors(out) == want, "--finish wrote the same output")
+        check(not os.path.exists(stg[0]), "--finish removed the staging directory")
+
+
 def changed_then_finish(tmp, ng):
     d = os.path.join(tmp, "changed")
     os.makedirs(d)
@@ -263,7 +290,7 @@ def main():
     signal.alarm(600)
     run_tests("test_remote_write", [with_nginx(t) for t in (
         http_output, sharded_output, shard_without_validator, killed_then_finish,
-        changed_then_finish, refusals, hub_output)],
+        unvalidated_finish, changed_then_finish, refusals, hub_output)],
         "remote-write")
 
 

@@ -300,6 +300,13 @@ def test_sharded_out(tmp):
     r = run([BIN, one, mnt, "-o", "output=%s/x.safetensors,max_shard_size=5XB" % tmp])
     force_unmount(mnt)
     check(r.returncode != 0 and "max_shard_size=5XB" in r.stderr, "a bad size: %r" % r.stderr)
+    # one size grammar with http_cache=: 16M (binary) as well as 16MB; 0 is no size
+    out = os.path.join(tmp, "binary", "b.safetensors.index.json")
+    os.makedirs(os.path.dirname(out))
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=16M", one, out])
+    check(r.returncode == 0 and os.path.exists(out), "convert -o max_shard_size=16M: %r" % r.stderr)
+    r = run([BIN, "convert", "-q", "-o", "max_shard_size=0", one, out])
+    check(r.returncode == 2 and "max_shard_size=0" in r.stderr, "max_shard_size=0: %r" % r.stderr)
 
 
 def test_set_commit_is_atomic(tmp):

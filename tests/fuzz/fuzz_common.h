@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/dtype.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
+#include "core/dtype.h"
+#include "formats/formats.h"
 
 #define FUZZ_CHECK(c)                                                                              \
   do {                                                                                             \

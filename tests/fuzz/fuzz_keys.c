@@ -4,7 +4,7 @@
  * catalog must be unchanged; on success visible names are unique. */
 #include "fuzz_common.h"
 
-#include "burnstore/keys.h"
+#include "core/keys.h"
 
 #define MAX_KEYS 64
 

@@ -8,7 +8,7 @@
 #include <jansson.h>
 #include <string.h>
 
-#include "burnstore/sink.h"
+#include "core/sink.h"
 #include "formats/pth_write.h"
 
 static void rewrite(const struct bs_catalog *cat)

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     return 0;
   struct bs_set_plan p;
   bs_err err = {0};
-  if (bs_set_plan_parse("fuzz", data, size, &p, &err) != 0) {
+  if (bs_set_plan_parse("fuzz", ".safetensors", data, size, &p, &err) != 0) {
     FUZZ_CHECK(err.code != 0 && err.msg[0]);
     FUZZ_CHECK(p.copy == NULL && p.nnew == 0 && p.nold == 0 && p.nren == 0);
     bs_set_plan_destroy(&p);
@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   for (size_t i = 0; i < p.nnew; i++)
     FUZZ_CHECK(plain(p.newf[i]));
   for (size_t i = 0; i < p.nold; i++)
-    FUZZ_CHECK(plain(p.oldf[i]) && bs_set_is_shard_name(p.oldf[i]));
+    FUZZ_CHECK(plain(p.oldf[i]) && bs_set_is_member(p.oldf[i], ".safetensors"));
   for (size_t i = 0; i < p.nren; i++) {
     FUZZ_CHECK(plain(p.ren[i].tmp) && p.ren[i].tmp[0] == '.' &&
                strstr(p.ren[i].tmp, ".burnstore-tmp-"));

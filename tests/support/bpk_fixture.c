@@ -1,5 +1,5 @@
 #include "bpk_fixture.h"
-#include "burnstore/formats.h"
+#include "formats/formats.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #ifndef BPK_FIXTURE_H
 #define BPK_FIXTURE_H
 
-#include "burnstore/catalog.h"
+#include "core/catalog.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

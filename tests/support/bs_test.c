@@ -10,10 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/formats.h"
-#include "burnstore/sink.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
+#include "core/sink.h"
+#include "formats/formats.h"
+#include "formats/writers.h"
 #include "policy/writeback.h"
 
 uint8_t *bs_test_slurp(const char *path, size_t *len)

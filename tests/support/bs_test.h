@@ -6,9 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/formats.h"
+#include "core/catalog.h"
 #include "core/edit.h"
+#include "formats/formats.h"
 
 /* Read a whole file into a bs_malloc'd buffer; aborts the test on failure. */
 uint8_t *bs_test_slurp(const char *path, size_t *len);

@@ -3,8 +3,8 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "burnstore/source.h"
 #include "core/alloc.h"
+#include "core/source.h"
 
 static struct bs_pickle *P;
 static struct bs_src SRC;

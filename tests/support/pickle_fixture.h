@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 #include "formats/pickle.h"
 
 void pickle_fixture_teardown(void);

@@ -3,9 +3,9 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 
 uint8_t *st_build_raw(uint64_t n_prefix, const void *header, size_t hlen, size_t dlen, size_t *len)
 {

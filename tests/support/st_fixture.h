@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
+#include "core/catalog.h"
 
 /* prefix (u64 LE `n_prefix`) + `hlen` header bytes + `dlen` data bytes, the
  * data byte i being st_data_byte(i). Returns a bs_malloc'd buffer (never

@@ -6,8 +6,8 @@
 
 #include "bpk_fixture.h"
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "formats/formats.h"
 
 #define MNIST BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 

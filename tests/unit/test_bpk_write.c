@@ -10,10 +10,10 @@
 
 #include "bpk_fixture.h"
 #include "bs_test.h"
-#include "burnstore/formats.h"
-#include "burnstore/version.h"
 #include "core/alloc.h"
+#include "core/version.h"
 #include "formats/burnpack_write.h"
+#include "formats/formats.h"
 
 #define MNIST BS_FIXTURES_DIR "/burn/examples/mnist-inference-web/model.bpk"
 

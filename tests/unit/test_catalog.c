@@ -4,9 +4,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/checked.h"
+#include "formats/burnpack_dtype.h"
 
 static bs_err err;
 static void reset(void)

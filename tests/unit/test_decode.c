@@ -696,8 +696,9 @@ Test(decode, grid_tables)
 
 /* ---- bs_catalog_decode_as and the decoded read path ------------------------------------------ */
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
+#include "policy/decode_as.h"
 
 /* E2M1 (OCP MX 1.0): code c is sign (bit 3), exponent (bits 1-2, bias
  * 1), mantissa (bit 0); exponent 0 is subnormal (mantissa x 0.5). Here as
@@ -803,9 +804,10 @@ Test(decode_as, bf16_strided_and_kept_dtypes)
   cr_assert(!cat.tensors[2].decoded && cat.tensors[2].dtype == BS_DT_F6_E2M3);
   cr_assert(cat.tensors[2].nbytes == 192, "F6 as stored: 4 values in 3 bytes");
   cr_assert(!cat.tensors[4].decoded && cat.tensors[4].nbytes == 8);
-  cr_assert_str_eq(cat.notes, "as=F32: 2 F6_E2M3 tensors shown as stored (SafeTensors does not "
-                              "define how 4 F6 values are packed in 3 bytes, and producers differ: "
-                              "decoding with a guessed order would give wrong numbers)\n");
+  cr_assert_str_eq(cat.notes,
+                   "as=F32: 2 F6_E2M3 tensors shown as stored (no file format "
+                   "defines how 4 F6 values are packed in 3 bytes, and producers differ: "
+                   "decoding with a guessed order would give wrong numbers)\n");
   int fd;
   uint64_t base;
   cr_assert(!bs_tensor_fd_range(&cat, t, &fd, &base), "a decoded tensor is never spliced");

@@ -12,13 +12,13 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "formats/burnpack_write.h"
+#include "formats/formats.h"
 #include "formats/gguf_private.h"
 #include "formats/safetensors_write.h"
+#include "formats/writers.h"
 
 /* ---- A GGUF builder --------------------------------------------------------------------- */
 

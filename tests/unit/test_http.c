@@ -8,11 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "burnstore/mem.h"
-#include "burnstore/source.h" /* (bs_src_is_url, bs_http_redact: http_parse.c) */
 #include "core/alloc.h"
 #include "core/http_cache.h"
 #include "core/http_parse.h"
+#include "core/source.h" /* (bs_src_is_url, bs_http_redact: http_parse.c) */
 
 static void resolves(const char *base, const char *rel, const char *want)
 {

@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "policy/journal_replay.h"
 #include "policy/stage_index.h"
 #include "policy/writeback.h"

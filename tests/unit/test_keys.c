@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/keys.h"
 #include "core/alloc.h"
+#include "core/keys.h"
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 

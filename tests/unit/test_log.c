@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 Test(log, clean)
 {

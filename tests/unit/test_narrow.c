@@ -183,8 +183,9 @@ Test(narrow, encode)
 
 #include <errno.h>
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
+#include "policy/decode_as.h"
 
 Test(narrow_as, f32_bf16_q8_0_to_f16_and_bf16)
 {

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "burnstore/adapter.h"
 #include "core/alloc.h"
 #include "core/npy.h"
+#include "policy/adapter.h"
 
 static bs_err err;
 static void reset(void)

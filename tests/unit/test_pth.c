@@ -16,9 +16,9 @@
 #include <zlib.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 
 /* Under ASan an allocation over 512 MiB returns NULL instead of succeeding
  * lazily: a reader that sizes a buffer by an untrusted count before the bytes

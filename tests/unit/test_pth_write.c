@@ -11,11 +11,11 @@
 #include <zlib.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "formats/pth_write.h"
+#include "formats/writers.h"
 
 static struct bs_buf write_mem(const struct bs_catalog *cat, const char *name)
 {

@@ -14,10 +14,12 @@
 #include <string.h>
 
 #include "bs_test.h"
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 #include "core/decode.h"
 #include "core/qfloat.h"
+#include "formats/formats.h"
+#include "policy/decode_as.h"
 
 static bs_err err;
 

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "burnstore/mem.h"
+#include "core/alloc.h"
 #include "core/remote.h"
 
 static const struct bs_remote_env no_env = {0};

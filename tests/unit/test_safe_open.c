@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/source.h"
 #include "core/alloc.h"
 #include "core/safe_open.h"
+#include "core/source.h"
 
 #define NOBODY 65534
 

@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "st_fixture.h"
 
 /* The header of the reference crate's tests: 60 bytes, one I32 [2, 2]. */

@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/sink.h"
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/set_journal.h"
+#include "core/sink.h"
+
+#define SFX ".safetensors" /* the members of the sets these tests write */
 
 #define JOURNAL ".m.safetensors.index.json.burnstore-journal"
 #define TMP1 ".m-00001-of-00001.safetensors.burnstore-tmp-AbC123"
@@ -83,7 +85,7 @@ static void journal(const char *renames, const char *olds, int commit)
 static int recover(bs_err *err)
 {
   bs_err_clear(err);
-  return bs_set_recover(at("m.safetensors.index.json"), NULL, err);
+  return bs_set_recover(at("m.safetensors.index.json"), SFX, NULL, err);
 }
 
 static void old_set(void)
@@ -230,15 +232,15 @@ Test(set_journal, a_journal_of_another_index_is_not_applied)
 
 Test(set_journal, old_names_must_be_shards)
 {
-  cr_assert(bs_set_is_shard_name("model-00001-of-00002.safetensors"));
-  cr_assert(bs_set_is_shard_name("W.SafeTensors"));
-  cr_assert_not(bs_set_is_shard_name("model.safetensors.index.json"));
-  cr_assert_not(bs_set_is_shard_name("precious.txt"));
-  cr_assert_not(bs_set_is_shard_name("up/x.safetensors"));
-  cr_assert_not(bs_set_is_shard_name("../x.safetensors"));
-  cr_assert_not(bs_set_is_shard_name(".x.safetensors"));
-  cr_assert_not(bs_set_is_shard_name("a\nb.safetensors"));
-  cr_assert_not(bs_set_is_shard_name(".safetensors"));
+  cr_assert(bs_set_is_member("model-00001-of-00002.safetensors", SFX));
+  cr_assert(bs_set_is_member("W.SafeTensors", SFX));
+  cr_assert_not(bs_set_is_member("model.safetensors.index.json", SFX));
+  cr_assert_not(bs_set_is_member("precious.txt", SFX));
+  cr_assert_not(bs_set_is_member("up/x.safetensors", SFX));
+  cr_assert_not(bs_set_is_member("../x.safetensors", SFX));
+  cr_assert_not(bs_set_is_member(".x.safetensors", SFX));
+  cr_assert_not(bs_set_is_member("a\nb.safetensors", SFX));
+  cr_assert_not(bs_set_is_member(".safetensors", SFX));
 }
 
 Test(set_journal, a_live_uncommitted_writer_is_left_alone)
@@ -266,13 +268,13 @@ Test(set_journal, write_through_the_journal)
   struct bs_set s;
   bs_err err;
   bs_err_clear(&err);
-  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), SFX, &err), 0, "%s", err.msg);
   cr_assert_eq(bs_set_prepare(&s, newf, 2, oldf, 2, &err), 0, "%s", err.msg);
   struct stat st;
   cr_assert_eq(lstat(at(JOURNAL), &st), 0, "the journal exists before any temp file");
   /* A second writer of the same set is refused while the first holds it. */
   struct bs_set s2;
-  cr_assert_neq(bs_set_begin(&s2, at("m.safetensors.index.json"), &err), 0);
+  cr_assert_neq(bs_set_begin(&s2, at("m.safetensors.index.json"), SFX, &err), 0);
   cr_assert_eq(err.code, EBUSY, "%s", err.msg);
   bs_err_clear(&err);
   struct bs_atomic a[2];
@@ -299,7 +301,7 @@ Test(set_journal, abort_before_the_commit_leaves_the_old_set)
   struct bs_set s;
   bs_err err;
   bs_err_clear(&err);
-  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_set_begin(&s, at("m.safetensors.index.json"), SFX, &err), 0, "%s", err.msg);
   cr_assert_eq(bs_set_prepare(&s, newf, 1, NULL, 0, &err), 0, "%s", err.msg);
   bs_set_abort(&s);
   bs_set_abort(&s);

@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/sink.h"
 #include "core/alloc.h"
+#include "core/sink.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 

@@ -9,9 +9,9 @@
 
 #include "bpk_fixture.h"
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "formats/formats.h"
 #include "st_fixture.h"
 
 static const char tensor_json[] = "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}";

@@ -11,8 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/catalog.h"
 #include "core/alloc.h"
+#include "core/catalog.h"
 
 static bs_err err;
 static char dir[64], path[128];

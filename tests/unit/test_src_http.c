@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "burnstore/source.h"
+#include "core/source.h"
 
 Test(src_http, not_a_url_refused)
 {

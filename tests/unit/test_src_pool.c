@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "burnstore/source.h"
+#include "core/source.h"
 
 #define NSHARDS 40
 

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
+#include "formats/formats.h"
 #include "formats/safetensors_sharded.h"
 #include "st_fixture.h"
 

@@ -3,16 +3,19 @@
  * reader, refusals naming the tensor, and out-of-memory at every step. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
+#include "core/size.h"
+#include "formats/formats.h"
 #include "formats/safetensors_write.h"
+#include "formats/writers.h"
+#include "policy/open.h"
 #include "st_fixture.h"
 
 static struct bs_buf write_mem(const struct bs_catalog *cat)
@@ -345,38 +348,46 @@ Test(st_write, out_of_memory_at_every_allocation_fails_cleanly)
 
 /* ---- Sharded output ------------------------------------------------------------------------ */
 
+/* One size grammar (core/size.h) for max_shard_size= and http_cache=: the
+ * spellings of both kept their meaning (Hugging Face's 5GB decimal, 5Gb
+ * bits, 5GiB binary; the cache's 64M binary). */
 Test(st_shard, sizes_as_hugging_face_spells_them)
 {
   uint64_t v;
-  cr_assert_eq(bs_st_parse_size("5GB", &v), 0);
-  cr_assert_eq(v, 5000000000ull);
-  cr_assert_eq(bs_st_parse_size("5GiB", &v), 0);
-  cr_assert_eq(v, 5ull << 30);
-  cr_assert_eq(bs_st_parse_size("500MB", &v), 0);
-  cr_assert_eq(v, 500000000ull);
-  cr_assert_eq(bs_st_parse_size("10mib", &v), 0);
-  cr_assert_eq(v, 10ull << 20);
-  cr_assert_eq(bs_st_parse_size("100KB", &v), 0);
-  cr_assert_eq(v, 100000ull);
-  cr_assert_eq(bs_st_parse_size("1KiB", &v), 0);
-  cr_assert_eq(v, 1024ull);
-  cr_assert_eq(bs_st_parse_size("8Gb", &v), 0, "bits, as transformers reads a lower-case b");
-  cr_assert_eq(v, 1000000000ull);
-  cr_assert_eq(bs_st_parse_size("1234", &v), 0);
-  cr_assert_eq(v, 1234ull);
+  const struct {
+    const char *s;
+    uint64_t v;
+  } good[] = {{"5GB", 5000000000ull}, {"5GiB", 5ull << 30}, {"500MB", 500000000ull},
+              {"10mib", 10ull << 20}, {"100KB", 100000ull}, {"1KiB", 1024ull},
+              {"8Gb", 1000000000ull}, {"1234", 1234ull},    {"64M", 64ull << 20},
+              {"64m", 64ull << 20},   {"2T", 2ull << 40},   {"5TB", 5000000000000ull},
+              {"5B", 5ull},           {"1K", 1024ull},      {"0", 0}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    cr_assert_eq(bs_parse_size(good[i].s, &v), 0, "%s", good[i].s);
+    cr_assert_eq(v, good[i].v, "%s: %" PRIu64, good[i].s, v);
+  }
   const char *bad[] = {"",
                        "GB",
                        "5 GB",
-                       "5TB",
-                       "5B",
                        "-1GB",
                        "1.5GB",
-                       "0",
-                       "0GB",
                        "99999999999999999999",
+                       "5b",
+                       "5KX",
+                       "5Mi",
+                       "5iB",
                        "18446744073709551615GB"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    cr_assert_eq(bs_st_parse_size(bad[i], &v), -1, "%s", bad[i]);
+    cr_assert_eq(bs_parse_size(bad[i], &v), -1, "%s", bad[i]);
+  /* max_shard_size= takes it, but not 0 (no shards) */
+  bs_err err;
+  bs_err_clear(&err);
+  cr_assert_eq(bs_write_spec_parse("max_shard_size=2GB", &v, &err), 0, "%s", err.msg);
+  cr_assert_eq(v, 2000000000ull);
+  cr_assert_eq(bs_write_spec_parse("max_shard_size=64M", &v, &err), 0, "%s", err.msg);
+  cr_assert_eq(v, 64ull << 20);
+  cr_assert_eq(bs_write_spec_parse("max_shard_size=0GB", &v, &err), -1);
+  cr_assert(strstr(err.msg, "max_shard_size=0GB"), "%s", err.msg);
 }
 
 static char *slurp_str(const char *dir, const char *name)

@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/formats.h"
 #include "core/alloc.h"
 #include "core/target.h"
+#include "formats/formats.h"
 #include "policy/stage_index.h"
 #include "policy/writeback.h"
 
@@ -274,7 +274,7 @@ Test(writeback, finish_refused_while_another_writer_holds_the_target)
   stage_a();
   char out[128];
   snprintf(out, sizeof out, "%s/held.bpk", W.dir);
-  int tfd = bs_target_lock(out, "/mnt/other", &err);
+  int tfd = bs_writer_lock(out, "/mnt/other", &err);
   cr_assert_geq(tfd, 0, "%s", err.msg);
   /* The daemon's INDEX was saved, then it died before its writer ran. */
   struct bs_stage_index idx;
@@ -293,7 +293,7 @@ Test(writeback, finish_refused_while_another_writer_holds_the_target)
             err.msg);
   bs_free(res.target);
   cr_assert(exists(W.stg) && !exists(out), "nothing written, the staging directory kept");
-  close(tfd);
+  bs_target_unlock(tfd); /* (its file too: a run leaves none behind) */
 }
 
 Test(writeback, bad_file_leaves_an_incomplete_index_finish_refuses)

@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "bs_test.h"
-#include "burnstore/writers.h"
 #include "core/alloc.h"
 #include "formats/burnpack_write.h"
+#include "formats/writers.h"
 
 static struct bs_tensor *add(struct bs_catalog *cat, const char *key, enum bs_dtype dt,
                              uint64_t dim0, uint64_t off)

@@ -1,5 +1,6 @@
-/* Element types: their names (SafeTensors spelling, plus documented names
- * for types only Burn or PyTorch have) and their sizes in bits. */
+/* Element types: their names (as user.burnstore.dtype shows them: "F32",
+ * "BF16", "Q4_0"; documented names for the types of torch, Burn and ggml)
+ * and their sizes in bits. A file's own spelling of them is its reader's. */
 #ifndef BURNSTORE_DTYPE_H
 #define BURNSTORE_DTYPE_H
 
@@ -7,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 
@@ -34,7 +35,7 @@ enum bs_dtype {
   BS_DT_F6_E3M2, /* 6 bits */
   BS_DT_F4,      /* 4 bits */
   BS_DT_C64,
-  BS_DT_C128,     /* torch complex128; no SafeTensors name: "C128" */
+  BS_DT_C128,     /* torch complex128 */
   BS_DT_FLEX32,   /* Burn Flex32: stored as f32 */
   BS_DT_BOOL_U8,  /* Burn Bool(U8): u8 0/1 */
   BS_DT_BOOL_U32, /* Burn Bool(U32): u32 LE 0/1 */
@@ -42,7 +43,7 @@ enum bs_dtype {
   BS_DT_QI8,      /* torch qint8 (raw int8, quantizer params not kept) */
   BS_DT_QU8,      /* torch quint8 */
   BS_DT_QI32,     /* torch qint32 */
-  /* ggml's quantized block types (GGUF): raw blocks of a fixed number of
+  /* ggml's quantized block types: raw blocks of a fixed number of
    * elements and bytes each (bs_dtype_block); no per-element size. */
   BS_DT_Q4_0,
   BS_DT_Q4_1,
@@ -81,16 +82,6 @@ bool bs_dtype_block(enum bs_dtype dt, uint32_t *elems, uint32_t *bytes);
 const char *bs_dtype_name(enum bs_dtype dt);
 /* Parse a name as bs_dtype_name spells it. Returns 0, or -1 if unknown. */
 int bs_dtype_from_name(const char *name, enum bs_dtype *out);
-
-/* Burnpack's spelling: the plain dtype name Burn writes ("F32", "Flex32"),
- * or NULL (Bool variants, QFLOAT and types Burn lacks); and the storage of
- * a Bool ({"Bool": "Native" | "U8" | "U32"}), or NULL. The reader and the
- * writer share this one table. */
-const char *bs_dtype_bpk_name(enum bs_dtype dt);
-const char *bs_dtype_bpk_bool(enum bs_dtype dt);
-/* Parse those (a bare "Bool", as burn <= 0.20 wrote, is BOOL). 0, or -1. */
-int bs_dtype_from_bpk_name(const char *name, enum bs_dtype *out);
-int bs_dtype_from_bpk_bool(const char *storage, enum bs_dtype *out);
 
 /* "[64,1,3,3]" ("[]" for rank 0), as user.burnstore.shape shows it and as
  * messages print it. snprintf's contract: writes at most n bytes including

@@ -8,33 +8,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/dtype.h"
-#include "burnstore/err.h"
-#include "burnstore/source.h"
+#include "core/dtype.h"
+#include "core/err.h"
+#include "core/source.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 
-/* The formats: one value per row of the format registry (formats.h,
- * src/formats/registry.c), in detection order. NONE is a catalog that was
- * not read from a file (a new, empty mount). */
-enum bs_format {
-  BS_FMT_NONE,
-  BS_FMT_BURNPACK,
-  BS_FMT_SAFETENSORS,
-  BS_FMT_GGUF, /* llama.cpp / ggml; before PyTorch, whose detection is structural */
-  BS_FMT_PYTORCH,
-  BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
-  BS_FMT_COUNT
-};
-
-/* A metadata value left where it is in a source (GGUF's typed values): its
- * text is made when asked for (formats.h: bs_meta_text), never kept, so
- * a large block (a tokenizer) costs what its entries take, not its text. */
-struct bs_meta_ref { /* 40 bytes (a GGUF file may hold a million small values) */
+/* A metadata value left where it is in a source (typed values a format
+ * keeps in its file): its text is made when asked for (formats/formats.h:
+ * bs_meta_text), never kept, so a large block (a tokenizer) costs what its
+ * entries take, not its text. The core copies it, never reads it. */
+struct bs_meta_ref { /* 40 bytes (a file may hold a million small values) */
   uint64_t off, len; /* the value's bytes in that source */
   uint64_t text_len; /* the length of its text */
   uint32_t src;      /* the catalog's source holding the bytes */
-  uint8_t format;    /* whose encoding (enum bs_format: BS_FMT_GGUF) */
+  uint8_t format;    /* whose encoding: an enum bs_format (formats/formats.h) */
   uint8_t types[10]; /* the value's type and its arrays' element types */
 };
 
@@ -48,7 +36,7 @@ struct bs_kv {
 };
 
 /* What few tensors have (strided views, a raw dtype, a reason they cannot
- * be read, a Burnpack param id): behind bs_tensor.x, shared and all zero
+ * be read, a param id): behind bs_tensor.x, shared and all zero
  * for the rest (bs_tensor_x gives a tensor its own). */
 struct bs_tensor_x {
   int64_t *strides;       /* owned; NULL: contiguous. Else rank entries, in elements */
@@ -57,7 +45,7 @@ struct bs_tensor_x {
                              QFloat tensor (never strided): its stored length */
   uint64_t param_id;      /* when has_param_id */
   uint8_t *dtype_raw;     /* owned, may be NULL: the dtype exactly as the file
-                             encoded it (QFloat's CBOR scheme map), for round trips;
+                             encoded it (a QFloat's scheme), for round trips;
                              a torch quantizer (decode.h); a decoded QFloat tensor:
                              its scheme parsed once (qfloat.h's struct bs_qfloat) */
   size_t dtype_raw_len;
@@ -79,7 +67,8 @@ struct bs_tensor {
   enum bs_dtype dtype;
   uint8_t rank;         /* <= BS_MAX_RANK */
   bool hidden;          /* filtered out by key options; not presented */
-  bool decoded;         /* presented as dtype (F32) by bs_catalog_decode_as: reads decode
+  bool decoded;         /* presented as dtype (F32) by bs_catalog_decode_as (policy/
+                           decode_as.h): reads decode
                            the stored bytes; nbytes is the decoded length */
   uint8_t stored_dtype; /* decoded only: the enum bs_dtype the bytes are stored in */
   uint32_t src;         /* index into bs_catalog.srcs */
@@ -87,14 +76,15 @@ struct bs_tensor {
 };
 
 struct bs_catalog {
-  enum bs_format format;
+  int format; /* the reader's row: an enum bs_format (formats/formats.h); 0 (BS_FMT_NONE):
+                 not read from a file. The core never looks at it */
   struct bs_tensor *tensors; /* owned array */
   size_t count, cap;
   struct bs_src *srcs; /* owned array; srcs[0] is the checkpoint file */
   size_t nsrcs, srccap;
-  struct bs_kv *meta; /* file metadata (Burnpack metadata, __metadata__) */
+  struct bs_kv *meta; /* the file's metadata, key to text (or to a value left in the file) */
   size_t nmeta, metacap;
-  char *values_json;           /* owned, may be NULL: non-tensor values (PyTorch), JSON object */
+  char *values_json;           /* owned, may be NULL: non-tensor values of the file, JSON object */
   char *notes;                 /* owned, may be NULL: what a reader skipped, one line each */
   size_t notes_len, notes_cap; /* of notes (bs_catalog_note), while notes is not NULL */
   struct bs_key_block *keys;   /* owned: the arena of the tensors' keys, one allocation
@@ -174,7 +164,7 @@ long bs_catalog_find(const struct bs_catalog *cat, const char *key);
 
 /* Read up to n bytes of the tensor's contiguous data starting at off (clamped
  * to nbytes). Strided tensors are gathered element run by element run, never
- * whole; a decoded tensor (bs_catalog_decode_as) decodes the units that
+ * whole; a decoded tensor (policy/decode_as.h) decodes the units that
  * cover the range. Returns bytes read, or -errno: -EIO also when the source file
  * changed since it was opened (bs_src_changed). Thread-safe.
  * The one exception to bs_err in the core (with bs_src_pread under it): this
@@ -191,26 +181,13 @@ long bs_tensor_read(const struct bs_catalog *cat, const struct bs_tensor *t, uin
 const char *bs_tensor_why(const struct bs_catalog *cat, const struct bs_tensor *t, int code,
                           char *buf, size_t n);
 
-/* Present every floating tensor whose dtype is not `as` as `as`, decoded
- * on read (decode.h): dtype becomes `as`, nbytes numel * 4 (F32) or * 2
- * (F16, BF16), decoded and stored_dtype are set, and bs_tensor_read
- * decodes the covering units of each range into a bounded buffer (to F32,
- * then narrowed to nearest even for F16 and BF16). `as` is F32, F16 or
- * BF16 (else EINVAL). Integer, bool and complex tensors stay as they are;
- * a floating dtype without a decoder stays as stored, with one note per
- * dtype in cat->notes. Writers see the decoded tensors (convert --as). */
-BS_NODISCARD int bs_catalog_decode_as(struct bs_catalog *cat, enum bs_dtype as, bs_err *err);
-
-/* True if bs_catalog_decode_as can decode t's stored dtype (F32 included:
- * narrowed), false for integers and floats without a decoder. */
-bool bs_tensor_decodable(const struct bs_tensor *t);
-
-/* Why bs_catalog_decode_as(as) shows floating tensor t as stored, written
- * into buf (n bytes): no decoder for its dtype (F6: why none), no torch
- * quantizer, a QFloat scheme not decoded, a strided view of units, or a
- * decoded size past what a file can hold (off_t); NULL when t is decoded,
- * or not floating. */
-const char *bs_tensor_why_stored(const struct bs_tensor *t, enum bs_dtype as, char *buf, size_t n);
+/* The unit tensor t's bytes are decoded in when stored as dt: bs_decode_unit's;
+ * for F32 (as F16 or BF16: narrowed only) one element of 4 bytes; for
+ * torch's quantized types with a quantizer in dtype_raw, one element. False:
+ * no decoder (a QFloat is read through its layout instead, qfloat.h). A
+ * decoded view (policy/decode_as.h) marks a tensor decoded only if it has one. */
+bool bs_tensor_stored_unit(const struct bs_tensor *t, enum bs_dtype dt, uint32_t *elems,
+                           uint32_t *bytes);
 
 /* If the tensor's bytes are one range of a source that has an fd now, give
  * the fd and the absolute offset of byte 0 (for splicing reads) and return

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/err.h"
+#include "core/err.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 
@@ -130,8 +130,8 @@ struct bs_http_opts {
    * (1), else such a server is refused at open. */
   bool unvalidated;
 };
-/* The syntax of BURNSTORE_HTTP_CACHE and -o http_cache=: bytes with an
- * optional K, M or G (binary; a trailing B or iB allowed), 1 MiB to 16 GiB;
+/* The syntax of BURNSTORE_HTTP_CACHE and -o http_cache=: a size (core/size.h:
+ * 256M, 256MiB, 300MB...), 1 MiB to 16 GiB;
  * of BURNSTORE_HTTP_TIMEOUT and -o http_timeout=: whole seconds, 1 to 3600.
  * 0, or -1 when v is not one. */
 int bs_http_parse_cache(const char *v, uint64_t *bytes);

@@ -7,28 +7,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/sink.h"
+#include "core/catalog.h"
+#include "core/sink.h"
+#include "formats/formats.h"      /* enum bs_format */
+#include "formats/write_common.h" /* struct bs_write_opts, the rows' shared rules */
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
-
-/* Options of one write-back (recorded in the staging INDEX). */
-struct bs_write_opts {
-  uint64_t max_shard_size; /* sharded SafeTensors: bytes per shard; 0: keep the target's shards */
-  /* A new target's permission bits (& 0666, the umask applies), as cp
-   * keeps its source's: set from the source when there is one. has_mode
-   * false: 0644. An existing target always keeps its own mode. */
-  bool has_mode;
-  unsigned mode;
-};
-
-/* The permission bits a new target of a write with options o (may be NULL) gets. */
-unsigned bs_write_new_mode(const struct bs_write_opts *o);
-
-/* A format's metadata rules prepared once from a source catalog (GGUF: the
- * type of each key the source has), so that checking one value costs
- * O(value), never a re-parse of the source. Opaque; the row's. */
-struct bs_meta_rules;
 
 struct bs_writer {
   const char *name;              /* "burnpack" (as bs_format_name spells it) */
@@ -76,6 +60,12 @@ struct bs_writer {
    * journal). 0, or -1 with err. NULL: the format's writes need none (a
    * single file's dead temp files are never read). */
   int (*recover)(const char *path, bs_err *err);
+  /* A format of several files (write_set): true with the name of the one
+   * file the set replaces (NAME.safetensors) in out (n bytes) when `base`
+   * (a base name) is one of the set's names (its index, a member): every
+   * writer of any of them takes the one target lock of that name
+   * (bs_writer_lock). NULL: a file is its own target. */
+  bool (*set_name)(const char *base, char *out, size_t n);
   /* write() takes metadata left in a source (struct bs_meta_ref) and copies
    * it (GGUF, of GGUF values); false: bs_writer_write_file gives it the
    * text instead, made for the write. */
@@ -96,20 +86,6 @@ const struct bs_writer *bs_writer_for_format(enum bs_format f);
 const char *bs_path_extension(const char *path);
 /* ".bpk (burnpack)" for every writer, ", "-separated, for messages. Returns buf. */
 const char *bs_writer_list(char *buf, size_t n);
-
-/* The rule the name_ok of every row shares: `name` is valid UTF-8 of at
- * most `max` bytes, and not empty unless empty_ok. `why` ends the message
- * ("SafeTensors names are JSON strings"). 0, or -1 with err (EINVAL). */
-BS_NODISCARD int bs_writer_name_text(const char *name, size_t max, bool empty_ok, const char *why,
-                                     bs_err *err);
-/* `name` for a message: bytes that are not valid UTF-8 as \xNN, cut to fit
- * n. Returns buf. */
-const char *bs_name_printable(const char *name, char *buf, size_t n);
-
-/* For a refusal: how to write a Burn dtype whose bytes are those of a
- * common one ("; its bytes are F32: set user.burnstore.dtype to F32 to write
- * them" for FLEX32, the same with BOOL for BOOL_U8), "" for any other. */
-const char *bs_writer_alias_hint(enum bs_dtype dt);
 
 /* can_write on every tensor that is not hidden: the first it refuses fails,
  * with a hint to leave the tensor out (exclude=). */
@@ -139,6 +115,14 @@ BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
+
+/* The target lock (core/target.h) of a write of `path` for `holder`, with
+ * the sets' names of the table (the set_name column): two writers of one
+ * set, through any of its names, never race. The lock's fd, or -1 with err
+ * (EBUSY naming the holder). */
+BS_NODISCARD int bs_writer_lock(const char *path, const char *holder, bs_err *err);
+/* The set_name of the first row that knows base (a bs_target_name_fn). */
+bool bs_writer_target_name(const char *base, char *out, size_t n);
 
 /* Before reading or rewriting `path`: complete or roll back a write of it
  * that a kill interrupted (docs/robustness.md), through the recover column

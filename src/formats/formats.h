@@ -11,10 +11,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h" /* enum bs_format (one value per row) */
-#include "burnstore/sink.h"    /* struct bs_buf */
+#include "core/catalog.h"   /* enum bs_format (one value per row) */
+#include "core/sink.h"      /* struct bs_buf */
+#include "formats/limits.h" /* the formats' hard caps */
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
+
+/* The formats: one value per row of the format registry (registry.c), in
+ * detection order; a catalog's `format` and a bs_meta_ref's hold one. NONE
+ * (0) is a catalog that was not read from a file (a new, empty mount). */
+enum bs_format {
+  BS_FMT_NONE,
+  BS_FMT_BURNPACK,
+  BS_FMT_SAFETENSORS,
+  BS_FMT_GGUF, /* llama.cpp / ggml; before PyTorch, whose detection is structural */
+  BS_FMT_PYTORCH,
+  BS_FMT_ST_SHARDED, /* NAME.safetensors.index.json and its shards */
+  BS_FMT_COUNT
+};
 
 /* "burnpack", "safetensors", "pytorch" (the registry's names); "none" for
  * BS_FMT_NONE, "?" out of range. */
@@ -53,15 +67,26 @@ typedef void (*bs_describe_fn)(const struct bs_catalog *cat, bs_detail_fn detail
 typedef int (*bs_meta_text_fn)(const struct bs_src *s, const struct bs_meta_ref *r, uint64_t max,
                                struct bs_buf *out, bool *cut, bs_err *err);
 
+/* The checkpoint of this format that directory `dir` holds (a shard set:
+ * its index): *path gets "dir/NAME" (bs_malloc'd). ENOENT when there is
+ * none; another error (more than one, an unreadable directory) names it. */
+typedef int (*bs_find_in_dir_fn)(const char *dir, char **path, bs_err *err);
+
 #define BS_FORMAT_MAX_EXTS 6
 struct bs_format_desc {
   const char *name;                     /* "burnpack": user.burnstore.format, messages */
   const char *exts[BS_FORMAT_MAX_EXTS]; /* usual endings (".bpk"), NULL-terminated; hints only */
   bs_sniff_fn sniff;
   bs_read_fn read;
-  bs_describe_fn describe;   /* NULL: nothing beyond the common fields */
-  bs_meta_text_fn meta_text; /* NULL: its metadata is text in the catalog */
+  bs_describe_fn describe;       /* NULL: nothing beyond the common fields */
+  bs_meta_text_fn meta_text;     /* NULL: its metadata is text in the catalog */
+  bs_find_in_dir_fn find_in_dir; /* NULL: a directory is never one of this format */
 };
+
+/* A directory given as a checkpoint: the file it stands for, from the rows'
+ * find_in_dir (a shard set's index). 0 and *path (bs_malloc'd), or -1 with
+ * err (ENOENT: no row finds one; else the row's error). */
+BS_NODISCARD int bs_format_in_dir(const char *dir, char **path, bs_err *err);
 
 /* The row of format f (borrowed, static), or NULL for NONE and out of range. */
 const struct bs_format_desc *bs_format_desc(enum bs_format f);
@@ -106,6 +131,14 @@ BS_NODISCARD int bs_bpk_read(struct bs_catalog *cat, uint32_t src, const struct 
 enum bs_sniff bs_bpk_sniff(const uint8_t *head, size_t n, uint64_t size);
 /* "version": the header's version field. */
 void bs_bpk_describe(const struct bs_catalog *cat, bs_detail_fn detail, void *ctx);
+/* The layout (core/qfloat.h) of a QFLOAT tensor of `shape` stored in
+ * `nbytes`, from the scheme its file describes it by (raw, len: its
+ * dtype_raw, the {"QFloat": {...}} CBOR map a Burnpack holds, the current
+ * 5-entry scheme or the v0.19-0.21 one): true and *q filled if burnstore
+ * decodes it; else false and, if why is not NULL, a short reason. */
+struct bs_qfloat;
+bool bs_qfloat_layout(const uint8_t *raw, size_t len, uint32_t rank, const uint64_t *shape,
+                      uint64_t nbytes, struct bs_qfloat *q, const char **why);
 
 BS_NODISCARD int bs_st_read(struct bs_catalog *cat, uint32_t src, const struct bs_open_opts *opts,
                             bs_err *err);

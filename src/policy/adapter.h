@@ -18,9 +18,9 @@
 
 #include <stdbool.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/err.h"
-#include "burnstore/keys.h"
+#include "core/catalog.h"
+#include "core/err.h"
+#include "core/keys.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 

@@ -1,4 +1,4 @@
-/* What the core and the Burnpack reader share about libcbor's items. */
+/* What the Burnpack reader and its dtype descriptions share about libcbor's items. */
 #ifndef BURNSTORE_CBOR_ITEM_H
 #define BURNSTORE_CBOR_ITEM_H
 

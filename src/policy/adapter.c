@@ -2,9 +2,9 @@
 #include <errno.h>
 #include <string.h>
 
-#include "burnstore/adapter.h"
 #include "core/alloc.h"
 #include "core/strmap.h"
+#include "policy/adapter.h"
 
 void bs_adapter_init(struct bs_adapter *a)
 {

@@ -10,11 +10,12 @@
 #define BS_NODISCARD __attribute__((warn_unused_result))
 #define BS_OFF_NONE UINT64_MAX /* the error is not about a place in the file */
 
-/* Internal: the headers of include/burnstore/ are the core's, shared by the
- * library, the daemon, the CLI and the tests, and neither installed nor
+/* Internal: the headers under src/ (core/, formats/, policy/) are shared by
+ * the library, the daemon, the CLI and the tests, and neither installed nor
  * exported: libburnstore.so exports only include/burnstore.h (the API,
- * src/api/), each of whose declarations says so. Their declarations are
- * hidden, as -fvisibility=hidden makes everything else. */
+ * src/api/), each of whose declarations says so. The declarations of the
+ * headers the API's code includes are hidden (push(hidden), as here), as
+ * -fvisibility=hidden makes everything else. */
 #pragma GCC visibility push(hidden)
 
 typedef struct bs_err {

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "burnstore/catalog.h"
-#include "burnstore/err.h"
+#include "core/catalog.h"
+#include "core/err.h"
 
 #pragma GCC visibility push(hidden) /* internal (err.h) */
 

@@ -1,5 +1,5 @@
-/* Shared libcbor helpers: see core/cbor_item.h. */
-#include "core/cbor_item.h"
+/* Shared libcbor helpers: see formats/cbor_item.h. */
+#include "formats/cbor_item.h"
 
 const cbor_item_t *bs_cbor_untag(const cbor_item_t *it)
 {
