@@ -334,35 +334,31 @@ int bs_st_size(const struct bs_catalog *cat, const size_t *which, size_t n, uint
   return rc;
 }
 
+int bs_st_layout(const struct bs_catalog *cat, const size_t *which, size_t n, struct bs_layout *l,
+                 bs_err *err)
+{
+  struct plan p;
+  int rc = -1;
+  if (make_plan(cat, which, n, &p, err) == 0) {
+    uint8_t h[PREFIX];
+    bs_put_le64(h, p.hdr.len);
+    bs_layout_bytes(l, h, PREFIX);
+    bs_layout_bytes(l, p.hdr.data, p.hdr.len);
+    for (size_t i = 0; i < p.n; i++)
+      bs_layout_tensor(l, cat, p.order[i]);
+    rc = bs_layout_done(l, err);
+  }
+  plan_destroy(&p);
+  return rc;
+}
+
 int bs_st_write_some(const struct bs_catalog *cat, const size_t *which, size_t n, struct bs_sink *k,
                      bs_err *err)
 {
-  struct plan p;
-  uint8_t *chunk = NULL;
-  int rc = -1;
-  if (make_plan(cat, which, n, &p, err) != 0)
-    goto out;
-  uint64_t total;
-  if (!bs_add_u64(PREFIX + (uint64_t)p.hdr.len, p.data, &total)) {
-    bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "file size overflows 64 bits");
-    goto out;
-  }
-  if (bs_sink_reserve(k, total, err) != 0)
-    goto out;
-  size_t cap;
-  if (!(chunk = bs_sink_chunk(p.biggest, &cap, err)))
-    goto out;
-  uint8_t h[PREFIX];
-  bs_put_le64(h, p.hdr.len);
-  if (bs_sink_put(k, h, PREFIX, err) != 0 || bs_sink_put(k, p.hdr.data, p.hdr.len, err) != 0)
-    goto out;
-  for (size_t i = 0; i < p.n; i++)
-    if (bs_sink_put_tensor(cat, &cat->tensors[p.order[i]], chunk, cap, k, err) != 0)
-      goto out;
-  rc = 0;
-out:
-  bs_free(chunk);
-  plan_destroy(&p);
+  struct bs_layout l;
+  bs_layout_init(&l);
+  int rc = bs_st_layout(cat, which, n, &l, err) == 0 ? bs_layout_emit(&l, cat, k, err) : -1;
+  bs_layout_destroy(&l);
   return rc;
 }
 
