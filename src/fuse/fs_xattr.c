@@ -63,6 +63,7 @@ int fs_xattr_init(struct fs *fs, bs_err *err)
   fs->xa.key_of = key_of;
   fs->xa.stage = stage;
   fs->xa.arg = fs;
+  fs->xa.omitted = fs->view_omitted;
   return 0;
 }
 
