@@ -73,6 +73,35 @@ void bs_layout_bytes(struct bs_layout *l, const void *d, size_t n)
     *s = (struct bs_seg){.off = off, .len = n, .at = at, .kind = BS_SEG_BYTES};
 }
 
+void bs_layout_take(struct bs_layout *l, struct bs_buf *b)
+{
+  size_t have = l->bytes.len;
+  if (l->oom || l->big || b->len == 0 || have > 64 || b->cap - b->len < have) {
+    bs_layout_bytes(l, b->data, b->len); /* (a copy: the plan's bytes are long already) */
+    return;
+  }
+  /* b's buffer becomes the plan's, its bytes after the plan's few */
+  size_t n = b->len;
+  if (!grow(l, n))
+    return;
+  memmove(b->data + have, b->data, n);
+  memcpy(b->data, l->bytes.data, have);
+  struct bs_buf old = l->bytes;
+  l->bytes = *b;
+  l->bytes.len = have + n;
+  *b = old; /* the caller frees it */
+  b->len = 0;
+  struct bs_seg *last = l->n ? &l->seg[l->n - 1] : NULL;
+  if (last && last->kind == BS_SEG_BYTES && last->off + last->len == l->size - n &&
+      last->at + last->len == have) {
+    last->len += n;
+    return;
+  }
+  struct bs_seg *s = push(l);
+  if (s)
+    *s = (struct bs_seg){.off = l->size - n, .len = n, .at = have, .kind = BS_SEG_BYTES};
+}
+
 static void add(struct bs_layout *l, uint32_t kind, uint32_t idx, uint64_t at, uint64_t len)
 {
   if (l->oom || len == 0)

@@ -47,6 +47,10 @@ void bs_layout_destroy(struct bs_layout *l); /* safe on a zeroed or destroyed on
 /* Appends, in file order. Out of memory is sticky (bs_layout_done); a size
  * past 2^63 is EFBIG there too. */
 void bs_layout_bytes(struct bs_layout *l, const void *d, size_t n);
+/* The same for the n bytes of b, taking b's buffer over when the plan has
+ * built few bytes yet (a header built elsewhere is then not copied); b is
+ * left empty or as it was, and is still the caller's to destroy. */
+void bs_layout_take(struct bs_layout *l, struct bs_buf *b);
 void bs_layout_src(struct bs_layout *l, uint32_t src, uint64_t off, uint64_t len);
 void bs_layout_tensor(struct bs_layout *l, const struct bs_catalog *cat, size_t tensor);
 void bs_layout_zeros(struct bs_layout *l, uint64_t n);

@@ -308,7 +308,7 @@ int bs_bpk_layout(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, 
     bs_put_le16(h + 4, 1);
     bs_put_le32(h + 6, (uint32_t)meta.len);
     bs_layout_bytes(l, h, HDR_LEN);
-    bs_layout_bytes(l, meta.data, meta.len);
+    bs_layout_take(l, &meta);
     bs_layout_align(l, BS_BPK_ALIGN); /* D: the data's start */
     uint64_t data_start = l->size, cursor = 0;
     for (size_t i = 0; i < w.n; i++) {

@@ -107,9 +107,11 @@ int bs_st_json_string_n(struct bs_buf *b, const char *s, size_t len)
 
 static int buf_u64(struct bs_buf *b, uint64_t v)
 {
-  char s[24];
-  snprintf(s, sizeof s, "%" PRIu64, v);
-  return buf_str(b, s);
+  char s[24], *p = s + sizeof s; /* (snprintf was a third of a 100,000-tensor header's time) */
+  do
+    *--p = (char)('0' + v % 10);
+  while ((v /= 10) != 0);
+  return bs_buf_put(b, p, (size_t)(s + sizeof s - p));
 }
 
 int bs_st_name_ok(const char *name, bs_err *err)
@@ -343,7 +345,7 @@ int bs_st_layout(const struct bs_catalog *cat, const size_t *which, size_t n, st
     uint8_t h[PREFIX];
     bs_put_le64(h, p.hdr.len);
     bs_layout_bytes(l, h, PREFIX);
-    bs_layout_bytes(l, p.hdr.data, p.hdr.len);
+    bs_layout_take(l, &p.hdr);
     for (size_t i = 0; i < p.n; i++)
       bs_layout_tensor(l, cat, p.order[i]);
     rc = bs_layout_done(l, err);
