@@ -181,16 +181,6 @@ static void plan_destroy(struct plan *p)
   bs_buf_destroy(&p->hdr);
 }
 
-static int cmp_data(const void *a, const void *b, void *c)
-{
-  const struct bs_catalog *cat = c;
-  const struct bs_tensor *x = &cat->tensors[*(const size_t *)a];
-  const struct bs_tensor *y = &cat->tensors[*(const size_t *)b];
-  if (st_rank[x->dtype] != st_rank[y->dtype])
-    return st_rank[x->dtype] > st_rank[y->dtype] ? -1 : 1;
-  return strcmp(x->name, y->name);
-}
-
 static int cmp_name(const void *a, const void *b, void *c)
 {
   const struct bs_catalog *cat = c;
@@ -307,7 +297,18 @@ static int make_plan(const struct bs_catalog *cat, const size_t *which, size_t n
               "two tensors to write have this name; SafeTensors names must be unique");
       goto out;
     }
-  qsort_r(p->order, n, sizeof *p->order, cmp_data, (void *)cat);
+  /* The data order (rank descending, then name): the names' order, taken
+   * rank by rank (the names are unique: one sort, not two). */
+  size_t at[sizeof st_rank + 1] = {0};
+  for (size_t i = 0; i < n; i++)
+    at[st_rank[cat->tensors[byname[i]].dtype]]++;
+  for (size_t r = sizeof st_rank, sum = 0; r-- > 0;) { /* the first place of each rank */
+    size_t c = at[r];
+    at[r] = sum;
+    sum += c;
+  }
+  for (size_t i = 0; i < n; i++)
+    p->order[at[st_rank[cat->tensors[byname[i]].dtype]]++] = byname[i];
   for (size_t i = 0; i < cat->nmeta; i++)
     p->meta[i] = i;
   qsort_r(p->meta, cat->nmeta, sizeof *p->meta, cmp_meta, (void *)cat);
