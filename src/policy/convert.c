@@ -95,17 +95,17 @@ static size_t values_line(const char *values_json, char *line, size_t cap)
 }
 
 size_t bs_convert_left_out(const struct bs_catalog *cat, const struct bs_writer *w,
-                           char lines[2][400])
+                           char lines[2][BS_LEFT_OUT_LINE])
 {
   size_t k = 0;
   if (w->drops_meta && cat->nmeta)
-    snprintf(lines[k++], 400,
+    snprintf(lines[k++], BS_LEFT_OUT_LINE,
              "%zu metadata entries not written (a torch.save file has no place for them)",
              cat->nmeta);
   char groups[320 + 8]; /* (room for ", ...") */
   size_t n = cat->values_json ? values_line(cat->values_json, groups, 320) : 0;
   if (n)
-    snprintf(lines[k++], 400,
+    snprintf(lines[k++], BS_LEFT_OUT_LINE,
              "%zu non-tensor value%s of the source not written (the %s writer writes tensors%s "
              "only): %s",
              n, n == 1 ? "" : "s", w->name, w->drops_meta ? "" : " and metadata", groups);

@@ -21,11 +21,13 @@
 BS_NODISCARD int bs_convert_prepare(struct bs_catalog *cat, const struct bs_writer *w,
                                     const enum bs_dtype *as, const char *opt, bs_err *err);
 
+#define BS_LEFT_OUT_LINE 512 /* a line of bs_convert_left_out, its NUL included */
+
 /* What writing cat with w leaves out of the source, one line a thing,
  * without a prefix or newline, each into lines[i] (n bytes): the metadata a
  * format with no place for it drops, and the non-tensor values of a pickle
  * (epoch, optimizer.* (11), ...). Returns the number of lines (0 to 2). */
 size_t bs_convert_left_out(const struct bs_catalog *cat, const struct bs_writer *w,
-                           char lines[2][400]);
+                           char lines[2][BS_LEFT_OUT_LINE]);
 
 #endif

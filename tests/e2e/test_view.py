@@ -157,6 +157,7 @@ def matrix(tmp, remote=None):
                         os.path.splitext(base)[0]
                     check(os.path.basename(p) == stem + "." + v, "%s: named %s" % (what, os.path.basename(p)))
                     same_bytes(p, want, what, deep=True)
+                    check(os.listxattr(p) == [], "%s: the file has no tensor's xattrs: %r" % (what, os.listxattr(p)))
             except RuntimeError as e:
                 check(False, "%s: %s" % (what, e))
 
