@@ -82,6 +82,7 @@ const struct bs_writer bs_writers[] = {
         .default_meta = bs_bpk_default_meta,
         .write = bpk_write,
         .layout = bpk_layout,
+        .param_ids = true,
         .check_meta = utf8_meta,
     },
     {

@@ -56,6 +56,9 @@ struct bs_writer {
   /* The format has no place for file metadata: a write drops cat->meta
    * (the CLI and the write-back report say so). */
   bool drops_meta;
+  /* The format keeps a tensor's parameter id (has_param_id); the others
+   * drop it (convert and -o view= say so). */
+  bool param_ids;
   /* Before reading or rewriting `path`, a target of this row: complete or
    * roll back a write of it that a kill interrupted (a shard set's
    * journal). 0, or -1 with err. NULL: the format's writes need none (a

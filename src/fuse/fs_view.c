@@ -88,7 +88,7 @@ int fs_view_build(struct fs *fs, const struct bs_writer *w, const enum bs_dtype 
   }
   bs_free(name);
   /* What the view leaves out of the source: the log and the root's xattr. */
-  char lines[2][BS_LEFT_OUT_LINE];
+  char lines[BS_LEFT_OUT_MAX][BS_LEFT_OUT_LINE];
   size_t k = bs_convert_left_out(&fs->cat, w, lines);
   struct bs_buf b = {0};
   for (size_t i = 0; i < k; i++)

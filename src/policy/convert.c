@@ -95,13 +95,20 @@ static size_t values_line(const char *values_json, char *line, size_t cap)
 }
 
 size_t bs_convert_left_out(const struct bs_catalog *cat, const struct bs_writer *w,
-                           char lines[2][BS_LEFT_OUT_LINE])
+                           char lines[BS_LEFT_OUT_MAX][BS_LEFT_OUT_LINE])
 {
-  size_t k = 0;
+  size_t k = 0, ids = 0;
   if (w->drops_meta && cat->nmeta)
     snprintf(lines[k++], BS_LEFT_OUT_LINE,
              "%zu metadata entries not written (a torch.save file has no place for them)",
              cat->nmeta);
+  for (size_t i = 0; i < cat->count && !w->param_ids; i++)
+    ids += !cat->tensors[i].hidden && cat->tensors[i].has_param_id;
+  if (ids)
+    snprintf(lines[k++], BS_LEFT_OUT_LINE,
+             "%zu tensors' parameter ids (Burnpack's param_id) not written (the %s writer has no "
+             "place for them)",
+             ids, w->name);
   char groups[320 + 8]; /* (room for ", ...") */
   size_t n = cat->values_json ? values_line(cat->values_json, groups, 320) : 0;
   if (n)

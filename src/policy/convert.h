@@ -24,10 +24,12 @@ BS_NODISCARD int bs_convert_prepare(struct bs_catalog *cat, const struct bs_writ
 #define BS_LEFT_OUT_LINE 512 /* a line of bs_convert_left_out, its NUL included */
 
 /* What writing cat with w leaves out of the source, one line a thing,
- * without a prefix or newline, each into lines[i] (n bytes): the metadata a
- * format with no place for it drops, and the non-tensor values of a pickle
- * (epoch, optimizer.* (11), ...). Returns the number of lines (0 to 2). */
+ * without a prefix or newline, each into lines[i]: the metadata a format
+ * with no place for it drops, the tensors' parameter ids a format other
+ * than Burnpack drops, and the non-tensor values of a pickle (epoch,
+ * optimizer.* (11), ...). Returns the number of lines (0 to 3). */
+#define BS_LEFT_OUT_MAX 3
 size_t bs_convert_left_out(const struct bs_catalog *cat, const struct bs_writer *w,
-                           char lines[2][BS_LEFT_OUT_LINE]);
+                           char lines[BS_LEFT_OUT_MAX][BS_LEFT_OUT_LINE]);
 
 #endif

@@ -772,7 +772,7 @@ static int cmd_convert(int argc, char **argv)
     bs_progress_end(&pr);
   else if (pr.on && pr.tty)
     fputc('\n', stderr);
-  char left[2][BS_LEFT_OUT_LINE];
+  char left[BS_LEFT_OUT_MAX][BS_LEFT_OUT_LINE];
   for (size_t i = 0, k = rc == 0 ? bs_convert_left_out(&cat, w, left) : 0; i < k; i++)
     fprintf(stderr, "burnstore: note: %s: %s\n", out, left[i]);
   if (rc == 0 && !o.quiet && isatty(1))
