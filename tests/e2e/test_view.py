@@ -340,6 +340,9 @@ def left_out(tmp):
             check("epoch" in x and "loss" in x, "the values named: %r" % x)
         err = p.stderr.read().decode()
         check("view: 2 non-tensor values" in err, "the mount's log names them: %r" % err)
+    with Mount(PT, os.path.join(tmp, "lo-status"), opts="view=bpk") as m:
+        r = run([BIN, "status", m])
+        check("view: 2 non-tensor values" in r.stdout, "burnstore status shows the log's line: %r" % r.stdout)
     # Burnpack's parameter ids: kept by a Burnpack view, dropped (and said) by the others.
     for v in VIEWS:
         c = run([BIN, "convert", BPK, os.path.join(tmp, "ids." + v)])
