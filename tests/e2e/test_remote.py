@@ -479,7 +479,9 @@ def recv_buffers(tmp, ng):
     cache's blocks (its first fill: the cache, its spare buffers and what
     is in flight), not for every request: libcurl's 512 KiB receive buffer,
     allocated and freed by each transfer, was mapped afresh each time (128
-    faults, and 512 KiB zeroed, a 4 MiB request). The bytes are the file's."""
+    faults, and 512 KiB zeroed, a 4 MiB request). The blocks are in huge
+    pages where the system has them (a fault a 2 MiB, and a reply from a
+    block pins one page, not 256). The bytes are the file's."""
     size, cache = 192 << 20, 4 << 20
     path = os.path.join(ng.root, "big.safetensors")
     head = b'{"big":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' % (size, size)
@@ -510,6 +512,13 @@ def recv_buffers(tmp, ng):
                 check(faults <= bound, "%d page faults for a read of %d MiB (at most %d: the "
                       "cache's first fill)" % (faults, size >> 20, bound))
             print("  %d page faults for %d MiB (bound %d)" % (faults, size >> 20, bound))
+            # the cache's blocks in huge pages, where the system gives them
+            # to a range advised for them (THP "always" or "madvise")
+            thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+            if os.path.exists(thp) and "[never]" not in open(thp).read():
+                huge = sum(int(line.split()[1]) for line in open("/proc/%d/smaps" % p.pid)
+                           if line.startswith("AnonHugePages:"))
+                check(huge >= 2048, "the cache's blocks in huge pages: %d kB (at least 2048)" % huge)
     finally:
         os.unlink(path)
 
