@@ -149,6 +149,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
    * fds the hard limit allows (it runs in the daemon, after the fork). */
   fs_raise_nofile();
   bs_journal_begin(fs->journal); /* its flusher thread: here, after the fork */
+  fs_io_init(fs, conn);          /* FUSE_HANDLE_KILLPRIV_V2 (fs_io.c) */
   if (conn->capable & FUSE_CAP_SPLICE_WRITE)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
@@ -313,6 +314,11 @@ static int do_setattr(struct fs *fs, fuse_ino_t ino, struct stat *attr, int to_s
       e->uid = attr->st_uid;
     if (to_set & FUSE_SET_ATTR_GID)
       e->gid = attr->st_gid;
+    /* With FUSE_HANDLE_KILLPRIV_V2 (fs_io.c) the kernel leaves it to us:
+     * truncation and chown drop set-id bits, as write does (op_write). */
+    if (atomic_load(&fs->killpriv) && !(to_set & FUSE_SET_ATTR_MODE) &&
+        (to_set & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)))
+      e->mode &= ~(unsigned)(S_ISUID | S_ISGID);
     if (to_set & FUSE_SET_ATTR_MTIME)
       e->mtime = attr->st_mtim;
     if (to_set & FUSE_SET_ATTR_MTIME_NOW)
@@ -453,6 +459,8 @@ static int open_entry(struct fs *fs, struct bs_entry *e, int flags)
   e->nopen++;
   if (flags & O_TRUNC)
     rc = truncate_entry(fs, e, 0);
+  if (!rc && (flags & O_TRUNC) && atomic_load(&fs->killpriv))
+    e->mode &= ~(unsigned)(S_ISUID | S_ISGID); /* (do_setattr) */
   if (!rc && e->stage && e->fd < 0) {
     int fd = fs_stage_open(fs, e, O_RDWR);
     if (fd < 0)
