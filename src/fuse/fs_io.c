@@ -10,7 +10,7 @@
  * 32 KiB, as many as the writes themselves. With it the super block is
  * SB_NOSEC: a file found without set-id bits and capabilities is marked so
  * once, and the daemon drops set-id bits itself, as it already did on
- * every write (op_write) and now does on truncation and chown (do_setattr),
+ * every write (op_write_buf) and now does on truncation and chown (do_setattr),
  * the other two cases the flag hands over. The mount has no
  * security.capability to drop (fs_xattr.c refuses security.*).
  *

@@ -154,6 +154,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
     conn->want |= FUSE_CAP_SPLICE_MOVE;
+
   /* The write-back cache for writable mounts: a write(2) completes in the
    * page cache and the kernel sends large WRITEs later (at the latest on
    * close). A signal no longer loses them (fs_stop.c). */
@@ -163,7 +164,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     fs->writeback = true;
   }
 #ifdef FUSE_CAP_HANDLE_KILLPRIV_V2
-  /* libfuse >= 3.16: we drop set-id bits on write ourselves (op_write), so
+  /* libfuse >= 3.16: we drop set-id bits on write ourselves (op_write_buf), so
    * the kernel marks the superblock SB_NOSEC and stops asking for
    * security.capability before every write(2). libfuse 3.14 cannot ask for
    * it: there each write(2) costs one GETXATTR (answered EOPNOTSUPP at once,
@@ -315,7 +316,7 @@ static int do_setattr(struct fs *fs, fuse_ino_t ino, struct stat *attr, int to_s
     if (to_set & FUSE_SET_ATTR_GID)
       e->gid = attr->st_gid;
     /* With FUSE_HANDLE_KILLPRIV_V2 (fs_io.c) the kernel leaves it to us:
-     * truncation and chown drop set-id bits, as write does (op_write). */
+     * truncation and chown drop set-id bits, as write does (op_write_buf). */
     if (atomic_load(&fs->killpriv) && !(to_set & FUSE_SET_ATTR_MODE) &&
         (to_set & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)))
       e->mode &= ~(unsigned)(S_ISUID | S_ISGID);
@@ -667,9 +668,17 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   bs_free(buf);
 }
 
-static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-                     struct fuse_file_info *fi)
+/* A WRITE's bytes go to the staging file as libfuse holds them: in memory,
+ * or in the pipe it spliced the request into from /dev/fuse (libfuse wants
+ * FUSE_CAP_SPLICE_READ by default): then spliced on into the file, never
+ * copied through this process (as libfuse's passthrough_hp does). libfuse
+ * 3.14 splices only where it can grow its pipe to 1 MiB + 4 KiB, past the
+ * default pipe-max-size: a daemon with CAP_SYS_RESOURCE; elsewhere it
+ * read(2)s the request into memory. */
+static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off,
+                         struct fuse_file_info *fi)
 {
+  size_t size = fuse_buf_size(in);
   struct fs *fs = fs_data(req);
   if (!fs->writable) {
     fuse_reply_err(req, EROFS);
@@ -698,9 +707,13 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
   if (!rc) {
     /* With the write-back cache the kernel places appends itself. */
     uint64_t pos = (fi->flags & O_APPEND) && !fs->writeback ? e->size : (uint64_t)off;
-    w = pwrite(fd, buf, size, (off_t)pos);
+    struct fuse_bufvec out = FUSE_BUFVEC_INIT(size);
+    out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+    out.buf[0].fd = fd;
+    out.buf[0].pos = (off_t)pos;
+    w = fuse_buf_copy(&out, in, FUSE_BUF_SPLICE_MOVE);
     if (w < 0)
-      rc = errno;
+      rc = (int)-w;
     else if (pos + (uint64_t)w > e->size)
       e->size = pos + (uint64_t)w;
     e->mode &= ~(unsigned)(S_ISUID | S_ISGID); /* a write drops set-id bits */
@@ -1120,7 +1133,7 @@ const struct fuse_lowlevel_ops fs_ops = {
     .readdirplus = op_readdirplus,
     .open = op_open,
     .read = op_read,
-    .write = op_write,
+    .write_buf = op_write_buf,
     .flush = op_flush,
     .fsync = op_fsync,
     .release = op_release,
