@@ -80,9 +80,14 @@ void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx)
   observer_ctx = ctx;
 }
 
-/* The write-behind window: 16 MiB keeps the disk busy while the writer
- * fills the next one, and bounds what the final fsync must flush. */
+/* The write-behind: the disk's write-out of each 16 MiB window starts as
+ * soon as it is put; the writer waits only for the bytes BEHIND_LAG behind
+ * it, which bounds what the final fsync must flush. Waiting for the window
+ * just before (a lag of 16 MiB) held the writer to the disk's pace window
+ * by window: convert of 1 GiB to .pth + sync took 1.6x cp + sync; with
+ * 64-128 MiB in flight, 1.0-1.1x (issue 34, docs/performance.md). */
 #define BEHIND_WINDOW (16u << 20)
+#define BEHIND_LAG (128u << 20)
 
 /* Report the bytes on disk up to `upto` to the observer. */
 static void tell(struct bs_sink *k, uint64_t upto)
@@ -93,15 +98,16 @@ static void tell(struct bs_sink *k, uint64_t upto)
     k->told = upto;
 }
 
-/* Start writing out what was put since the last window, then wait for that
- * window to be on disk. A write error that shows here is the write's error
+/* Start writing out what was put since the last window, then wait for what
+ * lies BEHIND_LAG behind to be on disk. A write error that shows here is the write's error
  * (the final fsync would not see it again). */
 static int write_behind(struct bs_sink *k, bs_err *err)
 {
   int rc = sync_file_range(k->fd, (off_t)k->started, (off_t)(k->pos - k->started),
                            SYNC_FILE_RANGE_WRITE);
-  if (rc == 0 && k->started > k->told)
-    rc = sync_file_range(k->fd, (off_t)k->told, (off_t)(k->started - k->told),
+  uint64_t upto = k->pos > BEHIND_LAG ? k->pos - BEHIND_LAG : 0;
+  if (rc == 0 && upto > k->told)
+    rc = sync_file_range(k->fd, (off_t)k->told, (off_t)(upto - k->told),
                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                              SYNC_FILE_RANGE_WAIT_AFTER);
   if (rc != 0 && (errno == EINVAL || errno == ESPIPE || errno == ENOSYS || errno == EOPNOTSUPP)) {
@@ -115,7 +121,7 @@ static int write_behind(struct bs_sink *k, bs_err *err)
                    "%s: writing to the disk failed near byte %" PRIu64 ": %s", k->name, k->told,
                    strerror(e));
   }
-  tell(k, k->started);
+  tell(k, upto);
   k->started = k->pos;
   return 0;
 }
