@@ -126,6 +126,13 @@ static int write_behind(struct bs_sink *k, bs_err *err)
   return 0;
 }
 
+static int no_space(const struct bs_sink *k, bs_err *err)
+{
+  return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
+                 "%s: no space left on the device after writing %" PRIu64 " bytes", k->name,
+                 k->pos);
+}
+
 /* n more bytes written to an fd sink. */
 static void advance(struct bs_sink *k, uint64_t n)
 {
@@ -160,9 +167,7 @@ int bs_sink_put(struct bs_sink *k, const void *d, size_t n, bs_err *err)
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0 && errno == ENOSPC)
-      return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
-                     "%s: no space left on the device after writing %" PRIu64 " bytes", k->name,
-                     k->pos);
+      return no_space(k, err);
     if (r < 0) {
       int e = errno;
       return bs_fail(err, e, BS_OFF_NONE, NULL, "%s: write failed at byte %" PRIu64 ": %s", k->name,
@@ -565,9 +570,7 @@ static int copy_range(struct bs_sink *k, int fd, uint64_t off, uint64_t n, uint6
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0 && errno == ENOSPC)
-      return bs_fail(err, ENOSPC, BS_OFF_NONE, NULL,
-                     "%s: no space left on the device after writing %" PRIu64 " bytes", k->name,
-                     k->pos);
+      return no_space(k, err);
     if (r < 0 && (errno == EIO || errno == EDQUOT || errno == EFBIG)) {
       int e = errno;
       return bs_fail(err, e, BS_OFF_NONE, what,

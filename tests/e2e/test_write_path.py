@@ -15,8 +15,8 @@ import struct
 import subprocess
 import time
 
-from bsmount import (BIN, DEADLINE, FIX, Mount, check, force_unmount, is_mounted, read_safetensors, run,
-                     run_tests, small_tmpfs)
+from bsmount import (BIN, DEADLINE, FIX, Mount, check, force_unmount, foreground_mount, is_mounted, read_safetensors,
+                     run, run_tests, small_tmpfs)
 
 ST = os.path.join(FIX, "burn-store/safetensors-tests/tests/multi_layer/multi_layer.safetensors")
 
@@ -112,27 +112,6 @@ def test_odd_writes(tmp):
     check(all(after[k][2] == tensors[k][2] for k in tensors if k != key), "the other tensors are unchanged")
 
 
-def debug_mount(src, mnt, log):
-    """burnstore -d (libfuse's request log on stderr, into log): the Popen."""
-    os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([BIN, src, mnt, "-d"], stdout=subprocess.DEVNULL, stderr=log)
-    end = time.time() + DEADLINE
-    while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-        time.sleep(0.05)
-    check(is_mounted(mnt), "mounted with -d")
-    return p
-
-
-def stop(p, mnt):
-    subprocess.run(["fusermount3", "-u", mnt], capture_output=True, timeout=DEADLINE)
-    force_unmount(mnt)
-    try:
-        p.wait(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-
-
 def test_no_getxattr_per_write(tmp):
     """400 write(2)s of 4 KiB into a mount: the kernel asked for
     security.capability before each one (a GETXATTR round trip each); with
@@ -140,21 +119,17 @@ def test_no_getxattr_per_write(tmp):
     out = os.path.join(tmp, "x.safetensors")
     mnt = os.path.join(tmp, "x")
     logp = os.path.join(tmp, "x.log")
-    with open(logp, "wb") as log:
-        p = debug_mount(out, mnt, log)
-        try:
-            with open(logp, "rb") as f:
-                before = f.read().count(b"GETXATTR")
-            fd = os.open(os.path.join(mnt, "t"), os.O_WRONLY | os.O_CREAT, 0o644)
-            for i in range(400):
-                os.write(fd, b"%c" % (i & 0xff) * 4096)
-            os.close(fd)
-            time.sleep(0.2)
-            with open(logp, "rb") as f:
-                n = f.read().count(b"GETXATTR") - before
-            check(n <= 4, "GETXATTR requests for 400 writes: %d (at most one a file)" % n)
-        finally:
-            stop(p, mnt)
+    with open(logp, "wb") as log, foreground_mount(out, mnt, flag="-d", stderr=log):
+        with open(logp, "rb") as f:
+            before = f.read().count(b"GETXATTR")
+        fd = os.open(os.path.join(mnt, "t"), os.O_WRONLY | os.O_CREAT, 0o644)
+        for i in range(400):
+            os.write(fd, b"%c" % (i & 0xff) * 4096)
+        os.close(fd)
+        time.sleep(0.2)
+        with open(logp, "rb") as f:
+            n = f.read().count(b"GETXATTR") - before
+        check(n <= 4, "GETXATTR requests for 400 writes: %d (at most one a file)" % n)
     check(tensor_bytes(out, "t") == b"".join(b"%c" % (i & 0xff) * 4096 for i in range(400)), "the bytes are written")
 
 
