@@ -196,7 +196,16 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->max_background = fs->max_background;
     conn->congestion_threshold = fs->max_background * 3 / 4;
   }
-  if (conn->max_write < (1u << 20))
+  /* WRITEs of 1 MiB less 4 KiB on writable mounts: libfuse's receive buffer
+   * is then max_write + 4 KiB = 1 MiB, a pipe that size is within the
+   * default pipe-max-size for every user, and libfuse splices WRITEs from
+   * /dev/fuse into it (FUSE_CAP_SPLICE_READ, wanted by default) and
+   * op_write_buf on into the staging file: one copy of the bytes fewer. At
+   * 1 MiB the pipe had to be 1 MiB + 4 KiB, which only CAP_SYS_RESOURCE may
+   * set, and every WRITE was read(2) into memory and written from there. */
+  if (fs->writable)
+    conn->max_write = (1u << 20) - 4096;
+  else if (conn->max_write < (1u << 20))
     conn->max_write = 1u << 20;
 }
 

@@ -6,6 +6,7 @@ the mount and in the written file; a write(2) costs no GETXATTR round trip
 write, truncation and chown; the write-back and convert move stored tensor
 bytes with copy_file_range (src/core/sink.c), and fall back to copying where
 the kernel cannot (another file system)."""
+import glob
 import mmap
 import os
 import random
@@ -166,7 +167,8 @@ def test_set_id_bits_go(tmp):
 
 
 def traced(cmd, log):
-    return ["strace", "-f", "-qq", "-o", log, "-e", "trace=copy_file_range"] + cmd
+    """cmd under strace, a log file a thread (LOG.TID: no call split in two)."""
+    return ["strace", "-ff", "-qq", "-o", log, "-e", "trace=copy_file_range"] + cmd
 
 
 # LeakSanitizer cannot run under ptrace (the ASan build).
@@ -175,7 +177,43 @@ TRACED_ENV = dict(os.environ, ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") +
 
 def copied(log):
     """Bytes copy_file_range moved, from an strace log."""
-    return sum(int(x) for x in re.findall(r"copy_file_range\(.*\) = (\d+)", open(log).read()))
+    text = "".join(open(f).read() for f in glob.glob(log + ".*"))
+    return sum(int(x) for x in re.findall(r"copy_file_range\(.*\) = (\d+)", text))
+
+
+def test_writes_are_spliced(tmp):
+    """WRITEs of 1 MiB less 4 KiB fit libfuse's pipe of 1 MiB (the default
+    pipe-max-size, for any user): spliced from /dev/fuse and on into the
+    staging file (a splice with an output offset), not read(2) into memory
+    and pwrite(2)n; the bytes are the same."""
+    blob = random.Random(9).randbytes(8 << 20)
+    out = os.path.join(tmp, "sp.safetensors")
+    mnt = os.path.join(tmp, "sp")
+    log = os.path.join(tmp, "sp.strace")
+    os.makedirs(mnt, exist_ok=True)
+    # -ff: a file a thread, so that no call is split into unfinished/resumed.
+    p = subprocess.Popen(["strace", "-ff", "-qq", "-o", log, "-e", "trace=splice,pwrite64", BIN, out, mnt, "-f"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=TRACED_ENV)
+    try:
+        end = time.time() + DEADLINE
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        check(is_mounted(mnt), "mounted under strace")
+        with open(os.path.join(mnt, "t"), "wb") as f:
+            f.write(blob)
+        subprocess.run(["fusermount3", "-u", mnt], capture_output=True, timeout=DEADLINE)
+        p.communicate(timeout=DEADLINE)
+    finally:
+        force_unmount(mnt)
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    text = "".join(open(f).read() for f in glob.glob(log + ".*"))
+    into_file = sum(int(x) for x in re.findall(r"splice\(\d+, NULL, \d+, \[\d+\], \d+, \w+\) = (\d+)", text))
+    pwritten = sum(int(x) for x in re.findall(r"pwrite64\(.*\) = (\d+)", text))
+    check(into_file >= len(blob), "%d bytes spliced into the staging file (>= %d); %d pwrite(2)n" % (
+        into_file, len(blob), pwritten))
+    check(tensor_bytes(out, "t") == blob, "the spliced bytes are written back")
 
 
 def test_writeback_in_kernel(tmp):
@@ -237,5 +275,6 @@ if __name__ == "__main__":
         test_odd_writes,
         test_no_getxattr_per_write,
         test_set_id_bits_go,
+        test_writes_are_spliced,
         test_writeback_in_kernel,
     ], "wpath")
