@@ -166,19 +166,57 @@ def test_set_id_bits_go(tmp):
         check(u.returncode == 0, "write-back: %s" % u.stderr)
 
 
-def traced(cmd, log):
-    """cmd under strace, a log file a thread (LOG.TID: no call split in two)."""
-    return ["strace", "-ff", "-qq", "-o", log, "-e", "trace=copy_file_range"] + cmd
+def traced(cmd, log, calls):
+    """cmd under strace tracing calls, a log file a thread (LOG.TID: no call
+    split into unfinished/resumed)."""
+    return ["strace", "-ff", "-qq", "-o", log, "-e", "trace=" + calls] + cmd
 
 
 # LeakSanitizer cannot run under ptrace (the ASan build).
 TRACED_ENV = dict(os.environ, ASAN_OPTIONS=(os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":"))
 
 
+def traced_text(log):
+    return "".join(open(f).read() for f in glob.glob(log + ".*"))
+
+
+def returned(log, pattern):
+    """The sum of what the calls matching pattern (up to their arguments'
+    end) returned, from an strace log."""
+    return sum(int(x) for x in re.findall(pattern + r" = (\d+)", traced_text(log)))
+
+
 def copied(log):
-    """Bytes copy_file_range moved, from an strace log."""
-    text = "".join(open(f).read() for f in glob.glob(log + ".*"))
-    return sum(int(x) for x in re.findall(r"copy_file_range\(.*\) = (\d+)", text))
+    """Bytes copy_file_range moved."""
+    return returned(log, r"copy_file_range\(.*\)")
+
+
+def write_under_strace(tmp, name, blob, calls):
+    """A new NAME.safetensors mounted under strace (calls traced into
+    tmp/NAME.strace.*), blob written to its file t, unmounted (the
+    write-back done): the log's prefix."""
+    out = os.path.join(tmp, name + ".safetensors")
+    mnt = os.path.join(tmp, name)
+    log = os.path.join(tmp, name + ".strace")
+    os.makedirs(mnt, exist_ok=True)
+    p = subprocess.Popen(traced([BIN, out, mnt, "-f"], log, calls), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, env=TRACED_ENV)
+    try:
+        end = time.time() + DEADLINE
+        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
+            time.sleep(0.05)
+        check(is_mounted(mnt), "mounted under strace")
+        with open(os.path.join(mnt, "t"), "wb") as f:
+            f.write(blob)
+        subprocess.run(["fusermount3", "-u", mnt], capture_output=True, timeout=DEADLINE)
+        p.communicate(timeout=DEADLINE)
+    finally:
+        force_unmount(mnt)
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    check(tensor_bytes(out, "t") == blob, "%s: the written bytes are in the output" % name)
+    return log
 
 
 def test_writes_are_spliced(tmp):
@@ -187,62 +225,19 @@ def test_writes_are_spliced(tmp):
     staging file (a splice with an output offset), not read(2) into memory
     and pwrite(2)n; the bytes are the same."""
     blob = random.Random(9).randbytes(8 << 20)
-    out = os.path.join(tmp, "sp.safetensors")
-    mnt = os.path.join(tmp, "sp")
-    log = os.path.join(tmp, "sp.strace")
-    os.makedirs(mnt, exist_ok=True)
-    # -ff: a file a thread, so that no call is split into unfinished/resumed.
-    p = subprocess.Popen(["strace", "-ff", "-qq", "-o", log, "-e", "trace=splice,pwrite64", BIN, out, mnt, "-f"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=TRACED_ENV)
-    try:
-        end = time.time() + DEADLINE
-        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
-        check(is_mounted(mnt), "mounted under strace")
-        with open(os.path.join(mnt, "t"), "wb") as f:
-            f.write(blob)
-        subprocess.run(["fusermount3", "-u", mnt], capture_output=True, timeout=DEADLINE)
-        p.communicate(timeout=DEADLINE)
-    finally:
-        force_unmount(mnt)
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    text = "".join(open(f).read() for f in glob.glob(log + ".*"))
-    into_file = sum(int(x) for x in re.findall(r"splice\(\d+, NULL, \d+, \[\d+\], \d+, \w+\) = (\d+)", text))
-    pwritten = sum(int(x) for x in re.findall(r"pwrite64\(.*\) = (\d+)", text))
+    log = write_under_strace(tmp, "sp", blob, "splice,pwrite64")
+    into_file = returned(log, r"splice\(\d+, NULL, \d+, \[\d+\], \d+, \w+\)")
+    pwritten = returned(log, r"pwrite64\(.*\)")
     check(into_file >= len(blob), "%d bytes spliced into the staging file (>= %d); %d pwrite(2)n" % (
         into_file, len(blob), pwritten))
-    check(tensor_bytes(out, "t") == blob, "the spliced bytes are written back")
 
 
 def test_writeback_in_kernel(tmp):
     """The write-back of a staged tensor and of clean ones, and convert, move
     the bytes with copy_file_range; to another file system (a tmpfs, where it
     fails with EXDEV) they are copied, the output the same."""
-    rng = random.Random(7)
-    blob = rng.randbytes(3 << 20)
-    out = os.path.join(tmp, "k.safetensors")
-    mnt = os.path.join(tmp, "k")
-    log = os.path.join(tmp, "k.strace")
-    os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen(traced([BIN, out, mnt, "-f"], log), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env=TRACED_ENV)
-    try:
-        end = time.time() + DEADLINE
-        while not is_mounted(mnt) and time.time() < end and p.poll() is None:
-            time.sleep(0.05)
-        check(is_mounted(mnt), "mounted under strace")
-        with open(os.path.join(mnt, "t"), "wb") as f:
-            f.write(blob)
-        subprocess.run(["fusermount3", "-u", mnt], capture_output=True, timeout=DEADLINE)
-        p.communicate(timeout=DEADLINE)
-    finally:
-        force_unmount(mnt)
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    check(tensor_bytes(out, "t") == blob, "the staged tensor is written")
+    blob = random.Random(7).randbytes(3 << 20)
+    log = write_under_strace(tmp, "k", blob, "copy_file_range")
     check(copied(log) >= len(blob), "the write-back moved %d bytes with copy_file_range (>= %d)" % (
         copied(log), len(blob)))
     # convert: clean tensors of a file.
@@ -252,8 +247,8 @@ def test_writeback_in_kernel(tmp):
     total = sum(len(v[2]) for v in want.values())
     dst = os.path.join(tmp, "dst.safetensors")
     log2 = os.path.join(tmp, "c.strace")
-    r = subprocess.run(traced([BIN, "convert", "-q", src, dst], log2), capture_output=True, text=True,
-                       timeout=DEADLINE, env=TRACED_ENV)
+    r = subprocess.run(traced([BIN, "convert", "-q", src, dst], log2, "copy_file_range"), capture_output=True,
+                       text=True, timeout=DEADLINE, env=TRACED_ENV)
     check(r.returncode == 0, "convert: %s" % r.stderr)
     got, _ = read_safetensors(dst)
     check({k: v[2] for k, v in got.items()} == {k: v[2] for k, v in want.items()}, "convert: the same tensors")
