@@ -2,6 +2,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/alloc.h"
 #include "core/http_cache.h"
@@ -17,6 +18,35 @@ struct bs_http_block {
   uint32_t newer, older; /* the recency list */
 };
 
+enum { HUGE = 2 << 20 }; /* a huge page (x86-64, arm64 with 4 KiB pages) */
+
+/* The arena of 2 * nmax blocks, when it can be mapped (its size checked
+ * against SIZE_MAX first); without it, blocks are bs_malloc'd as before. */
+static void arena_map(struct bs_http_cache *c)
+{
+  size_t n = c->nmax * 2;
+  if (c->block == 0 || n > (SIZE_MAX - 2 * HUGE) / c->block)
+    return;
+  size_t len = n * c->block, map_len = len + HUGE;
+  void *m = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED)
+    return;
+  uintptr_t a = ((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1);
+#ifdef MADV_HUGEPAGE
+  madvise((void *)a, len / HUGE * HUGE, MADV_HUGEPAGE); /* (a hint: 4 KiB pages without) */
+#endif
+  c->map = m;
+  c->map_len = map_len;
+  c->arena = (uint8_t *)a;
+  c->narena = n;
+}
+
+static bool in_arena(const struct bs_http_cache *c, const uint8_t *p)
+{
+  return c->arena && p >= c->arena && p < c->arena + c->narena * c->block;
+}
+
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
 {
   memset(c, 0, sizeof *c);
@@ -27,13 +57,16 @@ int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
   while (nb2 < c->nmax * 2) /* (nmax <= 16384: no overflow) */
     nb2 *= 2;
   c->hmask = nb2 - 1;
+  arena_map(c);
   c->b = bs_calloc(c->nmax, sizeof *c->b);
   c->bucket = bs_calloc(nb2, sizeof *c->bucket);
-  c->spare = bs_calloc(c->nmax, sizeof *c->spare);
+  c->spare = bs_calloc(c->arena ? c->narena : c->nmax, sizeof *c->spare);
   if (!c->b || !c->bucket || !c->spare || pthread_mutex_init(&c->lock, NULL) != 0) {
     bs_free(c->b);
     bs_free(c->bucket);
     bs_free(c->spare);
+    if (c->map)
+      munmap(c->map, c->map_len);
     c->b = NULL;
     return -ENOMEM;
   }
@@ -45,12 +78,16 @@ void bs_http_cache_destroy(struct bs_http_cache *c)
   if (!c->b)
     return;
   for (size_t i = 0; i < c->nmax; i++)
-    bs_free(c->b[i].data);
+    if (!in_arena(c, c->b[i].data))
+      bs_free(c->b[i].data);
   for (size_t i = 0; i < c->nspare; i++)
-    bs_free(c->spare[i]);
+    if (!in_arena(c, c->spare[i]))
+      bs_free(c->spare[i]);
   bs_free(c->b);
   bs_free(c->bucket);
   bs_free(c->spare);
+  if (c->map)
+    munmap(c->map, c->map_len);
   c->b = NULL;
   pthread_mutex_destroy(&c->lock);
 }
@@ -176,11 +213,16 @@ bool bs_http_cache_put(struct bs_http_cache *c, uint64_t id, uint64_t idx, const
   return true;
 }
 
-/* A block buffer given up (under c->lock): kept for reuse when it is a
- * whole block and there is room, else freed. */
+/* A block buffer given up (under c->lock): the arena's go back to the
+ * spares (room for every one of them: nothing else goes there); without
+ * an arena, a whole block is kept for reuse when there is room; the rest
+ * is freed. */
 static void spare_put(struct bs_http_cache *c, uint8_t *data, size_t len)
 {
-  if (len == c->block && c->nspare < c->nmax)
+  if (in_arena(c, data)) {
+    if (c->nspare < c->narena) /* (always: each of its blocks is given back once) */
+      c->spare[c->nspare++] = data;
+  } else if (!c->arena && len == c->block && c->nspare < c->nmax)
     c->spare[c->nspare++] = data;
   else
     bs_free(data);
@@ -189,7 +231,9 @@ static void spare_put(struct bs_http_cache *c, uint8_t *data, size_t len)
 uint8_t *bs_http_cache_block(struct bs_http_cache *c)
 {
   pthread_mutex_lock(&c->lock);
-  uint8_t *b = c->nspare ? c->spare[--c->nspare] : NULL;
+  uint8_t *b = c->nspare                   ? c->spare[--c->nspare]
+               : c->arena_used < c->narena ? c->arena + c->arena_used++ * c->block
+                                           : NULL;
   pthread_mutex_unlock(&c->lock);
   return b ? b : bs_malloc(c->block);
 }
@@ -197,11 +241,12 @@ uint8_t *bs_http_cache_block(struct bs_http_cache *c)
 void bs_http_cache_put_owned(struct bs_http_cache *c, uint64_t id, uint64_t idx, uint8_t *data,
                              size_t len)
 {
-  if (len > c->block) {
-    bs_free(data);
+  pthread_mutex_lock(&c->lock);
+  if (len > c->block) { /* (not kept: spare_put frees it, or an arena block goes back) */
+    spare_put(c, data, len);
+    pthread_mutex_unlock(&c->lock);
     return;
   }
-  pthread_mutex_lock(&c->lock);
   struct bs_http_block *b = cache_find(c, id, idx);
   /* As long already (another reader's), or shorter but pinned (its bytes
    * are being sent): keep it. */

@@ -30,8 +30,17 @@ struct bs_http_cache {
    * by the kernel, each time (an eighth of a URL read's CPU when only 16
    * were kept). As many as the cache has slots: the memory stays within
    * twice the cache, what is in flight included. */
-  uint8_t **spare; /* nmax of them */
+  uint8_t **spare; /* nmax of them (narena with an arena: only its blocks) */
   size_t nspare;
+  /* Whole blocks come first from one mapping of twice the cache (reserved:
+   * its pages exist once written), aligned and advised for huge pages: the
+   * first fill faults in 2 MiB at a time, not 4 KiB (256 faults a block),
+   * and a reply sent from a block pins one huge page, not 256 pages. Its
+   * blocks go back to the spares, never to the system, until destroy. */
+  uint8_t *arena;            /* NULL: none (the blocks are bs_malloc'd) */
+  size_t narena, arena_used; /* its blocks; how many were handed out yet */
+  void *map;                 /* (the mapping, for munmap) */
+  size_t map_len;
 };
 /* bytes / block slots, at least 1, at most BS_HTTP_CACHE_BLOCKS_MAX. 0 or -ENOMEM. */
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes);

@@ -13,8 +13,10 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -32,6 +34,7 @@ enum {
   EASY_KEPT = 32,         /* idle easy handles kept */
   MAX_CONNECTS = 64,      /* connections kept open */
   BUFFER = 512 << 10,     /* libcurl's receive buffer: fewer, larger body callbacks */
+  RECV_KEPT = 16,         /* receive buffers kept for the next transfers */
 };
 _Static_assert(sizeof(((struct bs_http_req *)0)->errbuf) >= CURL_ERROR_SIZE, "errbuf");
 
@@ -84,10 +87,91 @@ static void share_unlock(CURL *c, curl_lock_data d, void *ud)
   pthread_mutex_unlock(&cl.share_lock[d]);
 }
 
+/* libcurl (7.88) allocates its receive buffer, BUFFER + 1 bytes, as each
+ * transfer starts and frees it as it ends. Over the daemon's mmap threshold
+ * (main.c) every request mapped 512 KiB afresh, each page faulted in and
+ * zeroed by the kernel: an eighth of the bytes of a 4 MiB request, a tenth
+ * of the daemon's CPU for a URL read. Those buffers come from RECV_KEPT
+ * slots of one mapping made once, given back to it, never unmapped (the
+ * slots' pages stay faulted in); any other allocation of libcurl's is
+ * malloc's. A process that initialised libcurl before (a library's host)
+ * keeps its own allocator: then libcurl mallocs them, as before. */
+#define RECV_SLOT ((size_t)BUFFER + 4096) /* (BUFFER + 1 bytes, in whole pages) */
+static struct {
+  pthread_mutex_t lock;
+  uint8_t *base;             /* RECV_KEPT slots; NULL: none */
+  uint8_t *free_[RECV_KEPT]; /* slots not in use */
+  size_t nfree;
+} rb = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool rb_slot(const void *p)
+{
+  return rb.base && (const uint8_t *)p >= rb.base &&
+         (const uint8_t *)p < rb.base + RECV_KEPT * RECV_SLOT;
+}
+
+static void *rb_malloc(size_t n)
+{
+  uint8_t *p = NULL;
+  if (n == (size_t)BUFFER + 1) {
+    pthread_mutex_lock(&rb.lock);
+    if (rb.nfree)
+      p = rb.free_[--rb.nfree];
+    pthread_mutex_unlock(&rb.lock);
+  }
+  return p ? p : malloc(n);
+}
+
+static void rb_free(void *p)
+{
+  if (!rb_slot(p)) {
+    free(p);
+    return;
+  }
+  pthread_mutex_lock(&rb.lock);
+  rb.free_[rb.nfree++] = p; /* (each slot given out once: room for it) */
+  pthread_mutex_unlock(&rb.lock);
+}
+
+static void *rb_realloc(void *p, size_t n)
+{
+  if (!rb_slot(p))
+    return realloc(p, n);
+  void *q = malloc(n ? n : 1);
+  if (!q)
+    return NULL;
+  memcpy(q, p, n < RECV_SLOT ? n : RECV_SLOT);
+  rb_free(p);
+  return q;
+}
+
+static void *rb_calloc(size_t n, size_t size)
+{
+  return calloc(n, size);
+}
+
+static char *rb_strdup(const char *s)
+{
+  return strdup(s);
+}
+
+static CURLcode global_init(void)
+{
+  void *m = mmap(NULL, RECV_KEPT * RECV_SLOT, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m != MAP_FAILED) {
+    rb.base = m;
+    for (size_t i = 0; i < RECV_KEPT; i++)
+      rb.free_[rb.nfree++] = rb.base + (RECV_KEPT - 1 - i) * RECV_SLOT;
+  }
+  return curl_global_init_mem(CURL_GLOBAL_DEFAULT, rb_malloc, rb_free, rb_realloc, rb_strdup,
+                              rb_calloc);
+}
+
 static void client_once(void)
 {
   pthread_condattr_t ca;
-  if ((cl.init_rc = curl_global_init(CURL_GLOBAL_DEFAULT)) != CURLE_OK)
+  if ((cl.init_rc = global_init()) != CURLE_OK)
     return;
   cl.init_rc = CURLE_OUT_OF_MEMORY;
   if (pthread_condattr_init(&ca) != 0)

@@ -296,47 +296,43 @@ static int encode_meta(const struct bs_catalog *cat, const struct wplan *w, stru
   return 0;
 }
 
-/* The one serializer behind every sink. */
-int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct bs_sink *k,
-                 bs_err *err)
+int bs_bpk_layout(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct bs_layout *l,
+                  bs_err *err)
 {
   struct wplan w;
   struct bs_buf meta = {0};
-  uint8_t *chunk = NULL;
   int rc = -1;
-  if (make_plan(cat, plan, &w, err) != 0 || encode_meta(cat, &w, &meta, err) != 0)
-    goto out;
-  uint64_t data_start, total;
-  if (!bs_align_up(HDR_LEN + (uint64_t)meta.len, BS_BPK_ALIGN, &data_start) ||
-      !bs_add_u64(data_start, w.end, &total)) {
-    bs_fail(err, EFBIG, BS_OFF_NONE, NULL, "file size overflows 64 bits");
-    goto out;
+  if (make_plan(cat, plan, &w, err) == 0 && encode_meta(cat, &w, &meta, err) == 0) {
+    uint8_t h[HDR_LEN];
+    memcpy(h, "NRUB", 4);
+    bs_put_le16(h + 4, 1);
+    bs_put_le32(h + 6, (uint32_t)meta.len);
+    bs_layout_bytes(l, h, HDR_LEN);
+    bs_layout_take(l, &meta);
+    bs_layout_align(l, BS_BPK_ALIGN); /* D: the data's start */
+    uint64_t data_start = l->size, cursor = 0;
+    for (size_t i = 0; i < w.n; i++) {
+      bs_layout_zeros(l, w.start[i] - cursor);
+      bs_layout_tensor(l, cat, w.order[i]);
+      cursor = w.start[i] + cat->tensors[w.order[i]].nbytes;
+    }
+    rc = bs_layout_done(l, err);
+    if (rc == 0 && l->size != data_start + w.end)
+      rc = bs_fail(err, EIO, BS_OFF_NONE, NULL, "internal: the plan's data is out of place");
   }
-  if (bs_sink_reserve(k, total, err) != 0)
-    goto out;
-  size_t cap;
-  if (!(chunk = bs_sink_chunk(w.biggest, &cap, err)))
-    goto out;
-  uint8_t h[HDR_LEN];
-  memcpy(h, "NRUB", 4);
-  bs_put_le16(h + 4, 1);
-  bs_put_le32(h + 6, (uint32_t)meta.len);
-  if (bs_sink_put(k, h, HDR_LEN, err) != 0 || bs_sink_put(k, meta.data, meta.len, err) != 0 ||
-      bs_sink_zeros(k, data_start - HDR_LEN - meta.len, err) != 0)
-    goto out;
-  uint64_t cursor = 0;
-  for (size_t i = 0; i < w.n; i++) {
-    const struct bs_tensor *t = &cat->tensors[w.order[i]];
-    if (bs_sink_zeros(k, w.start[i] - cursor, err) != 0 ||
-        bs_sink_put_tensor(cat, t, chunk, cap, k, err) != 0)
-      goto out;
-    cursor = w.start[i] + t->nbytes;
-  }
-  rc = 0;
-out:
-  bs_free(chunk);
   bs_buf_destroy(&meta);
   wplan_destroy(&w);
+  return rc;
+}
+
+/* The one serializer behind every sink: the plan, emitted. */
+int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan, struct bs_sink *k,
+                 bs_err *err)
+{
+  struct bs_layout l;
+  bs_layout_init(&l);
+  int rc = bs_bpk_layout(cat, plan, &l, err) == 0 ? bs_layout_emit(&l, cat, k, err) : -1;
+  bs_layout_destroy(&l);
   return rc;
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "core/catalog.h"
+#include "core/layout.h"
 #include "core/sink.h"
 #include "formats/limits.h"
 
@@ -24,6 +25,10 @@ struct bs_bpk_plan {
 /* Serialize into any sink. */
 BS_NODISCARD int bs_bpk_write(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
                               struct bs_sink *k, bs_err *err);
+/* The file bs_bpk_write writes, as a plan (core/layout.h) appended to l
+ * (empty): what the write emits and a -o view=bpk mount serves. */
+BS_NODISCARD int bs_bpk_layout(const struct bs_catalog *cat, const struct bs_bpk_plan *plan,
+                               struct bs_layout *l, bs_err *err);
 /* Can Burnpack store this tensor (its dtype, a QFloat's scheme, a readable
  * source)? 0, or -1 with err naming the tensor and why. Sizes are not checked. */
 BS_NODISCARD int bs_bpk_can_write(const struct bs_tensor *t, bs_err *err);

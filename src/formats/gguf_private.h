@@ -101,6 +101,11 @@ BS_NODISCARD int bs_gguf_can_write(const struct bs_tensor *t, bs_err *err);
 /* GGUF tensor names: UTF-8 (the spec's strings), 1 to BS_GGUF_MAX_NAME bytes. */
 BS_NODISCARD int bs_gguf_name_ok(const char *name, bs_err *err);
 BS_NODISCARD int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
+/* The file bs_gguf_write writes, as a plan (core/layout.h) appended to l
+ * (empty): what the write emits and a -o view=gguf mount serves. A value
+ * left in a GGUF source is a segment of that source, never copied here. */
+struct bs_layout;
+BS_NODISCARD int bs_gguf_layout(const struct bs_catalog *cat, struct bs_layout *l, bs_err *err);
 /* The writers table's metadata columns. The rules: each key of the source's
  * GGUF header (srcs[0], if GGUF) with its type, parsed once (keys and types
  * only are kept). The check: a key is 1 to 65535 bytes of UTF-8; a key the

@@ -23,11 +23,16 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/layout.h"
 #include "core/utf8.h"
 #include "formats/write_common.h"
 #include "gguf_private.h"
 
 #define CHUNK BS_SINK_CHUNK
+/* A plan copies the source's values of at most COPY_SMALL bytes, up to
+ * COPY_BUDGET bytes in all; longer ones (and the rest) are segments. */
+#define COPY_SMALL 4096u
+#define COPY_BUDGET (16u << 20)
 
 int bs_gguf_name_ok(const char *name, bs_err *err)
 {
@@ -568,38 +573,28 @@ out:
   return rc;
 }
 
-/* Copy len bytes of s at off to k, through buf[CHUNK]. */
-static int copy_src(const struct bs_src *s, uint64_t off, uint64_t len, uint8_t *buf,
-                    struct bs_sink *k, bs_err *err)
+/* The header built so far into the plan. */
+static void flush(struct bs_layout *l, struct bs_buf *h)
 {
-  int rc = 0;
-  while (len && !rc) {
-    size_t n = len < CHUNK ? (size_t)len : CHUNK;
-    rc = bs_src_read(s, off, buf, n, err) || bs_sink_put(k, buf, n, err) ? -1 : 0;
-    off += n;
-    len -= n;
-  }
-  return rc;
+  bs_layout_bytes(l, h->data, h->len);
+  h->len = 0;
 }
 
-int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
+int bs_gguf_layout(const struct bs_catalog *cat, struct bs_layout *l, bs_err *err)
 {
   struct ctx x;
   memset(&x, 0, sizeof x);
   x.cat = cat;
   struct bs_buf h = {0};
-  uint8_t *chunk = NULL;
   int rc = -1;
   if (plan(&x, err) != 0)
     goto out;
-  size_t cap;
-  if (!(chunk = bs_sink_chunk(UINT64_MAX, &cap, err)))
-    goto out;
-  /* Header and key/values; unchanged values are copied from the source
+  /* Header and key/values; an unchanged value is a segment of its source,
    * after the part of the header built so far. */
   uint32_t version = x.has_orig && x.orig.version >= 2 ? x.orig.version : 3;
   uint32_t v1_src = UINT32_MAX; /* the last source asked (bs_gguf_src_v1), and its answer */
   bool v1 = false;
+  uint64_t copied = 0;
   if (bs_buf_put(&h, BS_GGUF_MAGIC, 4) || bput_u32(&h, version) || bput_u64(&h, x.n) ||
       bput_u64(&h, cat->nmeta))
     goto oom;
@@ -627,19 +622,27 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
     if (r && v1) { /* a version 1 file's value: its lengths widened */
       if (bs_gguf_widen(&cat->srcs[r->src], r, &h, err) != 0)
         goto out;
-      if (h.len >= CHUNK) {
-        if (bs_sink_put(k, h.data, h.len, err) != 0)
-          goto out;
-        h.len = 0;
-      }
+      if (h.len >= CHUNK)
+        flush(l, &h);
       continue;
     }
-    if (r) {
-      /* a value still in place: flush and copy its bytes as they are */
-      if (bs_sink_put(k, h.data, h.len, err) != 0 ||
-          copy_src(&cat->srcs[r->src], r->off, r->len, chunk, k, err) != 0)
+    if (r && r->len <= COPY_SMALL && copied + r->len <= COPY_BUDGET) {
+      /* a small value still in place: its bytes as they are, copied (a
+       * segment each would cost more than the bytes: a file may hold a
+       * million one-byte values) up to a budget */
+      uint8_t small[COPY_SMALL];
+      if (bs_src_read(&cat->srcs[r->src], r->off, small, (size_t)r->len, err) != 0)
         goto out;
-      h.len = 0;
+      if (bs_buf_put(&h, small, (size_t)r->len))
+        goto oom;
+      copied += r->len;
+      if (h.len >= CHUNK)
+        flush(l, &h);
+      continue;
+    }
+    if (r) { /* a value still in place: a segment of its source */
+      flush(l, &h);
+      bs_layout_src(l, (uint32_t)r->src, r->off, r->len);
       continue;
     }
     if (bs_gguf_encode_value(kv->key, kv->value, types, &h, err) != 0)
@@ -656,36 +659,37 @@ int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
         goto oom;
     if (bput_u32(&h, gt) || bput_u64(&h, x.offs[j]))
       goto oom;
-    if (h.len >= CHUNK) {
-      if (bs_sink_put(k, h.data, h.len, err) != 0)
-        goto out;
-      h.len = 0;
-    }
+    if (h.len >= CHUNK)
+      flush(l, &h);
   }
-  if (bs_sink_put(k, h.data, h.len, err) != 0)
-    goto out;
-  uint64_t data_off;
-  if (!bs_align_up(k->pos, x.align, &data_off) || bs_sink_zeros(k, data_off - k->pos, err) != 0)
-    goto out;
+  flush(l, &h);
+  bs_layout_align(l, x.align);
+  uint64_t data_off = l->size;
   for (size_t j = 0; j < x.n; j++) {
     const struct bs_tensor *t = &cat->tensors[x.order[j]];
-    if (k->pos - data_off != x.offs[j]) {
-      bs_fail(err, EIO, BS_OFF_NONE, t->name, "internal: data written out of place");
+    if (l->size - data_off != x.offs[j] && !l->oom && !l->big) {
+      bs_fail(err, EIO, BS_OFF_NONE, t->name, "internal: data planned out of place");
       goto out;
     }
-    uint64_t end = x.offs[j] + t->nbytes, pad;
-    if (bs_sink_put_tensor(cat, t, chunk, CHUNK, k, err) != 0 || !bs_align_up(end, x.align, &pad) ||
-        bs_sink_zeros(k, pad - end, err) != 0)
-      goto out;
+    bs_layout_tensor(l, cat, x.order[j]);
+    bs_layout_align(l, x.align);
   }
-  rc = 0;
+  rc = bs_layout_done(l, err);
   goto out;
 oom:
   bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
 out:
-  bs_free(chunk);
   bs_buf_destroy(&h);
   ctx_destroy(&x);
+  return rc;
+}
+
+int bs_gguf_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err)
+{
+  struct bs_layout l;
+  bs_layout_init(&l);
+  int rc = bs_gguf_layout(cat, &l, err) == 0 ? bs_layout_emit(&l, cat, k, err) : -1;
+  bs_layout_destroy(&l);
   return rc;
 }
 

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "core/catalog.h"
+#include "core/layout.h"
 #include "core/sink.h"
 #include "formats/limits.h"
 #include "formats/write_common.h"
@@ -36,6 +37,10 @@ BS_NODISCARD int bs_st_name_ok(const char *name, bs_err *err);
 BS_NODISCARD int bs_st_write_some(const struct bs_catalog *cat, const size_t *which, size_t n,
                                   struct bs_sink *k, bs_err *err);
 BS_NODISCARD int bs_st_write(const struct bs_catalog *cat, struct bs_sink *k, bs_err *err);
+/* The file bs_st_write_some writes, as a plan (core/layout.h) appended to
+ * l: what the write emits and a -o view=safetensors mount serves. */
+BS_NODISCARD int bs_st_layout(const struct bs_catalog *cat, const size_t *which, size_t n,
+                              struct bs_layout *l, bs_err *err);
 /* The bytes bs_st_write_some would write (header included), without writing. */
 BS_NODISCARD int bs_st_size(const struct bs_catalog *cat, const size_t *which, size_t n,
                             uint64_t *size, bs_err *err);

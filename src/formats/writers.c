@@ -39,6 +39,16 @@ static int utf8_meta(const struct bs_meta_rules *rules, const char *key, const c
   return 0;
 }
 
+static int bpk_layout(const struct bs_catalog *cat, struct bs_layout *l, bs_err *err)
+{
+  return bs_bpk_layout(cat, NULL, l, err);
+}
+
+static int st_layout(const struct bs_catalog *cat, struct bs_layout *l, bs_err *err)
+{
+  return bs_st_layout(cat, NULL, 0, l, err);
+}
+
 static const char *const bpk_ext[] = {".bpk", NULL};
 static const char *const st_ext[] = {".safetensors", NULL};
 static const char *const st_sharded_ext[] = {".safetensors.index.json", NULL};
@@ -71,6 +81,8 @@ const struct bs_writer bs_writers[] = {
         .name_ok = bs_bpk_name_ok,
         .default_meta = bs_bpk_default_meta,
         .write = bpk_write,
+        .layout = bpk_layout,
+        .param_ids = true,
         .check_meta = utf8_meta,
     },
     {
@@ -81,6 +93,7 @@ const struct bs_writer bs_writers[] = {
         .name_ok = bs_st_name_ok,
         .default_meta = bs_st_default_meta,
         .write = bs_st_write,
+        .layout = st_layout,
         .check_meta = utf8_meta,
         .recover = bs_st_set_recover,
     },
@@ -104,6 +117,7 @@ const struct bs_writer bs_writers[] = {
         .can_write = bs_gguf_can_write,
         .name_ok = bs_gguf_name_ok,
         .write = bs_gguf_write,
+        .layout = bs_gguf_layout,
         .check_meta = bs_gguf_check_meta,
         .meta_rules = bs_gguf_meta_rules,
         .meta_rules_free = bs_gguf_meta_rules_free,
@@ -269,10 +283,10 @@ static int meta_as_text(const struct bs_catalog *cat, struct bs_catalog *out, co
   return rc;
 }
 
-/* The metadata checked (a value the writer copies from its source was the
- * source's already), then the write. */
-static int write_checked(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
-                         const struct bs_write_opts *o, bs_err *err)
+/* Every metadata entry checked (a value the writer copies from its source
+ * was the source's already). */
+static int check_all_meta(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
+                          bs_err *err)
 {
   for (size_t i = 0; i < cat->nmeta; i++) {
     const struct bs_kv *kv = &cat->meta[i];
@@ -282,6 +296,15 @@ static int write_checked(const struct bs_writer *w, const struct bs_catalog *cat
         bs_writer_check_meta(w, NULL, kv->key, kv->value, strlen(kv->value), &sub) != 0)
       return bs_fail(err, sub.code, BS_OFF_NONE, NULL, "%s: not written: %s", path, sub.msg);
   }
+  return 0;
+}
+
+/* The metadata checked, then the write. */
+static int write_checked(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
+                         const struct bs_write_opts *o, bs_err *err)
+{
+  if (check_all_meta(w, cat, path, err) != 0)
+    return -1;
   if (w->write_set)
     return w->write_set(cat, path, o, err);
   struct bs_atomic a;
@@ -292,13 +315,15 @@ static int write_checked(const struct bs_writer *w, const struct bs_catalog *cat
   return bs_atomic_commit(&a, err);
 }
 
-int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
-                              const char *path, const struct bs_write_opts *o, bs_err *err)
+/* What every output of w gets first: the names checked (though write()
+ * checks them too, through can_write, for every sink: this is the guard
+ * writers.h promises, before anything is opened; O(bytes of the names),
+ * once), and for a writer that wants text, *text: the same catalog with
+ * its metadata made text (*use points at it; else at cat). */
+static int prepare(const struct bs_writer *w, const struct bs_catalog *cat, const char *path,
+                   struct bs_catalog *text, const struct bs_catalog **use, bs_err *err)
 {
-  static const struct bs_write_opts none = {0};
-  /* The names again, though write() checks them too (can_write, for every
-   * sink: memory, each shard of a set): this is the guard writers.h promises,
-   * before the atomic file is opened; O(bytes of the names), once. */
+  *use = cat;
   for (size_t i = 0; i < cat->count; i++) {
     bs_err sub;
     bs_err_clear(&sub);
@@ -306,21 +331,51 @@ int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog
       return bs_fail(err, sub.code, BS_OFF_NONE, sub.key[0] ? sub.key : NULL,
                      "%s: not written (%s cannot hold this name): %s", path, w->name, sub.msg);
   }
-  struct bs_catalog text;
   bool made = false;
   for (size_t i = 0; i < cat->nmeta && !made; i++)
     made = cat->meta[i].ref && !w->meta_refs;
   if (made) { /* the writer wants text: the same catalog, its metadata made text */
-    if (meta_as_text(cat, &text, path, err) != 0)
+    if (meta_as_text(cat, text, path, err) != 0)
       return -1;
-    cat = &text;
+    *use = text;
   }
-  int rc = write_checked(w, cat, path, o ? o : &none, err);
-  if (made) {
-    for (size_t i = 0; i < text.nmeta; i++)
-      bs_kv_destroy(&text.meta[i]);
-    bs_free(text.meta);
-  }
+  return 0;
+}
+
+static void release(const struct bs_catalog *cat, struct bs_catalog *text,
+                    const struct bs_catalog *use)
+{
+  if (use == cat)
+    return;
+  for (size_t i = 0; i < text->nmeta; i++)
+    bs_kv_destroy(&text->meta[i]);
+  bs_free(text->meta);
+}
+
+int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
+                              const char *path, const struct bs_write_opts *o, bs_err *err)
+{
+  static const struct bs_write_opts none = {0};
+  struct bs_catalog text;
+  const struct bs_catalog *use;
+  if (prepare(w, cat, path, &text, &use, err) != 0)
+    return -1;
+  int rc = write_checked(w, use, path, o ? o : &none, err);
+  release(cat, &text, use);
+  return rc;
+}
+
+int bs_writer_layout(const struct bs_writer *w, const struct bs_catalog *cat, const char *name,
+                     struct bs_layout *l, bs_err *err)
+{
+  if (!w->layout)
+    return bs_fail(err, ENOTSUP, BS_OFF_NONE, NULL, "%s: %s has no one-file plan", name, w->name);
+  struct bs_catalog text;
+  const struct bs_catalog *use;
+  if (prepare(w, cat, name, &text, &use, err) != 0)
+    return -1;
+  int rc = check_all_meta(w, use, name, err) == 0 ? w->layout(use, l, err) : -1;
+  release(cat, &text, use);
   return rc;
 }
 

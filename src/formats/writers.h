@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "core/catalog.h"
+#include "core/layout.h"
 #include "core/sink.h"
 #include "formats/formats.h"      /* enum bs_format */
 #include "formats/write_common.h" /* struct bs_write_opts, the rows' shared rules */
@@ -55,11 +56,18 @@ struct bs_writer {
   /* The format has no place for file metadata: a write drops cat->meta
    * (the CLI and the write-back report say so). */
   bool drops_meta;
+  /* The format keeps a tensor's parameter id (has_param_id); the others
+   * drop it (convert and -o view= say so). */
+  bool param_ids;
   /* Before reading or rewriting `path`, a target of this row: complete or
    * roll back a write of it that a kill interrupted (a shard set's
    * journal). 0, or -1 with err. NULL: the format's writes need none (a
    * single file's dead temp files are never read). */
   int (*recover)(const char *path, bs_err *err);
+  /* The one file write() writes, as a plan (core/layout.h) appended to an
+   * empty l: write() emits it, and a -o view= mount serves it. NULL: the
+   * format has no such plan (several files; a zip of pickles). */
+  int (*layout)(const struct bs_catalog *cat, struct bs_layout *l, bs_err *err);
   /* A format of several files (write_set): true with the name of the one
    * file the set replaces (NAME.safetensors) in out (n bytes) when `base`
    * (a base name) is one of the set's names (its index, a member): every
@@ -115,6 +123,13 @@ BS_NODISCARD int bs_writer_write_file(const struct bs_writer *w, const struct bs
 BS_NODISCARD int bs_writer_write_file_opts(const struct bs_writer *w, const struct bs_catalog *cat,
                                            const char *path, const struct bs_write_opts *o,
                                            bs_err *err);
+
+/* The plan of the file bs_writer_write_file(w, cat, ...) writes (w has a
+ * layout column), into l (bs_layout_init'd, empty), after the same checks
+ * and the same metadata made text: a -o view= mount serves these bytes.
+ * `name` names the output in messages. 0, or -1 with err. */
+BS_NODISCARD int bs_writer_layout(const struct bs_writer *w, const struct bs_catalog *cat,
+                                  const char *name, struct bs_layout *l, bs_err *err);
 
 /* The target lock (core/target.h) of a write of `path` for `holder`, with
  * the sets' names of the table (the set_name column): two writers of one

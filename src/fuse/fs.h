@@ -14,6 +14,7 @@
 #include "core/catalog.h"
 #include "core/edit.h"
 #include "core/keys.h"
+#include "core/layout.h"
 #include "core/tree.h"
 #include "formats/writers.h"
 #include "policy/xattr.h"
@@ -82,6 +83,11 @@ struct fs {
   uint32_t *npy_hlen; /* per ino: its header's length if the node is a .npy view, else 0;
                          NULL without views. Built once at mount */
   size_t npy_n;       /* entries in npy_hlen */
+
+  /* The one-file view (fs_view.c, fs_views.h): -o view=. */
+  struct bs_layout view; /* the plan of its bytes; empty without a view */
+  uint64_t view_ino;     /* its node; 0: no view */
+  char *view_omitted;    /* owned: what it leaves out of the source, a line each; NULL: nothing */
 };
 enum { FS_NPY_OFF, FS_NPY_BOTH, FS_NPY_ONLY };
 

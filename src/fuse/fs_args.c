@@ -74,6 +74,10 @@ static const char usage_rest[] =
     "  strict                 PyTorch: refuse unknown pickle classes instead of skipping\n"
     "  npy, npy=only          read-only: NAME.npy beside (or instead of) each tensor file:\n"
     "                         a NumPy header, then the same bytes (numpy.load opens it)\n"
+    "  view=safetensors|gguf|bpk  read-only: one file, SOURCE's name with that\n"
+    "                         extension, holding the bytes `burnstore convert` writes\n"
+    "                         (computed on read, never written; key options, adapter=\n"
+    "                         and as= apply)\n"
     "  output_as=DT           writable: every floating tensor written back as DT (F32,\n"
     "                         F16 or BF16; narrowed to nearest even), also when unchanged\n"
     "  as=F32|F16|BF16        read-only: every floating tensor not stored as that dtype\n"
@@ -221,6 +225,9 @@ static void parse_opts(struct args *a, const char *optstr)
       a->readahead_kb = (long)v;
     } else if (strcmp(it, "npy") == 0 || strcmp(it, "npy=only") == 0) {
       a->npy = it[3] ? FS_NPY_ONLY : FS_NPY_BOTH;
+    } else if (strncmp(it, "view=", 5) == 0) {
+      if (!(a->view = fs_view_writer(it + 5)))
+        fs_die_usage("option '%s': view= takes safetensors, gguf or bpk", it);
     } else if (strncmp(it, "output_as=", 10) == 0) {
       enum bs_dtype dt;
       if (bs_dtype_from_name(it + 10, &dt) != 0 || !bs_encode_ok(dt))

@@ -35,6 +35,7 @@
 static void fs_destroy(struct fs *fs)
 {
   fs_npy_destroy(fs);
+  fs_view_destroy(fs);
   fs_journal_stop(fs);
   fs_xattr_destroy(fs);
   bs_edit_destroy(&fs->edit);
@@ -376,6 +377,7 @@ int bs_mount_main(int argc, char **argv, const char *cli_usage)
   if (ret < 0) {
     if (fs_log_open(r.lpath) != 0)
       r.lpath[0] = '\0';
+    fs_view_log(&r.fs);
     fs_progress_init(r.spath);
     fs_journal_start(&r.fs);
     fs_status_running(r.sfd, &r.fs, r.mnt);

@@ -34,8 +34,9 @@ struct args {
   char *output, *staging;   /* owned */
   uint64_t max_shard_size;  /* 0: none */
   char fuse_extra[2048];
-  int npy;               /* FS_NPY_*: -o npy, npy=only */
-  const char *output_as; /* -o output_as=DT, as given (NULL: none) */
+  int npy;                      /* FS_NPY_*: -o npy, npy=only */
+  const struct bs_writer *view; /* -o view=: the row of the one file shown; NULL: none */
+  const char *output_as;        /* -o output_as=DT, as given (NULL: none) */
   /* How SOURCE is opened (policy/open.h): key options, strict, adapter=,
    * as=, and for a URL http_cache=, http_timeout=, unvalidated */
   struct bs_open_spec open;

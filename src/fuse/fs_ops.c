@@ -113,6 +113,8 @@ static void fill_attr_locked(struct fs *fs, fuse_ino_t ino, const struct fs_ref 
     uint64_t size = e ? e->size : t ? t->nbytes : 0;
     if (t)
       size += fs_npy_view_hlen(fs, ino);
+    else if (fs_view_is(fs, ino))
+      size = fs->view.size;
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
   }
@@ -567,6 +569,9 @@ static void reply_fd(fuse_req_t req, int fd, uint64_t base, uint64_t len, size_t
   fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
 }
 
+static void read_clean(fuse_req_t req, struct fs *fs, const struct bs_tensor *t, uint64_t len,
+                       size_t size, off_t off, bool lend);
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
@@ -574,6 +579,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   struct fs *fs = fs_data(req);
   if (off < 0) {
     fuse_reply_err(req, EINVAL);
+    return;
+  }
+  if (fs_view_is(fs, ino)) { /* -o view=: the one file */
+    fs_view_read(req, fs, size, (uint64_t)off);
     return;
   }
   struct fs_ref r = {0};
@@ -631,6 +640,15 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     }
     off -= (off_t)hl;
   }
+  read_clean(req, fs, t, len, size, off, !e);
+}
+
+/* Reply with up to `size` bytes at off of clean tensor t (len bytes of it:
+ * a writable mount's entry may be shorter): spliced from its file, lent
+ * from a URL's cache (lend), or read. */
+static void read_clean(fuse_req_t req, struct fs *fs, const struct bs_tensor *t, uint64_t len,
+                       size_t size, off_t off, bool lend)
+{
   int fd;
   uint64_t base;
   if (bs_tensor_fd_range(&fs->cat, t, &fd, &base)) {
@@ -647,7 +665,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   /* Bytes the source holds in memory (a URL's cache blocks): sent from
    * there, pinned until the reply is written, not copied first. */
   struct bs_src_view v;
-  int vr = e ? -ENOTSUP : bs_tensor_view(&fs->cat, t, (uint64_t)off, size, &v);
+  int vr = !lend ? -ENOTSUP : bs_tensor_view(&fs->cat, t, (uint64_t)off, size, &v);
   if (vr == 0) {
     struct iovec iov[BS_SRC_SPANS];
     for (size_t i = 0; i < v.count; i++)
@@ -677,13 +695,22 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   bs_free(buf);
 }
 
+void fs_read_tensor(fuse_req_t req, struct fs *fs, const struct bs_tensor *t, size_t size,
+                    uint64_t off)
+{
+  if (source_changed(fs, t))
+    fuse_reply_err(req, EIO);
+  else
+    read_clean(req, fs, t, t->nbytes, size, (off_t)off, true);
+}
+
 /* A WRITE's bytes go to the staging file as libfuse holds them: in memory,
  * or in the pipe it spliced the request into from /dev/fuse (libfuse wants
  * FUSE_CAP_SPLICE_READ by default): then spliced on into the file, never
  * copied through this process (as libfuse's passthrough_hp does). libfuse
- * 3.14 splices only where it can grow its pipe to 1 MiB + 4 KiB, past the
- * default pipe-max-size: a daemon with CAP_SYS_RESOURCE; elsewhere it
- * read(2)s the request into memory. */
+ * 3.14 splices only into a pipe of max_write + 4 KiB: op_init keeps that
+ * within the default pipe-max-size; elsewhere it read(2)s the request into
+ * memory. */
 static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off,
                          struct fuse_file_info *fi)
 {

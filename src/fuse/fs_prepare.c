@@ -164,6 +164,13 @@ static void scrub_url(char *url)
  * will be writable, before anything is opened. 0, or 1 (printed). */
 static int refuse_views(const struct args *a)
 {
+  if (a->view) {
+    fprintf(stderr,
+            PROG ": view=%s is a read-only view: mount without rw and output= (burnstore convert "
+                 "SOURCE OUT%s writes the file)\n",
+            a->view->extensions[0] + 1, a->view->extensions[0]);
+    return 1;
+  }
   bool as = a->open.has_as;
   if (!a->npy && !as && !bs_adapter_any(&a->open.adapter))
     return 0;
@@ -435,9 +442,15 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
     return 1;
   if (check_in_place(fs, a) != 0)
     return 1;
-  if (bs_tree_init(&fs->tree, &err) != 0 ||
-      bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0 ||
-      fs_npy_build(fs, a->npy, &err) != 0)
+  if (a->view && a->npy) {
+    fprintf(stderr, PROG ": view= shows one file: npy applies to the tensor files of a mount "
+                         "without it\n");
+    return 1;
+  }
+  if (a->view ? fs_view_build(fs, a->view, a->open.has_as ? &a->open.as : NULL, &err) != 0
+              : bs_tree_init(&fs->tree, &err) != 0 ||
+                    bs_tree_build(&fs->tree, &fs->cat, fs->flat, &err) != 0 ||
+                    fs_npy_build(fs, a->npy, &err) != 0)
     return fs_fail_line(a->source, &err);
   if (bs_edit_init(&fs->edit, &fs->cat, &fs->tree, fs->flat, &err) != 0 ||
       (fs->writable && bs_edit_attach(&fs->edit, &fs->mtime, &fs->owner, &err) != 0))

@@ -22,6 +22,29 @@ static inline uint64_t fs_npy_view_hlen(const struct fs *fs, uint64_t ino)
 int fs_npy_read(const struct fs *fs, const struct bs_tensor *t, size_t size, uint64_t off,
                 char **out, size_t *n);
 
+/* The one-file view (fs_view.c): -o view=safetensors|gguf|bpk. */
+/* The row of view `name` ("safetensors", "gguf", "bpk": a writer with a
+ * layout, by its extension), or NULL. */
+const struct bs_writer *fs_view_writer(const char *name);
+/* After SOURCE is opened (read-only): prepare the catalog as convert does
+ * (as: as=, or NULL), plan the file writer w writes, and make the tree: the
+ * root and the view's file. 0, or -1 with err (the refusal). */
+BS_NODISCARD int fs_view_build(struct fs *fs, const struct bs_writer *w, const enum bs_dtype *as,
+                               bs_err *err);
+void fs_view_destroy(struct fs *fs);
+/* What the view leaves out, one fuse_log line each (once the log is open). */
+void fs_view_log(const struct fs *fs);
+static inline bool fs_view_is(const struct fs *fs, uint64_t ino)
+{
+  return fs->view_ino && ino == fs->view_ino;
+}
+/* A READ of the view's file. */
+void fs_view_read(fuse_req_t req, struct fs *fs, size_t size, uint64_t off);
+/* A READ of bytes [off, off + size) of tensor t, as a tensor file's (the
+ * source checked, spliced, lent or read): fs_ops.c's path. */
+void fs_read_tensor(fuse_req_t req, struct fs *fs, const struct bs_tensor *t, size_t size,
+                    uint64_t off);
+
 /* Write-back progress for `burnstore -u` (fs_progress.c). The daemon:
  * begin before fs_writeback (status_path: its status file), end after. The
  * waiter: wait for the daemon's lock on the status file (fd), drawing a

@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/npy.h"
 #include "fs.h"
+#include "fs_views.h"
 
 static void lock_rd(struct bs_entry *e);
 static void unlock_e(struct bs_entry *e);
@@ -63,6 +64,7 @@ int fs_xattr_init(struct fs *fs, bs_err *err)
   fs->xa.key_of = key_of;
   fs->xa.stage = stage;
   fs->xa.arg = fs;
+  fs->xa.omitted = fs->view_omitted;
   return 0;
 }
 
@@ -125,6 +127,10 @@ void fs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t siz
     fuse_reply_err(req, EOPNOTSUPP); /* no lock, no lookup: once per write(2) */
     return;
   }
+  if (fs_view_is(fs, ino)) { /* -o view=: a file, of no tensor */
+    fuse_reply_err(req, ENODATA);
+    return;
+  }
   struct bs_buf b = {0};
   struct fs_ref r;
   int rc = fs_ref_get(fs, ino, &r);
@@ -151,7 +157,7 @@ void fs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
   struct bs_buf b = {0};
   struct fs_ref r;
   int rc = fs_ref_get(fs, ino, &r);
-  if (!rc) {
+  if (!rc && !fs_view_is(fs, ino)) { /* (-o view='s file lists none) */
     struct bs_xa_node n;
     node_of(ino, &r, &n);
     bs_err err;

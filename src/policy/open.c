@@ -66,7 +66,10 @@ int bs_open_spec_add_item(struct bs_open_spec *s, const char *item, bs_err *err)
   return 0;
 }
 
-int bs_open_spec_parse(struct bs_open_spec *s, const char *optstr, bs_err *err)
+/* Each item of OPTSTR through ADD (0 taken, 1 not its option, -1 failed);
+ * an item no ADD takes is refused naming the options KNOWN. */
+static int parse_items(const char *optstr, int (*add)(void *ctx, const char *item, bs_err *err),
+                       void *ctx, const char *known, bs_err *err)
 {
   char **items = NULL;
   size_t n = 0;
@@ -74,18 +77,27 @@ int bs_open_spec_parse(struct bs_open_spec *s, const char *optstr, bs_err *err)
     return -1;
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
-    int r = bs_open_spec_add_item(s, items[i], err);
+    int r = add(ctx, items[i], err);
     if (r > 0)
-      rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "unknown option '%s' (include=, exclude=, remap=, top_level_key=, "
-                   "contiguous_indices, adapter=, as=, strict, http_cache=, http_timeout=, "
-                   "unvalidated)",
-                   items[i]);
+      rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL, "unknown option '%s' (%s)", items[i], known);
     else if (r < 0)
       rc = -1;
   }
   bs_opts_free(items, n);
   return rc;
+}
+
+static int add_open_item(void *ctx, const char *item, bs_err *err)
+{
+  return bs_open_spec_add_item(ctx, item, err);
+}
+
+int bs_open_spec_parse(struct bs_open_spec *s, const char *optstr, bs_err *err)
+{
+  return parse_items(optstr, add_open_item, s,
+                     "include=, exclude=, remap=, top_level_key=, contiguous_indices, adapter=, "
+                     "as=, strict, http_cache=, http_timeout=, unvalidated",
+                     err);
 }
 
 int bs_write_spec_add_item(uint64_t *max_shard_size, const char *item, bs_err *err)
@@ -99,24 +111,16 @@ int bs_write_spec_add_item(uint64_t *max_shard_size, const char *item, bs_err *e
   return 0;
 }
 
+static int add_write_item(void *ctx, const char *item, bs_err *err)
+{
+  return bs_write_spec_add_item(ctx, item, err);
+}
+
 int bs_write_spec_parse(const char *optstr, uint64_t *max_shard_size, bs_err *err)
 {
-  char **items = NULL;
-  size_t n = 0;
   *max_shard_size = 0;
-  if (bs_opts_split(optstr, &items, &n, err) != 0)
-    return -1;
-  int rc = 0;
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    int r = bs_write_spec_add_item(max_shard_size, items[i], err);
-    if (r > 0)
-      rc = bs_fail(err, EINVAL, BS_OFF_NONE, NULL,
-                   "unknown option '%s' (a write takes max_shard_size=SIZE)", items[i]);
-    else if (r < 0)
-      rc = -1;
-  }
-  bs_opts_free(items, n);
-  return rc;
+  return parse_items(optstr, add_write_item, max_shard_size, "a write takes max_shard_size=SIZE",
+                     err);
 }
 
 int bs_checkpoint_open(struct bs_catalog *cat, const char *source, const struct bs_open_spec *s,

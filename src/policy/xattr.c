@@ -228,6 +228,16 @@ static bool listed_values(const struct ctx *c)
   return c->m->cat->values_json != NULL;
 }
 
+static int get_omitted(const struct ctx *c, struct bs_buf *out, bs_err *err)
+{
+  return c->m->omitted ? put(out, c->m->omitted, err) : none(err);
+}
+
+static bool listed_omitted(const struct ctx *c)
+{
+  return c->m->omitted != NULL;
+}
+
 static int get_notes(const struct ctx *c, struct bs_buf *out, bs_err *err)
 {
   return c->m->cat->notes ? put(out, c->m->cat->notes, err) : none(err);
@@ -329,6 +339,7 @@ static const struct bs_xa_row rows[] = {
     {"format", BS_XA_ROOT, BS_XA_IGNORED, false, get_format, always, NULL, NULL, NULL},
     {"values", BS_XA_ROOT, BS_XA_FIXED, false, get_values, listed_values, NULL, NULL, NULL},
     {"notes", BS_XA_ROOT, BS_XA_FIXED, false, get_notes, listed_notes, NULL, NULL, NULL},
+    {"omitted", BS_XA_ROOT, BS_XA_FIXED, false, get_omitted, listed_omitted, NULL, NULL, NULL},
     /* last: what a long metadata list leaves out is the tail of the listing */
     {"meta.", BS_XA_ROOT, BS_XA_SETTABLE, false, get_meta, NULL, list_meta, set_meta, remove_meta},
 };

@@ -44,6 +44,9 @@ struct bs_xa_mount {
    * 0 or an errno. */
   int (*stage)(void *arg, struct bs_entry *e);
   void *arg;
+  /* -o view=: what the view's file leaves out of the source, a line each
+   * (the root's "omitted"), borrowed; NULL: nothing, or no view. */
+  const char *omitted;
 };
 
 /* One node as an op sees it. */

@@ -25,6 +25,7 @@
 #include "core/version.h"
 #include "formats/formats.h"
 #include "formats/writers.h"
+#include "policy/convert.h"
 #include "policy/decode_as.h"
 #include "policy/open.h"
 #include "policy/writeback.h"
@@ -715,89 +716,6 @@ static void progress_observer(void *ctx, uint64_t n)
   bs_progress_add(ctx, n);
 }
 
-/* convert --as: every floating tensor presented as `as` (decoded and
- * narrowed as the writer streams it); one that has no decoder is refused
- * before anything is written, rather than copied in its own dtype. */
-static int as_all(const char *in, struct bs_catalog *cat, enum bs_dtype as)
-{
-  bs_err err;
-  bs_err_clear(&err);
-  if (bs_catalog_decode_as(cat, as, &err) != 0)
-    return fail_err(in, &err);
-  for (size_t i = 0; i < cat->count; i++) {
-    const struct bs_tensor *t = &cat->tensors[i];
-    char buf[400];
-    const char *why = t->hidden ? NULL : bs_tensor_why_stored(t, as, buf, sizeof buf);
-    if (why)
-      return fail("%s: tensor '%s': --as %s: %s (exclude it with -o exclude=REGEX)", in, t->name,
-                  bs_dtype_name(as), why);
-  }
-  return 0;
-}
-
-/* What values_note has put in its line. */
-struct vgroups {
-  char line[320];
-  size_t len, shown;
-  bool cut;
-};
-
-/* Add key group[0..glen) of count values to g's line: "epoch", or
- * "optimizer.* (11)" for a group of several or of dotted keys. */
-static void vgroup_put(struct vgroups *g, const char *group, size_t glen, size_t count)
-{
-  if (g->cut)
-    return;
-  const char *sep = g->shown ? ", " : "";
-  int k = count > 1 || group[glen] == '.' ? snprintf(g->line + g->len, sizeof g->line - g->len,
-                                                     "%s%.*s.* (%zu)", sep, (int)glen, group, count)
-                                          : snprintf(g->line + g->len, sizeof g->line - g->len,
-                                                     "%s%.*s", sep, (int)glen, group);
-  if (k < 0 || g->len + (size_t)k >= sizeof g->line - 8) {
-    g->cut = true;
-    g->line[g->len] = '\0';
-    return;
-  }
-  g->len += (size_t)k;
-  g->shown++;
-}
-
-/* One line on stderr naming the source's non-tensor values (a training
- * checkpoint's epoch, optimizer state, scheduler fields) that output `out`
- * of writer w leaves out: no writer writes them on a conversion. Keys are
- * grouped by their first segment, in the source's order; a long list is
- * cut with "...". */
-static void values_note(const char *out, const struct bs_writer *w, const char *values_json)
-{
-  json_t *v = json_loads(values_json, 0, NULL);
-  size_t n = json_is_object(v) ? json_object_size(v) : 0;
-  struct vgroups g = {.len = 0};
-  const char *key, *group = NULL;
-  size_t glen = 0, count = 0;
-  json_t *val;
-  json_object_foreach(v, key, val)
-  {
-    const char *dot = strchr(key, '.');
-    size_t l = dot ? (size_t)(dot - key) : strlen(key);
-    if (group && l == glen && memcmp(key, group, l) == 0) {
-      count++;
-      continue;
-    }
-    if (group)
-      vgroup_put(&g, group, glen, count);
-    group = key, glen = l, count = 1;
-  }
-  if (group)
-    vgroup_put(&g, group, glen, count);
-  if (n)
-    fprintf(stderr,
-            "burnstore: note: %s: %zu non-tensor value%s of the source not written (the %s "
-            "writer writes tensors%s only): %s%s\n",
-            out, n, n == 1 ? "" : "s", w->name, w->drops_meta ? "" : " and metadata", g.line,
-            g.cut ? ", ..." : "");
-  json_decref(v);
-}
-
 static int cmd_convert(int argc, char **argv)
 {
   struct opts o;
@@ -821,9 +739,11 @@ static int cmd_convert(int argc, char **argv)
     return 1;
   }
   int rc = 1;
-  if (o.as != BS_DT_COUNT && as_all(in, &cat, o.as) != 0)
+  /* (what a -o view= mount makes of it too: policy/convert.h) */
+  if (bs_convert_prepare(&cat, w, o.as != BS_DT_COUNT ? &o.as : NULL, "--as ", &err) != 0) {
+    fail_err(in, &err);
     goto out;
-  cat.format = w->format;
+  }
   uint64_t total = 0;
   size_t n = 0;
   for (size_t i = 0; i < cat.count; i++)
@@ -836,9 +756,7 @@ static int cmd_convert(int argc, char **argv)
   struct bs_progress pr;
   bs_progress_start(&pr, "convert", total, 2, o.quiet ? BS_PROGRESS_OFF : o.progress);
   int lk = -1;
-  if (bs_writer_check(w, &cat, &err) != 0 || (w->default_meta && w->default_meta(&cat, &err) != 0))
-    fail_err(in, &err);
-  else if ((lk = bs_writer_lock(out, "convert", &err)) < 0) /* one writer per target */
+  if ((lk = bs_writer_lock(out, "convert", &err)) < 0) /* one writer per target */
     fail_err(NULL, &err);
   else {
     if (pr.on)
@@ -854,13 +772,9 @@ static int cmd_convert(int argc, char **argv)
     bs_progress_end(&pr);
   else if (pr.on && pr.tty)
     fputc('\n', stderr);
-  if (rc == 0 && w->drops_meta && cat.nmeta)
-    fprintf(stderr,
-            "burnstore: note: %s: %zu metadata entries not written (a torch.save file has no "
-            "place for them)\n",
-            out, cat.nmeta);
-  if (rc == 0 && cat.values_json)
-    values_note(out, w, cat.values_json);
+  char left[BS_LEFT_OUT_MAX][BS_LEFT_OUT_LINE];
+  for (size_t i = 0, k = rc == 0 ? bs_convert_left_out(&cat, w, left) : 0; i < k; i++)
+    fprintf(stderr, "burnstore: note: %s: %s\n", out, left[i]);
   if (rc == 0 && !o.quiet && isatty(1))
     printf("%s: %zu tensors, %" PRIu64 " bytes of data, written as %s\n", out, n, total, w->name);
 out:

@@ -32,7 +32,8 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             and the daemon's peak memory for it vs for one of 1/8 its size
   remote    a --size-mib MiB tensor of a SafeTensors file on nginx (127.0.0.1):
             burnstore mount of its URL vs curl of the same byte range, direct
-            (and the daemon's CPU seconds a GiB against curl's) and through
+            (and the daemon's CPU seconds a GiB against curl's: at least 7
+            runs of each in turn, quietest and medians) and through
             the fault proxy with 20 ms added a request; through the proxy
             capping each connection at 40 MB/s and adding 20 ms a request, vs
             aria2c -x16 -s16 of the file; vs
@@ -48,6 +49,12 @@ Sections (each prints its rows as it goes; the table is repeated at the end):
             first read through -o as=F32 and burnstore cat --as F32 (GB/s of
             F32 out) vs the raw read of an F32 tensor of the same size from
             the same file (the mount's and the CLI's ceiling)
+  view      -o view=safetensors: mount time and daemon peak (VmHWM, -f) of
+            100,000 tensors vs a plain mount; reading the whole view of a
+            --convert-mib MiB checkpoint vs the first read of its tensors
+            through a plain mount, and vs burnstore convert to a file + reading
+            it; the first 4 KiB of a remote view after the mount (through the
+            proxy, +20 ms a request: round trips, and nginx's logged requests)
 
 --quick shrinks every size (CI runs it: it checks that every section works,
 not its timings), takes one run of each and prints only the table at the end,
@@ -965,15 +972,37 @@ def sec_remote(a, d):
         # what the URL's bytes cost the daemon over a spliced local read of
         # the same bytes: libcurl's receive and the cache block, and a reply
         # written from memory (writev) instead of spliced from a file
-        cl, cu, cc = med(cpu[st]), med(cpu[url]), med(ccpu)
-        gib = size / (1 << 30)
+        cl, cu = med(cpu[st]), med(cpu[url])
         row("remote", "daemon CPU for the read, local file (spliced)", cl, "s")
         row("remote", "daemon CPU for the read, URL", cu, "s", cl, cu / max(cl, 1.0 / TCK))
-        # the same bytes' CPU seconds a GiB, against curl's (its receive into
-        # /dev/null: one copy)
-        row("remote", "curl CPU a GiB", cc / gib, "s")
-        row("remote", "daemon CPU a GiB, URL, against curl's", cu / gib, "s", cc / gib,
-            cu / max(cc, 1.0 / TCK), "<= 2.5", cu / max(cc, 1.0 / TCK) <= 2.5)
+        # The same bytes' CPU seconds a GiB against curl's (its receive into
+        # /dev/null: one copy), curl and the mount in turn so that both see
+        # the same load, at least 7 of each. curl's CPU is the noisy side,
+        # and bimodal on shared cores (0.24-0.28 s a GiB, or twice that):
+        # softirq work (loopback TCP's, other traffic's) is charged to the
+        # task it interrupts, and how many bytes each wake-up finds follows
+        # the scheduling. Noise only adds CPU time: the target is on each
+        # side's quietest run (the least disturbed); the medians and each
+        # side's spread are shown too.
+        del ccpu[:]
+        cpu[url] = []
+        reps = max(a.runs, 7)
+        for _ in range(reps):
+            curl(url)
+            bs_read(url)
+        gib = size / (1 << 30)
+        cc = [x / gib for x in ccpu]
+        cu = [x / gib for x in cpu[url]]
+        if not QUIET:
+            log("  curl CPU a GiB, %d runs: %s" % (reps, " ".join("%.3f" % x for x in cc)))
+            log("  daemon CPU a GiB, %d runs: %s" % (reps, " ".join("%.3f" % x for x in cu)))
+        tick = 1.0 / TCK / gib
+        lo = min(cu) / max(min(cc), tick)
+        row("remote", "curl CPU a GiB, quietest of %d (median %.3f, max %.3f)" % (reps, med(cc), max(cc)),
+            min(cc), "s")
+        row("remote", "daemon CPU a GiB, URL, quietest of %d (median %.3f, max %.3f), against curl's"
+            % (reps, med(cu), max(cu)), min(cu), "s", min(cc), lo, "<= 2.5", lo <= 2.5)
+        row("remote", "  the same, median against median", med(cu), "s", med(cc), med(cu) / max(med(cc), tick))
         with FaultProxy(ng.port, latency=lat) as px:
             purl = px.url("big.safetensors")
             c = med([curl(purl) for _ in range(a.runs)])
@@ -1072,6 +1101,96 @@ def sec_remote(a, d):
             "< 4 (shards in parallel)", rt < 4)
 
 
+def read_whole(path):
+    """Read a file in 1 MiB reads (in this process: no tool started per file)."""
+    buf = bytearray(1 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def sec_view(a, d):
+    """-o view=safetensors (issue 33): a one-file view against a plain mount
+    and against what a user does without it (convert to a file, then read)."""
+    n = a.tensors
+    log("view: mount of %d tensors with view=safetensors vs a plain mount" % n)
+    mnt = os.path.join(d, "m")
+    src = os.path.join(d, "view-many.safetensors")
+    write_many(src, flat_keys(n))
+    run(["cat", src])
+    got = {}
+    for _ in range(a.runs):
+        for opts in (None, "view=safetensors"):
+            with BS(a.bin, src, mnt, opts=opts, foreground=True) as m:
+                got.setdefault(opts, []).append((m.mount_time, m.hwm_kb()))
+                if opts:  # the whole header made: its first 4 KiB read
+                    first_4k(os.path.join(mnt, "view-many.safetensors"))
+    pt, vt = med([x[0] for x in got[None]]), med([x[0] for x in got["view=safetensors"]])
+    pm, vm = max(x[1] for x in got[None]), max(x[1] for x in got["view=safetensors"])
+    row("view", "%d tensors: plain mount" % n, pt, "s")
+    row("view", "%d tensors: view=safetensors mount" % n, vt, "s", pt, vt / pt, "<= 1.5x", vt / pt <= 1.5)
+    row("view", "%d tensors: plain mount peak (VmHWM, -f)" % n, pm / 1024, "MiB")
+    row("view", "%d tensors: view=safetensors peak (VmHWM, -f)" % n, vm / 1024, "MiB", pm / 1024, vm / pm,
+        "<= 1.5x", vm / pm <= 1.5)
+    os.unlink(src)
+
+    size = a.convert_mib << 20
+    log("view: reading the whole view of a %d MiB checkpoint (64 tensors; backing file in the page cache)"
+        % a.convert_mib)
+    src = os.path.join(d, "view-big.safetensors")
+    write_st_tensors(src, [("layers.%02d.w" % i, size // 64) for i in range(64)], os.urandom(1 << 20))
+    run(["cat", src])
+    out = os.path.join(d, "view-out.safetensors")
+    plain, view, conv = [], [], []
+    for _ in range(a.runs):
+        with BS(a.bin, src, mnt):
+            t = time.perf_counter()
+            for i in range(64):  # every tensor's first read
+                read_whole(os.path.join(mnt, "layers", "%02d" % i, "w"))
+            plain.append(time.perf_counter() - t)
+        with BS(a.bin, src, mnt, opts="view=safetensors"):
+            t = time.perf_counter()
+            read_whole(os.path.join(mnt, "view-big.safetensors"))
+            view.append(time.perf_counter() - t)
+        if os.path.exists(out):
+            os.unlink(out)
+        t = time.perf_counter()
+        run([a.bin, "convert", "-q", src, out])
+        read_whole(out)
+        conv.append(time.perf_counter() - t)
+        os.unlink(out)
+    p, v, c = med(plain), med(view), med(conv)
+    row("view", "first read of every tensor, plain mount", p, "s")
+    row("view", "whole view=safetensors read (same bytes + header)", v, "s", p, p / v, ">= 0.9x", p / v >= 0.9)
+    row("view", "burnstore convert to a file + read it", c, "s")
+    row("view", "  view read, times faster than convert + read", c / v, "x", None, None, ">= 3x", c / v >= 3)
+    os.unlink(src)
+
+    log("view: the first 4 KiB of a remote view after the mount")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../support"))
+    from httpfault import FaultProxy, Nginx
+    if not os.path.exists("/usr/sbin/nginx") and not have("nginx"):
+        log("  skipped (nginx-light not installed)")
+        return
+    lat = 0.02
+    with Nginx(d) as ng:
+        st = ng.path("model.safetensors")
+        write_st_tensors(st, [("layers.%02d.w" % i, size // 64) for i in range(64)], os.urandom(1 << 20))
+        reqs, times = [], []
+        with FaultProxy(ng.port, latency=lat) as px:
+            for _ in range(a.runs):
+                with BS(a.bin, px.url("model.safetensors"), mnt, opts="view=safetensors"):
+                    before = len(open(ng.log).readlines())
+                    t = time.perf_counter()
+                    first_4k(os.path.join(mnt, "model.safetensors"))
+                    times.append(time.perf_counter() - t)
+                    reqs.append(len(open(ng.log).readlines()) - before)
+        t = med(times)
+        row("view", "remote view: first 4 KiB after the mount (+20 ms)", t, "s", lat, t / lat,
+            "<= 2 round trips", t / lat <= 2)
+        row("view", "  requests nginx logged for it", med(reqs), "", None, None, "<= 2", med(reqs) <= 2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run: checks that it works")
@@ -1082,7 +1201,7 @@ def main():
     ap.add_argument("--convert-mib", type=int, default=None)
     ap.add_argument("--quant-mib", type=int, default=None, help="quants: MiB of F32 output per tensor")
     ap.add_argument("--only", default=None,
-                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,decoded,remote,journal,quants")
+                    help="comma-separated sections: read,readers,sshfs,list,million,write,convert,decoded,remote,journal,quants,view")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--system", action="store_true",
                     help="allow system-wide actions (root): drop the page cache, start a local sshd")
@@ -1101,7 +1220,7 @@ def main():
     a.journal_mib = 8 if q else 256
     a.journal_files = 100 if q else 2000
     only = set(a.only.split(",")) if a.only else {"read", "readers", "sshfs", "list", "million", "write",
-                                                         "convert", "decoded", "remote", "journal", "quants"}
+                                                         "convert", "decoded", "remote", "journal", "quants", "view"}
     d = tempfile.mkdtemp(prefix="bs-bench-", dir=a.dir)
     t0 = time.time()
     if a.system:
@@ -1131,6 +1250,8 @@ def main():
             sec_journal(a, d)
         if "quants" in only:
             sec_quants(a, d)
+        if "view" in only:
+            sec_view(a, d)
     finally:
         force_unmount(os.path.join(d, "m"))
         force_unmount(os.path.join(d, "net"))

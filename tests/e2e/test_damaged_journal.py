@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from bsmount import (BIN, Mount, check, force_unmount, is_mounted, kill_daemon, read_safetensors,
-                     run, run_tests, write_safetensors)
+                     run, run_tests, strace, write_safetensors)
 
 A = bytes(range(256)) * 4
 B = bytes([7]) * 1024
@@ -146,7 +146,7 @@ def strace_mount(src, mnt):
     """burnstore -f under strace, every fdatasync failing with EIO (the
     journal's flusher; its BASE is fsynced). strace counts calls per thread."""
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync",
+    p = subprocess.Popen(strace("-o", "/dev/null", "-e", "trace=fdatasync") + [
                           "-e", "inject=fdatasync:error=EIO:when=1+", BIN, src, mnt, "-f", "-o", "rw"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     end = time.time() + 30

@@ -14,7 +14,7 @@ import shutil
 import stat
 import subprocess
 
-from bsmount import (BIN, Mount, check, force_unmount, kill_daemon, read_safetensors, run_tests,
+from bsmount import (BIN, Mount, check, force_unmount, kill_daemon, read_safetensors, run_tests, strace,
                      write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -645,7 +645,7 @@ def test_checkpoint_swapped_during_finish(tmp):
     os.chown(theirs, NOBODY_UID, NOBODY_UID)
     # The second open of the checkpoint's path is the one after the
     # stat of the INDEX's attach (the first: the journal's replay).
-    p = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-P", src, "-e", "trace=openat",
+    p = subprocess.Popen(strace("-o", "/dev/null", "-P", src, "-e", "trace=openat") + [
                           "-e", "inject=openat:delay_enter=1500000:when=2", BIN, "--finish", stg],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     as_nobody(SWAP_IN, theirs, src, "0.7")

@@ -25,8 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
-from bsmount import (BIN, FIX, Mount, check, daemon_pid, force_unmount, run, run_tests,  # noqa: E402
-                     tensor_files, write_safetensors)
+from bsmount import (BIN, FIX, SANITIZE, Mount, check, daemon_pid, force_unmount,  # noqa: E402
+                     foreground_mount, run, run_tests, tensor_files, write_safetensors)
 from httpfault import NGINX, start_server, stop_server  # noqa: E402
 
 TOKEN = "s3cr3t-t0ken"
@@ -469,6 +469,60 @@ def readahead(tmp, ng):
     check("readahead" in open(man).read(), "the man page names readahead=")
 
 
+def minflt(pid):
+    """A process's minor page faults so far (all its threads)."""
+    return int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[7])
+
+
+def recv_buffers(tmp, ng):
+    """A sequential read of a URL costs the daemon page faults for the
+    cache's blocks (its first fill: the cache, its spare buffers and what
+    is in flight), not for every request: libcurl's 512 KiB receive buffer,
+    allocated and freed by each transfer, was mapped afresh each time (128
+    faults, and 512 KiB zeroed, a 4 MiB request). The blocks are in huge
+    pages where the system has them (a fault a 2 MiB, and a reply from a
+    block pins one page, not 256). The bytes are the file's."""
+    size, cache = 192 << 20, 4 << 20
+    path = os.path.join(ng.root, "big.safetensors")
+    head = b'{"big":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' % (size, size)
+    head += b" " * (-len(head) % 8)
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+    mnt = os.path.join(tmp, "mnt-recv")
+    try:
+        with foreground_mount(ng.url("big.safetensors"), mnt, "http_cache=%dM" % (cache >> 20)) as p:
+            f0 = minflt(p.pid)
+            ok = True
+            with open(os.path.join(mnt, "big"), "rb") as f:
+                while True:
+                    b = f.read(1 << 20)
+                    if not b:
+                        break
+                    ok = ok and b == chunk
+            faults = minflt(p.pid) - f0
+            check(ok, "the URL's bytes read are the file's")
+            # the blocks' first fill: the cache, as many spare buffers, and
+            # half the cache in flight, in 4 KiB pages; 1,024 more for the
+            # rest (thread stacks, FUSE buffers)
+            bound = (2 * cache + cache // 2) // 4096 + 1024
+            if SANITIZE == "OFF":  # (a sanitizer's allocator and shadow fault on their own)
+                check(faults <= bound, "%d page faults for a read of %d MiB (at most %d: the "
+                      "cache's first fill)" % (faults, size >> 20, bound))
+            print("  %d page faults for %d MiB (bound %d)" % (faults, size >> 20, bound))
+            # the cache's blocks in huge pages, where the system gives them
+            # to a range advised for them (THP "always" or "madvise")
+            thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+            if os.path.exists(thp) and "[never]" not in open(thp).read():
+                huge = sum(int(line.split()[1]) for line in open("/proc/%d/smaps" % p.pid)
+                           if line.startswith("AnonHugePages:"))
+                check(huge >= 2048, "the cache's blocks in huge pages: %d kB (at least 2048)" % huge)
+    finally:
+        os.unlink(path)
+
+
 def etag_pin(tmp, ng):
     """The object replaced mid-mount: a read of bytes not yet fetched fails
     with EIO (If-Match answered 412), never the new bytes beside the old."""
@@ -540,7 +594,7 @@ def main():
     signal.alarm(600)
     run_tests("test_remote", [with_nginx(t) for t in
                               (formats, cli_verbs, bearer, refusals, shard_escape, readahead,
-                               etag_pin, retry_500)], "remote")
+                               recv_buffers, etag_pin, retry_500)], "remote")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import time
 
-from bsmount import BIN, check, force_unmount, is_mounted, read_safetensors, run, run_tests
+from bsmount import BIN, check, force_unmount, is_mounted, read_safetensors, run, run_tests, strace
 from test_sharded import make_set, tensors
 from test_st_write import canonical
 
@@ -49,11 +49,7 @@ def snapshot(d):
 
 
 def strace_cmd(cmd, call=None, n=None, out="/dev/null"):
-    # LeakSanitizer cannot run in a traced process (it ptraces itself): an
-    # ASan build's leak check runs in the other tests.
-    env = ["env", "ASAN_OPTIONS=%s%sdetect_leaks=0" % (os.environ.get("ASAN_OPTIONS", ""),
-                                                       ":" if os.environ.get("ASAN_OPTIONS") else "")]
-    s = env + ["strace", "-f", "-qq", "-o", out, "-e", "trace=" + ",".join(CALLS)]
+    s = strace("-o", out, "-e", "trace=" + ",".join(CALLS))
     if call:
         s += ["-e", "inject=%s:signal=SIGKILL:when=%d" % (call, n)]
     return s + cmd

@@ -15,7 +15,7 @@ import stat
 import subprocess
 
 from bsmount import (BIN, SOURCE_DIR, Mount, check, fnv1a, force_unmount, is_mounted, read_bpk, read_safetensors,
-                     run, run_path, run_tests, write_safetensors)
+                     run, run_path, run_tests, strace, write_safetensors)
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 NOBODY_UID = 65534
@@ -656,7 +656,7 @@ def test_stale_journal_does_not_stop_other_readers(tmp):
     check(r.returncode == 0, "convert to a set: %s" % r.stderr)
     # Killed at its third fsync (the target lock's, the journal's record of
     # the set, then its directory's): before any temp file or commit.
-    r = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync",
+    r = subprocess.run(strace("-o", "/dev/null", "-e", "trace=fsync") + [
                         "-e", "inject=fsync:signal=SIGKILL:when=3",
                         BIN, "convert", "-q", "-o", "max_shard_size=8192", index, index],
                        capture_output=True, text=True, timeout=60)

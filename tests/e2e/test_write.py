@@ -206,6 +206,29 @@ def test_rw_existing(tmp):
     check(len(got) == 9, "converted safetensors has 9 tensors")
 
 
+def kill_during_write_back(work, mnt, old, tmp):
+    """kill -9 of the daemon while it writes back: the old file stays."""
+    with Mount(work, mnt, opts="rw") as m:
+        with open(os.path.join(mnt, "huge"), "wb") as f:
+            chunk = b"\7" * (1 << 20)
+            for _ in range(256):
+                f.write(chunk)
+        pids = [int(p) for p in run(["pgrep", "-f", "burnstore %s" % work]).stdout.split()]
+        check(len(pids) == 1, "one daemon for %s" % work)
+        um = subprocess.Popen(["fusermount3", "-u", mnt])
+        caught = False
+        deadline = time.time() + 30
+        while time.time() < deadline and not caught:
+            caught = any(f.startswith(".kill.bpk.burnstore-tmp-") for f in os.listdir(tmp))
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+        um.wait(timeout=60)
+        check(caught, "caught the write-back in progress (temp file seen)")
+        u = run([BIN, "-u", mnt])
+        check(u.returncode == 1 and "without finishing" in u.stderr, "-u after kill -9 says the daemon died: %r" % u.stderr)
+    check(open(work, "rb").read() == old, "kill -9 during write-back leaves the old file intact")
+
+
 def test_failures(tmp):
     # 1. A size that contradicts the shape: nothing written, staged data kept, -u says so.
     out = os.path.join(tmp, "bad.bpk")
@@ -260,28 +283,23 @@ def test_failures(tmp):
         finally:
             run(["umount", small])
     # 3. kill -9 of the daemon during write-back leaves the old file intact.
+    #    A run directory of its own: any other daemon starting meanwhile
+    #    (another test run on the machine) sweeps the killed one's status
+    #    file, and -u then finds nothing to report.
     work = os.path.join(tmp, "kill.bpk")
     subprocess.run(["cp", BPK, work], check=True)
     old = open(work, "rb").read()
-    with Mount(work, mnt, opts="rw") as m:
-        with open(os.path.join(mnt, "huge"), "wb") as f:
-            chunk = b"\7" * (1 << 20)
-            for _ in range(256):
-                f.write(chunk)
-        pids = [int(p) for p in run(["pgrep", "-f", "burnstore %s" % work]).stdout.split()]
-        check(len(pids) == 1, "one daemon for %s" % work)
-        um = subprocess.Popen(["fusermount3", "-u", mnt])
-        caught = False
-        deadline = time.time() + 30
-        while time.time() < deadline and not caught:
-            caught = any(f.startswith(".kill.bpk.burnstore-tmp-") for f in os.listdir(tmp))
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-        um.wait(timeout=60)
-        check(caught, "caught the write-back in progress (temp file seen)")
-        u = run([BIN, "-u", mnt])
-        check(u.returncode == 1 and "without finishing" in u.stderr, "-u after kill -9 says the daemon died: %r" % u.stderr)
-    check(open(work, "rb").read() == old, "kill -9 during write-back leaves the old file intact")
+    run_dir = os.path.join(tmp, "run-kill")
+    os.mkdir(run_dir, 0o700)
+    saved_run_dir = os.environ.get("BURNSTORE_RUN_DIR")
+    os.environ["BURNSTORE_RUN_DIR"] = run_dir
+    try:
+        kill_during_write_back(work, mnt, old, tmp)
+    finally:
+        if saved_run_dir is None:
+            del os.environ["BURNSTORE_RUN_DIR"]
+        else:
+            os.environ["BURNSTORE_RUN_DIR"] = saved_run_dir
     # 4. Every way a mount ends writes back: umount, fusermount3 -u, SIGTERM, SIGINT.
     #    After umount, `burnstore -u` still waits for a daemon that is writing
     #    back and reports; one that has already finished left nothing (its

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from bsmount import (BIN, Mount, check, force_unmount, is_mounted, kill_daemon, read_safetensors,
-                     run, run_tests, write_safetensors)
+                     run, run_tests, strace, write_safetensors)
 
 A = bytes(range(256)) * 4
 NEW = bytes([0xA5]) * 1024
@@ -100,7 +100,7 @@ def strace_mount(src, mnt, kill_at, env):
     """burnstore -f under strace, killed (SIGKILL) at its kill_at-th unlinkat
     (a run directory of its own: no dead daemon's files for its sweep)."""
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=unlinkat",
+    p = subprocess.Popen(strace("-o", "/dev/null", "-e", "trace=unlinkat") + [
                           "-e", "inject=unlinkat:signal=SIGKILL:when=%d" % kill_at, BIN, src, mnt,
                           "-f", "-o", "rw"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          env=env)

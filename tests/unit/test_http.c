@@ -245,6 +245,40 @@ Test(http, cache_reuses_evicted_buffers)
   bs_http_cache_destroy(&c); /* frees the spares (ASan: no leak) */
 }
 
+Test(http, cache_blocks_from_its_arena)
+{
+  /* Whole blocks come from one mapping of twice the cache, aligned for
+   * huge pages, and go back to it (never to free(): ASan would say so),
+   * whatever length they were put with; past it, bs_malloc'd ones, freed
+   * when given back. */
+  struct bs_http_cache c;
+  enum { B = 4096 };
+  cr_assert_eq(bs_http_cache_init(&c, B, 2 * B), 0);
+  cr_assert_not_null(c.arena);
+  cr_expect_eq(c.narena, 4);
+  cr_expect_eq((uintptr_t)c.arena % (2u << 20), 0, "aligned for a huge page");
+  uint8_t *b[5];
+  for (int i = 0; i < 5; i++)
+    cr_assert_not_null(b[i] = bs_http_cache_block(&c));
+  for (int i = 0; i < 4; i++)
+    cr_expect_eq(b[i], c.arena + (size_t)i * B);
+  cr_expect(b[4] < c.arena || b[4] >= c.arena + 4 * B, "past the arena: its own allocation");
+  memset(b[4], 5, B);
+  bs_http_cache_unused(&c, b[4], B); /* freed, not kept */
+  cr_expect_eq(c.nspare, 0);
+  bs_http_cache_put_owned(&c, 1, 0, b[0], 100); /* a prefix */
+  bs_http_cache_put_owned(&c, 1, 1, b[1], B);
+  bs_http_cache_put_owned(&c, 1, 2, b[2], B);     /* evicts block 0: back to the spares */
+  bs_http_cache_put_owned(&c, 1, 3, b[3], B + 1); /* too long: not kept, back too */
+  cr_expect_eq(c.nspare, 2);
+  uint8_t *again[2] = {bs_http_cache_block(&c), bs_http_cache_block(&c)};
+  cr_expect((again[0] == b[0] && again[1] == b[3]) || (again[0] == b[3] && again[1] == b[0]));
+  bs_http_cache_unused(&c, again[0], 10);
+  bs_http_cache_unused(&c, again[1], B);
+  cr_expect_eq(c.nspare, 2);
+  bs_http_cache_destroy(&c);
+}
+
 Test(http, cache_pinned_blocks_stay)
 {
   /* A block lent to a reply (pinned) is neither evicted nor replaced until

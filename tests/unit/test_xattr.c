@@ -171,20 +171,32 @@ static int rm(const struct bs_xa_mount *m, const struct bs_xa_node *n, const cha
 
 Test(xattr, the_table_has_every_name_once)
 {
-  static const char *const want[] = {"dtype", "shape",  "stored_dtype", "key",   "param_id",
-                                     "shard", "format", "values",       "notes", "meta."};
+  static const char *const want[] = {"dtype",    "shape",   "stored_dtype", "key",
+                                     "param_id", "shard",   "format",       "values",
+                                     "notes",    "omitted", "meta."};
   cr_assert_eq(bs_xa_nrows, sizeof want / sizeof want[0]);
   for (size_t i = 0; i < bs_xa_nrows; i++) {
     struct bs_xa_info r;
     bs_xa_row_info(i, &r);
     cr_expect_str_eq(r.name, want[i]);
     bool root = strcmp(r.name, "format") == 0 || strcmp(r.name, "values") == 0 ||
-                strcmp(r.name, "notes") == 0 || strcmp(r.name, "meta.") == 0;
+                strcmp(r.name, "notes") == 0 || strcmp(r.name, "omitted") == 0 ||
+                strcmp(r.name, "meta.") == 0;
     cr_expect_eq(r.scope, root ? (unsigned)BS_XA_ROOT : (unsigned)BS_XA_FILE, "%s", r.name);
   }
   cr_expect(bs_xa_unlocked(X("key")), "key is read under the tree lock only");
   cr_expect(!bs_xa_unlocked(X("dtype")));
   cr_expect(!bs_xa_unlocked("user.key"));
+}
+
+Test(xattr, omitted_is_the_views_list_on_the_root)
+{
+  struct bs_xa_node f = node("enc/w", false), r = node("", false);
+  expect_value(&ro, &r, X("omitted"), NULL); /* no view, or nothing left out */
+  ro.omitted = "2 non-tensor values of the source not written: epoch, loss\n";
+  expect_value(&ro, &r, X("omitted"), ro.omitted);
+  expect_value(&ro, &f, X("omitted"), NULL); /* the root's only */
+  ro.omitted = NULL;
 }
 
 Test(xattr, read_only_mount_answers_and_refuses_changes)
