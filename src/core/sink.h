@@ -31,10 +31,10 @@ struct bs_sink {
   const char *name;   /* borrowed: names the output in messages */
   uint64_t pos;       /* bytes put so far */
   /* An atomic commit's temp file (written from offset 0) is pushed to the
-   * disk one window behind the writer (sync_file_range), so its final fsync
-   * has little left to do; the observer then counts bytes once they are on
-   * disk. `started`: bytes whose write-out was started; `told`: bytes
-   * reported to the observer. */
+   * disk window by window as it is written (sync_file_range), and waited
+   * for 128 MiB behind the writer, so its final fsync has little left to
+   * do; the observer then counts bytes once they are on disk. `started`: bytes whose write-out was
+   * started; `told`: bytes reported to the observer. */
   bool behind;
   uint64_t started, told;
 };

@@ -758,6 +758,21 @@ static bool at_changed(const struct bs_src *s, char *why, size_t n)
   return false;
 }
 
+/* An fd of its own for a caller that moves whole ranges (sink.c's
+ * copy_file_range): opened and checked as for a read, closed at fd_put. */
+static int at_fd_get(const struct bs_src *s)
+{
+  struct stat st;
+  int fd = at_open(s->impl, &st);
+  return fd < 0 ? -1 : fd;
+}
+
+static void at_fd_put(const struct bs_src *s, int fd)
+{
+  (void)s;
+  close(fd);
+}
+
 static void at_release(struct bs_src *s)
 {
   bs_free(s->impl);
@@ -765,6 +780,8 @@ static void at_release(struct bs_src *s)
 
 static const struct bs_src_ops at_ops = {
     .pread = at_pread,
+    .fd_get = at_fd_get,
+    .fd_put = at_fd_put,
     .changed = at_changed,
     .release = at_release,
 };

@@ -28,6 +28,12 @@ struct fs {
   bool flat;
   bool writable;
   bool writeback; /* the kernel's write-back cache is on (set at init) */
+  /* fs_io.c: the session's I/O is ours (writable mounts), and the INIT
+   * reply asks for FUSE_HANDLE_KILLPRIV_V2: then the daemon drops set-id
+   * bits on truncation and chown too (killpriv, set once INIT is answered). */
+  bool custom_io;
+  atomic_bool killpriv_pending;
+  atomic_bool killpriv;
   /* Write-back cache: a WRITE that failed (ENOSPC...) is reported to the
    * writer by failing the next GETATTR of that file once, which the kernel
    * sends from write(2) when the attributes expire (1 s). Else a writer
@@ -128,6 +134,12 @@ void fs_raise_nofile(void);
  * (core/writeback.h: output catalog, INDEX, writer). Returns 0, or -1 with
  * err set; on failure the staged data is kept for `burnstore --finish`. */
 int fs_writeback(struct fs *fs, bs_err *err);
+
+/* fs_io.c: the session's /dev/fuse I/O, after fuse_session_mount: 0, or -1
+ * (libfuse's own I/O stays). fs_io_init, from op_init, arms the INIT
+ * reply's FUSE_HANDLE_KILLPRIV_V2. */
+int fs_io_begin(struct fuse_session *se, struct fs *fs);
+void fs_io_init(struct fs *fs, const struct fuse_conn_info *conn);
 /* Start the staging journal (unless -o nojournal); a failure is printed and
  * the mount goes on without one. fs_journal_stop syncs and closes it. */
 void fs_journal_start(struct fs *fs);

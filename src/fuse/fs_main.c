@@ -233,6 +233,7 @@ static int serve(struct run *r, char *argv0)
               r->mnt);
     goto out_signals;
   }
+  fs->custom_io = fs->writable && fs_io_begin(se, fs) == 0;
   if (fs->readahead_kb && !fs_bdi_of(r->mnt, fs->bdi, sizeof fs->bdi) && fs->readahead_given)
     fprintf(stderr, PROG ": readahead=: %s is not in /proc/self/mountinfo: not applied\n", r->mnt);
   r->daemonized = !r->a.foreground;

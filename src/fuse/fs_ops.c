@@ -151,10 +151,12 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
    * fds the hard limit allows (it runs in the daemon, after the fork). */
   fs_raise_nofile();
   bs_journal_begin(fs->journal); /* its flusher thread: here, after the fork */
+  fs_io_init(fs, conn);          /* FUSE_HANDLE_KILLPRIV_V2 (fs_io.c) */
   if (conn->capable & FUSE_CAP_SPLICE_WRITE)
     conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE)
     conn->want |= FUSE_CAP_SPLICE_MOVE;
+
   /* The write-back cache for writable mounts: a write(2) completes in the
    * page cache and the kernel sends large WRITEs later (at the latest on
    * close). A signal no longer loses them (fs_stop.c). */
@@ -164,7 +166,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     fs->writeback = true;
   }
 #ifdef FUSE_CAP_HANDLE_KILLPRIV_V2
-  /* libfuse >= 3.16: we drop set-id bits on write ourselves (op_write), so
+  /* libfuse >= 3.16: we drop set-id bits on write ourselves (op_write_buf), so
    * the kernel marks the superblock SB_NOSEC and stops asking for
    * security.capability before every write(2). libfuse 3.14 cannot ask for
    * it: there each write(2) costs one GETXATTR (answered EOPNOTSUPP at once,
@@ -196,7 +198,16 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     conn->max_background = fs->max_background;
     conn->congestion_threshold = fs->max_background * 3 / 4;
   }
-  if (conn->max_write < (1u << 20))
+  /* WRITEs of 1 MiB less 4 KiB on writable mounts: libfuse's receive buffer
+   * is then max_write + 4 KiB = 1 MiB, a pipe that size is within the
+   * default pipe-max-size for every user, and libfuse splices WRITEs from
+   * /dev/fuse into it (FUSE_CAP_SPLICE_READ, wanted by default) and
+   * op_write_buf on into the staging file: one copy of the bytes fewer. At
+   * 1 MiB the pipe had to be 1 MiB + 4 KiB, which only CAP_SYS_RESOURCE may
+   * set, and every WRITE was read(2) into memory and written from there. */
+  if (fs->writable)
+    conn->max_write = (1u << 20) - 4096;
+  else if (conn->max_write < (1u << 20))
     conn->max_write = 1u << 20;
 }
 
@@ -315,6 +326,11 @@ static int do_setattr(struct fs *fs, fuse_ino_t ino, struct stat *attr, int to_s
       e->uid = attr->st_uid;
     if (to_set & FUSE_SET_ATTR_GID)
       e->gid = attr->st_gid;
+    /* With FUSE_HANDLE_KILLPRIV_V2 (fs_io.c) the kernel leaves it to us:
+     * truncation and chown drop set-id bits, as write does (op_write_buf). */
+    if (atomic_load(&fs->killpriv) && !(to_set & FUSE_SET_ATTR_MODE) &&
+        (to_set & (FUSE_SET_ATTR_SIZE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)))
+      e->mode &= ~(unsigned)(S_ISUID | S_ISGID);
     if (to_set & FUSE_SET_ATTR_MTIME)
       e->mtime = attr->st_mtim;
     if (to_set & FUSE_SET_ATTR_MTIME_NOW)
@@ -455,6 +471,8 @@ static int open_entry(struct fs *fs, struct bs_entry *e, int flags)
   e->nopen++;
   if (flags & O_TRUNC)
     rc = truncate_entry(fs, e, 0);
+  if (!rc && (flags & O_TRUNC) && atomic_load(&fs->killpriv))
+    e->mode &= ~(unsigned)(S_ISUID | S_ISGID); /* (do_setattr) */
   if (!rc && e->stage && e->fd < 0) {
     int fd = fs_stage_open(fs, e, O_RDWR);
     if (fd < 0)
@@ -686,9 +704,17 @@ void fs_read_tensor(fuse_req_t req, struct fs *fs, const struct bs_tensor *t, si
     read_clean(req, fs, t, t->nbytes, size, (off_t)off, true);
 }
 
-static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-                     struct fuse_file_info *fi)
+/* A WRITE's bytes go to the staging file as libfuse holds them: in memory,
+ * or in the pipe it spliced the request into from /dev/fuse (libfuse wants
+ * FUSE_CAP_SPLICE_READ by default): then spliced on into the file, never
+ * copied through this process (as libfuse's passthrough_hp does). libfuse
+ * 3.14 splices only into a pipe of max_write + 4 KiB: op_init keeps that
+ * within the default pipe-max-size; elsewhere it read(2)s the request into
+ * memory. */
+static void op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off,
+                         struct fuse_file_info *fi)
 {
+  size_t size = fuse_buf_size(in);
   struct fs *fs = fs_data(req);
   if (!fs->writable) {
     fuse_reply_err(req, EROFS);
@@ -717,9 +743,13 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
   if (!rc) {
     /* With the write-back cache the kernel places appends itself. */
     uint64_t pos = (fi->flags & O_APPEND) && !fs->writeback ? e->size : (uint64_t)off;
-    w = pwrite(fd, buf, size, (off_t)pos);
+    struct fuse_bufvec out = FUSE_BUFVEC_INIT(size);
+    out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+    out.buf[0].fd = fd;
+    out.buf[0].pos = (off_t)pos;
+    w = fuse_buf_copy(&out, in, FUSE_BUF_SPLICE_MOVE);
     if (w < 0)
-      rc = errno;
+      rc = (int)-w;
     else if (pos + (uint64_t)w > e->size)
       e->size = pos + (uint64_t)w;
     e->mode &= ~(unsigned)(S_ISUID | S_ISGID); /* a write drops set-id bits */
@@ -1139,7 +1169,7 @@ const struct fuse_lowlevel_ops fs_ops = {
     .readdirplus = op_readdirplus,
     .open = op_open,
     .read = op_read,
-    .write = op_write,
+    .write_buf = op_write_buf,
     .flush = op_flush,
     .fsync = op_fsync,
     .release = op_release,

@@ -266,13 +266,14 @@ def vmhwm_kb(pid):
 
 
 @contextlib.contextmanager
-def foreground_mount(source, mnt, opts=None, env=None):
+def foreground_mount(source, mnt, opts=None, env=None, flag="-f", stderr=subprocess.PIPE):
     """burnstore SOURCE MNT -f [-o OPTS] as a child (for its /proc entry):
     yields the Popen once mounted; always unmounts and reaps it (its
-    returncode and stderr stay readable afterwards)."""
+    returncode and stderr stay readable afterwards). flag="-d": libfuse's
+    request log too (give it a file as stderr)."""
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([BIN, source, mnt, "-f"] + (["-o", opts] if opts else []), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen([BIN, source, mnt, flag] + (["-o", opts] if opts else []), stdout=subprocess.DEVNULL,
+                         stderr=stderr, env=env)
     try:
         end = time.time() + DEADLINE
         while not is_mounted(mnt) and time.time() < end and p.poll() is None:

@@ -168,9 +168,9 @@ Test(sink, fd_sink_write_error_names_the_output, .init = setup, .fini = teardown
  */
 
 /* A progress line must reach 100% only when the data is on disk: an atomic
- * output's bytes are reported one 16 MiB window behind the writer (pushed
- * out by sync_file_range), the last ones after its fsync. A plain fd sink
- * reports each write. */
+ * output's bytes are pushed out 16 MiB window by window (sync_file_range)
+ * and reported once on disk, waited for 128 MiB behind the writer; the last
+ * ones after its fsync. A plain fd sink reports each write. */
 static uint64_t observed;
 static void observe(void *ctx, uint64_t n)
 {
@@ -189,16 +189,17 @@ Test(atomic, observer_counts_bytes_once_they_are_on_disk, .init = setup, .fini =
   cr_assert_eq(bs_atomic_open(&a, at("big.bin"), &err), 0, "%s", err.msg);
   observed = 0;
   bs_sink_set_observer(observe, NULL);
-  for (int i = 0; i < 20; i++)
+  for (int i = 0; i < 140; i++)
     cr_assert_eq(bs_sink_put(&a.sink, chunk, MIB, &err), 0, "%s", err.msg);
-  cr_expect_eq(observed, 0, "20 MiB written, none known to be on disk yet: %llu reported",
+  cr_expect_eq(observed, 0, "140 MiB written, none waited for yet: %llu reported",
                (unsigned long long)observed);
   for (int i = 0; i < 20; i++)
     cr_assert_eq(bs_sink_put(&a.sink, chunk, MIB, &err), 0, "%s", err.msg);
-  cr_expect_eq(observed, 16u * MIB, "40 MiB written: the first window is on disk, %llu reported",
+  cr_expect_eq(observed, 32u * MIB,
+               "160 MiB written: the two windows 128 MiB behind are on disk, %llu reported",
                (unsigned long long)observed);
   cr_assert_eq(bs_atomic_sync(&a, &err), 0, "%s", err.msg);
-  cr_expect_eq(observed, 40u * MIB, "after the fsync, all of it: %llu",
+  cr_expect_eq(observed, 160u * MIB, "after the fsync, all of it: %llu",
                (unsigned long long)observed);
   cr_assert_eq(bs_atomic_publish(&a, &err), 0, "%s", err.msg);
 
