@@ -84,7 +84,7 @@ void bs_sink_set_observer(void (*fn)(void *ctx, uint64_t n), void *ctx)
  * soon as it is put; the writer waits only for the bytes BEHIND_LAG behind
  * it, which bounds what the final fsync must flush. Waiting for the window
  * just before (a lag of 16 MiB) held the writer to the disk's pace window
- * by window: convert of 1 GiB to .pth + sync took 1.6x cp + sync; with
+ * by window: a convert of 1 GiB + sync took 1.6x cp + sync; with
  * 64-128 MiB in flight, 1.0-1.1x (issue 34, docs/performance.md). */
 #define BEHIND_WINDOW (16u << 20)
 #define BEHIND_LAG (128u << 20)
