@@ -183,8 +183,15 @@ static long seg_read(const struct bs_layout *l, const struct bs_catalog *cat,
     n = (size_t)(s->len - rel);
   switch (s->kind) {
   case BS_SEG_BYTES: memcpy(buf, l->bytes.data + s->at + rel, n); return (long)n;
-  case BS_SEG_SRC:
-    return s->idx < cat->nsrcs ? bs_src_pread(&cat->srcs[s->idx], s->at + rel, buf, n) : -EIO;
+  case BS_SEG_SRC: {
+    if (s->idx >= cat->nsrcs)
+      return -EIO;
+    /* checked after reading, as a tensor's bytes are (bs_tensor_read): a
+     * source changed since the plan was made is never served */
+    const struct bs_src *src = &cat->srcs[s->idx];
+    long r = bs_src_pread(src, s->at + rel, buf, n);
+    return r > 0 && bs_src_changed(src, NULL, 0) ? -EIO : r;
+  }
   default:
     return s->idx < cat->count ? bs_tensor_read(cat, &cat->tensors[s->idx], rel, buf, n) : -EIO;
   }
