@@ -134,7 +134,8 @@ Test(layout, a_size_past_the_cap_is_efbig)
 
 /* A source's bytes in a plan (a GGUF view's long metadata values) are
  * checked after reading, as a tensor's are: a file rewritten in place
- * since it was opened (same size, other bytes) is EIO, never its new bytes. */
+ * since it was opened (same size, other bytes) is EIO (read) or an error
+ * saying so (emit: convert), never its new bytes. */
 Test(layout, a_source_changed_since_opened_is_eio)
 {
   char path[] = "/tmp/bs-layout-XXXXXX";
@@ -162,6 +163,13 @@ Test(layout, a_source_changed_since_opened_is_eio)
   cr_assert_eq(futimens(fd, t), 0);
   cr_assert_eq(bs_layout_read(&l, &cat, 0, got, 10), -EIO, "the changed bytes are not served");
   cr_assert_eq(bs_layout_read(&l, &cat, 0, got, 1), 1, "the plan's own bytes still are");
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  cr_assert_neq(bs_layout_emit(&l, &cat, &k, &err), 0, "emitted: refused, not the new bytes");
+  cr_assert_eq(err.code, EIO);
+  cr_assert(strstr(err.msg, "changed since it was opened"), "%s", err.msg);
+  bs_buf_destroy(&b);
   bs_layout_destroy(&l);
   bs_catalog_destroy(&cat);
   close(fd);
