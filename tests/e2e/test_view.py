@@ -322,6 +322,14 @@ def refusals(tmp):
         check(r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and want in r.stderr,
               "-o %s refused in one line: %r" % (opts, r.stderr))
         check(not os.path.ismount(os.path.join(tmp, "rf")), "nothing mounted")
+    # A source that does not exist: said so, not refused as if rw or output= had been asked
+    # (a missing SOURCE is a new checkpoint only for a writable mount).
+    missing = os.path.join(tmp, "missing.gguf")
+    for opts in ("view=gguf", "view=safetensors,as=F16", "npy"):
+        r = run([BIN, missing, os.path.join(tmp, "rf"), "-o", opts])
+        check(r.returncode == 1 and r.stderr.count("\n") == 1 and "%s: no such file" % missing in r.stderr and
+              "rw" not in r.stderr, "-o %s of a missing source: %r" % (opts, r.stderr))
+        check(not os.path.ismount(os.path.join(tmp, "rf")) and not os.path.exists(missing), "nothing mounted or made")
 
 
 def left_out(tmp):
