@@ -183,8 +183,15 @@ static long seg_read(const struct bs_layout *l, const struct bs_catalog *cat,
     n = (size_t)(s->len - rel);
   switch (s->kind) {
   case BS_SEG_BYTES: memcpy(buf, l->bytes.data + s->at + rel, n); return (long)n;
-  case BS_SEG_SRC:
-    return s->idx < cat->nsrcs ? bs_src_pread(&cat->srcs[s->idx], s->at + rel, buf, n) : -EIO;
+  case BS_SEG_SRC: {
+    if (s->idx >= cat->nsrcs)
+      return -EIO;
+    /* checked after reading, as a tensor's bytes are (bs_tensor_read): a
+     * source changed since the plan was made is never served */
+    const struct bs_src *src = &cat->srcs[s->idx];
+    long r = bs_src_pread(src, s->at + rel, buf, n);
+    return r > 0 && bs_src_changed(src, NULL, 0) ? -EIO : r;
+  }
   default:
     return s->idx < cat->count ? bs_tensor_read(cat, &cat->tensors[s->idx], rel, buf, n) : -EIO;
   }
@@ -250,11 +257,13 @@ int bs_layout_emit(const struct bs_layout *l, const struct bs_catalog *cat, stru
     } else {
       for (uint64_t done = 0; rc == 0 && done < s->len;) {
         size_t m = s->len - done < cap ? (size_t)(s->len - done) : cap;
-        rc = s->idx < cat->nsrcs &&
-                     bs_src_read(&cat->srcs[s->idx], s->at + done, chunk, m, err) == 0 &&
-                     bs_sink_put(k, chunk, m, err) == 0
-                 ? 0
-                 : -1;
+        const struct bs_src *src = s->idx < cat->nsrcs ? &cat->srcs[s->idx] : NULL;
+        char why[300];
+        rc = src && bs_src_read(src, s->at + done, chunk, m, err) == 0 ? 0 : -1;
+        if (rc == 0 && bs_src_changed(src, NULL, 0)) /* (as a tensor's bytes are checked) */
+          rc = bs_fail(err, EIO, BS_OFF_NONE, NULL, "%s", bs_src_why(src, EIO, why, sizeof why));
+        if (rc == 0)
+          rc = bs_sink_put(k, chunk, m, err);
         if (rc != 0 && !err->code)
           bs_fail(err, EIO, BS_OFF_NONE, NULL, "internal: a plan's source %u", s->idx);
         done += m;

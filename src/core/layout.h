@@ -67,7 +67,8 @@ size_t bs_layout_find(const struct bs_layout *l, uint64_t off);
 
 /* Up to n bytes of the file at off into buf (cat: the catalog the plan was
  * made of): bytes read (short only at the end of the file), or -errno as
- * bs_tensor_read and bs_src_pread give it. Thread-safe. */
+ * bs_tensor_read and bs_src_pread give it (EIO: a source changed since it
+ * was opened, checked after each read of it). Thread-safe. */
 long bs_layout_read(const struct bs_layout *l, const struct bs_catalog *cat, uint64_t off,
                     void *buf, size_t n);
 

@@ -524,11 +524,11 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 /* Bytes of a source that changed since the mount are never served: EIO,
  * and one log line per source (fs_log.c: the mount's log, syslog, and
  * stderr in the foreground). */
-static bool source_changed(struct fs *fs, const struct bs_tensor *t)
+bool fs_src_changed(struct fs *fs, uint32_t src)
 {
-  if (t->src >= fs->cat.nsrcs)
+  if (src >= fs->cat.nsrcs)
     return false;
-  struct bs_src *s = &fs->cat.srcs[t->src];
+  struct bs_src *s = &fs->cat.srcs[src];
   char why[128];
   if (!bs_src_changed(s, why, sizeof why))
     return false;
@@ -537,6 +537,11 @@ static bool source_changed(struct fs *fs, const struct bs_tensor *t)
              s->name, why);
   }
   return true;
+}
+
+static bool source_changed(struct fs *fs, const struct bs_tensor *t)
+{
+  return fs_src_changed(fs, t->src);
 }
 
 /* Reply with up to `size` bytes at off of an fd range [base, base + len). */

@@ -309,9 +309,18 @@ int fs_prepare(struct fs *fs, struct args *a)
       fprintf(stderr, PROG ": %s: %s\n", a->source, strerror(errno));
       return 1;
     }
-    if (a->ro) {
-      fprintf(stderr, PROG ": %s: no such file (a new checkpoint cannot be mounted ro)\n",
-              a->source);
+    /* ro, or a read-only view asked without rw or output=: the source was
+     * meant to exist (not a new checkpoint to refuse the view of) */
+    const char *view = a->ro                              ? "ro"
+                       : a->rw || a->output               ? NULL
+                       : a->view                          ? "with view="
+                       : a->npy                           ? "with npy"
+                       : a->open.has_as                   ? "with as="
+                       : bs_adapter_any(&a->open.adapter) ? "with adapter="
+                                                          : NULL;
+    if (view) {
+      fprintf(stderr, PROG ": %s: no such file (a new checkpoint cannot be mounted %s)\n",
+              a->source, view);
       return 1;
     }
     /* A new checkpoint: an empty writable mount, nothing to open. */

@@ -118,6 +118,25 @@ void fs_view_destroy(struct fs *fs)
   fs->view_ino = 0;
 }
 
+/* A gathered read failed with EIO: the log line of each changed source of
+ * the segments in [off, off + size), as the tensor files' reads log it. */
+static void log_changed(struct fs *fs, uint64_t off, size_t size)
+{
+  const struct bs_layout *l = &fs->view;
+  size_t i = bs_layout_find(l, off);
+  uint32_t last = UINT32_MAX; /* (a run of one source's segments: checked once) */
+  for (i = i == SIZE_MAX ? 0 : i; i < l->n && l->seg[i].off < off + size; i++) {
+    const struct bs_seg *s = &l->seg[i];
+    uint32_t src = s->kind == BS_SEG_SRC ? s->idx
+                   : s->kind == BS_SEG_TENSOR && s->idx < fs->cat.count
+                       ? fs->cat.tensors[s->idx].src
+                       : UINT32_MAX;
+    if (src != last && src != UINT32_MAX)
+      (void)fs_src_changed(fs, src);
+    last = src;
+  }
+}
+
 void fs_view_read(fuse_req_t req, struct fs *fs, size_t size, uint64_t off)
 {
   const struct bs_layout *l = &fs->view;
@@ -140,6 +159,8 @@ void fs_view_read(fuse_req_t req, struct fs *fs, size_t size, uint64_t off)
     return;
   }
   long n = bs_layout_read(l, &fs->cat, off, buf, size);
+  if (n == -EIO)
+    log_changed(fs, off, size);
   if (n < 0)
     fuse_reply_err(req, (int)-n);
   else

@@ -44,6 +44,9 @@ void fs_view_read(fuse_req_t req, struct fs *fs, size_t size, uint64_t off);
  * source checked, spliced, lent or read): fs_ops.c's path. */
 void fs_read_tensor(fuse_req_t req, struct fs *fs, const struct bs_tensor *t, size_t size,
                     uint64_t off);
+/* Whether source src of the catalog changed since the mount: then one log
+ * line for that source, once (fs_ops.c). */
+bool fs_src_changed(struct fs *fs, uint32_t src);
 
 /* Write-back progress for `burnstore -u` (fs_progress.c). The daemon:
  * begin before fs_writeback (status_path: its status file), end after. The

@@ -322,6 +322,14 @@ def refusals(tmp):
         check(r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and want in r.stderr,
               "-o %s refused in one line: %r" % (opts, r.stderr))
         check(not os.path.ismount(os.path.join(tmp, "rf")), "nothing mounted")
+    # A source that does not exist: said so, not refused as if rw or output= had been asked
+    # (a missing SOURCE is a new checkpoint only for a writable mount).
+    missing = os.path.join(tmp, "missing.gguf")
+    for opts in ("view=gguf", "view=safetensors,as=F16", "npy"):
+        r = run([BIN, missing, os.path.join(tmp, "rf"), "-o", opts])
+        check(r.returncode == 1 and r.stderr.count("\n") == 1 and "%s: no such file" % missing in r.stderr and
+              "rw" not in r.stderr, "-o %s of a missing source: %r" % (opts, r.stderr))
+        check(not os.path.ismount(os.path.join(tmp, "rf")) and not os.path.exists(missing), "nothing mounted or made")
 
 
 def left_out(tmp):
@@ -364,10 +372,53 @@ def left_out(tmp):
             pass
 
 
+def changed_source(tmp):
+    """A source rewritten in place under a view (same size, other bytes):
+    every read of its bytes is EIO with one log line naming it, whether the
+    range is a GGUF view's long metadata value (a segment of the source
+    itself) or straddles tensors (gathered); never the new bytes."""
+    for v in ("gguf", "safetensors"):
+        src = os.path.join(tmp, "chg-%s.gguf" % v)
+        G.write(src, [("general.architecture", G.VSTRING, "llama"), ("tokenizer.chat_template", G.VSTRING, "Q" * 10000)],
+                [("a.weight", G.TYPE_ID["F32"], [4], struct.pack("<4f", 1, 2, 3, 4)),
+                 ("b.weight", G.TYPE_ID["F32"], [4], struct.pack("<4f", 5, 6, 7, 8))])
+        mnt = os.path.join(tmp, "chg-" + v)
+        with foreground_mount(src, mnt, "view=" + v) as p:
+            path = view_file(mnt)
+            before = open(path, "rb").read()
+            data = open(src, "rb").read()
+            with open(src, "r+b") as f:  # the value's bytes and the tensors', same size
+                f.write(data.replace(b"Q" * 10000, b"W" * 10000).replace(struct.pack("<4f", 1, 2, 3, 4),
+                                                                         struct.pack("<4f", 9, 9, 9, 9)))
+                os.utime(f.fileno(), (1, 1))  # (an mtime surely other than the mount's)
+            # the header alone (a GGUF view: built bytes and the source's value), then the whole
+            ranges = ((0, 8192), (0, len(before))) if v == "gguf" else ((0, len(before)),)
+            for off, n in ranges:
+                with open(path, "rb") as f:
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # (not from the page cache)
+                    got, eio = b"", False
+                    while len(got) < n and not eio:  # (a short read, then EIO past it)
+                        try:
+                            b = os.pread(f.fileno(), n - len(got), off + len(got))
+                        except OSError as e:
+                            check(e.errno == 5, "view=%s: EIO after the change: %r" % (v, e))
+                            eio = True
+                            continue
+                        if not b:
+                            break
+                        got += b
+                check(got == before[off:off + len(got)], "view=%s [%d, +%d) after the change: the old bytes, never "
+                      "the new ones (%d bytes, %d W)" % (v, off, n, len(got), got.count(b"W")))
+                check(eio, "view=%s [%d, +%d): EIO after the change (%d bytes read)" % (v, off, n, len(got)))
+        lines = [line for line in p.stderr.read().decode().splitlines() if "changed since it was mounted" in line]
+        check(len(lines) == 1 and src in lines[0], "view=%s: one log line names the changed source: %r" % (v, lines))
+
+
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(800)
-    run_tests("test_view", [local_pairs, remote_pairs, options, readers, refusals, left_out], "view")
+    run_tests("test_view", [local_pairs, remote_pairs, options, readers, refusals, left_out, changed_source],
+              "view")
 
 
 if __name__ == "__main__":

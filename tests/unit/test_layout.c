@@ -3,7 +3,12 @@
  * writer row's plan emitting what its write() writes. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/layout.h"
@@ -125,6 +130,50 @@ Test(layout, a_size_past_the_cap_is_efbig)
   cr_assert_neq(bs_layout_done(&l, &err), 0);
   cr_assert_eq(err.code, EFBIG);
   bs_layout_destroy(&l);
+}
+
+/* A source's bytes in a plan (a GGUF view's long metadata values) are
+ * checked after reading, as a tensor's are: a file rewritten in place
+ * since it was opened (same size, other bytes) is EIO (read) or an error
+ * saying so (emit: convert), never its new bytes. */
+Test(layout, a_source_changed_since_opened_is_eio)
+{
+  char path[] = "/tmp/bs-layout-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(write(fd, "old bytes", 9), 9);
+  bs_err err;
+  bs_err_clear(&err);
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  struct bs_src s;
+  uint32_t idx;
+  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
+  unlink(path); /* (both fds stay on the file; nothing left behind if an assertion fails) */
+  cr_assert_eq(bs_catalog_add_src(&cat, &s, &idx, &err), 0);
+  struct bs_layout l;
+  bs_layout_init(&l);
+  bs_layout_bytes(&l, "H", 1);
+  bs_layout_src(&l, idx, 0, 9);
+  cr_assert_eq(bs_layout_done(&l, &err), 0);
+  char got[10] = {0};
+  cr_assert_eq(bs_layout_read(&l, &cat, 0, got, 10), 10);
+  cr_assert(memcmp(got, "Hold bytes", 10) == 0);
+  cr_assert_eq(pwrite(fd, "new", 3, 0), 3);
+  struct timespec t[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = 1}}; /* an mtime surely other */
+  cr_assert_eq(futimens(fd, t), 0);
+  cr_assert_eq(bs_layout_read(&l, &cat, 0, got, 10), -EIO, "the changed bytes are not served");
+  cr_assert_eq(bs_layout_read(&l, &cat, 0, got, 1), 1, "the plan's own bytes still are");
+  struct bs_buf b = {0};
+  struct bs_sink k;
+  bs_sink_init_mem(&k, &b, "mem");
+  cr_assert_neq(bs_layout_emit(&l, &cat, &k, &err), 0, "emitted: refused, not the new bytes");
+  cr_assert_eq(err.code, EIO);
+  cr_assert(strstr(err.msg, "changed since it was opened"), "%s", err.msg);
+  bs_buf_destroy(&b);
+  bs_layout_destroy(&l);
+  bs_catalog_destroy(&cat);
+  close(fd);
 }
 
 /* Every row with a plan: bs_writer_layout, emitted and read at every
