@@ -47,6 +47,17 @@ static bool in_arena(const struct bs_http_cache *c, const uint8_t *p)
   return c->arena && p >= c->arena && p < c->arena + c->narena * c->block;
 }
 
+/* The tables and the arena (the blocks outside it are the caller's to free). */
+static void free_tables(struct bs_http_cache *c)
+{
+  bs_free(c->b);
+  bs_free(c->bucket);
+  bs_free(c->spare);
+  if (c->map)
+    munmap(c->map, c->map_len);
+  c->b = NULL;
+}
+
 int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
 {
   memset(c, 0, sizeof *c);
@@ -62,12 +73,7 @@ int bs_http_cache_init(struct bs_http_cache *c, size_t block, uint64_t bytes)
   c->bucket = bs_calloc(nb2, sizeof *c->bucket);
   c->spare = bs_calloc(c->arena ? c->narena : c->nmax, sizeof *c->spare);
   if (!c->b || !c->bucket || !c->spare || pthread_mutex_init(&c->lock, NULL) != 0) {
-    bs_free(c->b);
-    bs_free(c->bucket);
-    bs_free(c->spare);
-    if (c->map)
-      munmap(c->map, c->map_len);
-    c->b = NULL;
+    free_tables(c);
     return -ENOMEM;
   }
   return 0;
@@ -83,12 +89,7 @@ void bs_http_cache_destroy(struct bs_http_cache *c)
   for (size_t i = 0; i < c->nspare; i++)
     if (!in_arena(c, c->spare[i]))
       bs_free(c->spare[i]);
-  bs_free(c->b);
-  bs_free(c->bucket);
-  bs_free(c->spare);
-  if (c->map)
-    munmap(c->map, c->map_len);
-  c->b = NULL;
+  free_tables(c);
   pthread_mutex_destroy(&c->lock);
 }
 
