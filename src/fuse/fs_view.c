@@ -56,10 +56,14 @@ static char *view_name(const char *source, const struct bs_writer *w)
       break;
     }
   }
-  if (!src) { /* an extension no writer has (.ckpt): from its last dot */
+  if (!src) {
+    /* A checkpoint's extension no writer has (.ckpt); any other dot is the
+     * name's own (Qwen2.5-0.5B keeps its dots). */
+    static const char *const other[] = {".ckpt", ".pkl", ".tar", ".mpk", ".model", ".pt2", NULL};
     char *dot = strrchr(buf, '.');
-    if (dot && dot != buf)
-      *dot = '\0';
+    for (const char *const *e = other; dot && dot != buf && *e; e++)
+      if (strcasecmp(dot, *e) == 0)
+        *dot = '\0';
   }
   const char *ext = w->extensions[0];
   size_t n = strlen(buf), el = strlen(ext);

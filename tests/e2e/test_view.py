@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -414,10 +415,31 @@ def changed_source(tmp):
         check(len(lines) == 1 and src in lines[0], "view=%s: one log line names the changed source: %r" % (v, lines))
 
 
+def names(tmp):
+    """The view's name: the source's name less its format's extension, or a
+    checkpoint extension no writer has (.ckpt); a name's own dots are kept
+    (Qwen2.5-0.5B was cut to Qwen2.5-0.safetensors)."""
+    d = os.path.join(tmp, "names")
+    os.makedirs(d)
+    for src, fixture, view, want in (("Qwen2.5-0.5B", ST, "safetensors", "Qwen2.5-0.5B.safetensors"),
+                                     ("run.ckpt", PT, "safetensors", "run.safetensors"),
+                                     ("weights.v2.safetensors", ST, "gguf", "weights.v2.gguf"),
+                                     ("pytorch_model.bin", PT, "bpk", "pytorch_model.bpk")):
+        path = os.path.join(d, src)
+        shutil.copy(fixture, path)
+        mnt = os.path.join(tmp, "mn-" + src)
+        try:
+            with Mount(path, mnt, opts="view=" + view) as m:
+                got = os.listdir(m)
+                check(got == [want], "%s with view=%s: named %r, not %r" % (src, view, got, want))
+        except RuntimeError as e:
+            check(False, "%s: %s" % (src, e))
+
+
 def main():
     signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("deadline")))
     signal.alarm(800)
-    run_tests("test_view", [local_pairs, remote_pairs, options, readers, refusals, left_out, changed_source],
+    run_tests("test_view", [local_pairs, remote_pairs, options, readers, refusals, left_out, changed_source, names],
               "view")
 
 
