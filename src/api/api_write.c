@@ -131,11 +131,12 @@ int burnstore_writer_add(burnstore_writer *w, const char *key, burnstore_dtype d
   uint64_t need;
   if (check_key(w, key, &err) != 0)
     return undo(w, &m, w->nlent, &err);
-  if (!bs_api_core_dtype(dtype, &dt) || dt == BS_DT_QFLOAT) {
+  bool known = bs_api_core_dtype(dtype, &dt);
+  if (!known || dt == BS_DT_QFLOAT) {
     bs_fail(&err, EINVAL, BS_OFF_NONE, key, "dtype %d %s", (int)dtype,
-            dt == BS_DT_QFLOAT ? "(QFLOAT) has its scheme in the file: copy it with "
-                                 "burnstore_writer_add_tensor"
-                               : "is none of burnstore_dtype's");
+            known ? "(QFLOAT) has its scheme in the file: copy it with "
+                    "burnstore_writer_add_tensor"
+                  : "is none of burnstore_dtype's");
     return undo(w, &m, w->nlent, &err);
   }
   if (rank > BS_MAX_RANK || (rank && !shape) || (len && !data)) {

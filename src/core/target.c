@@ -229,9 +229,17 @@ unsigned bs_sources_mode(const struct bs_catalog *cat, size_t n, unsigned mode)
 {
   struct bs_src_ident id;
   struct stat st;
-  for (size_t i = 0; i < n && i < cat->nsrcs; i++)
-    if (bs_src_ident(&cat->srcs[i], &id) && cat->srcs[i].name && stat(cat->srcs[i].name, &st) == 0)
+  for (size_t i = 0; i < n && i < cat->nsrcs; i++) {
+    if (!bs_src_ident(&cat->srcs[i], &id) || !cat->srcs[i].name)
+      continue;
+    /* The name may now be another file than the one opened (swapped by
+     * whoever may write its directory): then it grants others nothing. */
+    if (stat(cat->srcs[i].name, &st) == 0 && (uint64_t)st.st_dev == id.dev &&
+        (uint64_t)st.st_ino == id.ino)
       mode &= st.st_mode | ~07777u;
+    else
+      mode &= ~077u;
+  }
   return mode;
 }
 

@@ -235,7 +235,8 @@ static void parse_opts(struct args *a, const char *optstr)
       a->output_as = bs_dtype_name(dt);
     } else if (eq && nlen == 6 && strncmp(it, "output", 6) == 0) {
       bs_free(a->output);
-      a->output = bs_strdup(val);
+      if (!(a->output = bs_strdup(val)))
+        fs_die_usage("out of memory");
     } else if (bs_write_spec_add_item(&a->max_shard_size, it, &err) <= 0) {
       if (err.code)
         fs_die_usage("%s", err.msg);
@@ -254,7 +255,8 @@ static void parse_opts(struct args *a, const char *optstr)
       }
     } else if (eq && nlen == 7 && strncmp(it, "staging", 7) == 0) {
       bs_free(a->staging);
-      a->staging = bs_strdup(val);
+      if (!(a->staging = bs_strdup(val)))
+        fs_die_usage("out of memory");
     } else if (in_list(ignored_opts, it, nlen) || strncmp(it, "x-", 2) == 0) {
       /* fstab-only */
     } else if (in_list(fuse_opts, it, nlen)) {
@@ -267,9 +269,8 @@ static void parse_opts(struct args *a, const char *optstr)
       if (rc > 0)
         fs_die_usage("unknown option '%s'", it);
     }
-    bs_free(items[i]);
   }
-  bs_free(items);
+  bs_opts_free(items, n);
 }
 
 void fs_args_destroy(struct args *a)

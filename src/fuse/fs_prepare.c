@@ -440,7 +440,10 @@ static int prepare_rest(struct fs *fs, struct args *a, uint32_t bits)
         return 1;
       }
     }
-    fs->staging = bs_strdup(buf);
+    if (!(fs->staging = bs_strdup(buf))) {
+      fprintf(stderr, PROG ": out of memory\n");
+      return 1;
+    }
   }
   /* (key options, adapter= and as= were applied as SOURCE was opened) */
   /* A conversion that cannot succeed is refused now, not at unmount. */

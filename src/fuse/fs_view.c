@@ -95,11 +95,13 @@ int fs_view_build(struct fs *fs, const struct bs_writer *w, const enum bs_dtype 
   char lines[BS_LEFT_OUT_MAX][BS_LEFT_OUT_LINE];
   size_t k = bs_convert_left_out(&fs->cat, w, lines);
   struct bs_buf b = {0};
-  for (size_t i = 0; i < k; i++)
-    if (bs_buf_put(&b, lines[i], strlen(lines[i])) != 0 || bs_buf_put(&b, "\n", 1) != 0)
-      return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
-  if (k && bs_buf_put(&b, "", 1) != 0)
+  bool ok = true;
+  for (size_t i = 0; i < k && ok; i++)
+    ok = bs_buf_put(&b, lines[i], strlen(lines[i])) == 0 && bs_buf_put(&b, "\n", 1) == 0;
+  if (!ok || (k && bs_buf_put(&b, "", 1) != 0)) {
+    bs_buf_destroy(&b);
     return bs_fail(err, ENOMEM, BS_OFF_NONE, NULL, "out of memory");
+  }
   fs->view_omitted = (char *)b.data; /* NULL: nothing left out */
   return 0;
 }
@@ -155,6 +157,12 @@ void fs_view_read(fuse_req_t req, struct fs *fs, size_t size, uint64_t off)
   if (s && s->kind == BS_SEG_TENSOR && s->idx < fs->cat.count && off + size <= s->off + s->len) {
     /* inside one tensor: the plain files' read path */
     fs_read_tensor(req, fs, &fs->cat.tensors[s->idx], size, off - s->off);
+    return;
+  }
+  if (s && s->kind == BS_SEG_BYTES && off + size <= s->off + s->len) {
+    /* inside the built bytes (the header every loader reads first): from
+     * the plan, not copied first */
+    fuse_reply_buf(req, (const char *)l->bytes.data + s->at + (off - s->off), size);
     return;
   }
   char *buf = bs_malloc(size);

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/catalog.h"
+#include "core/source.h"
 #include "core/target.h"
 #include "formats/writers.h"
 
@@ -175,4 +177,35 @@ Test(target, refusal_of_a_long_path_keeps_holder_and_pid)
                 strstr(err.msg, pid) && strstr(err.msg, "model.bpk"),
             "%s", err.msg);
   close(fd);
+}
+
+/* The modes a new output takes from its sources are the opened files'.
+ * Another file renamed over a source's name after the open (whoever may
+ * write its directory) granted its own bits: 0600 opened, 0644 put in its
+ * place gave a 0644 output. Now a name that is no longer the opened file
+ * grants others nothing. */
+Test(target, sources_mode_is_the_opened_files)
+{
+  char path[128], other[128];
+  snprintf(path, sizeof path, "%s/src", dir);
+  snprintf(other, sizeof other, "%s/other", dir);
+  FILE *f = fopen(path, "w");
+  cr_assert(f && fputs("private", f) >= 0 && fclose(f) == 0);
+  cr_assert_eq(chmod(path, 0600), 0);
+  struct bs_catalog cat;
+  bs_catalog_init(&cat);
+  struct bs_src s;
+  bs_err err;
+  bs_err_clear(&err);
+  uint32_t idx;
+  cr_assert_eq(bs_src_open(&s, path, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_catalog_add_src(&cat, &s, &idx, &err), 0, "%s", err.msg);
+  cr_assert_eq(bs_sources_mode(&cat, cat.nsrcs, 0666), 0600);
+  f = fopen(other, "w");
+  cr_assert(f && fputs("public", f) >= 0 && fclose(f) == 0);
+  cr_assert_eq(chmod(other, 0644), 0);
+  cr_assert_eq(rename(other, path), 0);
+  cr_assert_eq(bs_sources_mode(&cat, cat.nsrcs, 0666), 0600,
+               "the swapped-in file's 0644 granted: %o", bs_sources_mode(&cat, cat.nsrcs, 0666));
+  bs_catalog_destroy(&cat);
 }
